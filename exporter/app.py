@@ -1,0 +1,30 @@
+"""Wire the configured sources into a Runner."""
+
+from __future__ import annotations
+
+import httpx
+
+from exporter.attribution import Attribution
+from exporter.collectors import Collector
+from exporter.config import Config
+from exporter.runner import Runner
+
+
+def build_runner(config: Config, client: httpx.AsyncClient | None = None) -> Runner:
+    """Create one collector per source (NVML when enabled, one per engine)."""
+    from exporter.collectors.llamacpp import LlamaCppCollector
+    from exporter.collectors.nvml import NvmlCollector
+    from exporter.collectors.sglang import SGLangCollector
+
+    http = client or httpx.AsyncClient(follow_redirects=True)
+    attribution = Attribution(config.engines)
+    collectors: list[Collector] = []
+    if config.gpu.enabled:
+        collectors.append(NvmlCollector(config.gpu, attribution))
+    for engine in config.engines:
+        timeout = engine.timeout_seconds or config.source_timeout_seconds
+        if engine.kind == "llamacpp":
+            collectors.append(LlamaCppCollector(engine, http, timeout, attribution))
+        else:
+            collectors.append(SGLangCollector(engine, http, timeout, attribution))
+    return Runner(collectors, default_deadline=config.scrape_timeout_seconds)

@@ -1,0 +1,71 @@
+"""Which GPU processes belong to which engine.
+
+Engine collectors publish the pids they learn from the engine itself (e.g. the
+SGLang scheduler pid carried by its `pid` label); the NVML collector asks
+`engine_for` for every GPU process. Rules, in order:
+
+1. a pid the engine reported, or `process.pid` from the config;
+2. `process.cmdline_regex` from the config;
+3. the default rule for the kind: a llama.cpp process whose command line runs
+   `llama-server` with `--port <engine port>`; an SGLang process whose command line
+   mentions `sglang` (and `--port <engine port>` when several SGLang engines exist).
+   The port comes from the engine URL.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit
+
+from exporter.config import EngineConfig
+
+
+def _port(url: str) -> int | None:
+    parts = urlsplit(url)
+    if parts.port:
+        return parts.port
+    return {"http": 80, "https": 443}.get(parts.scheme)
+
+
+def _has_port(cmdline: str, port: int | None) -> bool:
+    if port is None:
+        return False
+    return re.search(rf"--port[ =]{port}\b", cmdline) is not None
+
+
+class Attribution:
+    """Maps GPU processes to configured engines."""
+
+    def __init__(self, engines: list[EngineConfig]):
+        self.engines = list(engines)
+        self._reported: dict[str, set[int]] = {e.name: set() for e in engines}
+
+    def report_pids(self, engine: str, pids: set[int]) -> None:
+        """Record the pids an engine told us about (replaces earlier ones)."""
+        self._reported[engine] = set(pids)
+
+    def engine_for(self, pid: int, cmdline: str) -> EngineConfig | None:
+        """Return the engine a GPU process belongs to, or None."""
+        for engine in self.engines:
+            if pid in self._reported.get(engine.name, ()):
+                return engine
+            if engine.process and engine.process.pid == pid:
+                return engine
+        for engine in self.engines:
+            if engine.process and engine.process.cmdline_regex:
+                if re.search(engine.process.cmdline_regex, cmdline):
+                    return engine
+        for engine in self.engines:
+            if engine.process and (engine.process.pid or engine.process.cmdline_regex):
+                continue  # explicit rules only
+            port = _port(engine.url)
+            if engine.kind == "llamacpp":
+                if "llama-server" in cmdline and _has_port(cmdline, port):
+                    return engine
+            elif engine.kind == "sglang" and "sglang" in cmdline:
+                n_sglang = sum(1 for e in self.engines if e.kind == "sglang")
+                # SGLang's GPU workers are spawned children whose command line may not carry
+                # the port; with one SGLang engine the name alone is unambiguous.
+                if n_sglang == 1 or _has_port(cmdline, port):
+                    return engine
+        return None

@@ -1,0 +1,275 @@
+"""Typed configuration shared by the exporter and the load generator.
+
+One YAML file describes the engines (by name) and the GPU sampling. Every
+validation problem is collected and reported at once (`ConfigError.errors`),
+unknown keys are rejected, and environment variables can override any key
+(see `apply_env_overrides`) so the same file works inside a container.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+ENV_PREFIX = "LLMB__"
+RESERVED_SOURCE_NAMES = {"nvml"}
+
+Seconds = Annotated[float, Field(gt=0)]
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; `errors` lists every problem as 'location: message'."""
+
+    def __init__(self, errors: list[str]):
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProcessMatch(_Strict):
+    """How GPU processes are attributed to an engine when the engine does not report its pid.
+
+    `pid` wins when given; otherwise a process belongs to the engine when its command
+    line matches `cmdline_regex` (Python `re.search`).
+    """
+
+    pid: int | None = Field(default=None, gt=0)
+    cmdline_regex: str | None = None
+
+    @field_validator("cmdline_regex")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression: {exc}") from exc
+        return value
+
+
+class LaunchConfig(_Strict):
+    """How `llmb-loadgen diagnose` may (re)start the engine with one variable changed."""
+
+    command: str = Field(description="command template with {model} {ctx} {parallel} {ngl} ...")
+    env: dict[str, str] = Field(default_factory=dict)
+    ready_timeout_seconds: Seconds = 600.0
+    settle_seconds: float = Field(default=30.0, ge=0)
+    defaults: dict[str, str | int | float] = Field(default_factory=dict)
+
+
+class EngineConfig(_Strict):
+    """One inference server, scraped by the exporter and targeted by the load generator."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+    kind: Literal["llamacpp", "sglang"]
+    url: str
+    api_key_env: str | None = Field(
+        default=None, description="environment variable holding the API key (never logged)"
+    )
+    log_file: Path | None = None
+    model_path: Path | None = None
+    process: ProcessMatch | None = None
+    timeout_seconds: Seconds | None = None
+    launch: LaunchConfig | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/")
+
+    def api_key(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """Return the API key from the environment, or None when none is configured."""
+        if not self.api_key_env:
+            return None
+        return (environ if environ is not None else os.environ).get(self.api_key_env) or None
+
+
+class GpuConfig(_Strict):
+    """NVML sampling: which GPUs, how often, and overrides for what NVML cannot tell."""
+
+    enabled: bool = True
+    devices: list[int | str] | None = Field(
+        default=None, description="GPU indexes or UUIDs to export; default all"
+    )
+    sample_interval_seconds: float = Field(default=0.1, gt=0, le=60)
+    peak_window_seconds: float = Field(default=30.0, gt=0)
+    bandwidth_bytes_per_second: float | dict[str, float] | None = Field(
+        default=None,
+        description="theoretical memory bandwidth override: one value, or per GPU index/UUID",
+    )
+    fake_file: list[Path] | None = Field(
+        default=None,
+        description="read NVML-shaped JSON files instead of the driver (tests, demo, simulators)",
+    )
+
+    @field_validator("fake_file", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        if isinstance(value, (str, Path)):
+            return [value]
+        return value
+
+    @field_validator("bandwidth_bytes_per_second")
+    @classmethod
+    def _positive(cls, value: Any) -> Any:
+        values = value.values() if isinstance(value, dict) else [value] if value else []
+        if any(v <= 0 for v in values):
+            raise ValueError("bandwidth must be positive")
+        return value
+
+
+class Config(_Strict):
+    """The whole file."""
+
+    listen: str = "127.0.0.1:9490"
+    scrape_timeout_seconds: Seconds = Field(
+        default=10.0, description="deadline when Prometheus sends no timeout header"
+    )
+    source_timeout_seconds: Seconds = Field(default=5.0, description="default per-source timeout")
+    engines: list[EngineConfig] = Field(default_factory=list)
+    gpu: GpuConfig = Field(default_factory=GpuConfig)
+    loadgen: dict[str, Any] = Field(
+        default_factory=dict, description="load generator defaults (see loadgen docs)"
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("must be HOST:PORT with a port between 1 and 65535")
+        return value
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Config:
+        seen: set[str] = set()
+        for engine in self.engines:
+            if engine.name in seen:
+                raise ValueError(f"engine name {engine.name!r} is used twice")
+            if engine.name in RESERVED_SOURCE_NAMES:
+                raise ValueError(f"engine name {engine.name!r} is reserved")
+            seen.add(engine.name)
+        return self
+
+    @property
+    def listen_host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]") or "0.0.0.0"
+
+    @property
+    def listen_port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+    def engine(self, name: str) -> EngineConfig:
+        """Return the engine called `name` or raise KeyError naming the known ones."""
+        for engine in self.engines:
+            if engine.name == name:
+                return engine
+        known = ", ".join(e.name for e in self.engines) or "none"
+        raise KeyError(f"no engine named {name!r} in the config (known: {known})")
+
+
+def _format_errors(exc: ValidationError, data: Mapping[str, Any]) -> list[str]:
+    errors = []
+    for err in exc.errors():
+        loc = list(err["loc"])
+        # Show engines by name rather than list index where we can.
+        if len(loc) >= 2 and loc[0] == "engines" and isinstance(loc[1], int):
+            engines = data.get("engines") or []
+            if loc[1] < len(engines) and isinstance(engines[loc[1]], dict):
+                name = engines[loc[1]].get("name")
+                if name:
+                    loc[1] = f"{loc[1]}({name})"
+        where = ".".join(str(p) for p in loc) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        errors.append(f"{where}: {msg}")
+    return errors
+
+
+def apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """Apply `LLMB__A__B=value` overrides (value parsed as YAML) to nested keys.
+
+    Engines are addressed by name: `LLMB__ENGINES__LLAMA__URL=http://...`.
+    Keys are case-insensitive.
+    """
+    for key, raw in sorted(environ.items()):
+        if not key.startswith(ENV_PREFIX):
+            continue
+        path = [p.lower() for p in key[len(ENV_PREFIX) :].split("__") if p]
+        if not path:
+            continue
+        value = yaml.safe_load(raw) if raw != "" else ""
+        if path[0] == "engines" and len(path) >= 3:
+            engines = data.setdefault("engines", [])
+            target = next(
+                (e for e in engines if isinstance(e, dict) and str(e.get("name", "")).lower() == path[1]),
+                None,
+            )
+            if target is None:
+                target = {"name": path[1]}
+                engines.append(target)
+            node: dict[str, Any] = target
+            rest = path[2:]
+        else:
+            node = data
+            rest = path
+        for part in rest[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                node[part] = child
+            node = child
+        node[rest[-1]] = value
+    return data
+
+
+def parse_config(data: Any, environ: Mapping[str, str] | None = None) -> Config:
+    """Validate a loaded mapping (plus environment overrides) into a Config."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(["(top level): must be a mapping of keys to values"])
+    data = apply_env_overrides(data, os.environ if environ is None else environ)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, data)) from None
+
+
+def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> Config:
+    """Read, override from the environment and validate a config file.
+
+    With `path` None only defaults and environment overrides apply.
+    """
+    data: Any = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError([f"{path}: not valid YAML: {exc}"]) from None
+    return parse_config(data, environ)

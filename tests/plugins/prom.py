@@ -1,0 +1,1 @@
+"""Fixtures for the prom area (filled in by that area's tests)."""
