@@ -220,4 +220,128 @@ class MetricSet:
         fam.add_metric(values, list(buckets), sum_value)  # type: ignore[attr-defined]
 
     def metrics(self) -> list[Metric]:
-        return list(self._families.values())
+        """The families that received at least one sample."""
+        return [fam for fam in self._families.values() if fam.samples]
+
+
+# Where each series comes from, per engine kind ("" = not provided: the series is absent).
+SOURCES: dict[str, tuple[str, str]] = {
+    "llmb_engine_up": ("`/health` 200", "`/health` 200"),
+    "llmb_engine_loading": ("`/health` 503 `Loading model`", "`/health` 503"),
+    "llmb_engine_info": (
+        "`/v1/models` id, `/props` build_info, `meta.ftype`",
+        "`/server_info` version, dtype/quantization",
+    ),
+    "llmb_engine_endpoint_enabled": ("`/metrics`, `/slots` 501 → 0", ""),
+    "llmb_engine_requests_running": ("`llamacpp:requests_processing`", "`sglang:num_running_reqs`"),
+    "llmb_engine_requests_waiting": ("`llamacpp:requests_deferred`", "`sglang:num_queue_reqs`"),
+    "llmb_engine_slots": ("`/slots` length (`-np`)", "`/server_info` max running requests"),
+    "llmb_engine_context_tokens": ("`/slots` `n_ctx` (per slot)", "`sglang:context_len`"),
+    "llmb_engine_kv_cache_capacity_tokens": (
+        "slot `n_ctx` × slots (unified KV: one pool)",
+        "`sglang:max_total_num_tokens`",
+    ),
+    "llmb_engine_kv_cache_used_tokens": (
+        "Σ `n_prompt_tokens` of processing slots (old builds: `kv_cache_tokens`)",
+        "`sglang:kv_used_tokens` / `num_used_tokens`",
+    ),
+    "llmb_engine_kv_cache_usage_ratio": (
+        "used / capacity (old builds: `kv_cache_usage_ratio`)",
+        "`sglang:token_usage`",
+    ),
+    "llmb_engine_slot_context_usage_max_ratio": ("`/slots` max `n_prompt_tokens/n_ctx`", ""),
+    "llmb_engine_kv_pressure_events_total": (
+        "log: KV full, context exceeded, context shift, `truncated = 1`",
+        "`sglang:num_retracted_requests_total` (event=retracted)",
+    ),
+    "llmb_engine_kv_cache_bytes": ("log `KV buffer size` (-lv 4)", "`sglang:kv_cache_memory_usage_gb`"),
+    "llmb_engine_prompt_tokens_total": (
+        "`prompt_tokens_total` + `prompt_tokens_cached_total`",
+        "`sglang:prompt_tokens_total`",
+    ),
+    "llmb_engine_prompt_tokens_cached_total": (
+        "`llamacpp:prompt_tokens_cached_total`",
+        "`sglang:cached_tokens_total`",
+    ),
+    "llmb_engine_prompt_seconds_total": ("`llamacpp:prompt_seconds_total` (or log)", ""),
+    "llmb_engine_generation_tokens_total": (
+        "`llamacpp:tokens_predicted_total` (or log)",
+        "`sglang:generation_tokens_total`",
+    ),
+    "llmb_engine_decode_tokens_total": (
+        "`llamacpp:tokens_predicted_total` (or log `eval time` tokens)",
+        "`sglang:inter_token_latency_seconds_count`",
+    ),
+    "llmb_engine_decode_seconds_total": (
+        "`llamacpp:tokens_predicted_seconds_total` (or log `eval time`)",
+        "`sglang:inter_token_latency_seconds_sum`",
+    ),
+    "llmb_engine_requests_finished_total": ("log `release` lines", "`sglang:num_requests_total`"),
+    "llmb_engine_decode_steps_total": ("`llamacpp:n_decode_total`", ""),
+    "llmb_engine_time_to_first_token_seconds": ("", "`sglang:time_to_first_token_seconds`"),
+    "llmb_engine_inter_token_latency_seconds": ("", "`sglang:inter_token_latency_seconds`"),
+    "llmb_engine_queue_time_seconds": ("", "`sglang:queue_time_seconds`"),
+    "llmb_engine_e2e_request_latency_seconds": ("", "`sglang:e2e_request_latency_seconds`"),
+    "llmb_engine_process_gpu_memory_bytes": ("NVML processes attributed to the engine", "same"),
+    "llmb_engine_process_gpu_memory_peak_bytes": ("NVML background sampler", "same"),
+    "llmb_engine_model_buffer_bytes": ("log `model buffer size` per device (-lv 4)", ""),
+    "llmb_engine_gpu_layers_offloaded": ("log `offloaded N/M layers to GPU` (-lv 4)", ""),
+    "llmb_engine_gpu_layers_total": ("log `offloaded N/M layers to GPU` (-lv 4)", ""),
+    "llmb_engine_load_seconds": (
+        "log `loading model` → `model loaded`",
+        "`sglang:startup_time_seconds{phase=load_weight}`",
+    ),
+    "llmb_model_weights_bytes": ("`/v1/models` `meta.size`", "`sglang:weight_memory_usage_gb`"),
+    "llmb_model_parameters": ("`/v1/models` `meta.n_params`", "HF `config.json` estimate"),
+    "llmb_model_layers": ("GGUF header (or log)", "HF `config.json`"),
+    "llmb_model_kv_bytes_per_token_estimated": ("GGUF header", "HF `config.json`"),
+    "llmb_model_kv_cache_bytes_estimated": (
+        "GGUF header + slots × n_ctx (SWA layers capped)",
+        "HF `config.json` × `max_total_num_tokens`",
+    ),
+}
+
+_UNITS = (
+    ("_bytes_per_second", "bytes/s"),
+    ("_bytes", "bytes"),
+    ("_seconds_total", "seconds"),
+    ("_seconds", "seconds"),
+    ("_hertz", "Hz"),
+    ("_bits", "bits"),
+    ("_ratio", "ratio 0–1"),
+    ("_tokens", "tokens"),
+)
+
+
+def _unit(name: str) -> str:
+    for suffix, unit in _UNITS:
+        if name.endswith(suffix):
+            return unit
+    if "tokens" in name:
+        return "tokens"
+    return "—"
+
+
+def markdown_table() -> str:
+    """The exporter's schema as a Markdown table (docs/metrics.md embeds it)."""
+    rows = [
+        "| name | type | unit | labels | llama.cpp source | SGLang source | meaning |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, spec in SCHEMA.items():
+        if name.startswith("llmb_gpu") or name.startswith("llmb_source") or name.startswith(
+            "llmb_exporter"
+        ):
+            llama = sglang = "NVML" if name.startswith("llmb_gpu") else "exporter"
+        else:
+            llama, sglang = SOURCES.get(name, ("", ""))
+        labels = ", ".join(f"`{label}`" for label in spec.labels) or "—"
+        rows.append(
+            f"| `{name}` | {spec.type} | {_unit(name)} | {labels} | {llama or '— (absent)'} "
+            f"| {sglang or '— (absent)'} | {spec.help} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

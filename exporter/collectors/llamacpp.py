@@ -1,0 +1,387 @@
+"""llama.cpp `llama-server` source.
+
+Reads `/health`, `/metrics` (only with `--metrics`; 501 otherwise), `/slots`
+(501 with `--no-slots`), `/props` and `/v1/models`, plus the server log when one
+is configured, and maps them onto the llmb_* schema:
+
+* KV fill comes from `/slots` (llama.cpp removed its KV metrics in 2025): tokens
+  held by *processing* slots over the KV capacity. Builds that still expose
+  `llamacpp:kv_cache_usage_ratio` / `kv_cache_tokens` are used directly.
+* Per-sequence decode speed comes from the counters `tokens_predicted_total` /
+  `tokens_predicted_seconds_total` (both move when a request ends). The
+  windowed throughput gauges are never used: llama.cpp resets them on every
+  scrape, so they depend on who else scrapes.
+* Without `/metrics` the per-request timing lines of the log stand in for the
+  token/time counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.metrics_core import Metric
+
+from exporter.attribution import Attribution
+from exporter.collectors import Collector, Scrape, SourceError
+from exporter.config import EngineConfig
+from exporter.llamacpp_log import LogFollower, LogState
+from exporter.promtext import Exposition, parse_exposition
+from exporter.schema import MetricSet
+
+log = logging.getLogger(__name__)
+
+KIND = "llamacpp"
+PREFIX = "llamacpp:"
+STATIC_REFRESH_SECONDS = 60.0
+
+
+class _NotEnabled(Exception):
+    """The endpoint answered 501: the server runs without the flag that enables it."""
+
+
+def _geometry(model_path: Path) -> Any:
+    """Read the model header; geometry support is optional at import time."""
+    from exporter.geometry import geometry_from_gguf
+
+    return geometry_from_gguf(model_path)
+
+
+class LlamaCppCollector(Collector):
+    """One llama-server."""
+
+    def __init__(
+        self,
+        engine: EngineConfig,
+        client: httpx.AsyncClient,
+        timeout: float,
+        attribution: Attribution,
+        clock: Any = time.monotonic,
+    ):
+        self.engine = engine
+        self.source = engine.name
+        self.client = client
+        self.timeout = timeout
+        self.attribution = attribution
+        self.clock = clock
+        self.log = LogFollower(engine.log_file) if engine.log_file else None
+        self._static: dict[str, Any] = {}
+        self._static_at = -1e18
+        self._geometry: Any = None
+        self._geometry_path: Path | None = None
+        self._announced: set[str] = set()
+        api_key = engine.api_key()
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    # -- HTTP --------------------------------------------------------------------------------
+    async def _get(self, path: str, accept: str | None = None) -> httpx.Response:
+        headers = dict(self._headers)
+        if accept:
+            headers["Accept"] = accept
+        try:
+            return await self.client.get(
+                self.engine.url + path, headers=headers, timeout=self.timeout
+            )
+        except httpx.TimeoutException as exc:
+            raise SourceError("timeout", f"GET {path}: timed out") from exc
+        except httpx.HTTPError as exc:
+            raise SourceError("connect", f"GET {path}: {type(exc).__name__}: {exc}") from exc
+
+    async def _json(self, path: str) -> Any:
+        resp = await self._get(path)
+        if resp.status_code == 501:
+            raise _NotEnabled(path)
+        if resp.status_code != 200:
+            raise SourceError("http", f"GET {path}: HTTP {resp.status_code}")
+        try:
+            return resp.json()
+        except ValueError as exc:
+            raise SourceError("parse", f"GET {path}: not JSON") from exc
+
+    async def _metrics(self) -> Exposition:
+        resp = await self._get("/metrics", accept="text/plain;version=0.0.4")
+        if resp.status_code == 501:
+            raise _NotEnabled("/metrics")
+        if resp.status_code != 200:
+            raise SourceError("http", f"GET /metrics: HTTP {resp.status_code}")
+        try:
+            return parse_exposition(resp.text, PREFIX)
+        except ValueError as exc:
+            raise SourceError("parse", f"GET /metrics: {exc}") from exc
+
+    def _announce(self, key: str, message: str) -> None:
+        if key not in self._announced:
+            self._announced.add(key)
+            log.warning("engine=%s %s", self.engine.name, message)
+
+    # -- collect -----------------------------------------------------------------------------
+    def fallback(self) -> list[Metric]:
+        ms = MetricSet()
+        ms.add("llmb_engine_up", 0, **self._labels())
+        return ms.metrics()
+
+    def _labels(self) -> dict[str, str]:
+        return {"engine": self.engine.name, "kind": KIND}
+
+    async def _health(self) -> tuple[bool, bool]:
+        """(up, loading) from /health."""
+        resp = await self._get("/health")
+        if resp.status_code == 200:
+            return True, False
+        if resp.status_code == 503:
+            return False, "loading" in resp.text.lower()
+        raise SourceError("http", f"GET /health: HTTP {resp.status_code}")
+
+    async def _refresh_static(self) -> None:
+        now = self.clock()
+        if now - self._static_at < STATIC_REFRESH_SECONDS and self._static:
+            return
+        props, models = await asyncio.gather(
+            self._json("/props"), self._json("/v1/models"), return_exceptions=True
+        )
+        for result in (props, models):
+            if isinstance(result, SourceError):
+                raise result
+            if isinstance(result, BaseException) and not isinstance(result, _NotEnabled):
+                raise result
+        static: dict[str, Any] = {}
+        if isinstance(props, dict):
+            static["props"] = props
+        if isinstance(models, dict):
+            data = models.get("data") or []
+            if data and isinstance(data[0], dict):
+                static["model"] = data[0]
+        self._static = static
+        self._static_at = now
+
+    async def collect(self) -> Scrape:
+        ms = MetricSet()
+        labels = self._labels()
+        errors: list[SourceError] = []
+        log_state = self._poll_log(errors)
+        try:
+            up, loading = await self._health()
+        except SourceError as err:
+            ms.add("llmb_engine_up", 0, **labels)
+            self._emit_log(ms, log_state, None)
+            return Scrape(ms.metrics(), up=False, errors=[err, *errors])
+        ms.add("llmb_engine_up", 1 if up else 0, **labels)
+        ms.add("llmb_engine_loading", 1 if loading else 0, **labels)
+        if not up:
+            # While loading every endpoint answers 503; that is not a failure of ours.
+            self._emit_log(ms, log_state, None)
+            return Scrape(ms.metrics(), up=True, errors=errors)
+
+        metrics_res, slots_res, static_res = await asyncio.gather(
+            self._metrics(), self._json("/slots"), self._refresh_static(), return_exceptions=True
+        )
+        for res in (metrics_res, slots_res, static_res):
+            if isinstance(res, SourceError):
+                errors.append(res)
+            elif isinstance(res, BaseException) and not isinstance(res, _NotEnabled):
+                errors.append(SourceError("parse", f"{type(res).__name__}: {res}"))
+
+        expo = metrics_res if isinstance(metrics_res, Exposition) else None
+        slots = slots_res if isinstance(slots_res, list) else None
+        metrics_enabled = not isinstance(metrics_res, _NotEnabled)
+        slots_enabled = not isinstance(slots_res, _NotEnabled)
+        ms.add("llmb_engine_endpoint_enabled", int(metrics_enabled), endpoint="metrics", **labels)
+        ms.add("llmb_engine_endpoint_enabled", int(slots_enabled), endpoint="slots", **labels)
+        if not metrics_enabled:
+            self._announce(
+                "metrics", "/metrics answers 501: start llama-server with --metrics "
+                "(token counters come from the log file only, if configured)"
+            )
+        if not slots_enabled:
+            self._announce(
+                "slots", "/slots answers 501 (--no-slots): KV fill cannot be derived"
+            )
+
+        props = self._static.get("props", {})
+        model = self._static.get("model", {})
+        meta = model.get("meta") or {}
+        self._emit_info(ms, props, model, meta)
+        self._emit_scheduling(ms, expo, slots, props, log_state)
+        self._emit_tokens(ms, expo, log_state)
+        self._emit_model(ms, props, meta, slots, log_state)
+        self._emit_log(ms, log_state, expo)
+        return Scrape(ms.metrics(), up=not errors, errors=errors)
+
+    # -- pieces ------------------------------------------------------------------------------
+    def _poll_log(self, errors: list[SourceError]) -> LogState | None:
+        if self.log is None:
+            return None
+        try:
+            return self.log.poll()
+        except OSError as exc:
+            self._announce("log", f"cannot read log file {self.log.path}: {exc}")
+            errors.append(SourceError("connect", f"log file: {exc}"))
+            return None
+
+    def _emit_info(self, ms: MetricSet, props: dict, model: dict, meta: dict) -> None:
+        build = str(props.get("build_info") or "")
+        ms.info(
+            "llmb_engine_info",
+            model=str(model.get("id") or props.get("model_alias") or props.get("model_path") or ""),
+            version=build,
+            quantization=str(meta.get("ftype") or props.get("model_ftype") or ""),
+            simulated="true" if "llmb-sim" in build else "false",
+            **self._labels(),
+        )
+
+    def _kv_unified(self, log_state: LogState | None) -> bool:
+        return bool(log_state and log_state.kv_unified)
+
+    @staticmethod
+    def _slot_shape(props: dict, slots: list | None) -> tuple[int | None, int | None]:
+        """(slots, per-slot context): live /slots first, since /props is cached."""
+        if slots:
+            return len(slots), slots[0].get("n_ctx")
+        n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
+        return props.get("total_slots"), n_ctx
+
+    def _emit_scheduling(
+        self,
+        ms: MetricSet,
+        expo: Exposition | None,
+        slots: list | None,
+        props: dict,
+        log_state: LogState | None,
+    ) -> None:
+        labels = self._labels()
+        n_slots, n_ctx = self._slot_shape(props, slots)
+        ms.add("llmb_engine_slots", n_slots, **labels)
+        ms.add("llmb_engine_context_tokens", n_ctx, **labels)
+
+        running = expo.first(PREFIX + "requests_processing") if expo else None
+        if running is None and slots is not None:
+            running = sum(1 for s in slots if s.get("is_processing"))
+        ms.add("llmb_engine_requests_running", running, **labels)
+        if expo:
+            ms.add("llmb_engine_requests_waiting", expo.first(PREFIX + "requests_deferred"), **labels)
+
+        capacity: float | None = None
+        if n_ctx and n_slots:
+            capacity = n_ctx if self._kv_unified(log_state) else n_ctx * n_slots
+        used: float | None = None
+        ratio: float | None = None
+        if expo and PREFIX + "kv_cache_usage_ratio" in expo:
+            # Builds before llama.cpp PR #13660 (May 2025) still report KV directly.
+            ratio = expo.first(PREFIX + "kv_cache_usage_ratio")
+            used = expo.first(PREFIX + "kv_cache_tokens")
+            if used is not None and ratio:
+                capacity = capacity or used / ratio
+        if slots is not None:
+            held = [
+                (int(s.get("n_prompt_tokens") or 0), int(s.get("n_ctx") or 0))
+                for s in slots
+                if s.get("is_processing")
+            ]
+            if used is None:
+                used = float(sum(t for t, _ in held))
+            fullest = max((t / c for t, c in held if c), default=0.0)
+            ms.add("llmb_engine_slot_context_usage_max_ratio", min(1.0, fullest), **labels)
+        if ratio is None and used is not None and capacity:
+            ratio = min(1.0, used / capacity)
+        ms.add("llmb_engine_kv_cache_capacity_tokens", capacity, **labels)
+        ms.add("llmb_engine_kv_cache_used_tokens", used, **labels)
+        ms.add("llmb_engine_kv_cache_usage_ratio", ratio, **labels)
+
+    def _emit_tokens(
+        self, ms: MetricSet, expo: Exposition | None, log_state: LogState | None
+    ) -> None:
+        labels = self._labels()
+        if expo is not None:
+            processed = expo.first(PREFIX + "prompt_tokens_total")
+            cached = expo.first(PREFIX + "prompt_tokens_cached_total")
+            if processed is not None:
+                # llama.cpp counts processed prompt tokens without the cache hits; the schema
+                # counts all prompt tokens, as SGLang does.
+                ms.add("llmb_engine_prompt_tokens_total", processed + (cached or 0.0), **labels)
+            ms.add("llmb_engine_prompt_tokens_cached_total", cached, **labels)
+            ms.add(
+                "llmb_engine_prompt_seconds_total", expo.first(PREFIX + "prompt_seconds_total"), **labels
+            )
+            predicted = expo.first(PREFIX + "tokens_predicted_total")
+            ms.add("llmb_engine_generation_tokens_total", predicted, **labels)
+            ms.add("llmb_engine_decode_tokens_total", predicted, **labels)
+            ms.add(
+                "llmb_engine_decode_seconds_total",
+                expo.first(PREFIX + "tokens_predicted_seconds_total"),
+                **labels,
+            )
+            ms.add("llmb_engine_decode_steps_total", expo.first(PREFIX + "n_decode_total"), **labels)
+        elif log_state is not None:
+            ms.add("llmb_engine_prompt_seconds_total", log_state.prompt_seconds, **labels)
+            ms.add("llmb_engine_generation_tokens_total", log_state.eval_tokens, **labels)
+            ms.add("llmb_engine_decode_tokens_total", log_state.eval_tokens, **labels)
+            ms.add("llmb_engine_decode_seconds_total", log_state.eval_seconds, **labels)
+        if log_state is not None:
+            ms.add("llmb_engine_requests_finished_total", log_state.requests_finished, **labels)
+
+    def _model_path(self, props: dict) -> Path | None:
+        if self.engine.model_path:
+            return Path(self.engine.model_path)
+        path = props.get("model_path")
+        # The server's path is only meaningful when the exporter shares its filesystem.
+        if path and Path(path).is_file():
+            return Path(path)
+        return None
+
+    def _emit_model(
+        self,
+        ms: MetricSet,
+        props: dict,
+        meta: dict,
+        slots: list | None,
+        log_state: LogState | None,
+    ) -> None:
+        labels = self._labels()
+        ms.add("llmb_model_weights_bytes", meta.get("size"), **labels)
+        ms.add("llmb_model_parameters", meta.get("n_params"), **labels)
+        path = self._model_path(props)
+        if path is not None and path != self._geometry_path:
+            self._geometry_path = path
+            try:
+                self._geometry = _geometry(path)
+            except Exception as exc:  # noqa: BLE001 - a bad header must not fail the scrape
+                self._announce("geometry", f"cannot read model header {path}: {exc}")
+                self._geometry = None
+        geom = self._geometry
+        if geom is None:
+            if log_state and log_state.layers_total:
+                # "offloaded N/M layers" counts the output layer as one more.
+                ms.add("llmb_model_layers", log_state.layers_total - 1, **labels)
+            return
+        from exporter.geometry import estimate_llamacpp_kv
+
+        ms.add("llmb_model_layers", geom.n_layer, **labels)
+        if not meta.get("n_params"):
+            ms.add("llmb_model_parameters", geom.n_params, **labels)
+        if not meta.get("size"):
+            ms.add("llmb_model_weights_bytes", geom.weight_bytes, **labels)
+        ms.add("llmb_model_kv_bytes_per_token_estimated", geom.kv_bytes_per_token(), **labels)
+        n_slots, n_ctx_slot = self._slot_shape(props, slots)
+        if n_ctx_slot and n_slots:
+            unified = self._kv_unified(log_state)
+            n_ctx = n_ctx_slot if unified else n_ctx_slot * n_slots
+            est = estimate_llamacpp_kv(geom, n_ctx=n_ctx, n_seq=n_slots, kv_unified=unified)
+            ms.add("llmb_model_kv_cache_bytes_estimated", est.total, **labels)
+
+    def _emit_log(self, ms: MetricSet, state: LogState | None, expo: Exposition | None) -> None:
+        if state is None:
+            return
+        labels = self._labels()
+        ms.add("llmb_engine_gpu_layers_offloaded", state.layers_offloaded, **labels)
+        ms.add("llmb_engine_gpu_layers_total", state.layers_total, **labels)
+        ms.add("llmb_engine_load_seconds", state.load_seconds, **labels)
+        for device, value in sorted(state.model_buffer_bytes.items()):
+            ms.add("llmb_engine_model_buffer_bytes", value, device=device, **labels)
+        for device, value in sorted(state.kv_buffer_bytes.items()):
+            ms.add("llmb_engine_kv_cache_bytes", value, device=device, **labels)
+        for event in ("kv_no_space", "context_exceeded", "context_shift", "slot_truncated"):
+            ms.add("llmb_engine_kv_pressure_events_total", state.events.get(event, 0), event=event, **labels)

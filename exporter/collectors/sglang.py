@@ -1,0 +1,515 @@
+"""SGLang: `/metrics`, `/health`, `/server_info`, `/model_info` and `/v1/models`.
+
+Only the normalized `llmb_*` schema is exported; raw `sglang:*` series are not
+re-exposed, because names with colons are reserved for Prometheus recording rules
+(and Prometheus can scrape SGLang directly when someone wants them).
+
+Multi-rank servers: scheduler series carry `tp_rank`/`pp_rank` (and `dp_rank` with data
+parallelism). By default only attention-TP rank 0 of each DP group reports; when several
+TP/PP ranks do (`--enable-metrics-for-all-schedulers`) rank 0 is taken, so a request or a
+KV pool is never counted twice. DP groups are separate schedulers with separate pools,
+so their values are summed.
+
+SGLang's "GB" is GiB: `memory_pool.py` defines `GB = 1024 * 1024 * 1024` and
+`get_available_gpu_memory` divides by `1 << 30`, so `*_memory_usage_gb` x 2^30 = bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.metrics_core import Metric
+
+from exporter.attribution import Attribution
+from exporter.collectors import Collector, Scrape, SourceError
+from exporter.config import EngineConfig
+from exporter.geometry import ModelGeometry, estimate_sglang_kv, geometry_from_hf_config
+from exporter.promtext import Exposition, Sample, parse_exposition
+from exporter.schema import MetricSet
+
+log = logging.getLogger(__name__)
+
+GIB = 1 << 30
+PREFIX = "sglang:"
+# Ask for the text format: an OpenMetrics answer escapes `sglang:` to `sglang_` on
+# prometheus_client >= 0.23 (both spellings are accepted anyway).
+ACCEPT = "text/plain;version=0.0.4"
+STATIC_TTL_SECONDS = 60.0
+RANK_LABELS = ("tp_rank", "pp_rank")
+
+# (schema histogram, SGLang histogram names in order of preference: current, older)
+HISTOGRAMS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("llmb_engine_time_to_first_token_seconds", ("time_to_first_token_seconds",)),
+    (
+        "llmb_engine_inter_token_latency_seconds",
+        ("inter_token_latency_seconds", "time_per_output_token_seconds"),
+    ),
+    ("llmb_engine_queue_time_seconds", ("queue_time_seconds",)),
+    ("llmb_engine_e2e_request_latency_seconds", ("e2e_request_latency_seconds",)),
+)
+
+# kv_cache_dtype values of SGLang mapped to bytes per element ("auto" = model dtype).
+KV_DTYPE_BYTES = {
+    "fp8_e4m3": 1.0,
+    "fp8_e5m2": 1.0,
+    "fp4_e2m1": 0.5,
+    "bfloat16": 2.0,
+    "bf16": 2.0,
+    "float16": 2.0,
+    "fp16": 2.0,
+    "float32": 4.0,
+}
+
+
+def _finite(samples: Iterable[Sample]) -> list[Sample]:
+    return [s for s in samples if not math.isnan(s.value)]
+
+
+def _rank0(samples: list[Sample]) -> list[Sample]:
+    """Keep the rank-0 samples of one DP group (all samples when no rank 0 reports)."""
+    for label in RANK_LABELS:
+        zero = [s for s in samples if s.labels.get(label, "0") == "0"]
+        if zero:
+            samples = zero
+    return samples
+
+
+def _priority_total(samples: list[Sample]) -> list[Sample]:
+    # With priority scheduling SGLang adds per-priority series and the total under priority="".
+    if any("priority" in s.labels for s in samples):
+        total = [s for s in samples if s.labels.get("priority", "") == ""]
+        return total or samples
+    return samples
+
+
+def _by_dp(samples: list[Sample]) -> dict[str, list[Sample]]:
+    groups: dict[str, list[Sample]] = defaultdict(list)
+    for s in samples:
+        groups[s.labels.get("dp_rank", "")].append(s)
+    return groups
+
+
+def scheduler_value(expo: Exposition, name: str, reduce: str = "sum") -> float | None:
+    """One scheduler series: rank 0 of each DP group, then summed (or max) over DP groups."""
+    samples = _priority_total(_finite(expo.get(PREFIX + name)))
+    if not samples:
+        return None
+    per_group = [max(s.value for s in _rank0(g)) for g in _by_dp(samples).values()]
+    return max(per_group) if reduce == "max" else sum(per_group)
+
+
+def total_value(expo: Exposition, name: str, **match: str) -> float | None:
+    """A tokenizer-side series (no rank labels): sum over label sets like `is_streaming`."""
+    samples = _priority_total(_finite(expo.get(PREFIX + name, **match)))
+    if not samples:
+        return None
+    if any(label in s.labels for s in samples for label in RANK_LABELS):
+        return sum(max(s.value for s in _rank0(g)) for g in _by_dp(samples).values())
+    return sum(s.value for s in samples)
+
+
+def _histogram(expo: Exposition, base: str) -> tuple[list[tuple[str, float]], float] | None:
+    """Buckets (summed per `le` over label sets, rank 0 only) and the summed `_sum`."""
+    buckets = _priority_total(_finite(expo.get(PREFIX + base + "_bucket")))
+    if not buckets:
+        return None
+    selected: list[Sample] = []
+    for group in _by_dp(buckets).values():
+        selected.extend(_rank0(group))
+    by_le: dict[float, tuple[str, float]] = {}
+    for s in selected:
+        le = s.labels.get("le")
+        if le is None:
+            continue
+        key = float(le)
+        text, value = by_le.get(key, (le, 0.0))
+        by_le[key] = (text, value + s.value)
+    if math.inf not in by_le:
+        return None
+    keep = {tuple(sorted((k, v) for k, v in s.labels.items() if k != "le")) for s in selected}
+    total = 0.0
+    for s in _finite(expo.get(PREFIX + base + "_sum")):
+        if tuple(sorted(s.labels.items())) in keep:
+            total += s.value
+    return [by_le[k] for k in sorted(by_le)], total
+
+
+@dataclass
+class _Cached:
+    at: float
+    value: Any
+
+
+class SGLangCollector(Collector):
+    """Reads one SGLang server and maps it onto the normalized schema."""
+
+    def __init__(
+        self,
+        engine: EngineConfig,
+        client: httpx.AsyncClient,
+        timeout: float,
+        attribution: Attribution,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.engine = engine
+        self.client = client
+        self.timeout = timeout
+        self.attribution = attribution
+        self.source = engine.name
+        self._clock = clock
+        self._static: dict[str, _Cached] = {}
+        self._geometry: _Cached | None = None
+        self._labels = {"engine": engine.name, "kind": "sglang"}
+
+    # --- HTTP -----------------------------------------------------------------------------
+
+    def _headers(self, accept: str | None = None) -> dict[str, str]:
+        headers = {}
+        if accept:
+            headers["Accept"] = accept
+        key = self.engine.api_key()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        return headers
+
+    async def _get(
+        self, path: str, accept: str | None = None, timeout: float | None = None
+    ) -> httpx.Response:
+        """GET `path`, turning transport failures into classified SourceErrors."""
+        url = self.engine.url + path
+        try:
+            return await self.client.get(
+                url, headers=self._headers(accept), timeout=timeout or self.timeout
+            )
+        except httpx.TimeoutException as exc:
+            raise SourceError("timeout", f"GET {path}: {type(exc).__name__}") from None
+        except httpx.TransportError as exc:
+            raise SourceError("connect", f"GET {path}: {type(exc).__name__}: {exc}") from None
+
+    async def _health(self) -> int | None:
+        """Status of /health, or None when it did not answer in time."""
+        try:
+            # Half the budget: /health runs a 1-token generation that can queue behind a busy
+            # batch, and a slow health check must not cost the /metrics answer.
+            return (await self._get("/health", timeout=self.timeout / 2)).status_code
+        except SourceError as err:
+            if err.reason == "connect":
+                raise
+            # /health runs a 1-token generation; a busy server can be slow to answer it.
+            return None
+
+    async def _json(self, *paths: str) -> Any:
+        """JSON of the first path that does not answer 404; None when all are 404."""
+        for path in paths:
+            resp = await self._get(path)
+            if resp.status_code == 404:
+                continue
+            if resp.status_code >= 400:
+                raise SourceError("http", f"GET {path}: HTTP {resp.status_code}")
+            try:
+                return resp.json()
+            except ValueError:
+                raise SourceError("parse", f"GET {path}: not JSON") from None
+        return None
+
+    async def _static_json(self, key: str, *paths: str) -> Any:
+        """A rarely changing endpoint, fetched at most every STATIC_TTL_SECONDS."""
+        now = self._clock()
+        cached = self._static.get(key)
+        if cached is not None and now - cached.at < STATIC_TTL_SECONDS:
+            return cached.value
+        value = await self._json(*paths)
+        self._static[key] = _Cached(now, value)
+        return value
+
+    async def _optional(self, key: str, *paths: str) -> tuple[Any, SourceError | None]:
+        try:
+            return await self._static_json(key, *paths), None
+        except SourceError as err:
+            stale = self._static.get(key)
+            return (stale.value if stale else None), err
+
+    # --- geometry -------------------------------------------------------------------------
+
+    def _model_dir(self, server_info: dict[str, Any]) -> Path | None:
+        candidates = [self.engine.model_path]
+        reported = server_info.get("model_path")
+        # The server's path is relative to *its* working directory (or an HF id): only an
+        # absolute path can name the same directory here.
+        if isinstance(reported, str) and Path(reported).is_absolute():
+            candidates.append(Path(reported))
+        for candidate in candidates:
+            if candidate is not None and (candidate / "config.json").is_file():
+                return candidate
+        return None
+
+    async def _geometry_for(self, server_info: dict[str, Any]) -> ModelGeometry | None:
+        now = self._clock()
+        if self._geometry is not None and now - self._geometry.at < STATIC_TTL_SECONDS:
+            cached: ModelGeometry | None = self._geometry.value
+            return cached
+        directory = self._model_dir(server_info)
+        geom = None
+        if directory is not None:
+            try:
+                geom = await asyncio.to_thread(geometry_from_hf_config, directory)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("engine=%s cannot read model geometry: %s", self.engine.name, exc)
+        self._geometry = _Cached(now, geom)
+        return geom
+
+    # --- collect --------------------------------------------------------------------------
+
+    def fallback(self) -> list[Metric]:
+        """`llmb_engine_up 0` for this engine."""
+        ms = MetricSet()
+        ms.add("llmb_engine_up", 0.0, **self._labels)
+        return ms.metrics()
+
+    async def collect(self) -> Scrape:
+        """Read the engine once."""
+        ms = MetricSet()
+        labels = self._labels
+        errors: list[SourceError] = []
+        # Everything concurrently: a scrape costs one round trip, not five.
+        health, metrics_resp, static_info, static_model, static_models = await asyncio.gather(
+            self._health(),
+            self._get("/metrics", ACCEPT),
+            self._optional("server_info", "/server_info", "/get_server_info"),
+            self._optional("model_info", "/model_info", "/get_model_info"),
+            self._optional("models", "/v1/models"),
+            return_exceptions=True,
+        )
+        for result in (health, metrics_resp):
+            if isinstance(result, SourceError) and result.reason == "connect":
+                ms.add("llmb_engine_up", 0.0, **labels)
+                return Scrape(metrics=ms.metrics(), up=False, errors=[result])
+        for result in (health, metrics_resp, static_info, static_model, static_models):
+            if isinstance(result, BaseException):
+                raise result  # a timeout, or a bug: the runner classifies it
+        assert isinstance(metrics_resp, httpx.Response) and not isinstance(health, BaseException)
+        server_info, model_info, models = (r[0] for r in (static_info, static_model, static_models))
+        errors.extend(r[1] for r in (static_info, static_model, static_models) if r[1] is not None)
+
+        loading = health == 503
+        if health is None:
+            up = metrics_resp.status_code < 400
+        else:
+            up = 200 <= health < 300
+        ms.add("llmb_engine_up", 1.0 if up else 0.0, **labels)
+        ms.add("llmb_engine_loading", 1.0 if loading else 0.0, **labels)
+        if health is not None and not loading and not 200 <= health < 300:
+            errors.append(SourceError("http", f"GET /health: HTTP {health}"))
+        server_info = server_info if isinstance(server_info, dict) else {}
+        model_info = model_info if isinstance(model_info, dict) else {}
+
+        metrics_ok = False
+        if metrics_resp.status_code >= 400:
+            # 404: started without --enable-metrics; the static endpoints still tell something.
+            errors.append(SourceError("http", f"GET /metrics: HTTP {metrics_resp.status_code}"))
+            expo = Exposition({})
+        else:
+            try:
+                expo = parse_exposition(metrics_resp.text, PREFIX)
+                metrics_ok = True
+            except ValueError as exc:
+                errors.append(SourceError("parse", f"GET /metrics: {exc}"))
+                expo = Exposition({})
+
+        self._map_metrics(ms, expo)
+        self._map_static(ms, expo, server_info, model_info, models)
+        geom = await self._geometry_for(server_info)
+        if geom is not None:
+            self._map_geometry(ms, expo, server_info, geom)
+        self._report_pids(expo)
+        return Scrape(metrics=ms.metrics(), up=metrics_ok, errors=errors)
+
+    def _report_pids(self, expo: Exposition) -> None:
+        pids: set[int] = set()
+        for name in ("num_retracted_reqs", "num_paused_reqs"):
+            for s in expo.get(PREFIX + name):
+                pid = s.labels.get("pid", "")
+                if pid.isdigit():
+                    pids.add(int(pid))
+        if pids:
+            self.attribution.report_pids(self.engine.name, pids)
+
+    def _map_metrics(self, ms: MetricSet, expo: Exposition) -> None:
+        labels = self._labels
+        ms.add("llmb_engine_requests_running", scheduler_value(expo, "num_running_reqs"), **labels)
+        ms.add("llmb_engine_requests_waiting", scheduler_value(expo, "num_queue_reqs"), **labels)
+        ms.add("llmb_engine_context_tokens", scheduler_value(expo, "context_len", "max"), **labels)
+        capacity = scheduler_value(expo, "max_total_num_tokens")
+        ms.add("llmb_engine_kv_cache_capacity_tokens", capacity, **labels)
+        used = scheduler_value(expo, "kv_used_tokens")
+        if used is None:
+            used = scheduler_value(expo, "num_used_tokens")
+        ms.add("llmb_engine_kv_cache_used_tokens", used, **labels)
+        # The fullest DP group throttles admission; token_usage is already max over pools.
+        ms.add(
+            "llmb_engine_kv_cache_usage_ratio",
+            scheduler_value(expo, "token_usage", "max"),
+            **labels,
+        )
+
+        ms.add(
+            "llmb_engine_prompt_tokens_total", total_value(expo, "prompt_tokens_total"), **labels
+        )
+        cached = total_value(expo, "cached_tokens_total", cache_source="total")
+        if cached is None:
+            parts = [
+                total_value(expo, "cached_tokens_total", cache_source=src)
+                for src in ("device", "host", "storage")
+            ]
+            known = [p for p in parts if p is not None]
+            cached = sum(known) if known else None
+            if cached is None:
+                cached = total_value(expo, "cached_tokens_total")  # older: no cache_source
+        ms.add("llmb_engine_prompt_tokens_cached_total", cached, **labels)
+        ms.add(
+            "llmb_engine_generation_tokens_total",
+            total_value(expo, "generation_tokens_total"),
+            **labels,
+        )
+        for itl in ("inter_token_latency_seconds", "time_per_output_token_seconds"):
+            count = total_value(expo, itl + "_count")
+            if count is not None:
+                ms.add("llmb_engine_decode_tokens_total", count, **labels)
+                ms.add(
+                    "llmb_engine_decode_seconds_total", total_value(expo, itl + "_sum"), **labels
+                )
+                break
+        ms.add(
+            "llmb_engine_requests_finished_total", total_value(expo, "num_requests_total"), **labels
+        )
+        retracted = scheduler_value(expo, "num_retracted_requests_total")
+        if retracted is None and PREFIX + "num_retracted_reqs" in expo:
+            # The counter appears at the first retraction; the gauge from the first stats
+            # publish. With the gauge present and no counter there has truly been none.
+            retracted = 0.0
+        ms.add("llmb_engine_kv_pressure_events_total", retracted, event="retracted", **labels)
+
+        kv_gb = scheduler_value(expo, "kv_cache_memory_usage_gb")
+        ms.add(
+            "llmb_engine_kv_cache_bytes",
+            None if kv_gb is None else kv_gb * GIB,
+            device="gpu",
+            **labels,
+        )
+        weight_gb = scheduler_value(expo, "weight_memory_usage_gb")
+        if weight_gb is not None:
+            ms.add("llmb_engine_model_buffer_bytes", weight_gb * GIB, device="gpu", **labels)
+            ms.add("llmb_model_weights_bytes", weight_gb * GIB, **labels)
+        load_samples = _finite(expo.get(PREFIX + "startup_time_seconds", phase="load_weight"))
+        load = max((s.value for s in load_samples), default=None)
+        ms.add("llmb_engine_load_seconds", load, **labels)
+
+        for schema_name, candidates in HISTOGRAMS:
+            for base in candidates:
+                hist = _histogram(expo, base)
+                if hist is not None:
+                    ms.histogram(schema_name, hist[0], hist[1], **labels)
+                    break
+
+    def _map_static(
+        self,
+        ms: MetricSet,
+        expo: Exposition,
+        server_info: dict[str, Any],
+        model_info: dict[str, Any],
+        models: Any,
+    ) -> None:
+        labels = self._labels
+        cards = models.get("data") if isinstance(models, dict) else None
+        card = cards[0] if isinstance(cards, list) and cards and isinstance(cards[0], dict) else {}
+        if PREFIX + "context_len" not in expo and card.get("max_model_len"):
+            ms.add("llmb_engine_context_tokens", float(card["max_model_len"]), **labels)
+
+        states = server_info.get("internal_states")
+        per_dp: list[float] = [
+            float(s["effective_max_running_requests_per_dp"])
+            for s in (states if isinstance(states, list) else [])
+            if isinstance(s, dict) and s.get("effective_max_running_requests_per_dp")
+        ]
+        if per_dp:
+            ms.add("llmb_engine_slots", float(sum(per_dp)), **labels)
+        elif server_info.get("max_running_requests"):
+            ms.add("llmb_engine_slots", float(server_info["max_running_requests"]), **labels)
+
+        model = (
+            server_info.get("served_model_name")
+            or model_info.get("served_model_name")
+            or card.get("id")
+            or next(
+                (
+                    s.labels[k]
+                    for s in expo.get(PREFIX + "num_running_reqs")
+                    for k in ("model_name", "name")
+                    if k in s.labels
+                ),
+                None,
+            )
+            or model_info.get("model_path")
+            or server_info.get("model_path")
+        )
+        if not (model or server_info):
+            return
+        quant = next(
+            (
+                str(server_info[k])
+                for k in ("quantization", "dtype", "kv_cache_dtype")
+                if server_info.get(k) and server_info.get(k) != "auto"
+            ),
+            "",
+        )
+        ms.info(
+            "llmb_engine_info",
+            model=str(model or ""),
+            version=str(server_info.get("version") or ""),
+            quantization=quant,
+            simulated="true" if server_info.get("simulated") is True else "false",
+            **labels,
+        )
+
+    def _map_geometry(
+        self, ms: MetricSet, expo: Exposition, server_info: dict[str, Any], geom: ModelGeometry
+    ) -> None:
+        labels = self._labels
+        ms.add("llmb_model_parameters", geom.n_params, **labels)
+        ms.add("llmb_model_layers", float(geom.n_layer), **labels)
+        if PREFIX + "weight_memory_usage_gb" not in expo:
+            ms.add("llmb_model_weights_bytes", geom.weight_bytes, **labels)
+        kv_dtype = str(server_info.get("kv_cache_dtype") or "auto")
+        dtype_bytes = KV_DTYPE_BYTES.get(kv_dtype, 2.0)
+        ms.add(
+            "llmb_model_kv_bytes_per_token_estimated",
+            geom.kv_bytes_per_token(dtype_bytes),
+            **labels,
+        )
+        tokens = scheduler_value(expo, "max_total_num_tokens", "max")
+        if tokens is None:
+            tokens = server_info.get("max_total_num_tokens")
+        if not tokens:
+            return
+        swa_tokens = scheduler_value(expo, "max_total_num_tokens_swa", "max")
+        page = scheduler_value(expo, "page_size", "max") or server_info.get("page_size") or 1
+        tp = int(server_info.get("tp_size") or 1)
+        est = estimate_sglang_kv(
+            geom,
+            int(tokens),
+            kv_dtype_bytes=dtype_bytes,
+            hybrid_swa=swa_tokens is not None,
+            page_size=int(page),
+            max_total_num_tokens_swa=None if swa_tokens is None else int(swa_tokens),
+            tp_size=tp,
+        )
+        ms.add("llmb_model_kv_cache_bytes_estimated", float(est.total), **labels)

@@ -1,0 +1,403 @@
+"""Model geometry (layers, KV heads, head sizes, sliding window) and KV-cache size estimates.
+
+The geometry is read from a GGUF header (llama.cpp) or an HF `config.json` (SGLang). The
+estimates reproduce how each engine sizes its KV cache, so the exporter can say how much
+memory a configured context *should* take and compare it with what the engine reports:
+
+* llama.cpp (`llama-context.cpp`, `llama-kv-cache-iswa.cpp`): `n_ctx` is padded to 256;
+  without `--kv-unified` every sequence gets its own stream of `pad256(n_ctx / n_seq)` cells,
+  with it one stream of `n_ctx` cells. Full-attention layers hold all cells of a stream;
+  sliding-window layers hold `pad256(min(cells, n_swa * (n_seq if unified else 1) + n_ubatch))`
+  (all cells with `--swa-full`). Layers below `n_layer + 1 - ngl` keep their KV on the CPU.
+* SGLang (`mem_cache/memory_pool.py`): every layer holds `max_total_num_tokens + page_size`
+  token slots (the extra page is a dummy slot for padded tokens); hybrid-SWA models keep the
+  sliding-window layers in a second, smaller pool.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# llama.cpp pads contexts and the SWA cache to this many cells.
+LLAMACPP_PAD = 256
+
+# Bytes per element of llama.cpp KV cache types (`--cache-type-k/-v`): block bytes / block size.
+LLAMACPP_KV_TYPE_BYTES: dict[str, float] = {
+    "f32": 4.0,
+    "f16": 2.0,
+    "bf16": 2.0,
+    "q8_0": 34 / 32,
+    "q4_0": 18 / 32,
+    "q4_1": 20 / 32,
+    "iq4_nl": 18 / 32,
+    "q5_0": 22 / 32,
+    "q5_1": 24 / 32,
+}
+
+# Sliding-window layout of architectures whose GGUF does not carry
+# `<arch>.attention.sliding_window_pattern`: every n-th layer is full attention,
+# as llama.cpp's `hparams.set_swa_pattern(n)` for these architectures.
+_SWA_PERIOD: dict[str, int] = {
+    "gemma2": 2,
+    "gemma3": 6,
+    "gemma3_text": 6,
+    "cohere2": 4,
+    "gpt-oss": 2,
+    "gpt_oss": 2,
+}
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    """Shape facts of a model that decide its KV-cache size."""
+
+    architecture: str
+    n_layer: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    sliding_window: int | None
+    swa_layers: int  # how many layers use the sliding window
+    n_params: int | None
+    weight_bytes: int | None
+    n_ctx_train: int | None
+    file_type: str | None
+    n_embd: int | None = None
+    n_head: int | None = None
+    # Per layer: True when the layer uses the sliding window; () when unknown.
+    swa_mask: tuple[bool, ...] = ()
+
+    @property
+    def full_layers(self) -> int:
+        """Layers that attend over the whole context."""
+        return self.n_layer - self.swa_layers
+
+    def is_swa(self, layer: int) -> bool:
+        """Whether `layer` uses the sliding window."""
+        if self.swa_mask:
+            return self.swa_mask[layer]
+        # Without a mask only the count is known; which layers they are then does not
+        # matter except for a CPU/GPU split, where this is the best guess.
+        return layer < self.swa_layers
+
+    def kv_bytes_per_layer_token(
+        self, type_k_bytes: float = 2.0, type_v_bytes: float = 2.0
+    ) -> float:
+        """K+V bytes one layer stores for one token."""
+        return self.n_head_kv * (self.head_dim_k * type_k_bytes + self.head_dim_v * type_v_bytes)
+
+    def kv_bytes_per_token(self, kv_dtype_bytes: float = 2.0) -> float:
+        """KV bytes per token of context over the full-attention layers only.
+
+        Sliding-window layers stop growing at the window, so this is what each extra
+        token of context costs once a sequence is longer than the window.
+        """
+        return self.full_layers * self.kv_bytes_per_layer_token(kv_dtype_bytes, kv_dtype_bytes)
+
+
+@dataclass(frozen=True)
+class KVEstimate:
+    """KV-cache bytes an engine allocates, split into full-attention and sliding-window caches.
+
+    `cells_*` are per stream, as llama.cpp logs them (`size = ... (N cells, ...)`); llama.cpp
+    without `--kv-unified` has one stream per sequence, everything else one stream.
+    """
+
+    full_bytes: int
+    swa_bytes: int
+    cells_full: int
+    cells_swa: int
+    n_stream: int = 1
+    cpu_bytes: int = 0  # part of the total kept in host memory (layers not offloaded)
+
+    @property
+    def total(self) -> int:
+        """All KV bytes."""
+        return self.full_bytes + self.swa_bytes
+
+    @property
+    def gpu_bytes(self) -> int:
+        """KV bytes on the GPU."""
+        return self.total - self.cpu_bytes
+
+
+def _pad(value: int, to: int) -> int:
+    return (value + to - 1) // to * to
+
+
+def estimate_llamacpp_kv(
+    geom: ModelGeometry,
+    n_ctx: int,
+    n_seq: int = 1,
+    kv_unified: bool = False,
+    n_ubatch: int = 512,
+    type_k_bytes: float = 2.0,
+    type_v_bytes: float = 2.0,
+    swa_full: bool = False,
+    n_gpu_layers: int | None = None,
+) -> KVEstimate:
+    """KV cache llama-server allocates for `-c n_ctx -np n_seq [-kvu] [-ub n_ubatch]`.
+
+    `n_ctx` 0 means the training context, as in llama.cpp. `n_gpu_layers` is `-ngl`
+    (None: all layers on the GPU); it only moves bytes between `cpu_bytes` and the GPU.
+    """
+    if n_ctx <= 0:
+        if not geom.n_ctx_train:
+            raise ValueError("n_ctx is 0 and the model has no training context")
+        n_ctx = geom.n_ctx_train
+    n_seq = max(1, n_seq)
+    n_ctx = _pad(n_ctx, LLAMACPP_PAD)
+    if kv_unified:
+        n_stream, cells = 1, n_ctx
+    else:
+        n_stream, cells = n_seq, _pad(n_ctx // n_seq, LLAMACPP_PAD)
+    cells_swa = 0
+    if geom.swa_layers and geom.sliding_window:
+        window = geom.sliding_window * (n_seq if kv_unified else 1) + n_ubatch
+        cells_swa = cells if swa_full else _pad(min(cells, window), LLAMACPP_PAD)
+    per_layer_cell = geom.kv_bytes_per_layer_token(type_k_bytes, type_v_bytes)
+    full_layer_bytes = round(cells * n_stream * per_layer_cell)
+    swa_layer_bytes = round(cells_swa * n_stream * per_layer_cell)
+    # llama.cpp offloads the last ngl-1 repeating layers (the output layer counts as one).
+    gpu_start = 0 if n_gpu_layers is None else max(geom.n_layer + 1 - n_gpu_layers, 0)
+    cpu_bytes = 0
+    for layer in range(min(gpu_start, geom.n_layer)):
+        is_swa = geom.is_swa(layer) and cells_swa > 0
+        cpu_bytes += swa_layer_bytes if is_swa else full_layer_bytes
+    n_full = geom.full_layers if cells_swa else geom.n_layer
+    n_swa = geom.swa_layers if cells_swa else 0
+    return KVEstimate(
+        full_bytes=n_full * full_layer_bytes,
+        swa_bytes=n_swa * swa_layer_bytes,
+        cells_full=cells,
+        cells_swa=cells_swa,
+        n_stream=n_stream,
+        cpu_bytes=cpu_bytes,
+    )
+
+
+def estimate_sglang_kv(
+    geom: ModelGeometry,
+    max_total_num_tokens: int,
+    kv_dtype_bytes: float = 2.0,
+    hybrid_swa: bool = False,
+    page_size: int = 1,
+    max_total_num_tokens_swa: int | None = None,
+    tp_size: int = 1,
+) -> KVEstimate:
+    """KV pool SGLang allocates for `max_total_num_tokens` token slots (per GPU).
+
+    Without hybrid SWA (SGLang's default for most models, Gemma 3 included in 0.5.23) every
+    layer gets the full pool. With it the sliding-window layers get
+    `max_total_num_tokens_swa` slots (the full count when that is unknown: an upper bound).
+    KV heads are split over `tp_size` GPUs (at least one head each).
+    """
+    heads = max(1, geom.n_head_kv // max(1, tp_size))
+    per_layer_token = heads * (geom.head_dim_k + geom.head_dim_v) * kv_dtype_bytes
+    slots = max_total_num_tokens + page_size
+    if hybrid_swa and geom.swa_layers:
+        swa_tokens = (
+            max_total_num_tokens if max_total_num_tokens_swa is None else max_total_num_tokens_swa
+        )
+        return KVEstimate(
+            full_bytes=round(geom.full_layers * slots * per_layer_token),
+            swa_bytes=round(geom.swa_layers * (swa_tokens + page_size) * per_layer_token),
+            cells_full=max_total_num_tokens,
+            cells_swa=swa_tokens,
+        )
+    return KVEstimate(
+        full_bytes=round(geom.n_layer * slots * per_layer_token),
+        swa_bytes=0,
+        cells_full=max_total_num_tokens,
+        cells_swa=0,
+    )
+
+
+def _swa_mask(
+    arch: str, n_layer: int, sliding_window: int | None, pattern: Any = None
+) -> tuple[bool, ...]:
+    """Per-layer SWA flags from an explicit pattern (period or list) or the architecture."""
+    if not sliding_window:
+        return ()
+    if isinstance(pattern, Sequence) and not isinstance(pattern, str):
+        flags = tuple(bool(x) for x in pattern)
+        return flags if len(flags) == n_layer else ()
+    period = (
+        int(pattern) if isinstance(pattern, (int, float)) and pattern else _SWA_PERIOD.get(arch)
+    )
+    if not period:
+        return ()
+    if period == 1:
+        return (True,) * n_layer
+    return tuple(layer % period < period - 1 for layer in range(n_layer))
+
+
+def _field(reader: Any, key: str) -> Any:
+    field = reader.fields.get(key)
+    if field is None:
+        return None
+    value = field.contents()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value
+
+
+def _as_int(value: Any) -> int | None:
+    """An int from a GGUF/JSON value; per-layer arrays give their maximum."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return max((int(v) for v in value), default=None)
+    return int(value)
+
+
+def _file_type_name(value: Any) -> str | None:
+    if value is None:
+        return None
+    import gguf  # heavy import, only needed here
+
+    try:
+        return gguf.LlamaFileType(int(value)).name.removeprefix("MOSTLY_")
+    except ValueError:
+        return str(value)
+
+
+def geometry_from_gguf(path: str | Path) -> ModelGeometry:
+    """Read the geometry from a GGUF file's header (tensor data is not read)."""
+    import gguf  # heavy import, only needed here
+
+    reader = gguf.GGUFReader(str(path), "r")
+    arch = str(_field(reader, "general.architecture") or "")
+    if not arch:
+        raise ValueError(f"{path}: no general.architecture")
+
+    def key(name: str) -> Any:
+        return _field(reader, f"{arch}.{name}")
+
+    n_layer = _as_int(key("block_count"))
+    if not n_layer:
+        raise ValueError(f"{path}: no {arch}.block_count")
+    n_embd = _as_int(key("embedding_length"))
+    n_head = _as_int(key("attention.head_count"))
+    n_head_kv = _as_int(key("attention.head_count_kv")) or n_head or 0
+    default_head_dim = n_embd // n_head if n_embd and n_head else 0
+    head_k = _as_int(key("attention.key_length")) or default_head_dim
+    head_v = _as_int(key("attention.value_length")) or default_head_dim
+    sliding_window = _as_int(key("attention.sliding_window")) or None
+    mask = _swa_mask(arch, n_layer, sliding_window, key("attention.sliding_window_pattern"))
+    n_params = sum(int(t.n_elements) for t in reader.tensors) if reader.tensors else None
+    weight_bytes = sum(int(t.n_bytes) for t in reader.tensors) if reader.tensors else None
+    return ModelGeometry(
+        architecture=arch,
+        n_layer=n_layer,
+        n_head_kv=n_head_kv,
+        head_dim_k=head_k,
+        head_dim_v=head_v,
+        sliding_window=sliding_window,
+        swa_layers=sum(mask),
+        n_params=n_params,
+        weight_bytes=weight_bytes,
+        n_ctx_train=_as_int(key("context_length")),
+        file_type=_file_type_name(_field(reader, "general.file_type")),
+        n_embd=n_embd,
+        n_head=n_head,
+        swa_mask=mask,
+    )
+
+
+# Safetensors headers are small JSON; refuse absurd lengths instead of reading a huge file.
+_MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
+
+
+def _safetensors_totals(directory: Path) -> tuple[int | None, int | None]:
+    """Parameter count and bytes of all `*.safetensors` in `directory`, from headers only."""
+    params = size = 0
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        return None, None
+    for file in files:
+        with file.open("rb") as fh:
+            raw = fh.read(8)
+            if len(raw) != 8:
+                return None, None
+            (length,) = struct.unpack("<Q", raw)
+            if length > _MAX_SAFETENSORS_HEADER:
+                return None, None
+            header = json.loads(fh.read(length))
+        for name, info in header.items():
+            if name == "__metadata__" or not isinstance(info, dict):
+                continue
+            count = 1
+            for dim in info.get("shape", []):
+                count *= int(dim)
+            params += count
+            start, end = info.get("data_offsets", (0, 0))
+            size += int(end) - int(start)
+    return params, size
+
+
+def geometry_from_hf_config(path_or_mapping: str | Path | Mapping[str, Any]) -> ModelGeometry:
+    """Geometry from an HF `config.json` (a file, its model directory, or the parsed mapping).
+
+    Multimodal configs (Gemma 3) keep the language model under `text_config`. For a
+    directory, parameters and weight bytes come from the safetensors headers.
+    """
+    n_params = weight_bytes = None
+    if isinstance(path_or_mapping, Mapping):
+        config: Mapping[str, Any] = path_or_mapping
+    else:
+        path = Path(path_or_mapping)
+        directory = path if path.is_dir() else path.parent
+        file = path / "config.json" if path.is_dir() else path
+        config = json.loads(file.read_text(encoding="utf-8"))
+        n_params, weight_bytes = _safetensors_totals(directory)
+    text = config.get("text_config") or config
+    arch_list = config.get("architectures") or []
+    model_type = str(text.get("model_type") or config.get("model_type") or "")
+    architecture = str(arch_list[0]) if arch_list else model_type
+    n_layer = int(text["num_hidden_layers"])
+    n_head = int(text.get("num_attention_heads") or 0) or None
+    n_embd = int(text.get("hidden_size") or 0) or None
+    if text.get("kv_lora_rank"):
+        # MLA (DeepSeek-style): one compressed latent + rope key per token and layer.
+        n_head_kv = 1
+        head_k = int(text["kv_lora_rank"]) + int(text.get("qk_rope_head_dim") or 0)
+        head_v = 0
+    else:
+        n_head_kv = int(text.get("num_key_value_heads") or n_head or 0)
+        head_dim = text.get("head_dim") or (n_embd // n_head if n_embd and n_head else 0)
+        head_k = head_v = int(head_dim)
+    sliding_window = _as_int(text.get("sliding_window")) or None
+    layer_types = text.get("layer_types")
+    if text.get("use_sliding_window") is False:
+        # Qwen-style configs carry a window that is switched off.
+        mask: tuple[bool, ...] = ()
+    elif isinstance(layer_types, list) and len(layer_types) == n_layer and sliding_window:
+        mask = tuple(str(t).startswith("sliding") for t in layer_types)
+    elif text.get("use_sliding_window") and sliding_window:
+        first_swa = int(text.get("max_window_layers") or 0)
+        mask = tuple(layer >= first_swa for layer in range(n_layer))
+    else:
+        mask = _swa_mask(model_type, n_layer, sliding_window, text.get("sliding_window_pattern"))
+    dtype = text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype")
+    return ModelGeometry(
+        architecture=architecture,
+        n_layer=n_layer,
+        n_head_kv=n_head_kv,
+        head_dim_k=head_k,
+        head_dim_v=head_v,
+        sliding_window=sliding_window,
+        swa_layers=sum(mask),
+        n_params=n_params,
+        weight_bytes=weight_bytes,
+        n_ctx_train=_as_int(text.get("max_position_embeddings")),
+        file_type=str(dtype) if dtype else None,
+        n_embd=n_embd,
+        n_head=n_head,
+        swa_mask=mask,
+    )

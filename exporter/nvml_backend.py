@@ -1,0 +1,428 @@
+"""NVML behind a small synchronous interface, with a real and a file-backed implementation.
+
+`NvmlBackend` is the seam the NVML collector talks to. `PynvmlBackend` calls the
+driver through nvidia-ml-py (`pynvml`); `FakeNvmlBackend` reads NVML-shaped JSON
+files, which is how the tests replay the real H200 captures and how the engine
+simulators show "their" GPU memory without a GPU.
+
+Devices are addressed by position `i` in `range(device_count())`; `index(i)` is
+the NVML index that ends up in the `gpu` label. Every method raises `NvmlError`
+on failure; `NvmlError.not_supported` tells an optional query the GPU does not
+offer (bus width, clocks, utilization on some parts) from a real failure.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+# NVML return codes the backends hand on (values from nvml.h, stable across releases).
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
+# Codes after which NVML itself must be initialized again (not just the call retried).
+NVML_REINIT_CODES = frozenset(
+    {1, 9, 15, 999}
+)  # UNINITIALIZED, DRIVER_NOT_LOADED, GPU_IS_LOST, UNKNOWN
+
+
+class NvmlError(Exception):
+    """An NVML call failed; `code` is NVML's return code when there is one."""
+
+    def __init__(
+        self,
+        message: str,
+        code: int | None = None,
+        reason: Literal["connect", "parse"] = "connect",
+    ):
+        super().__init__(message)
+        self.code = code
+        # "parse" only for fake files that cannot be read; everything else means the
+        # driver (or the GPU) is not reachable.
+        self.reason = reason
+
+    @property
+    def not_supported(self) -> bool:
+        """True when the GPU or driver simply does not offer this query."""
+        return self.code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND)
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """Device memory in bytes; `reserved` is None when only the v1 query is available."""
+
+    total: int
+    used: int
+    free: int
+    reserved: int | None
+
+
+@dataclass(frozen=True)
+class Utilization:
+    """NVML utilization rates in percent (0-100) over the driver's last sample period."""
+
+    gpu: float
+    memory: float
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process with a context on a GPU; `used_bytes` is None where NVML cannot tell."""
+
+    pid: int
+    used_bytes: int | None
+
+
+class NvmlBackend(Protocol):
+    """What the NVML collector needs from NVML. All methods block; call them off the loop."""
+
+    def init(self) -> None:
+        """Load and initialize NVML; raise NvmlError when there is no driver or GPU."""
+
+    def shutdown(self) -> None:
+        """Release NVML."""
+
+    def driver_version(self) -> str:
+        """Driver version string, e.g. '580.159.04'."""
+
+    def device_count(self) -> int:
+        """Number of GPUs NVML sees."""
+
+    def index(self, i: int) -> int:
+        """NVML index of the device at position i."""
+
+    def name(self, i: int) -> str:
+        """Product name, e.g. 'NVIDIA H200'."""
+
+    def uuid(self, i: int) -> str:
+        """Device UUID ('GPU-...')."""
+
+    def memory(self, i: int) -> MemoryInfo:
+        """Memory info: v2 (used excludes reserved) when supported, else v1."""
+
+    def utilization(self, i: int) -> Utilization:
+        """GPU and memory-controller busy percentages."""
+
+    def memory_clock_mhz(self, i: int) -> tuple[int, int]:
+        """Current and maximum memory clock in MHz."""
+
+    def bus_width_bits(self, i: int) -> int:
+        """Memory bus width in bits."""
+
+    def processes(self, i: int) -> list[GpuProcess]:
+        """Compute and graphics processes on the device, one entry per pid."""
+
+    def cmdline(self, pid: int) -> list[str]:
+        """argv of a process (empty when unknown, e.g. another pid namespace)."""
+
+
+def read_proc_cmdline(proc_root: Path, pid: int) -> list[str]:
+    """argv from `<proc_root>/<pid>/cmdline` (NUL-separated), or [] when unreadable."""
+    try:
+        raw = (proc_root / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode("utf-8", "replace") for part in raw.split(b"\0") if part]
+
+
+def _merge_processes(groups: list[list[GpuProcess]]) -> list[GpuProcess]:
+    # A process with both a compute and a graphics context is listed twice with the
+    # same figure; keep one entry (the larger, in case the two ever differ).
+    by_pid: dict[int, GpuProcess] = {}
+    for group in groups:
+        for proc in group:
+            seen = by_pid.get(proc.pid)
+            if seen is None or (proc.used_bytes or 0) > (seen.used_bytes or 0):
+                by_pid[proc.pid] = proc
+    return list(by_pid.values())
+
+
+class PynvmlBackend:
+    """The real NVML, through nvidia-ml-py."""
+
+    def __init__(self, proc_root: Path = Path("/proc")):
+        self.proc_root = proc_root
+        self._handles: list[Any] = []
+        self._v1_only: set[int] = set()
+        self._nvml: Any = None
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except self._nvml.NVMLError as exc:
+            raise NvmlError(str(exc), getattr(exc, "value", None)) from exc
+
+    def init(self) -> None:
+        try:
+            import pynvml
+        except ImportError as exc:  # the dependency is declared; this is a broken install
+            raise NvmlError(f"nvidia-ml-py is not installed: {exc}") from exc
+        self._nvml = pynvml
+        self._call(pynvml.nvmlInit)
+        count = self._call(pynvml.nvmlDeviceGetCount)
+        self._handles = [self._call(pynvml.nvmlDeviceGetHandleByIndex, i) for i in range(count)]
+        self._v1_only = set()
+
+    def shutdown(self) -> None:
+        if self._nvml is not None and self._handles is not None:
+            self._handles = []
+            try:
+                self._nvml.nvmlShutdown()
+            except self._nvml.NVMLError:
+                pass  # not initialized: nothing to release
+
+    def driver_version(self) -> str:
+        return str(self._call(self._nvml.nvmlSystemGetDriverVersion))
+
+    def device_count(self) -> int:
+        return len(self._handles)
+
+    def index(self, i: int) -> int:
+        return int(self._call(self._nvml.nvmlDeviceGetIndex, self._handles[i]))
+
+    def name(self, i: int) -> str:
+        return str(self._call(self._nvml.nvmlDeviceGetName, self._handles[i]))
+
+    def uuid(self, i: int) -> str:
+        return str(self._call(self._nvml.nvmlDeviceGetUUID, self._handles[i]))
+
+    def memory(self, i: int) -> MemoryInfo:
+        nv = self._nvml
+        handle = self._handles[i]
+        if i not in self._v1_only:
+            try:
+                m = self._call(nv.nvmlDeviceGetMemoryInfo, handle, nv.nvmlMemory_v2)
+                return MemoryInfo(int(m.total), int(m.used), int(m.free), int(m.reserved))
+            except NvmlError as exc:
+                # Drivers before r510 lack the v2 query; remember so that the 10 Hz
+                # sampler does not pay for a failing call every time.
+                if not exc.not_supported and exc.code != NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
+                    raise
+                self._v1_only.add(i)
+        m = self._call(nv.nvmlDeviceGetMemoryInfo, handle)
+        return MemoryInfo(int(m.total), int(m.used), int(m.free), None)
+
+    def utilization(self, i: int) -> Utilization:
+        u = self._call(self._nvml.nvmlDeviceGetUtilizationRates, self._handles[i])
+        return Utilization(float(u.gpu), float(u.memory))
+
+    def memory_clock_mhz(self, i: int) -> tuple[int, int]:
+        nv = self._nvml
+        handle = self._handles[i]
+        current = self._call(nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_MEM)
+        maximum = self._call(nv.nvmlDeviceGetMaxClockInfo, handle, nv.NVML_CLOCK_MEM)
+        return int(current), int(maximum)
+
+    def bus_width_bits(self, i: int) -> int:
+        return int(self._call(self._nvml.nvmlDeviceGetMemoryBusWidth, self._handles[i]))
+
+    def processes(self, i: int) -> list[GpuProcess]:
+        nv = self._nvml
+        handle = self._handles[i]
+        groups = []
+        for fn in (
+            nv.nvmlDeviceGetComputeRunningProcesses,
+            nv.nvmlDeviceGetGraphicsRunningProcesses,
+        ):
+            try:
+                procs = self._call(fn, handle)
+            except NvmlError as exc:
+                if not exc.not_supported:
+                    raise
+                continue  # e.g. no graphics contexts on a headless data-center part
+            groups.append([GpuProcess(int(p.pid), p.usedGpuMemory) for p in procs])
+        return _merge_processes(groups)
+
+    def cmdline(self, pid: int) -> list[str]:
+        argv = read_proc_cmdline(self.proc_root, pid)
+        if argv or self._nvml is None:
+            return argv
+        # Inside a container without the host pid namespace /proc has no such pid; the
+        # driver still knows the executable's name.
+        try:
+            name = self._nvml.nvmlSystemGetProcessName(pid)
+        except self._nvml.NVMLError:
+            return []
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        return [name] if name else []
+
+
+class FakeNvmlBackend:
+    """NVML replayed from JSON files: the contract with the engine simulators.
+
+    Each file holds one NVML reading, in the shape captured from a real H200
+    (tests/fixtures/llamacpp-h200-gemma3-27b-shape-q4_0/nvml_*.json)::
+
+        {"driver": "580.159.04", "nvml": "13.580.159.04",
+         "devices": [{
+            "index": 0, "name": "NVIDIA H200", "uuid": "GPU-...",
+            "mem":    {"total": B, "used": B, "free": B},              # NVML v1
+            "mem_v2": {"total": B, "used": B, "free": B, "reserved": B}, # NVML v2
+            "util": {"gpu": 0-100, "memory": 0-100},
+            "bus_width": 6016, "mem_clock_mhz": 3201, "max_mem_clock_mhz": 3201,
+            "procs": [{"pid": 16664, "used": B, "cmdline": "llama-server --port 8080 ..."}]}]}
+
+    B = bytes (integers). `mem_v2` may be left out (then `mem` is used and reserved is
+    unknown, as on old drivers); `util`, `bus_width` and the clocks may be left out
+    (reported as not supported); other keys are ignored. `cmdline` is the command
+    line joined with spaces; the process label is its first word's basename.
+
+    The files are checked at every `device_count()` call (the start of every sample)
+    and re-read when they changed (mtime, size or inode), so a writer may update one
+    at any rate; it must replace it atomically (write a temporary file, then
+    `os.replace`). A file that does not exist contributes nothing (its writer has not
+    started yet or has exited); when none exists, or one is not valid JSON, every
+    query raises NvmlError. With several files, devices with the same `index` are
+    merged: identity, clocks and bus width come from the first file that lists the
+    index; `used` (v1 and v2) and the processes add up (each simulator writes the
+    memory it holds itself); `free` is recomputed from total, reserved and used;
+    utilization is the highest. The driver version comes from the first file.
+    """
+
+    def __init__(self, files: list[Path] | Path, proc_root: Path = Path("/proc")):
+        self.files = [files] if isinstance(files, Path) else list(files)
+        self.proc_root = proc_root
+        self._cache: dict[Path, tuple[tuple[int, int, int], dict[str, Any]]] = {}
+        self._devices: list[dict[str, Any]] = []
+        self._driver = ""
+        self._cmdlines: dict[int, str] = {}
+
+    def init(self) -> None:
+        # Files may appear later (a simulator starting after the exporter): only a
+        # sample finds out, so that the source recovers on the next sample.
+        self._cache.clear()
+
+    def shutdown(self) -> None:
+        self._cache.clear()
+
+    def _load(self, path: Path) -> dict[str, Any] | None:
+        try:
+            st = path.stat()
+        except OSError:
+            self._cache.pop(path, None)
+            return None
+        # mtime alone can miss two writes within one filesystem timestamp tick; an
+        # atomic replace also changes the inode.
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        cached = self._cache.get(path)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise NvmlError(f"fake NVML file {path}: {exc}", reason="parse") from exc
+        if not isinstance(data, dict) or not isinstance(data.get("devices"), list):
+            raise NvmlError(f"fake NVML file {path}: no 'devices' list", reason="parse")
+        self._cache[path] = (stamp, data)
+        return data
+
+    def _refresh(self) -> None:
+        readings = [d for d in (self._load(p) for p in self.files) if d is not None]
+        if not readings:
+            names = ", ".join(str(p) for p in self.files)
+            raise NvmlError(f"no fake NVML file exists ({names})")
+        merged: dict[int, dict[str, Any]] = {}
+        cmdlines: dict[int, str] = {}
+        try:
+            for reading in readings:
+                for dev in reading["devices"]:
+                    index = int(dev["index"])
+                    procs = [dict(p) for p in dev.get("procs", [])]
+                    for proc in procs:
+                        cmdlines[int(proc["pid"])] = str(proc.get("cmdline", ""))
+                    target = merged.get(index)
+                    if target is None:
+                        merged[index] = {**dev, "procs": procs}
+                        continue
+                    _merge_device(target, dev, procs)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise NvmlError(f"fake NVML file: bad device entry: {exc!r}", reason="parse") from exc
+        self._devices = [merged[k] for k in sorted(merged)]
+        self._driver = str(readings[0].get("driver", ""))
+        self._cmdlines = cmdlines
+
+    def _dev(self, i: int) -> dict[str, Any]:
+        if not 0 <= i < len(self._devices):
+            raise NvmlError(f"fake NVML: no device at position {i}")
+        return self._devices[i]
+
+    @staticmethod
+    def _field(dev: dict[str, Any], key: str) -> Any:
+        if dev.get(key) is None:
+            raise NvmlError(f"{key} not in the fake reading", NVML_ERROR_NOT_SUPPORTED)
+        return dev[key]
+
+    def driver_version(self) -> str:
+        self._refresh()
+        return self._driver
+
+    def device_count(self) -> int:
+        self._refresh()
+        return len(self._devices)
+
+    def index(self, i: int) -> int:
+        return int(self._dev(i)["index"])
+
+    def name(self, i: int) -> str:
+        return str(self._dev(i).get("name", ""))
+
+    def uuid(self, i: int) -> str:
+        return str(self._dev(i).get("uuid", ""))
+
+    def memory(self, i: int) -> MemoryInfo:
+        dev = self._dev(i)
+        v2 = dev.get("mem_v2")
+        if v2 is not None:
+            return MemoryInfo(
+                int(v2["total"]), int(v2["used"]), int(v2["free"]), int(v2["reserved"])
+            )
+        v1 = self._field(dev, "mem")
+        return MemoryInfo(int(v1["total"]), int(v1["used"]), int(v1["free"]), None)
+
+    def utilization(self, i: int) -> Utilization:
+        util = self._field(self._dev(i), "util")
+        return Utilization(float(util["gpu"]), float(util["memory"]))
+
+    def memory_clock_mhz(self, i: int) -> tuple[int, int]:
+        dev = self._dev(i)
+        current = int(self._field(dev, "mem_clock_mhz"))
+        return current, int(dev.get("max_mem_clock_mhz") or current)
+
+    def bus_width_bits(self, i: int) -> int:
+        return int(self._field(self._dev(i), "bus_width"))
+
+    def processes(self, i: int) -> list[GpuProcess]:
+        procs = self._dev(i).get("procs", [])
+        return _merge_processes(
+            [
+                [
+                    GpuProcess(int(p["pid"]), None if p.get("used") is None else int(p["used"]))
+                    for p in procs
+                ]
+            ]
+        )
+
+    def cmdline(self, pid: int) -> list[str]:
+        recorded = self._cmdlines.get(pid)
+        if recorded is not None:
+            return recorded.split()
+        return read_proc_cmdline(self.proc_root, pid)
+
+
+def _merge_device(target: dict[str, Any], dev: dict[str, Any], procs: list[dict[str, Any]]) -> None:
+    """Fold a later file's reading of the same GPU into the first one (see FakeNvmlBackend)."""
+    target["procs"] = target["procs"] + procs
+    for key in ("mem", "mem_v2"):
+        if isinstance(target.get(key), dict) and isinstance(dev.get(key), dict):
+            mem = dict(target[key])
+            mem["used"] = int(mem["used"]) + int(dev[key]["used"])
+            hidden = int(mem.get("reserved") or 0)
+            mem["free"] = max(0, int(mem["total"]) - hidden - int(mem["used"]))
+            target[key] = mem
+    if isinstance(target.get("util"), dict) and isinstance(dev.get("util"), dict):
+        target["util"] = {
+            k: max(float(target["util"].get(k, 0)), float(dev["util"].get(k, 0)))
+            for k in ("gpu", "memory")
+        }

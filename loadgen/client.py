@@ -1,0 +1,277 @@
+"""One streaming OpenAI-compatible client for every engine (llama.cpp, SGLang, others).
+
+The client sends pre-serialized request bodies over a pre-opened aiohttp connection pool,
+parses the server-sent events itself and stamps every received network chunk with
+`time.perf_counter()`. It never raises for a failed request: every outcome becomes a
+`StreamResult` with an `error` category, so the scheduler can record it and go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+# Error categories (the `error` field of a request record and the `outcome` metric label).
+TIMEOUT = "timeout"
+CONNECT = "connect_error"
+HTTP = "http_error"
+MALFORMED = "malformed"
+DISCONNECTED = "disconnected"
+SERVER_ERROR = "server_error"
+EARLY_STOP = "early_stop"
+INTERRUPTED = "interrupted"
+
+_CHAT_PATH = "/v1/chat/completions"
+_COMPLETIONS_PATH = "/v1/completions"
+
+
+class TargetUnreachable(Exception):
+    """The target did not answer at all (connection refused, DNS, connect timeout)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One server to load: the engine label, its kind and where it listens."""
+
+    name: str
+    url: str
+    kind: str = "openai"  # llamacpp | sglang | openai
+    api_key: str | None = None
+    model: str | None = None
+
+
+@dataclass
+class StreamResult:
+    """What one streamed request produced, with raw perf_counter timestamps."""
+
+    t_send: float = 0.0
+    t_end: float = 0.0
+    chunk_times: list[float] = field(default_factory=list)
+    usage: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    error_detail: str | None = None
+    status: int | None = None
+    done: bool = False
+
+
+def _decode_event(event: bytes) -> bytes | None:
+    """Return the `data:` payload of one SSE event (None for comments and other fields)."""
+    payload: bytes | None = None
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            part = line[5:]
+            if part.startswith(b" "):
+                part = part[1:]
+            # Multi-line data fields are joined with newlines (SSE spec); engines send one line.
+            payload = part if payload is None else payload + b"\n" + part
+    return payload
+
+
+class StreamClient:
+    """Streams completions from one target over a reusable connection pool."""
+
+    def __init__(
+        self,
+        target: Target,
+        *,
+        pool_size: int,
+        endpoint: str = "chat",
+        connect_timeout: float = 5.0,
+    ):
+        self.target = target
+        self.endpoint = endpoint
+        self.pool_size = max(1, pool_size)
+        self.connect_timeout = connect_timeout
+        self.model: str | None = target.model
+        self._path = _CHAT_PATH if endpoint == "chat" else _COMPLETIONS_PATH
+        self._session: aiohttp.ClientSession | None = None
+        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if target.api_key:
+            self._headers["Authorization"] = f"Bearer {target.api_key}"
+
+    async def __aenter__(self) -> StreamClient:
+        connector = aiohttp.TCPConnector(
+            limit=self.pool_size, limit_per_host=self.pool_size, ttl_dns_cache=300
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
+            headers=self._headers,
+            # The body is read in raw chunks; a large buffer avoids per-line read overhead.
+            read_bufsize=2**16,
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the pool (idempotent)."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("StreamClient used outside `async with`")
+        return self._session
+
+    async def open(self, connections: int | None = None) -> None:
+        """Check the target answers, learn the model name, and pre-open the pool.
+
+        Raises TargetUnreachable within about `connect_timeout` seconds when nothing listens.
+        Any HTTP answer counts as reachable: some servers have no `/v1/models`.
+        """
+        timeout = aiohttp.ClientTimeout(total=self.connect_timeout * 2)
+        try:
+            async with self.session.get(self.target.url + "/v1/models", timeout=timeout) as resp:
+                body = await resp.read()
+                if resp.status == 200 and self.model is None:
+                    self.model = _first_model_id(body)
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as exc:
+            raise TargetUnreachable(
+                f"{self.target.name}: cannot reach {self.target.url} "
+                f"({type(exc).__name__}: {exc or 'timed out'})"
+            ) from None
+        # Keep-alive connections opened now are reused by the run, so connection setup
+        # never lands inside a measured TTFT.
+        count = min(connections or self.pool_size, self.pool_size)
+        if count > 1:
+            await asyncio.gather(
+                *(self._touch(timeout) for _ in range(count)), return_exceptions=True
+            )
+
+    async def _touch(self, timeout: aiohttp.ClientTimeout) -> None:
+        async with self.session.get(self.target.url + "/v1/models", timeout=timeout) as resp:
+            await resp.read()
+
+    async def get_json(self, path: str, timeout: float = 10.0) -> Any:
+        """GET a JSON document from the target (raises on HTTP errors)."""
+        async with self.session.get(
+            self.target.url + path, timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as resp:
+            resp.raise_for_status()
+            return await resp.json(content_type=None)
+
+    async def post_json(self, path: str, body: dict[str, Any], timeout: float = 60.0) -> Any:
+        """POST a JSON body and return the JSON answer (raises on HTTP errors)."""
+        async with self.session.post(
+            self.target.url + path, json=body, timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as resp:
+            resp.raise_for_status()
+            return await resp.json(content_type=None)
+
+    def build_body(self, prompt: str, params: dict[str, Any]) -> bytes:
+        """Serialize one request body for this target's endpoint."""
+        body: dict[str, Any] = {"model": self.model or "default"}
+        if self.endpoint == "chat":
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
+        body.update(params)
+        return json.dumps(body).encode()
+
+    async def stream(self, body: bytes, timeout: float) -> StreamResult:
+        """Send one streaming request and collect its chunks; never raises for request errors."""
+        result = StreamResult()
+        result.t_send = time.perf_counter()
+        try:
+            async with self.session.post(
+                self.target.url + self._path,
+                data=body,
+                timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=self.connect_timeout),
+            ) as resp:
+                result.status = resp.status
+                if resp.status != 200:
+                    text = (await resp.read())[:300].decode("utf-8", "replace")
+                    result.error, result.error_detail = HTTP, f"HTTP {resp.status}: {text}"
+                else:
+                    await self._read_events(resp, result)
+        except asyncio.TimeoutError:
+            result.error, result.error_detail = TIMEOUT, f"no complete answer within {timeout} s"
+        except aiohttp.ClientConnectorError as exc:
+            result.error, result.error_detail = CONNECT, str(exc)
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:
+            result.error, result.error_detail = DISCONNECTED, f"{type(exc).__name__}: {exc}"
+        except aiohttp.ClientError as exc:
+            result.error, result.error_detail = DISCONNECTED, f"{type(exc).__name__}: {exc}"
+        except OSError as exc:
+            result.error, result.error_detail = CONNECT, f"{type(exc).__name__}: {exc}"
+        result.t_end = time.perf_counter()
+        if result.error is None and not result.done:
+            result.error = DISCONNECTED
+            result.error_detail = "stream ended before data: [DONE]"
+        if result.error is None and result.usage is None:
+            result.error = MALFORMED
+            result.error_detail = "no usage chunk (stream_options.include_usage ignored?)"
+        return result
+
+    async def _read_events(self, resp: aiohttp.ClientResponse, result: StreamResult) -> None:
+        buf = b""
+        times = result.chunk_times
+        perf = time.perf_counter
+        async for data in resp.content.iter_any():
+            now = perf()
+            if b"\r" in data:
+                data = data.replace(b"\r\n", b"\n")
+            buf += data
+            start = 0
+            while True:
+                end = buf.find(b"\n\n", start)
+                if end < 0:
+                    break
+                payload = _decode_event(buf[start:end])
+                start = end + 2
+                if payload is None:
+                    continue
+                if payload == b"[DONE]":
+                    result.done = True
+                    continue
+                try:
+                    obj = json.loads(payload)
+                except ValueError:
+                    result.error = MALFORMED
+                    result.error_detail = f"not JSON: {payload[:120]!r}"
+                    return
+                if not isinstance(obj, dict):
+                    result.error, result.error_detail = MALFORMED, f"not an object: {obj!r:.120}"
+                    return
+                if "error" in obj:
+                    result.error, result.error_detail = SERVER_ERROR, str(obj["error"])[:300]
+                    return
+                choices = obj.get("choices")
+                if choices:
+                    choice = choices[0]
+                    delta = choice.get("delta")
+                    if delta:
+                        text = delta.get("content") or delta.get("reasoning_content")
+                    else:
+                        text = choice.get("text")
+                    if text:
+                        times.append(now)
+                    reason = choice.get("finish_reason")
+                    if reason:
+                        result.finish_reason = reason
+                usage = obj.get("usage")
+                if usage:
+                    result.usage = usage
+                timings = obj.get("timings")
+                if timings:
+                    result.timings = timings
+            buf = buf[start:]
+
+
+def _first_model_id(body: bytes) -> str | None:
+    try:
+        data = json.loads(body)
+        return str(data["data"][0]["id"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None

@@ -1,0 +1,176 @@
+"""Live client-side metrics on the load generator's own `/metrics` (`llmb_loadgen_*`).
+
+Each `LoadgenMetrics` owns a fresh `CollectorRegistry`, so two runs in one process (tests,
+sweeps driven from Python) never share or clash on series.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.exposition import choose_encoder
+
+from loadgen.results import RequestRecord
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9491
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 20, 30, 60)
+ITL_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.5, 1, 2,
+)  # fmt: skip
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600)
+
+
+class LoadgenMetrics:
+    """The `llmb_loadgen_*` series of one load-generator run."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.ttft = Histogram(
+            "llmb_loadgen_time_to_first_token_seconds",
+            "Client-side time from sending a request to its first streamed token.",
+            ["engine"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "llmb_loadgen_inter_token_latency_seconds",
+            "Client-side gap between consecutive streamed token chunks.",
+            ["engine"],
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "llmb_loadgen_e2e_request_latency_seconds",
+            "Client-side time from sending a request to the end of its stream.",
+            ["engine"],
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "llmb_loadgen_requests_in_flight", "Requests sent and not finished.", ["engine"],
+            registry=r,
+        )  # fmt: skip
+        self.requests = Counter(
+            "llmb_loadgen_requests",
+            "Finished requests by outcome (ok, early_stop, timeout, connect_error, ...).",
+            ["engine", "outcome"],
+            registry=r,
+        )
+        self.completion_tokens = Counter(
+            "llmb_loadgen_completion_tokens",
+            "Completion tokens reported by the server's usage.",
+            ["engine"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "llmb_loadgen_prompt_tokens",
+            "Prompt tokens reported by the server's usage (cached ones included).",
+            ["engine"],
+            registry=r,
+        )
+        self.early_stop = Counter(
+            "llmb_loadgen_early_stop_requests",
+            "Requests that ended with fewer completion tokens than max_tokens.",
+            ["engine"],
+            registry=r,
+        )
+        self.step = Info(
+            "llmb_loadgen_step",
+            "The step now running (one per engine): concurrency, prompt tokens, max tokens.",
+            ["engine"],
+            registry=r,
+        )
+        self.step_start = Gauge(
+            "llmb_loadgen_step_start_timestamp_seconds",
+            "Unix time the current step started (for Grafana annotations).",
+            ["engine"],
+            registry=r,
+        )
+        self.mismatch = Gauge(
+            "llmb_loadgen_token_count_mismatch",
+            "1 when this run's token counts differ across engines or from max_tokens.",
+            ["engine"],
+            registry=r,
+        )
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    def start_step(
+        self,
+        engine: str,
+        step: int,
+        concurrency: int | None,
+        prompt_tokens: int | None,
+        max_tokens: int,
+    ) -> None:
+        """Publish the step now running for `engine`."""
+        self.step.labels(engine).info(
+            {
+                "step": str(step),
+                "concurrency": "" if concurrency is None else str(concurrency),
+                "prompt_tokens": "" if prompt_tokens is None else str(prompt_tokens),
+                "max_tokens": str(max_tokens),
+            }
+        )
+        self.step_start.labels(engine).set(time.time())
+        self.mismatch.labels(engine).set(0)
+        for child in (self.in_flight, self.completion_tokens, self.prompt_tokens):
+            child.labels(engine)  # create the series at 0 so rate() has a start
+        self.early_stop.labels(engine)
+
+    def observe(self, record: RequestRecord) -> None:
+        """Account one finished request."""
+        engine = record.engine
+        self.requests.labels(engine, record.error or "ok").inc()
+        if record.error == "early_stop":
+            self.early_stop.labels(engine).inc()
+        if record.prompt_tokens:
+            self.prompt_tokens.labels(engine).inc(record.prompt_tokens)
+        if record.completion_tokens:
+            self.completion_tokens.labels(engine).inc(record.completion_tokens)
+        if record.ttft_s is not None:
+            self.ttft.labels(engine).observe(record.ttft_s)
+        if record.error is None or record.error == "early_stop":
+            self.e2e.labels(engine).observe(record.e2e_s)
+        itl = self.itl.labels(engine)
+        for gap in record.itls:
+            itl.observe(gap)
+
+    def set_mismatch(self, engine: str, mismatch: bool) -> None:
+        """Raise or clear the token-count mismatch flag of `engine`."""
+        self.mismatch.labels(engine).set(1 if mismatch else 0)
+
+    async def serve(self, host: str, port: int) -> int:
+        """Serve `/metrics` on host:port (port 0 picks a free one); return the bound port."""
+
+        async def handler(request: web.Request) -> web.Response:
+            encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+            resp = web.Response(body=encoder(self.registry))
+            resp.headers["Content-Type"] = content_type
+            return resp
+
+        app = web.Application()
+        app.router.add_get("/metrics", handler)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.port = int(sockets[0].getsockname()[1]) if sockets else port
+        log.info("client metrics on http://%s:%d/metrics", host, self.port)
+        return self.port
+
+    async def close(self) -> None:
+        """Stop serving (idempotent)."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

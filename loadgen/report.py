@@ -1,0 +1,136 @@
+"""Run reports: summary.json, summary.csv, summary.md and the console table.
+
+Each is rewritten after every step, so an interrupted or crashed run still leaves the steps
+that finished. An invalid comparison is stated in every one of them.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from loadgen.scheduler import StepResult
+
+# (column, summary key, format) of the CSV/Markdown/console tables.
+COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("engine", "engine", "s"),
+    ("step", "step", "d"),
+    ("conc", "concurrency", "d"),
+    ("prompt_tok", "prompt_tokens", "s"),
+    ("compl_tok", "completion_tokens", "s"),
+    ("ok", "requests_ok", "d"),
+    ("failed", "requests_failed", "d"),
+    ("ttft_p50_ms", "ttft_p50_s", "ms"),
+    ("ttft_p90_ms", "ttft_p90_s", "ms"),
+    ("ttft_p99_ms", "ttft_p99_s", "ms"),
+    ("itl_p50_ms", "itl_p50_s", "ms"),
+    ("itl_p99_ms", "itl_p99_s", "ms"),
+    ("tpot_ms", "tpot_mean_s", "ms"),
+    ("decode_tok_s", "decode_tok_s_mean", ".1f"),
+    ("out_tok_s", "output_tok_s", ".1f"),
+    ("req_s", "requests_per_s", ".2f"),
+    ("valid", "valid", "s"),
+)
+
+
+def _fmt(value: Any, fmt: str) -> str:
+    if value is None:
+        return ""
+    if fmt == "ms":
+        return f"{value * 1000:.1f}"
+    if fmt == "s":
+        if isinstance(value, list):
+            return "/".join(str(v) for v in value)
+        return str(value).lower() if isinstance(value, bool) else str(value)
+    if fmt == "d":
+        return str(value)
+    return format(value, fmt)
+
+
+def invalid_banner(reasons: Sequence[str]) -> str:
+    """The loud one-paragraph statement that the comparison is not valid."""
+    lines = ["INVALID COMPARISON: the engines did not process the same tokens."]
+    lines += [f"  - {reason}" for reason in reasons]
+    return "\n".join(lines)
+
+
+def build_summary(
+    steps: Sequence[StepResult], run_info: dict[str, Any], interrupted: bool = False
+) -> dict[str, Any]:
+    """The summary.json document of a run."""
+    reasons = [f"step {s.step}: {r}" for s in steps for r in s.reasons]
+    return {
+        "valid": not reasons,
+        "invalid_reasons": reasons,
+        "interrupted": interrupted,
+        "run": run_info,
+        "steps": [summary for s in steps for summary in s.summaries],
+    }
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def to_csv(summary: dict[str, Any]) -> str:
+    """CSV of the step table; the validity is a column and a leading comment line."""
+    buf = io.StringIO()
+    if not summary["valid"]:
+        buf.write("# INVALID COMPARISON: " + " | ".join(summary["invalid_reasons"]) + "\n")
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow([c for c, _, _ in COLUMNS] + ["invalid_reason"])
+    reason = "; ".join(summary["invalid_reasons"])
+    for row in summary["steps"]:
+        writer.writerow([_fmt(row.get(k), f) for _, k, f in COLUMNS] + [reason])
+    return buf.getvalue()
+
+
+def to_markdown(summary: dict[str, Any]) -> str:
+    """Markdown report: an INVALID banner when needed, then the step table."""
+    out: list[str] = ["# Load generator summary", ""]
+    if not summary["valid"]:
+        out += ["> **INVALID COMPARISON**: the engines did not process the same tokens.", ">"]
+        out += [f"> - {r}" for r in summary["invalid_reasons"]]
+        out.append("")
+    if summary.get("interrupted"):
+        out += ["_Run interrupted: the table holds what finished before the stop._", ""]
+    out.append("| " + " | ".join(c for c, _, _ in COLUMNS) + " |")
+    out.append("|" + "|".join("---" for _ in COLUMNS) + "|")
+    for row in summary["steps"]:
+        out.append("| " + " | ".join(_fmt(row.get(k), f) for _, k, f in COLUMNS) + " |")
+    servers = [r for r in summary["steps"] if r.get("server")]
+    if servers:
+        out += ["", "Server side during each step:", ""]
+        for row in servers:
+            out.append(f"- {row['engine']} step {row['step']}: `{json.dumps(row['server'])}`")
+    return "\n".join(out) + "\n"
+
+
+def to_console(summary: dict[str, Any]) -> str:
+    """Fixed-width table for the terminal, INVALID banner first."""
+    lines: list[str] = []
+    if not summary["valid"]:
+        lines += [invalid_banner(summary["invalid_reasons"]), ""]
+    rows = [[c for c, _, _ in COLUMNS]]
+    rows += [[_fmt(r.get(k), f) for _, k, f in COLUMNS] for r in summary["steps"]]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    for row in rows:
+        lines.append("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
+    if not summary["valid"]:
+        lines += ["", "INVALID COMPARISON (see above)"]
+    return "\n".join(lines)
+
+
+def write_reports(out_dir: Path, summary: dict[str, Any]) -> None:
+    """Write summary.json, summary.csv and summary.md (atomically, each rewritten)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _atomic_write(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    _atomic_write(out_dir / "summary.csv", to_csv(summary))
+    _atomic_write(out_dir / "summary.md", to_markdown(summary))

@@ -1,0 +1,271 @@
+"""Per-request records, the requests.jsonl writer, step summaries and token verification."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from loadgen.client import EARLY_STOP, StreamResult
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in 0..100) of unsorted values; None when empty."""
+    if not values:
+        return None
+    data = sorted(values)
+    pos = (len(data) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = math.ceil(pos)
+    if lo == hi:
+        return data[lo]
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+@dataclass
+class RequestRecord:
+    """One line of requests.jsonl."""
+
+    engine: str
+    step: int
+    index: int
+    start_time: float  # unix seconds when the request was sent
+    end_time: float
+    ttft_s: float | None
+    itl_mean_s: float | None
+    itl_p50_s: float | None
+    itl_p99_s: float | None
+    tpot_s: float | None
+    e2e_s: float
+    decode_tok_s: float | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None
+    chunks: int
+    finish_reason: str | None
+    server_prompt_ms: float | None
+    server_predicted_ms: float | None
+    server_predicted_per_second: float | None
+    server_cache_n: int | None
+    error: str | None
+    error_detail: str | None = None
+    itls: list[float] = field(default_factory=list, repr=False)
+
+    def to_json(self) -> str:
+        """Serialize without the raw gap list (it only feeds histograms and summaries)."""
+        data = asdict(self)
+        data.pop("itls")
+        return json.dumps(data, separators=(",", ":"))
+
+
+def build_record(
+    result: StreamResult,
+    *,
+    engine: str,
+    step: int,
+    index: int,
+    max_tokens: int,
+    wall_offset: float,
+) -> RequestRecord:
+    """Turn a raw StreamResult into a record; flags `early_stop` when the length is short.
+
+    `wall_offset` converts perf_counter stamps to unix time (time.time() - perf_counter()).
+    """
+    times = result.chunk_times
+    usage = result.usage or {}
+    timings = result.timings or {}
+    details = usage.get("prompt_tokens_details") or {}
+    prompt_tokens = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if cached is None and "cache_n" in timings:
+        cached = timings.get("cache_n")
+    ttft = times[0] - result.t_send if times else None
+    itls = [b - a for a, b in itertools.pairwise(times)]
+    e2e = result.t_end - result.t_send
+    tpot = None
+    decode = None
+    if ttft is not None and isinstance(completion, int) and completion > 1:
+        tpot = (result.t_end - times[0]) / (completion - 1)
+        span = times[-1] - times[0]
+        # Same definition as llama.cpp's predicted_per_second: the first token comes from the
+        # prompt pass, so n-1 tokens are decoded between the first and the last token.
+        decode = (completion - 1) / span if span > 0 else None
+    error = result.error
+    detail = result.error_detail
+    if error is None and completion != max_tokens:
+        error = EARLY_STOP
+        detail = f"{completion} of {max_tokens} tokens (finish_reason={result.finish_reason})"
+    return RequestRecord(
+        engine=engine,
+        step=step,
+        index=index,
+        start_time=result.t_send + wall_offset,
+        end_time=result.t_end + wall_offset,
+        ttft_s=ttft,
+        itl_mean_s=_mean(itls),
+        itl_p50_s=percentile(itls, 50),
+        itl_p99_s=percentile(itls, 99),
+        tpot_s=tpot,
+        e2e_s=e2e,
+        decode_tok_s=decode,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion,
+        cached_tokens=cached,
+        chunks=len(times),
+        finish_reason=result.finish_reason,
+        server_prompt_ms=timings.get("prompt_ms"),
+        server_predicted_ms=timings.get("predicted_ms"),
+        server_predicted_per_second=timings.get("predicted_per_second"),
+        server_cache_n=timings.get("cache_n"),
+        error=error,
+        error_detail=detail,
+        itls=itls,
+    )
+
+
+class JsonlWriter:
+    """Appends one JSON line per request and flushes it at once (nothing lost on Ctrl-C)."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._fh: IO[str] | None = path.open("a", encoding="utf-8")
+
+    def write(self, record: RequestRecord) -> None:
+        """Write and flush one record."""
+        if self._fh is not None:
+            self._fh.write(record.to_json() + "\n")
+            self._fh.flush()
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def _round(value: float | None, digits: int = 6) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def summarize(
+    records: Iterable[RequestRecord],
+    *,
+    engine: str,
+    step: int,
+    concurrency: int | None,
+    rate: float | None,
+    prompt_tokens_target: int | None,
+    max_tokens: int,
+    wall_s: float,
+) -> dict[str, Any]:
+    """Summary of one engine in one step; latency statistics use successful requests only."""
+    recs = list(records)
+    ok = [r for r in recs if r.error is None]
+    errors: dict[str, int] = {}
+    for r in recs:
+        if r.error is not None:
+            errors[r.error] = errors.get(r.error, 0) + 1
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    itls = [g for r in ok for g in r.itls]
+    tpots = [r.tpot_s for r in ok if r.tpot_s is not None]
+    decodes = [r.decode_tok_s for r in ok if r.decode_tok_s is not None]
+    e2es = [r.e2e_s for r in ok]
+    server_decodes = [
+        r.server_predicted_per_second for r in ok if r.server_predicted_per_second is not None
+    ]
+    out_tokens = sum(r.completion_tokens or 0 for r in ok)
+    prompt_counts = sorted({r.prompt_tokens for r in recs if r.prompt_tokens is not None})
+    completion_counts = sorted(
+        {r.completion_tokens for r in recs if r.completion_tokens is not None}
+    )
+    cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
+    return {
+        "engine": engine,
+        "step": step,
+        "concurrency": concurrency,
+        "rate": rate,
+        "prompt_tokens_target": prompt_tokens_target,
+        "max_tokens": max_tokens,
+        "requests": len(recs),
+        "requests_ok": len(ok),
+        "requests_failed": len(recs) - len(ok),
+        "early_stop": errors.get(EARLY_STOP, 0),
+        "errors": errors,
+        "wall_s": _round(wall_s),
+        "ttft_p50_s": _round(percentile(ttfts, 50)),
+        "ttft_p90_s": _round(percentile(ttfts, 90)),
+        "ttft_p99_s": _round(percentile(ttfts, 99)),
+        "ttft_mean_s": _round(_mean(ttfts)),
+        "itl_p50_s": _round(percentile(itls, 50)),
+        "itl_p99_s": _round(percentile(itls, 99)),
+        "itl_mean_s": _round(_mean(itls)),
+        "tpot_mean_s": _round(_mean(tpots)),
+        "tpot_p50_s": _round(percentile(tpots, 50)),
+        "e2e_p50_s": _round(percentile(e2es, 50)),
+        "e2e_p99_s": _round(percentile(e2es, 99)),
+        "decode_tok_s_mean": _round(_mean(decodes), 3),
+        "decode_tok_s_p50": _round(percentile(decodes, 50), 3),
+        "server_decode_tok_s_mean": _round(_mean(server_decodes), 3),
+        "output_tok_s": _round(out_tokens / wall_s, 3) if wall_s > 0 else None,
+        "requests_per_s": _round(len(ok) / wall_s, 3) if wall_s > 0 else None,
+        "prompt_tokens": prompt_counts[0] if len(prompt_counts) == 1 else prompt_counts,
+        "completion_tokens": (
+            completion_counts[0] if len(completion_counts) == 1 else completion_counts
+        ),
+        "cached_tokens_mean": _round(_mean([float(c) for c in cached]), 2),
+        "output_tokens_total": out_tokens,
+    }
+
+
+def verify_tokens(by_engine: Mapping[str, Sequence[RequestRecord]], max_tokens: int) -> list[str]:
+    """Reasons why this step's token counts do not prove the engines did the same work.
+
+    Requests are matched by index (every engine got the same prompts in the same order).
+    Empty list: valid.
+    """
+    reasons: list[str] = []
+    for engine, recs in by_engine.items():
+        short = [r for r in recs if r.error == EARLY_STOP]
+        if short:
+            counts = sorted({r.completion_tokens for r in short if r.completion_tokens is not None})
+            reasons.append(
+                f"{engine}: {len(short)} requests stopped early "
+                f"(completion_tokens {counts} != max_tokens {max_tokens})"
+            )
+        prompts = {r.prompt_tokens for r in recs if r.prompt_tokens is not None}
+        if len(prompts) > 1:
+            reasons.append(f"{engine}: prompt_tokens differ between requests: {sorted(prompts)}")
+    if len(by_engine) > 1:
+        tables = {
+            engine: {
+                r.index: (r.prompt_tokens, r.completion_tokens)
+                for r in recs
+                if r.prompt_tokens is not None
+            }
+            for engine, recs in by_engine.items()
+        }
+        names = list(tables)
+        first = names[0]
+        for other in names[1:]:
+            common = sorted(set(tables[first]) & set(tables[other]))
+            bad = [i for i in common if tables[first][i] != tables[other][i]]
+            if bad:
+                i = bad[0]
+                reasons.append(
+                    f"{first} vs {other}: token counts differ on {len(bad)} of {len(common)} "
+                    f"requests (e.g. request {i}: prompt/completion {tables[first][i]} vs "
+                    f"{tables[other][i]})"
+                )
+            elif not common:
+                reasons.append(f"{first} vs {other}: no request completed on both engines")
+    return reasons

@@ -1,0 +1,468 @@
+"""Scheduling: closed loop (N requests in flight) or open loop (Poisson/constant arrivals).
+
+`run_step` runs one setting against every target in turn, with the same prompts in the same
+order, and returns per-engine summaries plus the token verification. `RunContext` carries
+what lives for a whole run (output writer, live metrics, progress, Ctrl-C flag, calibrated
+prompts), so `run`, `sweep` and later commands (`diagnose`, `compare`) share one code path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from loadgen.client import CONNECT, INTERRUPTED, StreamClient, StreamResult, Target
+from loadgen.metrics import LoadgenMetrics
+from loadgen.prompts import PromptSet, calibrate, fixed_prompt
+from loadgen.results import JsonlWriter, RequestRecord, build_record, summarize, verify_tokens
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REQUESTS = 32
+OPEN_LOOP_MAX_IN_FLIGHT = 1024
+
+
+@dataclass
+class RunSpec:
+    """One load setting. `concurrency` is the closed-loop width, or with `rate` a cap."""
+
+    targets: list[Target]
+    max_tokens: int = 128
+    concurrency: int | None = 1
+    rate: float | None = None
+    arrival: str = "poisson"  # poisson | constant (open loop only)
+    requests: int | None = None
+    duration: float | None = None
+    warmup: int = 0
+    timeout: float = 600.0
+    endpoint: str = "chat"  # chat | completions
+    cache: str = "unique"  # unique | same
+    prompt_tokens: int | None = 512
+    prompt_text: str | None = None  # from --prompt-file; wins over prompt_tokens
+    seed: int = 1234
+    connect_timeout: float = 5.0
+    abort_after_connect_errors: int = 20
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    def request_params(self) -> dict[str, Any]:
+        """Sampling parameters sent with every request (output length exact, deterministic)."""
+        params: dict[str, Any] = {
+            "max_tokens": self.max_tokens,
+            "temperature": 0,
+            "seed": self.seed,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        params.update(self.extra_body)
+        return params
+
+    def pool_size(self) -> int:
+        """Connections to pre-open: one per request that can be in flight."""
+        if self.rate is None:
+            return max(1, self.concurrency or 1)
+        return max(1, min(self.concurrency or OPEN_LOOP_MAX_IN_FLIGHT, OPEN_LOOP_MAX_IN_FLIGHT))
+
+    def request_limit(self) -> int | None:
+        """Measured requests to send (None: until `duration`)."""
+        if self.requests is None and self.duration is None:
+            return DEFAULT_REQUESTS
+        return self.requests
+
+
+class Probe(Protocol):
+    """Samples server-side state (GPU memory, KV usage, queue) while one engine runs a step."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> dict[str, Any]: ...
+
+
+ProbeFactory = Callable[[Target], Probe]
+
+
+@dataclass
+class StepResult:
+    """What one step produced: summaries and records per engine, and the verification."""
+
+    step: int
+    spec: RunSpec
+    summaries: list[dict[str, Any]]
+    records: dict[str, list[RequestRecord]]
+    reasons: list[str]
+    interrupted: bool = False
+
+    @property
+    def valid(self) -> bool:
+        return not self.reasons
+
+
+class Progress:
+    """A tqdm bar with live tok/s and errors on a terminal, plain log lines otherwise."""
+
+    def __init__(self, enabled: bool | None = None, interval: float = 5.0):
+        self.tty = sys.stderr.isatty() if enabled is None else enabled
+        self.interval = interval
+        self._bar: Any = None
+        self._t0 = 0.0
+        self._last = 0.0
+        self._label = ""
+        self.done = self.errors = self.tokens = 0
+        self.total: int | None = None
+
+    def begin(self, label: str, total: int | None) -> None:
+        """Start counting one engine's step."""
+        self._label, self.total = label, total
+        self.done = self.errors = self.tokens = 0
+        self._t0 = self._last = time.perf_counter()
+        if self.tty:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=label, unit="req", leave=True, dynamic_ncols=True)
+
+    def update(self, record: RequestRecord) -> None:
+        """Count one finished request."""
+        self.done += 1
+        self.tokens += record.completion_tokens or 0
+        if record.error is not None:
+            self.errors += 1
+        now = time.perf_counter()
+        rate = self.tokens / (now - self._t0) if now > self._t0 else 0.0
+        if self._bar is not None:
+            self._bar.update(1)
+            if now - self._last > 0.25:
+                self._bar.set_postfix(tok_s=f"{rate:.0f}", errors=self.errors, refresh=False)
+                self._last = now
+        elif now - self._last >= self.interval:
+            self._last = now
+            log.info(
+                "%s: %d%s requests, %d errors, %.1f output tok/s",
+                self._label,
+                self.done,
+                f"/{self.total}" if self.total else "",
+                self.errors,
+                rate,
+            )
+
+    def end(self) -> None:
+        """Close the bar (or log the final line)."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        else:
+            elapsed = time.perf_counter() - self._t0
+            log.info(
+                "%s: finished %d requests, %d errors in %.1f s",
+                self._label,
+                self.done,
+                self.errors,
+                elapsed,
+            )
+
+
+class RunContext:
+    """State shared by the steps of one run."""
+
+    def __init__(
+        self,
+        out_dir: Path | None,
+        metrics: LoadgenMetrics | None = None,
+        progress: Progress | None = None,
+        probe_factory: ProbeFactory | None = None,
+    ):
+        self.out_dir = out_dir
+        self.metrics = metrics
+        self.progress = progress or Progress(enabled=False, interval=5.0)
+        self.probe_factory = probe_factory
+        self.writer = JsonlWriter(out_dir / "requests.jsonl") if out_dir else None
+        self.stop = asyncio.Event()
+        self.prompts: dict[tuple[Any, ...], PromptSet] = {}
+
+    def record(self, record: RequestRecord) -> None:
+        """Persist and publish one finished request."""
+        if self.writer is not None:
+            self.writer.write(record)
+        if self.metrics is not None:
+            self.metrics.observe(record)
+        self.progress.update(record)
+
+    def close(self) -> None:
+        """Flush and close the outputs."""
+        if self.writer is not None:
+            self.writer.close()
+
+
+async def _count_by_probe(client: StreamClient, spec: RunSpec, text: str, attempts: int = 3) -> int:
+    params = spec.request_params() | {"max_tokens": 1}
+    result = StreamResult()
+    # A probe is one request like any other: retry a transient failure before giving up.
+    for _ in range(attempts):
+        result = await client.stream(client.build_body(text, params), spec.timeout)
+        if result.usage is not None and "prompt_tokens" in result.usage:
+            return int(result.usage["prompt_tokens"])
+    raise RuntimeError(
+        f"cannot count prompt tokens on {client.target.name}: "
+        f"{result.error or 'no usage'} {result.error_detail or ''}".strip()
+    )
+
+
+async def _count_by_tokenize(client: StreamClient, text: str) -> int:
+    data = await client.post_json("/tokenize", {"content": text, "add_special": True})
+    return len(data["tokens"])
+
+
+async def prompts_for(ctx: RunContext, spec: RunSpec, client: StreamClient) -> PromptSet:
+    """The prompt set of this spec, calibrated once per run on the first target."""
+    if spec.prompt_text is not None:
+        return fixed_prompt(spec.prompt_text, spec.cache)
+    key = (spec.prompt_tokens, spec.cache, spec.endpoint)
+    if key not in ctx.prompts:
+        if spec.prompt_tokens is None:
+            raise ValueError("either prompt_tokens or prompt_text is required")
+
+        # llama.cpp's /tokenize (with BOS) equals the prompt_tokens of /v1/completions and
+        # costs no prefill; the chat template adds tokens only a real request can count.
+        async def count(text: str) -> int:
+            if client.target.kind == "llamacpp" and spec.endpoint == "completions":
+                return await _count_by_tokenize(client, text)
+            return await _count_by_probe(client, spec, text)
+
+        ctx.prompts[key] = await calibrate(spec.prompt_tokens, count, spec.cache)
+    return ctx.prompts[key]
+
+
+async def _wait_or_stop(awaitable: Awaitable[Any], stop: asyncio.Event) -> bool:
+    """Run `awaitable` until done or `stop` is set (then cancel it); True when stopped."""
+    task = asyncio.ensure_future(awaitable)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+    if task.done():
+        task.result()
+        return False
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return True
+
+
+class _Phase:
+    """One engine's warm-up or measured phase of a step."""
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        spec: RunSpec,
+        client: StreamClient,
+        prompts: PromptSet,
+        step: int,
+        measured: bool,
+    ):
+        self.ctx, self.spec, self.client, self.prompts = ctx, spec, client, prompts
+        self.step, self.measured = step, measured
+        self.engine = client.target.name
+        self.records: list[RequestRecord] = []
+        self.limit = spec.request_limit() if measured else spec.warmup
+        self.deadline: float | None = None
+        self.next_index = 0
+        self.connect_errors = 0
+        self.aborted = asyncio.Event()
+        self.params = spec.request_params()
+        self.wall_offset = time.time() - time.perf_counter()
+
+    def claim(self) -> int | None:
+        """Index of the next request to send, or None when the phase is over."""
+        if self.ctx.stop.is_set() or self.aborted.is_set():
+            return None
+        if self.limit is not None and self.next_index >= self.limit:
+            return None
+        if self.deadline is not None and time.perf_counter() >= self.deadline:
+            return None
+        index = self.next_index
+        self.next_index += 1
+        return index
+
+    async def one(self, index: int) -> None:
+        text = self.prompts.text(index) if self.measured else self.prompts.warmup_text(index)
+        body = self.client.build_body(text, self.params)
+        gauge = self.ctx.metrics.in_flight.labels(self.engine) if self.ctx.metrics else None
+        if gauge is not None:
+            gauge.inc()
+        result: StreamResult | None = None
+        try:
+            result = await self.client.stream(body, self.spec.timeout)
+        finally:
+            if gauge is not None:
+                gauge.dec()
+            if result is None and self.measured:
+                # Cancelled by Ctrl-C: keep a record that the request was sent.
+                now = time.perf_counter()
+                cut = StreamResult(t_send=now, t_end=now, error=INTERRUPTED)
+                cut.error_detail = "run interrupted before the request finished"
+                self._keep(build_record(cut, **self._meta(index)))
+        if not self.measured:
+            return
+        record = build_record(result, **self._meta(index))
+        self._keep(record)
+        if record.error == CONNECT:
+            self.connect_errors += 1
+            if self.connect_errors >= self.spec.abort_after_connect_errors:
+                if not self.aborted.is_set():
+                    log.error(
+                        "%s: %d connection errors in a row; stopping this step",
+                        self.engine,
+                        self.connect_errors,
+                    )
+                self.aborted.set()
+        else:
+            self.connect_errors = 0
+
+    def _meta(self, index: int) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "step": self.step,
+            "index": index,
+            "max_tokens": self.spec.max_tokens,
+            "wall_offset": self.wall_offset,
+        }
+
+    def _keep(self, record: RequestRecord) -> None:
+        self.records.append(record)
+        self.ctx.record(record)
+
+    async def run(self) -> float:
+        """Run the phase; return its wall time in seconds."""
+        t0 = time.perf_counter()
+        if self.measured and self.spec.duration is not None:
+            self.deadline = t0 + self.spec.duration
+        if self.spec.rate is None:
+            workers = max(1, self.spec.concurrency or 1)
+            await asyncio.gather(*(self._worker() for _ in range(workers)))
+        else:
+            await self._open_loop(self.spec.rate)
+        return time.perf_counter() - t0
+
+    async def _worker(self) -> None:
+        while (index := self.claim()) is not None:
+            await self.one(index)
+
+    async def _open_loop(self, rate: float) -> None:
+        rng = random.Random(self.spec.seed)
+        cap = asyncio.Semaphore(self.spec.pool_size())
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def launch(index: int) -> None:
+            try:
+                await self.one(index)
+            finally:
+                cap.release()
+
+        t_next = time.perf_counter()
+        try:
+            while True:
+                delay = t_next - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                index = self.claim()
+                if index is None:
+                    break
+                # At the cap the arrival waits: the run reports it as lower achieved rate.
+                await cap.acquire()
+                task = asyncio.create_task(launch(index))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                gap = rng.expovariate(rate) if self.spec.arrival == "poisson" else 1.0 / rate
+                t_next += gap
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def run_step(
+    spec: RunSpec,
+    ctx: RunContext,
+    step: int = 0,
+    metrics_ptokens: int | None = None,
+) -> StepResult:
+    """Run one setting on every target in turn (same prompts, same order) and verify tokens.
+
+    Raises TargetUnreachable when a target does not answer at all.
+    """
+    summaries: list[dict[str, Any]] = []
+    by_engine: dict[str, list[RequestRecord]] = {}
+    prompts: PromptSet | None = None
+    interrupted = False
+    for target in spec.targets:
+        if ctx.stop.is_set():
+            interrupted = True
+            break
+        async with StreamClient(
+            target,
+            pool_size=spec.pool_size(),
+            endpoint=spec.endpoint,
+            connect_timeout=spec.connect_timeout,
+        ) as client:
+            await client.open()
+            if prompts is None:
+                prompts = await prompts_for(ctx, spec, client)
+            ptok = prompts.measured_tokens or spec.prompt_tokens
+            if spec.warmup:
+                warm = _Phase(ctx, spec, client, prompts, step, measured=False)
+                log.info("%s: %d warm-up requests", target.name, spec.warmup)
+                if await _wait_or_stop(warm.run(), ctx.stop):
+                    interrupted = True
+                    break
+            if ctx.metrics is not None:
+                ctx.metrics.start_step(
+                    target.name, step, spec.concurrency, metrics_ptokens or ptok, spec.max_tokens
+                )
+            probe = ctx.probe_factory(target) if ctx.probe_factory else None
+            if probe is not None:
+                await probe.start()
+            phase = _Phase(ctx, spec, client, prompts, step, measured=True)
+            ctx.progress.begin(f"{target.name} step {step}", phase.limit)
+            t0 = time.perf_counter()
+            try:
+                stopped = await _wait_or_stop(phase.run(), ctx.stop)
+            finally:
+                ctx.progress.end()
+            wall = time.perf_counter() - t0
+            interrupted = interrupted or stopped
+            summary = summarize(
+                phase.records,
+                engine=target.name,
+                step=step,
+                concurrency=spec.concurrency,
+                rate=spec.rate,
+                prompt_tokens_target=spec.prompt_tokens if spec.prompt_text is None else None,
+                max_tokens=spec.max_tokens,
+                wall_s=wall,
+            )
+            summary["kind"] = target.kind
+            summary["endpoint"] = spec.endpoint
+            summary["cache"] = spec.cache
+            if probe is not None:
+                summary["server"] = await probe.stop()
+            summaries.append(summary)
+            by_engine[target.name] = phase.records
+            if stopped:
+                break
+    reasons = verify_tokens(by_engine, spec.max_tokens)
+    if ctx.metrics is not None:
+        for name in by_engine:
+            ctx.metrics.set_mismatch(name, bool(reasons))
+    for summary in summaries:
+        summary["valid"] = not reasons
+    return StepResult(step, spec, summaries, by_engine, reasons, interrupted)

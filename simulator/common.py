@@ -1,0 +1,143 @@
+"""What both simulated servers share: options, the engine, the GPU state writer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from simulator import gpu_state
+from simulator.model import Clock, Engine, EngineParams
+from simulator.scenarios import Scenario
+from simulator.tokenizer import Tokenizer
+
+
+@dataclass
+class SimOptions:
+    """Command-line options of one simulator."""
+
+    kind: str
+    scenario: Scenario
+    params: EngineParams
+    host: str = "127.0.0.1"
+    port: int = 8080
+    tokenizer: str = "word"
+    time_scale: float = 1.0
+    api_key: str | None = None
+    metrics: bool = True
+    slots: bool = True
+    gpu_state_file: Path | None = None
+    log_file: Path | None = None
+    metric_spelling: str = "colon"  # SGLang: "underscore" gives sglang_ names
+    enable_cache_report: bool = False
+    served_model_name: str | None = None
+
+
+class SimBase:
+    """Engine + clock + GPU state file; subclasses add the HTTP routes."""
+
+    kind = ""
+
+    def __init__(self, opts: SimOptions):
+        self.opts = opts
+        self.clock = Clock(opts.time_scale)
+        self.tokenizer = Tokenizer(opts.tokenizer, opts.scenario.model.n_vocab)
+        self.engine = Engine(
+            opts.kind,
+            opts.scenario.model,
+            opts.scenario.gpu,
+            opts.params,
+            self.tokenizer,
+            self.clock,
+            self.log,
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def log(self, level: str, text: str) -> None:
+        """Write one engine log line (no-op unless a subclass has a log file)."""
+
+    def cmdline(self) -> str:
+        """The command line the fake NVML process shows (matched by the exporter)."""
+        raise NotImplementedError
+
+    def build_app(self) -> web.Application:
+        """The aiohttp application (routes added by the subclass)."""
+        app = web.Application()
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def _on_startup(self, app: web.Application) -> None:
+        self.clock = self.engine.clock = Clock(self.opts.time_scale)
+        self.engine.start()
+        if self.opts.gpu_state_file is not None:
+            self._tasks.append(asyncio.get_running_loop().create_task(self._write_gpu_state()))
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.engine.stop()
+
+    async def _write_gpu_state(self) -> None:
+        assert self.opts.gpu_state_file is not None
+        while True:
+            try:
+                doc = gpu_state.snapshot(self.engine, os.getpid(), self.cmdline())
+                gpu_state.write_atomic(self.opts.gpu_state_file, doc)
+            except OSError:
+                pass  # a full disk must not stop serving; the next tick retries
+            await asyncio.sleep(0.1)
+
+    @property
+    def model_name(self) -> str:
+        """Model name shown in responses."""
+        return self.opts.served_model_name or self.opts.scenario.model.name
+
+
+def random_id(n: int = 32) -> str:
+    """Random alphanumeric id like the engines use."""
+    alphabet = string.ascii_letters + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(n))
+
+
+def json_response(body: Any, status: int = 200) -> web.Response:
+    """Compact JSON, as both engines send it."""
+    return web.Response(
+        text=json.dumps(body, separators=(",", ":")),
+        status=status,
+        content_type="application/json",
+    )
+
+
+def message_text(content: Any) -> str:
+    """Text of an OpenAI message content (string or list of parts)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def chat_prompt(messages: Any, bos: str) -> str:
+    """Render messages with a Gemma-style template."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("'messages' must be a non-empty array")
+    out = [bos]
+    for msg in messages:
+        role = "model" if msg.get("role") == "assistant" else msg.get("role", "user")
+        out.append(f"<start_of_turn>{role}\n{message_text(msg.get('content'))}<end_of_turn>\n")
+    out.append("<start_of_turn>model\n")
+    return "".join(out)
+
+
+def sse(obj: Any) -> bytes:
+    """One server-sent event carrying JSON."""
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()

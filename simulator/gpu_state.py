@@ -1,0 +1,75 @@
+"""NVML-shaped JSON the exporter's fake NVML backend reads (format of nvml_3_generating.json)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from simulator.model import Engine
+
+DRIVER = "580.159.04"
+NVML = "13.580.159.04"
+# Memory the driver holds on an idle card besides `reserved` (from nvml_1_baseline.json).
+BASELINE_USED = 9240576
+
+
+def snapshot(engine: Engine, pid: int, cmdline: str) -> dict[str, Any]:
+    """One NVML sample of the simulated card with this simulator as its only process."""
+    gpu = engine.gpu
+    used_proc = engine.process_gpu_bytes()
+    used_v2 = BASELINE_USED + used_proc
+    free = gpu.total_bytes - used_v2 - gpu.reserved_bytes
+    busy = bool(engine.running)
+    util = engine.utilization if busy else 0.0
+    power = gpu.idle_power_mw + int((gpu.max_power_mw - gpu.idle_power_mw) * (0.6 if busy else 0))
+    return {
+        "t": time.time(),
+        "driver": DRIVER,
+        "nvml": NVML,
+        "devices": [
+            {
+                "index": 0,
+                "name": gpu.name,
+                "uuid": gpu.uuid,
+                "mem": {
+                    "total": gpu.total_bytes,
+                    "used": used_v2 + gpu.reserved_bytes,
+                    "free": free,
+                },
+                "mem_v2": {
+                    "total": gpu.total_bytes,
+                    "used": used_v2,
+                    "free": free,
+                    "reserved": gpu.reserved_bytes,
+                },
+                "util": {"gpu": 92 if busy else 0, "memory": round(100 * util)},
+                "bus_width": gpu.bus_width,
+                "power_mw": power,
+                "temp": 53 if busy else 36,
+                "max_mem_clock_mhz": gpu.mem_clock_mhz,
+                "mem_clock_mhz": gpu.mem_clock_mhz,
+                "sm_clock_mhz": 1980,
+                "procs": [{"pid": pid, "used": used_proc, "cmdline": cmdline}],
+                "memoryinfo_call_us": 7.5,
+                "procs_call_us": 36.4,
+            }
+        ],
+    }
+
+
+def write_atomic(path: Path, doc: dict[str, Any]) -> None:
+    """Write JSON so a reader never sees a half-written file (temp file + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(doc, fh, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,164 @@
+"""llmb-synth-model: exact shapes, sane random weights, CLI errors (the server test is separate)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from loadgen import synth_model as sm
+
+REPO = Path(__file__).resolve().parent.parent
+H200 = Path(__file__).parent / "fixtures" / "llamacpp-h200-gemma3-27b-shape-q4_0"
+# Size of the synthetic file behind the H200 capture (PROVENANCE.md; llama-server saw it by mmap).
+H200_FILE_BYTES = 15_203_778_848
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """The tool as a user runs it: a separate process, real exit code."""
+    return subprocess.run(
+        [sys.executable, "-m", "loadgen.synth_model", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def dry_run_numbers(stdout: str) -> dict[str, int]:
+    """The totals `--dry-run` prints."""
+    out = {}
+    for key in ("tensors", "n_params", "tensor data bytes", "file bytes"):
+        match = re.search(rf"^{key}: (\d+)", stdout, re.MULTILINE)
+        assert match, f"{key} missing from dry-run output"
+        out[key] = int(match.group(1))
+    return out
+
+
+def test_dry_run_gemma3_27b_matches_the_h200_capture() -> None:
+    proc = run_cli("--like", "gemma3-27b", "--type", "q4_0", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    got = dry_run_numbers(proc.stdout)
+    meta = json.loads((H200 / "models.json").read_text())["data"][0]["meta"]
+    # llama-server's own view of the file it loaded on the H200.
+    assert got["n_params"] == meta["n_params"]
+    assert got["tensor data bytes"] == meta["size"]
+    log = (H200 / "server_c8k_np1.log").read_text()
+    n_tensors = int(re.search(r"key-value pairs and (\d+) tensors", log).group(1))  # type: ignore[union-attr]
+    assert got["tensors"] == n_tensors
+    types = dict(re.findall(r"- type +(\w+): +(\d+) tensors", log))
+    listed = re.findall(r"^\S+\.(?:weight|bias) +(\w+) ", proc.stdout, re.MULTILINE)
+    assert {t.lower(): str(listed.count(t)) for t in set(listed)} == types
+    # The synthetic tokenizer is not byte-identical to Gemma's, but its size is close.
+    assert abs(got["file bytes"] - H200_FILE_BYTES) / H200_FILE_BYTES < 0.01
+
+
+@pytest.mark.parametrize(
+    ("like", "n_params"),
+    [
+        # Parameter counts published with each model (text weights, embeddings included).
+        ("llama3-8b", 8_030_261_248),
+        ("llama3-70b", 70_553_706_496),
+        ("qwen2.5-7b", 7_615_616_512),
+        ("gemma3-270m", 268_098_176),
+    ],
+)
+def test_dry_run_parameter_counts_of_other_architectures(like: str, n_params: int) -> None:
+    proc = run_cli("--like", like, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert dry_run_numbers(proc.stdout)["n_params"] == n_params
+
+
+@pytest.mark.parametrize("like", sorted(sm.SPECS))
+def test_every_tensor_is_one_llama_cpp_knows(like: str) -> None:
+    spec = sm.SPECS[like]
+    model = sm.build_model(like, "q4_0", None)
+    arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == spec.arch)
+    known = {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[arch]}
+    for t in model.tensors:
+        base = re.sub(r"\.(weight|bias)$", "", t.name)
+        assert re.sub(r"^blk\.\d+\.", "blk.{bid}.", base) in known, t.name
+    per_block = [t for t in model.tensors if t.name.startswith("blk.0.")]
+    assert len(model.tensors) == spec.n_layer * len(per_block) + (2 if spec.tied_output else 3)
+
+
+@pytest.mark.parametrize("wtype", ["q4_0", "q8_0", "f16"])
+def test_written_file_reads_back_with_finite_small_weights(tmp_path: Path, wtype: str) -> None:
+    tok = {
+        "tokenizer.ggml.model": sm.KV("llama", gguf.GGUFValueType.STRING),
+        "tokenizer.ggml.tokens": sm.KV(
+            [b"<unk>", b"<s>", b"</s>"], gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING
+        ),
+    }
+    # Qwen 2.5's layout (biases, untied output) at a small width: this checks the writer, the
+    # dry-run tests check the real widths.
+    spec = replace(sm.SPECS["qwen2.5-7b"], n_layer=2, n_embd=512, n_ff=1024, n_vocab=4096)
+    model = sm.make_model(spec, "qwen2.5-7b", wtype, tok)
+    out = tmp_path / "m.gguf"
+    size = sm.write_model(model, out, seed=7)
+    assert size == out.stat().st_size == sm.file_bytes(model)
+    reader = gguf.GGUFReader(out)
+    assert [t.name for t in reader.tensors] == [t.name for t in model.tensors]
+    # The 3-token vocabulary was padded to the embedding rows, as llama.cpp requires.
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    assert len(tokens.data) == 4096
+    assert bytes(tokens.parts[tokens.data[-1]]) == b"[PAD4092]"
+    by_name = {t.name: t for t in reader.tensors}
+    q = by_name["blk.0.attn_q.weight"]
+    assert q.tensor_type == gguf.GGMLQuantizationType[wtype.upper()]
+    assert [int(x) for x in q.shape] == [512, 28 * 128]
+    values = gguf.quants.dequantize(np.asarray(q.data), q.tensor_type)
+    assert np.isfinite(values).all()
+    # Weights of size 1/sqrt(fan_in): unit-scale activations, no overflow through the layers.
+    assert 0.5 / np.sqrt(512) < values.std() < 2.0 / np.sqrt(512)
+    assert np.all(np.asarray(by_name["blk.0.attn_norm.weight"].data) == 1.0)
+    assert np.all(np.asarray(by_name["blk.0.attn_q.bias"].data) == 0.0)
+    fields = reader.fields
+    assert int(fields["qwen2.block_count"].parts[-1][0]) == 2
+    assert int(fields["qwen2.attention.head_count_kv"].parts[-1][0]) == 4
+    # Same seed, same bytes: a second write is identical.
+    again = tmp_path / "again.gguf"
+    sm.write_model(model, again, seed=7)
+    assert again.read_bytes() == out.read_bytes()
+
+
+def test_cli_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    existing = tmp_path / "exists.gguf"
+    existing.write_bytes(b"x")
+    not_gguf = tmp_path / "not.gguf"
+    not_gguf.write_bytes(b"hello")
+    cases = [
+        (["--like", "gpt-5", "--dry-run"], "invalid choice"),
+        (["--dry-run"], "--like is required"),
+        (["--like", "llama3-8b"], "--out is required"),
+        (
+            ["--like", "llama3-8b", "--out", str(existing), "--tokenizer-from", str(existing)],
+            "--force",
+        ),
+        (
+            ["--like", "llama3-8b", "--out", str(tmp_path / "a.gguf")],
+            "--tokenizer-from is required",
+        ),
+        (["--like", "llama3-8b", "--dry-run", "--tokenizer-from", str(tmp_path / "no")], "no such"),
+        (["--like", "llama3-8b", "--dry-run", "--tokenizer-from", str(not_gguf)], "cannot read"),
+        (["--like", "llama3-8b", "--dry-run", "--layers", "0"], "at least 1"),
+        (["--like", "llama3-8b", "--type", "q4_k", "--dry-run"], "invalid choice"),
+        (["--save-tokenizer", "--out", str(tmp_path / "t.gguf")], "needs --tokenizer-from"),
+    ]
+    for args, message in cases:
+        # In-process for speed; the other tests run the CLI as a separate process.
+        with pytest.raises(SystemExit) as exit_info:
+            sm.main(args)
+        stderr = capsys.readouterr().err
+        assert exit_info.value.code == 2, (args, stderr)
+        assert message in stderr, (args, stderr)
+    assert existing.read_bytes() == b"x"
+    assert not list(tmp_path.glob("*.partial"))
