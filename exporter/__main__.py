@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  - {err}", file=sys.stderr)
         return EXIT_CONFIG
     if args.check_only:
-        print(f"configuration OK: {len(config.engines)} engines, gpu {'on' if config.gpu.enabled else 'off'}")
+        print(
+            f"configuration OK: {len(config.engines)} engines, gpu {'on' if config.gpu.enabled else 'off'}"
+        )
         return 0
 
     from aiohttp import web

@@ -223,7 +223,11 @@ def apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> dic
         if path[0] == "engines" and len(path) >= 3:
             engines = data.setdefault("engines", [])
             target = next(
-                (e for e in engines if isinstance(e, dict) and str(e.get("name", "")).lower() == path[1]),
+                (
+                    e
+                    for e in engines
+                    if isinstance(e, dict) and str(e.get("name", "")).lower() == path[1]
+                ),
                 None,
             )
             if target is None:

@@ -237,16 +237,6 @@ def _swa_mask(
     return tuple(layer % period < period - 1 for layer in range(n_layer))
 
 
-def _field(reader: Any, key: str) -> Any:
-    field = reader.fields.get(key)
-    if field is None:
-        return None
-    value = field.contents()
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return value
-
-
 def _as_int(value: Any) -> int | None:
     """An int from a GGUF/JSON value; per-layer arrays give their maximum."""
     if value is None:
@@ -267,17 +257,117 @@ def _file_type_name(value: Any) -> str | None:
         return str(value)
 
 
+# GGUF scalar value types: type id -> struct format.
+_GGUF_SCALARS = {
+    0: "B",
+    1: "b",
+    2: "H",
+    3: "h",
+    4: "I",
+    5: "i",
+    6: "f",
+    7: "?",
+    10: "Q",
+    11: "q",
+    12: "d",
+}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+# Arrays longer than this (tokenizer vocabularies) are skipped, not decoded.
+_GGUF_MAX_KEPT_ARRAY = 65536
+
+
+class _GGUFHeader:
+    """Walks a GGUF header (v2/v3) in a memory map without touching tensor data.
+
+    The `gguf` package's reader builds a numpy view per array item, which takes minutes
+    for a 262k-token vocabulary; this walker skips such arrays in well under a second.
+    """
+
+    def __init__(self, buf: Any, endian: str):
+        self.buf = buf
+        self.pos = 0
+        self.endian = endian
+
+    def scalar(self, fmt: str) -> Any:
+        value = struct.unpack_from(self.endian + fmt, self.buf, self.pos)[0]
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> str:
+        length = self.scalar("Q")
+        raw = bytes(self.buf[self.pos : self.pos + length])
+        self.pos += length
+        return raw.decode("utf-8", "replace")
+
+    def value(self, vtype: int) -> Any:
+        if vtype in _GGUF_SCALARS:
+            return self.scalar(_GGUF_SCALARS[vtype])
+        if vtype == _GGUF_STRING:
+            return self.string()
+        if vtype == _GGUF_ARRAY:
+            itype, count = self.scalar("I"), self.scalar("Q")
+            if itype in _GGUF_SCALARS and count > _GGUF_MAX_KEPT_ARRAY:
+                self.pos += count * struct.calcsize(_GGUF_SCALARS[itype])
+                return None
+            if itype == _GGUF_STRING and count > _GGUF_MAX_KEPT_ARRAY:
+                length = struct.Struct(self.endian + "Q").unpack_from
+                buf, pos = self.buf, self.pos
+                for _ in range(count):
+                    pos += 8 + length(buf, pos)[0]
+                self.pos = pos
+                return None
+            return [self.value(itype) for _ in range(count)]
+        raise ValueError(f"unknown GGUF value type {vtype}")
+
+
+def read_gguf_header(path: str | Path) -> tuple[dict[str, Any], list[tuple[str, int, int]]]:
+    """Metadata and `(name, n_elements, ggml_type)` of every tensor, from the header only."""
+    import mmap
+
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if bytes(buf[:4]) != b"GGUF":
+            raise ValueError(f"{path}: not a GGUF file")
+        # A big-endian file shows its version byte-swapped when read little-endian.
+        version = struct.unpack_from("<I", buf, 4)[0]
+        endian = "<" if version < 65536 else ">"
+        hdr = _GGUFHeader(buf, endian)
+        hdr.pos = 4
+        version = hdr.scalar("I")
+        if version < 2:
+            raise ValueError(f"{path}: GGUF version {version} is not supported")
+        n_tensors, n_kv = hdr.scalar("Q"), hdr.scalar("Q")
+        meta: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = hdr.string()
+            meta[key] = hdr.value(hdr.scalar("I"))
+        tensors = []
+        for _ in range(n_tensors):
+            name = hdr.string()
+            n_elements = 1
+            for _ in range(hdr.scalar("I")):
+                n_elements *= hdr.scalar("Q")
+            ggml_type = hdr.scalar("I")
+            hdr.pos += 8  # data offset
+            tensors.append((name, n_elements, ggml_type))
+    return meta, tensors
+
+
+def _tensor_bytes(n_elements: int, ggml_type: int) -> int:
+    import gguf  # constants only
+
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
+    return n_elements // block * size
+
+
 def geometry_from_gguf(path: str | Path) -> ModelGeometry:
     """Read the geometry from a GGUF file's header (tensor data is not read)."""
-    import gguf  # heavy import, only needed here
-
-    reader = gguf.GGUFReader(str(path), "r")
-    arch = str(_field(reader, "general.architecture") or "")
+    meta, tensors = read_gguf_header(path)
+    arch = str(meta.get("general.architecture") or "")
     if not arch:
         raise ValueError(f"{path}: no general.architecture")
 
     def key(name: str) -> Any:
-        return _field(reader, f"{arch}.{name}")
+        return meta.get(f"{arch}.{name}")
 
     n_layer = _as_int(key("block_count"))
     if not n_layer:
@@ -290,8 +380,8 @@ def geometry_from_gguf(path: str | Path) -> ModelGeometry:
     head_v = _as_int(key("attention.value_length")) or default_head_dim
     sliding_window = _as_int(key("attention.sliding_window")) or None
     mask = _swa_mask(arch, n_layer, sliding_window, key("attention.sliding_window_pattern"))
-    n_params = sum(int(t.n_elements) for t in reader.tensors) if reader.tensors else None
-    weight_bytes = sum(int(t.n_bytes) for t in reader.tensors) if reader.tensors else None
+    n_params = sum(n for _, n, _ in tensors) if tensors else None
+    weight_bytes = sum(_tensor_bytes(n, t) for _, n, t in tensors) if tensors else None
     return ModelGeometry(
         architecture=arch,
         n_layer=n_layer,
@@ -303,7 +393,7 @@ def geometry_from_gguf(path: str | Path) -> ModelGeometry:
         n_params=n_params,
         weight_bytes=weight_bytes,
         n_ctx_train=_as_int(key("context_length")),
-        file_type=_file_type_name(_field(reader, "general.file_type")),
+        file_type=_file_type_name(meta.get("general.file_type")),
         n_embd=n_embd,
         n_head=n_head,
         swa_mask=mask,

@@ -147,6 +147,7 @@ class PynvmlBackend:
         self._handles: list[Any] = []
         self._v1_only: set[int] = set()
         self._nvml: Any = None
+        self._up = False  # nvmlInit succeeded and nvmlShutdown is still due
 
     def _call(self, fn: Any, *args: Any) -> Any:
         try:
@@ -161,17 +162,20 @@ class PynvmlBackend:
             raise NvmlError(f"nvidia-ml-py is not installed: {exc}") from exc
         self._nvml = pynvml
         self._call(pynvml.nvmlInit)
+        self._up = True
         count = self._call(pynvml.nvmlDeviceGetCount)
         self._handles = [self._call(pynvml.nvmlDeviceGetHandleByIndex, i) for i in range(count)]
         self._v1_only = set()
 
     def shutdown(self) -> None:
-        if self._nvml is not None and self._handles is not None:
-            self._handles = []
-            try:
-                self._nvml.nvmlShutdown()
-            except self._nvml.NVMLError:
-                pass  # not initialized: nothing to release
+        if not self._up:
+            return
+        self._up = False
+        self._handles = []
+        try:
+            self._nvml.nvmlShutdown()
+        except self._nvml.NVMLError:
+            pass  # the driver went away: nothing left to release
 
     def driver_version(self) -> str:
         return str(self._call(self._nvml.nvmlSystemGetDriverVersion))
@@ -252,7 +256,8 @@ class PynvmlBackend:
 class FakeNvmlBackend:
     """NVML replayed from JSON files: the contract with the engine simulators.
 
-    Each file holds one NVML reading, in the shape captured from a real H200
+    The simulators (`simulator/gpu_state.py`) write these files; the tests replay real
+    captures with them. Each file holds one NVML reading, in the shape captured from a real H200
     (tests/fixtures/llamacpp-h200-gemma3-27b-shape-q4_0/nvml_*.json)::
 
         {"driver": "580.159.04", "nvml": "13.580.159.04",
@@ -273,12 +278,13 @@ class FakeNvmlBackend:
     and re-read when they changed (mtime, size or inode), so a writer may update one
     at any rate; it must replace it atomically (write a temporary file, then
     `os.replace`). A file that does not exist contributes nothing (its writer has not
-    started yet or has exited); when none exists, or one is not valid JSON, every
-    query raises NvmlError. With several files, devices with the same `index` are
-    merged: identity, clocks and bus width come from the first file that lists the
-    index; `used` (v1 and v2) and the processes add up (each simulator writes the
-    memory it holds itself); `free` is recomputed from total, reserved and used;
-    utilization is the highest. The driver version comes from the first file.
+    started yet or has exited); when none exists, or one is not valid JSON, the sample
+    fails with NvmlError (the source is down until it is fixed). With several files,
+    devices with the same `index` are merged: identity, clocks and bus width come
+    from the first file (in the configured order) that lists the index; `used` (v1
+    and v2) and the processes add up (each simulator writes the memory it holds
+    itself); `free` is recomputed from total, reserved and used; utilization is the
+    highest. The driver version comes from the first file.
     """
 
     def __init__(self, files: list[Path] | Path, proc_root: Path = Path("/proc")):

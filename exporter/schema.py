@@ -58,7 +58,7 @@ SCHEMA: dict[str, Spec] = {
     ),
     "llmb_gpu_utilization_ratio": _g("GPU busy ratio over NVML's last sample period (0-1).", GPU),
     "llmb_gpu_memory_clock_hertz": _g("Current memory clock.", GPU),
-    "llmb_gpu_memory_bus_width_bits": _g("Memory bus width.", GPU),
+    "llmb_gpu_memory_bus_width_bytes": _g("Memory bus width (bytes per transfer: bits / 8).", GPU),
     "llmb_gpu_memory_bandwidth_bytes_per_second": _g(
         "Theoretical peak memory bandwidth (known-GPU table, config override, or clock x bus).", GPU
     ),
@@ -105,7 +105,9 @@ SCHEMA: dict[str, Spec] = {
         (*ENGINE, "device"),
     ),
     # --- Tokens and time (counters) ---------------------------------------------------------
-    "llmb_engine_prompt_tokens_total": _c("Prompt tokens of finished/processed requests, incl. cached."),
+    "llmb_engine_prompt_tokens_total": _c(
+        "Prompt tokens of finished/processed requests, incl. cached."
+    ),
     "llmb_engine_prompt_tokens_cached_total": _c("Prompt tokens served from the prefix cache."),
     "llmb_engine_prompt_seconds_total": _c("Time spent in prompt processing (llama.cpp)."),
     "llmb_engine_generation_tokens_total": _c("Generated tokens."),
@@ -140,7 +142,9 @@ SCHEMA: dict[str, Spec] = {
     ),
     "llmb_engine_gpu_layers_offloaded": _g("Layers the engine put on the GPU (llama.cpp log)."),
     "llmb_engine_gpu_layers_total": _g("Layers of the model (llama.cpp log)."),
-    "llmb_engine_load_seconds": _g("Time the engine took to load the model (log / SGLang startup)."),
+    "llmb_engine_load_seconds": _g(
+        "Time the engine took to load the model (log / SGLang startup)."
+    ),
     # --- Model geometry ---------------------------------------------------------------------
     "llmb_model_weights_bytes": _g("Size of the model weights."),
     "llmb_model_parameters": _g("Parameter count of the model."),
@@ -154,7 +158,9 @@ SCHEMA: dict[str, Spec] = {
     ),
     # --- Exporter self-metrics --------------------------------------------------------------
     "llmb_source_up": _g("1 when the source was read successfully in this scrape.", ("source",)),
-    "llmb_source_duration_seconds": _g("Time taken to read the source in this scrape.", ("source",)),
+    "llmb_source_duration_seconds": _g(
+        "Time taken to read the source in this scrape.", ("source",)
+    ),
     "llmb_source_errors_total": _c(
         "Source read failures by reason: timeout, connect, http, parse.", ("source", "reason")
     ),
@@ -201,7 +207,7 @@ class MetricSet:
         values = self._values(spec, labels)
         fam.add_metric(values, float(value))  # type: ignore[attr-defined]
 
-    def info(self, name: str, **labels: str) -> None:
+    def info(self, name: str, /, **labels: str) -> None:
         """Add one info sample (value 1) with the given labels."""
         fam, spec = self._family(name)
         values = self._values(spec, labels)
@@ -254,7 +260,10 @@ SOURCES: dict[str, tuple[str, str]] = {
         "log: KV full, context exceeded, context shift, `truncated = 1`",
         "`sglang:num_retracted_requests_total` (event=retracted)",
     ),
-    "llmb_engine_kv_cache_bytes": ("log `KV buffer size` (-lv 4)", "`sglang:kv_cache_memory_usage_gb`"),
+    "llmb_engine_kv_cache_bytes": (
+        "log `KV buffer size` (-lv 4)",
+        "`sglang:kv_cache_memory_usage_gb`",
+    ),
     "llmb_engine_prompt_tokens_total": (
         "`prompt_tokens_total` + `prompt_tokens_cached_total`",
         "`sglang:prompt_tokens_total`",
@@ -329,8 +338,10 @@ def markdown_table() -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for name, spec in SCHEMA.items():
-        if name.startswith("llmb_gpu") or name.startswith("llmb_source") or name.startswith(
-            "llmb_exporter"
+        if (
+            name.startswith("llmb_gpu")
+            or name.startswith("llmb_source")
+            or name.startswith("llmb_exporter")
         ):
             llama = sglang = "NVML" if name.startswith("llmb_gpu") else "exporter"
         else:

@@ -101,6 +101,8 @@ BOOL_MAPPING = [
         },
     }
 ]
+
+
 def check(title: str, expr: str, description: str) -> Panel:
     """A yes/no stat for one decision step."""
     return stat(
@@ -178,9 +180,7 @@ def overview() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 ),
                 ts(
                     "KV-pressure events in 5m",
-                    Target(
-                        f"engine:llmb_kv_pressure_events:increase5m{{{SEL}}}", "{{engine}}"
-                    ),
+                    Target(f"engine:llmb_kv_pressure_events:increase5m{{{SEL}}}", "{{engine}}"),
                     width=9,
                 ),
             ],
@@ -265,9 +265,7 @@ def gpu_memory() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 ts(
                     "Used, windowed peak and total",
                     Target("max by (gpu) (llmb_gpu_memory_used_bytes)", "GPU {{gpu}} used"),
-                    Target(
-                        "max by (gpu) (llmb_gpu_memory_used_peak_bytes)", "GPU {{gpu}} peak"
-                    ),
+                    Target("max by (gpu) (llmb_gpu_memory_used_peak_bytes)", "GPU {{gpu}} peak"),
                     Target("max by (gpu) (llmb_gpu_memory_total_bytes)", "GPU {{gpu}} total"),
                     unit="bytes",
                     width=12,
@@ -468,7 +466,8 @@ def load_run() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 ts(
                     "Requests/s by outcome",
                     Target(
-                        f"sum by (engine, outcome) (rate(llmb_loadgen_requests_total{{{SEL}}}[1m]))",
+                        "sum by (engine, outcome) "
+                        f"(rate(llmb_loadgen_requests_total{{{SEL}}}[1m]))",
                         "{{engine}} {{outcome}}",
                     ),
                     unit="reqps",
@@ -488,7 +487,8 @@ def load_run() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 ts(
                     "Completion tokens/s: client vs server",
                     Target(
-                        f"sum by (engine) (rate(llmb_loadgen_completion_tokens_total{{{SEL}}}[1m]))",
+                        "sum by (engine) "
+                        f"(rate(llmb_loadgen_completion_tokens_total{{{SEL}}}[1m]))",
                         "{{engine}} client",
                     ),
                     Target(
@@ -501,7 +501,8 @@ def load_run() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 ts(
                     "Early stops and token-count mismatch",
                     Target(
-                        f"sum by (engine) (increase(llmb_loadgen_early_stop_requests_total{{{SEL}}}[5m]))",
+                        "sum by (engine) "
+                        f"(increase(llmb_loadgen_early_stop_requests_total{{{SEL}}}[5m]))",
                         "{{engine}} early stops (5m)",
                     ),
                     Target(
@@ -541,9 +542,7 @@ def load_run() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 ts(
                     "GPU memory used and peak",
                     Target("max by (gpu) (llmb_gpu_memory_used_bytes)", "GPU {{gpu}} used"),
-                    Target(
-                        "max by (gpu) (llmb_gpu_memory_used_peak_bytes)", "GPU {{gpu}} peak"
-                    ),
+                    Target("max by (gpu) (llmb_gpu_memory_used_peak_bytes)", "GPU {{gpu}} peak"),
                     unit="bytes",
                     width=12,
                 ),
@@ -652,7 +651,9 @@ def dashboard_json(
 def render(name: str) -> str:
     """Normalized JSON text of one dashboard file."""
     uid, title, rows, annotations = DASHBOARDS[name]()
-    return json.dumps(dashboard_json(uid, title, rows, annotations), indent=2, sort_keys=True) + "\n"
+    return (
+        json.dumps(dashboard_json(uid, title, rows, annotations), indent=2, sort_keys=True) + "\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,6 +179,20 @@ class StreamClient:
             body["prompt"] = prompt
         body.update(params)
         return json.dumps(body).encode()
+
+    def body_builder(self, params: dict[str, Any]) -> Callable[[str], bytes]:
+        """A fast `build_body` for many prompts with the same parameters.
+
+        Only the prompt is serialized per request; the rest is encoded once.
+        """
+        head = self.build_body("\x00", params)
+        marker = json.dumps("\x00").encode()
+        before, _, after = head.partition(marker)
+
+        def build(prompt: str) -> bytes:
+            return before + json.dumps(prompt).encode() + after
+
+        return build
 
     async def stream(self, body: bytes, timeout: float) -> StreamResult:
         """Send one streaming request and collect its chunks; never raises for request errors."""

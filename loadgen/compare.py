@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.config import EngineConfig
+from loadgen.client import TargetUnreachable
 from loadgen.decision import Decision, EngineResult, Row, decide_compare
 from loadgen.diagnose import (
     Diagnoser,
@@ -33,6 +34,7 @@ from loadgen.diagnose import (
 def token_caveats(a: EngineResult, b: EngineResult) -> list[str]:
     """Differences in prompt/completion token counts between rows of the same step."""
     out = []
+
     def key(r: Row) -> tuple[str, int, int | None]:
         # Only the context sweep is matched on context: elsewhere it is each engine's default.
         return (r.step, r.concurrency, r.context if r.step == "context" else None)
@@ -101,8 +103,14 @@ def run_compare(args: argparse.Namespace) -> int:
         return 2
     opts = options_from_args(args, config)
     pub = PhasePublisher()
-    serve_metrics(pub, args.metrics_listen)
-    results, decision = asyncio.run(compare(pair, opts, args.out, pub))
+    stop_metrics = serve_metrics(pub, args.metrics_listen)
+    try:
+        results, decision = asyncio.run(compare(pair, opts, args.out, pub))
+    except TargetUnreachable as exc:
+        sys.stderr.write(f"llmb-loadgen compare: {exc}\n")
+        return 1
+    finally:
+        stop_metrics()
     write_report(args.out, results, decision, title=f"compare {names[0]} vs {names[1]}")
     for c in decision.caveats:
         print(f"caveat: {c}")

@@ -165,7 +165,9 @@ def roofline_tok_s(engine: EngineResult) -> float | None:
 
 def weights_problem(engine: EngineResult) -> str | None:
     """Why the weights do not fit / are not resident, or None when they are (or it is unknown)."""
-    if engine.layers_offloaded is not None and engine.layers_total:
+    # Zero layers offloaded without any GPU memory source is a CPU-only build, not a problem.
+    cpu_only = engine.layers_offloaded == 0 and engine.memory_source != "gpu"
+    if engine.layers_offloaded is not None and engine.layers_total and not cpu_only:
         if engine.layers_offloaded < engine.layers_total:
             return (
                 f"{engine.name}: only {engine.layers_offloaded:.0f}/{engine.layers_total:.0f} "
@@ -225,11 +227,19 @@ def tuning_flags(engine: EngineResult) -> list[str]:
     single = engine.single()
     top = max((r for r in engine.ok_rows("concurrency")), key=lambda r: r.concurrency, default=None)
     if single and top and top.concurrency > 1 and single.per_seq_tok_s and top.aggregate_tok_s:
-        if top.aggregate_tok_s < POOR_SCALING * single.per_seq_tok_s:
+        too_few_slots = engine.slots is not None and engine.slots < top.concurrency
+        if too_few_slots or top.aggregate_tok_s < POOR_SCALING * single.per_seq_tok_s:
             flags.append(
-                f"-np {top.concurrency} (parallel slots >= concurrency; raise -c with it)"
-                if llama
-                else f"--max-running-requests >= {top.concurrency}"
+                (
+                    f"-np {top.concurrency} (parallel slots >= concurrency; raise -c with it)"
+                    if llama
+                    else f"--max-running-requests >= {top.concurrency}"
+                )
+                + (
+                    f": {engine.slots} slots for {top.concurrency} requests"
+                    if too_few_slots
+                    else ""
+                )
             )
     failed = failed_contexts(engine)
     if failed:
@@ -241,7 +251,8 @@ def tuning_flags(engine: EngineResult) -> list[str]:
             else ("-c lower" if llama else "--context-length lower")
         )
     frac = roofline_fraction(engine)
-    if llama and (frac is None or frac < 0.5) and engine.memory_source != "gpu":
+    on_cpu = engine.memory_source != "gpu" and not engine.layers_offloaded
+    if llama and (frac is None or frac < 0.5) and on_cpu:
         flags.append("-t <physical cores> (CPU decode is thread bound)")
     elif frac is not None and frac < 0.5:
         flags.append(
@@ -269,6 +280,8 @@ def _step1(engines: list[EngineResult]) -> Step:
         for e in engines
     )
     answer = "yes" if known else "not measured (no GPU data): assumed yes"
+    if all(e.layers_offloaded == 0 and e.memory_source != "gpu" for e in engines):
+        answer = "CPU-only run: no GPU, the weights are in host memory"
     return Step(1, "Do the weights fit and stay resident?", answer, False, numbers)
 
 

@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config import Config, ConfigError, EngineConfig, load_config
-from loadgen.client import StreamClient, StreamResult, Target
+from loadgen.client import StreamClient, StreamResult, Target, TargetUnreachable
 from loadgen.decision import EngineResult, Phase, Row, decide_single
 from loadgen.launcher import EngineProcess, LaunchError, engine_process, template_fields
 from loadgen.prompts import CalibrationError, PromptSet, calibrate
@@ -180,8 +180,11 @@ class MemoryProbe:
         return used, peak
 
     def _used(self) -> tuple[float | None, float | None]:
-        metrics = self.scrape()
-        if metrics is not None:
+        if self.exporter_url:
+            # Never mix sources: a failed scrape is a gap, not a host-memory reading.
+            metrics = self.scrape()
+            if metrics is None:
+                return None, None
             return (
                 metrics.total("llmb_gpu_memory_used_bytes"),
                 metrics.total("llmb_gpu_memory_used_peak_bytes"),
@@ -198,8 +201,10 @@ class MemoryProbe:
     def gpu_facts(self) -> dict[str, Any]:
         """Card total, bandwidth and the engine's process memory, weights, layers, quantization."""
         facts: dict[str, Any] = {}
-        metrics = self.scrape()
-        if metrics is not None:
+        if self.exporter_url:
+            metrics = self.scrape()
+            if metrics is None:
+                return facts
             e = self.engine
             facts["gpu_total_bytes"] = metrics.total("llmb_gpu_memory_total_bytes")
             bws = [
@@ -480,7 +485,7 @@ class Diagnoser:
             ph.memory_bytes, _ = self.probe.used()
             if self.probe.source != "gpu":
                 ph.note = "no GPU memory source; host memory of the engine is used instead"
-        proc = self._launch(first_ctx, parallel, "start")
+        proc = await self._launch(first_ctx, parallel, "start")
         if proc is None:
             return self._finish()
         try:
@@ -491,7 +496,9 @@ class Diagnoser:
             await self._context_step(ctx, parallel)
         return self._finish()
 
-    def _launch(self, ctx: int | None, parallel: int | None, phase: str) -> EngineProcess | None:
+    async def _launch(
+        self, ctx: int | None, parallel: int | None, phase: str
+    ) -> EngineProcess | None:
         log_path = (
             self.out / f"{self.engine.name}-c{ctx or 'default'}-np{parallel or 'default'}.log"
         )
@@ -502,7 +509,8 @@ class Diagnoser:
         self.probe.process = proc
         with self._phase(phase, note=" ".join(proc.argv)) as ph:
             try:
-                load = proc.start()
+                # The health wait blocks; keep the event loop (and its timers) free.
+                load = await asyncio.to_thread(proc.start)
             except (LaunchError, KeyError) as exc:
                 ph.note = f"failed: {exc}"
                 self.result.rows.append(
@@ -685,7 +693,7 @@ class Diagnoser:
             res.layers_offloaded, res.layers_total = layers_from_log(self.engine.log_file)
 
     async def _context_step(self, ctx: int, parallel: int | None) -> None:
-        if self._launch(ctx, parallel, "context") is None:
+        if await self._launch(ctx, parallel, "context") is None:
             return
         try:
             loaded = await self._settle()
@@ -698,6 +706,11 @@ class Diagnoser:
                 row.loaded_memory_bytes = loaded
                 row.load_seconds = self.current.load_seconds if self.current else None
                 row.kv_bytes = self.probe.gpu_facts().get("kv_bytes")
+        except TargetUnreachable as exc:
+            # The engine died after becoming ready (e.g. out of memory at this context).
+            self.result.rows.append(
+                Row(self.engine.name, "context", 1, context=ctx, parallel=parallel, error=str(exc))
+            )
         finally:
             self._stop()
 
@@ -778,15 +791,25 @@ def load_or_exit(path: Path | None) -> Config:
         raise SystemExit(2) from None
 
 
-def serve_metrics(pub: PhasePublisher, listen: str | None) -> None:
-    """Serve the phase metrics on HOST:PORT when asked."""
-    if listen:
-        host, _, port = listen.rpartition(":")
-        try:
-            start_http_server(int(port), addr=host or "127.0.0.1", registry=pub.registry)
-        except (OSError, ValueError) as exc:
-            # The measurement matters more than the Grafana marks: warn and go on.
-            log.warning("cannot serve phase metrics on %s: %s", listen, exc)
+def serve_metrics(pub: PhasePublisher, listen: str | None) -> Callable[[], None]:
+    """Serve the phase metrics on HOST:PORT when asked; returns the function that stops it."""
+    if not listen:
+        return lambda: None
+    host, _, port = listen.rpartition(":")
+    try:
+        server, _thread = start_http_server(
+            int(port), addr=host or "127.0.0.1", registry=pub.registry
+        )
+    except (OSError, ValueError) as exc:
+        # The measurement matters more than the Grafana marks: warn and go on.
+        log.warning("cannot serve phase metrics on %s: %s", listen, exc)
+        return lambda: None
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+
+    return stop
 
 
 async def diagnose(
@@ -827,8 +850,14 @@ def run_diagnose(args: argparse.Namespace, write_report: Callable[..., Any]) -> 
         return 2
     opts = options_from_args(args, config)
     pub = PhasePublisher()
-    serve_metrics(pub, args.metrics_listen)
-    result = asyncio.run(diagnose(engine, opts, args.out, pub))
+    stop_metrics = serve_metrics(pub, args.metrics_listen)
+    try:
+        result = asyncio.run(diagnose(engine, opts, args.out, pub))
+    except TargetUnreachable as exc:
+        sys.stderr.write(f"llmb-loadgen diagnose: {exc}\n")
+        return 1
+    finally:
+        stop_metrics()
     decision = decide_single(result)
     write_report(args.out, [result], decision, title=f"diagnose {engine.name}")
     print(f"verdict: {decision.verdict}\n{decision.recommendation}")

@@ -97,7 +97,17 @@ def plot_memory_timeline(engines: list[EngineResult]) -> str:
         ax.set_xlabel("seconds since start")
         ax.set_ylabel("memory used (GiB)")
         ax.set_title("Memory timeline with phases")
-        ax.legend(fontsize=8, loc="lower right")
+        if any(e.timeline for e in engines):
+            ax.legend(fontsize=8, loc="lower right")
+        else:
+            ax.text(
+                0.5,
+                0.5,
+                "no memory samples (no exporter, NVML or launched engine)",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+            )
 
     return _svg(draw)
 

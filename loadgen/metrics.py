@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
@@ -100,6 +101,7 @@ class LoadgenMetrics:
             ["engine"],
             registry=r,
         )
+        self._children: dict[str, tuple[Any, ...]] = {}
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -129,20 +131,31 @@ class LoadgenMetrics:
     def observe(self, record: RequestRecord) -> None:
         """Account one finished request."""
         engine = record.engine
+        children = self._children.get(engine)
+        if children is None:
+            # labels() costs a lock and a tuple per call; resolve each engine's series once.
+            children = self._children[engine] = (
+                self.ttft.labels(engine),
+                self.itl.labels(engine),
+                self.e2e.labels(engine),
+                self.prompt_tokens.labels(engine),
+                self.completion_tokens.labels(engine),
+            )
+        ttft, itl, e2e, prompt_tokens, completion_tokens = children
         self.requests.labels(engine, record.error or "ok").inc()
         if record.error == "early_stop":
             self.early_stop.labels(engine).inc()
         if record.prompt_tokens:
-            self.prompt_tokens.labels(engine).inc(record.prompt_tokens)
+            prompt_tokens.inc(record.prompt_tokens)
         if record.completion_tokens:
-            self.completion_tokens.labels(engine).inc(record.completion_tokens)
+            completion_tokens.inc(record.completion_tokens)
         if record.ttft_s is not None:
-            self.ttft.labels(engine).observe(record.ttft_s)
+            ttft.observe(record.ttft_s)
         if record.error is None or record.error == "early_stop":
-            self.e2e.labels(engine).observe(record.e2e_s)
-        itl = self.itl.labels(engine)
+            e2e.observe(record.e2e_s)
+        observe = itl.observe
         for gap in record.itls:
-            itl.observe(gap)
+            observe(gap)
 
     def set_mismatch(self, engine: str, mismatch: bool) -> None:
         """Raise or clear the token-count mismatch flag of `engine`."""

@@ -6,7 +6,7 @@ import itertools
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
 
@@ -55,15 +55,20 @@ class RequestRecord:
     server_predicted_ms: float | None
     server_predicted_per_second: float | None
     server_cache_n: int | None
+    server_prompt_n: int | None
+    server_predicted_n: int | None
     error: str | None
     error_detail: str | None = None
     itls: list[float] = field(default_factory=list, repr=False)
 
     def to_json(self) -> str:
         """Serialize without the raw gap list (it only feeds histograms and summaries)."""
-        data = asdict(self)
-        data.pop("itls")
+        # Not dataclasses.asdict: it deep-copies the gap list, the costliest step per request.
+        data = {name: getattr(self, name) for name in _JSON_FIELDS}
         return json.dumps(data, separators=(",", ":"))
+
+
+_JSON_FIELDS = tuple(f.name for f in fields(RequestRecord) if f.name != "itls")
 
 
 def build_record(
@@ -126,6 +131,8 @@ def build_record(
         server_predicted_ms=timings.get("predicted_ms"),
         server_predicted_per_second=timings.get("predicted_per_second"),
         server_cache_n=timings.get("cache_n"),
+        server_prompt_n=timings.get("prompt_n"),
+        server_predicted_n=timings.get("predicted_n"),
         error=error,
         error_detail=detail,
         itls=itls,

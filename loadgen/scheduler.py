@@ -275,7 +275,7 @@ class _Phase:
         self.next_index = 0
         self.connect_errors = 0
         self.aborted = asyncio.Event()
-        self.params = spec.request_params()
+        self.build = client.body_builder(spec.request_params())
         self.wall_offset = time.time() - time.perf_counter()
 
     def claim(self) -> int | None:
@@ -292,7 +292,7 @@ class _Phase:
 
     async def one(self, index: int) -> None:
         text = self.prompts.text(index) if self.measured else self.prompts.warmup_text(index)
-        body = self.client.build_body(text, self.params)
+        body = self.build(text)
         gauge = self.ctx.metrics.in_flight.labels(self.engine) if self.ctx.metrics else None
         if gauge is not None:
             gauge.inc()

@@ -62,8 +62,55 @@ def _chunk(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
+def _events(
+    options: StubOptions, chat: bool, n_out: int, prompt_tokens: int, cached: int
+) -> list[bytes]:
+    """Every SSE event of one response, in order (role chunk, tokens, finish, usage, DONE)."""
+    base: dict[str, Any] = {"id": "stub", "object": "chat.completion.chunk", "model": options.model}
+    events = []
+    if chat:
+        role = {"index": 0, "delta": {"role": "assistant", "content": None}}
+        events.append(_chunk(base | {"choices": [role]}))
+    for k in range(n_out):
+        choice: dict[str, Any] = {"index": 0, "finish_reason": None}
+        if chat:
+            choice["delta"] = {"content": f" t{k}"}
+        else:
+            choice["text"] = f" t{k}"
+        events.append(_chunk(base | {"choices": [choice]}))
+    end: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+    if chat:
+        end["delta"] = {}
+    else:
+        end["text"] = ""
+    events.append(_chunk(base | {"choices": [end]}))
+    last: dict[str, Any] = base | {
+        "choices": [],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": n_out,
+            "total_tokens": prompt_tokens + n_out,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        },
+    }
+    if options.timings:
+        span = max(options.itl * (n_out - 1), 1e-6)
+        last["timings"] = {
+            "cache_n": cached,
+            "prompt_n": prompt_tokens - cached,
+            "prompt_ms": options.ttft * 1000,
+            "predicted_n": n_out,
+            "predicted_ms": span * 1000,
+            "predicted_per_second": (n_out - 1) / span if n_out > 1 else 0.0,
+        }
+    events.append(_chunk(last))
+    events.append(b"data: [DONE]\n\n")
+    return events
+
+
 def make_app(options: StubOptions, state: StubState) -> web.Application:
     """The aiohttp application of the stub."""
+    rendered: dict[tuple[bool, int, int, int], bytes] = {}
 
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": options.model}]})
@@ -111,68 +158,42 @@ def make_app(options: StubOptions, state: StubState) -> web.Application:
         # Prompt cache: the words shared with an earlier prompt's start count as cached.
         words = prompt.split()
         cached = 0
-        if words:
+        if words and state.keep_bodies:
             key = " ".join(words[:8])
             cached = prompt_tokens - 1 if key in state.seen_prefixes else 0
             state.seen_prefixes.add(key)
         state.in_flight += 1
         state.max_in_flight = max(state.max_in_flight, state.in_flight)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        malformed = bool(options.malformed_every and number % options.malformed_every == 0)
+        delayed = options.ttft > 0 or options.itl > 0
         try:
             await resp.prepare(request)
-            base = {
-                "id": f"stub-{number}",
-                "object": "chat.completion.chunk",
-                "model": options.model,
-            }
-            if chat:
-                first = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]}
-                await resp.write(_chunk(base | first))
-            malformed = options.malformed_every and number % options.malformed_every == 0
-            delayed = options.ttft > 0 or options.itl > 0
-            for k in range(n_out):
-                if delayed:
-                    due = t_arrival + options.ttft + k * options.itl
-                    wait = due - time.perf_counter()
-                    if wait > 0:
-                        await asyncio.sleep(wait)
-                    state.lateness.append(time.perf_counter() - due)
-                if malformed and k == n_out // 2:
-                    await resp.write(b"data: {not json\n\n")
-                    return resp
-                choice: dict[str, Any]
-                if chat:
-                    choice = {"index": 0, "delta": {"content": f" t{k}"}, "finish_reason": None}
-                else:
-                    choice = {"index": 0, "text": f" t{k}", "finish_reason": None}
-                await resp.write(_chunk(base | {"choices": [choice]}))
-            end: dict[str, Any] = {"index": 0, "finish_reason": "length"}
-            if chat:
-                end["delta"] = {}
+            if not delayed and not malformed:
+                # Zero-delay mode: the whole stream in one write, rendered once per shape, so
+                # the stub spends almost nothing per chunk and the client is what is measured.
+                shape = (chat, n_out, prompt_tokens, cached)
+                payload = rendered.get(shape)
+                if payload is None:
+                    payload = b"".join(_events(options, chat, n_out, prompt_tokens, cached))
+                    if len(rendered) < 256:
+                        rendered[shape] = payload
+                await resp.write(payload)
             else:
-                end["text"] = ""
-            await resp.write(_chunk(base | {"choices": [end]}))
-            last: dict[str, Any] = base | {
-                "choices": [],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": n_out,
-                    "total_tokens": prompt_tokens + n_out,
-                    "prompt_tokens_details": {"cached_tokens": cached},
-                },
-            }
-            if options.timings:
-                span = max(options.itl * (n_out - 1), 1e-6)
-                last["timings"] = {
-                    "cache_n": cached,
-                    "prompt_n": prompt_tokens - cached,
-                    "prompt_ms": options.ttft * 1000,
-                    "predicted_n": n_out,
-                    "predicted_ms": span * 1000,
-                    "predicted_per_second": (n_out - 1) / span if n_out > 1 else 0.0,
-                }
-            await resp.write(_chunk(last))
-            await resp.write(b"data: [DONE]\n\n")
+                events = _events(options, chat, n_out, prompt_tokens, cached)
+                head = 1 if chat else 0
+                for k, event in enumerate(events):
+                    token = k - head
+                    if delayed and 0 <= token < n_out:
+                        due = t_arrival + options.ttft + token * options.itl
+                        wait = due - time.perf_counter()
+                        if wait > 0:
+                            await asyncio.sleep(wait)
+                        state.lateness.append(time.perf_counter() - due)
+                    if malformed and token == n_out // 2:
+                        await resp.write(b"data: {not json\n\n")
+                        return resp
+                    await resp.write(event)
             await resp.write_eof()
         finally:
             state.in_flight -= 1

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import mmap
 import os
 import shutil
+import struct
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -237,29 +238,90 @@ def model_metadata(spec: ArchSpec, like: str, wname: str) -> dict[str, KV]:
     return kv
 
 
+# struct formats of GGUF scalar types (little-endian files, as llama.cpp writes them).
+_SCALAR_FORMATS = {
+    gguf.GGUFValueType.UINT8: "<B",
+    gguf.GGUFValueType.INT8: "<b",
+    gguf.GGUFValueType.UINT16: "<H",
+    gguf.GGUFValueType.INT16: "<h",
+    gguf.GGUFValueType.UINT32: "<I",
+    gguf.GGUFValueType.INT32: "<i",
+    gguf.GGUFValueType.FLOAT32: "<f",
+    gguf.GGUFValueType.UINT64: "<Q",
+    gguf.GGUFValueType.INT64: "<q",
+    gguf.GGUFValueType.FLOAT64: "<d",
+    gguf.GGUFValueType.BOOL: "<?",
+}
+
+
+class _MetadataParser:
+    """Reads only the key/value section of a GGUF.
+
+    gguf.GGUFReader also indexes every tensor and builds one numpy view per string, which takes
+    over a minute for a 262k-token vocabulary on a small machine; this takes well under a second.
+    """
+
+    def __init__(self, buf: mmap.mmap) -> None:
+        self.buf = buf
+        self.off = 0
+
+    def unpack(self, fmt: str) -> Any:
+        value = struct.unpack_from(fmt, self.buf, self.off)[0]
+        self.off += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> bytes:
+        n = self.unpack("<Q")
+        if self.off + n > len(self.buf):
+            raise ValueError("string runs past the end of the file")
+        value = self.buf[self.off : self.off + n]
+        self.off += n
+        return value
+
+    def value(self, vtype: gguf.GGUFValueType) -> KV:
+        if vtype == gguf.GGUFValueType.STRING:
+            return KV(self.string(), vtype)
+        if vtype in _SCALAR_FORMATS:
+            return KV(self.unpack(_SCALAR_FORMATS[vtype]), vtype)
+        if vtype != gguf.GGUFValueType.ARRAY:
+            raise ValueError(f"unknown GGUF value type {vtype}")
+        sub = gguf.GGUFValueType(self.unpack("<I"))
+        n = self.unpack("<Q")
+        if sub == gguf.GGUFValueType.STRING:
+            return KV([self.string() for _ in range(n)], vtype, sub)
+        if sub not in _ARRAY_DTYPES:
+            raise ValueError(f"unsupported GGUF array of {sub.name}")
+        dtype = np.dtype(_ARRAY_DTYPES[sub])
+        items = np.frombuffer(self.buf, dtype=dtype, count=n, offset=self.off)
+        self.off += n * dtype.itemsize
+        return KV(items.tolist(), vtype, sub)
+
+    def metadata(self) -> dict[str, KV]:
+        magic, version, _n_tensors, n_kv = struct.unpack_from("<IIQQ", self.buf, 0)
+        if magic != gguf.GGUF_MAGIC:
+            raise ValueError("not a GGUF file (bad magic)")
+        if version < 2:
+            raise ValueError(f"GGUF version {version} is too old")
+        self.off = 24
+        out: dict[str, KV] = {}
+        for _ in range(n_kv):
+            key = self.string().decode("utf-8")
+            out[key] = self.value(gguf.GGUFValueType(self.unpack("<I")))
+        return out
+
+
+def read_metadata(path: Path) -> dict[str, KV]:
+    """Every key/value of a GGUF file; the tensors are not read."""
+    try:
+        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return _MetadataParser(buf).metadata()
+    except (OSError, ValueError, struct.error, UnicodeDecodeError) as exc:
+        raise SynthError(f"cannot read {path} as GGUF: {exc}") from exc
+
+
 def read_tokenizer(path: Path) -> dict[str, KV]:
     """Every `tokenizer.*` key of a GGUF (a full model or a tokenizer-only file)."""
-    try:
-        reader = gguf.GGUFReader(path)
-    except (OSError, ValueError) as exc:
-        raise SynthError(f"cannot read {path} as GGUF: {exc}") from exc
-    out: dict[str, KV] = {}
-    for key, field in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        vtype = gguf.GGUFValueType(field.types[0])
-        if vtype == gguf.GGUFValueType.ARRAY:
-            sub = gguf.GGUFValueType(field.types[-1])
-            if sub == gguf.GGUFValueType.STRING:
-                # Raw bytes: a vocabulary may hold byte sequences that are not valid UTF-8.
-                value: Any = [bytes(field.parts[i]) for i in field.data]
-            else:
-                value = [field.parts[i].tolist()[0] for i in field.data]
-            out[key] = KV(value, vtype, sub)
-        elif vtype == gguf.GGUFValueType.STRING:
-            out[key] = KV(bytes(field.parts[field.data[0]]), vtype)
-        else:
-            out[key] = KV(field.parts[field.data[0]].tolist()[0], vtype)
+    out = {k: v for k, v in read_metadata(path).items() if k.startswith("tokenizer.")}
     if "tokenizer.ggml.tokens" not in out:
         raise SynthError(f"{path} has no tokenizer (no tokenizer.ggml.tokens key)")
     return out
@@ -434,8 +496,47 @@ def build_model(
     return make_model(spec, like, wname, tokenizer)
 
 
+# numpy dtypes of GGUF array element types, for packing whole arrays at once.
+_ARRAY_DTYPES = {
+    gguf.GGUFValueType.UINT8: "<u1",
+    gguf.GGUFValueType.INT8: "<i1",
+    gguf.GGUFValueType.UINT16: "<u2",
+    gguf.GGUFValueType.INT16: "<i2",
+    gguf.GGUFValueType.UINT32: "<u4",
+    gguf.GGUFValueType.INT32: "<i4",
+    gguf.GGUFValueType.FLOAT32: "<f4",
+    gguf.GGUFValueType.UINT64: "<u8",
+    gguf.GGUFValueType.INT64: "<i8",
+    gguf.GGUFValueType.FLOAT64: "<f8",
+    gguf.GGUFValueType.BOOL: "?",
+}
+
+
+class FastWriter(gguf.GGUFWriter):
+    """GGUFWriter that packs metadata arrays in one go (a 262k-token vocabulary: 0.2 s, not 4 s)."""
+
+    def _pack_val(
+        self,
+        val: Any,
+        vtype: gguf.GGUFValueType,
+        add_vtype: bool,
+        sub_type: gguf.GGUFValueType | None = None,
+    ) -> bytes:
+        little = self.endianess == gguf.GGUFEndian.LITTLE
+        if vtype != gguf.GGUFValueType.ARRAY or sub_type is None or not little or not len(val):
+            return super()._pack_val(val, vtype, add_vtype, sub_type)
+        head = struct.pack("<I", vtype) if add_vtype else b""
+        head += struct.pack("<IQ", sub_type, len(val))
+        if sub_type == gguf.GGUFValueType.STRING:
+            items = [v.encode() if isinstance(v, str) else v for v in val]
+            return head + b"".join(struct.pack("<Q", len(b)) + b for b in items)
+        if sub_type in _ARRAY_DTYPES:
+            return head + np.asarray(val, dtype=_ARRAY_DTYPES[sub_type]).tobytes()
+        return super()._pack_val(val, vtype, add_vtype, sub_type)
+
+
 def _writer(model: Model, path: Path) -> gguf.GGUFWriter:
-    writer = gguf.GGUFWriter(path, model.spec.arch)
+    writer = FastWriter(path, model.spec.arch)
     for key, kv in model.metadata.items():
         writer.add_key_value(key, kv.value, kv.vtype, kv.sub_type)
     for t in model.tensors:
@@ -445,16 +546,27 @@ def _writer(model: Model, path: Path) -> gguf.GGUFWriter:
     return writer
 
 
+def _value_bytes(value: Any, vtype: gguf.GGUFValueType, sub: gguf.GGUFValueType | None) -> int:
+    if vtype == gguf.GGUFValueType.STRING:
+        return 8 + len(value.encode() if isinstance(value, str) else value)
+    if vtype == gguf.GGUFValueType.ARRAY:
+        assert sub is not None
+        if sub == gguf.GGUFValueType.STRING:
+            return 4 + 8 + sum(8 + len(v.encode() if isinstance(v, str) else v) for v in value)
+        return 4 + 8 + len(value) * struct.calcsize(gguf.GGUFWriter._simple_value_packing[sub])
+    return struct.calcsize(gguf.GGUFWriter._simple_value_packing[vtype])
+
+
 def header_bytes(model: Model) -> int:
     """Exact size of the GGUF header, metadata and tensor index, padded to the data alignment."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "header.gguf"
-        writer = _writer(model, path)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        writer.close()
-        size = path.stat().st_size
+    # Counted, not packed: packing a 262k-token vocabulary twice would double the start-up time.
+    size = 4 + 4 + 8 + 8  # magic, version, tensor count, key count
+    kvs = {Keys.General.ARCHITECTURE: KV(model.spec.arch, gguf.GGUFValueType.STRING)}
+    kvs.update(model.metadata)
+    for key, kv in kvs.items():
+        size += 8 + len(key.encode()) + 4 + _value_bytes(kv.value, kv.vtype, kv.sub_type)
+    for t in model.tensors:
+        size += 8 + len(t.name.encode()) + 4 + 8 * len(t.ne) + 4 + 8
     return gguf.GGUFWriter.ggml_pad(size, gguf.GGUF_DEFAULT_ALIGNMENT)
 
 
@@ -523,7 +635,7 @@ def describe(model: Model, total: int) -> str:
 
 def save_tokenizer(tok: dict[str, KV], arch: str, out: Path) -> int:
     """Write a tensor-free GGUF holding only the tokenizer (a few MB instead of the whole model)."""
-    writer = gguf.GGUFWriter(out, arch)
+    writer = FastWriter(out, arch)
     for key, kv in tok.items():
         writer.add_key_value(key, kv.value, kv.vtype, kv.sub_type)
     try:
@@ -536,8 +648,8 @@ def save_tokenizer(tok: dict[str, KV], arch: str, out: Path) -> int:
 
 
 def _source_arch(path: Path) -> str:
-    field = gguf.GGUFReader(path).fields.get(Keys.General.ARCHITECTURE)
-    return bytes(field.parts[field.data[0]]).decode() if field is not None else "llama"
+    arch = read_metadata(path).get(Keys.General.ARCHITECTURE)
+    return bytes(arch.value).decode() if arch is not None else "llama"
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -102,7 +102,9 @@ THRESHOLDS: dict[str, Threshold] = {
         "2m", "duration", "`for:` of LLMWeightsNotResident (lets process memory settle after load)."
     ),
     "for_gpu_memory_near_full": Threshold(
-        "5m", "duration", "`for:` of LLMGPUMemoryNearFull (peak over the sampler window, sustained)."
+        "5m",
+        "duration",
+        "`for:` of LLMGPUMemoryNearFull (peak over the sampler window, sustained).",
     ),
     "for_requests_queueing": Threshold(
         "5m", "duration", "`for:` of LLMRequestsQueueing (a short burst queueing is normal)."
@@ -249,8 +251,16 @@ def recording_rules() -> list[dict[str, Any]]:
             "gpu:llmb_gpu_memory_headroom_bytes:peak",
             """
               max by (gpu) (llmb_gpu_memory_total_bytes)
-            - (max by (gpu) (llmb_gpu_memory_used_peak_bytes) or max by (gpu) (llmb_gpu_memory_used_bytes))
-            - (max by (gpu) (llmb_gpu_memory_reserved_bytes) or 0 * max by (gpu) (llmb_gpu_memory_total_bytes))
+            - (
+                  max by (gpu) (llmb_gpu_memory_used_peak_bytes)
+                or
+                  max by (gpu) (llmb_gpu_memory_used_bytes)
+              )
+            - (
+                  max by (gpu) (llmb_gpu_memory_reserved_bytes)
+                or
+                  0 * max by (gpu) (llmb_gpu_memory_total_bytes)
+              )
             """,
         ),
         rec(
@@ -498,7 +508,7 @@ def alert_rules() -> list[dict[str, Any]]:
             "for_requests_queueing",
             "warning",
             "Requests queue at {{ $labels.engine }} while its KV cache has room",
-            "{{ $labels.kind }} engine {{ $labels.engine }} has {{ $value | printf \"%.1f\" }} "
+            '{{ $labels.kind }} engine {{ $labels.engine }} has {{ $value | printf "%.1f" }} '
             f"requests waiting on average over {qw} and its KV cache is not saturated: "
             "the limit is slots, max running requests or batching, not memory.",
         ),
@@ -542,13 +552,14 @@ def alert_rules() -> list[dict[str, Any]]:
             # A down engine's source fails too; LLMEngineDown already says so.
             """
             max by (source) (llmb_source_up) == 0
-            unless on (source) label_replace(engine:llmb_engine_up:max == 0, "source", "$1", "engine", "(.*)")
+            unless on (source)
+              label_replace(engine:llmb_engine_up:max == 0, "source", "$1", "engine", "(.*)")
             """,
             "for_source_failing",
             "warning",
             "Exporter source {{ $labels.source }} fails",
             "The exporter could not read source {{ $labels.source }} (an engine's endpoints or "
-            "NVML) in any scrape; see llmb_source_errors_total{source=\"{{ $labels.source }}\"} "
+            'NVML) in any scrape; see llmb_source_errors_total{source="{{ $labels.source }}"} '
             "for the reason and the exporter log for the message.",
         ),
         alert(

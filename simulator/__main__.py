@@ -10,7 +10,7 @@ from pathlib import Path
 from aiohttp import web
 
 from simulator import scenarios
-from simulator.common import SimBase, SimOptions
+from simulator.common import Faults, SimBase, SimOptions
 from simulator.tokenizer import NAMES as TOKENIZERS
 
 
@@ -43,6 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metric-spelling", choices=("colon", "underscore"), default="colon")
     p.add_argument("--enable-cache-report", action="store_true")
     p.add_argument("--served-model-name", default=None)
+    p.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="NAME=P",
+        help="inject failures: error_rate, hang_rate, stream_cut_rate, metrics_garbage_rate",
+    )
+    p.add_argument("--fault-seed", type=int, default=None)
     return p
 
 
@@ -79,6 +87,7 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
         metric_spelling=args.metric_spelling,
         enable_cache_report=args.enable_cache_report,
         served_model_name=args.served_model_name,
+        faults=Faults.parse(args.fault, args.fault_seed),
     )
 
 
@@ -100,7 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         from simulator.demo import main as demo_main
 
         return demo_main(argv[1:])
-    opts = options_from_args(build_parser().parse_args(argv))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        opts = options_from_args(args)
+    except (ValueError, KeyError) as exc:
+        parser.error(str(exc))
     sim = make_sim(opts)
     print(
         f"llmb-sim {opts.kind} scenario={opts.scenario.name} on http://{opts.host}:{opts.port}",

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import random
 import secrets
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,44 @@ from simulator import gpu_state
 from simulator.model import Clock, Engine, EngineParams
 from simulator.scenarios import Scenario
 from simulator.tokenizer import Tokenizer
+
+FAULT_NAMES = ("error_rate", "hang_rate", "stream_cut_rate", "metrics_garbage_rate")
+GARBAGE_METRICS = "# HELP broken\nthis is { not prometheus text\n"
+LOG = logging.getLogger("llmb-sim")
+
+
+@dataclass
+class Faults:
+    """Injected failures, each a probability per request (seeded for reproducible tests)."""
+
+    error_rate: float = 0.0  # generation requests answer HTTP 500
+    hang_rate: float = 0.0  # generation requests never answer (client timeout)
+    stream_cut_rate: float = 0.0  # streams stop after a few tokens, without the final chunk
+    metrics_garbage_rate: float = 0.0  # /metrics answers unparsable text
+    seed: int | None = None
+    _rng: random.Random = field(default_factory=random.Random, repr=False)
+
+    @classmethod
+    def parse(cls, specs: list[str], seed: int | None = None) -> Faults:
+        """Build from `NAME=PROBABILITY` strings (names in FAULT_NAMES)."""
+        values: dict[str, float] = {}
+        for spec in specs:
+            name, sep, value = spec.partition("=")
+            if name not in FAULT_NAMES or not sep:
+                raise ValueError(f"bad fault {spec!r}: use NAME=P with NAME in {FAULT_NAMES}")
+            prob = float(value)
+            if not 0.0 <= prob <= 1.0:
+                raise ValueError(f"fault {name}: probability must be in [0, 1]")
+            values[name] = prob
+        return cls(**values, seed=seed, _rng=random.Random(seed))
+
+    def roll(self, rate: float) -> bool:
+        """True with probability `rate`."""
+        return rate > 0 and self._rng.random() < rate
+
+    def stream_cut(self) -> int | None:
+        """Token count after which this stream is cut, or None."""
+        return self._rng.randint(1, 8) if self.roll(self.stream_cut_rate) else None
 
 
 @dataclass
@@ -38,6 +78,7 @@ class SimOptions:
     metric_spelling: str = "colon"  # SGLang: "underscore" gives sglang_ names
     enable_cache_report: bool = False
     served_model_name: str | None = None
+    faults: Faults = field(default_factory=Faults)
 
 
 class SimBase:
@@ -70,9 +111,31 @@ class SimBase:
     def build_app(self) -> web.Application:
         """The aiohttp application (routes added by the subclass)."""
         app = web.Application()
+        app.middlewares.append(self._fault_middleware)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
+
+    @web.middleware
+    async def _fault_middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        faults = self.opts.faults
+        if request.path == "/metrics" and faults.roll(faults.metrics_garbage_rate):
+            return web.Response(text=GARBAGE_METRICS, content_type="text/plain")
+        if request.method == "POST" and request.path != "/tokenize":
+            if faults.roll(faults.error_rate):
+                return json_response(
+                    {
+                        "error": {
+                            "code": 500,
+                            "message": "simulated failure",
+                            "type": "server_error",
+                        }
+                    },
+                    500,
+                )
+            if faults.roll(faults.hang_rate):
+                await asyncio.sleep(600)  # longer than any client timeout
+        return await handler(request)
 
     async def _on_startup(self, app: web.Application) -> None:
         self.clock = self.engine.clock = Clock(self.opts.time_scale)

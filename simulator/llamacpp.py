@@ -600,7 +600,10 @@ class LlamaCppSim(SimBase):
         if req.stream:
             resp = await self._sse_start(request)
             try:
+                cut = self.opts.faults.stream_cut()
                 while (token := await req.events.get()) is not None:
+                    if cut is not None and len(req.generated) > cut:
+                        return resp  # simulated truncated stream: no final chunk
                     chunk = {
                         "index": 0,
                         "content": self.tokenizer.decode([token]),
@@ -751,7 +754,10 @@ class LlamaCppSim(SimBase):
                     "delta": {"role": "assistant", "content": None},
                 }
                 await resp.write(sse(wrap([first])))
+            cut = self.opts.faults.stream_cut()
             while (token := await req.events.get()) is not None:
+                if cut is not None and len(req.generated) > cut:
+                    return resp  # simulated truncated stream: no [DONE]
                 piece = self.tokenizer.decode([token])
                 if chat:
                     choice: dict[str, Any] = {

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import random
 import time
 import zlib
@@ -153,6 +154,11 @@ class Request:
         return len(self.prompt) + len(self.generated)
 
     @property
+    def ttft(self) -> float | None:
+        """Simulated seconds from arrival to the first token."""
+        return None if self.prompt_done is None else self.prompt_done - self.arrival
+
+    @property
     def uncached(self) -> int:
         """Prompt tokens that must be computed."""
         return len(self.prompt) - self.cached + self.recompute
@@ -231,6 +237,7 @@ class Engine:
         self.slots = [Slot(i) for i in range(params.n_slots)]
         self.n_ctx_slot = params.slot_ctx(model.n_ctx_train)
         self.radix: list[list[int]] = []  # SGLang prefix cache, most recent last
+        self.finished: deque[Request] = deque(maxlen=256)  # recent requests, for tests and docs
         self._ids = itertools.count()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -472,7 +479,13 @@ class Engine:
                 await self._wake.wait()
                 self.vt = max(self.vt, self.clock.now())
                 continue
-            await self.step()
+            try:
+                await self.step()
+            except Exception:
+                # A bug in one step must not freeze every client: log, fail the batch, go on.
+                logging.getLogger("llmb-sim").exception("scheduler step failed")
+                for req in list(self.running):
+                    self._finish(req, "stop")
 
     async def step(self) -> None:
         """Run one batch: prefill the newly admitted requests, decode the others."""
@@ -591,6 +604,7 @@ class Engine:
         elif self.kind == "sglang":
             self.radix.append(req.prompt + req.generated)
             self._evict_for(0)
+        self.finished.append(req)
         req.events.put_nowait(None)
         req.done.set()
         self._wake.set()

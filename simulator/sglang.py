@@ -622,7 +622,10 @@ class SglangSim(SimBase):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         try:
             first = True
+            cut = self.opts.faults.stream_cut()
             while (token := await req.events.get()) is not None:
+                if cut is not None and len(req.generated) > cut:
+                    return resp  # simulated truncated stream: no [DONE]
                 await resp.write(sse(wrap([choice(self.tokenizer.decode([token]), None, first)])))
                 first = False
             await self._wait(req)

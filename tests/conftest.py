@@ -9,6 +9,7 @@ import pytest
 
 pytest_plugins = [
     "tests.plugins.llama",
+    "tests.plugins.exporter",
     "tests.plugins.sim",
     "tests.plugins.prom",
 ]

@@ -196,6 +196,18 @@ def test_single_engine_flags(e: EngineResult, action: str, flag: str) -> None:
     assert flag in d.recommendation
 
 
+def test_cpu_only_build_is_not_a_residency_problem() -> None:
+    e = engine("cpu", single=35, agg={2: 60}, layers=(0, 19), bandwidth=None)
+    e.memory_source = "host rss"
+    d = decide_single(e)
+    assert d.action == STAY
+    assert d.steps[0].answer.startswith("CPU-only run")
+    assert "-t <physical cores>" in d.recommendation
+    # The same layer count with a GPU present is a residency problem.
+    e.memory_source = "gpu"
+    assert decide_single(e).action == FIX_MEMORY
+
+
 def test_token_mismatch_is_a_caveat() -> None:
     d = decide_compare(engine("a"), engine("b", tokens_ok=False))
     assert any("token counts differ" in c for c in d.caveats)

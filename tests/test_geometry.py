@@ -314,3 +314,32 @@ def test_hf_mla_latent() -> None:
 def test_gguf_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="block_count"):
         geometry_from_gguf(write_gguf(tmp_path / "x.gguf", "llama", {"context_length": 4}))
+
+
+def test_gguf_header_with_full_vocabulary_is_fast(tmp_path: Path) -> None:
+    """A 262k-token vocabulary (Gemma 3) must not make the header read slow."""
+    import time
+
+    import numpy as np
+
+    path = tmp_path / "vocab.gguf"
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    for key, value in GEMMA3_27B.items():
+        writer.add_uint32(f"gemma3.{key}", value)
+    writer.add_token_list([f"t{i}" for i in range(262144)])
+    writer.add_token_scores([0.0] * 262144)
+    writer.add_sliding_window_pattern([(i + 1) % 6 != 0 for i in range(62)])
+    quant = gguf.GGMLQuantizationType.Q4_0
+    raw = np.zeros((2, 18 * 4), dtype=np.uint8)  # 2 rows of 4 Q4_0 blocks = 2 x 128 values
+    writer.add_tensor("blk.0.attn_q.weight", raw, raw_dtype=quant)
+    writer.add_tensor("blk.0.attn_norm.weight", np.zeros(7, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    start = time.perf_counter()
+    g = geometry_from_gguf(path)
+    assert time.perf_counter() - start < 3.0  # gguf.GGUFReader: ~100 s
+    assert (g.full_layers, g.swa_layers) == (10, 52)  # explicit per-layer pattern
+    assert g.n_params == 2 * 128 + 7
+    assert g.weight_bytes == 2 * 4 * 18 + 7 * 4

@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -96,7 +95,11 @@ def test_panels_do_not_overlap() -> None:
         for panel in panels(doc):
             g = panel["gridPos"]
             assert g["x"] + g["w"] <= 24, (name, panel["title"])
-            area = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+            area = {
+                (x, y)
+                for x in range(g["x"], g["x"] + g["w"])
+                for y in range(g["y"], g["y"] + g["h"])
+            }
             assert not cells & area, (name, panel["title"])
             cells |= area
 
@@ -131,5 +134,3 @@ def test_dashboard_json_is_normalized(name: str) -> None:
     assert text == json.dumps(doc, indent=2, sort_keys=True) + "\n"
     assert "$$hashKey" not in text
     assert "version" not in doc and "iteration" not in doc
-
-

@@ -1,4 +1,4 @@
-"""The streaming client and the request records, against captured real streams replayed over HTTP."""
+"""The streaming client and request records, against captured real streams replayed over HTTP."""
 
 from __future__ import annotations
 
@@ -85,24 +85,22 @@ async def replay() -> AsyncIterator[Callable[..., object]]:
         await server.close()
 
 
-async def _stream(url: str, timeout: float = 10.0):  # type: ignore[no-untyped-def]
+async def _stream(url: str, timeout: float = 10.0):
     async with StreamClient(Target("llama", url, "llamacpp"), pool_size=2) as client:
         await client.open()
         assert client.model == "captured"
         return await client.stream(client.build_body("hello", {"max_tokens": 8}), timeout)
 
 
-async def test_captured_llamacpp_stream_is_parsed(replay) -> None:  # type: ignore[no-untyped-def]
+async def test_captured_llamacpp_stream_is_parsed(replay) -> None:
     result = await _stream(await replay((CPU / "chat_stream.txt").read_bytes()))
     assert result.error is None and result.done
     # Eight content chunks; the role chunk (content null) and the finish chunk carry no token.
     assert len(result.chunk_times) == 8
     assert result.chunk_times == sorted(result.chunk_times)
-    assert result.usage["prompt_tokens_details"]["cached_tokens"] == 29  # type: ignore[index]
-    assert result.timings["predicted_per_second"] == pytest.approx(74.1376206060221)  # type: ignore[index]
-    record = build_record(
-        result, engine="llama", step=0, index=0, max_tokens=8, wall_offset=0.0
-    )
+    assert result.usage["prompt_tokens_details"]["cached_tokens"] == 29
+    assert result.timings["predicted_per_second"] == pytest.approx(74.1376206060221)
+    record = build_record(result, engine="llama", step=0, index=0, max_tokens=8, wall_offset=0.0)
     assert record.error is None
     assert (record.prompt_tokens, record.completion_tokens, record.cached_tokens) == (34, 8, 29)
     assert record.server_cache_n == 29 and record.server_prompt_ms == pytest.approx(33.37)
@@ -110,17 +108,15 @@ async def test_captured_llamacpp_stream_is_parsed(replay) -> None:  # type: igno
     assert len(record.itls) == 7
 
 
-async def test_crlf_and_comment_events(replay) -> None:  # type: ignore[no-untyped-def]
+async def test_crlf_and_comment_events(replay) -> None:
     body = (CPU / "chat_stream.txt").read_bytes().replace(b"\n", b"\r\n")
     result = await _stream(await replay(b": ping\r\n\r\n" + body, piece=5))
     assert result.error is None and len(result.chunk_times) == 8
 
 
-async def test_captured_early_stop_is_flagged(replay) -> None:  # type: ignore[no-untyped-def]
+async def test_captured_early_stop_is_flagged(replay) -> None:
     result = await _stream(await replay(_kvslot_stream(), piece=4096))
-    record = build_record(
-        result, engine="llama", step=0, index=0, max_tokens=512, wall_offset=0.0
-    )
+    record = build_record(result, engine="llama", step=0, index=0, max_tokens=512, wall_offset=0.0)
     assert record.error == EARLY_STOP
     assert record.completion_tokens == 454 and record.chunks == 454
     assert "454 of 512" in (record.error_detail or "")
@@ -136,11 +132,16 @@ async def test_captured_early_stop_is_flagged(replay) -> None:  # type: ignore[n
         (b"", 503, False, HTTP),
         (_sse({"choices": [{"index": 0, "delta": {"content": "a"}}]}), 200, True, DISCONNECTED),
         (_sse({"choices": [{"index": 0, "delta": {"content": "a"}}]}), 200, False, DISCONNECTED),
-        (_sse({"choices": [{"index": 0, "text": "a"}]}) + b"data: [DONE]\n\n", 200, False, MALFORMED),
+        (
+            _sse({"choices": [{"index": 0, "text": "a"}]}) + b"data: [DONE]\n\n",
+            200,
+            False,
+            MALFORMED,
+        ),
     ],
     ids=["not-json", "error-event", "http-503", "cut", "no-done", "no-usage"],
 )
-async def test_failures_become_error_categories(replay, body, status, cut, error) -> None:  # type: ignore[no-untyped-def]
+async def test_failures_become_error_categories(replay, body, status, cut, error) -> None:
     result = await _stream(await replay(body, status=status, cut=cut))
     assert result.error == error, result.error_detail
 
@@ -185,9 +186,11 @@ def test_percentile_matches_linear_interpolation() -> None:
     assert percentile(list(map(float, range(101))), 99) == pytest.approx(99.0)
 
 
-async def test_summary_uses_successful_requests(replay) -> None:  # type: ignore[no-untyped-def]
+async def test_summary_uses_successful_requests(replay) -> None:
     url = await replay((CPU / "chat_stream.txt").read_bytes())
-    good = build_record(await _stream(url), engine="e", step=0, index=0, max_tokens=8, wall_offset=0)
+    good = build_record(
+        await _stream(url), engine="e", step=0, index=0, max_tokens=8, wall_offset=0
+    )
     short = build_record(
         await _stream(url), engine="e", step=0, index=1, max_tokens=9, wall_offset=0
     )

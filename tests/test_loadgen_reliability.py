@@ -18,7 +18,7 @@ from tests.conftest import get_free_port
 ROOT = Path(__file__).parent.parent
 
 
-def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+def _wait_for(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -75,7 +75,7 @@ def _loadgen(url: str, out: Path, *extra: str) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
-def test_ctrl_c_keeps_everything(stub_process, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_ctrl_c_keeps_everything(stub_process, tmp_path: Path) -> None:
     _, url = stub_process
     proc = _loadgen(url, tmp_path, "--requests", "10000")
     jsonl = tmp_path / "requests.jsonl"
@@ -95,13 +95,13 @@ def test_ctrl_c_keeps_everything(stub_process, tmp_path: Path) -> None:  # type:
     assert "ttft_p50_ms" in out
 
 
-def test_server_killed_mid_run(stub_process, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_server_killed_mid_run(stub_process, tmp_path: Path) -> None:
     server, url = stub_process
     proc = _loadgen(url, tmp_path, "--requests", "400")
     jsonl = tmp_path / "requests.jsonl"
     _wait_for(lambda: len(_lines(jsonl)) >= 4, 30, "4 finished requests")
     server.kill()
-    out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=60)
     lines = _lines(jsonl)
     errors = [r["error"] for r in lines]
     assert errors.count(None) >= 4

@@ -1,7 +1,8 @@
-"""`llmb-loadgen sweep`: step plan, pauses, and server-side figures from the exporter or Prometheus."""
+"""`llmb-loadgen sweep`: step plan, pauses, server-side figures from the exporter or Prometheus."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -49,9 +50,10 @@ class FakeSources:
         q = request.query["query"]
         self.queries.append(q)
         value = "0.5" if "kv_cache" in q else "7" if "waiting" in q else "2.5e10"
+        result = [{"metric": {}, "value": [time.time(), value]}]
         return web.json_response(
-            {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": [time.time(), value]}]}}
-        )  # fmt: skip
+            {"status": "success", "data": {"resultType": "vector", "result": result}}
+        )
 
     def start(self) -> FakeSources:
         self.server.start()
@@ -71,7 +73,7 @@ def test_plan_changes_one_variable_per_step() -> None:
     assert steps == [(1, 512), (2, 512), (4, 512), (1, 2048)]
     grid = [(s.concurrency, s.prompt_tokens) for s in plan_steps(base, [1, 2], [8, 16, 32], True)]
     assert grid == [(1, 8), (2, 8), (2, 16), (1, 16), (1, 32), (2, 32)]
-    for a, b in zip(grid, grid[1:], strict=False):
+    for a, b in itertools.pairwise(grid):
         assert (a[0] != b[0]) + (a[1] != b[1]) == 1
 
 

@@ -147,7 +147,7 @@ async def test_capture_replay_matches_nvml_and_nvidia_smi(path: Path) -> None:
     assert value(scrape, "llmb_gpu_memory_used_peak_bytes", **gpu) == v2["used"]
     assert value(scrape, "llmb_gpu_utilization_ratio", **gpu) == dev["util"]["gpu"] / 100
     assert value(scrape, "llmb_gpu_memory_clock_hertz", **gpu) == dev["mem_clock_mhz"] * 1e6
-    assert value(scrape, "llmb_gpu_memory_bus_width_bits", **gpu) == dev["bus_width"]
+    assert value(scrape, "llmb_gpu_memory_bus_width_bytes", **gpu) == dev["bus_width"] / 8
     assert value(scrape, "llmb_gpu_memory_bandwidth_bytes_per_second", **gpu) == 4.8e12
     info = {
         "gpu": "0",
@@ -439,7 +439,7 @@ async def test_unsupported_optional_queries_drop_only_their_families(tmp_path: P
     for family in (
         "llmb_gpu_utilization_ratio",
         "llmb_gpu_memory_clock_hertz",
-        "llmb_gpu_memory_bus_width_bits",
+        "llmb_gpu_memory_bus_width_bytes",
         "llmb_gpu_memory_bandwidth_bytes_per_second",
     ):
         assert family not in got

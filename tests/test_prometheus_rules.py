@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import yaml
@@ -94,14 +93,18 @@ def test_prometheus_scrapes_only_the_exporter_and_the_load_generator() -> None:
 @pytest.mark.parametrize(
     ("expr", "names"),
     [
-        ('rate(llmb_engine_decode_tokens_total{engine=~"a|b"}[5m])', {"llmb_engine_decode_tokens_total"}),
+        (
+            'rate(llmb_engine_decode_tokens_total{engine=~"a|b"}[5m])',
+            {"llmb_engine_decode_tokens_total"},
+        ),
         (
             "max by (engine, kind) (x) / on (engine) group_left (kind) y:z:w > bool 1e9",
             {"x", "y:z:w"},
         ),
         ('label_replace(a, "evidence", "layers", "", "") or b offset 5m', {"a", "b"}),
         (
-            'histogram_quantile(0.99, sum by (le) (rate(h_bucket{engine=~"$engine"}[$__rate_interval])))',
+            "histogram_quantile(0.99, sum by (le) "
+            '(rate(h_bucket{engine=~"$engine"}[$__rate_interval])))',
             {"h_bucket"},
         ),
     ],
@@ -145,7 +148,9 @@ def test_recording_rule_names_follow_level_metric_operation() -> None:
     for group in rule_groups():
         for rule in group["rules"]:
             if "record" in rule:
-                assert re.fullmatch(r"[a-z_]+:[a-z_0-9]+:[a-z_0-9]+", rule["record"]), rule["record"]
+                assert re.fullmatch(r"[a-z_]+:[a-z_0-9]+:[a-z_0-9]+", rule["record"]), rule[
+                    "record"
+                ]
 
 
 def test_the_verdict_has_one_rule_per_value_in_the_decision_order() -> None:
@@ -231,7 +236,7 @@ def static_metrics() -> Iterator[tuple[str, list[str]]]:
     body = ["# TYPE llmb_engine_up gauge\n"]
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server API
+        def do_GET(self) -> None:
             data = "".join(body).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")

@@ -35,8 +35,8 @@ def samples(text: str) -> list[tuple[str, str]]:
     return [tuple(line.split(" ", 1)) for line in text.splitlines() if line and line[0] != "#"]  # type: ignore[misc]
 
 
-def words(n: int) -> str:
-    return "".join(f" w{i % 97}" for i in range(n))
+def words(n: int, tag: str = "") -> str:
+    return tag + "".join(f" w{i % 97}" for i in range(n))
 
 
 async def test_format_matches_cpp_stream() -> None:
@@ -200,3 +200,76 @@ async def test_tokenizers_differ(sim_server) -> None:
         na = len((await c.post(a.url + "/tokenize", json=text)).json()["tokens"])
         nb = len((await c.post(b.url + "/tokenize", json=text)).json()["tokens"])
     assert na != nb and na > 0 and nb > 0
+
+
+@pytest.mark.parametrize(
+    ("ours", "capture"),
+    [
+        ("/props", "props.json"),
+        ("/v1/models", "models.json"),
+    ],
+)
+async def test_h200_json_shapes(sim_server, ours: str, capture: str) -> None:
+    h = await sim_server("llamacpp", "h200-gemma3-27b")
+    async with httpx.AsyncClient(base_url=h.url, timeout=30) as c:
+        got = (await c.get(ours)).json()
+    assert shape_diff(got, load(capture, H200)) == []
+
+
+@pytest.mark.parametrize(
+    "capture",
+    [
+        "slots_busy1.json",
+        "slots_np4_c8.json",
+        "run2/slots_kvslot_busy.json",
+        "run2/slots_kvunified_busy.json",
+    ],
+)
+async def test_h200_busy_slots_shape(sim_server, capture: str) -> None:
+    h = await sim_server("llamacpp", "h200-gemma3-27b", parallel=4, ctx_size=8192)
+    body = {"prompt": words(100), "n_predict": 2000, "ignore_eos": True, "stream": True}
+    async with httpx.AsyncClient(base_url=h.url, timeout=30) as c:
+        async with c.stream("POST", "/completion", json=body) as resp:
+            async for _ in resp.aiter_lines():
+                break
+            slots = (await c.get("/slots")).json()
+    real = load(capture, H200)
+    busy = [s for s in slots if s["is_processing"]]
+    assert len(slots) == 4 and busy
+    assert shape_diff(busy[0], next(s for s in real if s["is_processing"])) == []
+
+
+async def test_faults(sim_server) -> None:
+    h = await sim_server(
+        "llamacpp",
+        fault=["error_rate=1", "metrics_garbage_rate=1"],
+        fault_seed=1,
+    )
+    async with httpx.AsyncClient(base_url=h.url, timeout=30) as c:
+        r = await c.post("/completion", json={"prompt": "hi", "n_predict": 2})
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+        assert "llamacpp:" not in (await c.get("/metrics")).text
+    cut = await sim_server("llamacpp", fault=["stream_cut_rate=1"], fault_seed=2)
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 50,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    async with httpx.AsyncClient(base_url=cut.url, timeout=30) as c:
+        text = (await c.post("/v1/chat/completions", json=body)).text
+    assert "[DONE]" not in text and 1 < text.count("data: ") < 12
+
+
+async def test_kv_pressure_warning_in_log(sim_server) -> None:
+    h = await sim_server("llamacpp", "kv_saturated")
+    async with httpx.AsyncClient(base_url=h.url, timeout=60) as c:
+        bodies = [
+            {"prompt": words(900, f"k{i}"), "n_predict": 400, "ignore_eos": True} for i in range(4)
+        ]
+        results = await asyncio.gather(*(c.post("/completion", json=b) for b in bodies))
+    assert any(r.json()["truncated"] for r in results)
+    log = h.log_file.read_text()
+    warning = " W srv        decode: failed to find free space in the KV cache, retrying with "
+    assert warning + "smaller batch size" in log
+    assert "kv_unified = 'true'" in log

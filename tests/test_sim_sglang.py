@@ -136,3 +136,21 @@ async def test_endpoints_and_prefix_cache(sim_server) -> None:
             )
         ).json()
         assert comp["usage"]["completion_tokens"] == 3
+
+
+async def test_prometheus3_accept_and_loading(sim_server) -> None:
+    accept = (
+        "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,"
+        "application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;"
+        "escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+    )
+    h = await sim_server("sglang")
+    loading = await sim_server("sglang", load_seconds=100, time_scale=1.0)
+    async with httpx.AsyncClient(timeout=30) as c:
+        r = await c.get(h.url + "/metrics", headers={"Accept": accept})
+        assert r.headers["content-type"] == (
+            "application/openmetrics-text; version=1.0.0; charset=utf-8; escaping=allow-utf-8"
+        )
+        assert "\nsglang:num_queue_reqs{" in r.text
+        assert (await c.get(loading.url + "/health")).status_code == 503
+        assert (await c.get(loading.url + "/metrics")).status_code == 503

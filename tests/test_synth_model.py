@@ -135,6 +135,9 @@ def test_cli_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     existing.write_bytes(b"x")
     not_gguf = tmp_path / "not.gguf"
     not_gguf.write_bytes(b"hello")
+    # A tokenizer with more tokens than Llama 3's embedding has rows.
+    big_vocab = tmp_path / "big-vocab.gguf"
+    sm.save_tokenizer(sm.synthetic_tokenizer(200_000), "gemma3", big_vocab)
     cases = [
         (["--like", "gpt-5", "--dry-run"], "invalid choice"),
         (["--dry-run"], "--like is required"),
@@ -143,10 +146,7 @@ def test_cli_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
             ["--like", "llama3-8b", "--out", str(existing), "--tokenizer-from", str(existing)],
             "--force",
         ),
-        (
-            ["--like", "llama3-8b", "--out", str(tmp_path / "a.gguf")],
-            "--tokenizer-from is required",
-        ),
+        (["--like", "llama3-8b", "--dry-run", "--tokenizer-from", str(big_vocab)], "more than"),
         (["--like", "llama3-8b", "--dry-run", "--tokenizer-from", str(tmp_path / "no")], "no such"),
         (["--like", "llama3-8b", "--dry-run", "--tokenizer-from", str(not_gguf)], "cannot read"),
         (["--like", "llama3-8b", "--dry-run", "--layers", "0"], "at least 1"),
@@ -162,3 +162,40 @@ def test_cli_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         assert message in stderr, (args, stderr)
     assert existing.read_bytes() == b"x"
     assert not list(tmp_path.glob("*.partial"))
+
+
+def test_fast_metadata_packing_is_byte_identical_to_gguf_writer(tmp_path: Path) -> None:
+    spec = replace(sm.SPECS["qwen3-8b"], n_layer=1, n_vocab=5000)
+    model = sm.make_model(spec, "qwen3-8b", "q8_0", sm.synthetic_tokenizer(4000))
+    files = []
+    for cls in (sm.FastWriter, gguf.GGUFWriter):
+        path = tmp_path / f"{cls.__name__}.gguf"
+        writer = cls(path, model.spec.arch)
+        for key, kv in model.metadata.items():
+            writer.add_key_value(key, kv.value, kv.vtype, kv.sub_type)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.close()
+        files.append(path.read_bytes())
+    assert files[0] == files[1]
+
+
+def test_saved_tokenizer_round_trips(tmp_path: Path) -> None:
+    tok = sm.synthetic_tokenizer(2000)
+    path = tmp_path / "tok.gguf"
+    sm.save_tokenizer(tok, "llama", path)
+    back = sm.read_tokenizer(path)
+    assert set(back) == set(tok)
+    for key, kv in tok.items():
+        assert (back[key].vtype, back[key].sub_type) == (kv.vtype, kv.sub_type), key
+    assert back["tokenizer.ggml.model"].value == b"llama"
+    assert back["tokenizer.ggml.tokens"].value == tok["tokenizer.ggml.tokens"].value
+    assert back["tokenizer.ggml.scores"].value == tok["tokenizer.ggml.scores"].value
+    assert back["tokenizer.ggml.token_type"].value == tok["tokenizer.ggml.token_type"].value
+    assert back["tokenizer.ggml.bos_token_id"].value == 1
+    assert back["tokenizer.ggml.add_bos_token"].value is True
+    # The reader agrees with gguf's own reader on what was written.
+    reference = gguf.GGUFReader(path).fields["tokenizer.ggml.token_type"]
+    assert [int(reference.parts[i][0]) for i in reference.data] == back[
+        "tokenizer.ggml.token_type"
+    ].value

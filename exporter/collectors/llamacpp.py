@@ -193,13 +193,12 @@ class LlamaCppCollector(Collector):
         ms.add("llmb_engine_endpoint_enabled", int(slots_enabled), endpoint="slots", **labels)
         if not metrics_enabled:
             self._announce(
-                "metrics", "/metrics answers 501: start llama-server with --metrics "
-                "(token counters come from the log file only, if configured)"
+                "metrics",
+                "/metrics answers 501: start llama-server with --metrics "
+                "(token counters come from the log file only, if configured)",
             )
         if not slots_enabled:
-            self._announce(
-                "slots", "/slots answers 501 (--no-slots): KV fill cannot be derived"
-            )
+            self._announce("slots", "/slots answers 501 (--no-slots): KV fill cannot be derived")
 
         props = self._static.get("props", {})
         model = self._static.get("model", {})
@@ -262,7 +261,9 @@ class LlamaCppCollector(Collector):
             running = sum(1 for s in slots if s.get("is_processing"))
         ms.add("llmb_engine_requests_running", running, **labels)
         if expo:
-            ms.add("llmb_engine_requests_waiting", expo.first(PREFIX + "requests_deferred"), **labels)
+            ms.add(
+                "llmb_engine_requests_waiting", expo.first(PREFIX + "requests_deferred"), **labels
+            )
 
         capacity: float | None = None
         if n_ctx and n_slots:
@@ -304,7 +305,9 @@ class LlamaCppCollector(Collector):
                 ms.add("llmb_engine_prompt_tokens_total", processed + (cached or 0.0), **labels)
             ms.add("llmb_engine_prompt_tokens_cached_total", cached, **labels)
             ms.add(
-                "llmb_engine_prompt_seconds_total", expo.first(PREFIX + "prompt_seconds_total"), **labels
+                "llmb_engine_prompt_seconds_total",
+                expo.first(PREFIX + "prompt_seconds_total"),
+                **labels,
             )
             predicted = expo.first(PREFIX + "tokens_predicted_total")
             ms.add("llmb_engine_generation_tokens_total", predicted, **labels)
@@ -314,7 +317,9 @@ class LlamaCppCollector(Collector):
                 expo.first(PREFIX + "tokens_predicted_seconds_total"),
                 **labels,
             )
-            ms.add("llmb_engine_decode_steps_total", expo.first(PREFIX + "n_decode_total"), **labels)
+            ms.add(
+                "llmb_engine_decode_steps_total", expo.first(PREFIX + "n_decode_total"), **labels
+            )
         elif log_state is not None:
             ms.add("llmb_engine_prompt_seconds_total", log_state.prompt_seconds, **labels)
             ms.add("llmb_engine_generation_tokens_total", log_state.eval_tokens, **labels)
@@ -384,4 +389,9 @@ class LlamaCppCollector(Collector):
         for device, value in sorted(state.kv_buffer_bytes.items()):
             ms.add("llmb_engine_kv_cache_bytes", value, device=device, **labels)
         for event in ("kv_no_space", "context_exceeded", "context_shift", "slot_truncated"):
-            ms.add("llmb_engine_kv_pressure_events_total", state.events.get(event, 0), event=event, **labels)
+            ms.add(
+                "llmb_engine_kv_pressure_events_total",
+                state.events.get(event, 0),
+                event=event,
+                **labels,
+            )

