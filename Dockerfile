@@ -11,7 +11,7 @@ WORKDIR /src
 COPY . /src
 RUN pip install /src \
     && rm -rf /src \
-    && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin llmb
+    && useradd --system --uid 10001 --create-home --home-dir /home/llmb --shell /usr/sbin/nologin llmb
 
 WORKDIR /home/llmb
 # Non-root: NVML needs only the device nodes the NVIDIA runtime mounts, and the command

@@ -61,7 +61,7 @@ def run_bench_serving(argv: list[str]) -> None:
     constants = types.ModuleType("sglang.srt.disaggregation.utils")
     constants.FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # type: ignore[attr-defined]
     sys.modules[constants.__name__] = constants
-    from sglang.benchmark.serving import cli_main  # type: ignore[import-not-found]
+    from sglang.benchmark.serving import cli_main
 
     sys.argv = ["bench_serving", *argv]
     cli_main()

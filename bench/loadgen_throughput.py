@@ -8,10 +8,12 @@ flushed per request, live metrics on). Two shapes:
 * short: 1 token per request -> requests/s (target >= 3000)
 * long: 256 tokens per request -> streamed chunks/s (target >= 100 000)
 
-With `--compare-python PY` the same shapes are also sent by a published load tool installed
-in another virtualenv (see docs/benchmarks.md for what could be installed here).
+With `--sglang-python PY` (the interpreter of a separate virtualenv holding PyPI `sglang`
+installed `--no-deps` plus the few packages its benchmark imports) the same shapes are also
+sent by SGLang's `bench_serving`, run through bench/loadgen_sglang_shim.py, against the same
+stub in the same run, alternating with the load generator.
 
-    .venv/bin/python bench/loadgen_throughput.py [--concurrency 64] [--json OUT]
+    .venv/bin/python bench/loadgen_throughput.py [--sglang-python VENV/bin/python] [--json OUT]
 """
 
 from __future__ import annotations
@@ -94,6 +96,38 @@ async def measure(url: str, requests: int, max_tokens: int, concurrency: int) ->
     }
 
 
+def measure_sglang(
+    python: str, url: str, requests: int, max_tokens: int, concurrency: int, tokenizer: Path
+) -> dict[str, Any]:
+    """The same shape sent by SGLang's bench_serving (its own process)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.jsonl"
+        cmd = [
+            python, str(ROOT / "bench" / "loadgen_sglang_shim.py"),
+            "--backend", "sglang-oai-chat", "--base-url", url, "--model", "stub-model",
+            "--tokenizer", str(tokenizer), "--dataset-name", "random-ids",
+            "--random-input-len", "16", "--random-output-len", str(max_tokens),
+            "--random-range-ratio", "1.0", "--num-prompts", str(requests),
+            "--max-concurrency", str(concurrency), "--request-rate", "inf",
+            "--warmup-requests", str(concurrency), "--disable-tqdm", "--output-file", str(out),
+        ]  # fmt: skip
+        # Offline: bench_serving must never reach for the Hugging Face hub.
+        env = os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, timeout=900)
+        data = json.loads(out.read_text().splitlines()[-1])
+    wall = float(data["duration"])
+    return {
+        "tool": "sglang.bench_serving",
+        "requests": data["completed"],
+        "failed": requests - int(data["completed"]),
+        "max_tokens": max_tokens,
+        "concurrency": concurrency,
+        "wall_s": round(wall, 3),
+        "requests_per_s": round(data["completed"] / wall, 1),
+        "chunks_per_s": round(data["completed"] * max_tokens / wall, 1),
+    }
+
+
 def main() -> None:
     """Run both shapes and print (and optionally save) the results."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -103,25 +137,43 @@ def main() -> None:
     parser.add_argument("--long-tokens", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3, help="runs per shape; the best is kept")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--sglang-python", help="interpreter of a venv with sglang (compare)")
     args = parser.parse_args()
     port = free_port()
     stub = start_stub(port)
     url = f"http://127.0.0.1:{port}"
     results: list[dict[str, Any]] = []
+    tmp = tempfile.TemporaryDirectory()
+    tokenizer = Path(tmp.name) / "tokenizer"
+    if args.sglang_python:
+        script = str(ROOT / "bench" / "loadgen_sglang_shim.py")
+        subprocess.run(
+            [args.sglang_python, script, "--make-tokenizer", str(tokenizer)],
+            check=True,
+            stderr=subprocess.DEVNULL,
+        )
     try:
         for requests, tokens in ((args.short_requests, 1), (args.long_requests, args.long_tokens)):
-            runs = [
-                asyncio.run(measure(url, requests, tokens, args.concurrency))
-                for _ in range(args.repeat)
-            ]
             key = "requests_per_s" if tokens == 1 else "chunks_per_s"
-            best = max(runs, key=lambda r: r[key])
-            best["runs"] = [r[key] for r in runs]
-            results.append(best)
-            print(json.dumps(best), flush=True)
+            runs: dict[str, list[dict[str, Any]]] = {}
+            for _ in range(args.repeat):
+                # Alternate the tools so a change in machine load hits both alike.
+                row = asyncio.run(measure(url, requests, tokens, args.concurrency))
+                runs.setdefault(row["tool"], []).append(row)
+                if args.sglang_python:
+                    row = measure_sglang(
+                        args.sglang_python, url, requests, tokens, args.concurrency, tokenizer
+                    )
+                    runs.setdefault(row["tool"], []).append(row)
+            for rows in runs.values():
+                best = max(rows, key=lambda r: r[key])
+                best["runs"] = [r[key] for r in rows]
+                results.append(best)
+                print(json.dumps(best), flush=True)
     finally:
         stub.terminate()
         stub.wait(10)
+        tmp.cleanup()
     info = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "results": results}
     if args.json:
         args.json.write_text(json.dumps(info, indent=2) + "\n")

@@ -147,20 +147,26 @@ def overview() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 check(
                     "Weights not resident",
                     f"engine:llmb_weights_not_resident:bool{{{SEL}}}",
-                    "Fewer layers on the GPU than the model has, or process GPU memory below "
-                    "0.9 x the weight bytes.",
+                    "Fewer layers on the GPU than the model has, or GPU weight buffers or "
+                    "process GPU memory below 0.9 x the weight bytes.",
                 ),
                 ts(
                     "Layers on the GPU / layers",
                     Target(f"engine:llmb_gpu_layers_offloaded:ratio{{{SEL}}}", "{{engine}}"),
                     unit="percentunit",
-                    width=9,
+                    width=6,
+                ),
+                ts(
+                    "GPU weight buffers / weight bytes",
+                    Target(f"engine:llmb_weights_gpu_buffers:ratio{{{SEL}}}", "{{engine}}"),
+                    unit="percentunit",
+                    width=6,
                 ),
                 ts(
                     "Process GPU memory / weight bytes",
                     Target(f"engine:llmb_weights_gpu_memory:ratio{{{SEL}}}", "{{engine}}"),
                     unit="percentunit",
-                    width=9,
+                    width=6,
                 ),
             ],
         ),

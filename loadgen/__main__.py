@@ -1,8 +1,9 @@
 """Command line: `llmb-loadgen run|sweep ...` (or `python -m loadgen`).
 
 Subcommands are `Command` objects; `default_commands()` also picks up optional modules
-(`loadgen.diagnose`, `loadgen.compare`) that expose `command() -> Command`, so new commands
-plug in without touching this file.
+(`loadgen.diagnose`, `loadgen.compare`) that expose `command() -> Command`, or, failing
+that, `main(argv) -> int` (the rest of the command line is handed over as is), so new
+commands plug in without touching this file.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class Command:
     help: str
     configure: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+    # A command that parses its own arguments: main() hands it argv after the name.
+    passthrough: Callable[[list[str]], int] | None = None
 
 
 def _positive_int(text: str) -> int:
@@ -363,8 +366,13 @@ def default_commands() -> list[Command]:
             logging.getLogger(__name__).debug("command module %s skipped: %s", module_name, exc)
             continue
         factory = getattr(module, "command", None)
+        own_main = getattr(module, "main", None)
+        name = module_name.rpartition(".")[2]
         if factory is not None:
             commands.append(factory())
+        elif own_main is not None:
+            summary = (module.__doc__ or name).strip().splitlines()[0]
+            commands.append(Command(name, summary, lambda p: None, lambda a: EXIT_USAGE, own_main))
     return commands
 
 
@@ -399,6 +407,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (0 ok, 1 failed, 2 usage, 3 invalid, 130 Ctrl-C)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = default_commands()
+    for command in commands:
+        if argv and argv[0] == command.name and command.passthrough is not None:
+            return int(command.passthrough(argv[1:]))
     parser = build_parser(commands)
     try:
         if argv and argv[0] in {c.name for c in commands}:

@@ -51,6 +51,8 @@ PHASES = (
 )
 
 _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+# One line per KV cache (Gemma 3 has a sliding-window one and a full one).
+_KV_SIZE = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB")
 
 
 @dataclass
@@ -431,6 +433,18 @@ def layers_from_log(path: Path | None) -> tuple[float | None, float | None]:
     return float(n), float(m)
 
 
+def kv_bytes_from_log(path: Path | None) -> float | None:
+    """KV cache bytes a llama.cpp log reports for one launch (sum over its caches)."""
+    if path is None:
+        return None
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    sizes = [float(m) for m in _KV_SIZE.findall(text)]
+    return sum(sizes) * 2**20 if sizes else None
+
+
 class Diagnoser:
     """Runs the phases for one engine and collects an EngineResult."""
 
@@ -664,7 +678,7 @@ class Diagnoser:
                 ctx_row = await self._wave(client, "context", 1, ptoks, first_context, parallel)
                 ctx_row.loaded_memory_bytes = loaded
                 ctx_row.load_seconds = self.current.load_seconds
-                ctx_row.kv_bytes = self.probe.gpu_facts().get("kv_bytes")
+                ctx_row.kv_bytes = self._kv_bytes()
         if self.current is None:
             res.missing.append("loaded memory after settle (engine not launched by the tool)")
 
@@ -705,7 +719,7 @@ class Diagnoser:
                     )
                 row.loaded_memory_bytes = loaded
                 row.load_seconds = self.current.load_seconds if self.current else None
-                row.kv_bytes = self.probe.gpu_facts().get("kv_bytes")
+                row.kv_bytes = self._kv_bytes()
         except TargetUnreachable as exc:
             # The engine died after becoming ready (e.g. out of memory at this context).
             self.result.rows.append(
@@ -713,6 +727,15 @@ class Diagnoser:
             )
         finally:
             self._stop()
+
+    def _kv_bytes(self) -> float | None:
+        """KV cache bytes of the running launch: exporter first, else the engine's own log."""
+        kv = self.probe.gpu_facts().get("kv_bytes")
+        if kv is None and self.current is not None:
+            kv = kv_bytes_from_log(self.current.engine_log) or kv_bytes_from_log(
+                self.current.log_path
+            )
+        return kv
 
     def _finish(self) -> EngineResult:
         self.result.phases = [p for e, p in self.pub.phases if e == self.engine.name]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
+
+import orjson
 
 from loadgen.client import EARLY_STOP, StreamResult
 
@@ -65,7 +66,7 @@ class RequestRecord:
         """Serialize without the raw gap list (it only feeds histograms and summaries)."""
         # Not dataclasses.asdict: it deep-copies the gap list, the costliest step per request.
         data = {name: getattr(self, name) for name in _JSON_FIELDS}
-        return json.dumps(data, separators=(",", ":"))
+        return orjson.dumps(data).decode()
 
 
 _JSON_FIELDS = tuple(f.name for f in fields(RequestRecord) if f.name != "itls")

@@ -431,6 +431,7 @@ async def run_step(
             probe = ctx.probe_factory(target) if ctx.probe_factory else None
             if probe is not None:
                 await probe.start()
+            await client.preopen()
             phase = _Phase(ctx, spec, client, prompts, step, measured=True)
             ctx.progress.begin(f"{target.name} step {step}", phase.limit)
             t0 = time.perf_counter()

@@ -152,7 +152,7 @@ def make_app(options: StubOptions, state: StubState) -> web.Application:
             state.bodies.append(body)
         if options.fail_every and number % options.fail_every == 0:
             return web.json_response({"error": {"message": "injected failure"}}, status=500)
-        max_tokens = int(body.get("max_tokens", 16))
+        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         n_out = max_tokens if options.stop_after is None else min(max_tokens, options.stop_after)
         prompt_tokens = count_tokens(prompt, options) + (options.chat_overhead if chat else 0)
         # Prompt cache: the words shared with an earlier prompt's start count as cached.

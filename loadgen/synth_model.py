@@ -194,6 +194,10 @@ def plan_tensors(spec: ArchSpec, wtype: QType) -> list[TensorPlan]:
     plans.append(TensorPlan(name(MODEL_TENSOR.OUTPUT_NORM), (e,), f32, "ones"))
     if not spec.tied_output:
         plans.append(TensorPlan(name(MODEL_TENSOR.OUTPUT), (e, spec.n_vocab), wtype, "random"))
+    block = gguf.GGML_QUANT_SIZES[wtype][0]
+    for t in plans:
+        if t.ne[0] % gguf.GGML_QUANT_SIZES[t.qtype][0]:
+            raise SynthError(f"{t.name}: rows of {t.ne[0]} do not split into {block}-weight blocks")
     return plans
 
 
@@ -366,14 +370,14 @@ def synthetic_tokenizer(n_vocab: int) -> dict[str, KV]:
     }
 
 
-def fit_tokenizer(tok: dict[str, KV], n_vocab: int, like: str) -> dict[str, KV]:
+def fit_tokenizer(tok: dict[str, KV], spec: ArchSpec, like: str) -> dict[str, KV]:
     """Pad the vocabulary to the model's embedding rows, as llama.cpp's converter does."""
     tokens = tok["tokenizer.ggml.tokens"].value
-    have = len(tokens)
+    have, n_vocab = len(tokens), spec.n_vocab
     if have > n_vocab:
         raise SynthError(
             f"the tokenizer has {have} tokens, more than {like}'s vocabulary of {n_vocab}: "
-            "take it from a GGUF of the same model family"
+            f"take it from a GGUF of the {spec.family} family"
         )
     if have == n_vocab:
         return tok
@@ -467,7 +471,7 @@ def make_model(spec: ArchSpec, like: str, wname: str, tokenizer: dict[str, KV] |
     """Plan a model of any shape, with a tokenizer fitted to its vocabulary."""
     metadata = model_metadata(spec, like, wname)
     if tokenizer is not None:
-        metadata.update(fit_tokenizer(tokenizer, spec.n_vocab, like))
+        metadata.update(fit_tokenizer(tokenizer, spec, like))
     tensors = plan_tensors(spec, WEIGHT_TYPES[wname][0])
     return Model(like, wname, spec, tensors, metadata)
 

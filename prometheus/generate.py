@@ -72,6 +72,15 @@ THRESHOLDS: dict[str, Threshold] = {
         "with all 63 layers on the GPU, 0.57 with 30 of 63; 0.9 leaves room for tensors "
         "llama.cpp keeps in host memory (token embeddings) while catching any real offload.",
     ),
+    "weights_buffer_ratio_min": Threshold(
+        "0.9",
+        "ratio",
+        "Weight buffers the engine reports on a GPU (llama.cpp `CUDA0 model buffer size`, "
+        "SGLang `weight_memory_usage_gb`) / model weight bytes below which weights sit in host "
+        "memory. Unlike process memory this is not inflated by the KV pool, so it also catches "
+        "a small offload next to a large KV cache. H200 capture: 14,493 MiB of 15.2 GB on "
+        "CUDA0 with all layers (1.00), 7,182 MiB with 30 of 63 (0.49).",
+    ),
     "layers_ratio_min": Threshold(
         "1",
         "ratio",
@@ -224,6 +233,16 @@ def recording_rules() -> list[dict[str, Any]]:
             """,
         ),
         rec(
+            # Buffers on any device but the host ones (llama.cpp CPU, CPU_Mapped, ...).
+            "engine:llmb_weights_gpu_buffers:ratio",
+            f"""
+            sum by ({E}) (
+              max by (engine, kind, device) (llmb_engine_model_buffer_bytes{{device!~"(?i)cpu.*"}})
+            )
+              / ({mx("llmb_model_weights_bytes")} > 0)
+            """,
+        ),
+        rec(
             "engine:llmb_gpu_layers_offloaded:ratio",
             f"""
             {mx("llmb_engine_gpu_layers_offloaded")}
@@ -344,6 +363,12 @@ def verdict_rules() -> list[dict[str, Any]]:
                       label_replace(
                         engine:llmb_gpu_layers_offloaded:ratio < bool {t("layers_ratio_min")},
                         "evidence", "layers", "", ""
+                      )
+                    or
+                      label_replace(
+                        engine:llmb_weights_gpu_buffers:ratio
+                          < bool {t("weights_buffer_ratio_min")},
+                        "evidence", "buffers", "", ""
                       )
                     or
                       label_replace(
@@ -485,8 +510,8 @@ def alert_rules() -> list[dict[str, Any]]:
             "for_weights_not_resident",
             "critical",
             "Model weights of {{ $labels.engine }} are not all on the GPU",
-            "{{ $labels.kind }} engine {{ $labels.engine }} has fewer layers on the GPU than the "
-            "model has, or less GPU memory than the weights need "
+            "{{ $labels.kind }} engine {{ $labels.engine }} has fewer layers or weight buffers "
+            "on the GPU than the model has, or less GPU memory than the weights need "
             f"(below {t('weights_memory_ratio_min')} of the weight bytes). Every decode step "
             "waits for the part in host memory.",
         ),
@@ -614,9 +639,10 @@ def render_thresholds() -> str:
         "engine that is up (`llmb_engine_up == 1`); exactly one is 1, the others are 0. The",
         "first condition that holds, in this order, wins:",
         "",
-        "1. `weights_not_resident`: fewer layers on the GPU than the model has, or engine",
-        "   process GPU memory below `weights_memory_ratio_min` x weight bytes (only when the",
-        "   host has a GPU at all).",
+        "1. `weights_not_resident`: fewer layers on the GPU than the model has, GPU weight",
+        "   buffers below `weights_buffer_ratio_min` x weight bytes, or engine process GPU",
+        "   memory below `weights_memory_ratio_min` x weight bytes (only when the host has a",
+        "   GPU at all).",
         "2. `kv_saturated`: KV usage >= `kv_usage_high` with >= `queue_min` requests waiting",
         "   (averages over `queue_window`), or any KV-pressure event in `rate_window`.",
         "3. `scheduling_bound`: >= `queue_min` requests waiting while the KV cache has room.",

@@ -229,7 +229,8 @@ class SglangSim(SimBase):
         return (
             f"python3 -m sglang.launch_server --model-path {self.opts.scenario.model.name} "
             f"--host {self.opts.host} --port {self.opts.port} --enable-metrics "
-            f"--max-running-requests {p.n_slots} --max-total-tokens {p.ctx_total} (llmb-sim)"
+            f"--max-running-requests {p.n_slots} --max-total-tokens {p.ctx_total} "
+            f"--cpu-offload-gb {round(self.engine.weights_cpu / 1e9)} (llmb-sim)"
         )
 
     def build_app(self) -> web.Application:
@@ -312,6 +313,10 @@ class SglangSim(SimBase):
             "attention_backend": "fa3",
             "enable_metrics": True,
             "enable_cache_report": self.opts.enable_cache_report,
+            "quantization": None,
+            "dtype": "auto",
+            # weights that do not fit stay in host memory (SGLang's --cpu-offload-gb)
+            "cpu_offload_gb": round(e.weights_cpu / 1e9),
             "decode_log_interval": 40,
         }
         memory = {

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
 import pytest
+
+# llama.cpp's CPU build (GGML_NATIVE) repacks weights into AMX tiles when the CPU advertises
+# AMX; VMs that advertise AMX without granting the tile permission then die with SIGILL at
+# the first generation. Every llama-server the tests start inherits this (= --no-repack).
+os.environ.setdefault("LLAMA_ARG_REPACK", "0")
 
 pytest_plugins = [
     "tests.plugins.llama",

@@ -68,7 +68,8 @@ def test_diagnose_real_llama_server(tmp_path: Path, llama_binary: Path, gemma_mo
         assert phases[name]["memory_bytes"] > 100e6, name  # the 246 MB model is mapped
     assert engine["memory_source"] == "host rss"
     assert engine["load_seconds"] > 0
-    assert engine["weights_bytes"] == gemma_model.stat().st_size
+    # /v1/models meta.size counts the tensors: the file minus its header and vocabulary.
+    assert 0.9 * gemma_model.stat().st_size < engine["weights_bytes"] <= gemma_model.stat().st_size
     assert engine["quantization"] == "Q4_K - Medium"
 
     rows = engine["rows"]
@@ -89,8 +90,10 @@ def test_diagnose_real_llama_server(tmp_path: Path, llama_binary: Path, gemma_mo
         assert r["per_token_ms"] == pytest.approx(r["server_per_token_ms"], rel=0.05), r
     for r in rows[3:]:
         assert r["loaded_memory_bytes"] > 100e6 and r["load_seconds"] > 0
-    # A CPU-only build puts no layer on a GPU: that is not a residency problem to fix.
-    assert engine["layers_offloaded"] == 0 and engine["layers_total"] > 0
+    # KV cache sizes from the -lv 4 log: a longer context allocates more.
+    assert 0 < rows[3]["kv_bytes"] < rows[4]["kv_bytes"]
+    # A CPU-only build offloads no layer: that is not a residency problem to fix.
+    assert engine["layers_offloaded"] in (None, 0)
     assert doc["verdict"] == "stay and tune"
     assert "-t <physical cores>" in doc["recommendation"]
 

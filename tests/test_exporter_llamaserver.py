@@ -30,7 +30,7 @@ def _chat(url: str, content: str, max_tokens: int, stream: bool = False) -> dict
         "seed": 42,
         "ignore_eos": True,
     }
-    resp = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+    resp = httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
     resp.raise_for_status()
     return resp.json()
 
@@ -69,8 +69,9 @@ def test_exporter_matches_real_llama_server(llama_server, exporter_process) -> N
     models = httpx.get(server.url + "/v1/models").json()["data"][0]["meta"]
     assert one(idle, "llmb_model_weights_bytes", engine="llama") == models["size"]
     assert one(idle, "llmb_model_parameters", engine="llama") == models["n_params"]
-    # -lv 4 log: the CPU build offloads nothing (a CPU-only build cannot be 'resident').
-    assert one(idle, "llmb_engine_gpu_layers_total", engine="llama") > 0
+    # A CPU-only build prints no "offloaded N/M layers" line: the series is absent, not 0.
+    assert not pick(idle, "llmb_engine_gpu_layers_total", engine="llama")
+    assert one(idle, "llmb_model_layers", engine="llama") == 18  # Gemma 3 270M, from the GGUF
     assert one(idle, "llmb_engine_load_seconds", engine="llama") > 0
     kv_logged = pick(idle, "llmb_engine_kv_cache_bytes", engine="llama")
     assert kv_logged and sum(kv_logged) > 0
@@ -82,7 +83,7 @@ def test_exporter_matches_real_llama_server(llama_server, exporter_process) -> N
     busy_result: dict = {}
 
     def long_request() -> None:
-        busy_result["r"] = _chat(server.url, "Write a long story about GPUs.", 400)
+        busy_result["r"] = _chat(server.url, "Write a long story about GPUs.", 160)
 
     thread = threading.Thread(target=long_request)
     thread.start()
@@ -101,7 +102,7 @@ def test_exporter_matches_real_llama_server(llama_server, exporter_process) -> N
     seen = one(busy, "llmb_engine_kv_cache_used_tokens", engine="llama")
     assert 0 < seen <= held and held - seen < 40  # tokens generated between the two reads
     assert one(busy, "llmb_engine_kv_cache_usage_ratio", engine="llama") == pytest.approx(seen / 4096)
-    thread.join(timeout=180)
+    thread.join(timeout=600)
     assert "r" in busy_result
 
     after = exp.scrape()

@@ -343,3 +343,18 @@ def test_gguf_header_with_full_vocabulary_is_fast(tmp_path: Path) -> None:
     assert (g.full_layers, g.swa_layers) == (10, 52)  # explicit per-layer pattern
     assert g.n_params == 2 * 128 + 7
     assert g.weight_bytes == 2 * 4 * 18 + 7 * 4
+
+
+def test_real_gemma3_270m_gguf(gemma_model: Path) -> None:
+    """The real Gemma 3 270M GGUF against what llama-server reported for it (/v1/models)."""
+    cpu = Path(__file__).parent / "fixtures" / "llamacpp-cpu-gemma3-270m"
+    meta = json.loads((cpu / "v1_models.json").read_text())["data"][0]["meta"]
+    g = geometry_from_gguf(gemma_model)
+    assert g.architecture == "gemma3"
+    assert g.n_params == meta["n_params"] == 268098176
+    assert g.weight_bytes == meta["size"]
+    assert g.n_embd == meta["n_embd"] == 640
+    assert g.n_ctx_train == meta["n_ctx_train"]
+    assert (g.n_layer, g.n_head_kv, g.head_dim_k, g.sliding_window) == (18, 1, 256, 512)
+    assert (g.full_layers, g.swa_layers) == (3, 15)
+    assert g.file_type == "Q4_K_M"

