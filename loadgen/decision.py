@@ -280,8 +280,11 @@ def _step1(engines: list[EngineResult]) -> Step:
         for e in engines
     )
     answer = "yes" if known else "not measured (no GPU data): assumed yes"
-    if all(e.layers_offloaded == 0 and e.memory_source != "gpu" for e in engines):
-        answer = "CPU-only run: no GPU, the weights are in host memory"
+    if all(
+        not e.layers_offloaded and e.memory_source != "gpu" and e.memory_source is not None
+        for e in engines
+    ):
+        answer = "CPU-only run: no GPU found, the weights are in host memory"
     return Step(1, "Do the weights fit and stay resident?", answer, False, numbers)
 
 

@@ -219,4 +219,5 @@ def test_results_json_round_trip() -> None:
     doc = json.loads(json.dumps(results_to_dict([a, b], d)))
     assert doc["verdict"] == d.verdict and doc["recommendation"] == d.recommendation
     back = engine_from_dict(doc["engines"][1])
-    assert back.at_concurrency(2) is not None and back.at_concurrency(2).aggregate_tok_s == 80
+    row = back.at_concurrency(2)
+    assert row is not None and row.aggregate_tok_s == 80

@@ -95,6 +95,7 @@ def test_diagnose_real_llama_server(tmp_path: Path, llama_binary: Path, gemma_mo
     # A CPU-only build offloads no layer: that is not a residency problem to fix.
     assert engine["layers_offloaded"] in (None, 0)
     assert doc["verdict"] == "stay and tune"
+    assert doc["decision"]["steps"][0]["answer"].startswith("CPU-only run")
     assert "-t <physical cores>" in doc["recommendation"]
 
     md = (out / "report.md").read_text()

@@ -381,3 +381,24 @@ def test_metrics_doc_lists_every_series() -> None:
         for fam in metrics.registry.collect()
     }  # fmt: skip
     assert documented == exposed
+
+
+def test_commands_plug_in(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from loadgen.__main__ import Command, build_parser, default_commands
+
+    seen: list[argparse.Namespace] = []
+
+    def configure(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--level", type=int)
+
+    def run(args: argparse.Namespace) -> int:
+        seen.append(args)
+        return 7
+
+    commands = [*default_commands(), Command("probe", "a test command", configure, run)]
+    names = [c.name for c in commands]
+    assert names[:2] == ["run", "sweep"] and "probe" in names
+    args = build_parser(commands).parse_args(["probe", "--level", "3"])
+    assert args.func(args) == 7 and seen[0].level == 3
