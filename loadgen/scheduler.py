@@ -70,6 +70,10 @@ class RunSpec:
             return max(1, self.concurrency or 1)
         return max(1, min(self.concurrency or OPEN_LOOP_MAX_IN_FLIGHT, OPEN_LOOP_MAX_IN_FLIGHT))
 
+    def preopen_count(self) -> int:
+        """Connections worth opening before a phase (open loop: the in-flight count is unknown)."""
+        return self.pool_size() if self.rate is None else min(self.pool_size(), 64)
+
     def request_limit(self) -> int | None:
         """Measured requests to send (None: until `duration`)."""
         if self.requests is None and self.duration is None:
@@ -414,7 +418,7 @@ async def run_step(
             endpoint=spec.endpoint,
             connect_timeout=spec.connect_timeout,
         ) as client:
-            await client.open()
+            await client.open(spec.preopen_count())
             if prompts is None:
                 prompts = await prompts_for(ctx, spec, client)
             ptok = prompts.measured_tokens or spec.prompt_tokens
@@ -431,7 +435,7 @@ async def run_step(
             probe = ctx.probe_factory(target) if ctx.probe_factory else None
             if probe is not None:
                 await probe.start()
-            await client.preopen()
+            await client.preopen(spec.preopen_count())
             phase = _Phase(ctx, spec, client, prompts, step, measured=True)
             ctx.progress.begin(f"{target.name} step {step}", phase.limit)
             t0 = time.perf_counter()

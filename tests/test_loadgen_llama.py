@@ -98,7 +98,7 @@ def test_server_killed_mid_run_still_writes_the_summary(llama_server: Any, tmp_p
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "loadgen", "run", "--url", server.url, "--kind", "llamacpp",
-            "--prompt-tokens", "64", "--max-tokens", "200", "--concurrency", "2",
+            "--prompt-tokens", "32", "--max-tokens", "48", "--concurrency", "2",
             "--requests", "40", "--out", str(out), "--metrics-port", "0",
         ],
         cwd=ROOT,
@@ -108,17 +108,19 @@ def test_server_killed_mid_run_still_writes_the_summary(llama_server: Any, tmp_p
         env=os.environ | {"PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     jsonl = out / "requests.jsonl"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if jsonl.exists() and len(jsonl.read_text().splitlines()) >= 2:
-            break
-        time.sleep(0.1)
-    server.proc.kill()
+    deadline = time.monotonic() + 240
+    while not (jsonl.exists() and len(jsonl.read_text().splitlines()) >= 2):
+        assert time.monotonic() < deadline, "no request finished"
+        time.sleep(0.05)
+    server.proc.kill()  # two requests are in flight now (closed loop)
     _, err = proc.communicate(timeout=90)
     records = _records(out)
     errors = [r["error"] for r in records]
     assert errors.count(None) >= 2
-    assert "disconnected" in errors and "connect_error" in errors, errors
+    # A stream cut mid-answer is `disconnected`; one still in prefill (no answer yet) is
+    # re-sent once and then refused like every later one: `connect_error`.
+    assert "connect_error" in errors, errors
+    assert set(errors) <= {None, "disconnected", "connect_error"}, errors
     summary = json.loads((out / "summary.json").read_text())
     step = summary["steps"][0]
     assert step["requests_failed"] == len(records) - errors.count(None) > 0

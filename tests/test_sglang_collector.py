@@ -509,3 +509,17 @@ async def test_through_runner_and_exposition(fake: FakeSGLang, client: httpx.Asy
         == parsed[("llmb_engine_time_to_first_token_seconds_count", None)]
     )
     assert parsed[("llmb_engine_kv_pressure_events_total", None)] == 9
+
+
+async def test_cpu_offload_counts_in_model_size_not_gpu_buffers(
+    fake: FakeSGLang, client: httpx.AsyncClient
+) -> None:
+    info = json.loads((ENDPOINTS / "server_info.json").read_text())
+    info["cpu_offload_gb"] = 20
+    fake.set("/server_info", 200, json.dumps(info))
+    collector, _ = make(fake.url, client)
+    scrape = await collector.collect()
+    gpu = val(scrape, "llmb_engine_model_buffer_bytes", device="gpu")
+    assert gpu == pytest.approx(51.12 * GIB)
+    assert val(scrape, "llmb_engine_model_buffer_bytes", device="cpu") == 20 * GIB
+    assert val(scrape, "llmb_model_weights_bytes") == pytest.approx((51.12 + 20) * GIB)

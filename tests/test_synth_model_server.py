@@ -71,10 +71,10 @@ def generate(server: LlamaServer, n_predict: int = N_PREDICT) -> dict[str, objec
     return result
 
 
-def log_mib(log: str, what: str) -> float:
+def log_mib(log: str, what: str, required: bool = True) -> float:
     """Sum of the `<what> buffer size = N MiB` lines llama.cpp prints at load."""
     values = re.findall(rf"{what} buffer size = +([\d.]+) MiB", log)
-    assert values, f"no '{what} buffer size' line in the log"
+    assert values or not required, f"no '{what} buffer size' line in the log"
     return sum(float(v) for v in values)
 
 
@@ -123,14 +123,17 @@ def test_gemma3_shape_with_real_tokenizer_loads_generates_and_fits_the_estimate(
         assert isinstance(result["content"], str)
 
         log = server.log.read_text(errors="replace")
-        # The weights llama.cpp placed are the bytes we wrote (the log rounds to 0.01 MiB).
-        assert abs(log_mib(log, "model") * MIB - model.data_bytes) < 0.02 * model.data_bytes
+        # The weights llama.cpp mapped are the bytes we wrote (the log rounds to 0.01 MiB).
+        assert abs(log_mib(log, "CPU_Mapped model") * MIB - model.data_bytes) < 0.01 * MIB
         # The KV cache it allocated is the one the shape predicts.
         assert abs(log_mib(log, "KV") * MIB - kv_bytes(model.spec, N_CTX)) < 0.01 * MIB
-        # Resident memory: weights (touched by decoding) + KV + compute buffers + the binary.
-        estimate = model.data_bytes + kv_bytes(model.spec, N_CTX) + log_mib(log, "compute") * MIB
+        # Resident memory: weights (every page touched by decoding; a second copy if the CPU
+        # backend repacks them, which the log reports as another model buffer) + KV + compute
+        # buffers, plus the binary and its threads.
+        weights = model.data_bytes + log_mib(log, "CPU_REPACK model", required=False) * MIB
+        estimate = weights + kv_bytes(model.spec, N_CTX) + log_mib(log, "compute") * MIB
         rss = rss_bytes(server)
-        assert 0.9 * estimate < rss < estimate + 150 * MIB, (rss, estimate)
+        assert 0.9 * estimate < rss < estimate + 100 * MIB, (rss, estimate)
 
 
 @pytest.mark.timeout(180)

@@ -328,6 +328,7 @@ class SGLangCollector(Collector):
         self._map_metrics(ms, expo)
         self._map_static(ms, expo, server_info, model_info, models)
         geom = await self._geometry_for(server_info)
+        self._map_weights(ms, expo, server_info, geom)
         if geom is not None:
             self._map_geometry(ms, expo, server_info, geom)
         self._report_pids(expo)
@@ -405,10 +406,6 @@ class SGLangCollector(Collector):
             device="gpu",
             **labels,
         )
-        weight_gb = scheduler_value(expo, "weight_memory_usage_gb")
-        if weight_gb is not None:
-            ms.add("llmb_engine_model_buffer_bytes", weight_gb * GIB, device="gpu", **labels)
-            ms.add("llmb_model_weights_bytes", weight_gb * GIB, **labels)
         load_samples = _finite(expo.get(PREFIX + "startup_time_seconds", phase="load_weight"))
         load = max((s.value for s in load_samples), default=None)
         ms.add("llmb_engine_load_seconds", load, **labels)
@@ -480,14 +477,36 @@ class SGLangCollector(Collector):
             **labels,
         )
 
+    def _map_weights(
+        self,
+        ms: MetricSet,
+        expo: Exposition,
+        server_info: dict[str, Any],
+        geom: ModelGeometry | None,
+    ) -> None:
+        """Weights on the GPU and in host memory (`--cpu-offload-gb`), and the model's size.
+
+        The size is what SGLang placed (GPU + CPU offload), so weights quantized while
+        loading still count as resident; the checkpoint's size is the fallback.
+        """
+        labels = self._labels
+        gpu_gb = scheduler_value(expo, "weight_memory_usage_gb")
+        offload_gb = server_info.get("cpu_offload_gb")
+        cpu = float(offload_gb) * GIB if isinstance(offload_gb, (int, float)) else 0.0
+        if gpu_gb is not None:
+            ms.add("llmb_engine_model_buffer_bytes", gpu_gb * GIB, device="gpu", **labels)
+            if cpu:
+                ms.add("llmb_engine_model_buffer_bytes", cpu, device="cpu", **labels)
+            ms.add("llmb_model_weights_bytes", gpu_gb * GIB + cpu, **labels)
+        elif geom is not None:
+            ms.add("llmb_model_weights_bytes", geom.weight_bytes, **labels)
+
     def _map_geometry(
         self, ms: MetricSet, expo: Exposition, server_info: dict[str, Any], geom: ModelGeometry
     ) -> None:
         labels = self._labels
         ms.add("llmb_model_parameters", geom.n_params, **labels)
         ms.add("llmb_model_layers", float(geom.n_layer), **labels)
-        if PREFIX + "weight_memory_usage_gb" not in expo:
-            ms.add("llmb_model_weights_bytes", geom.weight_bytes, **labels)
         kv_dtype = str(server_info.get("kv_cache_dtype") or "auto")
         dtype_bytes = KV_DTYPE_BYTES.get(kv_dtype, 2.0)
         ms.add(
