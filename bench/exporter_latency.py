@@ -61,7 +61,9 @@ def sglang_app() -> web.Application:
         "/metrics": metrics,
         "/server_info": server_info,
         "/model_info": '{"model_path":"google/gemma-3-27b-it","is_generation":true}',
-        "/v1/models": '{"object":"list","data":[{"id":"google/gemma-3-27b-it","max_model_len":8192}]}',
+        "/v1/models": (
+            '{"object":"list","data":[{"id":"google/gemma-3-27b-it","max_model_len":8192}]}'
+        ),
     }
     app = web.Application()
     for path, body in bodies.items():
@@ -78,7 +80,7 @@ async def serve(app: web.Application, port: int) -> web.AppRunner:
 
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def main() -> int:
@@ -99,7 +101,7 @@ async def main() -> int:
             f"gpu: {{fake_file: [{H200 / 'nvml_6_np4_c4.json'}]}}\n"
         )
         # The stubs run in this process; run the exporter in its own, as in production.
-        proc = subprocess.Popen(
+        proc = subprocess.Popen(  # noqa: ASYNC220 - started once, before timing
             [sys.executable, "-m", "exporter", "--config", str(config), "--log-level", "WARNING"],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},

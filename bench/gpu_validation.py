@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import signal
 import socket
@@ -50,9 +49,17 @@ class Scenario:
 SCENARIOS = [
     Scenario("resident_c1", ["-c", "8192", "-np", "1", "-ngl", "999"], 1, 4, 425, 256, "decode"),
     Scenario(
-        "sched_np4_c8", ["-c", "32768", "-np", "4", "-ngl", "999"], 8, 16, 425, 128, "scheduling_bound"
+        "sched_np4_c8",
+        ["-c", "32768", "-np", "4", "-ngl", "999"],
+        8,
+        16,
+        425,
+        128,
+        "scheduling_bound",
     ),
-    Scenario("ngl30", ["-c", "8192", "-np", "1", "-ngl", "30"], 1, 2, 228, 64, "weights_not_resident"),
+    Scenario(
+        "ngl30", ["-c", "8192", "-np", "1", "-ngl", "30"], 1, 2, 228, 64, "weights_not_resident"
+    ),
     Scenario("kvslot", ["-c", "4096", "-np", "4", "-ngl", "999"], 4, 4, 570, 512, "kv_saturated"),
 ]
 
@@ -78,7 +85,11 @@ def smi() -> dict[str, Any]:
         timeout=30,
     ).stdout.strip()
     apps = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits"],
+        [
+            "nvidia-smi",
+            "--query-compute-apps=pid,process_name,used_memory",
+            "--format=csv,noheader,nounits",
+        ],
         capture_output=True,
         text=True,
         timeout=30,
@@ -90,7 +101,11 @@ def smi() -> dict[str, Any]:
         "memory_total_mib": float(first[2]) if first else None,
         "utilization_pct": float(first[3]) if first else None,
         "apps": [
-            {"pid": int(a.split(",")[0]), "name": a.split(",")[1].strip(), "used_mib": float(a.split(",")[2])}
+            {
+                "pid": int(a.split(",")[0]),
+                "name": a.split(",")[1].strip(),
+                "used_mib": float(a.split(",")[2]),
+            }
             for a in apps.splitlines()
             if a.strip()
         ],
@@ -117,14 +132,32 @@ def value(text: str, name: str, **labels: str) -> float | None:
     return None
 
 
-def start_server(binary: str, model: str, port: int, args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], float]:
-    argv = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "--metrics", "-lv", "4",
-            "--log-file", str(log), *args]
+def start_server(
+    binary: str, model: str, port: int, args: list[str], log: Path
+) -> tuple[subprocess.Popen[bytes], float]:
+    argv = [
+        binary,
+        "-m",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--metrics",
+        "-lv",
+        "4",
+        "--log-file",
+        str(log),
+        *args,
+    ]
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while True:
         if proc.poll() is not None:
-            raise RuntimeError(f"llama-server exited {proc.returncode}: {log.read_text()[-3000:] if log.exists() else ''}")
+            raise RuntimeError(
+                f"llama-server exited {proc.returncode}: "
+                + (log.read_text()[-3000:] if log.exists() else "")
+            )
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
                 return proc, time.monotonic() - t0
@@ -146,11 +179,17 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=30)
 
 
-def run_scenario(sc: Scenario, args: argparse.Namespace, exporter_url: str, port: int, out: Path) -> dict[str, Any]:
+def run_scenario(
+    sc: Scenario, args: argparse.Namespace, exporter_url: str, port: int, out: Path
+) -> dict[str, Any]:
     d = out / sc.name
     d.mkdir(parents=True, exist_ok=True)
     log = d / "server.log"
-    record: dict[str, Any] = {"scenario": sc.name, "server_args": sc.server_args, "expect": sc.expect}
+    record: dict[str, Any] = {
+        "scenario": sc.name,
+        "server_args": sc.server_args,
+        "expect": sc.expect,
+    }
     record["baseline"] = {"smi": smi(), "scrape": scrape(exporter_url)[1]}
     proc, load_s = start_server(args.llama_server, args.model, port, sc.server_args, log)
     record["load_seconds_measured"] = load_s
@@ -160,11 +199,36 @@ def run_scenario(sc: Scenario, args: argparse.Namespace, exporter_url: str, port
     scrapes = (d / "scrapes.jsonl").open("w")
     scrapes.write(json.dumps({"t": t, "text": text}) + "\n")
     loadgen = subprocess.Popen(
-        [sys.executable, "-m", "loadgen", "run", "--url", f"http://127.0.0.1:{port}", "--kind", "llamacpp",
-         "--name", "llama", "--concurrency", str(sc.concurrency), "--requests", str(sc.requests),
-         "--prompt-tokens", str(sc.prompt_tokens), "--max-tokens", str(sc.max_tokens), "--warmup", "0",
-         "--out", str(d / "loadgen"), "--no-progress", "--metrics-port", "0"],
-        cwd=ROOT, stdout=(d / "loadgen.log").open("wb"), stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "run",
+            "--url",
+            f"http://127.0.0.1:{port}",
+            "--kind",
+            "llamacpp",
+            "--name",
+            "llama",
+            "--concurrency",
+            str(sc.concurrency),
+            "--requests",
+            str(sc.requests),
+            "--prompt-tokens",
+            str(sc.prompt_tokens),
+            "--max-tokens",
+            str(sc.max_tokens),
+            "--warmup",
+            "0",
+            "--out",
+            str(d / "loadgen"),
+            "--no-progress",
+            "--metrics-port",
+            "0",
+        ],
+        cwd=ROOT,
+        stdout=(d / "loadgen.log").open("wb"),
+        stderr=subprocess.STDOUT,
     )
     during: dict[str, Any] | None = None
     while loadgen.poll() is None:
@@ -191,32 +255,48 @@ def run_scenario(sc: Scenario, args: argparse.Namespace, exporter_url: str, port
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--llama-server", required=True, help="path of the llama-server binary")
     parser.add_argument("--model", required=True, help="GGUF model")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS))
-    parser.add_argument("--settle", type=float, default=3.0, help="seconds after load before 'loaded'")
+    parser.add_argument(
+        "--settle", type=float, default=3.0, help="seconds after load before 'loaded'"
+    )
     parser.add_argument("--scrape-interval", type=float, default=0.5)
     parser.add_argument("--tail", type=float, default=3.0, help="seconds of scrapes after the load")
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply request counts and lengths (rehearsal on CPU)")
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="multiply request counts and lengths (rehearsal on CPU)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     wanted = set(args.scenarios.split(","))
     port, eport = free_port(), free_port()
     config = {
         "listen": f"127.0.0.1:{eport}",
-        "engines": [{
-            "name": "llama", "kind": "llamacpp", "url": f"http://127.0.0.1:{port}",
-            "log_file": str(args.out / "current.log"), "model_path": args.model,
-        }],
+        "engines": [
+            {
+                "name": "llama",
+                "kind": "llamacpp",
+                "url": f"http://127.0.0.1:{port}",
+                "log_file": str(args.out / "current.log"),
+                "model_path": args.model,
+            }
+        ],
         "gpu": {"enabled": True, "sample_interval_seconds": 0.1, "peak_window_seconds": 10},
     }
     cfg = args.out / "exporter.yaml"
     cfg.write_text(yaml.safe_dump(config))
     exporter = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "--config", str(cfg)], cwd=ROOT,
-        stdout=(args.out / "exporter.log").open("wb"), stderr=subprocess.STDOUT,
+        [sys.executable, "-m", "exporter", "--config", str(cfg)],
+        cwd=ROOT,
+        stdout=(args.out / "exporter.log").open("wb"),
+        stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{eport}"
     for _ in range(300):

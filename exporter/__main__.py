@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.log_level != "DEBUG":
+        # One line per engine request would drown the collectors' own messages.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     env = dict(os.environ)
     if args.listen:
         env["LLMB__LISTEN"] = args.listen
@@ -64,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     if args.check_only:
         print(
-            f"configuration OK: {len(config.engines)} engines, gpu {'on' if config.gpu.enabled else 'off'}"
+            f"configuration OK: {len(config.engines)} engines, "
+            f"gpu {'on' if config.gpu.enabled else 'off'}"
         )
         return 0
 
@@ -81,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         config.listen_port,
         len(config.engines),
     )
-    web.run_app(app, host=config.listen_host, port=config.listen_port, print=None)
+    web.run_app(app, host=config.listen_host, port=config.listen_port, print=None, access_log=None)
     return 0
 
 

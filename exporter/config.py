@@ -153,7 +153,7 @@ class Config(_Strict):
     @field_validator("listen")
     @classmethod
     def _host_port(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
+        _, sep, port = value.rpartition(":")
         if not sep or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError("must be HOST:PORT with a port between 1 and 65535")
         return value

@@ -61,6 +61,10 @@ class LogState:
     prompt_tokens: int = 0
     prompt_seconds: float = 0.0
     eval_tokens: int = 0
+    # Tokens after the first of each request: the first comes out of the prompt pass, so
+    # decode time covers N-1 intervals (llama.cpp's timings.predicted_per_second does the same,
+    # and SGLang's inter-token-latency count is per interval too).
+    eval_intervals: int = 0
     eval_seconds: float = 0.0
     requests_finished: int = 0
     events: Counter[str] = field(default_factory=Counter)
@@ -101,6 +105,7 @@ class LogState:
         elif match := _EVAL.search(line):
             self.eval_seconds += float(match[1]) / 1e3
             self.eval_tokens += int(match[2])
+            self.eval_intervals += max(0, int(match[2]) - 1)
         elif match := _RELEASE.search(line):
             self.requests_finished += 1
             if match[1] == "1":

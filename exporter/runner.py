@@ -56,7 +56,7 @@ class Runner:
         for collector in self.collectors:
             try:
                 await collector.close()
-            except Exception:  # noqa: BLE001 - shutting down; log and go on
+            except Exception:
                 log.exception("closing source %s failed", collector.source)
 
     async def _run_one(self, collector: Collector, deadline: float) -> tuple[Scrape, float]:
@@ -64,14 +64,14 @@ class Runner:
         try:
             scrape = await asyncio.wait_for(collector.collect(), timeout=deadline)
         except asyncio.TimeoutError:
-            err = SourceError("timeout", f"no answer within {deadline:.2f}s")
-            scrape = Scrape(metrics=collector.fallback(), up=False, errors=[err])
-        except SourceError as err:
-            scrape = Scrape(metrics=collector.fallback(), up=False, errors=[err])
-        except Exception as exc:  # noqa: BLE001 - a collector bug must not fail the scrape
+            timeout = SourceError("timeout", f"no answer within {deadline:.2f}s")
+            scrape = Scrape(metrics=collector.fallback(), up=False, errors=[timeout])
+        except SourceError as failed:
+            scrape = Scrape(metrics=collector.fallback(), up=False, errors=[failed])
+        except Exception as exc:
             log.exception("source %s crashed", collector.source)
-            err = SourceError("parse", f"{type(exc).__name__}: {exc}")
-            scrape = Scrape(metrics=collector.fallback(), up=False, errors=[err])
+            crashed = SourceError("parse", f"{type(exc).__name__}: {exc}")
+            scrape = Scrape(metrics=collector.fallback(), up=False, errors=[crashed])
         return scrape, time.perf_counter() - start
 
     async def scrape(self, deadline: float | None = None) -> list[Metric]:
@@ -81,7 +81,7 @@ class Runner:
         out: list[Metric] = []
         own = MetricSet()
         own.info("llmb_exporter_build_info", version=__version__)
-        for collector, (scrape, duration) in zip(self.collectors, results):
+        for collector, (scrape, duration) in zip(self.collectors, results, strict=True):
             out.extend(scrape.metrics)
             source = collector.source
             own.add("llmb_source_up", 1.0 if scrape.up else 0.0, source=source)

@@ -137,7 +137,8 @@ SCHEMA: dict[str, Spec] = {
         "Peak of the engine's summed process GPU memory over the peak window."
     ),
     "llmb_engine_model_buffer_bytes": _g(
-        "Model weight buffers the engine reports per device (llama.cpp log, e.g. CUDA0, CPU_Mapped).",
+        "Model weight buffers the engine reports per device (llama.cpp log: CUDA0, CPU_Mapped; "
+        "SGLang: gpu, cpu).",
         (*ENGINE, "device"),
     ),
     "llmb_engine_gpu_layers_offloaded": _g("Layers the engine put on the GPU (llama.cpp log)."),
@@ -211,7 +212,7 @@ class MetricSet:
         """Add one info sample (value 1) with the given labels."""
         fam, spec = self._family(name)
         values = self._values(spec, labels)
-        fam.add_metric([], dict(zip(spec.labels, values)))  # type: ignore[attr-defined]
+        fam.add_metric([], dict(zip(spec.labels, values, strict=True)))  # type: ignore[attr-defined]
 
     def histogram(
         self,
@@ -241,8 +242,14 @@ SOURCES: dict[str, tuple[str, str]] = {
     "llmb_engine_endpoint_enabled": ("`/metrics`, `/slots` 501 → 0", ""),
     "llmb_engine_requests_running": ("`llamacpp:requests_processing`", "`sglang:num_running_reqs`"),
     "llmb_engine_requests_waiting": ("`llamacpp:requests_deferred`", "`sglang:num_queue_reqs`"),
-    "llmb_engine_slots": ("`/slots` length (`-np`)", "`/server_info` max running requests"),
-    "llmb_engine_context_tokens": ("`/slots` `n_ctx` (per slot)", "`sglang:context_len`"),
+    "llmb_engine_slots": (
+        "`/slots` length (`-np`)",
+        "`/server_info` `internal_states[].effective_max_running_requests_per_dp` (Σ DP)",
+    ),
+    "llmb_engine_context_tokens": (
+        "`/slots` `n_ctx` (per slot)",
+        "`sglang:context_len`, else `/v1/models` `max_model_len`",
+    ),
     "llmb_engine_kv_cache_capacity_tokens": (
         "slot `n_ctx` × slots (unified KV: one pool)",
         "`sglang:max_total_num_tokens`",
@@ -262,7 +269,7 @@ SOURCES: dict[str, tuple[str, str]] = {
     ),
     "llmb_engine_kv_cache_bytes": (
         "log `KV buffer size` (-lv 4)",
-        "`sglang:kv_cache_memory_usage_gb`",
+        "`sglang:kv_cache_memory_usage_gb` × 2^30",
     ),
     "llmb_engine_prompt_tokens_total": (
         "`prompt_tokens_total` + `prompt_tokens_cached_total`",
@@ -278,11 +285,11 @@ SOURCES: dict[str, tuple[str, str]] = {
         "`sglang:generation_tokens_total`",
     ),
     "llmb_engine_decode_tokens_total": (
-        "`llamacpp:tokens_predicted_total` (or log `eval time` tokens)",
+        "log `eval time` tokens − 1 per request (without a log: `tokens_predicted_total`)",
         "`sglang:inter_token_latency_seconds_count`",
     ),
     "llmb_engine_decode_seconds_total": (
-        "`llamacpp:tokens_predicted_seconds_total` (or log `eval time`)",
+        "log `eval time` (without a log: `tokens_predicted_seconds_total`)",
         "`sglang:inter_token_latency_seconds_sum`",
     ),
     "llmb_engine_requests_finished_total": ("log `release` lines", "`sglang:num_requests_total`"),
@@ -293,15 +300,24 @@ SOURCES: dict[str, tuple[str, str]] = {
     "llmb_engine_e2e_request_latency_seconds": ("", "`sglang:e2e_request_latency_seconds`"),
     "llmb_engine_process_gpu_memory_bytes": ("NVML processes attributed to the engine", "same"),
     "llmb_engine_process_gpu_memory_peak_bytes": ("NVML background sampler", "same"),
-    "llmb_engine_model_buffer_bytes": ("log `model buffer size` per device (-lv 4)", ""),
+    "llmb_engine_model_buffer_bytes": (
+        "log `model buffer size` per device (-lv 4)",
+        "`sglang:weight_memory_usage_gb` × 2^30 (gpu); `/server_info` `cpu_offload_gb` (cpu)",
+    ),
     "llmb_engine_gpu_layers_offloaded": ("log `offloaded N/M layers to GPU` (-lv 4)", ""),
     "llmb_engine_gpu_layers_total": ("log `offloaded N/M layers to GPU` (-lv 4)", ""),
     "llmb_engine_load_seconds": (
         "log `loading model` → `model loaded`",
         "`sglang:startup_time_seconds{phase=load_weight}`",
     ),
-    "llmb_model_weights_bytes": ("`/v1/models` `meta.size`", "`sglang:weight_memory_usage_gb`"),
-    "llmb_model_parameters": ("`/v1/models` `meta.n_params`", "HF `config.json` estimate"),
+    "llmb_model_weights_bytes": (
+        "`/v1/models` `meta.size`",
+        "GPU + CPU-offloaded weights (else safetensors headers)",
+    ),
+    "llmb_model_parameters": (
+        "`/v1/models` `meta.n_params`",
+        "safetensors headers in the model dir",
+    ),
     "llmb_model_layers": ("GGUF header (or log)", "HF `config.json`"),
     "llmb_model_kv_bytes_per_token_estimated": ("GGUF header", "HF `config.json`"),
     "llmb_model_kv_cache_bytes_estimated": (

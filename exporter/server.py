@@ -37,7 +37,7 @@ def make_app(runner: Runner) -> web.Application:
         )
         families = await runner.scrape(deadline)
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        body = encoder(_Snapshot(families))  # type: ignore[arg-type]
+        body = encoder(_Snapshot(families))
         resp = web.Response(body=body)
         resp.headers["Content-Type"] = content_type
         return resp

@@ -63,8 +63,19 @@ def test_every_error_reported_at_once(tmp_path: Path) -> None:
         ({"engines": [{"name": "a", "kind": "llamacpp", "url": "http://x:1"}] * 2}, "used twice"),
         ({"engines": [{"name": "nvml", "kind": "sglang", "url": "http://x:1"}]}, "reserved"),
         ({"listen": "9490"}, "HOST:PORT"),
-        ({"engines": [{"name": "a", "kind": "llamacpp", "url": "http://x:1",
-                       "process": {"cmdline_regex": "("}}]}, "regular expression"),
+        (
+            {
+                "engines": [
+                    {
+                        "name": "a",
+                        "kind": "llamacpp",
+                        "url": "http://x:1",
+                        "process": {"cmdline_regex": "("},
+                    }
+                ]
+            },
+            "regular expression",
+        ),
         ({"gpu": {"bandwidth_bytes_per_second": -1}}, "positive"),
         ([1, 2], "mapping"),
     ],

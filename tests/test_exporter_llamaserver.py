@@ -52,7 +52,12 @@ def test_exporter_matches_real_llama_server(llama_server, exporter_process) -> N
     exp = exporter_process(
         {
             "engines": [
-                {"name": "llama", "kind": "llamacpp", "url": server.url, "log_file": str(server.log)}
+                {
+                    "name": "llama",
+                    "kind": "llamacpp",
+                    "url": server.url,
+                    "log_file": str(server.log),
+                }
             ],
             "gpu": {"enabled": True},  # no driver here: the NVML source must report down, not crash
         }
@@ -90,9 +95,10 @@ def test_exporter_matches_real_llama_server(llama_server, exporter_process) -> N
     busy = None
     for _ in range(200):
         sample = exp.scrape()
-        if one(sample, "llmb_engine_requests_running", engine="llama") >= 1 and one(
-            sample, "llmb_engine_kv_cache_used_tokens", engine="llama"
-        ) > 30:
+        if (
+            one(sample, "llmb_engine_requests_running", engine="llama") >= 1
+            and one(sample, "llmb_engine_kv_cache_used_tokens", engine="llama") > 30
+        ):
             busy = sample
             slots = httpx.get(server.url + "/slots").json()
             break
@@ -101,25 +107,32 @@ def test_exporter_matches_real_llama_server(llama_server, exporter_process) -> N
     held = sum(s["n_prompt_tokens"] for s in slots if s["is_processing"])
     seen = one(busy, "llmb_engine_kv_cache_used_tokens", engine="llama")
     assert 0 < seen <= held and held - seen < 40  # tokens generated between the two reads
-    assert one(busy, "llmb_engine_kv_cache_usage_ratio", engine="llama") == pytest.approx(seen / 4096)
+    assert one(busy, "llmb_engine_kv_cache_usage_ratio", engine="llama") == pytest.approx(
+        seen / 4096
+    )
     thread.join(timeout=600)
     assert "r" in busy_result
 
     after = exp.scrape()
     engine = _engine_counters(server.url)
-    total_completion = sum(u["completion_tokens"] for u in usages) + busy_result["r"]["usage"][
-        "completion_tokens"
-    ]
-    assert one(after, "llmb_engine_decode_tokens_total", engine="llama") == engine[
-        "llamacpp:tokens_predicted_total"
-    ]
-    assert engine["llamacpp:tokens_predicted_total"] == total_completion
-    assert one(after, "llmb_engine_decode_seconds_total", engine="llama") == pytest.approx(
-        engine["llamacpp:tokens_predicted_seconds_total"], rel=1e-5
+    total_completion = (
+        sum(u["completion_tokens"] for u in usages) + busy_result["r"]["usage"]["completion_tokens"]
     )
-    assert one(after, "llmb_engine_prompt_tokens_total", engine="llama") == engine[
-        "llamacpp:prompt_tokens_total"
-    ] + engine["llamacpp:prompt_tokens_cached_total"]
+    assert (
+        one(after, "llmb_engine_generation_tokens_total", engine="llama")
+        == engine["llamacpp:tokens_predicted_total"]
+    )
+    assert engine["llamacpp:tokens_predicted_total"] == total_completion
+    # With the log, decode counts the intervals after each request's first token, as the
+    # engine's timings.predicted_per_second does; the time is the engine's own decode time.
+    assert one(after, "llmb_engine_decode_tokens_total", engine="llama") == total_completion - 3
+    assert one(after, "llmb_engine_decode_seconds_total", engine="llama") == pytest.approx(
+        engine["llamacpp:tokens_predicted_seconds_total"], rel=1e-3
+    )
+    assert (
+        one(after, "llmb_engine_prompt_tokens_total", engine="llama")
+        == engine["llamacpp:prompt_tokens_total"] + engine["llamacpp:prompt_tokens_cached_total"]
+    )
     assert one(after, "llmb_engine_requests_running", engine="llama") == 0
     assert one(after, "llmb_engine_requests_finished_total", engine="llama") == 3
 
@@ -151,7 +164,8 @@ def test_metrics_off_and_no_slots(llama_server, exporter_process) -> None:
     assert one(s, "llmb_engine_endpoint_enabled", engine="plain", endpoint="metrics") == 0
     assert one(s, "llmb_engine_endpoint_enabled", engine="plain", endpoint="slots") == 1
     # Without /metrics the log's per-request lines give the token counter.
-    assert one(s, "llmb_engine_decode_tokens_total", engine="plain") == 8
+    assert one(s, "llmb_engine_generation_tokens_total", engine="plain") == 8
+    assert one(s, "llmb_engine_decode_tokens_total", engine="plain") == 7
     assert one(s, "llmb_engine_endpoint_enabled", engine="noslots", endpoint="slots") == 0
     assert one(s, "llmb_engine_endpoint_enabled", engine="noslots", endpoint="metrics") == 1
     assert not pick(s, "llmb_engine_kv_cache_usage_ratio", engine="noslots")

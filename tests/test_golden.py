@@ -81,7 +81,9 @@ async def test_golden_metrics(request: pytest.FixtureRequest) -> None:
     if request.config.getoption("--update-golden"):
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(text)
-    assert text == GOLDEN.read_text(), "exporter output changed: rerun with --update-golden if intended"
+    assert text == GOLDEN.read_text(), (
+        "exporter output changed: rerun with --update-golden if intended"
+    )
 
 
 def test_golden_passes_promtool(tmp_path: Path) -> None:

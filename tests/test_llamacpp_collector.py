@@ -101,7 +101,9 @@ def values(metrics: list[Metric]) -> dict[tuple[str, tuple[tuple[str, str], ...]
     out = {}
     for fam in metrics:
         for s in fam.samples:
-            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("engine", "kind")))
+            labels = tuple(
+                sorted((k, v) for k, v in s.labels.items() if k not in ("engine", "kind"))
+            )
             out[(s.name, labels)] = s.value
     return out
 
@@ -140,9 +142,13 @@ async def test_cpu_busy_capture_maps_to_schema() -> None:
     assert v(m, "llmb_engine_prompt_tokens_total") == (
         raw["llamacpp:prompt_tokens_total"] + raw["llamacpp:prompt_tokens_cached_total"]
     )
-    assert v(m, "llmb_engine_prompt_tokens_cached_total") == raw["llamacpp:prompt_tokens_cached_total"]
+    assert (
+        v(m, "llmb_engine_prompt_tokens_cached_total") == raw["llamacpp:prompt_tokens_cached_total"]
+    )
     assert v(m, "llmb_engine_decode_tokens_total") == raw["llamacpp:tokens_predicted_total"]
-    assert v(m, "llmb_engine_decode_seconds_total") == raw["llamacpp:tokens_predicted_seconds_total"]
+    assert (
+        v(m, "llmb_engine_decode_seconds_total") == raw["llamacpp:tokens_predicted_seconds_total"]
+    )
     assert v(m, "llmb_engine_generation_tokens_total") == raw["llamacpp:tokens_predicted_total"]
     assert v(m, "llmb_model_weights_bytes") == 246587904
     assert v(m, "llmb_model_parameters") == 268098176
@@ -192,9 +198,12 @@ async def test_metrics_disabled_and_no_slots_keep_other_series() -> None:
     assert v(m, "llmb_engine_endpoint_enabled", endpoint="metrics") == 0
     assert v(m, "llmb_engine_endpoint_enabled", endpoint="slots") == 0
     assert v(m, "llmb_engine_slots") == 2
-    # Token counters fall back to the per-request timing lines of the log.
+    # Token counters fall back to the per-request timing lines of the log; decode counts the
+    # intervals after each request's first token (6 requests).
     state = LogFollower(CPU / "server.log").poll()
-    assert v(m, "llmb_engine_decode_tokens_total") == state.eval_tokens == 872
+    assert v(m, "llmb_engine_generation_tokens_total") == state.eval_tokens == 872
+    assert v(m, "llmb_engine_decode_tokens_total") == state.eval_intervals == 872 - 6
+    assert v(m, "llmb_engine_decode_seconds_total") == pytest.approx(state.eval_seconds)
     names = {k[0] for k in values(m)}
     assert "llmb_engine_requests_waiting" not in names
     assert "llmb_engine_kv_cache_usage_ratio" not in names

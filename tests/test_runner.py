@@ -19,7 +19,9 @@ ROOT = Path(__file__).parent.parent
 
 
 class Fixed(Collector):
-    def __init__(self, source: str, delay: float = 0.0, fail: str | None = None, crash: bool = False):
+    def __init__(
+        self, source: str, delay: float = 0.0, fail: str | None = None, crash: bool = False
+    ):
         self.source = source
         self.delay = delay
         self.fail = fail
@@ -67,7 +69,9 @@ async def test_slow_source_times_out_others_keep_coming() -> None:
         elapsed = time.perf_counter() - start
         text = await resp.text()
         # Second scrape: the error counter is cumulative.
-        text2 = await (await client.get("/metrics", headers={"X-Prometheus-Scrape-Timeout-Seconds": "0.75"})).text()
+        text2 = await (
+            await client.get("/metrics", headers={"X-Prometheus-Scrape-Timeout-Seconds": "0.75"})
+        ).text()
     assert resp.status == 200
     assert elapsed < 1.5, elapsed  # bounded by the header, not by the slow source
     s = samples(text)
@@ -92,7 +96,10 @@ async def test_sources_run_concurrently_and_crash_is_contained() -> None:
     names = {s.name: s for f in families for s in f.samples}
     assert "llmb_source_errors_total" in names
     text_up = [
-        s for f in families for s in f.samples if s.name == "llmb_source_up" and s.labels["source"] == "crash"
+        s
+        for f in families
+        for s in f.samples
+        if s.name == "llmb_source_up" and s.labels["source"] == "crash"
     ]
     assert text_up[0].value == 0
 
@@ -100,7 +107,9 @@ async def test_sources_run_concurrently_and_crash_is_contained() -> None:
 async def test_openmetrics_negotiation() -> None:
     runner = Runner([Fixed("a")])
     async with TestClient(TestServer(make_app(runner))) as client:
-        resp = await client.get("/metrics", headers={"Accept": "application/openmetrics-text;version=1.0.0"})
+        resp = await client.get(
+            "/metrics", headers={"Accept": "application/openmetrics-text;version=1.0.0"}
+        )
         body = await resp.text()
     assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
     assert body.rstrip().endswith("# EOF")
@@ -138,4 +147,6 @@ def test_docs_table_matches_schema() -> None:
     doc = (ROOT / "docs" / "metrics.md").read_text()
     start = doc.index("<!-- BEGIN exporter schema -->\n") + len("<!-- BEGIN exporter schema -->\n")
     end = doc.index("<!-- END exporter schema -->")
-    assert doc[start:end] == markdown_table(), "run: python -m exporter.schema and paste into docs/metrics.md"
+    assert doc[start:end] == markdown_table(), (
+        "run: python -m exporter.schema and paste into docs/metrics.md"
+    )

@@ -140,9 +140,10 @@ class LlamaCppCollector(Collector):
         now = self.clock()
         if now - self._static_at < STATIC_REFRESH_SECONDS and self._static:
             return
-        props, models = await asyncio.gather(
+        fetched: tuple[Any, ...] = await asyncio.gather(
             self._json("/props"), self._json("/v1/models"), return_exceptions=True
         )
+        props, models = fetched
         for result in (props, models):
             if isinstance(result, SourceError):
                 raise result
@@ -176,9 +177,10 @@ class LlamaCppCollector(Collector):
             self._emit_log(ms, log_state, None)
             return Scrape(ms.metrics(), up=True, errors=errors)
 
-        metrics_res, slots_res, static_res = await asyncio.gather(
+        results: tuple[Any, ...] = await asyncio.gather(
             self._metrics(), self._json("/slots"), self._refresh_static(), return_exceptions=True
         )
+        metrics_res, slots_res, static_res = results
         for res in (metrics_res, slots_res, static_res):
             if isinstance(res, SourceError):
                 errors.append(res)
@@ -311,19 +313,26 @@ class LlamaCppCollector(Collector):
             )
             predicted = expo.first(PREFIX + "tokens_predicted_total")
             ms.add("llmb_engine_generation_tokens_total", predicted, **labels)
-            ms.add("llmb_engine_decode_tokens_total", predicted, **labels)
-            ms.add(
-                "llmb_engine_decode_seconds_total",
-                expo.first(PREFIX + "tokens_predicted_seconds_total"),
-                **labels,
-            )
+            if log_state is None:
+                # Counts every generated token, also the first one that the prompt pass
+                # produced: per-sequence speed reads high by n/(n-1), and one-token requests
+                # (probes) add tokens without time. The log corrects both (see below).
+                ms.add("llmb_engine_decode_tokens_total", predicted, **labels)
+                ms.add(
+                    "llmb_engine_decode_seconds_total",
+                    expo.first(PREFIX + "tokens_predicted_seconds_total"),
+                    **labels,
+                )
             ms.add(
                 "llmb_engine_decode_steps_total", expo.first(PREFIX + "n_decode_total"), **labels
             )
         elif log_state is not None:
             ms.add("llmb_engine_prompt_seconds_total", log_state.prompt_seconds, **labels)
             ms.add("llmb_engine_generation_tokens_total", log_state.eval_tokens, **labels)
-            ms.add("llmb_engine_decode_tokens_total", log_state.eval_tokens, **labels)
+        if log_state is not None:
+            # Decode intervals after each request's first token over the engine's decode
+            # time: what timings.predicted_per_second and SGLang's ITL histogram measure.
+            ms.add("llmb_engine_decode_tokens_total", log_state.eval_intervals, **labels)
             ms.add("llmb_engine_decode_seconds_total", log_state.eval_seconds, **labels)
         if log_state is not None:
             ms.add("llmb_engine_requests_finished_total", log_state.requests_finished, **labels)

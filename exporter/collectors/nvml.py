@@ -352,7 +352,9 @@ class NvmlCollector(Collector):
                 out.add("llmb_gpu_utilization_ratio", util.gpu / 100.0, gpu=gpu)
             if cur_clock is not None:
                 out.add("llmb_gpu_memory_clock_hertz", cur_clock * 1e6, gpu=gpu)
-            out.add("llmb_gpu_memory_bus_width_bytes", bus / 8 if bus is not None else None, gpu=gpu)
+            out.add(
+                "llmb_gpu_memory_bus_width_bytes", bus / 8 if bus is not None else None, gpu=gpu
+            )
             out.add(
                 "llmb_gpu_memory_bandwidth_bytes_per_second", bandwidth.bytes_per_second, gpu=gpu
             )

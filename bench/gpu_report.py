@@ -1,0 +1,273 @@
+"""Turn a `bench/gpu_validation.py` run into checks, a promtool test and report tables.
+
+    python bench/gpu_report.py RUN_DIR [--promtool-test prometheus/tests/h200-captured-test.yml]
+
+RUN_DIR is the `gv` folder the GPU run wrote (or its copy under tests/fixtures). For every
+scenario it compares, at the same moments:
+
+* exporter GPU memory (`llmb_gpu_memory_used_bytes`, `llmb_gpu_process_memory_used_bytes`)
+  with `nvidia-smi --query-gpu` / `--query-compute-apps` (target: within 2 %);
+* the exporter's per-sequence decode speed (Δ`llmb_engine_decode_tokens_total` /
+  Δ`llmb_engine_decode_seconds_total`) with the engine's own `timings` of the same requests
+  (target: within 5 %);
+* the KV estimate (`llmb_model_kv_cache_bytes_estimated`) with the `KV buffer size` the engine
+  logged (`llmb_engine_kv_cache_bytes`) (target: within 5 %).
+
+It also writes a promtool unit test whose input series are the exporter's real scrapes
+(resampled to 1 s), so `promtool test rules` evaluates the verdict rules on the GPU's data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+MIB = 1024 * 1024
+EXPECTED = {
+    "resident_c1": "decode_below_card_limit",
+    "sched_np4_c8": "scheduling_bound",
+    "ngl30": "weights_not_resident",
+    "kvslot": "kv_saturated",
+}
+
+Key = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def parse(text: str) -> dict[Key, float]:
+    out: dict[Key, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def get(samples: dict[Key, float], name: str, **labels: str) -> float | None:
+    for (n, lab), v in samples.items():
+        if n == name and all(dict(lab).get(k) == val for k, val in labels.items()):
+            return v
+    return None
+
+
+def total(samples: dict[Key, float], name: str, **labels: str) -> float:
+    return sum(
+        v
+        for (n, lab), v in samples.items()
+        if n == name and all(dict(lab).get(k) == val for k, val in labels.items())
+    )
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as fh:  # type: ignore[operator]
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def find(folder: Path, name: str) -> Path:
+    for candidate in (folder / name, folder / (name + ".gz")):
+        if candidate.exists():
+            return candidate
+    raise FileNotFoundError(folder / name)
+
+
+def pct(a: float, b: float) -> float:
+    return 100.0 * (a - b) / b
+
+
+def memory_checks(record: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for moment in ("loaded", "during", "after"):
+        snap = record.get(moment)
+        if not snap or not snap.get("smi"):
+            continue
+        s = parse(snap["scrape"])
+        exp_used = get(s, "llmb_gpu_memory_used_bytes", gpu="0")
+        smi_used = snap["smi"]["memory_used_mib"] * MIB
+        exp_proc = get(s, "llmb_engine_process_gpu_memory_bytes", engine="llama")
+        smi_proc = sum(a["used_mib"] for a in snap["smi"]["apps"]) * MIB
+        rows.append(
+            {
+                "moment": moment,
+                "exporter_used_mib": exp_used / MIB if exp_used else None,
+                "smi_used_mib": smi_used / MIB,
+                "used_diff_pct": pct(exp_used, smi_used) if exp_used else None,
+                "exporter_process_mib": exp_proc / MIB if exp_proc is not None else None,
+                "smi_process_mib": smi_proc / MIB,
+                "process_diff_pct": pct(exp_proc, smi_proc) if exp_proc and smi_proc else None,
+            }
+        )
+    return rows
+
+
+def decode_check(folder: Path, scrapes: list[dict[str, Any]]) -> dict[str, Any]:
+    first, last = parse(scrapes[0]["text"]), parse(scrapes[-1]["text"])
+    dt = total(last, "llmb_engine_decode_tokens_total", engine="llama") - total(
+        first, "llmb_engine_decode_tokens_total", engine="llama"
+    )
+    ds = total(last, "llmb_engine_decode_seconds_total", engine="llama") - total(
+        first, "llmb_engine_decode_seconds_total", engine="llama"
+    )
+    n = ms = 0.0
+    client = []
+    for req in read_jsonl(find(folder / "loadgen", "requests.jsonl")):
+        # The engine's own timings of the same requests (predicted_per_second excludes the
+        # first token, which comes from the prompt pass).
+        pps = req.get("server_predicted_per_second")
+        if pps:
+            count = (req.get("completion_tokens") or 0) - 1
+            n += count
+            ms += count / pps
+        if req.get("decode_tok_s"):
+            client.append(req["decode_tok_s"])
+    exporter = dt / ds if ds else None
+    timings = n / ms if ms else None
+    # What the current exporter derives from the same real log (decode intervals / decode
+    # time): the scrapes above were taken by the exporter of the run's commit.
+    from exporter.llamacpp_log import LogState
+
+    state = LogState()
+    log = find(folder, "server.log")
+    with gzip.open(log, "rt") if log.suffix == ".gz" else log.open() as fh:
+        for line in fh:
+            state.feed(line)
+    from_log = state.eval_intervals / state.eval_seconds if state.eval_seconds else None
+    return {
+        "exporter_tok_s": exporter,
+        "timings_tok_s": timings,
+        "diff_pct": pct(exporter, timings) if exporter and timings else None,
+        "exporter_log_tok_s": from_log,
+        "log_diff_pct": pct(from_log, timings) if from_log and timings else None,
+        "client_tok_s": sum(client) / len(client) if client else None,
+    }
+
+
+def kv_check(scrapes: list[dict[str, Any]]) -> dict[str, Any]:
+    s = parse(scrapes[-1]["text"])
+    est = get(s, "llmb_model_kv_cache_bytes_estimated", engine="llama")
+    logged = total(s, "llmb_engine_kv_cache_bytes", engine="llama")
+    return {
+        "estimated_mib": est / MIB if est else None,
+        "logged_mib": logged / MIB if logged else None,
+        "diff_pct": pct(est, logged) if est and logged else None,
+    }
+
+
+def rule_names() -> set[str]:
+    names: set[str] = set()
+    for path in (ROOT / "prometheus" / "rules").glob("*.yml"):
+        names |= set(re.findall(r"\bllmb_[a-z0-9_]+", path.read_text()))
+    return names
+
+
+def promtool_case(name: str, scrapes: list[dict[str, Any]], expect: str) -> dict[str, Any]:
+    """One promtool test: the scenario's scrapes resampled to 1 s, verdict at the end."""
+    wanted = rule_names()
+    t0 = scrapes[0]["t"]
+    parsed = [(s["t"] - t0, parse(s["text"])) for s in scrapes]
+    steps = int(parsed[-1][0]) + 1
+    keys = sorted({k for _, p in parsed for k in p if k[0] in wanted})
+    series = []
+    for key in keys:
+        values = []
+        j = 0
+        for step in range(steps):
+            # The last scrape at or before this second (Prometheus would have scraped it).
+            while j + 1 < len(parsed) and parsed[j + 1][0] <= step:
+                j += 1
+            v = parsed[j][1].get(key) if parsed[j][0] <= step else None
+            values.append("_" if v is None else repr(float(v)))
+        labels = ",".join(f'{k}="{v}"' for k, v in key[1])
+        series.append({"series": f"{key[0]}{{{labels}}}", "values": " ".join(values)})
+    verdicts = [
+        "weights_not_resident",
+        "kv_saturated",
+        "scheduling_bound",
+        "idle",
+        "decode_at_card_limit",
+        "decode_below_card_limit",
+    ]
+    return {
+        "name": f"H200 capture {name}: verdict {expect}",
+        "interval": "1s",
+        "input_series": series,
+        "promql_expr_test": [
+            {
+                "expr": 'llmb:engine_bottleneck:verdict{engine="llama"}',
+                "eval_time": f"{steps - 1}s",
+                "exp_samples": [
+                    {
+                        "labels": "llmb:engine_bottleneck:verdict"
+                        f'{{engine="llama",kind="llamacpp",verdict="{v}"}}',
+                        "value": 1 if v == expect else 0,
+                    }
+                    for v in verdicts
+                ],
+            }
+        ],
+    }
+
+
+def analyse(run: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Per-scenario checks and the promtool test cases of one GPU run."""
+    summary_path = find(run, "summary.json")
+    opener = gzip.open if summary_path.suffix == ".gz" else open
+    with opener(summary_path, "rt") as fh:  # type: ignore[operator]
+        summary = json.load(fh)
+    report: dict[str, Any] = {}
+    cases = []
+    for record in summary:
+        name = record["scenario"]
+        folder = run / name
+        scrapes = read_jsonl(find(folder, "scrapes.jsonl"))
+        report[name] = {
+            "load_seconds": record.get("load_seconds_measured"),
+            "memory": memory_checks(record),
+            "decode": decode_check(folder, scrapes),
+            "kv": kv_check(scrapes),
+        }
+        if name in EXPECTED:
+            cases.append(promtool_case(name, scrapes, EXPECTED[name]))
+    return report, cases
+
+
+def promtool_document(cases: list[dict[str, Any]]) -> str:
+    """The promtool test file text for `cases`."""
+    import yaml
+
+    doc = {
+        "rule_files": ["../rules/recording.yml", "../rules/verdict.yml"],
+        "evaluation_interval": "1s",
+        "tests": cases,
+    }
+    header = (
+        "# Generated by bench/gpu_report.py from the exporter's real scrapes on an H200\n"
+        "# (tests/fixtures/h200-validation-2026-11-30/, docs/results/h200-gemma3-27b.md): the\n"
+        "# verdict rules evaluated on real GPU data. Do not edit; regenerate.\n"
+    )
+    return header + yaml.safe_dump(doc, sort_keys=False, width=1 << 20)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("run", type=Path)
+    parser.add_argument("--promtool-test", type=Path)
+    args = parser.parse_args()
+    report, cases = analyse(args.run)
+    print(json.dumps(report, indent=1))
+    if args.promtool_test:
+        args.promtool_test.write_text(promtool_document(cases))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
