@@ -49,8 +49,8 @@ def llama_app() -> web.Application:
     return app
 
 
-def sglang_app() -> web.Application:
-    metrics = (SGL / "metrics-busy.txt").read_text()
+def sglang_app(fixture: str) -> web.Application:
+    metrics = (SGL / f"metrics-{fixture}.txt").read_text()
     server_info = (
         '{"model_path":"google/gemma-3-27b-it","served_model_name":"google/gemma-3-27b-it",'
         '"version":"0.5.23","max_running_requests":48,"context_length":8192,'
@@ -87,18 +87,30 @@ async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument(
+        "--sglang",
+        choices=["busy", "idle", "none"],
+        default="busy",
+        help="which captured SGLang exposition the second engine serves (none: llama.cpp only)",
+    )
     args = parser.parse_args()
 
     lp, sp, ep = _port(), _port(), _port()
-    stubs = [await serve(llama_app(), lp), await serve(sglang_app(), sp)]
+    stubs = [await serve(llama_app(), lp)]
+    if args.sglang != "none":
+        stubs.append(await serve(sglang_app(args.sglang), sp))
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "config.yaml"
         config.write_text(
             f'listen: "127.0.0.1:{ep}"\n'
             "engines:\n"
             f'  - {{name: llama, kind: llamacpp, url: "http://127.0.0.1:{lp}"}}\n'
-            f'  - {{name: sgl, kind: sglang, url: "http://127.0.0.1:{sp}"}}\n'
-            f"gpu: {{fake_file: [{H200 / 'nvml_6_np4_c4.json'}]}}\n"
+            + (
+                f'  - {{name: sgl, kind: sglang, url: "http://127.0.0.1:{sp}"}}\n'
+                if args.sglang != "none"
+                else ""
+            )
+            + f"gpu: {{fake_file: [{H200 / 'nvml_6_np4_c4.json'}]}}\n"
         )
         # The stubs run in this process; run the exporter in its own, as in production.
         proc = subprocess.Popen(  # noqa: ASYNC220 - started once, before timing
@@ -134,7 +146,8 @@ async def main() -> int:
     ms = [t * 1e3 for t in times]
     print(
         f"requests={len(ms)} body={size}B p50={pct(ms, 0.5):.2f}ms p90={pct(ms, 0.9):.2f}ms "
-        f"p99={pct(ms, 0.99):.2f}ms mean={statistics.mean(ms):.2f}ms cores={os.cpu_count()}"
+        f"p99={pct(ms, 0.99):.2f}ms mean={statistics.mean(ms):.2f}ms cores={os.cpu_count()} "
+        f"sglang={args.sglang}"
     )
     return 0
 

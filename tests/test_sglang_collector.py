@@ -523,3 +523,40 @@ async def test_cpu_offload_counts_in_model_size_not_gpu_buffers(
     assert gpu == pytest.approx(51.12 * GIB)
     assert val(scrape, "llmb_engine_model_buffer_bytes", device="cpu") == 20 * GIB
     assert val(scrape, "llmb_model_weights_bytes") == pytest.approx((51.12 + 20) * GIB)
+
+
+async def test_family_prefilter_loses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parsing only sglang.FAMILIES gives the same normalized series as parsing everything."""
+    import httpx
+
+    from exporter.attribution import Attribution
+    from exporter.collectors import sglang as sglang_module
+    from exporter.config import EngineConfig
+
+    fixtures = Path(__file__).parent / "fixtures"
+    bodies = {
+        "/health": "",
+        "/metrics": (fixtures / "sglang-0.5.23" / "metrics-busy.txt").read_text(),
+        "/server_info": (fixtures / "sglang-0.5.23-endpoints" / "server_info.json").read_text(),
+        "/model_info": (fixtures / "sglang-0.5.23-endpoints" / "model_info.json").read_text(),
+        "/v1/models": (fixtures / "sglang-0.5.23-endpoints" / "v1_models.json").read_text(),
+    }
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=bodies.get(request.url.path, ""))
+
+    async def samples() -> list[tuple[str, tuple[tuple[str, str], ...], float]]:
+        engine = EngineConfig(name="sgl", kind="sglang", url="http://127.0.0.1:30000")
+        client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        collector = sglang_module.SGLangCollector(engine, client, 2.0, Attribution([engine]))
+        scrape = await collector.collect()
+        return sorted(
+            (s.name, tuple(sorted(s.labels.items())), s.value)
+            for fam in scrape.metrics
+            for s in fam.samples
+        )
+
+    filtered = await samples()
+    monkeypatch.setattr(sglang_module, "FAMILIES", None)
+    assert filtered == await samples()
+    assert len(filtered) > 50

@@ -57,6 +57,31 @@ HISTOGRAMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("llmb_engine_e2e_request_latency_seconds", ("e2e_request_latency_seconds",)),
 )
 
+# Families the mapping reads (without `sglang:` and without _total/_bucket/_sum/_count);
+# only their lines are parsed (exporter.promtext). A test keeps this list complete.
+FAMILIES = (
+    "context_len",
+    "kv_cache_memory_usage_gb",
+    "kv_used_tokens",
+    "max_total_num_tokens",
+    "max_total_num_tokens_swa",
+    "num_queue_reqs",
+    "num_retracted_requests",
+    "num_retracted_reqs",
+    "num_paused_reqs",
+    "num_running_reqs",
+    "num_used_tokens",
+    "page_size",
+    "token_usage",
+    "weight_memory_usage_gb",
+    "cached_tokens",
+    "generation_tokens",
+    "num_requests",
+    "prompt_tokens",
+    "startup_time_seconds",
+    *(name for _, names in HISTOGRAMS for name in names),
+)
+
 # kv_cache_dtype values of SGLang mapped to bytes per element ("auto" = model dtype).
 KV_DTYPE_BYTES = {
     "fp8_e4m3": 1.0,
@@ -319,7 +344,7 @@ class SGLangCollector(Collector):
             expo = Exposition({})
         else:
             try:
-                expo = parse_exposition(metrics_resp.text, PREFIX)
+                expo = parse_exposition(metrics_resp.text, PREFIX, FAMILIES)
                 metrics_ok = True
             except ValueError as exc:
                 errors.append(SourceError("parse", f"GET /metrics: {exc}"))
