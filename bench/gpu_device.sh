@@ -15,8 +15,8 @@ MODEL=$W/gemma3-27b-shape-q4_0.gguf
 mkdir -p "$W"
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl >/dev/null 2>&1 || true
-  export PYTHONPATH=/tmp/site:$PWD
+    --target "$W/site" .whl/*.whl >/dev/null 2>&1 || true
+  export PYTHONPATH=$W/site:$PWD
 fi
 export PYTHONUNBUFFERED=1
 

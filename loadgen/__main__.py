@@ -229,8 +229,14 @@ def resolve_targets(args: argparse.Namespace, config: Config | None) -> list[Tar
     return targets
 
 
-def _apply_config_defaults(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
-    """Use the config file's `loadgen:` mapping as defaults for the command's flags."""
+def _apply_config_defaults(
+    parser: argparse.ArgumentParser, command: str, argv: Sequence[str]
+) -> None:
+    """Use the config file's `loadgen:` mapping as defaults for the command's flags.
+
+    One `loadgen:` mapping serves every subcommand: a key is applied where the command has
+    that flag and ignored by the others; a key that no subcommand knows is an error (typo).
+    """
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default=os.environ.get("LLMB_CONFIG"))
     known, _ = pre.parse_known_args(argv)
@@ -242,11 +248,15 @@ def _apply_config_defaults(parser: argparse.ArgumentParser, argv: Sequence[str])
         return  # reported with full detail once the command runs
     if not config.loadgen:
         return
-    dests = {a.dest for a in parser._actions}
-    unknown = sorted(set(config.loadgen) - dests)
+    subparsers = next(
+        a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+    ).choices
+    every = {a.dest for sub in subparsers.values() for a in sub._actions}
+    unknown = sorted(set(config.loadgen) - every)
     if unknown:
         raise UsageError(f"{known.config}: unknown loadgen keys: {', '.join(unknown)}")
-    parser.set_defaults(**config.loadgen)
+    own = {a.dest for a in subparsers[command]._actions}
+    subparsers[command].set_defaults(**{k: v for k, v in config.loadgen.items() if k in own})
 
 
 def _base_spec(args: argparse.Namespace, targets: list[Target]) -> RunSpec:
@@ -396,13 +406,6 @@ def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
     return parser
 
 
-def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices[name]
-    raise KeyError(name)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (0 ok, 1 failed, 2 usage, 3 invalid, 130 Ctrl-C)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -413,7 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(commands)
     try:
         if argv and argv[0] in {c.name for c in commands}:
-            _apply_config_defaults(_subparser(parser, argv[0]), argv[1:])
+            _apply_config_defaults(parser, argv[0], argv[1:])
         args = parser.parse_args(argv)
     except UsageError as exc:
         print(f"llmb-loadgen: error: {exc}", file=sys.stderr)

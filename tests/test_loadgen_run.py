@@ -203,7 +203,8 @@ def _two_engine_config(tmp_path: Path, a: ThreadedStub, b: ThreadedStub) -> Path
         "engines:\n"
         f"  - {{name: llama, kind: llamacpp, url: '{a.url}'}}\n"
         f"  - {{name: sgl, kind: sglang, url: '{b.url}'}}\n"
-        "loadgen: {max_tokens: 6}\n"
+        # One loadgen: mapping for every subcommand: `contexts` is diagnose's, run ignores it.
+        "loadgen: {max_tokens: 6, contexts: '1024,2048'}\n"
     )
     return path
 

@@ -204,8 +204,9 @@ def test_every_alert_is_tested_before_and_after_its_for() -> None:
         for case in test.get("alert_rule_test", []):
             seen.setdefault(case["alertname"], []).append(bool(case.get("exp_alerts")))
     for rule in alerts():
-        assert True in seen.get(rule["alert"], []), f"{rule['alert']} never fires in a test"
-        assert False in seen.get(rule["alert"], []), f"{rule['alert']} never tested quiet"
+        cases = seen.get(rule["alert"], [])
+        assert any(cases), f"{rule['alert']} never fires in a test"
+        assert not all(cases), f"{rule['alert']} never tested quiet"
 
 
 def test_per_engine_alerts_fire_for_both_engine_kinds() -> None:
