@@ -37,6 +37,9 @@ EXPECTED = {
     "sched_np4_c8": "scheduling_bound",
     "ngl30": "weights_not_resident",
     "kvslot": "kv_saturated",
+    # Two GPUs, one engine split by layers: all layers on the GPUs, and 30 of 63.
+    "split2_layer": "decode_below_card_limit",
+    "split2_ngl30": "weights_not_resident",
 }
 
 Key = tuple[str, tuple[tuple[str, str], ...]]
@@ -83,27 +86,45 @@ def pct(a: float, b: float) -> float:
 
 
 def memory_checks(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Exporter vs nvidia-smi at the same moments: per GPU, and the engine's processes summed."""
     rows = []
     for moment in ("loaded", "during", "after"):
         snap = record.get(moment)
         if not snap or not snap.get("smi"):
             continue
         s = parse(snap["scrape"])
-        exp_used = get(s, "llmb_gpu_memory_used_bytes", gpu="0")
-        smi_used = snap["smi"]["memory_used_mib"] * MIB
+        smi_gpus = snap["smi"].get("gpus") or [
+            {"index": 0, "used_mib": snap["smi"]["memory_used_mib"]}
+        ]
         exp_proc = get(s, "llmb_engine_process_gpu_memory_bytes", engine="llama")
         smi_proc = sum(a["used_mib"] for a in snap["smi"]["apps"]) * MIB
-        rows.append(
-            {
-                "moment": moment,
-                "exporter_used_mib": exp_used / MIB if exp_used else None,
-                "smi_used_mib": smi_used / MIB,
-                "used_diff_pct": pct(exp_used, smi_used) if exp_used else None,
-                "exporter_process_mib": exp_proc / MIB if exp_proc is not None else None,
-                "smi_process_mib": smi_proc / MIB,
-                "process_diff_pct": pct(exp_proc, smi_proc) if exp_proc and smi_proc else None,
-            }
-        )
+        for gpu in smi_gpus:
+            exp_used = get(s, "llmb_gpu_memory_used_bytes", gpu=str(gpu["index"]))
+            smi_used = gpu["used_mib"] * MIB
+            # The engine's process memory on this GPU (several GPUs: one split model).
+            exp_gpu_proc = total(
+                s, "llmb_gpu_process_memory_used_bytes", engine="llama", gpu=str(gpu["index"])
+            )
+            smi_gpu_proc = MIB * sum(
+                a["used_mib"] for a in snap["smi"]["apps"] if a.get("gpu", 0) == gpu["index"]
+            )
+            rows.append(
+                {
+                    "moment": moment,
+                    "gpu": gpu["index"],
+                    "exporter_used_mib": exp_used / MIB if exp_used else None,
+                    "smi_used_mib": smi_used / MIB,
+                    "used_diff_pct": pct(exp_used, smi_used) if exp_used else None,
+                    "exporter_gpu_process_mib": exp_gpu_proc / MIB,
+                    "smi_gpu_process_mib": smi_gpu_proc / MIB,
+                    "gpu_process_diff_pct": pct(exp_gpu_proc, smi_gpu_proc)
+                    if smi_gpu_proc
+                    else None,
+                    "exporter_process_mib": exp_proc / MIB if exp_proc is not None else None,
+                    "smi_process_mib": smi_proc / MIB,
+                    "process_diff_pct": pct(exp_proc, smi_proc) if exp_proc and smi_proc else None,
+                }
+            )
     return rows
 
 
@@ -186,6 +207,9 @@ def promtool_case(name: str, scrapes: list[dict[str, Any]], expect: str) -> dict
             values.append("_" if v is None else repr(float(v)))
         labels = ",".join(f'{k}="{v}"' for k, v in key[1])
         series.append({"series": f"{key[0]}{{{labels}}}", "values": " ".join(values)})
+    # Exporters from the fleet work on carry a `host` label on every series.
+    hosts = {dict(k[1]).get("host") for _, p in parsed for k in p if k[0] == "llmb_engine_up"}
+    host = next((f'host="{h}",' for h in sorted(h for h in hosts if h)), "")
     verdicts = [
         "weights_not_resident",
         "kv_saturated",
@@ -205,7 +229,7 @@ def promtool_case(name: str, scrapes: list[dict[str, Any]], expect: str) -> dict
                 "exp_samples": [
                     {
                         "labels": "llmb:engine_bottleneck:verdict"
-                        f'{{engine="llama",kind="llamacpp",verdict="{v}"}}',
+                        f'{{engine="llama",{host}kind="llamacpp",verdict="{v}"}}',
                         "value": 1 if v == expect else 0,
                     }
                     for v in verdicts
@@ -225,6 +249,9 @@ def analyse(run: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     cases = []
     for record in summary:
         name = record["scenario"]
+        if record.get("error"):
+            report[name] = {"error": record["error"].splitlines()[-1]}
+            continue
         folder = run / name
         scrapes = read_jsonl(find(folder, "scrapes.jsonl"))
         report[name] = {
@@ -238,7 +265,7 @@ def analyse(run: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return report, cases
 
 
-def promtool_document(cases: list[dict[str, Any]]) -> str:
+def promtool_document(cases: list[dict[str, Any]], run: str = "h200-validation-2026-11-30") -> str:
     """The promtool test file text for `cases`."""
     import yaml
 
@@ -249,7 +276,7 @@ def promtool_document(cases: list[dict[str, Any]]) -> str:
     }
     header = (
         "# Generated by bench/gpu_report.py from the exporter's real scrapes on an H200\n"
-        "# (tests/fixtures/h200-validation-2026-11-30/, docs/results/h200-gemma3-27b.md): the\n"
+        f"# (tests/fixtures/{run}/, docs/results/h200-gemma3-27b.md): the\n"
         "# verdict rules evaluated on real GPU data. Do not edit; regenerate.\n"
     )
     return header + yaml.safe_dump(doc, sort_keys=False, width=1 << 20)
@@ -265,7 +292,7 @@ def main() -> int:
     report, cases = analyse(args.run)
     print(json.dumps(report, indent=1))
     if args.promtool_test:
-        args.promtool_test.write_text(promtool_document(cases))
+        args.promtool_test.write_text(promtool_document(cases, args.run.name))
     return 0
 
 

@@ -61,7 +61,36 @@ SCENARIOS = [
         "ngl30", ["-c", "8192", "-np", "1", "-ngl", "30"], 1, 2, 228, 64, "weights_not_resident"
     ),
     Scenario("kvslot", ["-c", "4096", "-np", "4", "-ngl", "999"], 4, 4, 570, 512, "kv_saturated"),
+    # Two GPUs (issue 8): one engine split over both, by layers and by rows.
+    Scenario(
+        "split2_layer",
+        ["-c", "8192", "-np", "1", "-ngl", "999", "-sm", "layer", "-ts", "1,1"],
+        1,
+        4,
+        425,
+        256,
+        "decode",
+    ),
+    Scenario(
+        "split2_ngl30",
+        ["-c", "8192", "-np", "1", "-ngl", "30", "-sm", "layer", "-ts", "1,1"],
+        1,
+        2,
+        228,
+        64,
+        "weights_not_resident",
+    ),
+    Scenario(
+        "split2_row",
+        ["-c", "8192", "-np", "1", "-ngl", "999", "-sm", "row", "-ts", "1,1"],
+        1,
+        4,
+        425,
+        256,
+        "decode",
+    ),
 ]
+SINGLE_GPU = "resident_c1,sched_np4_c8,ngl30,kvslot"
 
 
 def free_port() -> int:
@@ -70,44 +99,35 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _csv(query: str) -> list[list[str]]:
+    out = subprocess.run(
+        ["nvidia-smi", query, "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    return [[p.strip() for p in line.split(",")] for line in out.splitlines() if line.strip()]
+
+
 def smi() -> dict[str, Any]:
     """nvidia-smi readings (the independent source); empty on a machine without it."""
     if not shutil.which("nvidia-smi"):
         return {}
-    gpu = subprocess.run(
-        [
-            "nvidia-smi",
-            "--query-gpu=timestamp,memory.used,memory.total,utilization.gpu",
-            "--format=csv,noheader,nounits",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout.strip()
-    apps = subprocess.run(
-        [
-            "nvidia-smi",
-            "--query-compute-apps=pid,process_name,used_memory",
-            "--format=csv,noheader,nounits",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout.strip()
-    first = [p.strip() for p in gpu.splitlines()[0].split(",")] if gpu else []
+    gpus = _csv("--query-gpu=index,uuid,memory.used,memory.total,utilization.gpu")
+    apps = _csv("--query-compute-apps=pid,process_name,used_memory,gpu_uuid")
+    index_of = {g[1]: int(g[0]) for g in gpus}
     return {
         "t": time.time(),
-        "memory_used_mib": float(first[1]) if first else None,
-        "memory_total_mib": float(first[2]) if first else None,
-        "utilization_pct": float(first[3]) if first else None,
+        # GPU 0 first, as the first captures had it.
+        "memory_used_mib": float(gpus[0][2]) if gpus else None,
+        "memory_total_mib": float(gpus[0][3]) if gpus else None,
+        "utilization_pct": float(gpus[0][4]) if gpus else None,
+        "gpus": [
+            {"index": int(g[0]), "used_mib": float(g[2]), "total_mib": float(g[3])} for g in gpus
+        ],
         "apps": [
-            {
-                "pid": int(a.split(",")[0]),
-                "name": a.split(",")[1].strip(),
-                "used_mib": float(a.split(",")[2]),
-            }
-            for a in apps.splitlines()
-            if a.strip()
+            {"pid": int(a[0]), "name": a[1], "used_mib": float(a[2]), "gpu": index_of.get(a[3])}
+            for a in apps
         ],
     }
 
@@ -261,7 +281,9 @@ def main() -> int:
     parser.add_argument("--llama-server", required=True, help="path of the llama-server binary")
     parser.add_argument("--model", required=True, help="GGUF model")
     parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS))
+    parser.add_argument(
+        "--scenarios", default=SINGLE_GPU, help="comma list; also split2_layer,split2_row"
+    )
     parser.add_argument(
         "--settle", type=float, default=3.0, help="seconds after load before 'loaded'"
     )

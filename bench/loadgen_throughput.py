@@ -13,7 +13,8 @@ installed `--no-deps` plus the few packages its benchmark imports) the same shap
 sent by SGLang's `bench_serving`, run through bench/loadgen_sglang_shim.py, against the same
 stub in the same run, alternating with the load generator.
 
-    .venv/bin/python bench/loadgen_throughput.py [--sglang-python VENV/bin/python] [--json OUT]
+    .venv/bin/python bench/loadgen_throughput.py [--workers N] [--sglang-python VENV/bin/python]
+        [--json OUT]
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 from loadgen.client import Target  # noqa: E402
 from loadgen.scheduler import RunSpec  # noqa: E402
 from loadgen.session import SessionOptions, execute  # noqa: E402
+from loadgen.workers import execute_workers  # noqa: E402
 
 
 def free_port() -> int:
@@ -64,7 +66,9 @@ def start_stub(port: int, *extra: str) -> subprocess.Popen[bytes]:
     raise RuntimeError("stub did not start")
 
 
-async def measure(url: str, requests: int, max_tokens: int, concurrency: int) -> dict[str, Any]:
+async def measure(
+    url: str, requests: int, max_tokens: int, concurrency: int, workers: int = 1
+) -> dict[str, Any]:
     """One run through `execute` (the CLI's code path); returns the rates it achieved."""
     with tempfile.TemporaryDirectory() as tmp:
         spec = RunSpec(
@@ -79,13 +83,16 @@ async def measure(url: str, requests: int, max_tokens: int, concurrency: int) ->
             out_dir=Path(tmp), metrics_port=free_port(), metrics_host="127.0.0.1",
             progress=False, print_table=False,
         )  # fmt: skip
-        result = await execute([spec], options)
+        if workers > 1:
+            result = await execute_workers(spec, options, workers, log_level="WARNING")
+        else:
+            result = await execute([spec], options)
         step = result.summary["steps"][0]
         lines = (Path(tmp) / "requests.jsonl").read_text().splitlines()
         chunks = sum(json.loads(x)["chunks"] for x in lines)
     wall = step["wall_s"]
     return {
-        "tool": "llmb-loadgen",
+        "tool": "llmb-loadgen" if workers == 1 else f"llmb-loadgen --workers {workers}",
         "requests": step["requests"],
         "failed": step["requests_failed"],
         "max_tokens": max_tokens,
@@ -136,6 +143,9 @@ def main() -> None:
     parser.add_argument("--long-requests", type=int, default=1500)
     parser.add_argument("--long-tokens", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3, help="runs per shape; the best is kept")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="load-generator worker processes (--workers)"
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--sglang-python", help="interpreter of a venv with sglang (compare)")
     args = parser.parse_args()
@@ -158,7 +168,7 @@ def main() -> None:
             runs: dict[str, list[dict[str, Any]]] = {}
             for _ in range(args.repeat):
                 # Alternate the tools so a change in machine load hits both alike.
-                row = asyncio.run(measure(url, requests, tokens, args.concurrency))
+                row = asyncio.run(measure(url, requests, tokens, args.concurrency, args.workers))
                 runs.setdefault(row["tool"], []).append(row)
                 if args.sglang_python:
                     row = measure_sglang(
