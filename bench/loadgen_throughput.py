@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -83,10 +84,14 @@ async def measure(
             out_dir=Path(tmp), metrics_port=free_port(), metrics_host="127.0.0.1",
             progress=False, print_table=False,
         )  # fmt: skip
+        # Client CPU: this process plus its (joined) worker processes; the stub is not waited
+        # for until the end, so it is not counted here.
+        cpu0 = _cpu_seconds()
         if workers > 1:
             result = await execute_workers(spec, options, workers, log_level="WARNING")
         else:
             result = await execute([spec], options)
+        cpu = _cpu_seconds() - cpu0
         step = result.summary["steps"][0]
         lines = (Path(tmp) / "requests.jsonl").read_text().splitlines()
         chunks = sum(json.loads(x)["chunks"] for x in lines)
@@ -100,7 +105,15 @@ async def measure(
         "wall_s": round(wall, 3),
         "requests_per_s": round(step["requests"] / wall, 1),
         "chunks_per_s": round(chunks / wall, 1),
+        "client_cpu_s": round(cpu, 2),
     }
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds used by this process and its waited-for children."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def measure_sglang(

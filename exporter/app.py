@@ -27,4 +27,4 @@ def build_runner(config: Config, client: httpx.AsyncClient | None = None) -> Run
             collectors.append(LlamaCppCollector(engine, http, timeout, attribution))
         else:
             collectors.append(SGLangCollector(engine, http, timeout, attribution))
-    return Runner(collectors, default_deadline=config.scrape_timeout_seconds)
+    return Runner(collectors, default_deadline=config.scrape_timeout_seconds, host=config.host)

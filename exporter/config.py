@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -139,6 +140,11 @@ class GpuConfig(_Strict):
 class Config(_Strict):
     """The whole file."""
 
+    host: str = Field(
+        default_factory=socket.gethostname,
+        min_length=1,
+        description="`host` label on every series: tells machines apart on one Prometheus",
+    )
     listen: str = "127.0.0.1:9490"
     scrape_timeout_seconds: Seconds = Field(
         default=10.0, description="deadline when Prometheus sends no timeout header"
@@ -149,6 +155,14 @@ class Config(_Strict):
     loadgen: dict[str, Any] = Field(
         default_factory=dict, description="load generator defaults (see loadgen docs)"
     )
+
+    @field_validator("host", mode="before")
+    @classmethod
+    def _host_text(cls, value: Any) -> Any:
+        # LLMB__HOST values are parsed as YAML, so a numeric host name arrives as a number.
+        return (
+            str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+        )
 
     @field_validator("listen")
     @classmethod

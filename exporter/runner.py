@@ -3,7 +3,8 @@
 A failing or slow source never fails the scrape: it is reported through
 `llmb_source_up{source}`, `llmb_source_duration_seconds{source}` and
 `llmb_source_errors_total{source,reason}`, and its fallback families (for an
-engine, `llmb_engine_up 0`) are emitted instead.
+engine, `llmb_engine_up 0`) are emitted instead. Every series gets the configured
+`host` label here, so no collector has to know about it.
 """
 
 from __future__ import annotations
@@ -42,9 +43,16 @@ def deadline_from_header(header: str | None, default: float) -> float:
 class Runner:
     """Owns the collectors and the exporter's own error counters."""
 
-    def __init__(self, collectors: Sequence[Collector], default_deadline: float = 10.0):
+    def __init__(
+        self,
+        collectors: Sequence[Collector],
+        default_deadline: float = 10.0,
+        host: str | None = None,
+    ):
         self.collectors = list(collectors)
         self.default_deadline = default_deadline
+        # Stamped on every series so one Prometheus can scrape many machines.
+        self.host = host
         self._errors: Counter[tuple[str, str]] = Counter()
         self._last_error: dict[str, str] = {}
 
@@ -99,7 +107,19 @@ class Runner:
         for (source, reason), count in sorted(self._errors.items()):
             own.add("llmb_source_errors_total", count, source=source, reason=reason)
         out.extend(own.metrics())
-        return _merge(out)
+        merged = _merge(out)
+        if self.host is not None:
+            _add_host(merged, self.host)
+        return merged
+
+
+def _add_host(families: list[Metric], host: str) -> None:
+    """Add the `host` label to every sample, once and centrally, after collection."""
+    for fam in families:
+        fam.samples = [
+            s if "host" in s.labels else s._replace(labels={**s.labels, "host": host})
+            for s in fam.samples
+        ]
 
 
 def _merge(families: list[Metric]) -> list[Metric]:

@@ -18,7 +18,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "dashboards"
 DATASOURCE = {"type": "prometheus", "uid": "llmb-prometheus"}
-SEL = 'engine=~"$engine"'
+# Every query is narrowed by both variables: one Prometheus may scrape many hosts (issue 8).
+HSEL = 'host=~"$host"'
+SEL = f'{HSEL}, engine=~"$engine"'
 # Histogram quantiles use a fixed window: 1m holds enough requests at a few per second
 # and the dashboards do not depend on Grafana's $__rate_interval.
 HIST_WINDOW = "1m"
@@ -107,7 +109,7 @@ def check(title: str, expr: str, description: str) -> Panel:
     """A yes/no stat for one decision step."""
     return stat(
         title,
-        Target(expr, "{{engine}}"),
+        Target(expr, "{{host}}/{{engine}}"),
         width=6,
         description=description,
         defaults={"mappings": BOOL_MAPPING, "color": {"mode": "thresholds"}},
@@ -130,7 +132,11 @@ def overview() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
     verdict_now.defaults = {"custom": {"align": "auto"}}
     verdict_hist = Panel(
         "Verdict over time",
-        [Target(f"llmb:engine_bottleneck:verdict{{{SEL}}} == 1", "{{engine}}: {{verdict}}")],
+        [
+            Target(
+                f"llmb:engine_bottleneck:verdict{{{SEL}}} == 1", "{{host}}/{{engine}}: {{verdict}}"
+            )
+        ],
         "state-timeline",
         width=12,
         height=6,
@@ -152,19 +158,23 @@ def overview() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 ),
                 ts(
                     "Layers on the GPU / layers",
-                    Target(f"engine:llmb_gpu_layers_offloaded:ratio{{{SEL}}}", "{{engine}}"),
+                    Target(
+                        f"engine:llmb_gpu_layers_offloaded:ratio{{{SEL}}}", "{{host}}/{{engine}}"
+                    ),
                     unit="percentunit",
                     width=6,
                 ),
                 ts(
                     "GPU weight buffers / weight bytes",
-                    Target(f"engine:llmb_weights_gpu_buffers:ratio{{{SEL}}}", "{{engine}}"),
+                    Target(
+                        f"engine:llmb_weights_gpu_buffers:ratio{{{SEL}}}", "{{host}}/{{engine}}"
+                    ),
                     unit="percentunit",
                     width=6,
                 ),
                 ts(
                     "Process GPU memory / weight bytes",
-                    Target(f"engine:llmb_weights_gpu_memory:ratio{{{SEL}}}", "{{engine}}"),
+                    Target(f"engine:llmb_weights_gpu_memory:ratio{{{SEL}}}", "{{host}}/{{engine}}"),
                     unit="percentunit",
                     width=6,
                 ),
@@ -180,13 +190,15 @@ def overview() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 ),
                 ts(
                     "KV cache usage (1m average)",
-                    Target(f"engine:llmb_kv_cache_usage:avg1m{{{SEL}}}", "{{engine}}"),
+                    Target(f"engine:llmb_kv_cache_usage:avg1m{{{SEL}}}", "{{host}}/{{engine}}"),
                     unit="percentunit",
                     width=9,
                 ),
                 ts(
                     "KV-pressure events in 5m",
-                    Target(f"engine:llmb_kv_pressure_events:increase5m{{{SEL}}}", "{{engine}}"),
+                    Target(
+                        f"engine:llmb_kv_pressure_events:increase5m{{{SEL}}}", "{{host}}/{{engine}}"
+                    ),
                     width=9,
                 ),
             ],
@@ -201,13 +213,20 @@ def overview() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 ),
                 ts(
                     "Waiting (1m average) and running",
-                    Target(f"engine:llmb_requests_waiting:avg1m{{{SEL}}}", "{{engine}} waiting"),
-                    Target(f"engine:llmb_requests_running:max{{{SEL}}}", "{{engine}} running"),
+                    Target(
+                        f"engine:llmb_requests_waiting:avg1m{{{SEL}}}",
+                        "{{host}}/{{engine}} waiting",
+                    ),
+                    Target(
+                        f"engine:llmb_requests_running:max{{{SEL}}}", "{{host}}/{{engine}} running"
+                    ),
                     width=9,
                 ),
                 ts(
                     "Slots (max running requests)",
-                    Target(f"max by (engine) (llmb_engine_slots{{{SEL}}})", "{{engine}}"),
+                    Target(
+                        f"max by (host, engine) (llmb_engine_slots{{{SEL}}})", "{{host}}/{{engine}}"
+                    ),
                     width=9,
                 ),
             ],
@@ -223,7 +242,8 @@ def overview() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 ts(
                     "Generated tokens/s (aggregate, 5m)",
                     Target(
-                        f"engine:llmb_generation_tokens_per_second:rate5m{{{SEL}}}", "{{engine}}"
+                        f"engine:llmb_generation_tokens_per_second:rate5m{{{SEL}}}",
+                        "{{host}}/{{engine}}",
                     ),
                     width=18,
                 ),
@@ -239,7 +259,9 @@ def overview() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 ),
                 ts(
                     "Decode efficiency (measured / roofline)",
-                    Target(f"engine:llmb_decode_efficiency:ratio5m{{{SEL}}}", "{{engine}}"),
+                    Target(
+                        f"engine:llmb_decode_efficiency:ratio5m{{{SEL}}}", "{{host}}/{{engine}}"
+                    ),
                     unit="percentunit",
                     width=9,
                 ),
@@ -247,11 +269,11 @@ def overview() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     "Per-sequence decode vs roofline",
                     Target(
                         f"engine:llmb_decode_tokens_per_second:rate5m{{{SEL}}}",
-                        "{{engine}} measured",
+                        "{{host}}/{{engine}} measured",
                     ),
                     Target(
                         f"engine:llmb_decode_roofline_tokens_per_second:avg5m{{{SEL}}}",
-                        "{{engine}} roofline",
+                        "{{host}}/{{engine}} roofline",
                     ),
                     unit="tok/s",
                     width=9,
@@ -270,23 +292,39 @@ def gpu_memory() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
             [
                 ts(
                     "Used, windowed peak and total",
-                    Target("max by (gpu) (llmb_gpu_memory_used_bytes)", "GPU {{gpu}} used"),
-                    Target("max by (gpu) (llmb_gpu_memory_used_peak_bytes)", "GPU {{gpu}} peak"),
-                    Target("max by (gpu) (llmb_gpu_memory_total_bytes)", "GPU {{gpu}} total"),
+                    Target(
+                        f"max by (host, gpu) (llmb_gpu_memory_used_bytes{{{HSEL}}})",
+                        "{{host}} GPU {{gpu}} used",
+                    ),
+                    Target(
+                        f"max by (host, gpu) (llmb_gpu_memory_used_peak_bytes{{{HSEL}}})",
+                        "{{host}} GPU {{gpu}} peak",
+                    ),
+                    Target(
+                        f"max by (host, gpu) (llmb_gpu_memory_total_bytes{{{HSEL}}})",
+                        "{{host}} GPU {{gpu}} total",
+                    ),
                     unit="bytes",
                     width=12,
                 ),
                 ts(
                     "Headroom at the peak",
-                    Target("gpu:llmb_gpu_memory_headroom_bytes:peak", "GPU {{gpu}}"),
+                    Target(
+                        f"gpu:llmb_gpu_memory_headroom_bytes:peak{{{HSEL}}}", "{{host}} GPU {{gpu}}"
+                    ),
                     unit="bytes",
                     width=6,
                     description="total - reserved - peak used; LLMGPUMemoryNearFull below 512 MiB.",
                 ),
                 ts(
                     "Used / total and utilization",
-                    Target("gpu:llmb_gpu_memory_used:ratio", "GPU {{gpu}} memory"),
-                    Target("max by (gpu) (llmb_gpu_utilization_ratio)", "GPU {{gpu}} busy"),
+                    Target(
+                        f"gpu:llmb_gpu_memory_used:ratio{{{HSEL}}}", "{{host}} GPU {{gpu}} memory"
+                    ),
+                    Target(
+                        f"max by (host, gpu) (llmb_gpu_utilization_ratio{{{HSEL}}})",
+                        "{{host}} GPU {{gpu}} busy",
+                    ),
                     unit="percentunit",
                     width=6,
                 ),
@@ -298,8 +336,9 @@ def gpu_memory() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 ts(
                     "GPU memory per process",
                     Target(
-                        "max by (gpu, pid, process, engine) (llmb_gpu_process_memory_used_bytes)",
-                        "GPU {{gpu}} {{process}} ({{pid}}) -> {{engine}}",
+                        "max by (host, gpu, pid, process, engine) "
+                        f"(llmb_gpu_process_memory_used_bytes{{{HSEL}}})",
+                        "{{host}} GPU {{gpu}} {{process}} ({{pid}}) -> {{engine}}",
                     ),
                     unit="bytes",
                     width=12,
@@ -308,7 +347,7 @@ def gpu_memory() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     "GPU memory per engine and GPU",
                     Target(
                         f"engine_gpu:llmb_gpu_process_memory_used_bytes:sum{{{SEL}}}",
-                        "{{engine}} on GPU {{gpu}}",
+                        "{{host}}/{{engine}} on GPU {{gpu}}",
                     ),
                     unit="bytes",
                     width=12,
@@ -321,20 +360,21 @@ def gpu_memory() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 ts(
                     "Engine process memory vs weights and KV",
                     Target(
-                        f"max by (engine) (llmb_engine_process_gpu_memory_bytes{{{SEL}}})",
-                        "{{engine}} process (actual)",
+                        f"max by (host, engine) (llmb_engine_process_gpu_memory_bytes{{{SEL}}})",
+                        "{{host}}/{{engine}} process (actual)",
                     ),
                     Target(
-                        f"max by (engine) (llmb_engine_process_gpu_memory_peak_bytes{{{SEL}}})",
-                        "{{engine}} process peak",
+                        "max by (host, engine) "
+                        f"(llmb_engine_process_gpu_memory_peak_bytes{{{SEL}}})",
+                        "{{host}}/{{engine}} process peak",
                     ),
                     Target(
-                        f"max by (engine) (llmb_model_weights_bytes{{{SEL}}})",
-                        "{{engine}} weights (expected)",
+                        f"max by (host, engine) (llmb_model_weights_bytes{{{SEL}}})",
+                        "{{host}}/{{engine}} weights (expected)",
                     ),
                     Target(
-                        f"max by (engine) (llmb_model_kv_cache_bytes_estimated{{{SEL}}})",
-                        "{{engine}} KV (expected)",
+                        f"max by (host, engine) (llmb_model_kv_cache_bytes_estimated{{{SEL}}})",
+                        "{{host}}/{{engine}} KV (expected)",
                     ),
                     unit="bytes",
                     width=12,
@@ -342,12 +382,12 @@ def gpu_memory() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 ts(
                     "Buffers the engine reports",
                     Target(
-                        f"max by (engine, device) (llmb_engine_model_buffer_bytes{{{SEL}}})",
-                        "{{engine}} weights on {{device}}",
+                        f"max by (host, engine, device) (llmb_engine_model_buffer_bytes{{{SEL}}})",
+                        "{{host}}/{{engine}} weights on {{device}}",
                     ),
                     Target(
-                        f"max by (engine, device) (llmb_engine_kv_cache_bytes{{{SEL}}})",
-                        "{{engine}} KV on {{device}}",
+                        f"max by (host, engine, device) (llmb_engine_kv_cache_bytes{{{SEL}}})",
+                        "{{host}}/{{engine}} KV on {{device}}",
                     ),
                     unit="bytes",
                     width=12,
@@ -368,11 +408,11 @@ def engines() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     "Per-sequence decode vs roofline",
                     Target(
                         f"engine:llmb_decode_tokens_per_second:rate5m{{{SEL}}}",
-                        "{{engine}} measured",
+                        "{{host}}/{{engine}} measured",
                     ),
                     Target(
                         f"engine:llmb_decode_roofline_tokens_per_second:avg5m{{{SEL}}}",
-                        "{{engine}} roofline",
+                        "{{host}}/{{engine}} roofline",
                     ),
                     unit="tok/s",
                     width=12,
@@ -381,15 +421,15 @@ def engines() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     "Aggregate throughput",
                     Target(
                         f"engine:llmb_generation_tokens_per_second:rate5m{{{SEL}}}",
-                        "{{engine}} generated",
+                        "{{host}}/{{engine}} generated",
                     ),
                     Target(
                         f"engine:llmb_prompt_tokens_per_second:rate5m{{{SEL}}}",
-                        "{{engine}} prompt",
+                        "{{host}}/{{engine}} prompt",
                     ),
                     Target(
                         f"engine:llmb_prefill_tokens_per_second:rate5m{{{SEL}}}",
-                        "{{engine}} prefill speed",
+                        "{{host}}/{{engine}} prefill speed",
                     ),
                     unit="tok/s",
                     width=12,
@@ -420,19 +460,25 @@ def engines() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
             [
                 ts(
                     "Running vs waiting",
-                    Target(f"engine:llmb_requests_running:max{{{SEL}}}", "{{engine}} running"),
-                    Target(f"engine:llmb_requests_waiting:max{{{SEL}}}", "{{engine}} waiting"),
+                    Target(
+                        f"engine:llmb_requests_running:max{{{SEL}}}", "{{host}}/{{engine}} running"
+                    ),
+                    Target(
+                        f"engine:llmb_requests_waiting:max{{{SEL}}}", "{{host}}/{{engine}} waiting"
+                    ),
                     width=8,
                 ),
                 ts(
                     "KV cache usage",
-                    Target(f"engine:llmb_kv_cache_usage:ratio{{{SEL}}}", "{{engine}}"),
+                    Target(f"engine:llmb_kv_cache_usage:ratio{{{SEL}}}", "{{host}}/{{engine}}"),
                     unit="percentunit",
                     width=8,
                 ),
                 ts(
                     "Prefix-cache share of prompt tokens",
-                    Target(f"engine:llmb_prefix_cache_hit:ratio_rate5m{{{SEL}}}", "{{engine}}"),
+                    Target(
+                        f"engine:llmb_prefix_cache_hit:ratio_rate5m{{{SEL}}}", "{{host}}/{{engine}}"
+                    ),
                     unit="percentunit",
                     width=8,
                 ),
@@ -452,7 +498,7 @@ def load_run() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
             "name": "Load steps",
             "expr": f"llmb_loadgen_step_start_timestamp_seconds{{{SEL}}} * 1000",
             "step": "5s",
-            "titleFormat": "{{engine}} step {{step}}",
+            "titleFormat": "{{host}}/{{engine}} step {{step}}",
             "tagKeys": "engine,step",
             "useValueForTime": True,
         }
@@ -464,17 +510,17 @@ def load_run() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 ts(
                     "Requests in flight",
                     Target(
-                        f"max by (engine) (llmb_loadgen_requests_in_flight{{{SEL}}})",
-                        "{{engine}}",
+                        f"max by (host, engine) (llmb_loadgen_requests_in_flight{{{SEL}}})",
+                        "{{host}}/{{engine}}",
                     ),
                     width=8,
                 ),
                 ts(
                     "Requests/s by outcome",
                     Target(
-                        "sum by (engine, outcome) "
+                        "sum by (host, engine, outcome) "
                         f"(rate(llmb_loadgen_requests_total{{{SEL}}}[1m]))",
-                        "{{engine}} {{outcome}}",
+                        "{{host}}/{{engine}} {{outcome}}",
                     ),
                     unit="reqps",
                     width=8,
@@ -493,13 +539,13 @@ def load_run() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 ts(
                     "Completion tokens/s: client vs server",
                     Target(
-                        "sum by (engine) "
+                        "sum by (host, engine) "
                         f"(rate(llmb_loadgen_completion_tokens_total{{{SEL}}}[1m]))",
-                        "{{engine}} client",
+                        "{{host}}/{{engine}} client",
                     ),
                     Target(
                         f"engine:llmb_generation_tokens_per_second:rate5m{{{SEL}}}",
-                        "{{engine}} server (5m)",
+                        "{{host}}/{{engine}} server (5m)",
                     ),
                     unit="tok/s",
                     width=12,
@@ -507,13 +553,13 @@ def load_run() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 ts(
                     "Early stops and token-count mismatch",
                     Target(
-                        "sum by (engine) "
+                        "sum by (host, engine) "
                         f"(increase(llmb_loadgen_early_stop_requests_total{{{SEL}}}[5m]))",
-                        "{{engine}} early stops (5m)",
+                        "{{host}}/{{engine}} early stops (5m)",
                     ),
                     Target(
-                        f"max by (engine) (llmb_loadgen_token_count_mismatch{{{SEL}}})",
-                        "{{engine}} mismatch",
+                        f"max by (host, engine) (llmb_loadgen_token_count_mismatch{{{SEL}}})",
+                        "{{host}}/{{engine}} mismatch",
                     ),
                     width=12,
                 ),
@@ -547,15 +593,23 @@ def load_run() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
             [
                 ts(
                     "GPU memory used and peak",
-                    Target("max by (gpu) (llmb_gpu_memory_used_bytes)", "GPU {{gpu}} used"),
-                    Target("max by (gpu) (llmb_gpu_memory_used_peak_bytes)", "GPU {{gpu}} peak"),
+                    Target(
+                        f"max by (host, gpu) (llmb_gpu_memory_used_bytes{{{HSEL}}})",
+                        "{{host}} GPU {{gpu}} used",
+                    ),
+                    Target(
+                        f"max by (host, gpu) (llmb_gpu_memory_used_peak_bytes{{{HSEL}}})",
+                        "{{host}} GPU {{gpu}} peak",
+                    ),
                     unit="bytes",
                     width=12,
                 ),
                 ts(
                     "KV usage and queue",
-                    Target(f"engine:llmb_kv_cache_usage:ratio{{{SEL}}}", "{{engine}} KV"),
-                    Target(f"engine:llmb_requests_waiting:max{{{SEL}}}", "{{engine}} waiting"),
+                    Target(f"engine:llmb_kv_cache_usage:ratio{{{SEL}}}", "{{host}}/{{engine}} KV"),
+                    Target(
+                        f"engine:llmb_requests_waiting:max{{{SEL}}}", "{{host}}/{{engine}} waiting"
+                    ),
                     width=12,
                 ),
             ],
@@ -564,11 +618,88 @@ def load_run() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
     return "llmb-load-run", "LLM bottleneck: load run", rows, annotations
 
 
+# Same ranks as prometheus/generate.py SEVERITY (tests/test_fleet.py keeps them equal).
+FLEET_SEVERITY = {
+    "engine_down": (7, "dark-red"),
+    "weights_not_resident": (6, "red"),
+    "kv_saturated": (5, "orange"),
+    "scheduling_bound": (4, "yellow"),
+    "decode_below_card_limit": (3, "blue"),
+    "decode_at_card_limit": (2, "green"),
+    "idle": (1, "text"),
+}
+
+
+def fleet() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
+    """Many hosts on one Prometheus: every engine's verdict, worst first."""
+    mapping = [
+        {
+            "type": "value",
+            "options": {
+                str(rank): {"text": verdict, "color": color, "index": i}
+                for i, (verdict, (rank, color)) in enumerate(FLEET_SEVERITY.items())
+            },
+        }
+    ]
+    colored = {"mappings": mapping, "color": {"mode": "thresholds"}}
+    table = Panel(
+        "Verdict per host and engine, worst first",
+        [Target(f"sort_desc(llmb:engine_bottleneck:severity{{{SEL}}})", instant=True)],
+        "table",
+        width=14,
+        height=10,
+        description="One row per engine; Value is the severity rank (7 engine down ... 1 idle).",
+        options={"showHeader": True, "sortBy": [{"displayName": "Value", "desc": True}]},
+        defaults={"custom": {"align": "auto"}},
+        overrides=[
+            {
+                "matcher": {"id": "byName", "options": "Value"},
+                "properties": [
+                    {"id": "displayName", "value": "Severity"},
+                    {"id": "custom.cellOptions", "value": {"type": "color-background"}},
+                    {"id": "mappings", "value": mapping},
+                ],
+            }
+        ],
+    )
+    worst = stat(
+        "Worst verdict per host",
+        Target(f"sort_desc(host:llmb_engine_bottleneck_severity:max{{{HSEL}}})", "{{host}}"),
+        width=10,
+        height=10,
+        description="The worst verdict among each host's engines.",
+        defaults=colored,
+        options={"colorMode": "background", "graphMode": "none", "textMode": "value_and_name"},
+    )
+    counts = ts(
+        "Engines per verdict and host",
+        Target(f"host_verdict:llmb_engines:count{{{HSEL}}}", "{{host}} {{verdict}}"),
+        width=12,
+    )
+    history = Panel(
+        "Verdict over time",
+        [
+            Target(
+                f"llmb:engine_bottleneck:verdict{{{SEL}}} == 1", "{{host}}/{{engine}}: {{verdict}}"
+            )
+        ],
+        "state-timeline",
+        width=12,
+        defaults={
+            "mappings": [{"type": "value", "options": {"1": {"text": "active", "index": 0}}}]
+        },
+        options={"showValue": "never", "mergeValues": True},
+    )
+    rows = [Row("Fleet now", [table, worst]), Row("Fleet over time", [counts, history])]
+    return "llmb-fleet", "LLM bottleneck: fleet", rows, []
+
+
 DASHBOARDS = {
     "overview.json": overview,
     "gpu-memory.json": gpu_memory,
     "engines.json": engines,
     "load-run.json": load_run,
+    "fleet.json": fleet,
 }
 
 
@@ -588,6 +719,24 @@ def panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
     if panel.description:
         doc["description"] = panel.description
     return doc
+
+
+def variable(name: str, label: str, query: str) -> dict[str, Any]:
+    """A multi-value query variable that defaults to All (`.*` also matches an absent label)."""
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DATASOURCE,
+        "query": {"query": query, "refId": name},
+        "definition": query,
+        "refresh": 2,
+        "multi": True,
+        "includeAll": True,
+        "allValue": ".*",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "sort": 1,
+    }
 
 
 def dashboard_json(
@@ -634,20 +783,8 @@ def dashboard_json(
         "annotations": {"list": annotations},
         "templating": {
             "list": [
-                {
-                    "name": "engine",
-                    "label": "Engine",
-                    "type": "query",
-                    "datasource": DATASOURCE,
-                    "query": {"query": "label_values(llmb_engine_up, engine)", "refId": "engine"},
-                    "definition": "label_values(llmb_engine_up, engine)",
-                    "refresh": 2,
-                    "multi": True,
-                    "includeAll": True,
-                    "allValue": ".*",
-                    "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-                    "sort": 1,
-                }
+                variable("host", "Host", "label_values(llmb_source_up, host)"),
+                variable("engine", "Engine", f"label_values(llmb_engine_up{{{HSEL}}}, engine)"),
             ]
         },
         "panels": panels,

@@ -310,7 +310,24 @@ def _options(args: argparse.Namespace, command: str) -> SessionOptions:
 
 def _finish(args: argparse.Namespace, specs: list[RunSpec], command: str) -> int:
     options = _options(args, command)
-    result = asyncio.run(execute(specs, options))
+    workers = getattr(args, "workers", 1)
+    if workers > 1:
+        from loadgen.workers import execute_workers, worker_count_error
+
+        problem = worker_count_error(specs[0], workers)
+        if problem is not None:
+            raise UsageError(problem)
+        result = asyncio.run(
+            execute_workers(
+                specs[0],
+                options,
+                workers,
+                (args.exporter_url, args.prometheus_url),
+                args.log_level,
+            )
+        )
+    else:
+        result = asyncio.run(execute(specs, options))
     if result.error:
         print(f"llmb-loadgen: {result.error}", file=sys.stderr)
     elif options.out_dir is not None:
@@ -350,6 +367,13 @@ def sweep_command(args: argparse.Namespace) -> int:
 def _configure_run(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser)
     add_load_arguments(parser)
+    parser.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        help="worker processes sharing the load, merged into one report (default 1); "
+        "use when one process is the bottleneck (docs/loadgen.md)",
+    )
 
 
 def _configure_sweep(parser: argparse.ArgumentParser) -> None:

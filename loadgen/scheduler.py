@@ -50,6 +50,14 @@ class RunSpec:
     connect_timeout: float = 5.0
     abort_after_connect_errors: int = 20
     extra_body: dict[str, Any] = field(default_factory=dict)
+    # Worker processes (`--workers`): this share sends prompt/record indexes
+    # index_start + i * index_step, so the shares never repeat a prompt and merge into 0..n-1.
+    index_start: int = 0
+    index_step: int = 1
+    # Open loop: seed and start offset of this share's arrival clock (None: `seed`), so the
+    # shares do not fire in lockstep.
+    arrival_seed: int | None = None
+    arrival_offset: float = 0.0
 
     def request_params(self) -> dict[str, Any]:
         """Sampling parameters sent with every request (output length exact, deterministic)."""
@@ -295,6 +303,7 @@ class _Phase:
         return index
 
     async def one(self, index: int) -> None:
+        index = self.spec.index_start + index * self.spec.index_step
         text = self.prompts.text(index) if self.measured else self.prompts.warmup_text(index)
         body = self.build(text)
         gauge = self.ctx.metrics.in_flight.labels(self.engine) if self.ctx.metrics else None
@@ -359,7 +368,8 @@ class _Phase:
             await self.one(index)
 
     async def _open_loop(self, rate: float) -> None:
-        rng = random.Random(self.spec.seed)
+        seed = self.spec.seed if self.spec.arrival_seed is None else self.spec.arrival_seed
+        rng = random.Random(seed)
         cap = asyncio.Semaphore(self.spec.pool_size())
         tasks: set[asyncio.Task[None]] = set()
 
@@ -369,7 +379,7 @@ class _Phase:
             finally:
                 cap.release()
 
-        t_next = time.perf_counter()
+        t_next = time.perf_counter() + self.spec.arrival_offset
         try:
             while True:
                 delay = t_next - time.perf_counter()

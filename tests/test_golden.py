@@ -55,6 +55,8 @@ def handler(request: httpx.Request) -> httpx.Response:
 async def render() -> str:
     config = parse_config(
         {
+            # Pinned so the golden file does not depend on the machine that runs the test.
+            "host": "gpu-box-1",
             "engines": [
                 {
                     "name": "llama",
@@ -102,12 +104,16 @@ def test_golden_passes_promtool(tmp_path: Path) -> None:
 def test_golden_covers_both_engines_and_gpu() -> None:
     text = GOLDEN.read_text()
     for needle in (
-        'llmb_engine_up{engine="llama",kind="llamacpp"} 1.0',
-        'llmb_engine_up{engine="sgl",kind="sglang"} 1.0',
-        'llmb_gpu_memory_used_bytes{gpu="0"}',
-        'llmb_engine_process_gpu_memory_bytes{engine="llama",kind="llamacpp"}',
+        'llmb_engine_up{engine="llama",host="gpu-box-1",kind="llamacpp"} 1.0',
+        'llmb_engine_up{engine="sgl",host="gpu-box-1",kind="sglang"} 1.0',
+        'llmb_gpu_memory_used_bytes{gpu="0",host="gpu-box-1"}',
+        'llmb_engine_process_gpu_memory_bytes{engine="llama",host="gpu-box-1",kind="llamacpp"}',
         "llmb_engine_kv_cache_usage_ratio{",
-        'llmb_source_up{source="nvml"} 1.0',
+        'llmb_source_up{host="gpu-box-1",source="nvml"} 1.0',
+        'llmb_exporter_build_info{host="gpu-box-1",version=',
     ):
         assert needle in text, needle
+    # Every series names its host (issue 8: many hosts on one Prometheus).
+    series = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert series and all('host="gpu-box-1"' in ln for ln in series)
     assert "llamacpp:" not in text and "sglang:" not in text  # raw names are not re-exposed

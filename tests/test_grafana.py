@@ -20,6 +20,7 @@ TITLES = {
     "LLM bottleneck: GPU memory",
     "LLM bottleneck: engines side by side",
     "LLM bottleneck: load run",
+    "LLM bottleneck: fleet",
 }
 
 

@@ -324,8 +324,8 @@ def test_every_dashboard_panel_query_returns_data(settled: Stack) -> None:
     assert len(queries) > 40
     empty = []
     for dashboard, panel, expr in queries:
-        # Grafana's "All" for the engine variable.
-        concrete = expr.replace("$engine", ".*")
+        # Grafana's "All" for the host and engine variables.
+        concrete = expr.replace("$host", ".*").replace("$engine", ".*")
         if not prom.query(concrete):
             empty.append(f"{dashboard} / {panel}: {expr}")
     assert empty == []
