@@ -24,6 +24,8 @@ CONNECT = "connect_error"
 HTTP = "http_error"
 MALFORMED = "malformed"
 DISCONNECTED = "disconnected"
+# Below the shortest server idle timeout we know of (llama.cpp: 5 s).
+KEEPALIVE_SECONDS = 3.0
 SERVER_ERROR = "server_error"
 EARLY_STOP = "early_stop"
 INTERRUPTED = "interrupted"
@@ -105,7 +107,12 @@ class StreamClient:
 
     async def __aenter__(self) -> StreamClient:
         connector = aiohttp.TCPConnector(
-            limit=self.pool_size, limit_per_host=self.pool_size, ttl_dns_cache=300
+            limit=self.pool_size,
+            limit_per_host=self.pool_size,
+            ttl_dns_cache=300,
+            # llama.cpp's HTTP server closes a keep-alive connection idle for 5 s; dropping
+            # ours first means a pooled connection is never one the server already closed.
+            keepalive_timeout=KEEPALIVE_SECONDS,
         )
         self._session = aiohttp.ClientSession(
             connector=connector,
@@ -209,10 +216,14 @@ class StreamClient:
 
         A pooled keep-alive connection that the server closed while idle (llama.cpp's HTTP
         server drops idle ones after 5 s) fails before the request is sent; that attempt is
-        repeated once on a fresh connection, since the server never saw the request.
+        repeated on another connection (up to the pool size), since the server never saw it.
         """
         result = await self._attempt(body, timeout)
-        if result.stale:
+        # Every pooled connection may have gone stale at once (e.g. after a pause between
+        # steps); each failed attempt discards one, so retry up to the pool size.
+        for _ in range(self.pool_size):
+            if not result.stale:
+                break
             result = await self._attempt(body, timeout)
         return result
 

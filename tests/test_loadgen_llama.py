@@ -54,7 +54,7 @@ def test_done_when_run_matches_the_server(llama_server: Any, tmp_path: Path) -> 
     records = _records(out)
     assert len(records) == 8
     for rec in records:
-        assert rec["error"] is None, rec
+        assert rec["error"] is None, (rec["error"], rec.get("error_detail"), rec["start_time"])
         # usage (what we record) against the server's independent timings counters.
         assert rec["prompt_tokens"] == 256
         assert rec["completion_tokens"] == 64 == rec["server_predicted_n"]
