@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import threading
 import time
 from dataclasses import replace
 from typing import Any
@@ -123,6 +124,10 @@ class ForwardingMetrics(LoadgenMetrics):
         self.last_flush = time.monotonic()
 
 
+# How long a worker waits for the others before starting alone.
+START_TIMEOUT_SECONDS = 60.0
+
+
 def _worker_main(
     spec: RunSpec,
     worker: int,
@@ -130,6 +135,7 @@ def _worker_main(
     exporter_url: str | None,
     prometheus_url: str | None,
     log_level: str,
+    start: Any = None,
 ) -> None:
     """Entry point of one worker process."""
     from loadgen.sweep import probe_factory
@@ -148,6 +154,14 @@ def _worker_main(
         metrics=metrics,
     )
     servers: dict[str, Any] = {}
+    if start is not None:
+        # Spawned processes take different times to import; without a common start the
+        # first worker can be half done before the last begins, and the shares of the
+        # concurrency and the rate never overlap as one load.
+        try:
+            start.wait(timeout=START_TIMEOUT_SECONDS)
+        except threading.BrokenBarrierError:
+            logging.getLogger(__name__).warning("worker %d: starting without the others", worker)
     try:
         result = asyncio.run(execute([spec], options))
         metrics.flush()
@@ -253,10 +267,11 @@ async def execute_workers(
     merger = _Merger(spec, metrics, writer)
     ctx = multiprocessing.get_context("spawn")
     inbox = ctx.Queue()
+    start = ctx.Barrier(workers)
     procs = [
         ctx.Process(
             target=_worker_main,
-            args=(share, w, inbox, probe_urls[0], probe_urls[1], log_level),
+            args=(share, w, inbox, probe_urls[0], probe_urls[1], log_level, start),
             name=f"llmb-loadgen-worker{w}",
             daemon=True,
         )
