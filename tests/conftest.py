@@ -16,6 +16,7 @@ os.environ.setdefault("LLAMA_ARG_REPACK", "0")
 pytest_plugins = [
     "tests.plugins.llama",
     "tests.plugins.exporter",
+    "tests.plugins.loadgen",
     "tests.plugins.sim",
     "tests.plugins.prom",
 ]

@@ -7,7 +7,6 @@ import asyncio
 import csv
 import json
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,39 +14,14 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen.__main__ import main
 from loadgen.client import Target
 from loadgen.metrics import LoadgenMetrics
 from loadgen.prompts import PromptSet, calibrate, filler
 from loadgen.scheduler import RunSpec
 from loadgen.session import SessionOptions, execute
-from loadgen.stub import StubOptions, ThreadedStub
+from loadgen.stub import ThreadedStub
 from tests.conftest import get_free_port
-
-StubFactory = Callable[..., ThreadedStub]
-
-
-@pytest.fixture
-def stub() -> Iterator[StubFactory]:
-    """Start streaming stubs in background threads; all are stopped at the end."""
-    started: list[ThreadedStub] = []
-
-    def start(**options: Any) -> ThreadedStub:
-        server = ThreadedStub(StubOptions(**options)).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
-
-
-def _run(out: Path, *args: str) -> int:
-    return main(["run", "--out", str(out), "--metrics-port", "0", "--no-progress", *args])
-
-
-def _lines(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+from tests.plugins.loadgen import StubFactory, request_lines, run_cli
 
 
 def _summary(out: Path) -> dict[str, Any]:
@@ -56,13 +30,13 @@ def _summary(out: Path) -> dict[str, Any]:
 
 def test_run_writes_records_and_summaries(stub: StubFactory, tmp_path: Path) -> None:
     server = stub(ttft=0.02, itl=0.004)
-    code = _run(
+    code = run_cli(
         tmp_path,
         *("--url", server.url, "--kind", "llamacpp", "--prompt-tokens", "64"),
         *("--max-tokens", "12", "--concurrency", "3", "--requests", "9", "--warmup", "2"),
     )
     assert code == 0
-    lines = _lines(tmp_path)
+    lines = request_lines(tmp_path)
     assert len(lines) == 9  # warm-up requests are not recorded
     assert sorted(r["index"] for r in lines) == list(range(9))
     for rec in lines:
@@ -98,15 +72,15 @@ def test_run_writes_records_and_summaries(stub: StubFactory, tmp_path: Path) -> 
 def test_cache_unique_and_same(stub: StubFactory, tmp_path: Path) -> None:
     server = stub()
     args = ("--url", server.url, "--prompt-tokens", "40", "--max-tokens", "4", "--requests", "6")
-    assert _run(tmp_path / "u", *args, "--cache", "unique") == 0
+    assert run_cli(tmp_path / "u", *args, "--cache", "unique") == 0
     unique = server.state.prompts[-6:]
     assert len(set(unique)) == 6
     assert {len(p.split()) for p in unique} == {len(unique[0].split())}
-    assert {r["prompt_tokens"] for r in _lines(tmp_path / "u")} == {40}
-    assert _run(tmp_path / "s", *args, "--cache", "same") == 0
+    assert {r["prompt_tokens"] for r in request_lines(tmp_path / "u")} == {40}
+    assert run_cli(tmp_path / "s", *args, "--cache", "same") == 0
     same = server.state.prompts[-6:]
     assert len(set(same)) == 1
-    cached = [r["cached_tokens"] for r in _lines(tmp_path / "s")]
+    cached = [r["cached_tokens"] for r in request_lines(tmp_path / "s")]
     assert max(cached) == 39  # the stub reuses all but one token of a repeated prompt
 
 
@@ -114,7 +88,7 @@ def test_completions_endpoint_and_prompt_file(stub: StubFactory, tmp_path: Path)
     server = stub()
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("Tell me about GPUs and memory bandwidth.")
-    code = _run(
+    code = run_cli(
         tmp_path / "o",
         *("--url", server.url, "--endpoint", "completions", "--prompt-file", str(prompt)),
         *("--max-tokens", "5", "--requests", "3"),
@@ -122,19 +96,19 @@ def test_completions_endpoint_and_prompt_file(stub: StubFactory, tmp_path: Path)
     assert code == 0
     assert all(p.endswith("Tell me about GPUs and memory bandwidth.") for p in server.state.prompts)
     assert "prompt" in server.state.bodies[0] and "messages" not in server.state.bodies[0]
-    assert {r["prompt_tokens"] for r in _lines(tmp_path / "o")} == {14}
+    assert {r["prompt_tokens"] for r in request_lines(tmp_path / "o")} == {14}
 
 
 def test_open_loop_constant_rate(stub: StubFactory, tmp_path: Path) -> None:
     server = stub()
     t0 = time.perf_counter()
-    code = _run(
+    code = run_cli(
         tmp_path,
         *("--url", server.url, "--prompt-tokens", "20", "--max-tokens", "3"),
         *("--rate", "40", "--arrival", "constant", "--requests", "20"),
     )
     assert code == 0
-    starts = sorted(r["start_time"] for r in _lines(tmp_path))
+    starts = sorted(r["start_time"] for r in request_lines(tmp_path))
     # 20 arrivals 25 ms apart span 475 ms.
     assert starts[-1] - starts[0] == pytest.approx(0.475, abs=0.05)
     assert time.perf_counter() - t0 < 10
@@ -143,14 +117,14 @@ def test_open_loop_constant_rate(stub: StubFactory, tmp_path: Path) -> None:
 def test_duration_bounds_the_run(stub: StubFactory, tmp_path: Path) -> None:
     server = stub(itl=0.01)
     t0 = time.perf_counter()
-    code = _run(
+    code = run_cli(
         tmp_path,
         *("--url", server.url, "--prompt-tokens", "20", "--max-tokens", "10"),
         *("--concurrency", "2", "--duration", "1"),
     )
     elapsed = time.perf_counter() - t0
     assert code == 0
-    lines = _lines(tmp_path)
+    lines = request_lines(tmp_path)
     assert 6 <= len(lines) <= 25
     assert max(r["start_time"] for r in lines) - min(r["start_time"] for r in lines) < 1.0
     assert elapsed < 6
@@ -158,11 +132,11 @@ def test_duration_bounds_the_run(stub: StubFactory, tmp_path: Path) -> None:
 
 def test_failures_are_recorded_and_the_run_goes_on(stub: StubFactory, tmp_path: Path) -> None:
     server = stub(fail_every=4, malformed_every=5)
-    code = _run(
+    code = run_cli(
         tmp_path,
         *("--url", server.url, "--prompt-tokens", "20", "--max-tokens", "6", "--requests", "20"),
     )
-    lines = _lines(tmp_path)
+    lines = request_lines(tmp_path)
     assert len(lines) == 20
     errors = {r["error"] for r in lines}
     assert {"http_error", "malformed", None} <= errors
@@ -175,24 +149,24 @@ def test_failures_are_recorded_and_the_run_goes_on(stub: StubFactory, tmp_path: 
 def test_timeout_per_request(stub: StubFactory, tmp_path: Path) -> None:
     server = stub(itl=0.1)
     t0 = time.perf_counter()
-    code = _run(
+    code = run_cli(
         tmp_path,
         *("--url", server.url, "--prompt-tokens", "20", "--max-tokens", "30"),
         *("--requests", "2", "--timeout", "0.5", "--concurrency", "2"),
     )
     assert code == 0
-    assert [r["error"] for r in _lines(tmp_path)] == ["timeout", "timeout"]
+    assert [r["error"] for r in request_lines(tmp_path)] == ["timeout", "timeout"]
     assert time.perf_counter() - t0 < 5
 
 
 def test_early_stop_marks_the_run_invalid(stub: StubFactory, tmp_path: Path) -> None:
     server = stub(stop_after=5)
-    code = _run(
+    code = run_cli(
         tmp_path,
         *("--url", server.url, "--prompt-tokens", "20", "--max-tokens", "8", "--requests", "3"),
     )
     assert code == 3
-    assert [r["error"] for r in _lines(tmp_path)] == ["early_stop"] * 3
+    assert [r["error"] for r in request_lines(tmp_path)] == ["early_stop"] * 3
     summary = _summary(tmp_path)
     assert summary["valid"] is False and "stopped early" in summary["invalid_reasons"][0]
 
@@ -214,7 +188,7 @@ def test_two_engines_with_equal_tokenizers_are_valid(
 ) -> None:
     a, b = stub(), stub()
     config = _two_engine_config(tmp_path, a, b)
-    code = _run(
+    code = run_cli(
         tmp_path / "o",
         *("--config", str(config), "--engine", "llama", "--engine", "sgl"),
         *("--prompt-tokens", "30", "--requests", "4"),
@@ -235,7 +209,7 @@ def test_two_engines_with_different_tokenizers_are_invalid_everywhere(
     a, b = stub(), stub(token_factor=1.5)
     config = _two_engine_config(tmp_path, a, b)
     out = tmp_path / "o"
-    code = _run(
+    code = run_cli(
         out,
         *("--config", str(config), "--engine", "llama", "--engine", "sgl"),
         *("--prompt-tokens", "30", "--requests", "4"),
@@ -312,7 +286,7 @@ def test_unreachable_target_fails_within_seconds(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     t0 = time.perf_counter()
-    code = _run(tmp_path, "--url", f"http://127.0.0.1:{get_free_port()}", "--requests", "3")
+    code = run_cli(tmp_path, "--url", f"http://127.0.0.1:{get_free_port()}", "--requests", "3")
     assert code == 1
     assert time.perf_counter() - t0 < 8
     assert "cannot reach" in capsys.readouterr().err
@@ -332,22 +306,22 @@ def test_unreachable_target_fails_within_seconds(
 def test_invalid_arguments_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
 ) -> None:
-    assert _run(tmp_path, *args) == 2
+    assert run_cli(tmp_path, *args) == 2
     assert message in capsys.readouterr().err
 
 
 def test_invalid_config_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("engines:\n  - {name: a, kind: vllm, url: 'http://127.0.0.1:1'}\n")
-    assert _run(tmp_path, "--config", str(bad), "--engine", "a") == 2
+    assert run_cli(tmp_path, "--config", str(bad), "--engine", "a") == 2
     assert "engines.0(a).kind" in capsys.readouterr().err
     good = tmp_path / "good.yaml"
     good.write_text("engines:\n  - {name: a, kind: llamacpp, url: 'http://127.0.0.1:1'}\n")
-    assert _run(tmp_path, "--config", str(good), "--engine", "b") == 2
+    assert run_cli(tmp_path, "--config", str(good), "--engine", "b") == 2
     assert "no engine named 'b'" in capsys.readouterr().err
     typo = tmp_path / "typo.yaml"
     typo.write_text("loadgen: {max_tokenz: 3}\n")
-    assert _run(tmp_path, "--config", str(typo), "--url", "http://127.0.0.1:1") == 2
+    assert run_cli(tmp_path, "--config", str(typo), "--url", "http://127.0.0.1:1") == 2
     assert "unknown loadgen keys: max_tokenz" in capsys.readouterr().err
 
 

@@ -4,47 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from loadgen.__main__ import main
 from loadgen.client import Target
 from loadgen.metrics import LoadgenMetrics
 from loadgen.results import percentile
 from loadgen.scheduler import RunSpec
 from loadgen.session import SessionOptions
-from loadgen.stub import StubOptions, ThreadedStub
 from loadgen.workers import execute_workers, split_spec
 from tests.conftest import get_free_port
-
-StubFactory = Callable[..., ThreadedStub]
-
-
-@pytest.fixture
-def stub() -> Iterator[StubFactory]:
-    """Streaming stubs in background threads of this process; the workers reach them by HTTP."""
-    started: list[ThreadedStub] = []
-
-    def start(**options: Any) -> ThreadedStub:
-        server = ThreadedStub(StubOptions(**options)).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
-
-
-def _run(out: Path, *args: str) -> int:
-    return main(["run", "--out", str(out), "--metrics-port", "0", "--no-progress", *args])
-
-
-def _lines(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+from tests.plugins.loadgen import StubFactory, request_lines, run_cli
 
 
 def test_split_spec_shares_add_up_and_interleave() -> None:
@@ -73,9 +45,9 @@ def test_split_spec_shares_add_up_and_interleave() -> None:
 def test_two_workers_merge_into_one_report(stub: StubFactory, tmp_path: Path) -> None:
     server = stub(ttft=0.01, itl=0.003)
     args = ("--url", server.url, "--prompt-tokens", "48", "--max-tokens", "10")
-    code = _run(tmp_path, *args, "--concurrency", "4", "--requests", "30", "--workers", "2")
+    code = run_cli(tmp_path, *args, "--concurrency", "4", "--requests", "30", "--workers", "2")
     assert code == 0
-    lines = _lines(tmp_path)
+    lines = request_lines(tmp_path)
     # One requests.jsonl with every request once, the indexes of a one-process run.
     assert sorted(r["index"] for r in lines) == list(range(30))
     assert all(r["error"] is None and r["completion_tokens"] == 10 for r in lines)
@@ -103,12 +75,12 @@ def test_two_workers_merge_into_one_report(stub: StubFactory, tmp_path: Path) ->
 def test_open_loop_rate_is_shared(stub: StubFactory, tmp_path: Path) -> None:
     server = stub()
     args = ("--url", server.url, "--prompt-tokens", "32", "--max-tokens", "4")
-    code = _run(
+    code = run_cli(
         tmp_path, *args, "--rate", "40", "--arrival", "constant", "--requests", "40",
         "--workers", "2",
     )  # fmt: skip
     assert code == 0
-    lines = sorted(_lines(tmp_path), key=lambda r: r["start_time"])
+    lines = sorted(request_lines(tmp_path), key=lambda r: r["start_time"])
     assert len(lines) == 40
     starts = [r["start_time"] for r in lines]
     # Two workers at 20/s each, offset by half a period: together one 40/s stream.
@@ -120,7 +92,7 @@ def test_open_loop_rate_is_shared(stub: StubFactory, tmp_path: Path) -> None:
 
 def test_too_many_workers_is_a_usage_error(stub: StubFactory, tmp_path: Path) -> None:
     server = stub()
-    code = _run(tmp_path, "--url", server.url, "--concurrency", "2", "--workers", "3")
+    code = run_cli(tmp_path, "--url", server.url, "--concurrency", "2", "--workers", "3")
     assert code == 2
     assert not (tmp_path / "requests.jsonl").exists()
 
@@ -174,7 +146,7 @@ async def test_parent_serves_live_metrics_of_all_workers(stub: StubFactory) -> N
 
 def test_unreachable_target_fails_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"http://127.0.0.1:{get_free_port()}"
-    code = _run(
+    code = run_cli(
         tmp_path, "--url", url, "--concurrency", "2", "--requests", "4", "--workers", "2",
         "--connect-timeout", "1",
     )  # fmt: skip
