@@ -3,7 +3,18 @@
 The JSON is normalized (sorted keys, fixed ids, no UI-export fields) so a change shows as a
 small diff. Run `python grafana/generate.py` after editing; `--check` exits 1 when a
 committed dashboard is stale (CI runs it). Every query names only series that the exporter,
-the load generator or a recording rule produces (tests/test_grafana.py checks it).
+the load generator or a recording rule produces, and every threshold line is read from the
+rules' THRESHOLDS table (tests/test_grafana.py checks both).
+
+The dashboards import anywhere: every panel, query, variable and annotation uses the
+`${datasource}` variable (type datasource, Prometheus). `__inputs` lets Grafana's import
+dialog pick the datasource; provisioned copies (compose, the Kubernetes sidecar), which
+skip `__inputs`, fall back to the Prometheus datasource of that Grafana.
+
+Why plain dicts and not grafana-foundation-sdk's builders: the helpers below (`ts`, `stat`,
+`check`) already say a panel in one call, and the builders' output would carry every
+default field, which turns each edit into a large diff. The SDK's models still read every
+dashboard back in tests/test_grafana.py, so the JSON stays what Grafana's schema expects.
 """
 
 from __future__ import annotations
@@ -13,17 +24,58 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 HERE = Path(__file__).resolve().parent
+# Run as a script (`python grafana/generate.py`): the thresholds live in the rules' table.
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))
+
+from prometheus.generate import SEVERITY, t  # noqa: E402
+
 OUT = HERE / "dashboards"
-DATASOURCE = {"type": "prometheus", "uid": "llmb-prometheus"}
+# The datasource variable; its value is a datasource uid (or name) chosen per dashboard.
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+# Name of the import input. It appears only as the variable's initial value, so a Grafana
+# that loads the file without the import dialog never resolves it and falls back to its
+# Prometheus datasource, instead of showing "datasource not found" on every panel.
+DS_INPUT = "DS_PROMETHEUS"
 # Every query is narrowed by both variables: one Prometheus may scrape many hosts (issue 8).
 HSEL = 'host=~"$host"'
 SEL = f'{HSEL}, engine=~"$engine"'
 # Histogram quantiles use a fixed window: 1m holds enough requests at a few per second
 # and the dashboards do not depend on Grafana's $__rate_interval.
 HIST_WINDOW = "1m"
+# Runbook of the alerts, relative to the repository (descriptions point at its sections).
+RUNBOOK = "docs/runbook.md"
+
+
+def threshold(name: str) -> float:
+    """One number of the rules' THRESHOLDS table."""
+    return float(t(name))
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A line that means something: a THRESHOLDS entry and the side of it that is fine."""
+
+    name: str
+    good: Literal["above", "below"]
+    bad_color: str = "red"
+
+    @property
+    def value(self) -> float:
+        return threshold(self.name)
+
+    def to_json(self) -> dict[str, Any]:
+        """Grafana thresholds: the base step is the colour below the line."""
+        below, above = (
+            ("green", self.bad_color) if self.good == "below" else (self.bad_color, "green")
+        )
+        return {
+            "mode": "absolute",
+            "steps": [{"color": below, "value": None}, {"color": above, "value": self.value}],
+        }
 
 
 @dataclass
@@ -50,15 +102,16 @@ class Target:
 
 @dataclass
 class Panel:
-    """A panel: type, title, queries and its size in the 24-column grid."""
+    """A panel: type, title, queries, unit, description and its size in the 24-column grid."""
 
     title: str
     targets: list[Target]
-    kind: str = "timeseries"
-    unit: str = "short"
+    kind: str
+    unit: str
+    description: str
     width: int = 8
     height: int = 7
-    description: str = ""
+    limit: Limit | None = None
     options: dict[str, Any] = field(default_factory=dict)
     defaults: dict[str, Any] = field(default_factory=dict)
     overrides: list[dict[str, Any]] = field(default_factory=list)
@@ -72,14 +125,25 @@ class Row:
     panels: list[Panel]
 
 
-def ts(title: str, *targets: Target, unit: str = "short", **kw: Any) -> Panel:
+@dataclass
+class Dashboard:
+    """One dashboard: uid, title, rows and annotation queries."""
+
+    uid: str
+    title: str
+    description: str
+    rows: list[Row]
+    annotations: list[dict[str, Any]] = field(default_factory=list)
+
+
+def ts(title: str, *targets: Target, unit: str, description: str, **kw: Any) -> Panel:
     """A time series panel."""
-    return Panel(title, list(targets), "timeseries", unit, **kw)
+    return Panel(title, list(targets), "timeseries", unit, description, **kw)
 
 
-def stat(title: str, *targets: Target, unit: str = "short", **kw: Any) -> Panel:
+def stat(title: str, *targets: Target, unit: str, description: str, **kw: Any) -> Panel:
     """A stat panel showing the last value per series."""
-    return Panel(title, list(targets), "stat", unit, **kw)
+    return Panel(title, list(targets), "stat", unit, description, **kw)
 
 
 def quantiles(metric: str, by: str, label: str) -> list[Target]:
@@ -103,6 +167,7 @@ BOOL_MAPPING = [
         },
     }
 ]
+ACTIVE_MAPPING = [{"type": "value", "options": {"1": {"text": "active", "index": 0}}}]
 
 
 def check(title: str, expr: str, description: str) -> Panel:
@@ -110,6 +175,7 @@ def check(title: str, expr: str, description: str) -> Panel:
     return stat(
         title,
         Target(expr, "{{host}}/{{engine}}"),
+        unit="bool_yes_no",
         width=6,
         description=description,
         defaults={"mappings": BOOL_MAPPING, "color": {"mode": "thresholds"}},
@@ -117,19 +183,71 @@ def check(title: str, expr: str, description: str) -> Panel:
     )
 
 
-def overview() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
+def pct(name: str) -> str:
+    """A ratio threshold as a percentage for descriptions (0.9 -> 90 %)."""
+    return f"{threshold(name) * 100:g} %"
+
+
+def mib(name: str) -> str:
+    """A byte threshold in MiB for descriptions."""
+    return f"{threshold(name) / 2**20:g} MiB"
+
+
+def decode_vs_roofline(width: int) -> Panel:
+    """Per-sequence decode, the roofline and the at-limit line (overview and engines)."""
+    at_limit = t("decode_efficiency_at_limit")
+    return ts(
+        "Per-sequence decode vs roofline",
+        Target(
+            f"engine:llmb_decode_tokens_per_second:rate5m{{{SEL}}}", "{{host}}/{{engine}} measured"
+        ),
+        Target(
+            f"engine:llmb_decode_roofline_tokens_per_second:avg5m{{{SEL}}}",
+            "{{host}}/{{engine}} roofline",
+        ),
+        Target(
+            f"engine:llmb_decode_roofline_tokens_per_second:avg5m{{{SEL}}} * {at_limit}",
+            f"{{{{host}}}}/{{{{engine}}}} at card limit ({at_limit} x roofline)",
+        ),
+        unit="tok/s",
+        width=width,
+        description=(
+            "Tokens per second one sequence gets while decoding (decode tokens / decode time, "
+            "5m), beside the roofline: GPU memory bandwidth / bytes read per decode step "
+            "(weights + KV in use). The dashed third line is "
+            f"{at_limit} x roofline (`decode_efficiency_at_limit`): measured above it, decode is "
+            "at the card's limit and only a faster card or a smaller model (quantization) "
+            "helps; below it the engine or its settings leave speed unused (check batch size, "
+            "flash attention, CUDA graphs). The aggregate throughput of a batch can exceed the "
+            "roofline; this per-sequence figure cannot."
+        ),
+        overrides=[
+            {
+                "matcher": {"id": "byRegexp", "options": ".*at card limit.*"},
+                "properties": [
+                    {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}
+                ],
+            }
+        ],
+    )
+
+
+def overview() -> Dashboard:
     """Bottleneck overview: the verdict, then the decision steps with their evidence."""
     verdict_now = Panel(
         "Verdict now",
         [Target(f"llmb:engine_bottleneck:verdict{{{SEL}}} == 1", instant=True)],
         "table",
+        "none",
+        "The active verdict per engine: the first of the decision steps below that holds "
+        "(recording rule `llmb:engine_bottleneck:verdict`, one series per verdict, 1 on the "
+        "active one). prometheus/thresholds.md gives every number behind it and "
+        f"{RUNBOOK} what to do for each verdict.",
         width=12,
         height=6,
-        description="The active verdict per engine (prometheus/thresholds.md explains it).",
         options={"showHeader": True},
-        overrides=[],
+        defaults={"custom": {"align": "auto"}},
     )
-    verdict_now.defaults = {"custom": {"align": "auto"}}
     verdict_hist = Panel(
         "Verdict over time",
         [
@@ -138,11 +256,13 @@ def overview() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
             )
         ],
         "state-timeline",
+        "none",
+        "When each verdict was active per engine (`llmb:engine_bottleneck:verdict == 1`). A "
+        "change lines up with a load step, a restart or a configuration change; compare "
+        "with the panels of the step that became true.",
         width=12,
         height=6,
-        defaults={
-            "mappings": [{"type": "value", "options": {"1": {"text": "active", "index": 0}}}]
-        },
+        defaults={"mappings": ACTIVE_MAPPING},
         options={"showValue": "never", "mergeValues": True},
     )
     rows = [
@@ -153,8 +273,13 @@ def overview() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 check(
                     "Weights not resident",
                     f"engine:llmb_weights_not_resident:bool{{{SEL}}}",
-                    "Fewer layers on the GPU than the model has, or GPU weight buffers or "
-                    "process GPU memory below 0.9 x the weight bytes.",
+                    "YES when any of the three ratios to the right is below its line: layers "
+                    f"on the GPU below {t('layers_ratio_min')} x the model's layers, GPU weight "
+                    f"buffers below {t('weights_buffer_ratio_min')} x the weight bytes, or the "
+                    f"engine's GPU memory below {t('weights_memory_ratio_min')} x the weight "
+                    "bytes. Every decode step then waits for host memory: put all layers on "
+                    "the GPU (llama.cpp `-ngl 999`, SGLang without `--cpu-offload-gb`), or use "
+                    f"a smaller quantization. {RUNBOOK}#llmweightsnotresident",
                 ),
                 ts(
                     "Layers on the GPU / layers",
@@ -163,6 +288,14 @@ def overview() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     ),
                     unit="percentunit",
                     width=6,
+                    limit=Limit("layers_ratio_min", "above"),
+                    description=(
+                        "Layers llama.cpp put on the GPU / layers of the model, from its log "
+                        "(`offloaded N/M layers to GPU`). Below the line "
+                        f"(`layers_ratio_min` = {t('layers_ratio_min')}) some layers run on "
+                        "the CPU: raise `-ngl` or free GPU memory. Empty for SGLang, which "
+                        "does not log layers."
+                    ),
                 ),
                 ts(
                     "GPU weight buffers / weight bytes",
@@ -171,12 +304,28 @@ def overview() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     ),
                     unit="percentunit",
                     width=6,
+                    limit=Limit("weights_buffer_ratio_min", "above"),
+                    description=(
+                        "Weight buffers the engine reports on a GPU (llama.cpp `CUDA0 model "
+                        "buffer size`, SGLang `weight_memory_usage_gb`) / model weight bytes. "
+                        f"Below the line (`weights_buffer_ratio_min` = "
+                        f"{t('weights_buffer_ratio_min')}) part of the weights sits in host "
+                        "memory, even when a large KV cache fills the card."
+                    ),
                 ),
                 ts(
                     "Process GPU memory / weight bytes",
                     Target(f"engine:llmb_weights_gpu_memory:ratio{{{SEL}}}", "{{host}}/{{engine}}"),
                     unit="percentunit",
                     width=6,
+                    limit=Limit("weights_memory_ratio_min", "above"),
+                    description=(
+                        "GPU memory of the engine's processes (NVML) / model weight bytes: "
+                        "works without engine logs. Below the line "
+                        f"(`weights_memory_ratio_min` = {t('weights_memory_ratio_min')}) the "
+                        "weights cannot all be on the GPU. Above 1 is normal: the KV cache "
+                        "and compute buffers add to the weights."
+                    ),
                 ),
             ],
         ),
@@ -186,20 +335,41 @@ def overview() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 check(
                     "KV saturated",
                     f"engine:llmb_kv_saturated:bool{{{SEL}}}",
-                    "KV usage >= 0.9 with requests waiting, or KV-pressure events in 5m.",
+                    f"YES when KV usage (1m average) is at least {pct('kv_usage_high')} while "
+                    f"at least {t('queue_min')} requests wait on average, or when the engine "
+                    f"logged KV-pressure events in {t('rate_window')}. Requests then wait for "
+                    "KV space, not for compute: give the KV cache more memory (llama.cpp "
+                    "`-c`, SGLang `--mem-fraction-static`), quantize the KV cache, or lower "
+                    f"the concurrency. {RUNBOOK}#llmkvcachesaturated",
                 ),
                 ts(
                     "KV cache usage (1m average)",
                     Target(f"engine:llmb_kv_cache_usage:avg1m{{{SEL}}}", "{{host}}/{{engine}}"),
                     unit="percentunit",
                     width=9,
+                    limit=Limit("kv_usage_high", "below"),
+                    description=(
+                        "KV cache tokens held / KV capacity, averaged over "
+                        f"{t('queue_window')} (`engine:llmb_kv_cache_usage:avg1m`). At or "
+                        f"above the line (`kv_usage_high` = {t('kv_usage_high')}) the pool "
+                        "counts as full; with requests waiting that is the KV-saturated "
+                        "verdict and the LLMKVCacheSaturated alert."
+                    ),
                 ),
                 ts(
-                    "KV-pressure events in 5m",
+                    f"KV-pressure events in {t('rate_window')}",
                     Target(
                         f"engine:llmb_kv_pressure_events:increase5m{{{SEL}}}", "{{host}}/{{engine}}"
                     ),
+                    unit="events",
                     width=9,
+                    description=(
+                        "Times the engine ran out of KV space: llama.cpp log lines (no KV "
+                        "slot, context exceeded, context shift, truncated slot) or SGLang "
+                        "retracted requests, counted over the window. Any event marks the KV "
+                        "cache as saturated: each one costs a request recomputation or a "
+                        "truncated answer."
+                    ),
                 ),
             ],
         ),
@@ -209,7 +379,11 @@ def overview() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 check(
                     "Requests queueing",
                     f"engine:llmb_requests_queueing:bool{{{SEL}}}",
-                    "At least 0.5 requests waiting on average over 1m.",
+                    f"YES when at least {t('queue_min')} requests wait on average over "
+                    f"{t('queue_window')}. With KV below its line this is scheduling: more "
+                    "requests than slots or batch. Raise the parallel slots (llama.cpp `-np`, "
+                    "SGLang `--max-running-requests`) if memory allows, or add a replica. "
+                    f"{RUNBOOK}#llmrequestsqueueing",
                 ),
                 ts(
                     "Waiting (1m average) and running",
@@ -220,14 +394,27 @@ def overview() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     Target(
                         f"engine:llmb_requests_running:max{{{SEL}}}", "{{host}}/{{engine}} running"
                     ),
+                    unit="requests",
                     width=9,
+                    description=(
+                        "Requests queued in the engine (1m average) beside those running "
+                        "(engine metrics: llama.cpp `requests_deferred`/`requests_processing`, "
+                        "SGLang `num_queue_reqs`/`num_running_reqs`). Running stuck at the "
+                        "slot count while waiting grows means the slots are the limit."
+                    ),
                 ),
                 ts(
                     "Slots (max running requests)",
                     Target(
                         f"max by (host, engine) (llmb_engine_slots{{{SEL}}})", "{{host}}/{{engine}}"
                     ),
+                    unit="requests",
                     width=9,
+                    description=(
+                        "The most requests the engine runs at once (llama.cpp `-np`, SGLang "
+                        "max running requests), from its /props or server info. Compare with "
+                        "running requests on the left."
+                    ),
                 ),
             ],
         ),
@@ -237,15 +424,23 @@ def overview() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 check(
                     "Idle",
                     f"engine:llmb_idle:bool{{{SEL}}}",
-                    "Nothing running or waiting and no tokens generated in 5m.",
+                    "YES when nothing runs or waits and no token was generated in "
+                    f"{t('rate_window')}: there is no load to judge. Send load (llmb-loadgen "
+                    "run) before reading the other steps.",
                 ),
                 ts(
-                    "Generated tokens/s (aggregate, 5m)",
+                    f"Generated tokens/s (aggregate, {t('rate_window')})",
                     Target(
                         f"engine:llmb_generation_tokens_per_second:rate5m{{{SEL}}}",
                         "{{host}}/{{engine}}",
                     ),
+                    unit="tok/s",
                     width=18,
+                    description=(
+                        "Generated tokens per second over all sequences (rate of the engine's "
+                        f"generation token counter over {t('rate_window')}). llama.cpp counts "
+                        "tokens when a request ends, so short windows look bursty."
+                    ),
                 ),
             ],
         ),
@@ -255,7 +450,10 @@ def overview() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                 check(
                     "Decode at card limit",
                     f"engine:llmb_decode_at_card_limit:bool{{{SEL}}}",
-                    "Per-sequence decode >= 0.5 x roofline (bandwidth / bytes per step).",
+                    "YES when per-sequence decode is at least "
+                    f"{t('decode_efficiency_at_limit')} x the roofline (bandwidth / bytes per "
+                    "step): the card is the limit. NO means the engine leaves speed unused. "
+                    f"{RUNBOOK}#llmdecodebelowcardlimit",
                 ),
                 ts(
                     "Decode efficiency (measured / roofline)",
@@ -264,27 +462,29 @@ def overview() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     ),
                     unit="percentunit",
                     width=9,
-                ),
-                ts(
-                    "Per-sequence decode vs roofline",
-                    Target(
-                        f"engine:llmb_decode_tokens_per_second:rate5m{{{SEL}}}",
-                        "{{host}}/{{engine}} measured",
+                    limit=Limit("decode_efficiency_at_limit", "above", bad_color="orange"),
+                    description=(
+                        "Per-sequence decode tok/s / roofline tok/s "
+                        "(`engine:llmb_decode_efficiency:ratio5m`). At or above the line "
+                        "(`decode_efficiency_at_limit` = "
+                        f"{t('decode_efficiency_at_limit')}) decode is at the card's memory "
+                        "bandwidth limit; tuned kernels reach 0.6-0.9. Below it, look at the "
+                        "engine build, batch size and attention kernels."
                     ),
-                    Target(
-                        f"engine:llmb_decode_roofline_tokens_per_second:avg5m{{{SEL}}}",
-                        "{{host}}/{{engine}} roofline",
-                    ),
-                    unit="tok/s",
-                    width=9,
                 ),
+                decode_vs_roofline(9),
             ],
         ),
     ]
-    return "llmb-overview", "LLM bottleneck: overview", rows, []
+    return Dashboard(
+        "llmb-overview",
+        "LLM bottleneck: overview",
+        "Why an engine is slow: the verdict, then the five decision steps with their evidence.",
+        rows,
+    )
 
 
-def gpu_memory() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
+def gpu_memory() -> Dashboard:
     """GPU memory: device, peak, per process with engine attribution, expected vs actual."""
     rows = [
         Row(
@@ -306,6 +506,12 @@ def gpu_memory() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     ),
                     unit="bytes",
                     width=12,
+                    description=(
+                        "GPU memory in use per card (NVML, as nvidia-smi shows it), the highest "
+                        "use the exporter's background sampler saw over its peak window, and "
+                        "the card's total. The peak catches short spikes (prefill, CUDA graph "
+                        "capture) that a scrape every few seconds misses."
+                    ),
                 ),
                 ts(
                     "Headroom at the peak",
@@ -314,7 +520,16 @@ def gpu_memory() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     ),
                     unit="bytes",
                     width=6,
-                    description="total - reserved - peak used; LLMGPUMemoryNearFull below 512 MiB.",
+                    limit=Limit("gpu_headroom_min_bytes", "above"),
+                    description=(
+                        "Memory left at the windowed peak: total - driver-reserved - peak used "
+                        "(`gpu:llmb_gpu_memory_headroom_bytes:peak`). Below the line "
+                        f"(`gpu_headroom_min_bytes` = {mib('gpu_headroom_min_bytes')}) the "
+                        "next larger batch or context can fail to allocate and "
+                        "LLMGPUMemoryNearFull fires: lower the engine's memory fraction or "
+                        f"context, or move another process off the card. "
+                        f"{RUNBOOK}#llmgpumemorynearfull"
+                    ),
                 ),
                 ts(
                     "Used / total and utilization",
@@ -327,6 +542,12 @@ def gpu_memory() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     ),
                     unit="percentunit",
                     width=6,
+                    description=(
+                        "Share of the card's memory in use, and the share of time a kernel "
+                        "ran (NVML utilization). Engines preallocate their KV pool, so high "
+                        "memory use alone is normal; busy near 100 % with slow decode points "
+                        "at compute, low busy at the host side or the scheduler."
+                    ),
                 ),
             ],
         ),
@@ -342,6 +563,12 @@ def gpu_memory() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     ),
                     unit="bytes",
                     width=12,
+                    description=(
+                        "GPU memory of each process on each card (NVML), with the engine it "
+                        "is attributed to (empty when no configured engine matches its PID "
+                        "or command line). An unknown process here takes memory the engines "
+                        "could use."
+                    ),
                 ),
                 ts(
                     "GPU memory per engine and GPU",
@@ -351,6 +578,11 @@ def gpu_memory() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     ),
                     unit="bytes",
                     width=12,
+                    description=(
+                        "Process GPU memory summed per engine and card. An engine split over "
+                        "several GPUs (tensor parallel, llama.cpp `--split-mode`) shows one "
+                        "line per card; an uneven split shows here first."
+                    ),
                 ),
             ],
         ),
@@ -378,6 +610,13 @@ def gpu_memory() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     ),
                     unit="bytes",
                     width=12,
+                    description=(
+                        "What the engine holds on the GPUs (NVML, summed over its processes) "
+                        "beside what the model needs: weight bytes (GGUF / safetensors size) "
+                        "and the KV cache its context should take (from the architecture). "
+                        "Actual well below weights + KV means offloaded weights or a smaller "
+                        "KV pool than configured."
+                    ),
                 ),
                 ts(
                     "Buffers the engine reports",
@@ -391,32 +630,48 @@ def gpu_memory() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     ),
                     unit="bytes",
                     width=12,
+                    description=(
+                        "Weight and KV buffers per device as the engine reports them "
+                        "(llama.cpp log: CUDA0, CPU_Mapped; SGLang: gpu, cpu). Weights on a "
+                        "CPU device mean offloaded layers: every decode step reads them over "
+                        "PCIe."
+                    ),
                 ),
             ],
         ),
     ]
-    return "llmb-gpu-memory", "LLM bottleneck: GPU memory", rows, []
+    return Dashboard(
+        "llmb-gpu-memory",
+        "LLM bottleneck: GPU memory",
+        "GPU memory per card, per process and per engine, with what the model should need.",
+        rows,
+    )
 
 
-def engines() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
-    """Engines side by side: decode vs roofline, throughput, latency, queue, KV, cache."""
+def engines() -> Dashboard:
+    """Engines side by side: decode vs roofline, throughput, latency, queue, KV, restarts."""
+
+    def restarts(window: str) -> str:
+        return f"sum by (host, engine) (increase(llmb_engine_restarts_total{{{SEL}}}[{window}]))"
+
+    annotations = [
+        {
+            "datasource": DATASOURCE,
+            "enable": True,
+            "iconColor": "red",
+            "name": "Engine restarts",
+            "expr": restarts("1m"),
+            "step": "30s",
+            "titleFormat": "{{host}}/{{engine}} restarted",
+            "tagKeys": "host,engine",
+            "useValueForTime": False,
+        }
+    ]
     rows = [
         Row(
             "Decode",
             [
-                ts(
-                    "Per-sequence decode vs roofline",
-                    Target(
-                        f"engine:llmb_decode_tokens_per_second:rate5m{{{SEL}}}",
-                        "{{host}}/{{engine}} measured",
-                    ),
-                    Target(
-                        f"engine:llmb_decode_roofline_tokens_per_second:avg5m{{{SEL}}}",
-                        "{{host}}/{{engine}} roofline",
-                    ),
-                    unit="tok/s",
-                    width=12,
-                ),
+                decode_vs_roofline(12),
                 ts(
                     "Aggregate throughput",
                     Target(
@@ -433,6 +688,12 @@ def engines() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     ),
                     unit="tok/s",
                     width=12,
+                    description=(
+                        "Generated and prompt tokens per second over all sequences "
+                        f"({t('rate_window')} rates of the engine counters), and prefill speed "
+                        "(prompt tokens / prompt time, llama.cpp). Use it to compare engines "
+                        "under the same load; batching raises it above one sequence's speed."
+                    ),
                 ),
             ],
         ),
@@ -445,6 +706,13 @@ def engines() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     *quantiles("llmb_loadgen_time_to_first_token_seconds", "engine", "client"),
                     unit="s",
                     width=12,
+                    description=(
+                        f"p50 and p99 over {HIST_WINDOW} of the time to the first token, as the "
+                        "engine measures it (server) and as llmb-loadgen sees it (client, "
+                        "includes the network and queueing in front of the engine). Client far "
+                        "above server: look at the proxy or the network. TTFT rising with "
+                        "load: requests wait for a slot or KV (steps 2 and 3 of the overview)."
+                    ),
                 ),
                 ts(
                     "Inter-token latency",
@@ -452,6 +720,11 @@ def engines() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     *quantiles("llmb_loadgen_inter_token_latency_seconds", "engine", "client"),
                     unit="s",
                     width=12,
+                    description=(
+                        f"p50 and p99 over {HIST_WINDOW} of the time between two streamed "
+                        "tokens, server and client side. 1 / ITL is the per-sequence decode "
+                        "speed a user sees; compare it with the roofline above."
+                    ),
                 ),
             ],
         ),
@@ -466,13 +739,26 @@ def engines() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     Target(
                         f"engine:llmb_requests_waiting:max{{{SEL}}}", "{{host}}/{{engine}} waiting"
                     ),
+                    unit="requests",
                     width=8,
+                    description=(
+                        "Requests the engine runs and the ones it queues, as it reports them. "
+                        "Waiting above zero for minutes while running sits at the slot count: "
+                        "more load than slots (raise them or add a replica)."
+                    ),
                 ),
                 ts(
                     "KV cache usage",
                     Target(f"engine:llmb_kv_cache_usage:ratio{{{SEL}}}", "{{host}}/{{engine}}"),
                     unit="percentunit",
                     width=8,
+                    limit=Limit("kv_usage_high", "below"),
+                    description=(
+                        "KV cache tokens held / KV capacity. At or above the line "
+                        f"(`kv_usage_high` = {t('kv_usage_high')}) with requests waiting, the "
+                        "KV pool limits the batch: more KV memory, a quantized KV cache or "
+                        f"shorter contexts help. {RUNBOOK}#llmkvcachesaturated"
+                    ),
                 ),
                 ts(
                     "Prefix-cache share of prompt tokens",
@@ -481,14 +767,45 @@ def engines() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     ),
                     unit="percentunit",
                     width=8,
+                    description=(
+                        "Prompt tokens served from the prefix cache / all prompt tokens "
+                        f"({t('rate_window')}). High shares make prefill cheap; a shared system "
+                        "prompt that stays near 0 % means the cache is off or evicted."
+                    ),
+                ),
+            ],
+        ),
+        Row(
+            "Restarts",
+            [
+                ts(
+                    f"Engine restarts per {t('rate_window')}",
+                    Target(restarts(t("rate_window")), "{{host}}/{{engine}}"),
+                    unit="restarts",
+                    width=24,
+                    height=6,
+                    description=(
+                        "Engine restarts the exporter counted (`llmb_engine_restarts_total`, "
+                        f"increase over {t('rate_window')}); the red annotations mark them on "
+                        "every panel. Throughput and latency right after a restart include "
+                        "model loading and a cold prefix cache. Repeated restarts: read the "
+                        "engine's log (out of memory, crashes) and LLMEngineDown."
+                    ),
                 ),
             ],
         ),
     ]
-    return "llmb-engines", "LLM bottleneck: engines side by side", rows, []
+    return Dashboard(
+        "llmb-engines",
+        "LLM bottleneck: engines side by side",
+        "llama.cpp and SGLang under the same labels: decode against the roofline, latency, "
+        "scheduling, KV and restarts.",
+        rows,
+        annotations,
+    )
 
 
-def load_run() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
+def load_run() -> Dashboard:
     """The load generator's steps as annotations over throughput, latency and memory."""
     annotations = [
         {
@@ -513,7 +830,13 @@ def load_run() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                         f"max by (host, engine) (llmb_loadgen_requests_in_flight{{{SEL}}})",
                         "{{host}}/{{engine}}",
                     ),
+                    unit="requests",
                     width=8,
+                    description=(
+                        "Requests llmb-loadgen has open against each engine: the concurrency "
+                        "of the current step. Below the step's concurrency, the load "
+                        "generator itself is the limit (too few workers or connections)."
+                    ),
                 ),
                 ts(
                     "Requests/s by outcome",
@@ -524,11 +847,20 @@ def load_run() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     ),
                     unit="reqps",
                     width=8,
+                    description=(
+                        "Finished requests per second by outcome (ok, error, timeout, ...), "
+                        "as llmb-loadgen counts them over 1m. Any outcome other than ok makes "
+                        "the step's numbers suspect: read the run's summary for the errors."
+                    ),
                 ),
                 Panel(
                     "Steps",
                     [Target(f"llmb_loadgen_step_info{{{SEL}}}", instant=True)],
                     "table",
+                    "none",
+                    "The current step of each load generator with its settings "
+                    "(concurrency, prompt and output tokens) as labels of "
+                    "`llmb_loadgen_step_info`. The purple annotations mark when each step began.",
                     width=8,
                 ),
             ],
@@ -549,6 +881,12 @@ def load_run() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     ),
                     unit="tok/s",
                     width=12,
+                    description=(
+                        "Completion tokens per second the load generator received (1m) "
+                        f"beside the tokens the engine says it generated ({t('rate_window')}). "
+                        "They should meet once a step runs longer than the window; a lasting "
+                        "gap means other clients share the engine or tokens are miscounted."
+                    ),
                 ),
                 ts(
                     "Early stops and token-count mismatch",
@@ -561,7 +899,15 @@ def load_run() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                         f"max by (host, engine) (llmb_loadgen_token_count_mismatch{{{SEL}}})",
                         "{{host}}/{{engine}} mismatch",
                     ),
+                    unit="requests",
                     width=12,
+                    description=(
+                        "Requests that stopped before their max tokens (5m), and 1 when the "
+                        "load generator's token count disagrees with the engine's usage "
+                        "numbers. Early stops shorten the decode phase and inflate tok/s per "
+                        f"request; a mismatch fires LLMTokenCountMismatch. "
+                        f"{RUNBOOK}#llmtokencountmismatch"
+                    ),
                 ),
             ],
         ),
@@ -573,18 +919,32 @@ def load_run() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     *quantiles("llmb_loadgen_time_to_first_token_seconds", "engine", "TTFT"),
                     unit="s",
                     width=8,
+                    description=(
+                        f"p50 and p99 over {HIST_WINDOW} of the time from sending a request to "
+                        "its first streamed token, as llmb-loadgen measures it. It grows with "
+                        "prompt length (prefill) and with queueing."
+                    ),
                 ),
                 ts(
                     "Inter-token latency",
                     *quantiles("llmb_loadgen_inter_token_latency_seconds", "engine", "ITL"),
                     unit="s",
                     width=8,
+                    description=(
+                        f"p50 and p99 over {HIST_WINDOW} of the gap between streamed tokens. "
+                        "It grows with the batch: each decode step serves every running "
+                        "sequence."
+                    ),
                 ),
                 ts(
                     "End-to-end latency",
                     *quantiles("llmb_loadgen_e2e_request_latency_seconds", "engine", "e2e"),
                     unit="s",
                     width=8,
+                    description=(
+                        f"p50 and p99 over {HIST_WINDOW} of the whole request: TTFT + output "
+                        "tokens x ITL. The number a user waits for."
+                    ),
                 ),
             ],
         ),
@@ -603,34 +963,65 @@ def load_run() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
                     ),
                     unit="bytes",
                     width=12,
+                    description=(
+                        "GPU memory in use and the sampler's windowed peak during the run "
+                        "(NVML). A peak that climbs with each step shows how close a larger "
+                        "step gets to the card's total (GPU memory dashboard)."
+                    ),
                 ),
                 ts(
-                    "KV usage and queue",
+                    "KV usage",
                     Target(f"engine:llmb_kv_cache_usage:ratio{{{SEL}}}", "{{host}}/{{engine}} KV"),
+                    unit="percentunit",
+                    width=6,
+                    limit=Limit("kv_usage_high", "below"),
+                    description=(
+                        "KV cache tokens held / capacity per step. Reaching the line "
+                        f"(`kv_usage_high` = {t('kv_usage_high')}) while requests wait: this "
+                        "step's concurrency or context is more than the KV pool holds."
+                    ),
+                ),
+                ts(
+                    "Waiting requests",
                     Target(
                         f"engine:llmb_requests_waiting:max{{{SEL}}}", "{{host}}/{{engine}} waiting"
                     ),
-                    width=12,
+                    unit="requests",
+                    width=6,
+                    description=(
+                        "Requests the engine queues during the run. A queue from the first "
+                        "step on: the step's concurrency is above the engine's slots."
+                    ),
                 ),
             ],
         ),
     ]
-    return "llmb-load-run", "LLM bottleneck: load run", rows, annotations
+    return Dashboard(
+        "llmb-load-run",
+        "LLM bottleneck: load run",
+        "One llmb-loadgen run: its steps as annotations over load, throughput, latency and memory.",
+        rows,
+        annotations,
+    )
 
 
-# Same ranks as prometheus/generate.py SEVERITY (tests/test_fleet.py keeps them equal).
+# Colours of the fleet verdicts; the ranks come from the rules (prometheus/generate.py SEVERITY).
+FLEET_COLORS = {
+    "engine_down": "dark-red",
+    "weights_not_resident": "red",
+    "kv_saturated": "orange",
+    "scheduling_bound": "yellow",
+    "decode_below_card_limit": "blue",
+    "decode_at_card_limit": "green",
+    "idle": "text",
+}
 FLEET_SEVERITY = {
-    "engine_down": (7, "dark-red"),
-    "weights_not_resident": (6, "red"),
-    "kv_saturated": (5, "orange"),
-    "scheduling_bound": (4, "yellow"),
-    "decode_below_card_limit": (3, "blue"),
-    "decode_at_card_limit": (2, "green"),
-    "idle": (1, "text"),
+    verdict: (SEVERITY[verdict], color)
+    for verdict, color in sorted(FLEET_COLORS.items(), key=lambda kv: -SEVERITY[kv[0]])
 }
 
 
-def fleet() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
+def fleet() -> Dashboard:
     """Many hosts on one Prometheus: every engine's verdict, worst first."""
     mapping = [
         {
@@ -642,13 +1033,17 @@ def fleet() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
         }
     ]
     colored = {"mappings": mapping, "color": {"mode": "thresholds"}}
+    ranks = ", ".join(f"{rank} {verdict}" for verdict, (rank, _) in FLEET_SEVERITY.items())
     table = Panel(
         "Verdict per host and engine, worst first",
         [Target(f"sort_desc(llmb:engine_bottleneck:severity{{{SEL}}})", instant=True)],
         "table",
+        "none",
+        "One row per engine with the severity rank of its verdict "
+        f"(`llmb:engine_bottleneck:severity`: {ranks}). Start at the top: open the overview "
+        "dashboard for that host and engine.",
         width=14,
         height=10,
-        description="One row per engine; Value is the severity rank (7 engine down ... 1 idle).",
         options={"showHeader": True, "sortBy": [{"displayName": "Value", "desc": True}]},
         defaults={"custom": {"align": "auto"}},
         overrides=[
@@ -665,16 +1060,27 @@ def fleet() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
     worst = stat(
         "Worst verdict per host",
         Target(f"sort_desc(host:llmb_engine_bottleneck_severity:max{{{HSEL}}})", "{{host}}"),
+        unit="none",
         width=10,
         height=10,
-        description="The worst verdict among each host's engines.",
+        description=(
+            "The worst verdict among each host's engines "
+            "(`host:llmb_engine_bottleneck_severity:max`). A host in red or orange has an "
+            "engine whose weights are off the GPU, whose KV cache is full, or that is down."
+        ),
         defaults=colored,
         options={"colorMode": "background", "graphMode": "none", "textMode": "value_and_name"},
     )
     counts = ts(
         "Engines per verdict and host",
         Target(f"host_verdict:llmb_engines:count{{{HSEL}}}", "{{host}} {{verdict}}"),
+        unit="engines",
         width=12,
+        description=(
+            "How many engines of each host have each verdict over time "
+            "(`host_verdict:llmb_engines:count`). A jump after a deployment or a load change "
+            "dates the start of a problem."
+        ),
     )
     history = Panel(
         "Verdict over time",
@@ -684,14 +1090,19 @@ def fleet() -> tuple[str, str, list[Row], list[dict[str, Any]]]:
             )
         ],
         "state-timeline",
+        "none",
+        "When each verdict was active per host and engine (`llmb:engine_bottleneck:verdict == 1`).",
         width=12,
-        defaults={
-            "mappings": [{"type": "value", "options": {"1": {"text": "active", "index": 0}}}]
-        },
+        defaults={"mappings": ACTIVE_MAPPING},
         options={"showValue": "never", "mergeValues": True},
     )
     rows = [Row("Fleet now", [table, worst]), Row("Fleet over time", [counts, history])]
-    return "llmb-fleet", "LLM bottleneck: fleet", rows, []
+    return Dashboard(
+        "llmb-fleet",
+        "LLM bottleneck: fleet",
+        "Every engine of every host on one Prometheus, worst verdict first.",
+        rows,
+    )
 
 
 DASHBOARDS = {
@@ -705,20 +1116,53 @@ DASHBOARDS = {
 
 def panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
     """Grafana JSON of one panel."""
-    defaults = {"unit": panel.unit, **panel.defaults}
-    doc: dict[str, Any] = {
+    if not panel.description or not panel.unit:
+        raise ValueError(f"panel {panel.title!r} needs a unit and a description")
+    defaults: dict[str, Any] = {"unit": panel.unit, **panel.defaults}
+    if panel.limit is not None:
+        defaults["thresholds"] = panel.limit.to_json()
+        if panel.kind == "timeseries":
+            # Draw the threshold as a dashed line so the panel shows where it is crossed.
+            defaults["custom"] = {
+                **defaults.get("custom", {}),
+                "thresholdsStyle": {"mode": "dashed"},
+            }
+        else:
+            defaults["color"] = {"mode": "thresholds"}
+    return {
         "id": pid,
         "type": panel.kind,
         "title": panel.title,
+        "description": panel.description,
         "datasource": DATASOURCE,
         "gridPos": {"h": panel.height, "w": panel.width, "x": x, "y": y},
         "fieldConfig": {"defaults": defaults, "overrides": panel.overrides},
         "options": panel.options,
-        "targets": [t.to_json(chr(ord("A") + i)) for i, t in enumerate(panel.targets)],
+        "targets": [tg.to_json(chr(ord("A") + i)) for i, tg in enumerate(panel.targets)],
     }
-    if panel.description:
-        doc["description"] = panel.description
-    return doc
+
+
+def datasource_variable() -> dict[str, Any]:
+    """The Prometheus datasource every query uses.
+
+    Its initial value is the import input: the import dialog replaces it with the chosen
+    datasource. Provisioned copies keep the placeholder, which matches no datasource, so
+    Grafana selects its first Prometheus datasource (compose: the provisioned one).
+    """
+    placeholder = "${" + DS_INPUT + "}"
+    return {
+        "name": "datasource",
+        "label": "Data source",
+        "type": "datasource",
+        "query": "prometheus",
+        "regex": "",
+        "refresh": 1,
+        "hide": 0,
+        "multi": False,
+        "includeAll": False,
+        "current": {"selected": True, "text": placeholder, "value": placeholder},
+        "options": [],
+    }
 
 
 def variable(name: str, label: str, query: str) -> dict[str, Any]:
@@ -739,14 +1183,34 @@ def variable(name: str, label: str, query: str) -> dict[str, Any]:
     }
 
 
-def dashboard_json(
-    uid: str, title: str, rows: list[Row], annotations: list[dict[str, Any]]
-) -> dict[str, Any]:
+# Names Grafana's import dialog shows for the panel plugins we use.
+PANEL_NAMES = {
+    "stat": "Stat",
+    "state-timeline": "State timeline",
+    "table": "Table",
+    "timeseries": "Time series",
+}
+
+
+def requires(panels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`__requires` of the import dialog: Grafana, Prometheus and the panel plugins used."""
+    kinds = sorted({p["type"] for p in panels if p["type"] != "row"})
+    return [
+        {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.0.0"},
+        {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
+        *(
+            {"type": "panel", "id": kind, "name": PANEL_NAMES[kind], "version": ""}
+            for kind in kinds
+        ),
+    ]
+
+
+def dashboard_json(dash: Dashboard) -> dict[str, Any]:
     """Grafana JSON of one dashboard, laid out row by row."""
     panels: list[dict[str, Any]] = []
     y = 0
     pid = 1
-    for row in rows:
+    for row in dash.rows:
         panels.append(
             {
                 "id": pid,
@@ -771,8 +1235,21 @@ def dashboard_json(
             height = max(height, panel.height)
         y += height
     return {
-        "uid": uid,
-        "title": title,
+        "__inputs": [
+            {
+                "name": DS_INPUT,
+                "label": "Prometheus",
+                "description": "The Prometheus that scrapes the llm-bottleneck exporter and "
+                "evaluates its rules (prometheus/rules/).",
+                "type": "datasource",
+                "pluginId": "prometheus",
+                "pluginName": "Prometheus",
+            }
+        ],
+        "__requires": requires(panels),
+        "uid": dash.uid,
+        "title": dash.title,
+        "description": dash.description,
         "tags": ["llm-bottleneck"],
         "editable": True,
         "graphTooltip": 1,
@@ -780,9 +1257,10 @@ def dashboard_json(
         "schemaVersion": 39,
         "time": {"from": "now-1h", "to": "now"},
         "timezone": "",
-        "annotations": {"list": annotations},
+        "annotations": {"list": dash.annotations},
         "templating": {
             "list": [
+                datasource_variable(),
                 variable("host", "Host", "label_values(llmb_source_up, host)"),
                 variable("engine", "Engine", f"label_values(llmb_engine_up{{{HSEL}}}, engine)"),
             ]
@@ -793,10 +1271,7 @@ def dashboard_json(
 
 def render(name: str) -> str:
     """Normalized JSON text of one dashboard file."""
-    uid, title, rows, annotations = DASHBOARDS[name]()
-    return (
-        json.dumps(dashboard_json(uid, title, rows, annotations), indent=2, sort_keys=True) + "\n"
-    )
+    return json.dumps(dashboard_json(DASHBOARDS[name]()), indent=2, sort_keys=True) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

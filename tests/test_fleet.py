@@ -250,7 +250,7 @@ def test_every_dashboard_has_host_and_engine_variables() -> None:
     for path in sorted((ROOT / "grafana/dashboards").glob("*.json")):
         doc = json.loads(path.read_text(encoding="utf-8"))
         names = [v["name"] for v in doc["templating"]["list"]]
-        assert names == ["host", "engine"], path.name
+        assert names == ["datasource", "host", "engine"], path.name
         for panel in doc["panels"]:
             for target in panel.get("targets", []):
                 assert 'host=~"$host"' in target["expr"], (path.name, panel["title"])

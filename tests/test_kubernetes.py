@@ -101,7 +101,7 @@ def test_dashboards_are_labelled_configmaps_of_the_repository_json() -> None:
     for cm, path in zip(maps, dashboards, strict=True):
         assert cm["kind"] == "ConfigMap"
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
-        assert cm["data"] == {path.name: path.read_text(encoding="utf-8")}
+        assert cm["data"] == {f"llmb-{path.name}": path.read_text(encoding="utf-8")}
 
 
 def test_daemonset_sees_gpus_without_taking_one() -> None:

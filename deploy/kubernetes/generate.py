@@ -58,8 +58,27 @@ def prometheus_rule(rules_dir: Path = RULES_DIR) -> dict[str, Any]:
     }
 
 
+# The Grafana sidecar (kube-prometheus-stack: k8s-sidecar) loads ConfigMaps carrying this
+# label and writes each data key as a file into one folder shared by every dashboard of the
+# cluster, so the key is prefixed to avoid overwriting another chart's `overview.json`.
+DASHBOARD_LABEL = {"grafana_dashboard": "1"}
+# Read by the sidecar only when the chart sets `sidecar.dashboards.folderAnnotation:
+# grafana_folder` (and `provider.foldersFromFilesStructure: true`); otherwise harmless.
+DASHBOARD_FOLDER = {"grafana_folder": "LLM bottleneck"}
+
+
+def dashboard_key(path: Path) -> str:
+    """File name the sidecar writes a dashboard to."""
+    return f"llmb-{path.name}"
+
+
 def dashboard_configmaps(dashboards_dir: Path = DASHBOARDS_DIR) -> list[dict[str, Any]]:
-    """One ConfigMap per dashboard, picked up by the Grafana sidecar by its label."""
+    """One ConfigMap per dashboard, picked up by the Grafana sidecar by its label.
+
+    The JSON is copied byte for byte: the sidecar does not apply `__inputs`, and needs
+    not, because every panel uses the dashboard's `datasource` variable, which resolves
+    to the Grafana's Prometheus datasource by itself.
+    """
     maps = []
     for path in sorted(dashboards_dir.glob("*.json")):
         text = path.read_text(encoding="utf-8")
@@ -70,9 +89,10 @@ def dashboard_configmaps(dashboards_dir: Path = DASHBOARDS_DIR) -> list[dict[str
                 "kind": "ConfigMap",
                 "metadata": {
                     "name": f"llmb-dashboard-{path.stem}",
-                    "labels": {**LABELS, "grafana_dashboard": "1"},
+                    "labels": {**LABELS, **DASHBOARD_LABEL},
+                    "annotations": dict(DASHBOARD_FOLDER),
                 },
-                "data": {path.name: text},
+                "data": {dashboard_key(path): text},
             }
         )
     return maps
