@@ -785,8 +785,10 @@ def engines() -> Dashboard:
                     width=24,
                     height=6,
                     description=(
-                        "Engine restarts the exporter counted (`llmb_engine_restarts_total`, "
-                        f"increase over {t('rate_window')}); the red annotations mark them on "
+                        "New engine instances the exporter saw (`llmb_engine_restarts_total`, "
+                        f"increase over {t('rate_window')}): the engine was unreachable in "
+                        "between, or its build, model, context, slots or start arguments "
+                        "changed. The red annotations mark them on "
                         "every panel. Throughput and latency right after a restart include "
                         "model loading and a cold prefix cache. Repeated restarts: read the "
                         "engine's log (out of memory, crashes) and LLMEngineDown."
