@@ -64,6 +64,7 @@ from exporter.verdict import (
     roofline_tokens_per_second,
     rule_values_at,
     seconds,
+    verdicts_at,
 )
 from simulator.scenarios import SCENARIOS
 from tests.conftest import FIXTURES, get_free_port
@@ -136,6 +137,20 @@ def test_decision_order_first_condition_wins() -> None:
     assert evaluate(Signals(kv_pressure_increase=0.0)).name == "decode_below_card_limit"
 
 
+def test_verdict_as_json_names_every_condition_and_the_action() -> None:
+    d = evaluate(Signals(kv_pressure_increase=3.0, waiting_avg=2.0)).to_dict()
+    assert d["verdict"] == "kv_saturated" and d["evidence"] == ["pressure_events"]
+    assert d["conditions"] == {
+        "weights_not_resident": False,
+        "kv_saturated": True,
+        "requests_queueing": True,
+        "idle": False,
+        "decode_at_card_limit": False,
+    }
+    assert d["action"] == VERDICT_INFO["kv_saturated"].action
+    json.dumps(d)
+
+
 def test_thresholds_parse() -> None:
     assert seconds("rate_window") == 300 and seconds("queue_window") == 60
     assert number("gpu_headroom_min_bytes") == 536870912
@@ -184,6 +199,7 @@ def test_signals_from_samples_follow_promql_windows() -> None:
     # Engines that are not up have no verdict.
     series[("llmb_engine_up", lab)] = [(t, 0.0) for t in range(0, 301, 15)]
     assert rule_values_at(series, 300) == {}
+    assert verdicts_at(series, 300) == {}
 
 
 # ------------------------------------------------------------------ simulator captures
