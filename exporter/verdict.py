@@ -735,9 +735,19 @@ def _extrapolated(
     return result * factor
 
 
+def _kahan_inc(inc: float, total: float, c: float) -> tuple[float, float]:
+    # Neumaier's compensated summation step, as Prometheus' kahanSumInc.
+    t = total + inc
+    if abs(total) >= abs(inc):
+        c += (total - t) + inc
+    else:
+        c += (inc - t) + total
+    return t, c
+
+
 def _avg_over_time(points: list[tuple[int, float]]) -> float:
-    # The incremental mean of Prometheus 2.42's avg_over_time, for identical rounding.
-    mean = count = 0.0
+    # The compensated incremental mean of Prometheus 2.42's avg_over_time, bit for bit.
+    mean = count = c = 0.0
     for _, v in points:
         count += 1
         if math.isinf(mean):
@@ -745,8 +755,8 @@ def _avg_over_time(points: list[tuple[int, float]]) -> float:
                 continue
             if not math.isinf(v) and not math.isnan(v):
                 continue
-        mean += v / count - mean / count
-    return mean
+        mean, c = _kahan_inc(v / count - mean / count, mean, c)
+    return mean if math.isinf(mean) else mean + c
 
 
 def _key(labels: Mapping[str, str]) -> EngineKey:

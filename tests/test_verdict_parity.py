@@ -202,6 +202,30 @@ def test_signals_from_samples_follow_promql_windows() -> None:
     assert verdicts_at(series, 300) == {}
 
 
+@pytest.mark.prometheus
+def test_a_queue_average_at_the_threshold_rounds_as_in_prometheus(tmp_path: Path) -> None:
+    """Waiting 0,0,2,0,0,1 averages to 0.5 on paper; Prometheus' compensated mean gives
+    0.49999999999999994, so requests are not queueing. A plain running mean says 0.5."""
+    lab = (("engine", "e"), ("host", "h"), ("kind", "sglang"))
+    waiting = [0.0] * 5 + [0.0, 0.0, 2.0, 0.0, 0.0, 1.0]
+    scrapes = []
+    for i, w in enumerate(waiting):
+        samples: dict[Key, float] = {
+            ("llmb_engine_up", lab): 1.0,
+            ("llmb_engine_requests_running", lab): 2.0,
+            ("llmb_engine_requests_waiting", lab): w,
+            ("llmb_engine_kv_cache_usage_ratio", lab): 0.3,
+        }
+        scrapes.append((12.0 * i, samples))
+    final, _, result = promtool_test([("queue at the threshold", scrapes, 12.0)], tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    ((key, verdict),) = final["queue at the threshold"].items()
+    assert verdict == "decode_below_card_limit"
+    series = {k: [(12.0 * i, s[k]) for i, (_, s) in enumerate(scrapes)] for k in scrapes[0][1]}
+    waiting_avg = rule_values_at(series, 120.0)[key].signals.waiting_avg
+    assert waiting_avg == 0.49999999999999994
+
+
 # ------------------------------------------------------------------ simulator captures
 
 KINDS = ("llamacpp", "sglang")
@@ -476,7 +500,7 @@ def promtool_test(
     steps = 0
     files = []
     for i, (name, scrapes, interval) in enumerate(cases):
-        pc = parity_case(name, scrapes, interval, every_step=True)
+        pc = parity_case(name, scrapes, interval, every_step=True, exact_values=True)
         final[name] = pc.final
         steps += len(pc.verdicts)
         doc = {
