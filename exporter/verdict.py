@@ -672,7 +672,8 @@ class _Data:
         self.by_name: dict[str, list[tuple[dict[str, str], list[tuple[int, float]]]]] = defaultdict(
             list
         )
-        for (name, labels), points in series.items():
+        # Sorted by labels, as a PromQL selector returns series: sums then add in the same order.
+        for (name, labels), points in sorted(series.items()):
             pts = [(_ms(ts), float(v)) for ts, v in points if _ms(ts) <= self.at]
             self.by_name[name].append((dict(labels), pts))
 
