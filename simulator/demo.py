@@ -137,12 +137,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="print a verdict once it has held this many seconds",
     )
     p.add_argument(
-        "--settle",
-        type=float,
-        default=15.0,
-        help="print a verdict once it has held this many seconds",
-    )
-    p.add_argument(
         "--verdict-timeout", type=float, default=180.0, help="seconds to wait for both verdicts"
     )
     return p
