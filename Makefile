@@ -1,11 +1,17 @@
 # llm-bottleneck — developer entry points. `make test` is what CI runs.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Extra flags for `llmb-sim demo` (see `llmb-sim demo --help`), e.g.
+#   make demo DEMO_ARGS="--sglang-scenario kv_saturated"
+DEMO_ARGS ?=
 
-.PHONY: install test lint typecheck unit rules-check demo run clean
+.PHONY: install install-demo test lint typecheck unit rules-check demo run clean
 
 install:  ## install everything (Debian packages, venv, CPU llama-server, test model)
-	bash scripts/install.sh
+	VENV=$(VENV) bash scripts/install.sh
+
+install-demo:  ## only what the demo needs (Prometheus, Alertmanager, venv with the project)
+	VENV=$(VENV) bash scripts/install.sh --demo
 
 lint:
 	$(VENV)/bin/ruff check .
@@ -27,8 +33,8 @@ test: install lint typecheck rules-check unit  ## install + lint + types + rules
 run:  ## run the exporter with config.yaml (copy config.example.yaml first)
 	$(PY) -m exporter --config config.yaml
 
-demo:  ## exporter + both engine simulators (+ Prometheus when installed), no GPU needed
-	$(VENV)/bin/llmb-sim demo
+demo: install-demo  ## both engine simulators, exporter, Prometheus + rules, Alertmanager; prints the verdicts
+	$(VENV)/bin/llmb-sim demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
