@@ -182,7 +182,7 @@ def test_compose_commands(tmp_path: Path) -> None:
         "llamacpp-logrotate",
     }
     mount = next(
-        v for v in services["exporter"]["volumes"] if v["target"] == "/etc/llmb/config.yaml"
+        v.split(":")[0] for v in services["exporter"]["volumes"] if ":/etc/llmb/config.yaml" in v
     )
-    config = load_config(Path(mount["source"]), environ={})
+    config = load_config(Path(mount), environ={})
     assert [(e.name, e.kind) for e in config.engines] == [("llama", "llamacpp")]
