@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,20 @@ SERVICES = {
     "alertmanager",
     "grafana",
     "loadgen",
+    "loadgen-out",
     "llamacpp",
+    "llamacpp-logrotate",
     "sglang",
     "demo",
 }
-PROFILES = {"loadgen": "loadgen", "llamacpp": "llamacpp", "sglang": "sglang", "demo": "demo"}
+PROFILES = {
+    "loadgen": "loadgen",
+    "loadgen-out": "loadgen",
+    "llamacpp": "llamacpp",
+    "llamacpp-logrotate": "llamacpp",
+    "sglang": "sglang",
+    "demo": "demo",
+}
 
 
 def compose_vars() -> set[str]:
@@ -136,8 +146,8 @@ def test_images_are_pinned_and_ports_bind_to_loopback() -> None:
 
 def test_long_running_services_have_healthchecks() -> None:
     for name, service in raw()["services"].items():
-        if name == "loadgen":
-            continue  # runs on demand and exits
+        if name in {"loadgen", "loadgen-out"}:
+            continue  # run on demand and exit
         assert service["healthcheck"]["test"], name
 
 
@@ -153,6 +163,93 @@ def test_engines_expose_metrics() -> None:
 def test_dockerfile_installs_the_project_as_a_non_root_user() -> None:
     text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
     assert re.search(r"^FROM python:[\d.]+-slim", text, flags=re.M)
-    assert "pip install /src" in text
-    user = re.findall(r"^USER (\S+)", text, flags=re.M)
-    assert user and user[-1] not in {"root", "0"}
+    stages = dict(re.findall(r"^FROM \S+ AS (\w+)\n(.*?)(?=^FROM |\Z)", text, flags=re.M | re.S))
+    # The exporter's image: base dependencies only (no extras); the full one: [full].
+    assert re.search(r"^RUN pip install /src ", stages["exporter"], flags=re.M)
+    assert 'pip install "/src[full]"' in stages["full"]
+    for stage in ("exporter", "full"):
+        user = re.findall(r"^USER (\S+)", stages[stage], flags=re.M)
+        assert user and user[-1] not in {"root", "0"}, stage
+    services = raw()["services"]
+    assert services["exporter"]["build"]["target"] == "exporter"
+    for name in ("loadgen", "demo"):
+        assert services[name]["build"]["target"] == "full", name
+
+
+def profile_config(name: str) -> Any:
+    from exporter.config import load_config
+
+    return load_config(ROOT / "deploy" / "compose" / f"{name}.yaml", environ={})
+
+
+def test_exporter_config_follows_the_profile() -> None:
+    """Each profile's config lists only its engines, at the compose service addresses."""
+    services = raw()["services"]
+    expected = {
+        "llamacpp": [("llama", "llamacpp", "http://llamacpp:8080")],
+        "sglang": [("sgl", "sglang", "http://sglang:30000")],
+        "both": [
+            ("llama", "llamacpp", "http://llamacpp:8080"),
+            ("sgl", "sglang", "http://sglang:30000"),
+        ],
+    }
+    for name, engines in expected.items():
+        config = profile_config(name)
+        assert [(e.name, e.kind, str(e.url).rstrip("/")) for e in config.engines] == engines
+    assert str(profile_config("llamacpp").engines[0].log_file) == (
+        "/var/log/llama/llama-server.log"
+    )
+    assert "--port 8080" in services["llamacpp"]["command"]
+    assert "--port 30000" in services["sglang"]["command"]
+    # The default is the llamacpp profile's, in compose and in .env.example.
+    volume = services["exporter"]["volumes"][0]
+    assert volume.startswith("${LLMB_CONFIG_FILE:-./deploy/compose/llamacpp.yaml}:")
+    example = (ROOT / ".env.example").read_text(encoding="utf-8")
+    assert "LLMB_CONFIG_FILE=./deploy/compose/llamacpp.yaml\n" in example
+    # No engine address is overridden behind the config's back.
+    for name in ("exporter", "loadgen"):
+        env = services[name].get("environment", {})
+        assert not [k for k in env if k.startswith("LLMB__ENGINES__")], name
+
+
+def test_llamacpp_image_supports_blackwell() -> None:
+    """CUDA >= 12.8 is needed for sm_120 (RTX PRO 5000): the pinned tag is a CUDA 13 build."""
+    image = raw()["services"]["llamacpp"]["image"]
+    tag = re.fullmatch(r".*:\$\{LLAMACPP_IMAGE_TAG:-(.+)\}", image)
+    assert tag and re.fullmatch(r"server-cuda13-b\d+", tag.group(1)), image
+    example = (ROOT / ".env.example").read_text(encoding="utf-8")
+    assert f"LLAMACPP_IMAGE_TAG={tag.group(1)}\n" in example
+
+
+def test_llama_log_rotation_runs(tmp_path: Path, rendered: dict[str, Any]) -> None:
+    """The rotation script, as compose renders it, run by sh over a log above the limit."""
+    service = rendered["services"]["llamacpp-logrotate"]
+    assert "llama-logs:/var/log/llama" in "\n".join(str(v) for v in service["volumes"])
+    script = service["command"][2].replace("$$", "$")
+    assert '-ge "512"' in script  # LLAMACPP_LOG_MAX_MB's default
+    script = script.replace("/var/log/llama", str(tmp_path)).replace('-ge "512"', '-ge "1"')
+    log = tmp_path / "llama-server.log"
+    log.write_bytes(b"x" * (2 * 1024 * 1024))
+    proc = subprocess.Popen(["sh", "-c", script])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and log.stat().st_size:
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert log.stat().st_size == 0
+    assert (tmp_path / "llama-server.log.1").stat().st_size == 2 * 1024 * 1024
+
+
+def test_loadgen_out_is_writable_by_its_user() -> None:
+    services = raw()["services"]
+    user = "${LOADGEN_UID:-1000}:${LOADGEN_GID:-1000}"
+    assert services["loadgen"]["user"] == user
+    assert services["loadgen-out"]["command"] == ["chown", user, "/out"]
+    assert services["loadgen-out"]["user"] == "0:0"
+    out = "${LOADGEN_OUT_DIR:-./out}:/out"
+    assert out in services["loadgen"]["volumes"] and out in services["loadgen-out"]["volumes"]
+    assert services["loadgen"]["depends_on"] == {
+        "loadgen-out": {"condition": "service_completed_successfully"}
+    }
