@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -253,3 +254,113 @@ def test_loadgen_out_is_writable_by_its_user() -> None:
     assert services["loadgen"]["depends_on"] == {
         "loadgen-out": {"condition": "service_completed_successfully"}
     }
+
+
+# --- integration: the llamacpp profile's services, natively ---------------------------------
+
+
+def wait_ok(url: str, proc: subprocess.Popen[bytes], what: str, timeout: float = 30) -> None:
+    """Wait until `url` answers 200; fail early when `proc` died."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"{what} exited with {proc.returncode}"
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{what} did not answer {url}")
+
+
+def profile_alerts(tmp_path: Path, config_file: Path) -> tuple[set[str], dict[str, str]]:
+    """Run the llamacpp profile natively with `config_file` as LLMB_CONFIG_FILE.
+
+    The llama.cpp simulator stands in for llama-server (same log, NVML-shaped GPU file);
+    the exporter reads the unmodified config with the addresses compose would give it
+    replaced through LLMB__ overrides, as compose's environment does; Prometheus runs
+    `prometheus/prometheus.yml` with the shipped rules, its loadgen target down as in
+    compose between load runs. Returns the alert names in ALERTS (pending or firing) and
+    the verdict per engine, after the rules have evaluated for 20 s.
+    """
+    from tests.conftest import get_free_port
+    from tests.plugins.prom import start_prometheus, stop_process
+
+    procs: list[subprocess.Popen[bytes]] = []
+    prom = None
+    try:
+        sim_port, exporter_port = get_free_port(), get_free_port()
+        log, state = tmp_path / "llama-server.log", tmp_path / "gpu.json"
+        argv = [sys.executable, "-m", "simulator", "--kind", "llamacpp", "--port", str(sim_port)]
+        argv += ["--log-file", str(log), "--gpu-state-file", str(state)]
+        with (tmp_path / "sim.out").open("wb") as out:
+            procs.append(subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT))
+        wait_ok(f"http://127.0.0.1:{sim_port}/health", procs[0], "llama.cpp simulator")
+        env = {
+            **os.environ,
+            "LLMB__LISTEN": f"127.0.0.1:{exporter_port}",
+            "LLMB__HOST": "gpu-host",
+            "LLMB__ENGINES__LLAMA__URL": f"http://127.0.0.1:{sim_port}",
+            "LLMB__ENGINES__LLAMA__LOG_FILE": str(log),
+            "LLMB__ENGINES__SGL__URL": "http://127.0.0.1:30000",
+            "LLMB__GPU__FAKE_FILE": f"[{state}]",
+        }
+        listed = {e["name"] for e in yaml.safe_load(config_file.read_text())["engines"]}
+        if "sgl" not in listed:
+            del env["LLMB__ENGINES__SGL__URL"]  # an override for an engine not listed
+        with (tmp_path / "exporter.out").open("wb") as out:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "exporter", "--config", str(config_file)],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        wait_ok(f"http://127.0.0.1:{exporter_port}/metrics", procs[1], "exporter")
+        targets = {
+            "llmb-exporter": [f"127.0.0.1:{exporter_port}"],
+            "llmb-loadgen": [f"127.0.0.1:{get_free_port()}"],  # not running, as in compose
+        }
+        prom = start_prometheus(tmp_path, get_free_port(), targets)
+        prom.wait_until(
+            lambda: bool(prom.query("llmb:engine_bottleneck:verdict == 1")), 60, "a verdict"
+        )
+        time.sleep(20)  # 20 evaluations of every rule at the 1s interval
+        alerts = {r["metric"]["alertname"] for r in prom.query("ALERTS")}
+        verdicts = {
+            r["metric"]["engine"]: r["metric"]["verdict"]
+            for r in prom.query("llmb:engine_bottleneck:verdict == 1")
+        }
+        return alerts, verdicts
+    finally:
+        if prom is not None:
+            stop_process(prom.process)
+        for proc in procs:
+            stop_process(proc)  # type: ignore[arg-type]
+
+
+@pytest.mark.prometheus
+@pytest.mark.timeout(300)
+def test_llamacpp_profile_raises_no_alert(tmp_path: Path) -> None:
+    """`docker compose --profile llamacpp up -d` with its default config: ALERTS stays empty."""
+    default = re.fullmatch(
+        r"\$\{LLMB_CONFIG_FILE:-(.+)\}:/etc/llmb/config.yaml:ro",
+        raw()["services"]["exporter"]["volumes"][0],
+    )
+    assert default
+    alerts, verdicts = profile_alerts(tmp_path, ROOT / default.group(1))
+    assert alerts == set()
+    assert verdicts == {"llama": "idle"}
+
+
+@pytest.mark.prometheus
+@pytest.mark.timeout(300)
+def test_a_config_listing_an_engine_not_started_raises_engine_down(tmp_path: Path) -> None:
+    """The check above can fail: the former default (both engines) alerts for `sgl`."""
+    alerts, verdicts = profile_alerts(tmp_path, ROOT / "deploy" / "compose" / "both.yaml")
+    assert "LLMEngineDown" in alerts
+    assert verdicts == {"llama": "idle"}
