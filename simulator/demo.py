@@ -161,10 +161,8 @@ class Demo:
         return next((n for n, p in self.procs.items() if p.poll() is not None), None)
 
     def shutdown(self) -> None:
-        """Stop the load, then every child (SIGTERM, SIGKILL after 10 s)."""
+        """Stop every child (SIGTERM, SIGKILL after 10 s), then the load threads."""
         self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=5)
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.terminate()
@@ -175,6 +173,10 @@ class Demo:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        # Their requests fail now that the simulators are gone; daemon threads, so a stuck
+        # one cannot hold the exit.
+        for thread in self.threads:
+            thread.join(timeout=1)
 
 
 def drive(url: str, load: Load, stop: threading.Event) -> None:
