@@ -30,8 +30,10 @@ unit:
 
 test: install lint typecheck rules-check unit  ## install + lint + types + rules + all tests
 
-run:  ## run the exporter with config.yaml (copy config.example.yaml first)
-	$(PY) -m exporter --config config.yaml
+CONFIG ?= config.yaml
+run:  ## run the exporter with CONFIG (default config.yaml: copy config.example.yaml and edit it)
+	@test -f "$(CONFIG)" || { echo "make run: $(CONFIG) not found: cp config.example.yaml $(CONFIG) and edit it, or make run CONFIG=FILE" >&2; exit 2; }
+	$(PY) -m exporter --config "$(CONFIG)"
 
 demo: install-demo  ## both engine simulators, exporter, Prometheus + rules, Alertmanager; prints the verdicts
 	$(VENV)/bin/llmb-sim demo $(DEMO_ARGS)
