@@ -23,14 +23,17 @@ from tests.conftest import get_free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-VERDICTS = (
-    "weights_not_resident",
-    "kv_saturated",
-    "scheduling_bound",
-    "decode_at_card_limit",
-    "decode_below_card_limit",
-    "idle",
-)
+
+
+def _verdicts() -> tuple[str, ...]:
+    """The verdict vocabulary, from the generator of the rules (its source of truth)."""
+    from tests.test_fleet import load_generator
+
+    module = load_generator(ROOT / "prometheus" / "generate.py", "llmb_prometheus_generate")
+    return tuple(module.VERDICTS)
+
+
+VERDICTS = _verdicts()
 
 
 def readme_commands() -> list[str]:

@@ -25,16 +25,10 @@ from simulator import scenarios
 from simulator.demo import KINDS, engine_name
 from tests.conftest import get_free_port
 from tests.plugins.prom import rule_groups
+from tests.test_readme import VERDICTS as README_VERDICTS
 
 ROOT = Path(__file__).resolve().parent.parent
-VERDICTS = {
-    "weights_not_resident",
-    "kv_saturated",
-    "scheduling_bound",
-    "decode_at_card_limit",
-    "decode_below_card_limit",
-    "idle",
-}
+VERDICTS = set(README_VERDICTS)
 
 
 def children(pid: int) -> set[int]:
