@@ -1,21 +1,33 @@
-# The project image: exporter (llmb-exporter), load generator (llmb-loadgen) and the engine
-# simulators (llmb-sim). Used by the exporter, loadgen and demo services of docker-compose.yml.
-FROM python:3.12.7-slim-bookworm
+# Two images from one file (docker-compose.yml builds both):
+#   --target exporter  llmb-exporter only: the base dependencies, no plotting stack, no
+#                      numpy (it runs on every GPU host; size in docs/deploy.md)
+#   --target full      the load generator with its HTML report, the simulators, the
+#                      GGUF writer (extras [full]); the loadgen and demo services
+FROM python:3.12.7-slim-bookworm AS base
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-
-WORKDIR /src
-COPY . /src
-RUN pip install /src \
-    && rm -rf /src \
-    && useradd --system --uid 10001 --create-home --home-dir /home/llmb --shell /usr/sbin/nologin llmb
-
-WORKDIR /home/llmb
 # Non-root: NVML needs only the device nodes the NVIDIA runtime mounts, and the command
 # lines of other processes under `pid: host` are world-readable.
+RUN useradd --system --uid 10001 --create-home --home-dir /home/llmb --shell /usr/sbin/nologin llmb
+WORKDIR /src
+COPY pyproject.toml README.md /src/
+COPY exporter /src/exporter
+COPY loadgen /src/loadgen
+COPY simulator /src/simulator
+
+FROM base AS full
+RUN pip install "/src[full]" && rm -rf /src
+WORKDIR /home/llmb
 USER 10001
 EXPOSE 9490 9491
+CMD ["llmb-exporter", "--config", "/etc/llmb/config.yaml"]
+
+FROM base AS exporter
+RUN pip install /src && rm -rf /src
+WORKDIR /home/llmb
+USER 10001
+EXPOSE 9490
 CMD ["llmb-exporter", "--config", "/etc/llmb/config.yaml"]

@@ -1,11 +1,17 @@
 # llm-bottleneck — developer entry points. `make test` is what CI runs.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Extra flags for `llmb-sim demo` (see `llmb-sim demo --help`), e.g.
+#   make demo DEMO_ARGS="--sglang-scenario kv_saturated"
+DEMO_ARGS ?=
 
-.PHONY: install test lint typecheck unit rules-check demo run clean
+.PHONY: install install-demo test lint typecheck unit rules-check demo run clean
 
 install:  ## install everything (Debian packages, venv, CPU llama-server, test model)
-	bash scripts/install.sh
+	VENV=$(VENV) bash scripts/install.sh
+
+install-demo:  ## only what the demo needs (Prometheus, Alertmanager, venv with the project)
+	VENV=$(VENV) bash scripts/install.sh --demo
 
 lint:
 	$(VENV)/bin/ruff check .
@@ -24,11 +30,13 @@ unit:
 
 test: install lint typecheck rules-check unit  ## install + lint + types + rules + all tests
 
-run:  ## run the exporter with config.yaml (copy config.example.yaml first)
-	$(PY) -m exporter --config config.yaml
+CONFIG ?= config.yaml
+run:  ## run the exporter with CONFIG (default config.yaml: copy config.example.yaml and edit it)
+	@test -f "$(CONFIG)" || { echo "make run: $(CONFIG) not found: cp config.example.yaml $(CONFIG) and edit it, or make run CONFIG=FILE" >&2; exit 2; }
+	$(PY) -m exporter --config "$(CONFIG)"
 
-demo:  ## exporter + both engine simulators (+ Prometheus when installed), no GPU needed
-	$(VENV)/bin/llmb-sim demo
+demo: install-demo  ## both engine simulators, exporter, Prometheus + rules, Alertmanager; prints the verdicts
+	$(VENV)/bin/llmb-sim demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

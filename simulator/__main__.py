@@ -38,7 +38,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context-length", type=int, default=None, help="SGLang context_len")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=None)
     p.add_argument("--kv-unified", action="store_true")
-    p.add_argument("--gpu-state-file", type=Path, default=None)
+    p.add_argument(
+        "--gpu-state-file",
+        type=Path,
+        default=None,
+        help="write NVML-shaped JSON of the simulated card here (the exporter's gpu.fake_file)",
+    )
+    p.add_argument(
+        "--gpu-index",
+        type=int,
+        default=0,
+        help="NVML index of the simulated card (default 0; give each simulator its own)",
+    )
     p.add_argument("--log-file", type=Path, default=None, help="llama.cpp: llama-server log")
     p.add_argument("--metric-spelling", choices=("colon", "underscore"), default="colon")
     p.add_argument("--enable-cache-report", action="store_true")
@@ -83,6 +94,7 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
         metrics=not args.no_metrics,
         slots=not args.no_slots,
         gpu_state_file=args.gpu_state_file,
+        gpu_index=args.gpu_index,
         log_file=args.log_file,
         metric_spelling=args.metric_spelling,
         enable_cache_report=args.enable_cache_report,

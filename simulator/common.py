@@ -78,6 +78,7 @@ class SimOptions:
     metric_spelling: str = "colon"  # SGLang: "underscore" gives sglang_ names
     enable_cache_report: bool = False
     served_model_name: str | None = None
+    gpu_index: int = 0  # NVML index of the simulated card (the demo gives each engine its own)
     faults: Faults = field(default_factory=Faults)
 
 
@@ -153,7 +154,9 @@ class SimBase:
         assert self.opts.gpu_state_file is not None
         while True:
             try:
-                doc = gpu_state.snapshot(self.engine, os.getpid(), self.cmdline())
+                doc = gpu_state.snapshot(
+                    self.engine, os.getpid(), self.cmdline(), self.opts.gpu_index
+                )
                 gpu_state.write_atomic(self.opts.gpu_state_file, doc)
             except OSError:
                 pass  # a full disk must not stop serving; the next tick retries

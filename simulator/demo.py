@@ -1,4 +1,10 @@
-"""`llmb-sim demo`: both simulators + the exporter (+ Prometheus when installed), no GPU needed."""
+"""`llmb-sim demo`: the whole stack without a GPU, and the verdict it reaches.
+
+Starts a llama.cpp and an SGLang simulator (each on its own fake GPU, sized to its
+scenario preset), the exporter reading both, Prometheus with the shipped rules and
+Alertmanager (each when installed), drives a steady load on both engines, and prints
+each engine's verdict (`llmb:engine_bottleneck:verdict`) as Prometheus computes it.
+"""
 
 from __future__ import annotations
 
@@ -9,97 +15,409 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
+import httpx
 import yaml
 
+from simulator import scenarios
 
-def _free_port() -> int:
+KINDS = ("llamacpp", "sglang")
+# The repository's prometheus/ folder (rules, alertmanager.yml); present in a clone and an
+# editable install, absent from a wheel (then the demo runs without rules and says so).
+PROMETHEUS_DIR = Path(__file__).resolve().parents[1] / "prometheus"
+RULE_FILES = ("recording.yml", "verdict.yml", "alerts.yml")
+VERDICT = "llmb:engine_bottleneck:verdict"
+
+
+@dataclass(frozen=True)
+class Load:
+    """The demo's closed-loop load on one engine."""
+
+    concurrency: int
+    prompt_tokens: int
+    max_tokens: int
+
+
+# Loads that put each preset into its bottleneck (tests/test_stack_integration.py uses the
+# same numbers); presets not listed get DEFAULT_LOAD.
+DEFAULT_LOAD = Load(2, 256, 128)
+LOADS: dict[str, dict[str, Load]] = {
+    "weights_not_resident": {"llamacpp": Load(2, 256, 64), "sglang": Load(2, 256, 64)},
+    "kv_saturated": {"llamacpp": Load(8, 900, 400), "sglang": Load(12, 1500, 600)},
+    "scheduling_bound": {"llamacpp": Load(8, 200, 200), "sglang": Load(8, 200, 200)},
+    "decode_bound": {"llamacpp": Load(1, 256, 64), "sglang": Load(1, 256, 64)},
+}
+
+
+class PortBusy(Exception):
+    """A port the demo must listen on is taken."""
+
+
+def engine_name(kind: str) -> str:
+    """The `engine` label of the simulator of this kind."""
+    return f"sim-{kind}"
+
+
+def check_port(port: int, what: str, flag: str) -> None:
+    """Raise PortBusy with a one-line hint when 127.0.0.1:port cannot be bound."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            raise PortBusy(
+                f"port {port} ({what}) is in use; stop what holds it or pass {flag} PORT"
+            ) from None
+
+
+def free_port() -> int:
+    """A port the kernel says is free now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
-def main(argv: list[str]) -> int:
-    """Start everything, print the URLs, wait for Ctrl-C, stop everything."""
-    p = argparse.ArgumentParser(prog="llmb-sim demo", description=__doc__)
-    p.add_argument("--out", type=Path, default=None, help="folder for config, state and logs")
-    p.add_argument("--scenario", default="healthy")
+def build_parser() -> argparse.ArgumentParser:
+    """Every flag with its default shown."""
+    names = sorted(scenarios.SCENARIOS)
+    p = argparse.ArgumentParser(
+        prog="llmb-sim demo",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for configs, state and logs (default: a new temporary folder)",
+    )
+    p.add_argument("--scenario", default="healthy", choices=names, help="preset of both engines")
+    p.add_argument(
+        "--llamacpp-scenario",
+        default=None,
+        choices=names,
+        help="preset of the llama.cpp simulator (default: --scenario)",
+    )
+    p.add_argument(
+        "--sglang-scenario",
+        default=None,
+        choices=names,
+        help="preset of the SGLang simulator (default: --scenario)",
+    )
     p.add_argument("--exporter-port", type=int, default=9490)
     p.add_argument("--prometheus-port", type=int, default=9090)
-    args = p.parse_args(argv)
+    p.add_argument("--alertmanager-port", type=int, default=9093)
+    p.add_argument(
+        "--interval", default="5s", help="Prometheus scrape and rule evaluation interval"
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="simulators: wall seconds per simulated second",
+    )
+    p.add_argument(
+        "--no-load", action="store_true", help="drive no load (the verdict is then `idle`)"
+    )
+    p.add_argument(
+        "--once",
+        action="store_true",
+        help="exit after printing both verdicts (exit 1 when none came in time)",
+    )
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=15.0,
+        help="print a verdict once it has held this many seconds",
+    )
+    p.add_argument(
+        "--verdict-timeout", type=float, default=180.0, help="seconds to wait for both verdicts"
+    )
+    return p
+
+
+@dataclass
+class Demo:
+    """The children the demo started and how to stop them."""
+
+    out: Path
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def spawn(self, name: str, cmd: list[str]) -> None:
+        """Start a child with its output in OUT/NAME.out."""
+        with (self.out / f"{name}.out").open("wb") as log:
+            self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+    def dead(self) -> str | None:
+        """Name of a child that exited, if any."""
+        return next((n for n, p in self.procs.items() if p.poll() is not None), None)
+
+    def shutdown(self) -> None:
+        """Stop every child (SIGTERM, SIGKILL after 10 s), then the load threads."""
+        self.stop.set()
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + 10
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        # Their requests fail now that the simulators are gone; daemon threads, so a stuck
+        # one cannot hold the exit.
+        for thread in self.threads:
+            thread.join(timeout=1)
+
+
+def drive(url: str, load: Load, stop: threading.Event) -> None:
+    """One closed-loop client: completions of `load`'s shape until `stop` is set."""
+    prompt = " ".join(["word"] * load.prompt_tokens)
+    body = {"prompt": prompt, "max_tokens": load.max_tokens, "temperature": 0}
+    with httpx.Client(timeout=httpx.Timeout(600, connect=5)) as client:
+        while not stop.is_set():
+            try:
+                client.post(f"{url}/v1/completions", json=body)
+            except httpx.HTTPError:
+                stop.wait(1)  # the engine is starting or stopping
+
+
+def wait_http(url: str, timeout: float) -> bool:
+    """True once `url` answers 200."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def verdicts(prom_url: str) -> dict[str, str]:
+    """Active verdict per engine from Prometheus (empty while none is recorded)."""
+    try:
+        resp = httpx.get(f"{prom_url}/api/v1/query", params={"query": f"{VERDICT} == 1"}, timeout=5)
+        rows: list[dict[str, Any]] = resp.json()["data"]["result"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return {}
+    return {r["metric"].get("engine", ""): r["metric"].get("verdict", "") for r in rows}
+
+
+def prometheus_config(exporter: str, alertmanager: str | None, interval: str) -> dict[str, Any]:
+    """prometheus/prometheus.yml with the demo's targets and absolute rule paths."""
+    doc: dict[str, Any] = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
+    doc["global"] = {
+        "scrape_interval": interval,
+        "scrape_timeout": interval,
+        "evaluation_interval": interval,
+    }
+    doc["rule_files"] = [str(PROMETHEUS_DIR / "rules" / name) for name in RULE_FILES]
+    if alertmanager:
+        doc["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
+    else:
+        doc.pop("alerting", None)
+    # Only the exporter: the demo's load is not the load generator (no llmb-loadgen job).
+    doc["scrape_configs"] = [
+        {**job, "static_configs": [{"targets": [exporter]}]}
+        for job in doc["scrape_configs"]
+        if job["job_name"] == "llmb-exporter"
+    ]
+    return doc
+
+
+def main(argv: list[str]) -> int:
+    """Start everything, print the URLs and verdicts, stop everything on Ctrl-C/SIGTERM."""
+    args = build_parser().parse_args(argv)
+    chosen = {
+        "llamacpp": args.llamacpp_scenario or args.scenario,
+        "sglang": args.sglang_scenario or args.scenario,
+    }
+    prometheus = shutil.which("prometheus")
+    alertmanager = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    has_rules = (PROMETHEUS_DIR / "rules" / "verdict.yml").is_file()
+    try:
+        check_port(args.exporter_port, "exporter", "--exporter-port")
+        if prometheus:
+            check_port(args.prometheus_port, "Prometheus", "--prometheus-port")
+        if prometheus and alertmanager:
+            check_port(args.alertmanager_port, "Alertmanager", "--alertmanager-port")
+    except PortBusy as exc:
+        print(f"llmb-sim demo: {exc}", file=sys.stderr)
+        return 2
+
     out = args.out or Path(tempfile.mkdtemp(prefix="llmb-demo-"))
     out.mkdir(parents=True, exist_ok=True)
-    ports = {"llamacpp": _free_port(), "sglang": _free_port()}
-    procs: list[subprocess.Popen[bytes]] = []
+    demo = Demo(out)
+
+    # SIGTERM (docker stop, kill, a test) takes the same way out as Ctrl-C.
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        return run(args, chosen, demo, prometheus, alertmanager, has_rules)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        demo.shutdown()
+
+
+def run(
+    args: argparse.Namespace,
+    chosen: dict[str, str],
+    demo: Demo,
+    prometheus: str | None,
+    alertmanager: str | None,
+    has_rules: bool,
+) -> int:
+    """The demo's body; `main` owns signals and the shutdown."""
+    out = demo.out
+    urls = {kind: f"http://127.0.0.1:{free_port()}" for kind in KINDS}
     engines = []
-    for kind, port in ports.items():
-        cmd = [sys.executable, "-m", "simulator", "--kind", kind, "--port", str(port)]
-        cmd += ["--scenario", args.scenario, "--gpu-state-file", str(out / f"{kind}-gpu.json")]
-        engine = {"name": f"sim-{kind}", "kind": kind, "url": f"http://127.0.0.1:{port}"}
+    for index, kind in enumerate(KINDS):
+        state = out / f"{kind}-gpu.json"
+        cmd = [sys.executable, "-m", "simulator", "--kind", kind]
+        cmd += ["--port", urls[kind].rsplit(":", 1)[1], "--scenario", chosen[kind]]
+        cmd += ["--time-scale", str(args.time_scale)]
+        # Its own card: two engines on one fake card would add up past its size.
+        cmd += ["--gpu-state-file", str(state), "--gpu-index", str(index)]
+        engine: dict[str, Any] = {"name": engine_name(kind), "kind": kind, "url": urls[kind]}
         if kind == "llamacpp":
             cmd += ["--log-file", str(out / "llama-server.log")]
             engine["log_file"] = str(out / "llama-server.log")
         engines.append(engine)
-        procs.append(
-            subprocess.Popen(cmd, stdout=(out / f"{kind}.out").open("wb"), stderr=subprocess.STDOUT)
-        )
+        demo.spawn(kind, cmd)
     config = {
-        "listen": f"127.0.0.1:{args.exporter_port}",
+        "listen": f"127.0.0.1:{args.exporter_port}",  # LLMB__LISTEN overrides (compose)
         "engines": engines,
-        "gpu": {"fake_file": [str(out / f"{k}-gpu.json") for k in ports]},
+        "gpu": {"fake_file": [str(out / f"{k}-gpu.json") for k in KINDS]},
     }
     cfg = out / "llmb.yaml"
     cfg.write_text(yaml.safe_dump(config, sort_keys=False))
-    exporter = [sys.executable, "-m", "exporter", "--config", str(cfg)]
-    procs.append(
-        subprocess.Popen(
-            exporter, stdout=(out / "exporter.out").open("wb"), stderr=subprocess.STDOUT
+    demo.spawn("exporter", [sys.executable, "-m", "exporter", "--config", str(cfg)])
+
+    exporter_url = f"http://127.0.0.1:{args.exporter_port}"
+    prom_url = f"http://127.0.0.1:{args.prometheus_port}"
+    am_url = f"http://127.0.0.1:{args.alertmanager_port}"
+    if prometheus and alertmanager and has_rules:
+        demo.spawn(
+            "alertmanager",
+            [
+                alertmanager,
+                f"--config.file={PROMETHEUS_DIR / 'alertmanager.yml'}",
+                f"--storage.path={out / 'alertmanager'}",
+                f"--web.listen-address=127.0.0.1:{args.alertmanager_port}",
+                "--cluster.listen-address=",  # no gossip port: one instance
+            ],
         )
-    )
-    print(f"llama.cpp simulator  http://127.0.0.1:{ports['llamacpp']}")
-    print(f"SGLang simulator     http://127.0.0.1:{ports['sglang']}")
-    print(f"exporter             http://127.0.0.1:{args.exporter_port}/metrics")
-    prometheus = shutil.which("prometheus")
-    if prometheus:
-        prom_cfg = out / "prometheus.yml"
-        prom_cfg.write_text(
-            yaml.safe_dump(
-                {
-                    "global": {"scrape_interval": "5s"},
-                    "scrape_configs": [
-                        {
-                            "job_name": "llmb",
-                            "static_configs": [{"targets": [f"127.0.0.1:{args.exporter_port}"]}],
-                        }
-                    ],
-                }
-            )
-        )
-        cmd = [prometheus, f"--config.file={prom_cfg}", f"--storage.tsdb.path={out / 'tsdb'}"]
-        cmd.append(f"--web.listen-address=127.0.0.1:{args.prometheus_port}")
-        procs.append(
-            subprocess.Popen(
-                cmd, stdout=(out / "prometheus.out").open("wb"), stderr=subprocess.STDOUT
-            )
-        )
-        print(f"prometheus           http://127.0.0.1:{args.prometheus_port}")
     else:
-        print("prometheus           not on PATH, skipped")
+        alertmanager = None
+    if prometheus and has_rules:
+        prom_cfg = out / "prometheus.yml"
+        am_target = f"127.0.0.1:{args.alertmanager_port}" if alertmanager else None
+        doc = prometheus_config(f"127.0.0.1:{args.exporter_port}", am_target, args.interval)
+        prom_cfg.write_text(yaml.safe_dump(doc, sort_keys=False))
+        demo.spawn(
+            "prometheus",
+            [
+                prometheus,
+                f"--config.file={prom_cfg}",
+                f"--storage.tsdb.path={out / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{args.prometheus_port}",
+            ],
+        )
+
+    for kind in KINDS:
+        label = "llama.cpp" if kind == "llamacpp" else "SGLang"
+        print(f"{label + ' simulator':<21}{urls[kind]}  ({chosen[kind]})")
+    print(f"{'exporter':<21}{exporter_url}/metrics")
+    if not prometheus:
+        print(f"{'prometheus':<21}not installed: no verdict (apt-get install prometheus)")
+    elif not has_rules:
+        print(f"{'prometheus':<21}skipped: no rules at {PROMETHEUS_DIR} (run from a clone)")
+    else:
+        print(f"{'prometheus':<21}{prom_url}  (rules loaded: {prom_url}/rules)")
+        if alertmanager:
+            print(f"{'alertmanager':<21}{am_url}")
+        else:
+            print(f"{'alertmanager':<21}not installed (apt-get install prometheus-alertmanager)")
     print(f"files in {out}; Ctrl-C stops everything", flush=True)
-    try:
-        while all(proc.poll() is None for proc in procs):
-            time.sleep(0.5)
-        print("a component exited; see the *.out files", file=sys.stderr)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGINT)
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-    return 0
+
+    for kind in KINDS:
+        if not wait_http(f"{urls[kind]}/health", 60):
+            print(
+                f"llmb-sim demo: the {kind} simulator did not start; see {out}/{kind}.out",
+                file=sys.stderr,
+            )
+            return 1
+    if not args.no_load:
+        for kind in KINDS:
+            load = LOADS.get(chosen[kind], {}).get(kind, DEFAULT_LOAD)
+            for _ in range(load.concurrency):
+                thread = threading.Thread(
+                    target=drive, args=(urls[kind], load, demo.stop), daemon=True
+                )
+                thread.start()
+                demo.threads.append(thread)
+        print(
+            "load: "
+            + ", ".join(
+                f"{engine_name(k)} {LOADS.get(chosen[k], {}).get(k, DEFAULT_LOAD).concurrency} "
+                "in flight"
+                for k in KINDS
+            ),
+            flush=True,
+        )
+
+    with_verdict = bool(prometheus and has_rules)
+    if with_verdict:
+        print("waiting for each engine's verdict to settle (about a minute)...", flush=True)
+    shown: dict[str, str] = {}
+    # The first evaluations see only a few seconds of the rules' 1m windows: a verdict is
+    # printed once it has held for --settle seconds.
+    candidate: dict[str, tuple[str, float]] = {}
+    started = time.monotonic()
+    while True:
+        dead = demo.dead()
+        if dead:
+            print(f"llmb-sim demo: {dead} exited; see {out}/{dead}.out", file=sys.stderr)
+            return 1
+        if with_verdict:
+            now, current = time.monotonic(), verdicts(prom_url)
+            for kind in KINDS:
+                name = engine_name(kind)
+                verdict = current.get(name)
+                if verdict is None:
+                    candidate.pop(name, None)
+                    continue
+                if candidate.get(name, ("", 0.0))[0] != verdict:
+                    candidate[name] = (verdict, now)
+                if now - candidate[name][1] >= args.settle and shown.get(name) != verdict:
+                    shown[name] = verdict
+                    print(f"verdict  {name:<14} {verdict}", flush=True)
+            if args.once and len(shown) == len(KINDS):
+                return 0
+            if args.once and now - started > args.verdict_timeout:
+                print(
+                    f"llmb-sim demo: no settled verdict for both engines within "
+                    f"{args.verdict_timeout:.0f}s; see {out}",
+                    file=sys.stderr,
+                )
+                return 1
+        elif args.once:
+            return 0 if wait_http(f"{exporter_url}/metrics", 30) else 1
+        time.sleep(1)

@@ -18,9 +18,14 @@ NVML = "13.580.159.04"
 BASELINE_USED = 9240576
 
 
-def snapshot(engine: Engine, pid: int, cmdline: str) -> dict[str, Any]:
-    """One NVML sample of the simulated card with this simulator as its only process."""
+def snapshot(engine: Engine, pid: int, cmdline: str, index: int = 0) -> dict[str, Any]:
+    """One NVML sample of the simulated card with this simulator as its only process.
+
+    `index` is the card's NVML index; cards of different indexes get different UUIDs, so
+    two simulators on indexes 0 and 1 are two cards (each sized to its own preset).
+    """
     gpu = engine.gpu
+    uuid = gpu.uuid if index == 0 else f"{gpu.uuid[:-4]}{index:04x}"
     used_proc = engine.process_gpu_bytes()
     used_v2 = BASELINE_USED + used_proc
     free = gpu.total_bytes - used_v2 - gpu.reserved_bytes
@@ -33,9 +38,9 @@ def snapshot(engine: Engine, pid: int, cmdline: str) -> dict[str, Any]:
         "nvml": NVML,
         "devices": [
             {
-                "index": 0,
+                "index": index,
                 "name": gpu.name,
-                "uuid": gpu.uuid,
+                "uuid": uuid,
                 "mem": {
                     "total": gpu.total_bytes,
                     "used": used_v2 + gpu.reserved_bytes,

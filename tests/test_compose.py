@@ -6,6 +6,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +22,20 @@ SERVICES = {
     "alertmanager",
     "grafana",
     "loadgen",
+    "loadgen-out",
     "llamacpp",
+    "llamacpp-logrotate",
     "sglang",
     "demo",
 }
-PROFILES = {"loadgen": "loadgen", "llamacpp": "llamacpp", "sglang": "sglang", "demo": "demo"}
+PROFILES = {
+    "loadgen": "loadgen",
+    "loadgen-out": "loadgen",
+    "llamacpp": "llamacpp",
+    "llamacpp-logrotate": "llamacpp",
+    "sglang": "sglang",
+    "demo": "demo",
+}
 
 
 def compose_vars() -> set[str]:
@@ -136,8 +147,8 @@ def test_images_are_pinned_and_ports_bind_to_loopback() -> None:
 
 def test_long_running_services_have_healthchecks() -> None:
     for name, service in raw()["services"].items():
-        if name == "loadgen":
-            continue  # runs on demand and exits
+        if name in {"loadgen", "loadgen-out"}:
+            continue  # run on demand and exit
         assert service["healthcheck"]["test"], name
 
 
@@ -153,6 +164,203 @@ def test_engines_expose_metrics() -> None:
 def test_dockerfile_installs_the_project_as_a_non_root_user() -> None:
     text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
     assert re.search(r"^FROM python:[\d.]+-slim", text, flags=re.M)
-    assert "pip install /src" in text
-    user = re.findall(r"^USER (\S+)", text, flags=re.M)
-    assert user and user[-1] not in {"root", "0"}
+    stages = dict(re.findall(r"^FROM \S+ AS (\w+)\n(.*?)(?=^FROM |\Z)", text, flags=re.M | re.S))
+    # The exporter's image: base dependencies only (no extras); the full one: [full].
+    assert re.search(r"^RUN pip install /src ", stages["exporter"], flags=re.M)
+    assert 'pip install "/src[full]"' in stages["full"]
+    for stage in ("exporter", "full"):
+        user = re.findall(r"^USER (\S+)", stages[stage], flags=re.M)
+        assert user and user[-1] not in {"root", "0"}, stage
+    services = raw()["services"]
+    assert services["exporter"]["build"]["target"] == "exporter"
+    for name in ("loadgen", "demo"):
+        assert services[name]["build"]["target"] == "full", name
+
+
+def profile_config(name: str) -> Any:
+    from exporter.config import load_config
+
+    return load_config(ROOT / "deploy" / "compose" / f"{name}.yaml", environ={})
+
+
+def test_exporter_config_follows_the_profile() -> None:
+    """Each profile's config lists only its engines, at the compose service addresses."""
+    services = raw()["services"]
+    expected = {
+        "llamacpp": [("llama", "llamacpp", "http://llamacpp:8080")],
+        "sglang": [("sgl", "sglang", "http://sglang:30000")],
+        "both": [
+            ("llama", "llamacpp", "http://llamacpp:8080"),
+            ("sgl", "sglang", "http://sglang:30000"),
+        ],
+    }
+    for name, engines in expected.items():
+        config = profile_config(name)
+        assert [(e.name, e.kind, str(e.url).rstrip("/")) for e in config.engines] == engines
+    assert str(profile_config("llamacpp").engines[0].log_file) == (
+        "/var/log/llama/llama-server.log"
+    )
+    assert "--port 8080" in services["llamacpp"]["command"]
+    assert "--port 30000" in services["sglang"]["command"]
+    # The default is the llamacpp profile's, in compose and in .env.example.
+    volume = services["exporter"]["volumes"][0]
+    assert volume.startswith("${LLMB_CONFIG_FILE:-./deploy/compose/llamacpp.yaml}:")
+    example = (ROOT / ".env.example").read_text(encoding="utf-8")
+    assert "LLMB_CONFIG_FILE=./deploy/compose/llamacpp.yaml\n" in example
+    # No engine address is overridden behind the config's back.
+    for name in ("exporter", "loadgen"):
+        env = services[name].get("environment", {})
+        assert not [k for k in env if k.startswith("LLMB__ENGINES__")], name
+
+
+def test_llamacpp_image_supports_blackwell() -> None:
+    """CUDA >= 12.8 is needed for sm_120 (RTX PRO 5000): the pinned tag is a CUDA 13 build."""
+    image = raw()["services"]["llamacpp"]["image"]
+    tag = re.fullmatch(r".*:\$\{LLAMACPP_IMAGE_TAG:-(.+)\}", image)
+    assert tag and re.fullmatch(r"server-cuda13-b\d+", tag.group(1)), image
+    example = (ROOT / ".env.example").read_text(encoding="utf-8")
+    assert f"LLAMACPP_IMAGE_TAG={tag.group(1)}\n" in example
+
+
+def test_llama_log_rotation_runs(tmp_path: Path, rendered: dict[str, Any]) -> None:
+    """The rotation script, as compose renders it, run by sh over a log above the limit."""
+    service = rendered["services"]["llamacpp-logrotate"]
+    assert "llama-logs:/var/log/llama" in "\n".join(str(v) for v in service["volumes"])
+    script = service["command"][2].replace("$$", "$")
+    assert '-ge "512"' in script  # LLAMACPP_LOG_MAX_MB's default
+    script = script.replace("/var/log/llama", str(tmp_path)).replace('-ge "512"', '-ge "1"')
+    log = tmp_path / "llama-server.log"
+    log.write_bytes(b"x" * (2 * 1024 * 1024))
+    proc = subprocess.Popen(["sh", "-c", script])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and log.stat().st_size:
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert log.stat().st_size == 0
+    assert (tmp_path / "llama-server.log.1").stat().st_size == 2 * 1024 * 1024
+
+
+def test_loadgen_out_is_writable_by_its_user() -> None:
+    services = raw()["services"]
+    user = "${LOADGEN_UID:-1000}:${LOADGEN_GID:-1000}"
+    assert services["loadgen"]["user"] == user
+    assert services["loadgen-out"]["command"] == ["chown", user, "/out"]
+    assert services["loadgen-out"]["user"] == "0:0"
+    out = "${LOADGEN_OUT_DIR:-./out}:/out"
+    assert out in services["loadgen"]["volumes"] and out in services["loadgen-out"]["volumes"]
+    assert services["loadgen"]["depends_on"] == {
+        "loadgen-out": {"condition": "service_completed_successfully"}
+    }
+
+
+# --- integration: the llamacpp profile's services, natively ---------------------------------
+
+
+def wait_ok(url: str, proc: subprocess.Popen[bytes], what: str, timeout: float = 30) -> None:
+    """Wait until `url` answers 200; fail early when `proc` died."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"{what} exited with {proc.returncode}"
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{what} did not answer {url}")
+
+
+def profile_alerts(tmp_path: Path, config_file: Path) -> tuple[set[str], dict[str, str]]:
+    """Run the llamacpp profile natively with `config_file` as LLMB_CONFIG_FILE.
+
+    The llama.cpp simulator stands in for llama-server (same log, NVML-shaped GPU file);
+    the exporter reads the unmodified config with the addresses compose would give it
+    replaced through LLMB__ overrides, as compose's environment does; Prometheus runs
+    `prometheus/prometheus.yml` with the shipped rules, its loadgen target down as in
+    compose between load runs. Returns the alert names in ALERTS (pending or firing) and
+    the verdict per engine, after the rules have evaluated for 20 s.
+    """
+    from tests.conftest import get_free_port
+    from tests.plugins.prom import start_prometheus, stop_process
+
+    procs: list[subprocess.Popen[bytes]] = []
+    prom = None
+    try:
+        sim_port, exporter_port = get_free_port(), get_free_port()
+        log, state = tmp_path / "llama-server.log", tmp_path / "gpu.json"
+        argv = [sys.executable, "-m", "simulator", "--kind", "llamacpp", "--port", str(sim_port)]
+        argv += ["--log-file", str(log), "--gpu-state-file", str(state)]
+        with (tmp_path / "sim.out").open("wb") as out:
+            procs.append(subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT))
+        wait_ok(f"http://127.0.0.1:{sim_port}/health", procs[0], "llama.cpp simulator")
+        env = {
+            **os.environ,
+            "LLMB__LISTEN": f"127.0.0.1:{exporter_port}",
+            "LLMB__HOST": "gpu-host",
+            "LLMB__ENGINES__LLAMA__URL": f"http://127.0.0.1:{sim_port}",
+            "LLMB__ENGINES__LLAMA__LOG_FILE": str(log),
+            "LLMB__ENGINES__SGL__URL": "http://127.0.0.1:30000",
+            "LLMB__GPU__FAKE_FILE": f"[{state}]",
+        }
+        listed = {e["name"] for e in yaml.safe_load(config_file.read_text())["engines"]}
+        if "sgl" not in listed:
+            del env["LLMB__ENGINES__SGL__URL"]  # an override for an engine not listed
+        with (tmp_path / "exporter.out").open("wb") as out:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "exporter", "--config", str(config_file)],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        wait_ok(f"http://127.0.0.1:{exporter_port}/metrics", procs[1], "exporter")
+        targets = {
+            "llmb-exporter": [f"127.0.0.1:{exporter_port}"],
+            "llmb-loadgen": [f"127.0.0.1:{get_free_port()}"],  # not running, as in compose
+        }
+        prom = start_prometheus(tmp_path, get_free_port(), targets)
+        prom.wait_until(
+            lambda: bool(prom.query("llmb:engine_bottleneck:verdict == 1")), 60, "a verdict"
+        )
+        time.sleep(20)  # 20 evaluations of every rule at the 1s interval
+        alerts = {r["metric"]["alertname"] for r in prom.query("ALERTS")}
+        verdicts = {
+            r["metric"]["engine"]: r["metric"]["verdict"]
+            for r in prom.query("llmb:engine_bottleneck:verdict == 1")
+        }
+        return alerts, verdicts
+    finally:
+        if prom is not None:
+            stop_process(prom.process)
+        for proc in procs:
+            stop_process(proc)  # type: ignore[arg-type]
+
+
+@pytest.mark.prometheus
+@pytest.mark.timeout(300)
+def test_llamacpp_profile_raises_no_alert(tmp_path: Path) -> None:
+    """`docker compose --profile llamacpp up -d` with its default config: ALERTS stays empty."""
+    default = re.fullmatch(
+        r"\$\{LLMB_CONFIG_FILE:-(.+)\}:/etc/llmb/config.yaml:ro",
+        raw()["services"]["exporter"]["volumes"][0],
+    )
+    assert default
+    alerts, verdicts = profile_alerts(tmp_path, ROOT / default.group(1))
+    assert alerts == set()
+    assert verdicts == {"llama": "idle"}
+
+
+@pytest.mark.prometheus
+@pytest.mark.timeout(300)
+def test_a_config_listing_an_engine_not_started_raises_engine_down(tmp_path: Path) -> None:
+    """The check above can fail: the former default (both engines) alerts for `sgl`."""
+    alerts, verdicts = profile_alerts(tmp_path, ROOT / "deploy" / "compose" / "both.yaml")
+    assert "LLMEngineDown" in alerts
+    assert verdicts == {"llama": "idle"}
