@@ -44,8 +44,8 @@ class Load:
     max_tokens: int
 
 
-# Loads that put each preset into its bottleneck (tests/test_stack_integration.py uses the
-# same numbers); presets not listed get DEFAULT_LOAD.
+# Loads that put each preset into its bottleneck (tests/test_stack_integration.py imports the
+# table); presets not listed get DEFAULT_LOAD.
 DEFAULT_LOAD = Load(2, 256, 128)
 LOADS: dict[str, dict[str, Load]] = {
     "weights_not_resident": {"llamacpp": Load(2, 256, 64), "sglang": Load(2, 256, 64)},

@@ -22,6 +22,8 @@ import httpx
 import pytest
 import yaml
 
+from simulator.demo import DEFAULT_LOAD, Load
+from simulator.demo import LOADS as DEMO_LOADS
 from tests.conftest import get_free_port
 from tests.plugins.prom import ROOT, PrometheusServer, start_prometheus, stop_process
 
@@ -36,24 +38,12 @@ KINDS = ("llamacpp", "sglang")
 TIME_SCALE = "4"
 
 
-@dataclass(frozen=True)
-class Load:
-    """How the load generator drives one scenario's engines."""
-
-    concurrency: int
-    prompt_tokens: int
-    max_tokens: int
-
-
-# Loads that put each preset into its bottleneck (numbers from docs/simulators.md and
-# tests/test_sim_scenarios.py); None = no load (the idle engine).
+# Loads that put each preset into its bottleneck: the demo's table (one source), with the
+# default load on the healthy preset and none on the idle engine.
 LOADS: dict[str, dict[str, Load | None]] = {
-    "healthy": {"llamacpp": Load(2, 256, 128), "sglang": Load(2, 256, 128)},
-    "weights_not_resident": {"llamacpp": Load(2, 256, 64), "sglang": Load(2, 256, 64)},
-    "kv_saturated": {"llamacpp": Load(8, 900, 400), "sglang": Load(12, 1500, 600)},
-    "scheduling_bound": {"llamacpp": Load(8, 200, 200), "sglang": Load(8, 200, 200)},
-    "decode_bound": {"llamacpp": Load(1, 256, 64), "sglang": Load(1, 256, 64)},
-    "idle": {"llamacpp": None, "sglang": None},
+    "healthy": dict.fromkeys(KINDS, DEFAULT_LOAD),
+    **{name: dict(loads) for name, loads in DEMO_LOADS.items()},
+    "idle": dict.fromkeys(KINDS, None),
 }
 EXPECTED = {
     "healthy": "decode_at_card_limit",
