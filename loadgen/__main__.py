@@ -42,7 +42,7 @@ from loadgen.options import (
 from loadgen.prompts import CACHE_MODES
 from loadgen.scheduler import RunSpec
 from loadgen.session import MetricsPortBusy, SessionOptions, execute
-from loadgen.sweep import plan_steps, probe_factory
+from loadgen.sweep import model_label, plan_steps, probe_factory
 
 __all__ = ["Command", "UsageError", "build_parser", "default_commands", "main"]
 
@@ -139,7 +139,7 @@ def _load_config(args: argparse.Namespace) -> Config | None:
         ) from None
 
 
-def model_label(url: str, api_key: str | None, timeout: float) -> str | None:
+def engine_label_from_server(url: str, api_key: str | None, timeout: float) -> str | None:
     """The engine label for a bare --url: the first model id of its /v1/models, shortened.
 
     llama.cpp answers with the model file's path or alias; the label keeps the file name
@@ -156,12 +156,7 @@ def model_label(url: str, api_key: str | None, timeout: float) -> str | None:
     from loadgen.client import first_model_id
 
     model = first_model_id(data)
-    if not model:
-        return None
-    name = model.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
-    if name.lower().endswith(".gguf"):
-        name = name[: -len(".gguf")]
-    return name.strip() or None
+    return (model_label(model) or None) if model else None
 
 
 def resolve_targets(args: argparse.Namespace, config: Config | None) -> list[Target]:
@@ -172,7 +167,7 @@ def resolve_targets(args: argparse.Namespace, config: Config | None) -> list[Tar
         key = os.environ.get(args.api_key_env) if args.api_key_env else None
         if args.api_key_env and key is None:
             raise UsageError(f"--api-key-env {args.api_key_env}: the variable is not set")
-        name = args.name or model_label(args.url, key, args.connect_timeout) or "target"
+        name = args.name or engine_label_from_server(args.url, key, args.connect_timeout) or "target"
         return [Target(name, args.url, args.kind, key, args.model)]
     if not args.engine:
         raise UsageError("no target: give --url URL, or --config FILE with --engine NAME")
