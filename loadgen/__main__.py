@@ -167,7 +167,8 @@ def resolve_targets(args: argparse.Namespace, config: Config | None) -> list[Tar
         key = os.environ.get(args.api_key_env) if args.api_key_env else None
         if args.api_key_env and key is None:
             raise UsageError(f"--api-key-env {args.api_key_env}: the variable is not set")
-        name = args.name or engine_label_from_server(args.url, key, args.connect_timeout) or "target"
+        name = args.name or engine_label_from_server(args.url, key, args.connect_timeout)
+        name = name or "target"
         return [Target(name, args.url, args.kind, key, args.model)]
     if not args.engine:
         raise UsageError("no target: give --url URL, or --config FILE with --engine NAME")
