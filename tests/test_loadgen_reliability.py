@@ -113,9 +113,9 @@ def test_server_killed_mid_run(stub_process, tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["aborted"] is True and summary["valid"] is False
     assert summary["abort_reason"].startswith("step 0: "), summary["abort_reason"]
-    assert any(
-        why in summary["abort_reason"] for why in ("too many errors", "engine gone")
-    ), summary["abort_reason"]
+    assert any(why in summary["abort_reason"] for why in ("too many errors", "engine gone")), (
+        summary["abort_reason"]
+    )
     assert summary["abort_reason"].split(": ")[1] in err
     step = summary["steps"][0]
     assert step["requests_failed"] == len(lines) - errors.count(None)
