@@ -318,63 +318,86 @@ class StreamClient:
         return result
 
     async def _read_events(self, resp: aiohttp.ClientResponse, result: StreamResult) -> None:
-        buf = b""
-        times = result.chunk_times
+        """Read the stream: stamp each network read first, parse the events afterwards.
+
+        The loop does nothing but take `perf_counter()` and keep the bytes, so at high
+        concurrency a read is stamped as soon as the event loop hands it over and no other
+        request's chunk waits behind JSON parsing. Each event then gets the stamp of the
+        read that completed it, exactly as if it had been parsed on arrival. The parse runs
+        even when the read is cut (timeout, disconnect), so a partial stream keeps its stamps.
+        """
+        parts: list[bytes] = []
+        stamps: list[float] = []
         perf = time.perf_counter
-        async for data in resp.content.iter_any():
-            now = perf()
-            buf += data
-            if b"\r" in data:
-                # On the whole buffer, so a CRLF split across two reads is joined first.
-                buf = buf.replace(b"\r\n", b"\n")
-            start = 0
-            while True:
-                end = buf.find(b"\n\n", start)
-                if end < 0:
-                    break
-                # Fast path: engines send one `data: ` line per event.
-                if buf.startswith(b"data: ", start) and buf.find(b"\n", start, end) < 0:
-                    payload: bytes | None = buf[start + 6 : end]
+        try:
+            async for data in resp.content.iter_any():
+                stamps.append(perf())
+                parts.append(data)
+        finally:
+            parse_events(parts, stamps, result)
+
+
+def parse_events(parts: list[bytes], stamps: list[float], result: StreamResult) -> None:
+    """Parse the SSE events of a stream's reads into `result` (chunk times, usage, errors).
+
+    `parts[i]` arrived at `stamps[i]`; an event is stamped with the read that completed it.
+    Stops at the first malformed or error event, as the engine's stream ends there.
+    """
+    buf = b""
+    times = result.chunk_times
+    for data, now in zip(parts, stamps, strict=True):
+        buf += data
+        if b"\r" in data:
+            # On the whole buffer, so a CRLF split across two reads is joined first.
+            buf = buf.replace(b"\r\n", b"\n")
+        start = 0
+        while True:
+            end = buf.find(b"\n\n", start)
+            if end < 0:
+                break
+            # Fast path: engines send one `data: ` line per event.
+            if buf.startswith(b"data: ", start) and buf.find(b"\n", start, end) < 0:
+                payload: bytes | None = buf[start + 6 : end]
+            else:
+                payload = _decode_event(buf[start:end])
+            start = end + 2
+            if payload is None:
+                continue
+            if payload == b"[DONE]":
+                result.done = True
+                continue
+            try:
+                obj = loads(payload)
+            except ValueError:
+                result.error = MALFORMED
+                result.error_detail = f"not JSON: {payload[:120]!r}"
+                return
+            if not isinstance(obj, dict):
+                result.error, result.error_detail = MALFORMED, f"not an object: {obj!r:.120}"
+                return
+            if "error" in obj:
+                result.error, result.error_detail = SERVER_ERROR, str(obj["error"])[:300]
+                return
+            choices = obj.get("choices")
+            if choices:
+                choice = choices[0]
+                delta = choice.get("delta")
+                if delta:
+                    text = delta.get("content") or delta.get("reasoning_content")
                 else:
-                    payload = _decode_event(buf[start:end])
-                start = end + 2
-                if payload is None:
-                    continue
-                if payload == b"[DONE]":
-                    result.done = True
-                    continue
-                try:
-                    obj = loads(payload)
-                except ValueError:
-                    result.error = MALFORMED
-                    result.error_detail = f"not JSON: {payload[:120]!r}"
-                    return
-                if not isinstance(obj, dict):
-                    result.error, result.error_detail = MALFORMED, f"not an object: {obj!r:.120}"
-                    return
-                if "error" in obj:
-                    result.error, result.error_detail = SERVER_ERROR, str(obj["error"])[:300]
-                    return
-                choices = obj.get("choices")
-                if choices:
-                    choice = choices[0]
-                    delta = choice.get("delta")
-                    if delta:
-                        text = delta.get("content") or delta.get("reasoning_content")
-                    else:
-                        text = choice.get("text")
-                    if text:
-                        times.append(now)
-                    reason = choice.get("finish_reason")
-                    if reason:
-                        result.finish_reason = reason
-                usage = obj.get("usage")
-                if usage:
-                    result.usage = usage
-                timings = obj.get("timings")
-                if timings:
-                    result.timings = timings
-            buf = buf[start:]
+                    text = choice.get("text")
+                if text:
+                    times.append(now)
+                reason = choice.get("finish_reason")
+                if reason:
+                    result.finish_reason = reason
+            usage = obj.get("usage")
+            if usage:
+                result.usage = usage
+            timings = obj.get("timings")
+            if timings:
+                result.timings = timings
+        buf = buf[start:]
 
 
 def first_model_id(body: bytes) -> str | None:

@@ -9,11 +9,13 @@ prompts), so `run`, `sweep` and later commands (`diagnose`, `compare`) share one
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import random
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -312,6 +314,38 @@ async def _wait_or_stop(awaitable: Awaitable[Any], stop: asyncio.Event) -> bool:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     return True
+
+
+# While a phase measures, the cyclic garbage collector runs only at these intervals (a young
+# collection, about a millisecond): a full collection in the middle of a phase stalls the
+# event loop for several milliseconds and lands in the inter-token gaps of every stream.
+GC_INTERVAL_S = 5.0
+
+
+@contextlib.contextmanager
+def _quiet_gc(enabled: bool) -> Iterator[None]:
+    """Freeze what exists, pause automatic collections, collect young objects on a timer."""
+    if not enabled or not gc.isenabled():
+        yield
+        return
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    loop = asyncio.get_running_loop()
+    handle: asyncio.TimerHandle | None = None
+
+    def young() -> None:
+        nonlocal handle
+        gc.collect(1)
+        handle = loop.call_later(GC_INTERVAL_S, young)
+
+    handle = loop.call_later(GC_INTERVAL_S, young)
+    try:
+        yield
+    finally:
+        handle.cancel()
+        gc.enable()
+        gc.unfreeze()
 
 
 class _Phase:

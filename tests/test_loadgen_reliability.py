@@ -92,7 +92,7 @@ def test_ctrl_c_keeps_everything(stub_process, tmp_path: Path) -> None:
     assert summary["interrupted"] is True
     assert summary["steps"][0]["requests_ok"] == len(finished)
     assert "Run interrupted" in (tmp_path / "summary.md").read_text()
-    assert "ttft_p50_ms" in out
+    assert "Median TTFT (ms)" in out and "ABORTED: step 0: interrupted" in out
 
 
 def test_server_killed_mid_run(stub_process, tmp_path: Path) -> None:

@@ -227,7 +227,12 @@ def test_two_engines_with_equal_tokenizers_are_valid(
     summary = _summary(tmp_path / "o")
     assert summary["valid"] is True
     assert [s["engine"] for s in summary["steps"]] == ["llama", "sgl"]
-    assert "INVALID" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "INVALID" not in out
+    # One vertical block per engine (vllm bench serve style), the validity said once.
+    assert out.count("Median TTFT (ms):") == 2 and out.count("P99 ITL (ms):") == 2
+    assert out.count("Result: VALID") == 1
+    assert all(len(line) <= 60 for line in out.splitlines())
 
 
 def test_two_engines_with_different_tokenizers_are_invalid_everywhere(
@@ -247,10 +252,10 @@ def test_two_engines_with_different_tokenizers_are_invalid_everywhere(
     assert "llama vs sgl: token counts differ on 4 of 4" in summary["invalid_reasons"][0]
     assert all(s["valid"] is False for s in summary["steps"])
     csv_text = (out / "summary.csv").read_text()
-    assert csv_text.startswith("# INVALID COMPARISON")
+    assert csv_text.startswith("# INVALID: ")
     assert {row["valid"] for row in csv.DictReader(csv_text.splitlines()[1:])} == {"false"}
-    assert "**INVALID COMPARISON**" in (out / "summary.md").read_text()
-    assert "INVALID COMPARISON" in capsys.readouterr().out
+    assert "**INVALID**" in (out / "summary.md").read_text()
+    assert "INVALID:" in capsys.readouterr().out
 
 
 async def test_live_metrics_during_a_run(stub: StubFactory, tmp_path: Path) -> None:
