@@ -37,7 +37,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 import orjson
@@ -148,7 +148,7 @@ async def reference(url: str, requests: int, max_tokens: int, concurrency: int) 
 class CapturingClient(StreamClient):
     """The load generator's client, keeping each raw result for the comparison."""
 
-    results: list[StreamResult] = []
+    results: ClassVar[list[StreamResult]] = []
 
     async def stream(self, body: bytes, timeout: float) -> StreamResult:
         result = await super().stream(body, timeout)
