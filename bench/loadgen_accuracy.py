@@ -150,8 +150,8 @@ class CapturingClient(StreamClient):
 
     results: ClassVar[list[StreamResult]] = []
 
-    async def stream(self, body: bytes, timeout: float) -> StreamResult:
-        result = await super().stream(body, timeout)
+    async def stream(self, body: bytes, timeout: float, parse: bool = True) -> StreamResult:
+        result = await super().stream(body, timeout, parse)
         CapturingClient.results.append(result)
         return result
 

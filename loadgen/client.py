@@ -106,6 +106,11 @@ class StreamResult:
     status: int | None = None
     done: bool = False
     stale: bool = False  # failed on a pooled connection before any answer: safe to resend
+    # The raw reads of a stream not parsed yet (`stream(..., parse=False)`); `finish()`
+    # parses them and clears both.
+    parts: list[bytes] = field(default_factory=list, repr=False)
+    stamps: list[float] = field(default_factory=list, repr=False)
+    parsed: bool = True
 
 
 def _decode_event(event: bytes) -> bytes | None:
@@ -264,12 +269,15 @@ class StreamClient:
 
         return build
 
-    async def stream(self, body: bytes, timeout: float) -> StreamResult:
+    async def stream(self, body: bytes, timeout: float, parse: bool = True) -> StreamResult:
         """Send one streaming request and collect its chunks; never raises for request errors.
 
         A pooled keep-alive connection that the server closed while idle (llama.cpp's HTTP
         server drops idle ones after 5 s) fails before the request is sent; that attempt is
         repeated on another connection (up to the pool size), since the server never saw it.
+
+        `parse=False` returns as soon as the stream ends, with the raw reads kept in the
+        result; `finish(result)` parses them later (the scheduler does it off the hot path).
         """
         result = await self._attempt(body, timeout)
         # Every pooled connection may have gone stale at once (e.g. after a pause between
@@ -278,6 +286,8 @@ class StreamClient:
             if not result.stale:
                 break
             result = await self._attempt(body, timeout)
+        if parse:
+            finish(result)
         return result
 
     async def _attempt(self, body: bytes, timeout: float) -> StreamResult:
@@ -307,14 +317,7 @@ class StreamClient:
         except OSError as exc:
             result.error, result.error_detail = CONNECT, f"{type(exc).__name__}: {exc}"
         result.t_end = time.perf_counter()
-        if result.error is None and not result.done:
-            result.error = DISCONNECTED
-            result.error_detail = "stream ended before data: [DONE]"
-        if result.error is None and result.usage is None:
-            result.error = MALFORMED
-            result.error_detail = "no usage chunk (stream_options.include_usage ignored?)"
-        if result.error in (HTTP, SERVER_ERROR) and is_kv_exhausted(result.error_detail):
-            result.error = KV_EXHAUSTED
+        result.parsed = False
         return result
 
     async def _read_events(self, resp: aiohttp.ClientResponse, result: StreamResult) -> None:
@@ -326,15 +329,37 @@ class StreamClient:
         read that completed it, exactly as if it had been parsed on arrival. The parse runs
         even when the read is cut (timeout, disconnect), so a partial stream keeps its stamps.
         """
-        parts: list[bytes] = []
-        stamps: list[float] = []
+        parts = result.parts
+        stamps = result.stamps
         perf = time.perf_counter
-        try:
-            async for data in resp.content.iter_any():
-                stamps.append(perf())
-                parts.append(data)
-        finally:
-            parse_events(parts, stamps, result)
+        async for data in resp.content.iter_any():
+            stamps.append(perf())
+            parts.append(data)
+
+
+def finish(result: StreamResult) -> StreamResult:
+    """Parse the raw reads of `result` and settle its error category (idempotent).
+
+    An error already set while reading (timeout, disconnect) wins over what the partial
+    stream shows, but the chunks that did arrive keep their stamps.
+    """
+    if result.parsed:
+        return result
+    result.parsed = True
+    before = (result.error, result.error_detail)
+    parse_events(result.parts, result.stamps, result)
+    result.parts, result.stamps = [], []
+    if before[0] is not None:
+        result.error, result.error_detail = before
+    if result.error is None and not result.done:
+        result.error = DISCONNECTED
+        result.error_detail = "stream ended before data: [DONE]"
+    if result.error is None and result.usage is None:
+        result.error = MALFORMED
+        result.error_detail = "no usage chunk (stream_options.include_usage ignored?)"
+    if result.error in (HTTP, SERVER_ERROR) and is_kv_exhausted(result.error_detail):
+        result.error = KV_EXHAUSTED
+    return result
 
 
 def parse_events(parts: list[bytes], stamps: list[float], result: StreamResult) -> None:

@@ -9,6 +9,7 @@ prompts), so `run`, `sweep` and later commands (`diagnose`, `compare`) share one
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import gc
 import logging
@@ -28,6 +29,7 @@ from loadgen.client import (
     StreamClient,
     StreamResult,
     Target,
+    finish,
 )
 from loadgen.metrics import LoadgenMetrics
 from loadgen.prompts import PromptSet, calibrate, fixed_prompt
@@ -372,6 +374,8 @@ class _Phase:
         self.finished = 0
         self.aborted = asyncio.Event()
         self.abort_reason: str | None = None
+        self._pending: collections.deque[tuple[int, StreamResult]] = collections.deque()
+        self._wake = asyncio.Event()
         self.build = client.body_builder(spec.request_params())
         self.wall_offset = time.time() - time.perf_counter()
 
@@ -396,7 +400,8 @@ class _Phase:
             gauge.inc()
         result: StreamResult | None = None
         try:
-            result = await self.client.stream(body, self.spec.timeout)
+            # Unparsed: the stream's reads are parsed by the recorder, off the hot path.
+            result = await self.client.stream(body, self.spec.timeout, parse=False)
         finally:
             if gauge is not None:
                 gauge.dec()
@@ -410,19 +415,23 @@ class _Phase:
                     cut = StreamResult(t_send=now, t_end=now, error=TIMEOUT)
                     cut.error_detail = "cut at the step deadline"
                 self._keep(build_record(cut, **self._meta(index)))
-        if not self.measured:
-            if result.error == CONNECT:
-                self._count_connect_error()
-            return
-        record = build_record(result, **self._meta(index))
+        # A refused connection is known without parsing: count it at once, so a dead
+        # engine stops the phase before many more requests go out.
+        if result.error == CONNECT:
+            self._count_connect_error()
+        else:
+            self.connect_errors = 0
+        if self.measured:
+            self._pending.append((index, result))
+            self._wake.set()
+
+    def _settle(self, index: int, result: StreamResult) -> None:
+        """Parse one finished request, record it and apply the error-share rule."""
+        record = build_record(finish(result), **self._meta(index))
         self._keep(record)
         self.finished += 1
         if record.error is not None and record.error not in (EARLY_STOP, INTERRUPTED):
             self.failures += 1
-        if record.error == CONNECT:
-            self._count_connect_error()
-        else:
-            self.connect_errors = 0
         share = self.spec.max_error_share
         if share is not None and self.failures and not self.aborted.is_set():
             judged = share == 0 or self.finished >= MIN_REQUESTS_FOR_ERROR_SHARE
@@ -432,6 +441,24 @@ class _Phase:
                     f"{self.finished} requests failed (limit {share:.0%}); last: "
                     f"{record.error} {record.error_detail or ''}".rstrip()
                 )
+
+    async def _recorder(self) -> None:
+        """Settle finished requests one per event-loop turn.
+
+        Streams of a closed loop tend to end together; settling them all at once would
+        hold back every other stream's reads (and so their timestamps) for the whole burst.
+        Yielding after each one lets the loop poll the sockets in between.
+        """
+        while True:
+            while self._pending:
+                self._settle(*self._pending.popleft())
+                await asyncio.sleep(0)
+            self._wake.clear()
+            await self._wake.wait()
+
+    def _drain(self) -> None:
+        while self._pending:
+            self._settle(*self._pending.popleft())
 
     def _count_connect_error(self) -> None:
         self.connect_errors += 1
@@ -476,10 +503,17 @@ class _Phase:
             body: Awaitable[Any] = asyncio.gather(*(self._worker() for _ in range(workers)))
         else:
             body = self._open_loop(self.spec.rate)
+        recorder = asyncio.create_task(self._recorder())
         try:
-            await asyncio.wait_for(body, timeout=limit)
+            with _quiet_gc(self.measured):
+                await asyncio.wait_for(body, timeout=limit)
         except asyncio.TimeoutError:
             self.abort(f"{ABORT_DEADLINE}: {self.engine}: phase not finished within {limit:.0f} s")
+        finally:
+            recorder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await recorder
+            self._drain()
         return time.perf_counter() - t0
 
     async def _worker(self) -> None:
