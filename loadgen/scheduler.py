@@ -32,7 +32,7 @@ from loadgen.client import (
     finish,
 )
 from loadgen.metrics import LoadgenMetrics
-from loadgen.prompts import PromptSet, calibrate, fixed_prompt
+from loadgen.prompts import CalibrationError, PromptSet, calibrate, fixed_prompt
 from loadgen.results import (
     JsonlWriter,
     RequestRecord,
@@ -50,6 +50,7 @@ OPEN_LOOP_MAX_IN_FLIGHT = 1024
 MIN_REQUESTS_FOR_ERROR_SHARE = 8
 # Abort reasons (the `abort_reason` of a step and of summary.json start with one of these).
 ABORT_ENGINE_GONE = "engine gone"
+ABORT_NOT_ANSWERING = "engine not answering"
 ABORT_TOO_MANY_ERRORS = "too many errors"
 ABORT_DEADLINE = "step deadline"
 ABORT_INTERRUPTED = "interrupted"
@@ -302,6 +303,22 @@ async def prompts_for(ctx: RunContext, spec: RunSpec, client: StreamClient) -> P
     return ctx.prompts[key]
 
 
+def calibration_deadline(spec: RunSpec) -> float:
+    """Seconds the prompt calibration may take: a few probes' worth of `timeout`."""
+    return 3 * spec.timeout + spec.connect_timeout
+
+
+async def _calibrate_within(ctx: RunContext, spec: RunSpec, client: StreamClient) -> PromptSet:
+    limit = calibration_deadline(spec)
+    try:
+        return await asyncio.wait_for(prompts_for(ctx, spec, client), timeout=limit)
+    except asyncio.TimeoutError:
+        raise CalibrationError(
+            f"{client.target.name}: prompt calibration not finished within {limit:g} s "
+            "(the engine does not answer; see --timeout)"
+        ) from None
+
+
 async def _wait_or_stop(awaitable: Awaitable[Any], stop: asyncio.Event) -> bool:
     """Run `awaitable` until done or `stop` is set (then cancel it); True when stopped."""
     task = asyncio.ensure_future(awaitable)
@@ -370,6 +387,7 @@ class _Phase:
         self.deadline: float | None = None
         self.next_index = 0
         self.connect_errors = 0
+        self.timeouts = 0
         self.failures = 0
         self.finished = 0
         self.aborted = asyncio.Event()
@@ -421,6 +439,18 @@ class _Phase:
             self._count_connect_error()
         else:
             self.connect_errors = 0
+        # An engine that accepts connections but never answers (stopped, wedged) shows as
+        # timeouts: one full round of them in a row, and nothing will come back.
+        if result.error == TIMEOUT:
+            self.timeouts += 1
+            limit = max(2, self.spec.concurrency or 2)
+            if self.timeouts >= limit:
+                self.abort(
+                    f"{ABORT_NOT_ANSWERING}: {self.engine}: {self.timeouts} requests in a row "
+                    f"timed out after {self.spec.timeout:g} s"
+                )
+        else:
+            self.timeouts = 0
         if self.measured:
             self._pending.append((index, result))
             self._wake.set()
@@ -584,7 +614,7 @@ async def run_step(
         ) as client:
             await client.open(spec.preopen_count())
             if prompts is None:
-                prompts = await prompts_for(ctx, spec, client)
+                prompts = await _calibrate_within(ctx, spec, client)
             ptok = prompts.measured_tokens or spec.prompt_tokens
             if spec.warmup:
                 warm = _Phase(ctx, spec, client, prompts, step, measured=False)

@@ -181,7 +181,10 @@ def test_timeout_per_request(stub: StubFactory, tmp_path: Path) -> None:
         *("--url", server.url, "--prompt-tokens", "20", "--max-tokens", "30"),
         *("--requests", "2", "--timeout", "0.5", "--concurrency", "2"),
     )
-    assert code == 3  # every request failed: invalid
+    # A whole round of timeouts in a row: the engine is not answering, the run is aborted.
+    assert code == 1
+    reason = _summary(tmp_path)["abort_reason"]
+    assert reason.startswith("step 0: engine not answering: stub-model: 2 requests in a row")
     assert [r["error"] for r in request_lines(tmp_path)] == ["timeout", "timeout"]
     assert time.perf_counter() - t0 < 5
 

@@ -223,3 +223,32 @@ def test_kv_exhausted_requests_are_counted(tmp_path: Path) -> None:
     assert summary["valid"] is False and summary["aborted"] is False
     assert "6 of 6 requests failed (kv_exhausted 6)" in summary["invalid_reasons"][0]
     assert "kv_exhausted:" in out
+
+
+def test_engine_that_stops_answering_is_aborted_in_bounded_time(tmp_path: Path) -> None:
+    """SIGSTOP: the engine's socket still accepts connections but nothing answers."""
+    sim, url = _start_sim("llamacpp", "-np", "4", "--time-scale", "0.2")
+    try:
+        proc = _loadgen(
+            tmp_path,
+            *("--url", url, "--kind", "llamacpp", "--concurrency", "4", "--requests", "400"),
+            *("--prompt-tokens", "32", "--max-tokens", "24", "--timeout", "3"),
+        )
+        deadline = time.monotonic() + 60
+        while len(_records(tmp_path)) < 6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_records(tmp_path)) >= 6, "no request finished"
+        sim.send_signal(signal.SIGSTOP)
+        t_stop = time.monotonic()
+        _out, err = proc.communicate(timeout=60)
+        # One round of 3 s timeouts (plus the requests already in flight), not 400 of them.
+        assert time.monotonic() - t_stop < 15
+    finally:
+        sim.send_signal(signal.SIGCONT)
+        sim.kill()
+        sim.wait(10)
+    assert proc.returncode == 1, err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["aborted"] is True and summary["valid"] is False
+    assert "engine not answering" in summary["abort_reason"], summary["abort_reason"]
+    assert summary["steps"][0]["errors"]["timeout"] >= 4
