@@ -212,8 +212,18 @@ def _apply_config_defaults(
     unknown = sorted(set(config.loadgen) - every)
     if unknown:
         raise UsageError(f"{known.config}: unknown loadgen keys: {', '.join(unknown)}")
-    own = {a.dest for a in subparsers[command]._actions}
-    subparsers[command].set_defaults(**{k: v for k, v in config.loadgen.items() if k in own})
+    typed = {a.dest: a for a in subparsers[command]._actions}
+    defaults: dict[str, Any] = {}
+    for key, value in config.loadgen.items():
+        action = typed.get(key)
+        if action is None:
+            continue
+        if action.type is not None and not isinstance(value, str):
+            # argparse converts a string default with the option's type (and its checks),
+            # so `concurrency: 4` and `concurrency: [1, 2]` become the lists the flag gives.
+            value = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        defaults[key] = value
+    subparsers[command].set_defaults(**defaults)
 
 
 def _base_spec(args: argparse.Namespace, targets: list[Target]) -> RunSpec:

@@ -131,3 +131,19 @@ def test_workers_take_one_concurrency(tmp_path: Path, capsys: pytest.CaptureFixt
     )
     assert code == 2
     assert "one --concurrency value" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("value", "steps"), [("4", [4]), ("[1, 2]", [1, 2]), ("'1,2'", [1, 2])])
+def test_config_defaults_go_through_the_option_types(
+    stub: StubFactory, tmp_path: Path, value: str, steps: list[int]
+) -> None:
+    server = stub()
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"engines:\n  - {{name: s, kind: llamacpp, url: '{server.url}'}}\n"
+        f"loadgen: {{concurrency: {value}, requests: 2, max_tokens: 3, prompt_tokens: 16}}\n"
+    )
+    code = run_cli(tmp_path / "o", "--config", str(config), "--engine", "s")
+    assert code == 0
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert [s["concurrency"] for s in summary["steps"]] == steps
