@@ -48,13 +48,17 @@ ERROR_KINDS = (
 # Lower-case fragments of the engines' own messages that mean "no KV cache / context left".
 # llama.cpp (tools/server): decode failure "Context size has been exceeded." sent to every
 # active slot; a prompt longer than the slot's context is refused with type
-# "exceed_context_size_error" ("the request exceeds the available context size ...").
+# "exceed_context_size_error" ("request (N tokens) exceeds the available context size (M
+# tokens), try increasing it"; with context shift: "input (N tokens) is larger than the max
+# context size (M tokens). skipping"). In a stream the error is a `data: {"error": ...}`
+# event (older builds: an `error:` field line).
 # SGLang: "The input (N tokens) is longer than the model's context length (M tokens)." and
 # requests larger than the KV pool ("... larger than the KV cache pool", simulator wording).
 KV_EXHAUSTED_MARKERS = (
     "context size has been exceeded",
     "exceed_context_size_error",
     "exceeds the available context size",
+    "is larger than the max context size",
     "longer than the model's context length",
     "larger than the kv cache pool",
 )

@@ -47,6 +47,9 @@ CPU = ROOT / "tests" / "fixtures" / "llamacpp-cpu-gemma3-270m"
         'HTTP 400: {"error":{"code":400,"message":"the request exceeds the available context '
         'size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":700,'
         '"n_ctx":256}}',
+        # llama.cpp with context shift enabled.
+        "{'code': 400, 'message': 'input (700 tokens) is larger than the max context size "
+        "(256 tokens). skipping', 'type': 'exceed_context_size_error'}",
         # SGLang: a prompt beyond the model's context length.
         'HTTP 400: {"object":"error","message":"The input (9000 tokens) is longer than the '
         'model\'s context length (8192 tokens).","type":"BadRequestError","code":400}',
@@ -61,8 +64,20 @@ def test_other_errors_are_not_kv_exhausted(text: str | None) -> None:
     assert not is_kv_exhausted(text)
 
 
+def test_llamacpp_error_event_in_a_stream_is_a_server_error() -> None:
+    # llama.cpp (tools/server) ends a stream with `data: {"error": {...}}`.
+    body = (
+        b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
+        b'data: {"error":{"code":500,"message":"Context size has been exceeded.",'
+        b'"type":"server_error"}}\n\n'
+    )
+    result = StreamResult()
+    parse_events([body], [1.0], result)
+    assert result.error == SERVER_ERROR and is_kv_exhausted(result.error_detail)
+
+
 def test_llamacpp_error_field_in_a_stream_is_a_server_error() -> None:
-    # llama.cpp writes an error inside an open stream as an SSE `error:` field line.
+    # Older llama.cpp builds wrote an error inside an open stream as an SSE `error:` line.
     body = (
         b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
         b'error: {"code":500,"message":"Context size has been exceeded.","type":"server_error"}'
