@@ -157,6 +157,6 @@ def test_third_party_loggers_are_quiet(stub: StubFactory, tmp_path: Path) -> Non
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.NOTSET)
     server = stub()
-    assert run_cli(tmp_path, "--url", server.url, "--requests", "1", "--prompt-tokens", "8") == 0
+    assert run_cli(tmp_path, "--url", server.url, "--requests", "1", "--prompt-tokens", "16") == 0
     for name in ("matplotlib", "httpx", "aiohttp.access"):
         assert logging.getLogger(name).getEffectiveLevel() == logging.WARNING, name
