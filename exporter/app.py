@@ -27,4 +27,9 @@ def build_runner(config: Config, client: httpx.AsyncClient | None = None) -> Run
             collectors.append(LlamaCppCollector(engine, http, timeout, attribution))
         else:
             collectors.append(SGLangCollector(engine, http, timeout, attribution))
-    return Runner(collectors, default_deadline=config.scrape_timeout_seconds, host=config.host)
+    return Runner(
+        collectors,
+        default_deadline=config.scrape_timeout_seconds,
+        host=config.host,
+        min_interval=config.min_interval,
+    )
