@@ -20,6 +20,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="llmb-exporter",
         description="Prometheus exporter: GPU memory (NVML) + llama.cpp and SGLang metrics "
         "in one llmb_* schema.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
         "--config",
@@ -44,7 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         dest="web_config",
         default=os.environ.get("LLMB_WEB_CONFIG"),
         help="TLS and basic auth, in the format of Prometheus' exporter-toolkit (env "
-        "LLMB_WEB_CONFIG; docs/deploy.md); default: plain HTTP without auth",
+        "LLMB_WEB_CONFIG; docs/security.md); default: plain HTTP without auth",
     )
     parser.add_argument(
         "--log-level",
