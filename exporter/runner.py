@@ -20,7 +20,7 @@ import gzip
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client.exposition import choose_encoder
@@ -117,6 +117,8 @@ class Runner:
         self._crashed: dict[str, str] = {}
         self._inflight: asyncio.Future[Collection] | None = None
         self._last: Collection | None = None
+        # Shared resources to release after the collectors (the engines' HTTP client).
+        self.on_close: list[Callable[[], Awaitable[None]]] = []
 
     async def start(self) -> None:
         for collector in self.collectors:
@@ -128,6 +130,8 @@ class Runner:
                 await collector.close()
             except Exception:
                 log.exception("closing source %s failed", collector.source)
+        for release in self.on_close:
+            await release()
 
     async def _run_one(self, collector: Collector, deadline: float) -> tuple[Scrape, float]:
         start = time.perf_counter()
