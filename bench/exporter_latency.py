@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import aiohttp
 import httpx
 from aiohttp import web
 
@@ -157,17 +158,29 @@ def summarize(target: str, mode: str, seconds: list[float], body: int) -> Result
     )
 
 
-async def sequential(client: httpx.AsyncClient, url: str, requests: int) -> tuple[list[float], int]:
+async def sequential(
+    client: aiohttp.ClientSession, url: str, requests: int
+) -> tuple[list[float], int]:
     times = []
     size = 0
     for _ in range(requests):
         start = time.perf_counter()
-        resp = await client.get(url)
+        async with client.get(url) as resp:
+            body = await resp.read()
         times.append(time.perf_counter() - start)
-        size = len(resp.content)
-        if resp.status_code != 200:
-            raise RuntimeError(f"{url}: HTTP {resp.status_code}")
+        size = len(body)
+        if resp.status != 200:
+            raise RuntimeError(f"{url}: HTTP {resp.status}")
     return times, size
+
+
+def session() -> aiohttp.ClientSession:
+    """One keep-alive connection, as a Prometheus target has; aiohttp's client is used
+    because httpx's costs ~2 ms per response, which 20 scrapers in one process would
+    queue behind each other and count as exporter latency."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=1), timeout=aiohttp.ClientTimeout(total=30)
+    )
 
 
 async def concurrent(
@@ -183,14 +196,15 @@ async def concurrent(
 
     async def scraper(offset: float) -> None:
         nonlocal failures
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with session() as client:
             tick = start + offset
             while tick < end:
                 await asyncio.sleep(max(0.0, tick - loop.time()))
                 t0 = time.perf_counter()
-                resp = await client.get(url)
+                async with client.get(url) as resp:
+                    await resp.read()
                 times.append(time.perf_counter() - t0)
-                failures += resp.status_code != 200
+                failures += resp.status != 200
                 tick += interval
 
     offsets = [0.0 if phase == "aligned" else rng.uniform(0, interval) for _ in range(scrapers)]
@@ -281,10 +295,11 @@ async def main() -> int:
         try:
             url = f"http://127.0.0.1:{ep}/metrics"
             await wait_ready(url, exporter)
-            async with httpx.AsyncClient() as client:
+            body = Path(tmp) / "body.txt"
+            async with session() as client:
                 await sequential(client, url, args.warmup)
-                body = Path(tmp) / "body.txt"
-                body.write_bytes((await client.get(url)).content)
+                async with client.get(url) as resp:
+                    body.write_bytes(await resp.read())
             reference = subprocess.Popen(  # noqa: ASYNC220 - started once, before timing
                 [sys.executable, __file__, "--serve-static", str(body), "--port", str(rp)],
                 env=env,
@@ -299,7 +314,7 @@ async def main() -> int:
                 runs: dict[str, list[float]] = {"exporter": [], "reference": []}
                 sizes: dict[str, int] = {}
                 cpu: dict[str, list[float]] = {"exporter": [], "reference": []}
-                async with httpx.AsyncClient() as client:
+                async with session() as client:
                     for _ in range(5):
                         for name, proc, target in targets:
                             times, size, pct_core, _ = await measured(

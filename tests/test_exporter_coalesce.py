@@ -12,27 +12,18 @@ import gzip
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from exporter.collectors import Collector, Scrape
 from exporter.runner import Runner
 from exporter.schema import MetricSet
 from exporter.server import make_app
-from tests.conftest import get_free_port
+from tests.plugins.engine_stubs import CountingStub, counting_engines
 from tests.plugins.exporter import ExporterProcess, parse_samples, pick
-
-FIX = Path(__file__).parent / "fixtures"
-H200 = FIX / "llamacpp-h200-gemma3-27b-shape-q4_0"
-SGL = FIX / "sglang-0.5.23"
-SGL_ENDPOINTS = FIX / "sglang-0.5.23-endpoints"
-
 
 # --- unit: the Runner ----------------------------------------------------------------------
 
@@ -116,60 +107,11 @@ async def test_one_rendering_per_format_and_gzip_only_when_asked() -> None:
 # --- integration: the real exporter against counting engine stubs --------------------------
 
 
-@dataclass
-class CountingStub:
-    """An engine stub on a real port; `hits` counts requests per path."""
-
-    url: str
-    hits: Counter[str] = field(default_factory=Counter)
-
-
-def _app(bodies: dict[str, str], hits: Counter[str], delay: Callable[[], float]) -> web.Application:
-    async def handle(request: web.Request) -> web.Response:
-        hits[request.path] += 1
-        pause = delay()
-        if pause:
-            await asyncio.sleep(pause)
-        return web.Response(text=bodies[request.path])
-
-    app = web.Application()
-    for path in bodies:
-        app.router.add_get(path, handle)
-    return app
-
-
-LLAMA_BODIES = {
-    "/health": '{"status":"ok"}',
-    "/metrics": (H200 / "metrics_np4_c4.txt").read_text(),
-    "/slots": (H200 / "slots_np4_c4.json").read_text(),
-    "/props": (H200 / "props.json").read_text(),
-    "/v1/models": (H200 / "models.json").read_text(),
-}
-SGLANG_BODIES = {
-    "/health": "",
-    "/metrics": (SGL / "metrics-busy.txt").read_text(),
-    "/server_info": (SGL_ENDPOINTS / "server_info.json").read_text(),
-    "/model_info": (SGL_ENDPOINTS / "model_info.json").read_text(),
-    "/v1/models": (SGL_ENDPOINTS / "v1_models.json").read_text(),
-}
-
-
 @pytest.fixture
 async def engines() -> AsyncIterator[tuple[CountingStub, CountingStub, list[float]]]:
     """A llama.cpp and an SGLang stub; set `delay[0]` to slow every answer down."""
-    delay = [0.0]
-    stubs, runners = [], []
-    for bodies in (LLAMA_BODIES, SGLANG_BODIES):
-        port = get_free_port()
-        stub = CountingStub(f"http://127.0.0.1:{port}")
-        runner = web.AppRunner(_app(bodies, stub.hits, lambda: delay[0]), access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        stubs.append(stub)
-        runners.append(runner)
-    yield stubs[0], stubs[1], delay
-    for runner in runners:
-        await runner.cleanup()
+    async with counting_engines() as stubs:
+        yield stubs
 
 
 def _config(llama: CountingStub, sgl: CountingStub, **extra: Any) -> dict[str, Any]:
