@@ -276,8 +276,10 @@ async def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "config.yaml"
         config.write_text(
-            f'listen: "127.0.0.1:{ep}"\nmin_interval: {args.min_interval}\n'
-            "engines:\n"
+            f'listen: "127.0.0.1:{ep}"\n'
+            # Only when set, so that the bench also runs against exporters without the key.
+            + (f"min_interval: {args.min_interval}\n" if args.min_interval else "")
+            + "engines:\n"
             f'  - {{name: llama, kind: llamacpp, url: "http://127.0.0.1:{lp}"}}\n'
             + (
                 f'  - {{name: sgl, kind: sglang, url: "http://127.0.0.1:{sp}"}}\n'
