@@ -103,6 +103,13 @@ def _render(encoder: Callable[[Families], bytes], families: list[Metric]) -> byt
     return encoder(Families(families))
 
 
+class CollectionTimeout(Exception):
+    """A request's deadline passed while it waited for a collection, and none was done yet."""
+
+    def __init__(self, deadline: float):
+        super().__init__(f"no collection finished within {deadline:.2f}s")
+
+
 class Runner:
     """Owns the collectors, the coalescing of collections and the exporter's error counters."""
 
@@ -127,6 +134,7 @@ class Runner:
         self._logged: dict[str, frozenset[tuple[str, str]]] = {}
         self._crashed: dict[str, str] = {}
         self._inflight: asyncio.Future[Collection] | None = None
+        self._inflight_ends = 0.0  # time.monotonic() by which the collection in flight ends
         self._last: Collection | None = None
         # Shared resources to release after the collectors (the engines' HTTP client).
         self.on_close: list[Callable[[], Awaitable[None]]] = []
@@ -166,8 +174,10 @@ class Runner:
     async def collect(self, deadline: float | None = None) -> Collection:
         """The current collection: the one in flight, a recent one, or a new one.
 
-        Requests that arrive while a collection runs wait for it (with the deadline of
-        the request that started it) instead of starting their own.
+        Requests that arrive while a collection runs wait for it instead of starting their
+        own. One that joins a collection due to end after its own deadline (a scraper with
+        a shorter timeout than the one that started it) waits until its deadline and then
+        gets the last finished collection; `CollectionTimeout` when there is none yet.
         """
         last = self._last
         if (
@@ -176,11 +186,20 @@ class Runner:
             and self.clock() - last.started < self.min_interval
         ):
             return last
+        budget = self.default_deadline if deadline is None else deadline
         task = self._inflight
         if task is None:
-            task = asyncio.ensure_future(self._collect(deadline))
+            task = asyncio.ensure_future(self._collect(budget))
             self._inflight = task
+            self._inflight_ends = time.monotonic() + budget
             task.add_done_callback(self._finished)
+        elif self._inflight_ends > time.monotonic() + budget:
+            try:
+                return await asyncio.wait_for(asyncio.shield(task), budget)
+            except asyncio.TimeoutError:
+                if self._last is None:
+                    raise CollectionTimeout(budget) from None
+                return self._last
         # A scraper that disconnects must not cancel the collection the others wait for.
         return await asyncio.shield(task)
 
@@ -194,10 +213,9 @@ class Runner:
         """Collect every source concurrently and return all families for one /metrics answer."""
         return (await self.collect(deadline)).families
 
-    async def _collect(self, deadline: float | None) -> Collection:
+    async def _collect(self, budget: float) -> Collection:
         started = self.clock()
         self.collections += 1
-        budget = self.default_deadline if deadline is None else deadline
         results = await asyncio.gather(*(self._run_one(c, budget) for c in self.collectors))
         out: list[Metric] = []
         own = MetricSet()

@@ -13,7 +13,7 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from exporter.runner import Families, Runner, deadline_from_header
+from exporter.runner import CollectionTimeout, Families, Runner, deadline_from_header
 from exporter.web_config import BasicAuth
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,11 @@ def make_app(runner: Runner, auth: BasicAuth | None = None) -> web.Application:
         deadline = deadline_from_header(
             request.headers.get("X-Prometheus-Scrape-Timeout-Seconds"), runner.default_deadline
         )
-        collection = await runner.collect(deadline)
+        try:
+            collection = await runner.collect(deadline)
+        except CollectionTimeout as exc:
+            # Only before the first collection ever finished; later ones serve the last.
+            return web.Response(status=503, text=f"{exc}\n")
         gzipped = _accepts_gzip(request.headers.get("Accept-Encoding", ""))
         body, content_type = collection.encode(request.headers.get("Accept", ""), gzipped)
         resp = web.Response(body=body)

@@ -19,7 +19,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from exporter.collectors import Collector, Scrape
-from exporter.runner import Runner
+from exporter.runner import CollectionTimeout, Runner
 from exporter.schema import MetricSet
 from exporter.server import make_app
 from tests.plugins.engine_stubs import CountingStub, counting_engines
@@ -200,3 +200,26 @@ async def test_healthz_does_not_wait_for_a_collection(
         assert (await scrape).status_code == 200
     assert health.status_code == 200
     assert took < 1.0, took
+
+
+async def test_a_shorter_deadline_does_not_wait_for_a_longer_collection() -> None:
+    collector = Slow("a", 1.0)
+    runner = Runner([collector], default_deadline=5.0)
+    first = asyncio.ensure_future(runner.collect(5.0))
+    await asyncio.sleep(0.05)
+    start = time.perf_counter()
+    with pytest.raises(CollectionTimeout):  # nothing finished yet to fall back to
+        await runner.collect(0.3)
+    assert time.perf_counter() - start < 0.6
+    done = await first
+    second = asyncio.ensure_future(runner.collect(5.0))
+    await asyncio.sleep(0.05)
+    start = time.perf_counter()
+    assert await runner.collect(0.3) is done  # the last finished collection, in time
+    assert time.perf_counter() - start < 0.6
+    assert await second is not done
+    assert collector.calls == 2
+    # A joiner whose deadline is later than the collection's end just waits for it.
+    third = asyncio.ensure_future(runner.collect(0.5))
+    await asyncio.sleep(0.05)
+    assert await runner.collect(5.0) is await third
