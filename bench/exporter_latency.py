@@ -17,12 +17,14 @@ H200 capture) and two engines: local aiohttp stubs answering with real captured 
 
     .venv/bin/python bench/exporter_latency.py                     # both modes, busy SGLang
     .venv/bin/python bench/exporter_latency.py --mode sequential --requests 500 --sglang none
+    git worktree add ../llmb-old fb4435c && .venv/bin/python bench/exporter_latency.py --baseline ../llmb-old
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -124,6 +126,7 @@ class Result:
     max: float
     mean: float
     cpu_pct_of_core: float | None = None
+    cpu_ms_per_scrape: float | None = None
     collections: int | None = None
     body_bytes: int = 0
     rss_mb: float | None = None
@@ -132,6 +135,8 @@ class Result:
         extra = ""
         if self.cpu_pct_of_core is not None:
             extra += f" cpu={self.cpu_pct_of_core:.1f}%core"
+        if self.cpu_ms_per_scrape is not None:
+            extra += f" cpu/scrape={self.cpu_ms_per_scrape:.2f}ms"
         if self.collections is not None:
             extra += f" collections={self.collections}"
         if self.rss_mb is not None:
@@ -231,12 +236,10 @@ async def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
 async def measured(
     pid: int, run: Callable[[], Awaitable[tuple[list[float], int]]]
 ) -> tuple[list[float], int, float, float]:
-    """Run `run`, returning its times and body size, and the process' CPU % of one core."""
+    """Run `run`: its times and body size, the process' CPU seconds and the wall seconds."""
     cpu0, wall0 = cpu_seconds(pid), time.perf_counter()
     times, size = await run()
-    cpu = cpu_seconds(pid) - cpu0
-    wall = time.perf_counter() - wall0
-    return times, size, 100 * cpu / wall, wall
+    return times, size, cpu_seconds(pid) - cpu0, time.perf_counter() - wall0
 
 
 async def main() -> int:
@@ -259,11 +262,17 @@ async def main() -> int:
         default="busy",
         help="which captured SGLang exposition the second engine serves (none: llama.cpp only)",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout of the repository (e.g. a `git worktree` of an older commit): "
+        "its exporter is measured too, alternating with this one under the same load",
+    )
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = parser.parse_args()
 
     load_before = os.getloadavg()
-    lp, sp, ep, rp = _port(), _port(), _port(), _port()
+    lp, sp, ep, rp, bp = _port(), _port(), _port(), _port(), _port()
     llama_hits: Counter[str] = Counter()
     sgl_hits: Counter[str] = Counter()
     stubs = [await serve(_app(llama_bodies(), llama_hits), lp)]
@@ -273,10 +282,10 @@ async def main() -> int:
     procs: list[subprocess.Popen[bytes]] = []
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env = {k: v for k, v in env.items() if not k.startswith("LLMB__")}
-    with tempfile.TemporaryDirectory() as tmp:
-        config = Path(tmp) / "config.yaml"
-        config.write_text(
-            f'listen: "127.0.0.1:{ep}"\n'
+
+    def config_text(port: int) -> str:
+        return (
+            f'listen: "127.0.0.1:{port}"\n'
             # Only when set, so that the bench also runs against exporters without the key.
             + (f"min_interval: {args.min_interval}\n" if args.min_interval else "")
             + "engines:\n"
@@ -288,15 +297,30 @@ async def main() -> int:
             )
             + f"gpu: {{fake_file: [{H200 / 'nvml_6_np4_c4.json'}]}}\n"
         )
-        exporter = subprocess.Popen(  # noqa: ASYNC220 - started once, before timing
-            [sys.executable, "-m", "exporter", "--config", str(config), "--log-level", "WARNING"],
-            cwd=ROOT,
-            env=env,
+
+    def start_exporter(root: Path, port: int, tmp: str) -> subprocess.Popen[bytes]:
+        config = Path(tmp) / f"config-{port}.yaml"
+        config.write_text(config_text(port))
+        argv = [sys.executable, "-m", "exporter", "--config", str(config)]
+        proc = subprocess.Popen(
+            [*argv, "--log-level", "WARNING"], cwd=root, env={**env, "PYTHONPATH": str(root)}
         )
-        procs.append(exporter)
+        procs.append(proc)
+        return proc
+
+    with tempfile.TemporaryDirectory() as tmp:
         try:
+            exporter = start_exporter(ROOT, ep, tmp)
             url = f"http://127.0.0.1:{ep}/metrics"
             await wait_ready(url, exporter)
+            targets = [("exporter", exporter, url)]
+            if args.baseline:
+                baseline = start_exporter(args.baseline.resolve(), bp, tmp)
+                base_url = f"http://127.0.0.1:{bp}/metrics"
+                await wait_ready(base_url, baseline)
+                async with session() as client:
+                    await sequential(client, base_url, args.warmup)
+                targets.append(("baseline", baseline, base_url))
             body = Path(tmp) / "body.txt"
             async with session() as client:
                 await sequential(client, url, args.warmup)
@@ -309,43 +333,52 @@ async def main() -> int:
             procs.append(reference)
             ref_url = f"http://127.0.0.1:{rp}/metrics"
             await wait_ready(ref_url, reference)
-            targets = [("exporter", exporter, url), ("reference", reference, ref_url)]
+            targets.append(("reference", reference, ref_url))
 
             if args.mode in ("sequential", "both"):
                 # Alternate blocks so that both see the same machine load.
-                runs: dict[str, list[float]] = {"exporter": [], "reference": []}
+                runs: dict[str, list[float]] = {name: [] for name, _, _ in targets}
                 sizes: dict[str, int] = {}
-                cpu: dict[str, list[float]] = {"exporter": [], "reference": []}
+                cpu = dict.fromkeys(runs, 0.0)
+                wall = dict.fromkeys(runs, 0.0)
                 async with session() as client:
                     for _ in range(5):
                         for name, proc, target in targets:
-                            times, size, pct_core, _ = await measured(
+                            times, size, cpu_s, wall_s = await measured(
                                 proc.pid,
-                                lambda t=target: sequential(client, t, args.requests // 5),
+                                functools.partial(sequential, client, target, args.requests // 5),
                             )
                             runs[name] += times
                             sizes[name] = size
-                            cpu[name].append(pct_core)
+                            cpu[name] += cpu_s
+                            wall[name] += wall_s
                 for name, proc, _ in targets:
                     result = summarize(name, "sequential", runs[name], sizes[name])
-                    result.cpu_pct_of_core = statistics.mean(cpu[name])
+                    result.cpu_pct_of_core = 100 * cpu[name] / wall[name]
+                    result.cpu_ms_per_scrape = 1e3 * cpu[name] / len(runs[name])
                     result.rss_mb = rss_mb(proc.pid)
                     results.append(result)
 
             if args.mode in ("concurrent", "both"):
                 for name, proc, target in targets:
                     before = llama_hits["/metrics"]
-                    times, _, pct_core, _ = await measured(
+                    times, _, cpu_s, wall_s = await measured(
                         proc.pid,
-                        lambda t=target: concurrent(
-                            t, args.scrapers, args.seconds, args.interval, args.phase
+                        functools.partial(
+                            concurrent,
+                            target,
+                            args.scrapers,
+                            args.seconds,
+                            args.interval,
+                            args.phase,
                         ),
                     )
                     mode = f"{args.scrapers}x{args.phase}"
                     result = summarize(name, mode, times, body.stat().st_size)
-                    result.cpu_pct_of_core = pct_core
+                    result.cpu_pct_of_core = 100 * cpu_s / wall_s
+                    result.cpu_ms_per_scrape = 1e3 * cpu_s / len(times)
                     result.rss_mb = rss_mb(proc.pid)
-                    if name == "exporter":
+                    if name != "reference":
                         result.collections = llama_hits["/metrics"] - before
                     results.append(result)
         finally:
