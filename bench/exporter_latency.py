@@ -17,7 +17,8 @@ H200 capture) and two engines: local aiohttp stubs answering with real captured 
 
     .venv/bin/python bench/exporter_latency.py                     # both modes, busy SGLang
     .venv/bin/python bench/exporter_latency.py --mode sequential --requests 500 --sglang none
-    git worktree add ../llmb-old fb4435c && .venv/bin/python bench/exporter_latency.py --baseline ../llmb-old
+    git worktree add ../llmb-old fb4435c    # then, against the exporter before issue 12:
+    .venv/bin/python bench/exporter_latency.py --baseline ../llmb-old
 """
 
 from __future__ import annotations
