@@ -7,6 +7,7 @@ import httpx
 from exporter.attribution import Attribution
 from exporter.collectors import Collector
 from exporter.config import Config
+from exporter.http import AiohttpTransport
 from exporter.runner import Runner
 
 
@@ -16,7 +17,8 @@ def build_runner(config: Config, client: httpx.AsyncClient | None = None) -> Run
     from exporter.collectors.nvml import NvmlCollector
     from exporter.collectors.sglang import SGLangCollector
 
-    http = client or httpx.AsyncClient(follow_redirects=True)
+    # aiohttp underneath: httpx's own transport costs more CPU than parsing (exporter/http.py).
+    http = client or httpx.AsyncClient(follow_redirects=True, transport=AiohttpTransport())
     attribution = Attribution(config.engines)
     collectors: list[Collector] = []
     if config.gpu.enabled:
@@ -27,4 +29,12 @@ def build_runner(config: Config, client: httpx.AsyncClient | None = None) -> Run
             collectors.append(LlamaCppCollector(engine, http, timeout, attribution))
         else:
             collectors.append(SGLangCollector(engine, http, timeout, attribution))
-    return Runner(collectors, default_deadline=config.scrape_timeout_seconds, host=config.host)
+    runner = Runner(
+        collectors,
+        default_deadline=config.scrape_timeout_seconds,
+        host=config.host,
+        min_interval=config.min_interval,
+    )
+    if client is None:
+        runner.on_close.append(http.aclose)
+    return runner

@@ -14,6 +14,7 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -28,7 +29,11 @@ from pydantic import (
 ENV_PREFIX = "LLMB__"
 RESERVED_SOURCE_NAMES = {"nvml"}
 
-Seconds = Annotated[float, Field(gt=0)]
+# A day: larger is a typo, and asyncio's timers overflow long before 1e300.
+MAX_SECONDS = 86400.0
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
+# Deeper YAML than this is not a config file (PyYAML would recurse until RecursionError).
+MAX_YAML_DEPTH = 100
 
 
 class ConfigError(Exception):
@@ -40,7 +45,8 @@ class ConfigError(Exception):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: `1e400` is YAML for infinity, never a meant value.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ProcessMatch(_Strict):
@@ -92,8 +98,7 @@ class EngineConfig(_Strict):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        if not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError("must be an http:// or https:// URL")
+        check_http_url(value)
         return value.rstrip("/")
 
     def api_key(self, environ: Mapping[str, str] | None = None) -> str | None:
@@ -150,6 +155,13 @@ class Config(_Strict):
         default=10.0, description="deadline when Prometheus sends no timeout header"
     )
     source_timeout_seconds: Seconds = Field(default=5.0, description="default per-source timeout")
+    min_interval: float = Field(
+        default=0.0,
+        ge=0,
+        le=MAX_SECONDS,
+        description="seconds: a /metrics request within this long of the last collection's "
+        "start is answered from it (0: every request not coalesced with one in flight collects)",
+    )
     engines: list[EngineConfig] = Field(default_factory=list)
     gpu: GpuConfig = Field(default_factory=GpuConfig)
     loadgen: dict[str, Any] = Field(
@@ -167,9 +179,11 @@ class Config(_Strict):
     @field_validator("listen")
     @classmethod
     def _host_port(cls, value: str) -> str:
-        _, sep, port = value.rpartition(":")
+        host, sep, port = value.rpartition(":")
         if not sep or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError("must be HOST:PORT with a port between 1 and 65535")
+        if any(c.isspace() or not c.isprintable() for c in host):
+            raise ValueError("the host must not contain spaces or control characters")
         return value
 
     @model_validator(mode="after")
@@ -200,13 +214,32 @@ class Config(_Strict):
         raise KeyError(f"no engine named {name!r} in the config (known: {known})")
 
 
-def _format_errors(exc: ValidationError, data: Mapping[str, Any]) -> list[str]:
+def check_http_url(value: str) -> None:
+    """Raise ValueError unless `value` is an http(s) URL an HTTP client can request."""
+    if any(c.isspace() or not c.isprintable() for c in value):
+        raise ValueError("must not contain spaces or control characters")
+    try:
+        parts = urlsplit(value)
+        port = parts.port  # ValueError when not a number or out of 0-65535
+    except ValueError as exc:
+        raise ValueError(f"not a valid URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL with a host")
+    if port == 0:
+        raise ValueError("port must be between 1 and 65535")
+    if parts.query or parts.fragment:
+        raise ValueError("must not have a query or fragment (paths are appended to it)")
+
+
+def format_validation_errors(exc: ValidationError, data: Mapping[str, Any]) -> list[str]:
+    """'location: message' lines of a pydantic error, engines named where possible."""
     errors = []
     for err in exc.errors():
         loc = list(err["loc"])
         # Show engines by name rather than list index where we can.
         if len(loc) >= 2 and loc[0] == "engines" and isinstance(loc[1], int):
-            engines = data.get("engines") or []
+            engines = data.get("engines")
+            engines = engines if isinstance(engines, list) else []
             if loc[1] < len(engines) and isinstance(engines[loc[1]], dict):
                 name = engines[loc[1]].get("name")
                 if name:
@@ -217,6 +250,8 @@ def _format_errors(exc: ValidationError, data: Mapping[str, Any]) -> list[str]:
             msg = "unknown key"
         elif msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
+        elif err["type"] == "finite_number":
+            msg = "must be a finite number"
         errors.append(f"{where}: {msg}")
     return errors
 
@@ -233,9 +268,14 @@ def apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> dic
         path = [p.lower() for p in key[len(ENV_PREFIX) :].split("__") if p]
         if not path:
             continue
-        value = yaml.safe_load(raw) if raw != "" else ""
+        try:
+            value = _load_yaml_text(raw) if raw != "" else ""
+        except ConfigError as exc:
+            raise ConfigError([f"environment {key}: {e}" for e in exc.errors]) from None
         if path[0] == "engines" and len(path) >= 3:
             engines = data.setdefault("engines", [])
+            if not isinstance(engines, list):
+                raise ConfigError([f"environment {key}: engines must be a list"])
             target = next(
                 (
                     e
@@ -272,7 +312,7 @@ def parse_config(data: Any, environ: Mapping[str, str] | None = None) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, data)) from None
+        raise ConfigError(format_validation_errors(exc, data)) from None
 
 
 def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> Config:
@@ -282,12 +322,78 @@ def load_config(path: str | Path | None, environ: Mapping[str, str] | None = Non
     """
     data: Any = {}
     if path is not None:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError([f"{path}: not valid YAML: {exc}"]) from None
+        data = read_yaml(path)
+        if data is None:
+            raise ConfigError(
+                [f"{path}: the file is empty; give at least one key (see config.example.yaml)"]
+            )
     return parse_config(data, environ)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Load a YAML file as UTF-8 (or UTF-16/32 with a byte order mark); ConfigError if not."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    text = _decode(raw, path)
+    try:
+        return _load_yaml_text(text)
+    except ConfigError as exc:
+        raise ConfigError([f"{path}: {e}" for e in exc.errors]) from None
+
+
+def _decode(raw: bytes, path: str | Path) -> str:
+    boms = (
+        (b"\xff\xfe\x00\x00", "utf-32-le"),
+        (b"\x00\x00\xfe\xff", "utf-32-be"),
+        (b"\xff\xfe", "utf-16-le"),
+        (b"\xfe\xff", "utf-16-be"),
+        (b"\xef\xbb\xbf", "utf-8"),
+    )
+    encoding = next((enc for bom, enc in boms if raw.startswith(bom)), None)
+    try:
+        if encoding is not None:
+            return raw.decode(encoding).lstrip("\ufeff")
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        what = encoding.upper() if encoding else "UTF-8"
+        raise ConfigError(
+            [f"{path}: not {what} text (byte {exc.start}); is this the right file?"]
+        ) from None
+    if "\x00" in text:
+        raise ConfigError([f"{path}: a binary file, not a YAML text file"])
+    return text
+
+
+def _load_yaml_text(text: str) -> Any:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"not valid YAML: {exc}"]) from None
+    except RecursionError:
+        raise ConfigError([f"nested deeper than {MAX_YAML_DEPTH} levels"]) from None
+    if _depth(data) > MAX_YAML_DEPTH:
+        raise ConfigError([f"nested deeper than {MAX_YAML_DEPTH} levels"])
+    return data
+
+
+def _depth(value: Any, level: int = 0, seen: set[int] | None = None) -> int:
+    """Nesting depth, stopping once it passes MAX_YAML_DEPTH.
+
+    YAML aliases share one object; each container is visited once so that a file of
+    nested aliases ("billion laughs") costs its size, not its expansion.
+    """
+    if level > MAX_YAML_DEPTH:
+        return level
+    if isinstance(value, dict):
+        children: Any = value.values()
+    elif isinstance(value, list):
+        children = value
+    else:
+        return level
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return level
+    seen.add(id(value))
+    return max((_depth(child, level + 1, seen) for child in children), default=level)

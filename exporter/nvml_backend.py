@@ -13,10 +13,15 @@ offer (bus width, clocks, utilization on some parts) from a real failure.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar, cast
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 # NVML return codes the backends hand on (values from nvml.h, stable across releases).
 NVML_ERROR_NOT_SUPPORTED = 3
@@ -253,6 +258,27 @@ class PynvmlBackend:
         return [name] if name else []
 
 
+def _reading_errors(method: F) -> F:
+    """Turn a wrong-typed or impossible value of a fake reading into NvmlError("parse").
+
+    A real driver reports a bad state as an NVML error; the fake one must too, so that a
+    bad file takes the source down with one logged error instead of a TypeError per sample.
+    """
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except NvmlError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise NvmlError(
+                f"fake NVML reading: bad value in {method.__name__}: {exc!r}", reason="parse"
+            ) from exc
+
+    return cast(F, wrapper)
+
+
 class FakeNvmlBackend:
     """NVML replayed from JSON files: the contract with the engine simulators.
 
@@ -360,23 +386,29 @@ class FakeNvmlBackend:
             raise NvmlError(f"{key} not in the fake reading", NVML_ERROR_NOT_SUPPORTED)
         return dev[key]
 
+    @_reading_errors
     def driver_version(self) -> str:
         self._refresh()
         return self._driver
 
+    @_reading_errors
     def device_count(self) -> int:
         self._refresh()
         return len(self._devices)
 
+    @_reading_errors
     def index(self, i: int) -> int:
         return int(self._dev(i)["index"])
 
+    @_reading_errors
     def name(self, i: int) -> str:
         return str(self._dev(i).get("name", ""))
 
+    @_reading_errors
     def uuid(self, i: int) -> str:
         return str(self._dev(i).get("uuid", ""))
 
+    @_reading_errors
     def memory(self, i: int) -> MemoryInfo:
         dev = self._dev(i)
         v2 = dev.get("mem_v2")
@@ -387,18 +419,25 @@ class FakeNvmlBackend:
         v1 = self._field(dev, "mem")
         return MemoryInfo(int(v1["total"]), int(v1["used"]), int(v1["free"]), None)
 
+    @_reading_errors
     def utilization(self, i: int) -> Utilization:
         util = self._field(self._dev(i), "util")
-        return Utilization(float(util["gpu"]), float(util["memory"]))
+        gpu, memory = float(util["gpu"]), float(util["memory"])
+        if not (math.isfinite(gpu) and math.isfinite(memory)):
+            raise ValueError(f"utilization is not finite: {util!r}")
+        return Utilization(gpu, memory)
 
+    @_reading_errors
     def memory_clock_mhz(self, i: int) -> tuple[int, int]:
         dev = self._dev(i)
         current = int(self._field(dev, "mem_clock_mhz"))
         return current, int(dev.get("max_mem_clock_mhz") or current)
 
+    @_reading_errors
     def bus_width_bits(self, i: int) -> int:
         return int(self._field(self._dev(i), "bus_width"))
 
+    @_reading_errors
     def processes(self, i: int) -> list[GpuProcess]:
         procs = self._dev(i).get("procs", [])
         return _merge_processes(
@@ -410,6 +449,7 @@ class FakeNvmlBackend:
             ]
         )
 
+    @_reading_errors
     def cmdline(self, pid: int) -> list[str]:
         recorded = self._cmdlines.get(pid)
         if recorded is not None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from exporter.config import load_config
+from exporter.config import Config, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "kubernetes"
@@ -21,12 +21,28 @@ def _docs(name: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all((K8S / name).read_text(encoding="utf-8")) if d]
 
 
-def _one(kind: str) -> dict[str, Any]:
-    found = [
+def _all(kind: str) -> list[dict[str, Any]]:
+    return [
         d for path in sorted(K8S.glob("*.yaml")) for d in _docs(path.name) if d.get("kind") == kind
     ]
+
+
+def _one(kind: str) -> dict[str, Any]:
+    found = _all(kind)
     assert len(found) == 1, f"expected one {kind}, found {len(found)}"
     return found[0]
+
+
+def _container(name: str) -> dict[str, Any]:
+    pod = _one("DaemonSet")["spec"]["template"]["spec"]
+    (container,) = [c for c in pod["containers"] if c["name"] == name]
+    return dict(container)
+
+
+def _exporter_config(tmp_path: Path) -> Config:
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(_docs("configmap.yaml")[0]["data"]["config.yaml"], encoding="utf-8")
+    return load_config(config_path, {"LLMB__HOST": "gpu-node-1"})
 
 
 def _validate(*paths: Path) -> subprocess.CompletedProcess[str]:
@@ -54,7 +70,14 @@ def test_core_manifests_validate_against_kubernetes_schemas() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     passed = {line.split()[1] for line in result.stdout.splitlines() if line.startswith("INFO")}
     # Every core-API file was checked against a real schema (CRDs only get a warning).
-    for name in ("configmap.yaml", "daemonset.yaml", "service.yaml", "grafana-dashboards.yaml"):
+    core = (
+        "configmap.yaml",
+        "rbac.yaml",
+        "daemonset.yaml",
+        "service.yaml",
+        "grafana-dashboards.yaml",
+    )
+    for name in core:
         assert str(K8S / name) in passed, result.stdout
 
 
@@ -109,15 +132,17 @@ def test_daemonset_sees_gpus_without_taking_one() -> None:
     assert pod["hostPID"] is True
     assert pod["runtimeClassName"] == "nvidia"
     assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
-    (container,) = pod["containers"]
+    assert {c["name"] for c in pod["containers"]} == {"exporter", "kube-rbac-proxy"}
+    container = _container("exporter")
     env = {e["name"]: e for e in container["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
     assert env["LLMB__HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    for section in container["resources"].values():
-        assert not any(key.startswith("nvidia.com/") for key in section)
+    for c in pod["containers"]:
+        for section in c["resources"].values():
+            assert not any(key.startswith("nvidia.com/") for key in section)
 
 
-def test_service_monitor_scrapes_the_exporter_port(tmp_path: Path) -> None:
+def test_service_monitor_scrapes_through_the_proxy(tmp_path: Path) -> None:
     service = _one("Service")
     monitor = _one("ServiceMonitor")
     pod = _one("DaemonSet")["spec"]["template"]
@@ -126,11 +151,64 @@ def test_service_monitor_scrapes_the_exporter_port(tmp_path: Path) -> None:
     )
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     port_names = {p["name"] for p in service["spec"]["ports"]}
-    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= port_names
-    # The ConfigMap's exporter config loads and listens on the container port.
-    config_path = tmp_path / "config.yaml"
-    config_path.write_text(_docs("configmap.yaml")[0]["data"]["config.yaml"], encoding="utf-8")
-    config = load_config(config_path, {"LLMB__HOST": "gpu-node-1"})
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in port_names
+    assert endpoint["scheme"] == "https"
+    assert endpoint["bearerTokenFile"].endswith("/serviceaccount/token")
+    # The Service's port is the proxy's, and the proxy forwards to the exporter's listen.
+    (target,) = {p["targetPort"] for p in service["spec"]["ports"]}
+    proxy = _container("kube-rbac-proxy")
+    assert target in {p["name"] for p in proxy["ports"]}
+    config = _exporter_config(tmp_path)
     assert config.host == "gpu-node-1"
-    container_port = pod["spec"]["containers"][0]["ports"][0]["containerPort"]
-    assert config.listen.endswith(f":{container_port}")
+    assert f"--upstream=http://{config.listen}/" in proxy["args"]
+    (secure,) = [a for a in proxy["args"] if a.startswith("--secure-listen-address=")]
+    assert secure.endswith(f":{proxy['ports'][0]['containerPort']}")
+
+
+def test_exporter_is_not_exposed_unauthenticated(tmp_path: Path) -> None:
+    pod = _one("DaemonSet")["spec"]["template"]["spec"]
+    # hostNetwork: anything the exporter binds is on the node. It binds the loopback only,
+    # declares no port, and only kube-rbac-proxy (TLS + TokenReview/SubjectAccessReview)
+    # listens on the node IP.
+    assert pod["hostNetwork"] is True
+    config = _exporter_config(tmp_path)
+    assert config.listen_host == "127.0.0.1"
+    assert "ports" not in _container("exporter")
+    proxy = _container("kube-rbac-proxy")
+    assert "--secure-listen-address=[$(IP)]:9490" in proxy["args"]
+    (ip,) = [e for e in proxy["env"] if e["name"] == "IP"]
+    assert ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert "--allow-paths=/metrics" in proxy["args"]
+    # Probes go to the exporter's loopback /healthz (never /metrics: no engine work).
+    for probe in ("readinessProbe", "livenessProbe"):
+        get = _container("exporter")[probe]["httpGet"]
+        assert (get["host"], get["path"], get["port"]) == ("127.0.0.1", "/healthz", 9490)
+
+
+def test_service_account_token_only_where_used() -> None:
+    pod = _one("DaemonSet")["spec"]["template"]["spec"]
+    account = next(a for a in _all("ServiceAccount") if a["metadata"]["name"] == "llmb-exporter")
+    assert pod["serviceAccountName"] == "llmb-exporter"
+    assert pod["automountServiceAccountToken"] is False
+    assert account["automountServiceAccountToken"] is False
+    token_volumes = {
+        v["name"]
+        for v in pod["volumes"]
+        if any("serviceAccountToken" in src for src in v.get("projected", {}).get("sources", []))
+    }
+    assert token_volumes == {"proxy-token"}
+    mounts = {c["name"]: {m["name"] for m in c.get("volumeMounts", [])} for c in pod["containers"]}
+    assert "proxy-token" in mounts["kube-rbac-proxy"]
+    assert "proxy-token" not in mounts["exporter"]
+    # The proxy's role can only ask who a client is and what it may do.
+    role = next(r for r in _all("ClusterRole") if r["metadata"]["name"] == "llmb-exporter")
+    assert sorted((r["apiGroups"][0], r["resources"][0], r["verbs"]) for r in role["rules"]) == [
+        ("authentication.k8s.io", "tokenreviews", ["create"]),
+        ("authorization.k8s.io", "subjectaccessreviews", ["create"]),
+    ]
+    (binding,) = _all("ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == "llmb-exporter"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "llmb-exporter", "namespace": "monitoring"}
+    ]

@@ -593,3 +593,51 @@ def test_sampling_benchmark_runs() -> None:
     assert report["backend"] == "fake"
     assert 5 <= report["samples"] <= 12  # 10 Hz for 1 s
     assert 0 < report["cpu_percent_of_one_core"] < 100
+
+
+# --- wrong-typed fake readings behave like NVML errors ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "bad"),
+    [
+        ("mem_v2", {"total": "big", "used": 1, "free": 1, "reserved": 0}),
+        ("mem_v2", 5),
+        ("util", {"gpu": "busy", "memory": 1}),
+        ("util", {"gpu": float("inf"), "memory": 1}),
+        ("bus_width", [6016]),
+        ("procs", [{"pid": "x", "used": 1}]),
+        ("procs", 7),
+    ],
+)
+async def test_wrong_typed_fake_value_is_an_nvml_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, field: str, bad: Any
+) -> None:
+    reading = json.loads((H200 / "nvml_2_loaded.json").read_text())
+    reading["devices"][0][field] = bad
+    path = tmp_path / "bad.json"
+    # json.dumps writes inf as Infinity, which json.loads reads back: a file can hold it.
+    path.write_text(json.dumps(reading))
+    c = NvmlCollector(
+        GpuConfig(sample_interval_seconds=0.01),
+        Attribution([LLAMA]),
+        backend=FakeNvmlBackend([path]),
+    )
+    runner = Runner([c])
+    with caplog.at_level(logging.DEBUG):
+        await runner.start()
+        try:
+            for _ in range(5):
+                families = {f.name: f for f in await runner.scrape()}
+                await asyncio.sleep(0.1)  # ~10 background samples per scrape
+        finally:
+            await runner.close()
+    up = [s for s in families["llmb_source_up"].samples if s.labels["source"] == "nvml"]
+    assert up[0].value == 0
+    errors = {s.labels["reason"]: s.value for s in families["llmb_source_errors"].samples}
+    assert errors == {"parse": 5}
+    assert not [r for r in caplog.records if r.exc_info], "no traceback for a bad reading"
+    # One warning from the runner for the whole run, not one per scrape or sample.
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1, [r.getMessage() for r in warned]
+    assert "reason=parse error=NVML: fake NVML" in warned[0].getMessage()

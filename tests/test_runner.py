@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from pathlib import Path
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -150,3 +152,45 @@ def test_docs_table_matches_schema() -> None:
     assert doc[start:end] == markdown_table(), (
         "run: python -m exporter.schema and paste into docs/metrics.md"
     )
+
+
+class TwoErrors(Collector):
+    """Answers with two different errors on every scrape, e.g. two failing endpoints."""
+
+    source = "two"
+
+    async def collect(self) -> Scrape:
+        return Scrape(
+            up=False,
+            errors=[SourceError("http", "GET /slots: 501"), SourceError("parse", "bad /props")],
+        )
+
+
+async def test_two_errors_per_scrape_are_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    runner = Runner([TwoErrors()])
+    with caplog.at_level(logging.INFO, logger="exporter.runner"):
+        for _ in range(5):
+            await runner.scrape()
+    messages = [r.getMessage() for r in caplog.records]
+    assert sorted(messages) == [
+        "source=two reason=http error=GET /slots: 501",
+        "source=two reason=parse error=bad /props",
+    ]
+
+
+async def test_a_crash_gives_one_traceback_until_it_changes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    crashing = Fixed("crash", crash=True)
+    runner = Runner([crashing])
+    with caplog.at_level(logging.INFO, logger="exporter.runner"):
+        for _ in range(5):
+            await runner.scrape()
+        tracebacks = [r for r in caplog.records if r.exc_info]
+        assert len(tracebacks) == 1
+        crashing.crash = False
+        await runner.scrape()
+        crashing.crash = True
+        await runner.scrape()  # crashing again after a recovery is news again
+    assert len([r for r in caplog.records if r.exc_info]) == 2
+    assert any(r.getMessage() == "source=crash recovered" for r in caplog.records)

@@ -141,12 +141,19 @@ class NvmlCollector(Collector):
 
     def _run(self) -> None:
         interval = self.config.sample_interval_seconds
+        logged: str | None = None
         while not self._stop.is_set():
             started = time.monotonic()
             try:
                 self.sample_once()
-            except Exception:  # the sampler must outlive a backend bug
-                log.exception("NVML sampler failed")
+            except Exception as exc:  # the sampler must outlive a backend bug
+                # At 10 Hz a repeating bug would log ten tracebacks a second: log it once.
+                text = f"{type(exc).__name__}: {exc}"
+                if text != logged:
+                    log.exception("NVML sampler failed")
+                    logged = text
+            else:
+                logged = None
             self._stop.wait(max(0.0, interval - (time.monotonic() - started)))
 
     def _ensure_init(self) -> bool:

@@ -157,11 +157,15 @@ class PrometheusServer:
         return "prometheus log:\n" + "\n".join(lines[-20:])
 
 
-def prometheus_config(targets: dict[str, list[str]], interval: str | None = None) -> dict[str, Any]:
+def prometheus_config(
+    targets: dict[str, list[str]],
+    interval: str | None = None,
+    job_settings: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """The shipped config with the test's targets and no Alertmanager.
 
     `interval` replaces the scrape and evaluation interval (and the scrape timeout); None
-    keeps the shipped ones.
+    keeps the shipped ones. `job_settings` adds keys to a job (e.g. `scheme`, `basic_auth`).
     """
     doc = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text(encoding="utf-8"))
     if interval is not None:
@@ -176,8 +180,13 @@ def prometheus_config(targets: dict[str, list[str]], interval: str | None = None
     unknown = set(targets) - jobs
     if unknown:
         raise ValueError(f"jobs {sorted(unknown)} are not in prometheus/prometheus.yml")
+    settings = job_settings or {}
     doc["scrape_configs"] = [
-        {**job, "static_configs": [{"targets": targets[job["job_name"]]}]}
+        {
+            **job,
+            **settings.get(job["job_name"], {}),
+            "static_configs": [{"targets": targets[job["job_name"]]}],
+        }
         for job in doc["scrape_configs"]
         if job["job_name"] in targets
     ]
@@ -185,14 +194,20 @@ def prometheus_config(targets: dict[str, list[str]], interval: str | None = None
 
 
 def start_prometheus(
-    workdir: Path, port: int, targets: dict[str, list[str]], interval: str | None = "1s"
+    workdir: Path,
+    port: int,
+    targets: dict[str, list[str]],
+    interval: str | None = "1s",
+    job_settings: dict[str, dict[str, Any]] | None = None,
 ) -> PrometheusServer:
     """Start `prometheus` and wait until it is ready (at most 30 s)."""
     binary = shutil.which("prometheus")
     if binary is None:
         raise RuntimeError("prometheus is not installed (Debian package `prometheus`)")
     config = workdir / "prometheus.yml"
-    config.write_text(yaml.safe_dump(prometheus_config(targets, interval)), encoding="utf-8")
+    config.write_text(
+        yaml.safe_dump(prometheus_config(targets, interval, job_settings)), encoding="utf-8"
+    )
     log_path = workdir / "prometheus.log"
     log = log_path.open("wb")
     process = subprocess.Popen(

@@ -1,0 +1,82 @@
+"""Engine stubs on real ports answering with captured bodies and counting requests.
+
+`counting_engines()` starts a llama.cpp stub (the H200 capture) and an SGLang stub
+(0.5.23, busy) in the running event loop and yields `(llama, sglang, delay)`; each stub's
+`hits` counts requests per path, and setting `delay[0]` slows every answer down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+from tests.conftest import get_free_port
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures"
+H200 = FIX / "llamacpp-h200-gemma3-27b-shape-q4_0"
+SGL = FIX / "sglang-0.5.23"
+SGL_ENDPOINTS = FIX / "sglang-0.5.23-endpoints"
+
+
+@dataclass
+class CountingStub:
+    """An engine stub on a real port; `hits` counts requests per path."""
+
+    url: str
+    hits: Counter[str] = field(default_factory=Counter)
+
+
+def _app(bodies: dict[str, str], hits: Counter[str], delay: Callable[[], float]) -> web.Application:
+    async def handle(request: web.Request) -> web.Response:
+        hits[request.path] += 1
+        pause = delay()
+        if pause:
+            await asyncio.sleep(pause)
+        return web.Response(text=bodies[request.path])
+
+    app = web.Application()
+    for path in bodies:
+        app.router.add_get(path, handle)
+    return app
+
+
+LLAMA_BODIES = {
+    "/health": '{"status":"ok"}',
+    "/metrics": (H200 / "metrics_np4_c4.txt").read_text(),
+    "/slots": (H200 / "slots_np4_c4.json").read_text(),
+    "/props": (H200 / "props.json").read_text(),
+    "/v1/models": (H200 / "models.json").read_text(),
+}
+SGLANG_BODIES = {
+    "/health": "",
+    "/metrics": (SGL / "metrics-busy.txt").read_text(),
+    "/server_info": (SGL_ENDPOINTS / "server_info.json").read_text(),
+    "/model_info": (SGL_ENDPOINTS / "model_info.json").read_text(),
+    "/v1/models": (SGL_ENDPOINTS / "v1_models.json").read_text(),
+}
+
+
+@asynccontextmanager
+async def counting_engines() -> AsyncIterator[tuple[CountingStub, CountingStub, list[float]]]:
+    """Start both stubs; stop them on exit."""
+    delay = [0.0]
+    stubs, runners = [], []
+    try:
+        for bodies in (LLAMA_BODIES, SGLANG_BODIES):
+            port = get_free_port()
+            stub = CountingStub(f"http://127.0.0.1:{port}")
+            runner = web.AppRunner(_app(bodies, stub.hits, lambda: delay[0]), access_log=None)
+            runners.append(runner)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            stubs.append(stub)
+        yield stubs[0], stubs[1], delay
+    finally:
+        for runner in runners:
+            await runner.cleanup()
