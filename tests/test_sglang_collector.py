@@ -348,10 +348,11 @@ async def test_get_server_info_fallback_and_static_cache(
     for _ in range(3):
         now[0] += 20.0
         await collector.collect()
-    # Static endpoints at most every 60 s; /metrics and /health every scrape.
+    # Static endpoints at most every 60 s; /metrics every scrape; the generating /health never
+    # while /metrics answers.
     assert fake.hits["/get_server_info"] == 2 and fake.hits["/server_info"] == 2
     assert fake.hits["/model_info"] == 2 and fake.hits["/v1/models"] == 2
-    assert fake.hits["/metrics"] == 4 and fake.hits["/health"] == 4
+    assert fake.hits["/metrics"] == 4 and "/health" not in fake.hits
 
 
 async def test_garbage_metrics_is_a_parse_error(
@@ -387,13 +388,30 @@ async def test_connection_refused(client: httpx.AsyncClient) -> None:
 
 
 async def test_health_503_while_starting(fake: FakeSGLang, client: httpx.AsyncClient) -> None:
-    fake.set("/health", 503, "")
-    fake.set("/metrics", 200, (METRICS / "metrics-idle.txt").read_text())
+    # While SGLang starts every endpoint answers 503; only then is /health asked.
+    for path in ("/health", "/metrics", "/server_info", "/model_info", "/v1/models"):
+        fake.set(path, 503, "")
     collector, _ = make(fake.url, client)
     scrape = await collector.collect()
     assert val(scrape, "llmb_engine_up") == 0.0
     assert val(scrape, "llmb_engine_loading") == 1.0
     assert scrape.errors == []
+    assert fake.hits["/health"] == 1
+
+
+async def test_liveness_never_asks_the_generating_health_check(
+    fake: FakeSGLang, client: httpx.AsyncClient
+) -> None:
+    # /health 500 (it would generate); /metrics answering proves the server serves.
+    fake.set("/health", 500, "")
+    collector, _ = make(fake.url, client)
+    scrape = await collector.collect()
+    assert val(scrape, "llmb_engine_up") == 1.0 and scrape.errors == []
+    # Without /metrics, /v1/models (no generation) proves it before /health is asked.
+    del fake.routes["/metrics"]
+    scrape = await collector.collect()
+    assert val(scrape, "llmb_engine_up") == 1.0
+    assert "/health" not in fake.hits
 
 
 async def test_api_key_sent_and_never_exported(
@@ -471,12 +489,13 @@ async def test_slow_metrics_is_a_timeout(fake: FakeSGLang, client: httpx.AsyncCl
 
 
 async def test_unhealthy_engine(fake: FakeSGLang, client: httpx.AsyncClient) -> None:
-    fake.set("/health", 500, "")
+    for path in ("/health", "/metrics", "/v1/models"):
+        fake.set(path, 500, "")
     collector, _ = make(fake.url, client)
     scrape = await collector.collect()
     assert val(scrape, "llmb_engine_up") == 0.0
     assert val(scrape, "llmb_engine_loading") == 0.0
-    assert [e.reason for e in scrape.errors] == ["http"]
+    assert {e.reason for e in scrape.errors} == {"http"}
 
 
 async def test_through_runner_and_exposition(fake: FakeSGLang, client: httpx.AsyncClient) -> None:
