@@ -406,10 +406,7 @@ class SGLangCollector(Collector):
         model_info = Fields(statics[1][0], "/model_info", problems)
         models = Fields(statics[2][0], "/v1/models", problems)
 
-        try:
-            self._map_metrics(ms, expo)
-        except ValueError as exc:  # a malformed histogram
-            problems.append(str(exc))
+        self._map_metrics(ms, expo)
         self._map_static(ms, expo, server_info, model_info, models)
         geom = await self._geometry_for(server_info)
         self._map_weights(ms, expo, server_info, geom)
@@ -533,7 +530,11 @@ class SGLangCollector(Collector):
 
         for schema_name, candidates in HISTOGRAMS:
             for base in candidates:
-                hist = _histogram(expo, base)
+                try:
+                    hist = _histogram(expo, base)
+                except ValueError as exc:  # a bucket bound that is no number
+                    ms.problems.append(str(exc))
+                    break
                 if hist is not None:
                     ms.histogram(schema_name, hist[0], hist[1], **labels)
                     break
