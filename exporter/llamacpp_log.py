@@ -18,8 +18,11 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 MIB = 1024 * 1024
+# Last bytes read, compared on each poll to notice a file rewritten in place.
+TAIL_BYTES = 64
 
 _TS = re.compile(r"^(\d{1,9})\.(\d{2})\.(\d{3})\.(\d{3}) [A-Z] ")
 _OFFLOADED = re.compile(r"load_tensors: offloaded (\d{1,9})/(\d{1,9}) layers to GPU")
@@ -142,24 +145,36 @@ class LogFollower:
         self._offset = 0
         self._inode: int | None = None
         self._partial = ""
+        self._tail = b""
 
     def poll(self) -> LogState:
         """Read what was appended since the last poll. Raises OSError when unreadable."""
         st = self.path.stat()
-        if self._inode != st.st_ino or st.st_size < self._offset:
-            # A replaced or truncated file: a new server process (its init line counts it).
-            self.state = LogState(instances=self.state.instances)
-            self._offset = 0
-            self._partial = ""
-            self._inode = st.st_ino
-        if st.st_size > self._offset:
-            with self.path.open("rb") as fh:
+        with self.path.open("rb") as fh:
+            if self._inode != st.st_ino or st.st_size < self._offset or self._rewritten(fh):
+                # A replaced or rewritten file: a new server process (its init line counts
+                # it). A restarted llama-server truncates its --log-file and may have written
+                # more than we had read before we look again, so sizes alone cannot tell.
+                self.state = LogState(instances=self.state.instances)
+                self._offset = 0
+                self._partial = ""
+                self._tail = b""
+                self._inode = st.st_ino
+            if st.st_size > self._offset:
                 fh.seek(self._offset)
                 data = fh.read(self.max_bytes)
-            self._offset += len(data)
-            text = self._partial + data.decode("utf-8", errors="replace")
-            lines = text.split("\n")
-            self._partial = lines.pop()
-            for line in lines:
-                self.state.feed(line)
+                self._offset += len(data)
+                self._tail = (self._tail + data)[-TAIL_BYTES:]
+                text = self._partial + data.decode("utf-8", errors="replace")
+                lines = text.split("\n")
+                self._partial = lines.pop()
+                for line in lines:
+                    self.state.feed(line)
         return self.state
+
+    def _rewritten(self, fh: BinaryIO) -> bool:
+        """Whether the bytes just before our offset are no longer the ones we read there."""
+        if not self._tail:
+            return False
+        fh.seek(self._offset - len(self._tail))
+        return fh.read(len(self._tail)) != self._tail

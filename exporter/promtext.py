@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -141,13 +142,25 @@ def _line_name(line: str) -> str:
     return line[:end]
 
 
-def parse_exposition(text: str, prefix: str, families: Iterable[str] | None = None) -> Exposition:
+class ParseBudgetExceeded(ValueError):
+    """The exposition took longer to read than the caller allowed."""
+
+
+def parse_exposition(
+    text: str,
+    prefix: str,
+    families: Iterable[str] | None = None,
+    budget_seconds: float | None = None,
+) -> Exposition:
     """Parse text (0.0.4 or OpenMetrics) and normalize `<prefix>_x` sample names to `<prefix>:x`.
 
     With `families` (names without the prefix), only the sample lines of those families are
     parsed: SGLang's busy exposition has ~600 samples of which a collector needs a fifth.
     The first sample line is always parsed, so that a body that is no exposition at all is
     rejected with ValueError; any later malformed line only lands in `problems`.
+
+    With `budget_seconds`, reading stops with ParseBudgetExceeded once that much time has
+    passed: a parse in a worker thread cannot be cancelled, so it bounds itself.
     """
     if "\x00" in text:
         raise ValueError("binary data where a metrics exposition was expected")
@@ -158,7 +171,10 @@ def parse_exposition(text: str, prefix: str, families: Iterable[str] | None = No
     out: dict[str, list[Sample]] = defaultdict(list)
     problems: list[str] = []
     first = True
-    for raw in text.split("\n"):
+    stop_at = None if budget_seconds is None else time.perf_counter() + budget_seconds
+    for count, raw in enumerate(text.split("\n")):
+        if stop_at is not None and count % 4096 == 4095 and time.perf_counter() > stop_at:
+            raise ParseBudgetExceeded(f"not read within {budget_seconds:.2f}s")
         line = raw.strip()
         if not line or line.startswith("#"):
             continue

@@ -459,3 +459,43 @@ def test_log_lines_that_break_numbers_are_skipped() -> None:
     assert state.model_buffer_bytes == {} and state.kv_buffer_bytes == {}
     assert state.prompt_tokens == 0
     assert state.eval_tokens == 3
+
+
+async def test_restart_with_new_flags_refreshes_every_fact() -> None:
+    """A new instance (other -np, --no-slots) between two scrapes: the next scrape shows it."""
+    bodies = {
+        "metrics": _read(CPU / "llamacpp_metrics_idle.txt"),
+        "slots": _read(CPU / "slots_idle.json"),
+        "props": _read(CPU / "props.json"),
+        "models": _read(CPU / "v1_models.json"),
+    }
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/health":
+            return httpx.Response(200, text='{"status":"ok"}')
+        body = bodies[{"/v1/models": "models"}.get(path, path.strip("/"))]
+        if body is None:
+            return httpx.Response(501, text=_read(CPU / "slots_disabled_501.json"))
+        return httpx.Response(200, text=body)
+
+    c = collector(httpx.MockTransport(handler))
+    before = (await c.collect()).metrics
+    assert v(before, "llmb_engine_slots") == 2
+    assert v(before, "llmb_engine_kv_cache_capacity_tokens") == 4096
+    assert v(before, "llmb_engine_restarts_total") == 0
+    # Restarted as -np 4 -c 2048 --no-slots with another model card.
+    props = json.loads(bodies["props"])
+    props["total_slots"] = 4
+    props["default_generation_settings"]["n_ctx"] = 512
+    bodies["props"] = json.dumps(props)
+    bodies["slots"] = None  # type: ignore[assignment]
+    bodies["models"] = bodies["models"].replace('"size":246587904', '"size":1000')
+    after = (await c.collect()).metrics
+    assert v(after, "llmb_engine_slots") == 4
+    assert v(after, "llmb_engine_context_tokens") == 512
+    assert v(after, "llmb_engine_kv_cache_capacity_tokens") == 2048
+    assert v(after, "llmb_model_weights_bytes") == 1000
+    assert v(after, "llmb_engine_restarts_total") == 1
+    # The same instance again: no further restart.
+    assert v((await c.collect()).metrics, "llmb_engine_restarts_total") == 1

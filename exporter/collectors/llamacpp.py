@@ -124,7 +124,9 @@ class LlamaCppCollector(Collector):
         if resp.status != 200:
             raise SourceError("http", f"GET /metrics: HTTP {resp.status}")
         try:
-            return await off_loop(len(resp.content), parse_exposition, resp.text, PREFIX)
+            return await off_loop(
+                len(resp.content), parse_exposition, resp.text, PREFIX, None, self.timeout
+            )
         except ValueError as exc:
             raise SourceError("parse", f"GET /metrics: {exc}") from exc
 

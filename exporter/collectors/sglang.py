@@ -355,15 +355,20 @@ class SGLangCollector(Collector):
             ms.add("llmb_engine_up", 0.0, **labels)
             ms.add("llmb_engine_restarts_total", self.restarts, **labels)
             return Scrape.of(ms, up=False, errors=[metrics_resp])
-        for result in (metrics_resp, statics):
+        # Too large: it answered, with more than we read. Alive; its /metrics is lost this time.
+        too_large = isinstance(metrics_resp, SourceError) and metrics_resp.reason == "too_large"
+        for result in (statics,) if too_large else (metrics_resp, statics):
             if isinstance(result, BaseException):
                 raise result  # a timeout, or a bug: the runner classifies it
-        assert isinstance(metrics_resp, Body) and isinstance(statics, list)
+        assert isinstance(statics, list)
 
         metrics_ok = False
         expo = Exposition({})
         loading = False
-        if metrics_resp.status >= 400:
+        if isinstance(metrics_resp, SourceError):
+            errors.append(metrics_resp)
+            up = True
+        elif metrics_resp.status >= 400:
             # 404: started without --enable-metrics; the static endpoints still tell something.
             up, loading, failed = await self._alive_without_metrics()
             if loading:
@@ -381,6 +386,7 @@ class SGLangCollector(Collector):
                     metrics_resp.text,
                     PREFIX,
                     FAMILIES,
+                    self.timeout,
                 )
                 metrics_ok = True
                 problems.extend(expo.problems)
