@@ -433,7 +433,8 @@ async def test_histogram_and_nan_values_are_dropped_not_fatal() -> None:
 
 
 async def test_too_large_body_is_not_read() -> None:
-    huge = "llamacpp:requests_processing 1\n" * 200_000  # ~6 MB
+    padding = ("# " + "x" * 1000 + "\n") * 5000  # 5 MB of comments
+    huge = padding + _read(CPU / "llamacpp_metrics_busy.txt")
     c = collector(_real(metrics=huge))
     scrape = await c.collect()
     assert _reasons(scrape) == ["too_large"]
