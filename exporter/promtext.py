@@ -17,6 +17,8 @@ mutations (tests/test_fuzz_promtext.py); bench/promtext_parse.py measures both.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import re
 import time
@@ -165,34 +167,63 @@ def parse_exposition(
     if "\x00" in text:
         raise ValueError("binary data where a metrics exposition was expected")
     escaped = prefix.rstrip(":") + "_"
-    keep: set[str] | None = None
-    if families is not None:
-        keep = {prefix + f for f in families} | {escaped + f for f in families}
     out: dict[str, list[Sample]] = defaultdict(list)
     problems: list[str] = []
-    first = True
     stop_at = None if budget_seconds is None else time.perf_counter() + budget_seconds
-    for count, raw in enumerate(text.split("\n")):
+    lines: Iterable[str]
+    if families is None:
+        lines = text.split("\n")
+        keep = None
+    else:
+        families = tuple(families)
+        keep = {prefix + f for f in families} | {escaped + f for f in families}
+        first = _first_sample_line(text)
+        if first is None:
+            return Exposition({}, problems)
+        # The regular expression finds the mapped families' lines in C; Python only sees those.
+        found = (m.group(0) for m in _family_lines(prefix, families).finditer(text))
+        lines = itertools.chain((first,), found)
+    is_first = True
+    for count, raw in enumerate(lines):
         if stop_at is not None and count % 4096 == 4095 and time.perf_counter() > stop_at:
             raise ParseBudgetExceeded(f"not read within {budget_seconds:.2f}s")
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        if keep is not None and not first:
-            name = _line_name(line)
-            if name not in keep and _base_name(name) not in keep:
-                continue
         parsed = parse_sample_line(line)
         if parsed is None:
-            if first:
+            if is_first:
                 raise ValueError(f"not a metrics exposition: {line[:80]!r}")
             problems.append(f"bad sample line: {line[:80]!r}")
             continue
-        first = False
         name, labels, value = parsed
-        if keep is not None and name not in keep and _base_name(name) not in keep:
-            continue
+        if is_first:
+            is_first = False
+            if keep is not None:
+                continue  # only checked: the family lines below include it when mapped
         if name.startswith(escaped):
             name = prefix + name[len(escaped) :]
         out[name].append(Sample(labels, value))
     return Exposition(dict(out), problems)
+
+
+def _first_sample_line(text: str) -> str | None:
+    """The first line that is neither empty nor a comment."""
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        line = text[start:end].strip()
+        if line and not line.startswith("#"):
+            return line
+        start = end + 1
+    return None
+
+
+@functools.lru_cache(maxsize=16)
+def _family_lines(prefix: str, families: tuple[str, ...]) -> re.Pattern[str]:
+    """Lines whose metric name is `<prefix>family` or `<prefix with _>family`, plus suffixes."""
+    base = re.escape(prefix.rstrip(":"))
+    names = "|".join(re.escape(f) for f in sorted(families, key=len, reverse=True))
+    name = rf"{base}[:_](?:{names})(?:_bucket|_sum|_count|_total|_created)?"
+    return re.compile(rf'^[ \t]*(?:{name}(?=[{{ \t])|\{{[ \t]*"{name}").*$', re.MULTILINE)

@@ -325,7 +325,7 @@ class SGLangCollector(Collector):
         if directory is not None:
             try:
                 geom = await asyncio.to_thread(geometry_from_hf_config, directory)
-            except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            except Exception as exc:  # noqa: BLE001 - a bad config.json must not fail the scrape
                 log.warning("engine=%s cannot read model geometry: %s", self.engine.name, exc)
         self._geometry = _Cached(now, geom)
         return geom
