@@ -76,7 +76,10 @@ SCHEMA: dict[str, Spec] = {
     ),
     "llmb_gpu_samples_total": _c("NVML background samples taken.", ()),
     # --- Engine identity and health ---------------------------------------------------------
-    "llmb_engine_up": _g("1 when the engine answers its health endpoint with success, else 0."),
+    "llmb_engine_up": _g(
+        "1 when the engine serves (llama.cpp: /health 200; SGLang: /metrics or /v1/models "
+        "answered, /health only when both fail), else 0."
+    ),
     "llmb_engine_loading": _g("1 while the engine reports that it is loading the model."),
     "llmb_engine_info": Spec(
         "info",
@@ -317,8 +320,14 @@ class MetricSet:
 
 # Where each series comes from, per engine kind ("" = not provided: the series is absent).
 SOURCES: dict[str, tuple[str, str]] = {
-    "llmb_engine_up": ("`/health` 200", "`/health` 200"),
-    "llmb_engine_loading": ("`/health` 503 `Loading model`", "`/health` 503"),
+    "llmb_engine_up": (
+        "`/health` 200",
+        "`/metrics` answered, else `/v1/models` 2xx, else `/health` 2xx",
+    ),
+    "llmb_engine_loading": (
+        "`/health` 503 `Loading model`",
+        "`/health` 503 (asked only when `/metrics` and `/v1/models` fail)",
+    ),
     "llmb_engine_info": (
         "`/v1/models` id, `/props` build_info, `meta.ftype`",
         "`/server_info` version, dtype/quantization",
