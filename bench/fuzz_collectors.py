@@ -182,6 +182,8 @@ def mutate_exposition(text: str, rng: random.Random) -> str:
     """One change to a text exposition: a value, a label, a line (lost, doubled, cut...)."""
     lines = text.split("\n")
     samples = _sample_lines(lines)
+    if not samples:
+        return text + "\n" + rng.choice(["garbage", "x 1", "{}"])
     # Half the time a line of a family the collectors map (SGLang exposes ~100 they skip).
     mapped = [i for i in samples if _MAPPED.search(lines[i])]
     i = rng.choice(mapped if mapped and rng.random() < 0.5 else samples)
