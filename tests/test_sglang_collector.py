@@ -683,3 +683,17 @@ async def fake_down_then_up(collector: SGLangCollector, fake: FakeSGLang) -> Non
     down = await collector.collect()
     assert val(down, "llmb_engine_up") == 0.0
     collector.engine = collector.engine.model_copy(update={"url": url})
+
+
+async def test_same_instance_is_never_a_restart(
+    fake: FakeSGLang, client: httpx.AsyncClient
+) -> None:
+    now = [1000.0]
+    collector, _ = make(fake.url, client, clock=lambda: now[0])
+    for metrics in ("metrics-busy.txt", "metrics-idle.txt", "metrics-busy.txt"):
+        # Load comes and goes, static endpoints are re-read after their 60 s: same instance.
+        fake.set("/metrics", 200, (METRICS / metrics).read_text())
+        scrape = await collector.collect()
+        assert val(scrape, "llmb_engine_restarts_total") == 0
+        now[0] += 70
+    assert fake.hits["/server_info"] == 3
