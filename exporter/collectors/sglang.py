@@ -248,6 +248,8 @@ class SGLangCollector(Collector):
             if 200 <= (await self._get("/v1/models")).status < 300:
                 return True, False, None
         except SourceError as err:
+            if err.reason == "too_large":
+                return True, False, err  # it answered, at length
             if err.reason != "http":
                 return False, False, err
         try:
