@@ -9,6 +9,7 @@ collector cannot emit a name, type or label set that the schema does not know.
 from __future__ import annotations
 
 import math
+import re
 import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -181,6 +182,9 @@ SCHEMA: dict[str, Spec] = {
 }
 
 
+# Bucket bounds as Prometheus (Go's ParseFloat) reads them.
+_BOUND = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|Inf)")
+
 # Longest label value exported: an engine's model name or build string, never a document.
 MAX_LABEL_CHARS = 256
 
@@ -229,6 +233,9 @@ class MetricSet:
     def __init__(self) -> None:
         self._families: dict[str, Metric] = {}
         self.problems: list[str] = []
+        # Label sets already added per family: two engine strings can sanitize to the same
+        # label, and Prometheus rejects a whole scrape with a duplicate series.
+        self._seen: set[tuple[str, tuple[str, ...]]] = set()
 
     def _family(self, name: str) -> tuple[Metric, Spec]:
         spec = SCHEMA[name]  # KeyError: not in the schema
@@ -255,6 +262,15 @@ class MetricSet:
             raise ValueError(f"labels {sorted(labels)} do not match schema {sorted(spec.labels)}")
         return [sanitize_label(labels[k]) for k in spec.labels]
 
+    def _first(self, name: str, values: list[str]) -> bool:
+        """True the first time this series is added; a repeat is dropped and recorded."""
+        key = (name, tuple(values))
+        if key in self._seen:
+            self.problems.append(f"{name}: duplicate series {values}")
+            return False
+        self._seen.add(key)
+        return True
+
     def add(self, name: str, value: Any, **labels: str) -> None:
         """Add one gauge or counter sample; None means 'not known' and adds nothing.
 
@@ -268,13 +284,15 @@ class MetricSet:
             return
         fam, spec = self._family(name)
         values = self._values(spec, labels)
-        fam.add_metric(values, number)  # type: ignore[attr-defined]
+        if self._first(name, values):
+            fam.add_metric(values, number)  # type: ignore[attr-defined]
 
     def info(self, name: str, /, **labels: object) -> None:
         """Add one info sample (value 1) with the given labels."""
         fam, spec = self._family(name)
         values = self._values(spec, labels)
-        fam.add_metric([], dict(zip(spec.labels, values, strict=True)))  # type: ignore[attr-defined]
+        if self._first(name, values):
+            fam.add_metric([], dict(zip(spec.labels, values, strict=True)))  # type: ignore[attr-defined]
 
     def histogram(
         self,
@@ -293,10 +311,8 @@ class MetricSet:
         bounds: list[float] = []
         for le, count in buckets:
             number = finite_number(count)
-            try:
-                bound = float(le)
-            except (TypeError, ValueError):
-                bound = math.nan
+            # Python's float() takes " 0.8" and "1_0"; Prometheus does not.
+            bound = float(le) if isinstance(le, str) and _BOUND.fullmatch(le) else math.nan
             if number is None or math.isnan(bound):
                 self.problems.append(f"{name}: bad bucket le={sanitize_label(le)!r}")
                 return
@@ -311,7 +327,8 @@ class MetricSet:
             return
         fam, spec = self._family(name)
         values = self._values(spec, labels)
-        fam.add_metric(values, checked, total)  # type: ignore[attr-defined]
+        if self._first(name, values):
+            fam.add_metric(values, checked, total)  # type: ignore[attr-defined]
 
     def metrics(self) -> list[Metric]:
         """The families that received at least one sample."""

@@ -500,3 +500,29 @@ async def test_restart_with_new_flags_refreshes_every_fact() -> None:
     assert v(after, "llmb_engine_restarts_total") == 1
     # The same instance again: no further restart.
     assert v((await c.collect()).metrics, "llmb_engine_restarts_total") == 1
+
+
+def test_bucket_bounds_prometheus_cannot_read_drop_the_histogram() -> None:
+    from exporter.schema import MetricSet
+
+    labels = {"engine": "e", "kind": "sglang"}
+    for le in ("0.8 ", "1_0", "0x1", "NaN", "", "inf"):
+        ms = MetricSet()
+        ms.histogram("llmb_engine_queue_time_seconds", [(le, 1.0), ("+Inf", 2.0)], 1.0, **labels)
+        assert ms.metrics() == [] and len(ms.problems) == 1, le
+    ms = MetricSet()
+    ms.histogram("llmb_engine_queue_time_seconds", [("1e-3", 1.0), ("+Inf", 2.0)], 1.0, **labels)
+    assert ms.metrics() and not ms.problems
+
+
+def test_labels_that_sanitize_alike_do_not_duplicate_a_series() -> None:
+    from exporter.schema import MetricSet
+
+    ms = MetricSet()
+    labels = {"engine": "e", "kind": "llamacpp"}
+    # Two log device names that differ only in control characters.
+    ms.add("llmb_engine_kv_cache_bytes", 1.0, device="CPU\x00", **labels)
+    ms.add("llmb_engine_kv_cache_bytes", 2.0, device="CPU\x01", **labels)
+    (fam,) = ms.metrics()
+    assert [(s.labels["device"], s.value) for s in fam.samples] == [("CPU\ufffd", 1.0)]
+    assert len(ms.problems) == 1
