@@ -82,7 +82,8 @@ class LlamaCppCollector(Collector):
         self.attribution = attribution
         self.clock = clock
         self.log = LogFollower(engine.log_file) if engine.log_file else None
-        self._model: Fields | None = None
+        # The first /v1/models card, as read (it is re-read when older than the refresh).
+        self._model: dict[str, Any] | None = None
         self._model_at = -1e18
         self._geometry: Any = None
         self._geometry_path: Path | None = None
@@ -246,7 +247,7 @@ class LlamaCppCollector(Collector):
         ms.add("llmb_engine_restarts_total", self.restarts, **labels)
         if models_res is not None and not isinstance(models_res, BaseException):
             cards = Fields(models_res, "/v1/models", problems).objects("data")
-            self._model = cards[0] if cards else Fields(None, "/v1/models.data[0]", problems)
+            self._model = cards[0].doc if cards else {}
             self._model_at = self.clock()
 
         expo = metrics_res if isinstance(metrics_res, Exposition) else None
@@ -268,9 +269,8 @@ class LlamaCppCollector(Collector):
         if not slots_enabled:
             self._announce("slots", "/slots answers 501 (--no-slots): KV fill cannot be derived")
 
-        # The model card is re-read only now and then; its problems were counted when read.
-        model = self._model or Fields(None, "/v1/models.data[0]", [])
-        meta = Fields(model.doc.get("meta"), "/v1/models.data[0].meta", problems)
+        model = Fields(self._model, "/v1/models.data[0]", problems)
+        meta = model.obj("meta")
         self._emit_info(ms, props, model, meta)
         self._emit_scheduling(ms, expo, slots, props, log_state)
         self._emit_tokens(ms, expo, log_state)
