@@ -196,7 +196,8 @@ class _Stub:
                 return web.Response(text="<html>\x00garbage</html>")
             if request.path == "/health":
                 return web.Response(text='{"status":"ok"}')
-            return web.Response(text=json.dumps({}))
+            # Well-formed but empty answers, so the garbage /metrics is the only parse error.
+            return web.Response(text=json.dumps([] if request.path == "/slots" else {}))
 
         async def start() -> None:
             app = web.Application()
