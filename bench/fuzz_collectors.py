@@ -147,6 +147,13 @@ READ_KEYS = frozenset(
 )  # fmt: skip
 
 
+# Keys whose strings end up as label values (model, version, quantization).
+LABEL_KEYS = frozenset(
+    {"id", "build_info", "model_path", "model_alias", "model_ftype", "ftype",
+     "served_model_name", "version", "quantization", "dtype", "kv_cache_dtype"}
+)  # fmt: skip
+
+
 def mutate_json(text: str, rng: random.Random) -> str:
     """One structural change to a JSON document: a hostile value, a deletion or a new type."""
     doc = json.loads(text)
@@ -154,7 +161,10 @@ def mutate_json(text: str, rng: random.Random) -> str:
     read = [p for p in paths if p and p[-1] in READ_KEYS]
     path = rng.choice(read if read and rng.random() < 0.5 else paths)
     action = rng.random()
-    if action < 0.7:
+    if path and path[-1] in LABEL_KEYS and action < 0.35:
+        # A string that becomes a label: the characters that used to fail the whole answer.
+        doc = _set(doc, path, rng.choice(["\ud800", "m\udfff", "a\x00b", "x\ny", "\x1b[1m"]))
+    elif action < 0.7:
         doc = _set(doc, path, rng.choice(HOSTILE_JSON))
     elif action < 0.85 and path:
         doc = _set(doc, path, None, delete=True)
