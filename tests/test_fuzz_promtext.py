@@ -32,6 +32,12 @@ Samples = list[tuple[str, tuple[tuple[str, str], ...], float | str]]
 
 
 def _norm(value: float) -> float | str:
+    # client_python returns an int for an integer literal; Prometheus (Go) reads a 400-digit
+    # one as +Inf, as float() does.
+    try:
+        value = float(value)
+    except OverflowError:
+        value = math.inf if value > 0 else -math.inf
     return "nan" if math.isnan(value) else value
 
 
