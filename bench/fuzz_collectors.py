@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import itertools
 import json
 import logging
 import random
@@ -388,6 +389,13 @@ async def run(
     logging.getLogger("exporter").setLevel(logging.INFO)
     logging.getLogger("exporter").propagate = False
     runner = build_runner(config)
+    # Collectors re-read their static endpoints (/v1/models, /server_info...) only every 60 s;
+    # a clock that jumps a minute per reading makes every case reach them.
+    jumps = itertools.count(0.0, 61.0)
+    for collector in runner.collectors:
+        for attr in ("clock", "_clock"):
+            if hasattr(collector, attr):
+                setattr(collector, attr, lambda: next(jumps))
     exporter = TestServer(make_app(runner), host="127.0.0.1")
     await exporter.start_server()
     counts = Counts()
