@@ -93,6 +93,12 @@ class EngineConfig(_Strict):
     model_path: Path | None = None
     process: ProcessMatch | None = None
     timeout_seconds: Seconds | None = None
+    max_response_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1024,
+        le=1 << 30,
+        description="largest engine answer read per request; bigger ones are errors (too_large)",
+    )
     launch: LaunchConfig | None = None
 
     @field_validator("url")

@@ -239,6 +239,19 @@ def _swa_mask(
     return tuple(layer % period < period - 1 for layer in range(n_layer))
 
 
+# Beyond these a header is corrupt, not a model: refuse it before sizing per-layer tables.
+MAX_LAYERS = 10_000
+MAX_HEAD_SIZE = 1 << 20
+
+
+def _check_shape(n_layer: int, n_head_kv: int, head_k: int, head_v: int) -> None:
+    if not 0 < n_layer <= MAX_LAYERS:
+        raise ValueError(f"implausible layer count {n_layer}")
+    for name, value in (("n_head_kv", n_head_kv), ("head_dim_k", head_k), ("head_dim_v", head_v)):
+        if not 0 <= value <= MAX_HEAD_SIZE:
+            raise ValueError(f"implausible {name} {value}")
+
+
 def _as_int(value: Any) -> int | None:
     """An int from a GGUF/JSON value; per-layer arrays give their maximum."""
     if value is None:
@@ -368,6 +381,7 @@ def geometry_from_gguf(path: str | Path) -> ModelGeometry:
     default_head_dim = n_embd // n_head if n_embd and n_head else 0
     head_k = _as_int(key("attention.key_length")) or default_head_dim
     head_v = _as_int(key("attention.value_length")) or default_head_dim
+    _check_shape(n_layer, n_head_kv, head_k, head_v)
     sliding_window = _as_int(key("attention.sliding_window")) or None
     mask = _swa_mask(arch, n_layer, sliding_window, key("attention.sliding_window_pattern"))
     n_params = sum(n for _, n, _ in tensors) if tensors else None
@@ -452,6 +466,7 @@ def geometry_from_hf_config(path_or_mapping: str | Path | Mapping[str, Any]) -> 
         n_head_kv = int(text.get("num_key_value_heads") or n_head or 0)
         head_dim = text.get("head_dim") or (n_embd // n_head if n_embd and n_head else 0)
         head_k = head_v = int(head_dim)
+    _check_shape(n_layer, n_head_kv, head_k, head_v)
     sliding_window = _as_int(text.get("sliding_window")) or None
     layer_types = text.get("layer_types")
     if text.get("use_sliding_window") is False:

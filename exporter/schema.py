@@ -8,8 +8,13 @@ collector cannot emit a name, type or label set that the schema does not know.
 
 from __future__ import annotations
 
+import math
+import re
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -72,12 +77,19 @@ SCHEMA: dict[str, Spec] = {
     ),
     "llmb_gpu_samples_total": _c("NVML background samples taken.", ()),
     # --- Engine identity and health ---------------------------------------------------------
-    "llmb_engine_up": _g("1 when the engine answers its health endpoint with success, else 0."),
+    "llmb_engine_up": _g(
+        "1 when the engine serves (llama.cpp: /health 200; SGLang: /metrics or /v1/models "
+        "answered, /health only when both fail), else 0."
+    ),
     "llmb_engine_loading": _g("1 while the engine reports that it is loading the model."),
     "llmb_engine_info": Spec(
         "info",
         "Engine identity: model, version/build, quantization; simulated=true for simulators.",
         (*ENGINE, "model", "version", "quantization", "simulated"),
+    ),
+    "llmb_engine_restarts_total": _c(
+        "New engine instances seen after the first one: the engine was unreachable in between, "
+        "or its identity (build, model, context, slots, start arguments) changed."
     ),
     "llmb_engine_endpoint_enabled": _g(
         "1 when an optional engine endpoint is enabled, 0 when the engine answers 501 for it.",
@@ -163,17 +175,67 @@ SCHEMA: dict[str, Spec] = {
         "Time taken to read the source in this scrape.", ("source",)
     ),
     "llmb_source_errors_total": _c(
-        "Source read failures by reason: timeout, connect, http, parse.", ("source", "reason")
+        "Source read failures by reason: timeout, connect, http, parse, too_large.",
+        ("source", "reason"),
     ),
     "llmb_exporter_build_info": Spec("info", "Exporter version.", ("version",)),
 }
 
 
+# Bucket bounds as Prometheus (Go's ParseFloat) reads them.
+_BOUND = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|Inf)")
+
+# Longest label value exported: an engine's model name or build string, never a document.
+MAX_LABEL_CHARS = 256
+
+
+def sanitize_label(value: object) -> str:
+    """A label value that any Prometheus client and server accepts, whatever the engine sent.
+
+    Lone surrogates (JSON `"\\ud800"`) cannot be encoded as UTF-8 and used to fail the whole
+    answer; invalid bytes and control characters (newlines, NUL, C1) become U+FFFD; very long
+    values are cut. Everything a collector turns into a label passes here (`MetricSet`), so no
+    collector has to remember it.
+    """
+    if isinstance(value, bytes):
+        text = value.decode("utf-8", errors="replace")
+    else:
+        text = value if isinstance(value, str) else str(value)
+    if len(text) > MAX_LABEL_CHARS:
+        text = text[: MAX_LABEL_CHARS - 1] + "\u2026"
+    if text.isascii() and text.isprintable():
+        return text  # the common case, without the per-character scan
+    # Encoding with "replace" turns every lone surrogate into "?"; decode back to str.
+    text = text.encode("utf-8", errors="replace").decode("utf-8")
+    return "".join("\ufffd" if unicodedata.category(ch) in ("Cc", "Cs") else ch for ch in text)
+
+
+def finite_number(value: Any) -> float | None:
+    """`value` as a finite float, or None for anything else (bool, str, NaN, ±Inf, 10**400)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float range
+        return None
+    return number if math.isfinite(number) else None
+
+
 class MetricSet:
-    """Fresh families for one scrape, checked against SCHEMA as samples are added."""
+    """Fresh families for one scrape, checked against SCHEMA as samples are added.
+
+    Values the exporter cannot stand behind (not a number, NaN, ±Inf) are not exported: the
+    sample is dropped and the reason kept in `problems`, which collectors report as
+    `llmb_source_errors_total{reason="parse"}`. Label values are sanitized here. A name or a
+    label set the schema does not know is a programming error and still raises.
+    """
 
     def __init__(self) -> None:
         self._families: dict[str, Metric] = {}
+        self.problems: list[str] = []
+        # Label sets already added per family: two engine strings can sanitize to the same
+        # label, and Prometheus rejects a whole scrape with a duplicate series.
+        self._seen: set[tuple[str, tuple[str, ...]]] = set()
 
     def _family(self, name: str) -> tuple[Metric, Spec]:
         spec = SCHEMA[name]  # KeyError: not in the schema
@@ -195,24 +257,42 @@ class MetricSet:
         return fam, spec
 
     @staticmethod
-    def _values(spec: Spec, labels: Mapping[str, str]) -> list[str]:
+    def _values(spec: Spec, labels: Mapping[str, object]) -> list[str]:
         if set(labels) != set(spec.labels):
             raise ValueError(f"labels {sorted(labels)} do not match schema {sorted(spec.labels)}")
-        return [str(labels[k]) for k in spec.labels]
+        return [sanitize_label(labels[k]) for k in spec.labels]
 
-    def add(self, name: str, value: float | None, **labels: str) -> None:
-        """Add one gauge or counter sample; None means 'not known' and adds nothing."""
+    def _first(self, name: str, values: list[str]) -> bool:
+        """True the first time this series is added; a repeat is dropped and recorded."""
+        key = (name, tuple(values))
+        if key in self._seen:
+            self.problems.append(f"{name}: duplicate series {values}")
+            return False
+        self._seen.add(key)
+        return True
+
+    def add(self, name: str, value: Any, **labels: str) -> None:
+        """Add one gauge or counter sample; None means 'not known' and adds nothing.
+
+        A value that is not a finite number is dropped and recorded in `problems`.
+        """
         if value is None:
+            return
+        number = finite_number(value)
+        if number is None:
+            self.problems.append(f"{name}: not a finite number: {sanitize_label(repr(value))}")
             return
         fam, spec = self._family(name)
         values = self._values(spec, labels)
-        fam.add_metric(values, float(value))  # type: ignore[attr-defined]
+        if self._first(name, values):
+            fam.add_metric(values, number)  # type: ignore[attr-defined]
 
-    def info(self, name: str, /, **labels: str) -> None:
+    def info(self, name: str, /, **labels: object) -> None:
         """Add one info sample (value 1) with the given labels."""
         fam, spec = self._family(name)
         values = self._values(spec, labels)
-        fam.add_metric([], dict(zip(spec.labels, values, strict=True)))  # type: ignore[attr-defined]
+        if self._first(name, values):
+            fam.add_metric([], dict(zip(spec.labels, values, strict=True)))  # type: ignore[attr-defined]
 
     def histogram(
         self,
@@ -221,10 +301,34 @@ class MetricSet:
         sum_value: float,
         **labels: str,
     ) -> None:
-        """Add one histogram: cumulative (le, count) pairs ending in +Inf, and the sum."""
+        """Add one histogram: cumulative (le, count) pairs ending in +Inf, and the sum.
+
+        A histogram whose sum or any bucket count is not finite, whose bucket bounds do not
+        parse or rise, whose counts fall, or that has no +Inf bucket is dropped and recorded
+        in `problems`: Prometheus would reject or misread it.
+        """
+        checked: list[tuple[str, float]] = []
+        bounds: list[float] = []
+        for le, count in buckets:
+            number = finite_number(count)
+            # Python's float() takes " 0.8" and "1_0"; Prometheus does not.
+            bound = float(le) if isinstance(le, str) and _BOUND.fullmatch(le) else math.nan
+            if number is None or math.isnan(bound):
+                self.problems.append(f"{name}: bad bucket le={sanitize_label(le)!r}")
+                return
+            checked.append((sanitize_label(le), number))
+            bounds.append(bound)
+        total = finite_number(sum_value)
+        ordered = all(a < b for a, b in pairwise(bounds)) and all(
+            a[1] <= b[1] for a, b in pairwise(checked)
+        )
+        if total is None or not checked or bounds[-1] != math.inf or not ordered:
+            self.problems.append(f"{name}: inconsistent histogram")
+            return
         fam, spec = self._family(name)
         values = self._values(spec, labels)
-        fam.add_metric(values, list(buckets), sum_value)  # type: ignore[attr-defined]
+        if self._first(name, values):
+            fam.add_metric(values, checked, total)  # type: ignore[attr-defined]
 
     def metrics(self) -> list[Metric]:
         """The families that received at least one sample."""
@@ -233,11 +337,22 @@ class MetricSet:
 
 # Where each series comes from, per engine kind ("" = not provided: the series is absent).
 SOURCES: dict[str, tuple[str, str]] = {
-    "llmb_engine_up": ("`/health` 200", "`/health` 200"),
-    "llmb_engine_loading": ("`/health` 503 `Loading model`", "`/health` 503"),
+    "llmb_engine_up": (
+        "`/health` 200",
+        "`/metrics` answered, else `/v1/models` 2xx, else `/health` 2xx",
+    ),
+    "llmb_engine_loading": (
+        "`/health` 503 `Loading model`",
+        "`/health` 503 (asked only when `/metrics` and `/v1/models` fail)",
+    ),
     "llmb_engine_info": (
         "`/v1/models` id, `/props` build_info, `meta.ftype`",
         "`/server_info` version, dtype/quantization",
+    ),
+    "llmb_engine_restarts_total": (
+        "unreachable in between, or `/props` build/model/`n_ctx`/`total_slots` changed, or "
+        "a new process in the log",
+        "unreachable in between, or `/server_info` start arguments changed",
     ),
     "llmb_engine_endpoint_enabled": ("`/metrics`, `/slots` 501 → 0", ""),
     "llmb_engine_requests_running": ("`llamacpp:requests_processing`", "`sglang:num_running_reqs`"),

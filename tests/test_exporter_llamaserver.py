@@ -196,7 +196,8 @@ class _Stub:
                 return web.Response(text="<html>\x00garbage</html>")
             if request.path == "/health":
                 return web.Response(text='{"status":"ok"}')
-            return web.Response(text=json.dumps({}))
+            # Well-formed but empty answers, so the garbage /metrics is the only parse error.
+            return web.Response(text=json.dumps([] if request.path == "/slots" else {}))
 
         async def start() -> None:
             app = web.Application()
@@ -254,3 +255,56 @@ def test_garbage_and_slow_engines_never_break_the_scrape(exporter_process, tmp_p
     assert one(s, "llmb_engine_up", engine="bad") == 1
     assert one(s, "llmb_source_errors_total", source="slow", reason="timeout") == 1
     assert one(s, "llmb_engine_up", engine="slow") == 0
+
+
+def test_engine_restart_shows_the_new_instance_on_the_first_scrape(
+    llama_server, exporter_process
+) -> None:
+    """Issue 11 item 8: -np 4 → -np 2 --no-slots on the same port under one exporter.
+
+    No scrape happens while the engine is away, so nothing but the new instance's own
+    answers can tell the exporter (the hardest case).
+    """
+    old = llama_server(ctx=4096, parallel=4)
+    exp = exporter_process(
+        {
+            "engines": [
+                {"name": "llama", "kind": "llamacpp", "url": old.url, "log_file": str(old.log)}
+            ],
+            "gpu": {"enabled": False},
+        }
+    )
+    before = exp.scrape()
+    assert one(before, "llmb_engine_slots", engine="llama") == 4
+    assert one(before, "llmb_engine_context_tokens", engine="llama") == 1024
+    assert one(before, "llmb_engine_kv_cache_capacity_tokens", engine="llama") == 4096
+    assert one(before, "llmb_engine_restarts_total", engine="llama") == 0
+    est_before = one(before, "llmb_model_kv_cache_bytes_estimated", engine="llama")
+    kv_before = sum(pick(before, "llmb_engine_kv_cache_bytes", engine="llama"))
+
+    old.stop()
+    new = llama_server("--no-slots", ctx=2048, parallel=2, port=old.port)
+    after = exp.scrape()
+    assert one(after, "llmb_engine_endpoint_enabled", engine="llama", endpoint="slots") == 0
+    assert one(after, "llmb_engine_slots", engine="llama") == 2
+    assert one(after, "llmb_engine_context_tokens", engine="llama") == 1024
+    assert one(after, "llmb_engine_kv_cache_capacity_tokens", engine="llama") == 2048
+    assert one(after, "llmb_engine_restarts_total", engine="llama") == 1
+    est_after = one(after, "llmb_model_kv_cache_bytes_estimated", engine="llama")
+    kv_after = sum(pick(after, "llmb_engine_kv_cache_bytes", engine="llama"))
+    # The estimate follows the new context and still matches what the new instance logged.
+    assert est_after < est_before
+    assert kv_after < kv_before
+    assert abs(est_after - kv_after) / kv_after < 0.05
+    assert new.log == old.log  # one log file, rewritten by the new process
+
+    # Down in between (a crash seen by a scrape), then back with the old flags.
+    new.stop()
+    down = exp.scrape()
+    assert one(down, "llmb_engine_up", engine="llama") == 0
+    llama_server(ctx=4096, parallel=4, port=old.port)
+    back = exp.scrape()
+    assert one(back, "llmb_engine_slots", engine="llama") == 4
+    assert one(back, "llmb_engine_kv_cache_capacity_tokens", engine="llama") == 4096
+    assert one(back, "llmb_model_kv_cache_bytes_estimated", engine="llama") == est_before
+    assert one(back, "llmb_engine_restarts_total", engine="llama") == 2

@@ -316,6 +316,17 @@ def test_gguf_errors(tmp_path: Path) -> None:
         geometry_from_gguf(write_gguf(tmp_path / "x.gguf", "llama", {"context_length": 4}))
 
 
+def test_implausible_shapes_are_refused(tmp_path: Path) -> None:
+    # A corrupt header must not size per-layer tables by a billion layers.
+    huge = write_gguf(tmp_path / "h.gguf", "gemma3", {"block_count": 2**31, "context_length": 4})
+    with pytest.raises(ValueError, match="layer count"):
+        geometry_from_gguf(huge)
+    with pytest.raises(ValueError, match="head_dim_k"):
+        geometry_from_hf_config(
+            {"num_hidden_layers": 4, "num_attention_heads": 1, "head_dim": 2**40}
+        )
+
+
 def test_gguf_header_with_full_vocabulary_is_fast(tmp_path: Path) -> None:
     """A 262k-token vocabulary (Gemma 3) must not make the header read slow."""
     import time

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -310,3 +311,218 @@ def test_log_follower_incremental_restart_and_jsonl(tmp_path: Path) -> None:
     # A new server process truncates the file: state starts over.
     path.write_text(lines[0])
     assert follower.poll().eval_tokens == 0
+
+
+# --- Hostile or broken answers (issue 12): one bad field costs only its own series ----------
+
+
+def _real(**replace: str) -> httpx.MockTransport:
+    """The busy CPU capture, with some bodies replaced."""
+    bodies = {
+        "metrics": _read(CPU / "llamacpp_metrics_busy.txt"),
+        "slots": _read(CPU / "slots_busy.json"),
+        "props": _read(CPU / "props.json"),
+        "models": _read(CPU / "v1_models.json"),
+    }
+    bodies.update(replace)
+    return make_transport(bodies["metrics"], bodies["slots"], bodies["props"], bodies["models"])
+
+
+def _edit(path: Path, edit: Any) -> str:
+    doc = json.loads(_read(path))
+    edit(doc)
+    return json.dumps(doc)
+
+
+def _reasons(scrape: Any) -> list[str]:
+    return [e.reason for e in scrape.errors]
+
+
+async def test_lone_surrogate_in_model_id_and_build_is_sanitized() -> None:
+    from prometheus_client.exposition import generate_latest
+
+    from exporter.runner import Runner
+
+    models = _read(CPU / "v1_models.json").replace(
+        '"id":"/models/gemma-3-270m-q4_k_m.gguf"', '"id":"gemma\\ud800\\u0007x"'
+    )
+    props = _read(CPU / "props.json").replace('"b0-unknown"', '"b1\\udfff\\n"')
+    c = collector(_real(models=models, props=props))
+    families = await Runner([c]).scrape()
+
+    class Snapshot:
+        def collect(self) -> list[Metric]:
+            return families
+
+    text = generate_latest(Snapshot()).decode("utf-8")  # raised UnicodeEncodeError before
+    info = [line for line in text.splitlines() if line.startswith("llmb_engine_info{")]
+    assert len(info) == 1
+    assert 'model="gemma?\ufffdx"' in info[0] and 'version="b1?\ufffd"' in info[0]
+    assert 'llmb_engine_up{engine="llama",kind="llamacpp"} 1.0' in text
+
+
+@pytest.mark.parametrize(
+    ("what", "replace", "lost"),
+    [
+        ("slots [1,2]", {"slots": "[1,2]"}, "llmb_engine_slot_context_usage_max_ratio"),
+        (
+            "n_ctx 1e400",
+            {"slots": _read(CPU / "slots_busy.json").replace('"n_ctx":2048', '"n_ctx":1e400')},
+            "llmb_engine_context_tokens",
+        ),
+        (
+            "meta.size big",
+            {"models": _read(CPU / "v1_models.json").replace('"size":246587904', '"size":"big"')},
+            "llmb_model_weights_bytes",
+        ),
+        (
+            "model_path list",
+            {
+                "props": _read(CPU / "props.json").replace(
+                    '"model_path":"/models/gemma-3-270m-q4_k_m.gguf"', '"model_path":["a"]'
+                )
+            },
+            None,
+        ),
+        ("props deep", {"props": "[" * 100_000 + "]" * 100_000}, None),
+        ("slots not JSON", {"slots": "{"}, "llmb_engine_slot_context_usage_max_ratio"),
+        (
+            "metrics Inf",
+            {
+                "metrics": _read(CPU / "llamacpp_metrics_busy.txt").replace(
+                    "llamacpp:tokens_predicted_total 72", "llamacpp:tokens_predicted_total +Inf"
+                )
+            },
+            None,
+        ),
+    ],
+)
+async def test_wrong_types_cost_only_their_series(
+    what: str, replace: dict[str, str], lost: str | None
+) -> None:
+    good = await collector(_real()).collect()
+    bad = await collector(_real(**replace)).collect()
+    assert "parse" in _reasons(bad), what
+    assert set(_reasons(bad)) == {"parse"}, what
+    assert v(bad.metrics, "llmb_engine_up") == 1, what
+    good_names = {n for n, _ in values(good.metrics)}
+    bad_names = {n for n, _ in values(bad.metrics)}
+    if lost is not None:
+        assert lost in good_names and lost not in bad_names, what
+    # Everything not read from the broken field is still there.
+    assert "llmb_engine_requests_running" in bad_names
+    assert "llmb_engine_generation_tokens_total" in bad_names or "metrics" in replace
+
+
+async def test_histogram_and_nan_values_are_dropped_not_fatal() -> None:
+    from exporter.schema import MetricSet
+
+    ms = MetricSet()
+    labels = {"engine": "e", "kind": "sglang"}
+    ms.histogram("llmb_engine_queue_time_seconds", [("1,5", 1.0), ("+Inf", 2.0)], 1.0, **labels)
+    ms.histogram(
+        "llmb_engine_e2e_request_latency_seconds", [("1", 3.0), ("+Inf", 2.0)], 1.0, **labels
+    )
+    ms.add("llmb_engine_slots", float("nan"), **labels)
+    ms.add("llmb_engine_requests_running", float("inf"), **labels)
+    ms.add("llmb_engine_requests_waiting", "3", **labels)
+    ms.add("llmb_engine_context_tokens", 10**400, **labels)
+    ms.add("llmb_engine_kv_cache_used_tokens", 5, **labels)
+    assert [f.name for f in ms.metrics()] == ["llmb_engine_kv_cache_used_tokens"]
+    assert len(ms.problems) == 6
+
+
+async def test_too_large_body_is_not_read() -> None:
+    padding = ("# " + "x" * 1000 + "\n") * 5000  # 5 MB of comments
+    huge = padding + _read(CPU / "llamacpp_metrics_busy.txt")
+    c = collector(_real(metrics=huge))
+    scrape = await c.collect()
+    assert _reasons(scrape) == ["too_large"]
+    assert v(scrape.metrics, "llmb_engine_up") == 1
+    assert v(scrape.metrics, "llmb_engine_slots") == 2
+    small = collector(_real(metrics=huge), max_response_bytes=16 * MIB)
+    assert _reasons(await small.collect()) == []
+
+
+def test_log_lines_that_break_numbers_are_skipped() -> None:
+    from exporter.llamacpp_log import LogState
+
+    state = LogState()
+    for line in (
+        "load_tensors:   CPU_Mapped model buffer size =   1.2.3 MiB",
+        "llama_kv_cache:        CPU KV buffer size =    " + "9" * 5000 + " MiB",
+        "prompt eval time =  1e400 ms /    12 tokens",
+        "{" * 5000,
+        '{"msg": ["not", "text"]}',
+        "\udcff\x00       eval time =       5.00 ms /     3 tokens",
+    ):
+        state.feed(line)
+    assert state.model_buffer_bytes == {} and state.kv_buffer_bytes == {}
+    assert state.prompt_tokens == 0
+    assert state.eval_tokens == 3
+
+
+async def test_restart_with_new_flags_refreshes_every_fact() -> None:
+    """A new instance (other -np, --no-slots) between two scrapes: the next scrape shows it."""
+    bodies = {
+        "metrics": _read(CPU / "llamacpp_metrics_idle.txt"),
+        "slots": _read(CPU / "slots_idle.json"),
+        "props": _read(CPU / "props.json"),
+        "models": _read(CPU / "v1_models.json"),
+    }
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/health":
+            return httpx.Response(200, text='{"status":"ok"}')
+        body = bodies[{"/v1/models": "models"}.get(path, path.strip("/"))]
+        if body is None:
+            return httpx.Response(501, text=_read(CPU / "slots_disabled_501.json"))
+        return httpx.Response(200, text=body)
+
+    c = collector(httpx.MockTransport(handler))
+    before = (await c.collect()).metrics
+    assert v(before, "llmb_engine_slots") == 2
+    assert v(before, "llmb_engine_kv_cache_capacity_tokens") == 4096
+    assert v(before, "llmb_engine_restarts_total") == 0
+    # Restarted as -np 4 -c 2048 --no-slots with another model card.
+    props = json.loads(bodies["props"])
+    props["total_slots"] = 4
+    props["default_generation_settings"]["n_ctx"] = 512
+    bodies["props"] = json.dumps(props)
+    bodies["slots"] = None  # type: ignore[assignment]
+    bodies["models"] = bodies["models"].replace('"size":246587904', '"size":1000')
+    after = (await c.collect()).metrics
+    assert v(after, "llmb_engine_slots") == 4
+    assert v(after, "llmb_engine_context_tokens") == 512
+    assert v(after, "llmb_engine_kv_cache_capacity_tokens") == 2048
+    assert v(after, "llmb_model_weights_bytes") == 1000
+    assert v(after, "llmb_engine_restarts_total") == 1
+    # The same instance again: no further restart.
+    assert v((await c.collect()).metrics, "llmb_engine_restarts_total") == 1
+
+
+def test_bucket_bounds_prometheus_cannot_read_drop_the_histogram() -> None:
+    from exporter.schema import MetricSet
+
+    labels = {"engine": "e", "kind": "sglang"}
+    for le in ("0.8 ", "1_0", "0x1", "NaN", "", "inf"):
+        ms = MetricSet()
+        ms.histogram("llmb_engine_queue_time_seconds", [(le, 1.0), ("+Inf", 2.0)], 1.0, **labels)
+        assert ms.metrics() == [] and len(ms.problems) == 1, le
+    ms = MetricSet()
+    ms.histogram("llmb_engine_queue_time_seconds", [("1e-3", 1.0), ("+Inf", 2.0)], 1.0, **labels)
+    assert ms.metrics() and not ms.problems
+
+
+def test_labels_that_sanitize_alike_do_not_duplicate_a_series() -> None:
+    from exporter.schema import MetricSet
+
+    ms = MetricSet()
+    labels = {"engine": "e", "kind": "llamacpp"}
+    # Two log device names that differ only in control characters.
+    ms.add("llmb_engine_kv_cache_bytes", 1.0, device="CPU\x00", **labels)
+    ms.add("llmb_engine_kv_cache_bytes", 2.0, device="CPU\x01", **labels)
+    (fam,) = ms.metrics()
+    assert [(s.labels["device"], s.value) for s in fam.samples] == [("CPU\ufffd", 1.0)]
+    assert len(ms.problems) == 1

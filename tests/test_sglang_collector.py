@@ -348,10 +348,11 @@ async def test_get_server_info_fallback_and_static_cache(
     for _ in range(3):
         now[0] += 20.0
         await collector.collect()
-    # Static endpoints at most every 60 s; /metrics and /health every scrape.
+    # Static endpoints at most every 60 s; /metrics every scrape; the generating /health never
+    # while /metrics answers.
     assert fake.hits["/get_server_info"] == 2 and fake.hits["/server_info"] == 2
     assert fake.hits["/model_info"] == 2 and fake.hits["/v1/models"] == 2
-    assert fake.hits["/metrics"] == 4 and fake.hits["/health"] == 4
+    assert fake.hits["/metrics"] == 4 and "/health" not in fake.hits
 
 
 async def test_garbage_metrics_is_a_parse_error(
@@ -387,13 +388,30 @@ async def test_connection_refused(client: httpx.AsyncClient) -> None:
 
 
 async def test_health_503_while_starting(fake: FakeSGLang, client: httpx.AsyncClient) -> None:
-    fake.set("/health", 503, "")
-    fake.set("/metrics", 200, (METRICS / "metrics-idle.txt").read_text())
+    # While SGLang starts every endpoint answers 503; only then is /health asked.
+    for path in ("/health", "/metrics", "/server_info", "/model_info", "/v1/models"):
+        fake.set(path, 503, "")
     collector, _ = make(fake.url, client)
     scrape = await collector.collect()
     assert val(scrape, "llmb_engine_up") == 0.0
     assert val(scrape, "llmb_engine_loading") == 1.0
     assert scrape.errors == []
+    assert fake.hits["/health"] == 1
+
+
+async def test_liveness_never_asks_the_generating_health_check(
+    fake: FakeSGLang, client: httpx.AsyncClient
+) -> None:
+    # /health 500 (it would generate); /metrics answering proves the server serves.
+    fake.set("/health", 500, "")
+    collector, _ = make(fake.url, client)
+    scrape = await collector.collect()
+    assert val(scrape, "llmb_engine_up") == 1.0 and scrape.errors == []
+    # Without /metrics, /v1/models (no generation) proves it before /health is asked.
+    del fake.routes["/metrics"]
+    scrape = await collector.collect()
+    assert val(scrape, "llmb_engine_up") == 1.0
+    assert "/health" not in fake.hits
 
 
 async def test_api_key_sent_and_never_exported(
@@ -471,12 +489,13 @@ async def test_slow_metrics_is_a_timeout(fake: FakeSGLang, client: httpx.AsyncCl
 
 
 async def test_unhealthy_engine(fake: FakeSGLang, client: httpx.AsyncClient) -> None:
-    fake.set("/health", 500, "")
+    for path in ("/health", "/metrics", "/v1/models"):
+        fake.set(path, 500, "")
     collector, _ = make(fake.url, client)
     scrape = await collector.collect()
     assert val(scrape, "llmb_engine_up") == 0.0
     assert val(scrape, "llmb_engine_loading") == 0.0
-    assert [e.reason for e in scrape.errors] == ["http"]
+    assert {e.reason for e in scrape.errors} == {"http"}
 
 
 async def test_through_runner_and_exposition(fake: FakeSGLang, client: httpx.AsyncClient) -> None:
@@ -560,3 +579,121 @@ async def test_family_prefilter_loses_nothing(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(sglang_module, "FAMILIES", None)
     assert filtered == await samples()
     assert len(filtered) > 50
+
+
+# --- Hostile or broken answers (issue 12): one bad field costs only its own series ----------
+
+
+def _info(**change: Any) -> str:
+    info = json.loads((ENDPOINTS / "server_info.json").read_text())
+    info.update(change)
+    return json.dumps(info)
+
+
+async def test_surrogate_in_served_model_name_is_sanitized(
+    fake: FakeSGLang, client: httpx.AsyncClient
+) -> None:
+    fake.set("/server_info", 200, _info(served_model_name="\ud800gemma\x1b"))
+    collector, _ = make(fake.url, client)
+    scrape = await collector.collect()
+    infos = [k for k in flat(scrape.metrics) if k[0] == "llmb_engine_info"]
+    assert [dict(k[1])["model"] for k in infos] == ["?gemma\ufffd"]
+    assert scrape.up and scrape.errors == []
+
+
+async def test_wrong_typed_server_info_fields_cost_only_their_series(
+    fake: FakeSGLang, client: httpx.AsyncClient
+) -> None:
+    states = [{"effective_max_running_requests_per_dp": "lots"}]
+    fake.set(
+        "/server_info",
+        200,
+        _info(max_running_requests="lots", internal_states=states, cpu_offload_gb=[1]),
+    )
+    collector, _ = make(fake.url, client)
+    scrape = await collector.collect()
+    assert [e.reason for e in scrape.errors] == ["parse"]
+    assert "llmb_engine_slots" not in names(scrape)
+    assert val(scrape, "llmb_engine_up") == 1.0
+    assert val(scrape, "llmb_engine_requests_running") == 24
+
+
+async def test_deeply_nested_server_info_is_a_parse_error(
+    fake: FakeSGLang, client: httpx.AsyncClient
+) -> None:
+    fake.set("/server_info", 200, '{"a":' * 50_000 + "1" + "}" * 50_000)
+    collector, _ = make(fake.url, client)
+    scrape = await collector.collect()
+    assert [e.reason for e in scrape.errors] == ["parse"]
+    assert val(scrape, "llmb_engine_up") == 1.0
+    assert val(scrape, "llmb_engine_requests_running") == 24
+
+
+async def test_bad_histogram_bound_drops_only_that_histogram(
+    fake: FakeSGLang, client: httpx.AsyncClient
+) -> None:
+    text = (METRICS / "metrics-busy.txt").read_text()
+    # Only the queue-time histogram has a bucket at 0.005 among the mapped ones.
+    fake.set("/metrics", 200, text.replace('le="0.005"', 'le="1,5"'))
+    collector, _ = make(fake.url, client)
+    scrape = await collector.collect()
+    assert [e.reason for e in scrape.errors] == ["parse"]
+    got = names(scrape)
+    assert "llmb_engine_queue_time_seconds_count" not in got
+    assert "llmb_engine_time_to_first_token_seconds_count" in got
+    assert "llmb_engine_e2e_request_latency_seconds_count" in got
+    assert val(scrape, "llmb_engine_requests_running") == 24
+    assert val(scrape, "llmb_engine_up") == 1.0
+    assert scrape.up  # /metrics itself was read
+
+
+async def test_restart_refreshes_static_facts_and_counts(
+    fake: FakeSGLang, client: httpx.AsyncClient
+) -> None:
+    now = [1000.0]
+    collector, _ = make(fake.url, client, clock=lambda: now[0])
+    first = await collector.collect()
+    assert val(first, "llmb_engine_slots") == 48
+    assert val(first, "llmb_engine_restarts_total") == 0
+    # Same instance, 5 s later: no restart, static endpoints from the cache.
+    now[0] += 5
+    assert val(await collector.collect(), "llmb_engine_restarts_total") == 0
+    assert fake.hits["/server_info"] == 1
+    # The engine restarts with other arguments within one scrape interval: the KV pool and
+    # startup times in /metrics change, so the cached /server_info is re-read at once.
+    text = (METRICS / "metrics-busy.txt").read_text().replace("463552.0", "200000.0")
+    fake.set("/metrics", 200, text)
+    states = [{"effective_max_running_requests_per_dp": 8}]
+    fake.set("/server_info", 200, _info(max_running_requests=8, internal_states=states))
+    now[0] += 5
+    after = await collector.collect()
+    assert val(after, "llmb_engine_restarts_total") == 1
+    assert val(after, "llmb_engine_slots") == 8
+    assert val(after, "llmb_engine_kv_cache_capacity_tokens") == 200000
+    # Unreachable in between counts as a new instance too.
+    await fake_down_then_up(collector, fake)
+    assert val(await collector.collect(), "llmb_engine_restarts_total") == 2
+
+
+async def fake_down_then_up(collector: SGLangCollector, fake: FakeSGLang) -> None:
+    url = collector.engine.url
+    collector.engine = collector.engine.model_copy(
+        update={"url": f"http://127.0.0.1:{get_free_port()}"}
+    )
+    down = await collector.collect()
+    assert val(down, "llmb_engine_up") == 0.0
+    collector.engine = collector.engine.model_copy(update={"url": url})
+
+
+async def test_same_instance_is_never_a_restart(
+    fake: FakeSGLang, client: httpx.AsyncClient
+) -> None:
+    now = [1000.0]
+    collector, _ = make(fake.url, client, clock=lambda: now[0])
+    for metrics in ("metrics-busy.txt", "metrics-idle.txt", "metrics-busy.txt"):
+        # Load comes and goes, static endpoints are re-read after their 60 s: same instance.
+        fake.set("/metrics", 200, (METRICS / metrics).read_text())
+        scrape = await collector.collect()
+        assert val(scrape, "llmb_engine_restarts_total") == 0
+        now[0] += 70
+    assert fake.hits["/server_info"] == 3

@@ -10,21 +10,107 @@ every collector concurrently under the scrape deadline and adds the per-source
 from __future__ import annotations
 
 import abc
+import asyncio
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
+import httpx
 from prometheus_client.metrics_core import Metric
 
-ErrorReason = Literal["timeout", "connect", "http", "parse"]
-REASONS: tuple[ErrorReason, ...] = ("timeout", "connect", "http", "parse")
+from exporter.schema import MetricSet
+
+ErrorReason = Literal["timeout", "connect", "http", "parse", "too_large"]
+REASONS: tuple[ErrorReason, ...] = ("timeout", "connect", "http", "parse", "too_large")
+
+# Engine answers smaller than this are parsed on the event loop (microseconds); larger ones
+# in a worker thread, so /healthz and other sources never wait behind a big parse.
+INLINE_PARSE_BYTES = 64 * 1024
+DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 
 
 class SourceError(Exception):
     """A source could not be read; `reason` is one of REASONS."""
 
-    def __init__(self, reason: ErrorReason, message: str):
+    def __init__(self, reason: ErrorReason, message: str, unreachable: bool = False):
         super().__init__(message)
         self.reason = reason
+        # Nothing listened at the address (connection refused/unresolvable): whatever answers
+        # there next is a new process.
+        self.unreachable = unreachable
+
+
+@dataclass(frozen=True)
+class Body:
+    """Status and raw bytes of one engine answer (at most the configured cap)."""
+
+    status: int
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        """The body as text; invalid UTF-8 becomes U+FFFD instead of failing."""
+        return self.content.decode("utf-8", errors="replace")
+
+
+async def fetch(
+    client: httpx.AsyncClient,
+    url: str,
+    path: str,
+    headers: dict[str, str],
+    timeout: float,
+    max_bytes: int,
+) -> Body:
+    """GET `url + path`, reading at most `max_bytes` of body; failures become SourceErrors.
+
+    The body is streamed and the read stops at the cap, so a 50 MB answer costs 4 MiB of
+    memory and no parse at all (reason `too_large`).
+    """
+    try:
+        async with client.stream("GET", url + path, headers=headers, timeout=timeout) as resp:
+            declared = resp.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > max_bytes:
+                raise SourceError("too_large", f"GET {path}: {declared} bytes > {max_bytes}")
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in resp.aiter_bytes():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise SourceError("too_large", f"GET {path}: more than {max_bytes} bytes")
+                chunks.append(chunk)
+            return Body(resp.status_code, b"".join(chunks))
+    except httpx.TimeoutException:
+        raise SourceError("timeout", f"GET {path}: timed out") from None
+    except httpx.ConnectError as exc:
+        raise SourceError("connect", f"GET {path}: {exc}", unreachable=True) from None
+    except httpx.HTTPError as exc:
+        # Transport failures, and protocol errors such as a broken chunked encoding.
+        raise SourceError("connect", f"GET {path}: {type(exc).__name__}: {exc}") from None
+
+
+T = TypeVar("T")
+
+
+async def off_loop(size: int, func: Callable[..., T], *args: Any) -> T:
+    """Run a parse inline when the input is small, else in a worker thread."""
+    if size <= INLINE_PARSE_BYTES:
+        return func(*args)
+    return await asyncio.to_thread(func, *args)
+
+
+def _loads(content: bytes) -> Any:
+    # Invalid UTF-8 is replaced, not fatal: one bad byte in a model name must not cost the
+    # whole document. Lone surrogates survive json.loads and are sanitized at label time.
+    return json.loads(content.decode("utf-8", errors="replace"))
+
+
+async def parse_json(body: Body, path: str) -> Any:
+    """JSON of an engine answer; anything unparseable (incl. deep nesting) is a parse error."""
+    try:
+        return await off_loop(len(body.content), _loads, body.content)
+    except (ValueError, RecursionError) as exc:
+        raise SourceError("parse", f"GET {path}: not JSON: {type(exc).__name__}") from None
 
 
 @dataclass
@@ -34,6 +120,20 @@ class Scrape:
     metrics: list[Metric] = field(default_factory=list)
     up: bool = True
     errors: list[SourceError] = field(default_factory=list)
+
+    @classmethod
+    def of(
+        cls, ms: MetricSet, up: bool, errors: list[SourceError], problems: Sequence[str] = ()
+    ) -> Scrape:
+        """A Scrape from a MetricSet; fields dropped while reading and values the set refused
+        count as one parse error (one per scrape, so the log says it once)."""
+        dropped = [*problems, *ms.problems]
+        if dropped:
+            shown = "; ".join(dropped[:3]) + (
+                f"; +{len(dropped) - 3} more" if len(dropped) > 3 else ""
+            )
+            errors = [*errors, SourceError("parse", f"{len(dropped)} field(s) dropped: {shown}")]
+        return cls(ms.metrics(), up=up, errors=errors)
 
 
 class Collector(abc.ABC):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,9 @@ import httpx
 from prometheus_client.metrics_core import Metric
 
 from exporter.attribution import Attribution
-from exporter.collectors import Collector, Scrape, SourceError
+from exporter.collectors import Body, Collector, Scrape, SourceError, fetch, off_loop, parse_json
 from exporter.config import EngineConfig
+from exporter.fields import Fields, objects
 from exporter.llamacpp_log import LogFollower, LogState
 from exporter.promtext import Exposition, parse_exposition
 from exporter.schema import MetricSet
@@ -37,6 +39,7 @@ log = logging.getLogger(__name__)
 
 KIND = "llamacpp"
 PREFIX = "llamacpp:"
+# /v1/models is re-read at least this often; /props (the instance's identity) every scrape.
 STATIC_REFRESH_SECONDS = 60.0
 
 
@@ -49,6 +52,16 @@ def _geometry(model_path: Path) -> Any:
     from exporter.geometry import geometry_from_gguf
 
     return geometry_from_gguf(model_path)
+
+
+@dataclass(frozen=True)
+class _Identity:
+    """What tells one llama-server instance from the next one on the same URL."""
+
+    build: str | None
+    model_path: str | None
+    n_ctx: int | None
+    total_slots: int | None
 
 
 class LlamaCppCollector(Collector):
@@ -69,49 +82,65 @@ class LlamaCppCollector(Collector):
         self.attribution = attribution
         self.clock = clock
         self.log = LogFollower(engine.log_file) if engine.log_file else None
-        self._static: dict[str, Any] = {}
-        self._static_at = -1e18
+        # The first /v1/models card, as read (it is re-read when older than the refresh).
+        self._model: dict[str, Any] | None = None
+        self._model_at = -1e18
         self._geometry: Any = None
         self._geometry_path: Path | None = None
         self._announced: set[str] = set()
+        # Restart detection: the last instance seen, and whether it went away since.
+        self._identity: _Identity | None = None
+        self._gone = False
+        self._log_instances: int | None = None
+        self.restarts = 0
         api_key = engine.api_key()
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     # -- HTTP --------------------------------------------------------------------------------
-    async def _get(self, path: str, accept: str | None = None) -> httpx.Response:
+    async def _get(self, path: str, accept: str | None = None) -> Body:
         headers = dict(self._headers)
         if accept:
             headers["Accept"] = accept
-        try:
-            return await self.client.get(
-                self.engine.url + path, headers=headers, timeout=self.timeout
-            )
-        except httpx.TimeoutException as exc:
-            raise SourceError("timeout", f"GET {path}: timed out") from exc
-        except httpx.HTTPError as exc:
-            raise SourceError("connect", f"GET {path}: {type(exc).__name__}: {exc}") from exc
+        return await fetch(
+            self.client,
+            self.engine.url,
+            path,
+            headers,
+            self.timeout,
+            self.engine.max_response_bytes,
+        )
 
     async def _json(self, path: str) -> Any:
         resp = await self._get(path)
-        if resp.status_code == 501:
+        if resp.status == 501:
             raise _NotEnabled(path)
-        if resp.status_code != 200:
-            raise SourceError("http", f"GET {path}: HTTP {resp.status_code}")
-        try:
-            return resp.json()
-        except ValueError as exc:
-            raise SourceError("parse", f"GET {path}: not JSON") from exc
+        if resp.status != 200:
+            raise SourceError("http", f"GET {path}: HTTP {resp.status}")
+        return await parse_json(resp, path)
 
     async def _metrics(self) -> Exposition:
         resp = await self._get("/metrics", accept="text/plain;version=0.0.4")
-        if resp.status_code == 501:
+        if resp.status == 501:
             raise _NotEnabled("/metrics")
-        if resp.status_code != 200:
-            raise SourceError("http", f"GET /metrics: HTTP {resp.status_code}")
+        if resp.status != 200:
+            raise SourceError("http", f"GET /metrics: HTTP {resp.status}")
         try:
-            return parse_exposition(resp.text, PREFIX)
+            return await off_loop(
+                len(resp.content), parse_exposition, resp.text, PREFIX, None, self.timeout
+            )
         except ValueError as exc:
             raise SourceError("parse", f"GET /metrics: {exc}") from exc
+
+    async def _models(self, refresh: bool) -> Any:
+        """/v1/models, re-read when the instance changed or the cache is old."""
+        now = self.clock()
+        if (
+            not refresh
+            and self._model is not None
+            and now - self._model_at < STATIC_REFRESH_SECONDS
+        ):
+            return None
+        return await self._json("/v1/models")
 
     def _announce(self, key: str, message: str) -> None:
         if key not in self._announced:
@@ -130,72 +159,103 @@ class LlamaCppCollector(Collector):
     async def _health(self) -> tuple[bool, bool]:
         """(up, loading) from /health."""
         resp = await self._get("/health")
-        if resp.status_code == 200:
+        if resp.status == 200:
             return True, False
-        if resp.status_code == 503:
+        if resp.status == 503:
             return False, "loading" in resp.text.lower()
-        raise SourceError("http", f"GET /health: HTTP {resp.status_code}")
+        raise SourceError("http", f"GET /health: HTTP {resp.status}")
 
-    async def _refresh_static(self) -> None:
-        now = self.clock()
-        if now - self._static_at < STATIC_REFRESH_SECONDS and self._static:
-            return
-        fetched: tuple[Any, ...] = await asyncio.gather(
-            self._json("/props"), self._json("/v1/models"), return_exceptions=True
-        )
-        props, models = fetched
-        for result in (props, models):
-            if isinstance(result, SourceError):
-                raise result
-            if isinstance(result, BaseException) and not isinstance(result, _NotEnabled):
-                raise result
-        static: dict[str, Any] = {}
-        if isinstance(props, dict):
-            static["props"] = props
-        if isinstance(models, dict):
-            data = models.get("data") or []
-            if data and isinstance(data[0], dict):
-                static["model"] = data[0]
-        self._static = static
-        self._static_at = now
+    def _new_instance(self, identity: _Identity | None, log_state: LogState | None) -> bool:
+        """Whether the instance answering now is not the one whose facts we hold.
+
+        Signs: the engine was unreachable or loading in between (a refused connection means
+        no process listened), its /props identity changed, or its log shows a new process.
+        The first instance ever seen is not a restart.
+        """
+        new = self._gone
+        if identity is not None and self._identity is not None and identity != self._identity:
+            new = True
+        if log_state is not None:
+            if self._log_instances is not None and log_state.instances > self._log_instances:
+                new = True
+            self._log_instances = log_state.instances
+        seen_before = self._identity is not None
+        if identity is not None:
+            self._identity = identity
+        self._gone = False
+        return new and seen_before
+
+    def _forget_instance(self) -> None:
+        """Drop every cached fact of the previous instance."""
+        self._model = None
+        self._model_at = -1e18
+        self._geometry = None
+        self._geometry_path = None
 
     async def collect(self) -> Scrape:
         ms = MetricSet()
         labels = self._labels()
         errors: list[SourceError] = []
+        problems: list[str] = []
         log_state = self._poll_log(errors)
         # All endpoints at once: one round trip per scrape, not two.
         results: tuple[Any, ...] = await asyncio.gather(
             self._health(),
             self._metrics(),
             self._json("/slots"),
-            self._refresh_static(),
+            self._json("/props"),
+            self._models(refresh=self._gone),
             return_exceptions=True,
         )
         health = results[0]
         if isinstance(health, SourceError):
+            self._gone = self._gone or health.unreachable
             ms.add("llmb_engine_up", 0, **labels)
+            ms.add("llmb_engine_restarts_total", self.restarts, **labels)
             self._emit_log(ms, log_state, None)
-            return Scrape(ms.metrics(), up=False, errors=[health, *errors])
+            return Scrape.of(ms, up=False, errors=[health, *errors])
         if isinstance(health, BaseException):
             raise health
         up, loading = health
         ms.add("llmb_engine_up", 1 if up else 0, **labels)
         ms.add("llmb_engine_loading", 1 if loading else 0, **labels)
         if not up:
-            # While loading every endpoint answers 503; that is not a failure of ours.
+            # While loading every endpoint answers 503; that is not a failure of ours. A
+            # loading server is a new process: its facts replace the old ones once it answers.
+            self._gone = True
+            ms.add("llmb_engine_restarts_total", self.restarts, **labels)
             self._emit_log(ms, log_state, None)
-            return Scrape(ms.metrics(), up=True, errors=errors)
-        results = results[1:]
-        metrics_res, slots_res, static_res = results
-        for res in (metrics_res, slots_res, static_res):
+            return Scrape.of(ms, up=True, errors=errors)
+        metrics_res, slots_res, props_res, models_res = results[1:]
+        for res in (metrics_res, slots_res, props_res, models_res):
             if isinstance(res, SourceError):
                 errors.append(res)
             elif isinstance(res, BaseException) and not isinstance(res, _NotEnabled):
-                errors.append(SourceError("parse", f"{type(res).__name__}: {res}"))
+                raise res  # a bug or a cancellation: the runner reports it
+
+        props_doc = None if isinstance(props_res, BaseException) else props_res
+        props = Fields(props_doc, "/props", problems)
+        if self._new_instance(self._identity_of(props), log_state):
+            self.restarts += 1
+            log.info("engine=%s new instance (restart %d)", self.engine.name, self.restarts)
+            self._forget_instance()
+            if models_res is None:  # the cached card belongs to the old instance
+                try:
+                    models_res = await self._json("/v1/models")
+                except (SourceError, _NotEnabled) as exc:
+                    models_res = exc
+        ms.add("llmb_engine_restarts_total", self.restarts, **labels)
+        if models_res is not None and not isinstance(models_res, BaseException):
+            cards = Fields(models_res, "/v1/models", problems).objects("data")
+            self._model = cards[0].doc if cards else {}
+            self._model_at = self.clock()
 
         expo = metrics_res if isinstance(metrics_res, Exposition) else None
-        slots = slots_res if isinstance(slots_res, list) else None
+        if expo is not None:
+            problems.extend(expo.problems)
+        slots = None
+        if not isinstance(slots_res, BaseException):
+            slots = objects(slots_res, "/slots", problems)
         metrics_enabled = not isinstance(metrics_res, _NotEnabled)
         slots_enabled = not isinstance(slots_res, _NotEnabled)
         ms.add("llmb_engine_endpoint_enabled", int(metrics_enabled), endpoint="metrics", **labels)
@@ -209,15 +269,25 @@ class LlamaCppCollector(Collector):
         if not slots_enabled:
             self._announce("slots", "/slots answers 501 (--no-slots): KV fill cannot be derived")
 
-        props = self._static.get("props", {})
-        model = self._static.get("model", {})
-        meta = model.get("meta") or {}
+        model = Fields(self._model, "/v1/models.data[0]", problems)
+        meta = model.obj("meta")
         self._emit_info(ms, props, model, meta)
         self._emit_scheduling(ms, expo, slots, props, log_state)
         self._emit_tokens(ms, expo, log_state)
-        self._emit_model(ms, props, meta, slots, log_state)
+        await self._emit_model(ms, props, meta, slots, log_state)
         self._emit_log(ms, log_state, expo)
-        return Scrape(ms.metrics(), up=not errors, errors=errors)
+        return Scrape.of(ms, up=not errors, errors=errors, problems=problems)
+
+    @staticmethod
+    def _identity_of(props: Fields) -> _Identity | None:
+        if not props:
+            return None
+        return _Identity(
+            props.text("build_info"),
+            props.text("model_path"),
+            props.obj("default_generation_settings").count("n_ctx"),
+            props.count("total_slots"),
+        )
 
     # -- pieces ------------------------------------------------------------------------------
     def _poll_log(self, errors: list[SourceError]) -> LogState | None:
@@ -230,13 +300,13 @@ class LlamaCppCollector(Collector):
             errors.append(SourceError("connect", f"log file: {exc}"))
             return None
 
-    def _emit_info(self, ms: MetricSet, props: dict, model: dict, meta: dict) -> None:
-        build = str(props.get("build_info") or "")
+    def _emit_info(self, ms: MetricSet, props: Fields, model: Fields, meta: Fields) -> None:
+        build = props.text("build_info") or ""
         ms.info(
             "llmb_engine_info",
-            model=str(model.get("id") or props.get("model_alias") or props.get("model_path") or ""),
+            model=model.text("id") or props.text("model_alias") or props.text("model_path") or "",
             version=build,
-            quantization=str(meta.get("ftype") or props.get("model_ftype") or ""),
+            quantization=meta.text("ftype") or props.text("model_ftype") or "",
             simulated="true" if "llmb-sim" in build else "false",
             **self._labels(),
         )
@@ -245,19 +315,19 @@ class LlamaCppCollector(Collector):
         return bool(log_state and log_state.kv_unified)
 
     @staticmethod
-    def _slot_shape(props: dict, slots: list | None) -> tuple[int | None, int | None]:
-        """(slots, per-slot context): live /slots first, since /props is cached."""
+    def _slot_shape(props: Fields, slots: list[Fields] | None) -> tuple[int | None, int | None]:
+        """(slots, per-slot context): live /slots first, else /props."""
         if slots:
-            return len(slots), slots[0].get("n_ctx")
-        n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
-        return props.get("total_slots"), n_ctx
+            return len(slots), slots[0].count("n_ctx")
+        n_ctx = props.obj("default_generation_settings").count("n_ctx")
+        return props.count("total_slots"), n_ctx
 
     def _emit_scheduling(
         self,
         ms: MetricSet,
         expo: Exposition | None,
-        slots: list | None,
-        props: dict,
+        slots: list[Fields] | None,
+        props: Fields,
         log_state: LogState | None,
     ) -> None:
         labels = self._labels()
@@ -267,7 +337,7 @@ class LlamaCppCollector(Collector):
 
         running = expo.first(PREFIX + "requests_processing") if expo else None
         if running is None and slots is not None:
-            running = sum(1 for s in slots if s.get("is_processing"))
+            running = sum(1 for s in slots if s.flag("is_processing"))
         ms.add("llmb_engine_requests_running", running, **labels)
         if expo:
             ms.add(
@@ -287,9 +357,9 @@ class LlamaCppCollector(Collector):
                 capacity = capacity or used / ratio
         if slots is not None:
             held = [
-                (int(s.get("n_prompt_tokens") or 0), int(s.get("n_ctx") or 0))
+                (s.count("n_prompt_tokens") or 0, s.count("n_ctx") or 0)
                 for s in slots
-                if s.get("is_processing")
+                if s.flag("is_processing")
             ]
             if used is None:
                 used = float(sum(t for t, _ in held))
@@ -344,31 +414,37 @@ class LlamaCppCollector(Collector):
         if log_state is not None:
             ms.add("llmb_engine_requests_finished_total", log_state.requests_finished, **labels)
 
-    def _model_path(self, props: dict) -> Path | None:
+    def _model_path(self, props: Fields) -> Path | None:
         if self.engine.model_path:
             return Path(self.engine.model_path)
-        path = props.get("model_path")
+        path = props.text("model_path")
         # The server's path is only meaningful when the exporter shares its filesystem.
-        if path and Path(path).is_file():
-            return Path(path)
+        try:
+            if path and "\ufffd" not in path and Path(path).is_file():
+                return Path(path)
+        except (OSError, ValueError):  # a name the filesystem cannot take
+            return None
         return None
 
-    def _emit_model(
+    async def _emit_model(
         self,
         ms: MetricSet,
-        props: dict,
-        meta: dict,
-        slots: list | None,
+        props: Fields,
+        meta: Fields,
+        slots: list[Fields] | None,
         log_state: LogState | None,
     ) -> None:
         labels = self._labels()
-        ms.add("llmb_model_weights_bytes", meta.get("size"), **labels)
-        ms.add("llmb_model_parameters", meta.get("n_params"), **labels)
+        size = meta.num("size")
+        n_params = meta.num("n_params")
+        ms.add("llmb_model_weights_bytes", size, **labels)
+        ms.add("llmb_model_parameters", n_params, **labels)
         path = self._model_path(props)
         if path is not None and path != self._geometry_path:
             self._geometry_path = path
             try:
-                self._geometry = _geometry(path)
+                # A big vocabulary makes the header megabytes: read it off the event loop.
+                self._geometry = await asyncio.to_thread(_geometry, path)
             except Exception as exc:  # noqa: BLE001 - a bad header must not fail the scrape
                 self._announce("geometry", f"cannot read model header {path}: {exc}")
                 self._geometry = None
@@ -381,16 +457,20 @@ class LlamaCppCollector(Collector):
         from exporter.geometry import estimate_llamacpp_kv
 
         ms.add("llmb_model_layers", geom.n_layer, **labels)
-        if not meta.get("n_params"):
+        if not n_params:
             ms.add("llmb_model_parameters", geom.n_params, **labels)
-        if not meta.get("size"):
+        if not size:
             ms.add("llmb_model_weights_bytes", geom.weight_bytes, **labels)
         ms.add("llmb_model_kv_bytes_per_token_estimated", geom.kv_bytes_per_token(), **labels)
         n_slots, n_ctx_slot = self._slot_shape(props, slots)
         if n_ctx_slot and n_slots:
             unified = self._kv_unified(log_state)
             n_ctx = n_ctx_slot if unified else n_ctx_slot * n_slots
-            est = estimate_llamacpp_kv(geom, n_ctx=n_ctx, n_seq=n_slots, kv_unified=unified)
+            try:
+                est = estimate_llamacpp_kv(geom, n_ctx=n_ctx, n_seq=n_slots, kv_unified=unified)
+            except (ValueError, ArithmeticError) as exc:  # e.g. an absurd n_ctx
+                ms.problems.append(f"KV estimate: {exc}")
+                return
             ms.add("llmb_model_kv_cache_bytes_estimated", est.total, **labels)
 
     def _emit_log(self, ms: MetricSet, state: LogState | None, expo: Exposition | None) -> None:

@@ -1,4 +1,11 @@
-"""SGLang: `/metrics`, `/health`, `/server_info`, `/model_info` and `/v1/models`.
+"""SGLang: `/metrics`, `/server_info`, `/model_info` and `/v1/models` (`/health` only as a
+last resort).
+
+Liveness without generating: SGLang's `/health` runs a 1-token generation by default, so
+asking it on every scrape adds requests to the engine being measured. A `/metrics` answer
+already proves the server serves; when `/metrics` fails with an HTTP error, `/v1/models`
+(served by the tokenizer manager, no generation) is asked; only when that fails too is
+`/health` consulted, to tell "loading" (503) from "broken".
 
 Only the normalized `llmb_*` schema is exported; raw `sglang:*` series are not
 re-exposed, because names with colons are reserved for Prometheus recording rules
@@ -30,11 +37,12 @@ import httpx
 from prometheus_client.metrics_core import Metric
 
 from exporter.attribution import Attribution
-from exporter.collectors import Collector, Scrape, SourceError
+from exporter.collectors import Body, Collector, Scrape, SourceError, fetch, off_loop, parse_json
 from exporter.config import EngineConfig
+from exporter.fields import Fields
 from exporter.geometry import ModelGeometry, estimate_sglang_kv, geometry_from_hf_config
 from exporter.promtext import Exposition, Sample, parse_exposition
-from exporter.schema import MetricSet
+from exporter.schema import MetricSet, sanitize_label
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +52,10 @@ PREFIX = "sglang:"
 # prometheus_client >= 0.23 (both spellings are accepted anyway).
 ACCEPT = "text/plain;version=0.0.4"
 STATIC_TTL_SECONDS = 60.0
+# /server_info keys that change while one instance runs; every other key is a start argument.
+VOLATILE_INFO_KEYS = frozenset({"internal_states", "status", "last_gen_throughput"})
+# Series whose values only change with a new instance: startup phase durations and sizes.
+IDENTITY_FAMILIES = ("startup_time_seconds", "max_total_num_tokens", "context_len")
 RANK_LABELS = ("tp_rank", "pp_rank")
 
 # (schema histogram, SGLang histogram names in order of preference: current, older)
@@ -96,6 +108,8 @@ KV_DTYPE_BYTES = {
 
 
 def _finite(samples: Iterable[Sample]) -> list[Sample]:
+    # NaN is an engine's "no value" (SGLang writes it for idle ratios): skipped silently.
+    # ±Inf is kept, so the MetricSet drops the series it reaches and counts it.
     return [s for s in samples if not math.isnan(s.value)]
 
 
@@ -155,7 +169,12 @@ def _histogram(expo: Exposition, base: str) -> tuple[list[tuple[str, float]], fl
         le = s.labels.get("le")
         if le is None:
             continue
-        key = float(le)
+        try:
+            key = float(le)
+        except ValueError:
+            key = math.nan
+        if math.isnan(key):
+            raise ValueError(f"{base}: bucket bound le={le!r} is not a number")
         text, value = by_le.get(key, (le, 0.0))
         by_le[key] = (text, value + s.value)
     if math.inf not in by_le:
@@ -194,6 +213,12 @@ class SGLangCollector(Collector):
         self._static: dict[str, _Cached] = {}
         self._geometry: _Cached | None = None
         self._labels = {"engine": engine.name, "kind": "sglang"}
+        # Restart detection: facts of the instance seen last, and whether it went away.
+        self._identity: dict[str, Any] = {}
+        self._info_args: str | None = None
+        self._gone = False
+        self._seen = False
+        self.restarts = 0
 
     # --- HTTP -----------------------------------------------------------------------------
 
@@ -206,44 +231,47 @@ class SGLangCollector(Collector):
             headers["Authorization"] = f"Bearer {key}"
         return headers
 
-    async def _get(
-        self, path: str, accept: str | None = None, timeout: float | None = None
-    ) -> httpx.Response:
-        """GET `path`, turning transport failures into classified SourceErrors."""
-        url = self.engine.url + path
-        try:
-            return await self.client.get(
-                url, headers=self._headers(accept), timeout=timeout or self.timeout
-            )
-        except httpx.TimeoutException as exc:
-            raise SourceError("timeout", f"GET {path}: {type(exc).__name__}") from None
-        except httpx.TransportError as exc:
-            raise SourceError("connect", f"GET {path}: {type(exc).__name__}: {exc}") from None
+    async def _get(self, path: str, accept: str | None = None) -> Body:
+        """GET `path` (body capped), turning transport failures into classified SourceErrors."""
+        return await fetch(
+            self.client,
+            self.engine.url,
+            path,
+            self._headers(accept),
+            self.timeout,
+            self.engine.max_response_bytes,
+        )
 
-    async def _health(self) -> int | None:
-        """Status of /health, or None when it did not answer in time."""
+    async def _alive_without_metrics(self) -> tuple[bool, bool, SourceError | None]:
+        """(up, loading, error) when /metrics did not answer: /v1/models, then /health."""
         try:
-            # Half the budget: /health runs a 1-token generation that can queue behind a busy
-            # batch, and a slow health check must not cost the /metrics answer.
-            return (await self._get("/health", timeout=self.timeout / 2)).status_code
+            if 200 <= (await self._get("/v1/models")).status < 300:
+                return True, False, None
         except SourceError as err:
-            if err.reason == "connect":
-                raise
-            # /health runs a 1-token generation; a busy server can be slow to answer it.
-            return None
+            if err.reason == "too_large":
+                return True, False, err  # it answered, at length
+            if err.reason != "http":
+                return False, False, err
+        try:
+            # The generating health check, only now: nothing cheaper proved liveness.
+            status = (await self._get("/health")).status
+        except SourceError as err:
+            return False, False, err
+        if 200 <= status < 300:
+            return True, False, None
+        if status == 503:
+            return False, True, None
+        return False, False, SourceError("http", f"GET /health: HTTP {status}")
 
     async def _json(self, *paths: str) -> Any:
         """JSON of the first path that does not answer 404; None when all are 404."""
         for path in paths:
             resp = await self._get(path)
-            if resp.status_code == 404:
+            if resp.status == 404:
                 continue
-            if resp.status_code >= 400:
-                raise SourceError("http", f"GET {path}: HTTP {resp.status_code}")
-            try:
-                return resp.json()
-            except ValueError:
-                raise SourceError("parse", f"GET {path}: not JSON") from None
+            if resp.status >= 400:
+                raise SourceError("http", f"GET {path}: HTTP {resp.status}")
+            return await parse_json(resp, path)
         return None
 
     async def _static_json(self, key: str, *paths: str) -> Any:
@@ -263,21 +291,33 @@ class SGLangCollector(Collector):
             stale = self._static.get(key)
             return (stale.value if stale else None), err
 
+    async def _statics(self) -> list[tuple[Any, SourceError | None]]:
+        return list(
+            await asyncio.gather(
+                self._optional("server_info", "/server_info", "/get_server_info"),
+                self._optional("model_info", "/model_info", "/get_model_info"),
+                self._optional("models", "/v1/models"),
+            )
+        )
+
     # --- geometry -------------------------------------------------------------------------
 
-    def _model_dir(self, server_info: dict[str, Any]) -> Path | None:
+    def _model_dir(self, server_info: Fields) -> Path | None:
         candidates = [self.engine.model_path]
-        reported = server_info.get("model_path")
+        reported = server_info.text("model_path")
         # The server's path is relative to *its* working directory (or an HF id): only an
         # absolute path can name the same directory here.
-        if isinstance(reported, str) and Path(reported).is_absolute():
+        if reported and "\ufffd" not in reported and Path(reported).is_absolute():
             candidates.append(Path(reported))
         for candidate in candidates:
-            if candidate is not None and (candidate / "config.json").is_file():
-                return candidate
+            try:
+                if candidate is not None and (candidate / "config.json").is_file():
+                    return candidate
+            except (OSError, ValueError):  # a name the filesystem cannot take
+                continue
         return None
 
-    async def _geometry_for(self, server_info: dict[str, Any]) -> ModelGeometry | None:
+    async def _geometry_for(self, server_info: Fields) -> ModelGeometry | None:
         now = self._clock()
         if self._geometry is not None and now - self._geometry.at < STATIC_TTL_SECONDS:
             cached: ModelGeometry | None = self._geometry.value
@@ -287,7 +327,7 @@ class SGLangCollector(Collector):
         if directory is not None:
             try:
                 geom = await asyncio.to_thread(geometry_from_hf_config, directory)
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+            except Exception as exc:  # noqa: BLE001 - a bad config.json must not fail the scrape
                 log.warning("engine=%s cannot read model geometry: %s", self.engine.name, exc)
         self._geometry = _Cached(now, geom)
         return geom
@@ -305,50 +345,74 @@ class SGLangCollector(Collector):
         ms = MetricSet()
         labels = self._labels
         errors: list[SourceError] = []
-        # Everything concurrently: a scrape costs one round trip, not five.
-        health, metrics_resp, static_info, static_model, static_models = await asyncio.gather(
-            self._health(),
-            self._get("/metrics", ACCEPT),
-            self._optional("server_info", "/server_info", "/get_server_info"),
-            self._optional("model_info", "/model_info", "/get_model_info"),
-            self._optional("models", "/v1/models"),
-            return_exceptions=True,
+        problems: list[str] = []
+        if self._gone:
+            self._forget_instance()  # unreachable since the last answer: re-read every fact
+        # Everything concurrently: a scrape costs one round trip, not four.
+        metrics_resp, statics = await asyncio.gather(
+            self._get("/metrics", ACCEPT), self._statics(), return_exceptions=True
         )
-        for result in (health, metrics_resp):
-            if isinstance(result, SourceError) and result.reason == "connect":
-                ms.add("llmb_engine_up", 0.0, **labels)
-                return Scrape(metrics=ms.metrics(), up=False, errors=[result])
-        for result in (health, metrics_resp, static_info, static_model, static_models):
+        if isinstance(metrics_resp, SourceError) and metrics_resp.reason == "connect":
+            self._gone = self._gone or metrics_resp.unreachable
+            ms.add("llmb_engine_up", 0.0, **labels)
+            ms.add("llmb_engine_restarts_total", self.restarts, **labels)
+            return Scrape.of(ms, up=False, errors=[metrics_resp])
+        # Too large: it answered, with more than we read. Alive; its /metrics is lost this time.
+        too_large = isinstance(metrics_resp, SourceError) and metrics_resp.reason == "too_large"
+        for result in (statics,) if too_large else (metrics_resp, statics):
             if isinstance(result, BaseException):
                 raise result  # a timeout, or a bug: the runner classifies it
-        assert isinstance(metrics_resp, httpx.Response) and not isinstance(health, BaseException)
-        server_info, model_info, models = (r[0] for r in (static_info, static_model, static_models))
-        errors.extend(r[1] for r in (static_info, static_model, static_models) if r[1] is not None)
-
-        loading = health == 503
-        if health is None:
-            up = metrics_resp.status_code < 400
-        else:
-            up = 200 <= health < 300
-        ms.add("llmb_engine_up", 1.0 if up else 0.0, **labels)
-        ms.add("llmb_engine_loading", 1.0 if loading else 0.0, **labels)
-        if health is not None and not loading and not 200 <= health < 300:
-            errors.append(SourceError("http", f"GET /health: HTTP {health}"))
-        server_info = server_info if isinstance(server_info, dict) else {}
-        model_info = model_info if isinstance(model_info, dict) else {}
+        assert isinstance(statics, list)
 
         metrics_ok = False
-        if metrics_resp.status_code >= 400:
+        expo = Exposition({})
+        loading = False
+        if isinstance(metrics_resp, SourceError):
+            errors.append(metrics_resp)
+            up = True
+        elif metrics_resp.status >= 400:
             # 404: started without --enable-metrics; the static endpoints still tell something.
-            errors.append(SourceError("http", f"GET /metrics: HTTP {metrics_resp.status_code}"))
-            expo = Exposition({})
+            up, loading, failed = await self._alive_without_metrics()
+            if loading:
+                self._gone = True  # a starting server is a new instance
+            else:
+                errors.append(SourceError("http", f"GET /metrics: HTTP {metrics_resp.status}"))
+                if failed is not None:
+                    errors.append(failed)
         else:
+            up = True
             try:
-                expo = parse_exposition(metrics_resp.text, PREFIX, FAMILIES)
+                expo = await off_loop(
+                    len(metrics_resp.content),
+                    parse_exposition,
+                    metrics_resp.text,
+                    PREFIX,
+                    FAMILIES,
+                    self.timeout,
+                )
                 metrics_ok = True
+                problems.extend(expo.problems)
             except ValueError as exc:
                 errors.append(SourceError("parse", f"GET /metrics: {exc}"))
-                expo = Exposition({})
+        ms.add("llmb_engine_up", 1.0 if up else 0.0, **labels)
+        ms.add("llmb_engine_loading", 1.0 if loading else 0.0, **labels)
+        if not up:
+            ms.add("llmb_engine_restarts_total", self.restarts, **labels)
+            # While loading every endpoint answers 503; that is not a failure of ours.
+            return Scrape.of(ms, up=False, errors=[] if loading else errors)
+
+        info_doc = statics[0][0]
+        if self._new_instance(expo, info_doc):
+            self.restarts += 1
+            log.info("engine=%s new instance (restart %d)", self.engine.name, self.restarts)
+            self._forget_instance()
+            statics = await self._statics()
+            self._new_instance(expo, statics[0][0])  # remember the new instance's arguments
+        ms.add("llmb_engine_restarts_total", self.restarts, **labels)
+        errors.extend(err for _, err in statics if err is not None)
+        server_info = Fields(statics[0][0], "/server_info", problems)
+        model_info = Fields(statics[1][0], "/model_info", problems)
+        models = Fields(statics[2][0], "/v1/models", problems)
 
         self._map_metrics(ms, expo)
         self._map_static(ms, expo, server_info, model_info, models)
@@ -357,7 +421,44 @@ class SGLangCollector(Collector):
         if geom is not None:
             self._map_geometry(ms, expo, server_info, geom)
         self._report_pids(expo)
-        return Scrape(metrics=ms.metrics(), up=metrics_ok, errors=errors)
+        return Scrape.of(ms, up=metrics_ok, errors=errors, problems=problems)
+
+    def _forget_instance(self) -> None:
+        """Drop every cached fact of the previous instance."""
+        self._static.clear()
+        self._geometry = None
+
+    def _new_instance(self, expo: Exposition, server_info: Any) -> bool:
+        """Whether the answering server is another instance than the one whose facts we hold.
+
+        Signs: it was unreachable in between; a value that only changes with a new process
+        changed (startup phase durations, KV pool size, context length, model name); or the
+        start arguments in /server_info changed. The first instance ever seen is no restart.
+        """
+        new = self._gone
+        identity: dict[str, Any] = {}
+        for family in IDENTITY_FAMILIES:
+            for s in expo.get(PREFIX + family):
+                identity[family + repr(sorted(s.labels.items()))] = s.value
+        # Only values present before and now count: a phase that appears late is no restart.
+        if any(k in self._identity and self._identity[k] != v for k, v in identity.items()):
+            new = True
+        if identity:
+            self._identity = identity
+        if isinstance(server_info, dict):
+            args = {k: v for k, v in server_info.items() if k not in VOLATILE_INFO_KEYS}
+            try:
+                text = repr(sorted(args.items(), key=lambda kv: str(kv[0])))
+            except RecursionError:
+                text = None
+            if text is not None:
+                if self._info_args is not None and text != self._info_args:
+                    new = True
+                self._info_args = text
+        seen = self._seen
+        self._seen = True
+        self._gone = False
+        return new and seen
 
     def _report_pids(self, expo: Exposition) -> None:
         pids: set[int] = set()
@@ -437,7 +538,11 @@ class SGLangCollector(Collector):
 
         for schema_name, candidates in HISTOGRAMS:
             for base in candidates:
-                hist = _histogram(expo, base)
+                try:
+                    hist = _histogram(expo, base)
+                except ValueError as exc:  # a bucket bound that is no number
+                    ms.problems.append(str(exc))
+                    break
                 if hist is not None:
                     ms.histogram(schema_name, hist[0], hist[1], **labels)
                     break
@@ -446,31 +551,28 @@ class SGLangCollector(Collector):
         self,
         ms: MetricSet,
         expo: Exposition,
-        server_info: dict[str, Any],
-        model_info: dict[str, Any],
-        models: Any,
+        server_info: Fields,
+        model_info: Fields,
+        models: Fields,
     ) -> None:
         labels = self._labels
-        cards = models.get("data") if isinstance(models, dict) else None
-        card = cards[0] if isinstance(cards, list) and cards and isinstance(cards[0], dict) else {}
-        if PREFIX + "context_len" not in expo and card.get("max_model_len"):
-            ms.add("llmb_engine_context_tokens", float(card["max_model_len"]), **labels)
+        cards = models.objects("data")
+        card = cards[0] if cards else Fields(None, "/v1/models.data[0]", server_info.problems)
+        if PREFIX + "context_len" not in expo:
+            ms.add("llmb_engine_context_tokens", card.num("max_model_len") or None, **labels)
 
-        states = server_info.get("internal_states")
-        per_dp: list[float] = [
-            float(s["effective_max_running_requests_per_dp"])
-            for s in (states if isinstance(states, list) else [])
-            if isinstance(s, dict) and s.get("effective_max_running_requests_per_dp")
-        ]
-        if per_dp:
-            ms.add("llmb_engine_slots", float(sum(per_dp)), **labels)
-        elif server_info.get("max_running_requests"):
-            ms.add("llmb_engine_slots", float(server_info["max_running_requests"]), **labels)
+        states = server_info.objects("internal_states") or []
+        per_dp = [s.num("effective_max_running_requests_per_dp") for s in states]
+        known = [n for n in per_dp if n]
+        if known:
+            ms.add("llmb_engine_slots", float(sum(known)), **labels)
+        else:
+            ms.add("llmb_engine_slots", server_info.num("max_running_requests") or None, **labels)
 
         model = (
-            server_info.get("served_model_name")
-            or model_info.get("served_model_name")
-            or card.get("id")
+            server_info.text("served_model_name")
+            or model_info.text("served_model_name")
+            or card.text("id")
             or next(
                 (
                     s.labels[k]
@@ -480,25 +582,23 @@ class SGLangCollector(Collector):
                 ),
                 None,
             )
-            or model_info.get("model_path")
-            or server_info.get("model_path")
+            or model_info.text("model_path")
+            or server_info.text("model_path")
         )
         if not (model or server_info):
             return
-        quant = next(
-            (
-                str(server_info[k])
-                for k in ("quantization", "dtype", "kv_cache_dtype")
-                if server_info.get(k) and server_info.get(k) != "auto"
-            ),
-            "",
-        )
+        quant = ""
+        for key in ("quantization", "dtype", "kv_cache_dtype"):
+            value = server_info.text(key)
+            if value and value != "auto":
+                quant = value
+                break
         ms.info(
             "llmb_engine_info",
-            model=str(model or ""),
-            version=str(server_info.get("version") or ""),
+            model=sanitize_label(model or ""),
+            version=server_info.text("version") or "",
             quantization=quant,
-            simulated="true" if server_info.get("simulated") is True else "false",
+            simulated="true" if server_info.flag("simulated") is True else "false",
             **labels,
         )
 
@@ -506,7 +606,7 @@ class SGLangCollector(Collector):
         self,
         ms: MetricSet,
         expo: Exposition,
-        server_info: dict[str, Any],
+        server_info: Fields,
         geom: ModelGeometry | None,
     ) -> None:
         """Weights on the GPU and in host memory (`--cpu-offload-gb`), and the model's size.
@@ -516,8 +616,7 @@ class SGLangCollector(Collector):
         """
         labels = self._labels
         gpu_gb = scheduler_value(expo, "weight_memory_usage_gb")
-        offload_gb = server_info.get("cpu_offload_gb")
-        cpu = float(offload_gb) * GIB if isinstance(offload_gb, (int, float)) else 0.0
+        cpu = (server_info.num("cpu_offload_gb") or 0.0) * GIB
         if gpu_gb is not None:
             ms.add("llmb_engine_model_buffer_bytes", gpu_gb * GIB, device="gpu", **labels)
             if cpu:
@@ -527,12 +626,12 @@ class SGLangCollector(Collector):
             ms.add("llmb_model_weights_bytes", geom.weight_bytes, **labels)
 
     def _map_geometry(
-        self, ms: MetricSet, expo: Exposition, server_info: dict[str, Any], geom: ModelGeometry
+        self, ms: MetricSet, expo: Exposition, server_info: Fields, geom: ModelGeometry
     ) -> None:
         labels = self._labels
         ms.add("llmb_model_parameters", geom.n_params, **labels)
         ms.add("llmb_model_layers", float(geom.n_layer), **labels)
-        kv_dtype = str(server_info.get("kv_cache_dtype") or "auto")
+        kv_dtype = server_info.text("kv_cache_dtype") or "auto"
         dtype_bytes = KV_DTYPE_BYTES.get(kv_dtype, 2.0)
         ms.add(
             "llmb_model_kv_bytes_per_token_estimated",
@@ -541,19 +640,20 @@ class SGLangCollector(Collector):
         )
         tokens = scheduler_value(expo, "max_total_num_tokens", "max")
         if tokens is None:
-            tokens = server_info.get("max_total_num_tokens")
-        if not tokens:
-            return
+            tokens = server_info.num("max_total_num_tokens")
         swa_tokens = scheduler_value(expo, "max_total_num_tokens_swa", "max")
-        page = scheduler_value(expo, "page_size", "max") or server_info.get("page_size") or 1
-        tp = int(server_info.get("tp_size") or 1)
+        page = scheduler_value(expo, "page_size", "max") or server_info.num("page_size") or 1
+        tp = server_info.num("tp_size") or 1
+        values = (tokens, swa_tokens, page, tp)
+        if not tokens or not all(v is None or (math.isfinite(v) and v < 2**53) for v in values):
+            return  # unknown, or an Inf/absurd value the schema would drop anyway
         est = estimate_sglang_kv(
             geom,
             int(tokens),
             kv_dtype_bytes=dtype_bytes,
             hybrid_swa=swa_tokens is not None,
-            page_size=int(page),
+            page_size=max(1, int(page)),
             max_total_num_tokens_swa=None if swa_tokens is None else int(swa_tokens),
-            tp_size=tp,
+            tp_size=max(1, int(tp)),
         )
         ms.add("llmb_model_kv_cache_bytes_estimated", float(est.total), **labels)
