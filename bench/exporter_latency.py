@@ -196,13 +196,24 @@ async def concurrent(
     times: list[float] = []
     failures = 0
     loop = asyncio.get_running_loop()
-    start = loop.time() + 0.2
-    end = start + seconds
     rng = random.Random(1)
+    # Prometheus keeps its connection to a target open between scrapes: each scraper opens
+    # its own with one untimed request first, and the timed ticks start once all are open.
+    opened = 0
+    all_open = asyncio.Event()
+    start = end = 0.0
 
     async def scraper(offset: float) -> None:
-        nonlocal failures
+        nonlocal failures, opened, start, end
         async with session() as client:
+            async with client.get(url) as resp:
+                await resp.read()
+            opened += 1
+            if opened == scrapers:
+                start = loop.time() + 0.2
+                end = start + seconds
+                all_open.set()
+            await all_open.wait()
             tick = start + offset
             while tick < end:
                 await asyncio.sleep(max(0.0, tick - loop.time()))
