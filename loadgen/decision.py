@@ -15,11 +15,9 @@ import datetime as dt
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from exporter.verdict import Signals
+from exporter import verdict as core
 
 # The recommendation vocabulary of results.json (`switch_to:<engine>` names the engine).
 STAY_AND_TUNE = "stay_and_tune"
@@ -31,13 +29,6 @@ SWITCH_TO = "switch_to:"
 PRECISION_TOLERANCE = 0.20
 
 NOT_MEASURED = "not measured: "
-
-
-def _core() -> ModuleType:
-    """The decision core (imported on use so that this data model loads on its own)."""
-    from exporter import verdict
-
-    return verdict
 
 
 def switch_to(engine: str) -> str:
@@ -265,18 +256,20 @@ def roofline(engine: EngineResult) -> Roofline:
         # One sequence holds its prompt plus, on average, half of its output in the KV.
         kv_tokens = single.prompt_tokens + single.max_tokens / 2
     bw = engine.bandwidth_bytes_per_s
-    per_step = _core().decode_bytes_per_step(
-        engine.weights_bytes, kv_tokens, engine.kv_bytes_per_token
+    per_step = (
+        core.decode_bytes_per_step(engine.weights_bytes, kv_tokens, engine.kv_bytes_per_token)
+        if engine.weights_bytes
+        else None
     )
-    limit = _core().roofline_tokens_per_second(bw, per_step)
+    limit = core.roofline_tokens_per_second(bw, per_step)
     measured = single.per_seq_tok_s if single else None
     eff = measured / limit if measured and limit else None
     return Roofline(bw, engine.bandwidth_source, per_step, limit, measured, eff)
 
 
-def engine_verdict(engine: EngineResult, signals: Signals) -> tuple[str, str]:
+def engine_verdict(engine: EngineResult, signals: core.Signals) -> tuple[str, str]:
     """(verdict, action) of the decision core for what was measured on `engine`."""
-    decided = _core().evaluate(signals)
+    decided = core.evaluate(signals)
     return str(decided.name), str(decided.action)
 
 
@@ -452,7 +445,8 @@ def decide_compare(a: EngineResult, b: EngineResult) -> Decision:
     if not comparable:
         caveats.append(why)
         effs = ", ".join(
-            f"{e.name} {_pct(e.roofline.efficiency)}" if e.roofline.efficiency is not None
+            f"{e.name} {_pct(e.roofline.efficiency)}"
+            if e.roofline.efficiency is not None
             else f"{e.name} unknown (pass --bandwidth-gbs)"
             for e in (a, b)
         )
@@ -480,11 +474,17 @@ def decide_compare(a: EngineResult, b: EngineResult) -> Decision:
     calls: list[Call] = []
     sa, sb = a.single(), b.single()
     single_call = (
-        _call("single-request decode tok/s", 1, a, b,
-              sa.per_seq_rounds or [sa.per_seq_tok_s or 0], sb.per_seq_rounds or [sb.per_seq_tok_s or 0])
+        _call(
+            "single-request decode tok/s",
+            1,
+            a,
+            b,
+            sa.per_seq_rounds or [sa.per_seq_tok_s or 0],
+            sb.per_seq_rounds or [sb.per_seq_tok_s or 0],
+        )
         if sa and sb
         else None
-    )  # fmt: skip
+    )
     steps.append(_call_step("decode", "Single-request decode: who is faster?", single_call, a, b))
     if single_call:
         calls.append(single_call)
@@ -498,14 +498,22 @@ def decide_compare(a: EngineResult, b: EngineResult) -> Decision:
         if ra is None or rb is None:
             continue
         agg = _call(
-            "aggregate tok/s", c, a, b,
+            "aggregate tok/s",
+            c,
+            a,
+            b,
             ra.aggregate_rounds or [ra.aggregate_tok_s or 0],
             rb.aggregate_rounds or [rb.aggregate_tok_s or 0],
-        )  # fmt: skip
+        )
         ttft = _call(
-            "TTFT s", c, a, b, ra.ttft_rounds or [ra.ttft_s or 0], rb.ttft_rounds or [rb.ttft_s or 0],
+            "TTFT s",
+            c,
+            a,
+            b,
+            ra.ttft_rounds or [ra.ttft_s or 0],
+            rb.ttft_rounds or [rb.ttft_s or 0],
             higher_is_better=False,
-        )  # fmt: skip
+        )
         batch_calls += [x for x in (agg, ttft) if x]
     calls += batch_calls
     steps.append(
@@ -576,14 +584,14 @@ def _recommend(
         who = " and ".join(not_resident)
         return FIX_MEMORY_FIRST, (
             f"fix memory first: the weights of {who} are not all on the GPU, so its speed "
-            f"measures host memory, not the engine. {_core().VERDICT_INFO['weights_not_resident'].action}"
+            "measures host memory, not the engine. "
+            + core.VERDICT_INFO["weights_not_resident"].action
         )
     if not comparable:
         est = "; ".join(f"{e.basis} ≈ {e.tok_s:.1f} tok/s" for e in ests)
         return INCONCLUSIVE, (
             "the engines serve different precisions, so which engine is faster is not "
-            "decided by these numbers: run both on the same weights."
-            + (f" {est}." if est else "")
+            "decided by these numbers: run both on the same weights." + (f" {est}." if est else "")
         )
     wins = [x for x in calls if x.winner]
     if ctx_winner:
@@ -609,7 +617,8 @@ def _recommend(
     )
     others = [x for x in wins if x.winner != winner]
     other_text = (
-        "; but " + ", ".join(f"{x.winner} wins {x.what} at concurrency {x.concurrency}" for x in others)
+        "; but "
+        + ", ".join(f"{x.winner} wins {x.what} at concurrency {x.concurrency}" for x in others)
         if others
         else ""
     )
@@ -647,5 +656,5 @@ def engine_from_dict(data: dict[str, Any]) -> EngineResult:
     phases = [Phase(**p) for p in data.pop("phases", [])]
     rows = [Row(**r) for r in data.pop("rows", [])]
     roof = Roofline(**(data.pop("roofline", None) or {}))
-    timeline = [tuple(x) for x in data.pop("timeline", [])]
-    return EngineResult(**data, phases=phases, rows=rows, roofline=roof, timeline=timeline)  # type: ignore[arg-type]
+    timeline = [(float(t), float(v)) for t, v in data.pop("timeline", [])]
+    return EngineResult(**data, phases=phases, rows=rows, roofline=roof, timeline=timeline)
