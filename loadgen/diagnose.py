@@ -31,11 +31,12 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from exporter import __version__
 from exporter import verdict as core
-from exporter.config import Config, ConfigError, EngineConfig, load_config
+from exporter.app import build_runner
+from exporter.config import Config, ConfigError, EngineConfig, GpuConfig, ProcessMatch, load_config
 from exporter.geometry import geometry_from_gguf
-from exporter.gpu_specs import resolve_bandwidth
 from exporter.llamacpp_log import LogFollower, LogState
 from exporter.promtext import parse_exposition
+from exporter.runner import Runner
 from loadgen.client import StreamClient, Target, TargetUnreachable
 from loadgen.decision import (
     NOT_MEASURED,
@@ -55,7 +56,6 @@ from loadgen.launcher import (
     EngineProcess,
     LaunchError,
     engine_process,
-    process_group_pids,
     template_fields,
 )
 from loadgen.options import (
@@ -112,6 +112,8 @@ class Options:
     parallel: int | None = None
     exporter_url: str | None = None
     exporter_engine: str | None = None
+    # GPU sampling of the embedded collectors (the config's `gpu:`; None: NVML if present).
+    gpu: GpuConfig | None = None
     bandwidth_bytes_per_s: float | None = None
     timeout: float = 600.0
     connect_timeout: float = 5.0
@@ -186,10 +188,12 @@ def _first(series: Series, name: str, **labels: str) -> float | None:
 
 
 class Monitor:
-    """Samples, while one engine is measured: the exporter, GPU/host memory and the log.
+    """Samples, while one engine is measured: the exporter's series, memory and the log.
 
-    Exporter scrapes are kept with their times so the recording rules' arithmetic can be
-    applied to them (`exporter.verdict.rule_values_at`), as Prometheus would.
+    With `--exporter-url` the running exporter is scraped. Without it the exporter's own
+    collectors run inside diagnose (same code, same `llmb_*` series), fed the launched
+    engine's log and process id, so both paths go through the recording rules' arithmetic
+    (`exporter.verdict.rule_values_at`) exactly as Prometheus would.
     """
 
     def __init__(self, engine: str, opts: Options):
@@ -201,6 +205,7 @@ class Monitor:
         self.scrape_errors = 0
         self.process: EngineProcess | None = None
         self.log: LogFollower | None = None
+        self.runner: Runner | None = None
         self._nvml: Any = None
         self._nvml_tried = False
         self._task: asyncio.Task[None] | None = None
@@ -220,37 +225,73 @@ class Monitor:
                 self._nvml = None
         return self._nvml
 
+    def _gpu_config(self) -> GpuConfig | None:
+        """GPU sampling of the embedded collectors: the config's, when a GPU can be read."""
+        gpu = self.opts.gpu or GpuConfig()
+        if gpu.fake_file or (gpu.enabled and self.nvml() is not None):
+            return gpu
+        return None
+
     @property
     def source(self) -> str | None:
-        """'gpu' (exporter or NVML), 'host rss' (launched engine, no GPU) or None."""
-        if self.opts.exporter_url or self.nvml() is not None:
+        """'gpu' (exporter, GPU file or NVML), 'host rss' (launched engine) or None."""
+        if self.opts.exporter_url or self._gpu_config() is not None:
             return "gpu"
         return "host rss" if self.process is not None else None
 
-    def latest(self) -> Series:
-        """The newest exporter scrape (empty without one)."""
-        return self.scrapes[-1][1] if self.scrapes else {}
+    async def attach(self, engine: EngineConfig, log_path: Path | None, pid: int | None) -> None:
+        """Point the embedded collectors at this engine instance (after each launch)."""
+        self.follow_log(log_path)
+        if self.opts.exporter_url:
+            return
+        await self.detach()
+        update: dict[str, Any] = {}
+        if log_path is not None:
+            update["log_file"] = log_path
+        if pid is not None:
+            update["process"] = ProcessMatch(pid=pid)
+        gpu = self._gpu_config()
+        config = Config(
+            host="diagnose",
+            engines=[engine.model_copy(update=update)],
+            gpu=gpu if gpu is not None else GpuConfig(enabled=False),
+        )
+        self.exporter_engine = engine.name
+        self.runner = build_runner(config)
+        await self.runner.start()
 
-    def sample(self) -> None:
-        """Take one sample of every source (blocking; run in a thread)."""
+    async def detach(self) -> None:
+        """Close the embedded collectors."""
+        if self.runner is not None:
+            runner, self.runner = self.runner, None
+            await runner.close()
+
+    async def sample(self) -> None:
+        """Take one sample of every source."""
         now = time.time()
-        used: float | None = None
+        series: Series | None = None
         if self.opts.exporter_url:
             try:
-                series = read_exporter(self.opts.exporter_url)
+                series = await asyncio.to_thread(read_exporter, self.opts.exporter_url)
             except (httpx.HTTPError, ValueError) as exc:
                 # A failed scrape is a gap, never a reading from another source.
                 self.scrape_errors += 1
                 log.debug("exporter scrape failed: %s", exc)
                 return
             self._resolve_engine(series)
+        elif self.runner is not None:
+            families = await self.runner.scrape()
+            series = {
+                (s.name, tuple(sorted(s.labels.items()))): float(s.value)
+                for family in families
+                for s in family.samples
+            }
+        used: float | None = None
+        if series is not None:
             self.scrapes.append((now, series))
             used = _first(series, "llmb_gpu_memory_used_bytes")
-        elif (nv := self.nvml()) is not None:
-            mod, handle = nv
-            used = float(mod.nvmlDeviceGetMemoryInfo(handle).used)
-        elif self.process is not None:
-            rss = self.process.rss_bytes()
+        if used is None and self.process is not None and self._gpu_config() is None:
+            rss = await asyncio.to_thread(self.process.rss_bytes)
             used = float(rss) if rss is not None else None
         if used is not None:
             self.timeline.append((now, used))
@@ -269,7 +310,10 @@ class Monitor:
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.to_thread(self.sample)
+            try:
+                await self.sample()
+            except Exception:  # a failed sample is a gap, not a failed run
+                log.exception("sampling failed")
             await asyncio.sleep(self.opts.sample_interval)
 
     def start(self) -> None:
@@ -278,13 +322,13 @@ class Monitor:
             self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
-        """Stop sampling after one last sample."""
+        """Stop sampling and close the embedded collectors."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        await asyncio.to_thread(self.sample)
+        await self.detach()
 
     def follow_log(self, path: Path | None) -> None:
         """Read this llama.cpp log (`-lv 4`/`--log-file`) from now on."""
@@ -311,12 +355,13 @@ class Monitor:
                 vals += _pick(series, "llmb_gpu_memory_used_peak_bytes")
         return max(vals) if vals else None
 
-    def memory_now(self) -> float | None:
-        self.sample()
+    async def memory_now(self) -> float | None:
+        """A fresh memory reading."""
+        await self.sample()
         return self.timeline[-1][1] if self.timeline else None
 
     def rule_values(self, at: float) -> core.RuleValues | None:
-        """The recording rules' values for this engine at `at`, from the exporter's scrapes."""
+        """The recording rules' values for this engine at `at`, from the scrapes so far."""
         if not self.scrapes:
             return None
         series = core.series_from_scrapes(self.scrapes)
@@ -326,8 +371,12 @@ class Monitor:
         return None
 
     def engine_value(self, name: str) -> float | None:
-        """The newest exporter value of a per-engine series."""
+        """The newest value of a per-engine series."""
         return _first(self.latest(), name, engine=self.exporter_engine)
+
+    def latest(self) -> Series:
+        """The newest scrape (empty without one)."""
+        return self.scrapes[-1][1] if self.scrapes else {}
 
 
 # --- engine facts from its own endpoints -----------------------------------------------------
@@ -487,7 +536,7 @@ class Diagnoser:
         first_ctx = opts.contexts[0] if opts.contexts else None
         if self.engine.launch is not None:
             with self._phase("baseline") as ph:
-                ph.memory_bytes = await asyncio.to_thread(self.monitor.memory_now)
+                ph.memory_bytes = await self.monitor.memory_now()
             if await self._launch(first_ctx, parallel, "start") is None:
                 for step in ("residency", "single", "concurrency", "kv_pressure"):
                     self._not_measured(step, "the engine did not start (see the context row)")
@@ -504,6 +553,7 @@ class Diagnoser:
             self.result.missing.append(
                 "baseline memory and load time: the engine was already running (no launch template)"
             )
+            await self.monitor.attach(self.engine, self.engine.log_file, None)
         await self._facts()
         await self._residency()
         await self._single()
@@ -539,10 +589,11 @@ class Diagnoser:
                 self.monitor.process = None
                 self._failed_launch(ctx, parallel, str(exc))
                 return None
-            ph.memory_bytes = await asyncio.to_thread(self.monitor.memory_now)
+            ph.memory_bytes = await self.monitor.memory_now()
             ph.note = f"load {load:.2f} s: " + ph.note
         self.current = proc
-        self.monitor.follow_log(proc.engine_log if "log" in self._template() else None)
+        engine_log = proc.engine_log if "log" in self._template() else self.engine.log_file
+        await self.monitor.attach(self.engine, engine_log, proc.pid)
         if self.result.load_seconds is None:
             self.result.load_seconds = load
         return proc
@@ -571,7 +622,7 @@ class Diagnoser:
             seconds = self.engine.launch.settle_seconds if self.engine.launch else 0.0
         with self._phase("settle") as ph:
             await asyncio.sleep(seconds)
-            ph.memory_bytes = await asyncio.to_thread(self.monitor.memory_now)
+            ph.memory_bytes = await self.monitor.memory_now()
             ph.note = "loaded memory after settling"
         return ph.memory_bytes
 
@@ -608,12 +659,12 @@ class Diagnoser:
                 res.layers_total = res.layers_total or float(geo.n_layer + 1)
                 if res.weights_bytes is None and geo.weight_bytes:
                     res.weights_bytes = float(geo.weight_bytes)
-        self._gpu_facts()
+        await self._gpu_facts()
 
-    def _gpu_facts(self) -> None:
-        """Card, bandwidth and the engine's memory: exporter first, else NVML and the log."""
+    async def _gpu_facts(self) -> None:
+        """Card, bandwidth (exporter.gpu_specs, via the NVML collector), memory, layers, buffers."""
         res, mon = self.result, self.monitor
-        mon.sample()
+        await mon.sample()
         res.memory_source = mon.source
         series = mon.latest()
         if series:
@@ -645,28 +696,6 @@ class Diagnoser:
                     res.quantization = dict(lab).get("quantization") or res.quantization
                 if n == "llmb_gpu_info" and dict(lab).get("name"):
                     res.gpu_name = dict(lab)["name"]
-        elif (nv := mon.nvml()) is not None:
-            mod, handle = nv
-            res.gpu_total_bytes = float(mod.nvmlDeviceGetMemoryInfo(handle).total)
-            with contextlib.suppress(Exception):
-                name = mod.nvmlDeviceGetName(handle)
-                res.gpu_name = name.decode() if isinstance(name, bytes) else str(name)
-                bw = resolve_bandwidth(
-                    res.gpu_name,
-                    0,
-                    str(mod.nvmlDeviceGetUUID(handle)),
-                    mod.nvmlDeviceGetMaxClockInfo(handle, mod.NVML_CLOCK_MEM),
-                    mod.nvmlDeviceGetMemoryBusWidth(handle),
-                )
-                res.bandwidth_bytes_per_s, res.bandwidth_source = bw.bytes_per_second, bw.source
-            if self.current is not None and self.current.pid is not None:
-                pids = process_group_pids(self.current.pid)
-                used = 0.0
-                with contextlib.suppress(Exception):
-                    for p in mod.nvmlDeviceGetComputeRunningProcesses(handle):
-                        if p.pid in pids and p.usedGpuMemory:
-                            used += p.usedGpuMemory
-                res.process_gpu_bytes = used or None
         state = mon.log_state()
         if state is not None:
             if state.layers_total is not None:
@@ -688,7 +717,7 @@ class Diagnoser:
     def _own_residency_signals(self) -> dict[str, Any]:
         """The residency part of `Signals` from diagnose's own readings (no exporter)."""
         res = self.result
-        has_gpu = self.monitor.nvml() is not None
+        has_gpu = self.monitor.source == "gpu"
         out: dict[str, Any] = {"host_has_gpu": has_gpu}
         if res.layers_total:
             out["layers_ratio"] = (res.layers_offloaded or 0.0) / res.layers_total
@@ -701,7 +730,7 @@ class Diagnoser:
     async def _residency(self) -> None:
         res = self.result
         with self._phase("residency") as ph:
-            await asyncio.to_thread(self._gpu_facts)
+            await self._gpu_facts()
             ph.memory_bytes = res.process_gpu_bytes
         values = self.monitor.rule_values(time.time())
         sig = (
