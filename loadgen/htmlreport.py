@@ -116,7 +116,7 @@ def _label(text: str) -> str:
     return text.replace("$", r"\$")
 
 
-def _new_axes(pid: str, width: float = 7.5, height: float = 3.4) -> tuple[Figure, Axes]:
+def _new_axes(pid: str, width: float = 9.0, height: float = 3.6) -> tuple[Figure, Axes]:
     """A bare Figure (no pyplot state, no global backend) with one axes tagged for tests."""
     _matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -209,9 +209,9 @@ def plot_memory_timeline(engines: list[EngineResult]) -> Plot:
     if not series:
         plot.missing = "not measured: " + _memory_why(engines)
         return plot
-    fig, ax = _new_axes(plot.pid, height=3.8)
+    fig, ax = _new_axes(plot.pid, height=4.0)
     # Fixed side margins: label positions are measured once and stay valid.
-    fig.subplots_adjust(left=0.09, right=0.98, bottom=0.13, top=0.78)
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.12, top=0.8)
     t0 = min(
         [t for _, _, pts in series for t, _ in pts] + [p.start for e in engines for p in e.phases]
     )
@@ -228,8 +228,7 @@ def plot_memory_timeline(engines: list[EngineResult]) -> Plot:
     totals = {e.gpu_total_bytes for e in engines if e.gpu_total_bytes and e.memory_source == "gpu"}
     for total in totals:
         if peak > total / 2:
-            ax.axhline(total / GIB, color="black", linewidth=0.8)
-            ax.text(0, total / GIB, " card total", va="bottom", fontsize=7)
+            ax.axhline(total / GIB, color="black", linewidth=0.8, label="card total")
         else:
             plot.notes.append(f"The card's total ({total / GIB:.1f} GiB) is off the scale.")
     ax.set_ylim(bottom=0)
@@ -254,6 +253,25 @@ def plot_memory_timeline(engines: list[EngineResult]) -> Plot:
     return plot
 
 
+def _group_marks(ax: Axes, marks: list[tuple[float, str, str]]) -> list[tuple[float, str, str]]:
+    """Merge the labels of one engine's phases that start at the same pixel into one.
+
+    Phases such as "after" and "weights" take milliseconds: their markers coincide, and
+    "after, weights, single" reads better than three labels fighting for one spot.
+    """
+    groups: list[tuple[float, str, str]] = []
+    last_px = -math.inf
+    for x, name, color in sorted(marks, key=lambda m: (m[2], m[0])):
+        px = float(ax.transData.transform((x, 0))[0])
+        if groups and groups[-1][2] == color and px - last_px < 3:
+            gx, gname, _ = groups[-1]
+            groups[-1] = (gx, f"{gname}, {name}", color)
+        else:
+            groups.append((x, name, color))
+        last_px = px
+    return sorted(groups)
+
+
 def _place_phase_labels(
     fig: Figure, ax: Axes, pid: str, marks: list[tuple[float, str, str]]
 ) -> list[str]:
@@ -264,9 +282,10 @@ def _place_phase_labels(
     from matplotlib.transforms import offset_copy
 
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    ax.get_xlim()  # settles the autoscaled limits, so data x maps to its final pixel
     row_right = [-math.inf] * LABEL_ROWS
     dropped: list[str] = []
-    for n, (x, name, color) in enumerate(sorted(marks)):
+    for n, (x, name, color) in enumerate(_group_marks(ax, marks)):
         placed = False
         for row in range(LABEL_ROWS):
             trans = offset_copy(
@@ -336,7 +355,12 @@ def plot_memory_vs_context(engines: list[EngineResult]) -> Plot:
                     transform=ax.get_xaxis_transform(),
                 )
         if e.gpu_total_bytes and e.memory_source == "gpu":
-            ax.axhline(e.gpu_total_bytes / GIB, color="black", linewidth=0.8)
+            ax.axhline(
+                e.gpu_total_bytes / GIB,
+                color="black",
+                linewidth=0.8,
+                label=_label(f"{e.name} card total"),
+            )
     _context_axis(ax, contexts)
     ax.set_ylim(bottom=0)
     ax.set_ylabel("GiB")

@@ -56,8 +56,7 @@ def assert_report_renders(out: Path) -> Page:
     return page
 
 
-def _engine(name: str, kind: str, scale: float) -> EngineResult:
-    t0 = 1_790_000_000.0
+def _engine(name: str, kind: str, scale: float, t0: float = 1_790_000_000.0) -> EngineResult:
     e = EngineResult(
         name=name,
         kind=kind,
@@ -75,7 +74,9 @@ def _engine(name: str, kind: str, scale: float) -> EngineResult:
     starts = [0, 0.2, 14.0, 44.0, 46.0, 46.01, 46.02, 52, 60, 70, 80]
     names = ["baseline", "start", "settle", "first_generation", "after", "weights", "single"]
     names += ["concurrency"] * 3 + ["context"]
-    e.phases = [Phase(n, t0 + s, t0 + s + 0.5, 1e9 + 2e8 * s) for n, s in zip(names, starts)]
+    e.phases = [
+        Phase(n, t0 + s, t0 + s + 0.5, 1e9 + 2e8 * s) for n, s in zip(names, starts, strict=True)
+    ]
     e.timeline = [(t0 + i, 1e9 + 0.2e9 * min(i, 50)) for i in range(90)]
     e.rows.append(
         Row(
@@ -107,7 +108,7 @@ def _engine(name: str, kind: str, scale: float) -> EngineResult:
 
 
 def test_compare_report_renders_every_plot(tmp_path: Path) -> None:
-    a, b = _engine("llama", "llamacpp", 1.0), _engine("sglang", "sglang", 1.02)
+    a, b = _engine("llama", "llamacpp", 1.0), _engine("sglang", "sglang", 1.02, t0=1_790_000_100.0)
     b.rows = [r for r in b.rows if r.step != "concurrency"]
     for c, agg in ((2, 130.0), (4, 250.0), (8, 480.0)):
         b.rows.append(
