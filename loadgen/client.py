@@ -29,6 +29,44 @@ KEEPALIVE_SECONDS = 3.0
 SERVER_ERROR = "server_error"
 EARLY_STOP = "early_stop"
 INTERRUPTED = "interrupted"
+# The engine ran out of KV cache / context for this request (llama.cpp "Context size has been
+# exceeded", a prompt beyond the slot's context; SGLang's context-length and KV-pool refusals).
+KV_EXHAUSTED = "kv_exhausted"
+# Every error category, in the order reports list them.
+ERROR_KINDS = (
+    KV_EXHAUSTED,
+    EARLY_STOP,
+    TIMEOUT,
+    CONNECT,
+    HTTP,
+    SERVER_ERROR,
+    MALFORMED,
+    DISCONNECTED,
+    INTERRUPTED,
+)
+
+# Lower-case fragments of the engines' own messages that mean "no KV cache / context left".
+# llama.cpp (tools/server): decode failure "Context size has been exceeded." sent to every
+# active slot; a prompt longer than the slot's context is refused with type
+# "exceed_context_size_error" ("the request exceeds the available context size ...").
+# SGLang: "The input (N tokens) is longer than the model's context length (M tokens)." and
+# requests larger than the KV pool ("... larger than the KV cache pool", simulator wording).
+KV_EXHAUSTED_MARKERS = (
+    "context size has been exceeded",
+    "exceed_context_size_error",
+    "exceeds the available context size",
+    "longer than the model's context length",
+    "larger than the kv cache pool",
+)
+
+
+def is_kv_exhausted(text: str | None) -> bool:
+    """True when an engine's error text says the request ran out of KV cache / context."""
+    if not text:
+        return False
+    low = text.lower()
+    return any(marker in low for marker in KV_EXHAUSTED_MARKERS)
+
 
 # orjson parses a token chunk several times faster than json (orjson.JSONDecodeError is a
 # ValueError), which is most of the client's CPU per chunk.
@@ -71,7 +109,11 @@ class StreamResult:
 
 
 def _decode_event(event: bytes) -> bytes | None:
-    """Return the `data:` payload of one SSE event (None for comments and other fields)."""
+    """Return the `data:` payload of one SSE event (None for comments and other fields).
+
+    llama.cpp reports an error inside a stream as an `error:` field line (not `data:`); it
+    is returned wrapped as `{"error": ...}` so the caller sees one error shape.
+    """
     payload: bytes | None = None
     for line in event.split(b"\n"):
         if line.startswith(b"data:"):
@@ -80,6 +122,17 @@ def _decode_event(event: bytes) -> bytes | None:
                 part = part[1:]
             # Multi-line data fields are joined with newlines (SSE spec); engines send one line.
             payload = part if payload is None else payload + b"\n" + part
+        elif line.startswith(b"error:"):
+            part = line[6:].strip()
+            return (
+                b'{"error":'
+                + (
+                    part
+                    if part.startswith((b"{", b'"'))
+                    else orjson.dumps(part.decode("utf-8", "replace"))
+                )
+                + b"}"
+            )
     return payload
 
 
@@ -149,7 +202,7 @@ class StreamClient:
             async with self.session.get(self.target.url + "/v1/models", timeout=timeout) as resp:
                 body = await resp.read()
                 if resp.status == 200 and self.model is None:
-                    self.model = _first_model_id(body)
+                    self.model = first_model_id(body)
         except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as exc:
             raise TargetUnreachable(
                 f"{self.target.name}: cannot reach {self.target.url} "
@@ -260,6 +313,8 @@ class StreamClient:
         if result.error is None and result.usage is None:
             result.error = MALFORMED
             result.error_detail = "no usage chunk (stream_options.include_usage ignored?)"
+        if result.error in (HTTP, SERVER_ERROR) and is_kv_exhausted(result.error_detail):
+            result.error = KV_EXHAUSTED
         return result
 
     async def _read_events(self, resp: aiohttp.ClientResponse, result: StreamResult) -> None:
@@ -322,7 +377,8 @@ class StreamClient:
             buf = buf[start:]
 
 
-def _first_model_id(body: bytes) -> str | None:
+def first_model_id(body: bytes) -> str | None:
+    """The first model id of a `/v1/models` answer, or None."""
     try:
         data = json.loads(body)
         return str(data["data"][0]["id"])

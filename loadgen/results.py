@@ -11,7 +11,7 @@ from typing import IO, Any
 
 import orjson
 
-from loadgen.client import EARLY_STOP, StreamResult
+from loadgen.client import EARLY_STOP, ERROR_KINDS, INTERRUPTED, KV_EXHAUSTED, StreamResult
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -208,6 +208,7 @@ def summarize(
         "requests_ok": len(ok),
         "requests_failed": len(recs) - len(ok),
         "early_stop": errors.get(EARLY_STOP, 0),
+        "kv_exhausted": errors.get(KV_EXHAUSTED, 0),
         "errors": errors,
         "wall_s": _round(wall_s),
         "ttft_p50_s": _round(percentile(ttfts, 50)),
@@ -233,6 +234,33 @@ def summarize(
         "cached_tokens_mean": _round(_mean([float(c) for c in cached]), 2),
         "output_tokens_total": out_tokens,
     }
+
+
+def failure_reasons(by_engine: Mapping[str, Sequence[RequestRecord]]) -> list[str]:
+    """Why a step is invalid because requests failed (one reason per engine with failures).
+
+    `early_stop` is left to `verify_tokens` (it is a token-count problem), and `interrupted`
+    to the run's own interrupted/aborted state.
+    """
+    reasons: list[str] = []
+    for engine, recs in by_engine.items():
+        counts: dict[str, int] = {}
+        for r in recs:
+            if r.error is not None and r.error not in (EARLY_STOP, INTERRUPTED):
+                counts[r.error] = counts.get(r.error, 0) + 1
+        if not counts:
+            continue
+        order = {kind: i for i, kind in enumerate(ERROR_KINDS)}
+        kinds = ", ".join(
+            f"{kind} {n}" for kind, n in sorted(counts.items(), key=lambda kv: order.get(kv[0], 99))
+        )
+        reasons.append(f"{engine}: {sum(counts.values())} of {len(recs)} requests failed ({kinds})")
+    return reasons
+
+
+def step_reasons(by_engine: Mapping[str, Sequence[RequestRecord]], max_tokens: int) -> list[str]:
+    """Every reason a step is invalid: failed requests, then the token verification."""
+    return failure_reasons(by_engine) + verify_tokens(by_engine, max_tokens)
 
 
 def verify_tokens(by_engine: Mapping[str, Sequence[RequestRecord]], max_tokens: int) -> list[str]:

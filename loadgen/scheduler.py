@@ -18,15 +18,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from loadgen.client import CONNECT, INTERRUPTED, StreamClient, StreamResult, Target
+from loadgen.client import (
+    CONNECT,
+    EARLY_STOP,
+    INTERRUPTED,
+    TIMEOUT,
+    StreamClient,
+    StreamResult,
+    Target,
+)
 from loadgen.metrics import LoadgenMetrics
 from loadgen.prompts import PromptSet, calibrate, fixed_prompt
-from loadgen.results import JsonlWriter, RequestRecord, build_record, summarize, verify_tokens
+from loadgen.results import (
+    JsonlWriter,
+    RequestRecord,
+    build_record,
+    step_reasons,
+    summarize,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_REQUESTS = 32
 OPEN_LOOP_MAX_IN_FLIGHT = 1024
+# The error share (`max_error_share`) is judged only once this many requests finished, so one
+# early failure does not end a step (except with a share of 0).
+MIN_REQUESTS_FOR_ERROR_SHARE = 8
+# Abort reasons (the `abort_reason` of a step and of summary.json start with one of these).
+ABORT_ENGINE_GONE = "engine gone"
+ABORT_TOO_MANY_ERRORS = "too many errors"
+ABORT_DEADLINE = "step deadline"
+ABORT_INTERRUPTED = "interrupted"
 
 
 @dataclass
@@ -49,6 +71,10 @@ class RunSpec:
     seed: int = 1234
     connect_timeout: float = 5.0
     abort_after_connect_errors: int = 20
+    # Abort the step when more than this share of its finished requests failed (None: never).
+    max_error_share: float | None = None
+    # Hard limit of one engine's phase in seconds (None: derived, see `phase_deadline()`).
+    step_timeout: float | None = None
     extra_body: dict[str, Any] = field(default_factory=dict)
     # Worker processes (`--workers`): this share sends prompt/record indexes
     # index_start + i * index_step, so the shares never repeat a prompt and merge into 0..n-1.
@@ -82,6 +108,24 @@ class RunSpec:
         """Connections worth opening before a phase (open loop: the in-flight count is unknown)."""
         return self.pool_size() if self.rate is None else min(self.pool_size(), 64)
 
+    def phase_deadline(self, measured: bool = True) -> float:
+        """Seconds one engine's phase may take before it is cut, whatever the engine does.
+
+        `step_timeout` when given; else the worst case of a live engine: the phase's waves
+        (requests / concurrency, rounded up) each bounded by the per-request `timeout`, or the
+        `duration` plus one `timeout` for the requests in flight at its end.
+        """
+        if self.step_timeout is not None:
+            return self.step_timeout
+        if measured and self.duration is not None:
+            return self.duration + self.timeout + self.connect_timeout
+        count = (self.request_limit() if measured else self.warmup) or 1
+        if self.rate is not None:
+            # Arrivals alone take count / rate; the last request then has its own timeout.
+            return count / self.rate + self.timeout + self.connect_timeout
+        waves = -(-count // max(1, self.concurrency or 1))
+        return waves * (self.timeout + self.connect_timeout)
+
     def request_limit(self) -> int | None:
         """Measured requests to send (None: until `duration`)."""
         if self.requests is None and self.duration is None:
@@ -110,10 +154,14 @@ class StepResult:
     records: dict[str, list[RequestRecord]]
     reasons: list[str]
     interrupted: bool = False
+    # The step stopped before its planned end (engine gone, too many errors, deadline,
+    # interrupted); `abort_reason` says which and why.
+    aborted: bool = False
+    abort_reason: str | None = None
 
     @property
     def valid(self) -> bool:
-        return not self.reasons
+        return not self.reasons and not self.aborted
 
 
 class Progress:
@@ -286,7 +334,10 @@ class _Phase:
         self.deadline: float | None = None
         self.next_index = 0
         self.connect_errors = 0
+        self.failures = 0
+        self.finished = 0
         self.aborted = asyncio.Event()
+        self.abort_reason: str | None = None
         self.build = client.body_builder(spec.request_params())
         self.wall_offset = time.time() - time.perf_counter()
 
@@ -316,27 +367,52 @@ class _Phase:
             if gauge is not None:
                 gauge.dec()
             if result is None and self.measured:
-                # Cancelled by Ctrl-C: keep a record that the request was sent.
+                # Cancelled (Ctrl-C or the phase deadline): keep a record that it was sent.
                 now = time.perf_counter()
-                cut = StreamResult(t_send=now, t_end=now, error=INTERRUPTED)
-                cut.error_detail = "run interrupted before the request finished"
+                if self.ctx.stop.is_set():
+                    cut = StreamResult(t_send=now, t_end=now, error=INTERRUPTED)
+                    cut.error_detail = "run interrupted before the request finished"
+                else:
+                    cut = StreamResult(t_send=now, t_end=now, error=TIMEOUT)
+                    cut.error_detail = "cut at the step deadline"
                 self._keep(build_record(cut, **self._meta(index)))
         if not self.measured:
+            if result.error == CONNECT:
+                self._count_connect_error()
             return
         record = build_record(result, **self._meta(index))
         self._keep(record)
+        self.finished += 1
+        if record.error is not None and record.error not in (EARLY_STOP, INTERRUPTED):
+            self.failures += 1
         if record.error == CONNECT:
-            self.connect_errors += 1
-            if self.connect_errors >= self.spec.abort_after_connect_errors:
-                if not self.aborted.is_set():
-                    log.error(
-                        "%s: %d connection errors in a row; stopping this step",
-                        self.engine,
-                        self.connect_errors,
-                    )
-                self.aborted.set()
+            self._count_connect_error()
         else:
             self.connect_errors = 0
+        share = self.spec.max_error_share
+        if share is not None and self.failures and not self.aborted.is_set():
+            judged = share == 0 or self.finished >= MIN_REQUESTS_FOR_ERROR_SHARE
+            if judged and self.failures > share * self.finished:
+                self.abort(
+                    f"{ABORT_TOO_MANY_ERRORS}: {self.engine}: {self.failures} of "
+                    f"{self.finished} requests failed (limit {share:.0%}); last: "
+                    f"{record.error} {record.error_detail or ''}".rstrip()
+                )
+
+    def _count_connect_error(self) -> None:
+        self.connect_errors += 1
+        if self.connect_errors >= self.spec.abort_after_connect_errors:
+            self.abort(
+                f"{ABORT_ENGINE_GONE}: {self.engine}: {self.connect_errors} connection errors "
+                f"in a row ({self.client.target.url})"
+            )
+
+    def abort(self, reason: str) -> None:
+        """Stop sending: requests in flight finish (bounded by their timeout), none start."""
+        if not self.aborted.is_set():
+            log.error("%s; stopping", reason)
+            self.abort_reason = reason
+            self.aborted.set()
 
     def _meta(self, index: int) -> dict[str, Any]:
         return {
@@ -352,15 +428,24 @@ class _Phase:
         self.ctx.record(record)
 
     async def run(self) -> float:
-        """Run the phase; return its wall time in seconds."""
+        """Run the phase within its hard deadline; return its wall time in seconds.
+
+        At the deadline the requests in flight are cancelled and recorded as `timeout`, and
+        the phase is aborted: a run never hangs on an engine that stopped answering.
+        """
         t0 = time.perf_counter()
         if self.measured and self.spec.duration is not None:
             self.deadline = t0 + self.spec.duration
+        limit = self.spec.phase_deadline(self.measured)
         if self.spec.rate is None:
             workers = max(1, self.spec.concurrency or 1)
-            await asyncio.gather(*(self._worker() for _ in range(workers)))
+            body: Awaitable[Any] = asyncio.gather(*(self._worker() for _ in range(workers)))
         else:
-            await self._open_loop(self.spec.rate)
+            body = self._open_loop(self.spec.rate)
+        try:
+            await asyncio.wait_for(body, timeout=limit)
+        except asyncio.TimeoutError:
+            self.abort(f"{ABORT_DEADLINE}: {self.engine}: phase not finished within {limit:.0f} s")
         return time.perf_counter() - t0
 
     async def _worker(self) -> None:
@@ -418,6 +503,7 @@ async def run_step(
     by_engine: dict[str, list[RequestRecord]] = {}
     prompts: PromptSet | None = None
     interrupted = False
+    abort_reason: str | None = None
     for target in spec.targets:
         if ctx.stop.is_set():
             interrupted = True
@@ -437,6 +523,9 @@ async def run_step(
                 log.info("%s: %d warm-up requests", target.name, spec.warmup)
                 if await _wait_or_stop(warm.run(), ctx.stop):
                     interrupted = True
+                    break
+                if warm.abort_reason is not None:
+                    abort_reason = f"warm-up: {warm.abort_reason}"
                     break
             if ctx.metrics is not None:
                 ctx.metrics.start_step(
@@ -468,16 +557,44 @@ async def run_step(
             summary["kind"] = target.kind
             summary["endpoint"] = spec.endpoint
             summary["cache"] = spec.cache
+            summary["model"] = client.model
             if probe is not None:
                 summary["server"] = await probe.stop()
             summaries.append(summary)
             by_engine[target.name] = phase.records
+            if phase.abort_reason is not None:
+                abort_reason = phase.abort_reason
+                break
             if stopped:
                 break
-    reasons = verify_tokens(by_engine, spec.max_tokens)
+    if interrupted and abort_reason is None:
+        abort_reason = f"{ABORT_INTERRUPTED}: stopped by a signal before the step's end"
+    reasons = step_reasons(by_engine, spec.max_tokens)
+    if abort_reason is not None:
+        reasons.append(f"aborted: {abort_reason}")
     if ctx.metrics is not None:
         for name in by_engine:
             ctx.metrics.set_mismatch(name, bool(reasons))
     for summary in summaries:
         summary["valid"] = not reasons
-    return StepResult(step, spec, summaries, by_engine, reasons, interrupted)
+        summary["invalid_reasons"] = [r for r in reasons if _concerns(r, summary["engine"])]
+    return StepResult(
+        step,
+        spec,
+        summaries,
+        by_engine,
+        reasons,
+        interrupted,
+        aborted=abort_reason is not None,
+        abort_reason=abort_reason,
+    )
+
+
+def _concerns(reason: str, engine: str) -> bool:
+    """Whether a step reason names this engine (reasons about the whole step concern all)."""
+    return (
+        f"{engine}:" in reason
+        or f"{engine} vs " in reason
+        or f" vs {engine}" in reason
+        or (reason.startswith("aborted:"))
+    )

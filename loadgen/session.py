@@ -12,17 +12,36 @@ from typing import Any
 
 from loadgen.client import TargetUnreachable
 from loadgen.metrics import LoadgenMetrics
+from loadgen.options import (  # the exit codes live in options; re-exported here
+    DEFAULT_METRICS_HOST,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_USAGE,
+)
 from loadgen.prompts import CalibrationError
 from loadgen.report import build_summary, invalid_banner, to_console, write_reports
 from loadgen.scheduler import ProbeFactory, Progress, RunContext, RunSpec, StepResult, run_step
 
 log = logging.getLogger(__name__)
 
-EXIT_OK = 0
-EXIT_FAILED = 1  # target unreachable, calibration impossible
-EXIT_USAGE = 2  # invalid arguments or configuration
-EXIT_INVALID = 3  # the run finished but the engines did not process the same tokens
-EXIT_INTERRUPTED = 130
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_INVALID",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "MetricsPortBusy",
+    "SessionOptions",
+    "SessionResult",
+    "execute",
+    "exit_code",
+]
+
+
+class MetricsPortBusy(Exception):
+    """The live /metrics address cannot be bound (in use, or not an address of this host)."""
 
 
 @dataclass
@@ -31,7 +50,7 @@ class SessionOptions:
 
     out_dir: Path | None
     metrics_port: int = 0  # 0: no /metrics server
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = DEFAULT_METRICS_HOST
     pause: float = 0.0
     probe_factory: ProbeFactory | None = None
     progress: bool | None = None  # None: a bar on a terminal, log lines otherwise
@@ -54,7 +73,7 @@ async def execute(specs: list[RunSpec], options: SessionOptions) -> SessionResul
     """Run the steps in order; the reports are rewritten after each step."""
     metrics = options.metrics or LoadgenMetrics()
     if options.metrics_port:
-        await metrics.serve(options.metrics_host, options.metrics_port)
+        await serve_metrics(metrics, options.metrics_host, options.metrics_port)
     ctx = RunContext(
         options.out_dir,
         metrics=metrics,
@@ -78,6 +97,7 @@ async def execute(specs: list[RunSpec], options: SessionOptions) -> SessionResul
 
     steps: list[StepResult] = []
     error: str | None = None
+    abort_reason: str | None = None
     try:
         for number, spec in enumerate(specs):
             if ctx.stop.is_set():
@@ -92,6 +112,7 @@ async def execute(specs: list[RunSpec], options: SessionOptions) -> SessionResul
                 result = await run_step(spec, ctx, number)
             except (TargetUnreachable, CalibrationError, RuntimeError) as exc:
                 error = str(exc)
+                abort_reason = error
                 log.error("%s", error)
                 break
             steps.append(result)
@@ -99,6 +120,9 @@ async def execute(specs: list[RunSpec], options: SessionOptions) -> SessionResul
                 log.error("step %d: %s", number, invalid_banner(result.reasons))
             if options.out_dir is not None:
                 write_reports(options.out_dir, build_summary(steps, options.run_info))
+            if result.aborted:
+                abort_reason = f"step {number}: {result.abort_reason}"
+                break
     finally:
         for sig in handled:
             with contextlib.suppress(ValueError, RuntimeError):
@@ -106,17 +130,35 @@ async def execute(specs: list[RunSpec], options: SessionOptions) -> SessionResul
         ctx.close()
         await metrics.close()
     interrupted = ctx.stop.is_set()
-    summary = build_summary(steps, options.run_info, interrupted)
-    if options.out_dir is not None and (steps or interrupted):
+    if interrupted and abort_reason is None:
+        abort_reason = "interrupted: stopped by a signal"
+    summary = build_summary(steps, options.run_info, interrupted, abort_reason)
+    if options.out_dir is not None and (steps or abort_reason):
         write_reports(options.out_dir, summary)
-    if options.print_table and steps:
+    if options.print_table and (steps or abort_reason):
         print(to_console(summary), flush=True)
-    if error is not None:
-        code = EXIT_FAILED
-    elif interrupted:
-        code = EXIT_INTERRUPTED
-    elif not summary["valid"]:
-        code = EXIT_INVALID
-    else:
-        code = EXIT_OK
-    return SessionResult(steps, summary, code, error)
+    return SessionResult(steps, summary, exit_code(summary, error), error)
+
+
+def exit_code(summary: dict[str, Any], error: str | None = None) -> int:
+    """The process exit code of a finished run (one rule for every way of running steps)."""
+    if summary.get("interrupted"):
+        return EXIT_INTERRUPTED
+    if error is not None or summary.get("aborted"):
+        return EXIT_FAILED
+    if not summary["valid"]:
+        return EXIT_INVALID
+    return EXIT_OK
+
+
+async def serve_metrics(metrics: LoadgenMetrics, host: str, port: int) -> None:
+    """Start the live /metrics server; raises MetricsPortBusy with a one-line reason."""
+    try:
+        await metrics.serve(host, port)
+    except OSError as exc:
+        await metrics.close()
+        reason = exc.strerror or str(exc)
+        raise MetricsPortBusy(
+            f"cannot serve metrics on {host}:{port}: {reason} "
+            "(choose another --metrics-port, or 0 for none)"
+        ) from None

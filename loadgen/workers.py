@@ -25,16 +25,16 @@ from typing import Any
 
 from loadgen.metrics import LoadgenMetrics
 from loadgen.report import build_summary, to_console, write_reports
-from loadgen.results import JsonlWriter, RequestRecord, summarize, verify_tokens
+from loadgen.results import JsonlWriter, RequestRecord, step_reasons, summarize
 from loadgen.scheduler import RunSpec, StepResult
 from loadgen.session import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
-    EXIT_INVALID,
-    EXIT_OK,
     SessionOptions,
     SessionResult,
     execute,
+    exit_code,
+    serve_metrics,
 )
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,12 @@ def _worker_main(
         for summary in result.summary["steps"]:
             if summary.get("server") is not None:
                 servers[summary["engine"]] = summary["server"]
-        out.put(("done", worker, result.exit_code, result.error, servers))
+        # A worker's own abort (engine gone, too many errors) ends the whole run.
+        summary = result.summary
+        error = result.error
+        if error is None and summary.get("aborted") and not summary.get("interrupted"):
+            error = f"worker {worker}: {summary.get('abort_reason')}"
+        out.put(("done", worker, result.exit_code, error, servers))
     except BaseException as exc:  # the parent must hear about any end of a worker
         out.put(("done", worker, EXIT_FAILED, f"worker {worker}: {exc!r}", servers))
         raise
@@ -245,7 +250,7 @@ def merge_step(
             summary["server"] = servers[target.name]
         summaries.append(summary)
         by_engine[target.name] = recs
-    reasons = verify_tokens(by_engine, spec.max_tokens)
+    reasons = step_reasons(by_engine, spec.max_tokens)
     for summary in summaries:
         summary["valid"] = not reasons
     return StepResult(0, spec, summaries, by_engine, reasons, interrupted)
@@ -262,7 +267,7 @@ async def execute_workers(
     shares = split_spec(spec, workers)
     metrics = options.metrics or LoadgenMetrics()
     if options.metrics_port:
-        await metrics.serve(options.metrics_host, options.metrics_port)
+        await serve_metrics(metrics, options.metrics_host, options.metrics_port)
     writer = JsonlWriter(options.out_dir / "requests.jsonl") if options.out_dir else None
     merger = _Merger(spec, metrics, writer)
     ctx = multiprocessing.get_context("spawn")
@@ -338,21 +343,18 @@ async def execute_workers(
         for name in steps[0].records:
             metrics.set_mismatch(name, bool(steps[0].reasons))
     run_info = dict(options.run_info, workers=workers)
-    summary = build_summary(steps, run_info, interrupted)
-    if options.out_dir is not None and (steps or interrupted):
-        write_reports(options.out_dir, summary)
-    if options.print_table and steps:
-        print(to_console(summary), flush=True)
     error = "; ".join(errors) or None
-    if error is not None:
-        code = EXIT_FAILED
-    elif interrupted:
-        code = EXIT_INTERRUPTED
-    elif not summary["valid"]:
-        code = EXIT_INVALID
-    else:
-        code = EXIT_OK
-    return SessionResult(steps, summary, code, error)
+    abort_reason = error
+    if abort_reason is None and steps and steps[0].aborted:
+        abort_reason = f"step 0: {steps[0].abort_reason}"
+    if abort_reason is None and interrupted:
+        abort_reason = "interrupted: stopped by a signal"
+    summary = build_summary(steps, run_info, interrupted, abort_reason)
+    if options.out_dir is not None and (steps or abort_reason):
+        write_reports(options.out_dir, summary)
+    if options.print_table and (steps or abort_reason):
+        print(to_console(summary), flush=True)
+    return SessionResult(steps, summary, exit_code(summary, error), error)
 
 
 def worker_count_error(spec: RunSpec, workers: int) -> str | None:

@@ -1,0 +1,874 @@
+"""The decision core: thresholds, verdicts and their conditions, and the decode roofline.
+
+Every surface that names a bottleneck takes it from here: the Prometheus rules
+(`prometheus/generate.py` renders them from `CONDITIONS`, `VERDICTS` and `THRESHOLDS`),
+`prometheus/thresholds.md`, the verdict table in `docs/diagnose.md`, and `llmb-loadgen
+diagnose` / `compare` (which call `evaluate`). `tests/test_verdict_parity.py` feeds the same
+samples to `evaluate` and to promtool and requires the same verdict.
+
+Public API
+----------
+Thresholds
+    `Threshold`, `THRESHOLDS` (name -> value as PromQL text, unit, why), `t(name)` (the
+    PromQL text), `number(name)` (a ratio/requests/bytes threshold as a float),
+    `seconds(name)` (a range/duration threshold in seconds).
+Verdicts
+    `VERDICTS` (names in decision order), `VERDICT_INFO` (name -> `VerdictInfo`: the
+    condition that decides it, summary, action, fleet severity), `SEVERITY`.
+Conditions
+    `CONDITIONS` (in decision order, each a `Condition` built from `Evidence` alternatives
+    of `Compare` / `AllOf` tests on `Signals` fields). `SIGNAL_RECORDS` maps each
+    `Signals` field to the recorded series the rules read it from.
+Evaluation
+    `Signals` (the recording-rule-level inputs; `None` = the series is absent),
+    `evaluate(signals) -> Verdict` (`.name`, `.conditions`, `.evidence`, `.info`),
+    `ConditionResult`.
+Roofline
+    `decode_bytes_per_step(weights, kv_tokens, kv_bytes_per_token)`,
+    `roofline_tokens_per_second(bandwidth, bytes_per_step)`,
+    `decode_efficiency(decode_tokens_per_second, roofline)`.
+From raw samples
+    `SeriesKey` (metric name, sorted label pairs), `EngineKey` (host, engine, kind),
+    `series_from_scrapes(scrapes)`, `signals_at(series, at) -> {EngineKey: Signals}` and
+    `rule_values_at(series, at) -> {EngineKey: RuleValues}`: the same arithmetic as the
+    recording rules (rate/increase with Prometheus' extrapolation, avg_over_time, max by
+    engine, the GPU joins) at time `at`, with Prometheus 2.x window semantics (a range
+    `[w]` holds the samples in `[at - w, at]`, an instant lookup takes the newest sample of
+    the last 5 minutes).
+
+Absence mirrors PromQL: a comparison on an absent signal is absent, `AllOf` is absent when
+one part is, an `Evidence` alternative that is absent does not count, and a condition with
+every alternative absent is false (the rules' `or 0 * up`).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+
+# --------------------------------------------------------------------------- thresholds
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """One tunable number of the rules and why it has its value."""
+
+    value: str
+    unit: str
+    why: str
+
+
+THRESHOLDS: dict[str, Threshold] = {
+    "rate_window": Threshold(
+        "5m",
+        "range",
+        "Window of every rate over token/time counters. llama.cpp adds generated tokens and "
+        "decode time only when a request ends, so the window must span several request "
+        "durations (a 512-token answer at 10 tok/s takes ~50 s); 5m also sets how long a "
+        "KV-pressure event keeps `kv_saturated` and how long after the last finished request "
+        "an engine still counts as busy rather than idle.",
+    ),
+    "queue_window": Threshold(
+        "1m",
+        "range",
+        "Window for the average queue length and KV usage behind the verdict. The gauges "
+        "flicker as requests start and end; a minute is long enough to smooth that and short "
+        "enough to follow a load step.",
+    ),
+    "kv_usage_high": Threshold(
+        "0.9",
+        "ratio",
+        "KV cache usage at or above which the KV pool counts as full. SGLang admits new "
+        "requests against a reserve of future tokens (`new_token_ratio`), so a queue with "
+        "usage above 0.9 means admission is blocked by KV; vLLM's KV dashboard turns "
+        "orange at the same figure.",
+    ),
+    "queue_min": Threshold(
+        "0.5",
+        "requests",
+        "Average number of waiting requests over `queue_window` at or above which requests "
+        "count as queueing: a request waits at least half of the time.",
+    ),
+    "weights_memory_ratio_min": Threshold(
+        "0.9",
+        "ratio",
+        "Engine process GPU memory / model weight bytes below which the weights cannot all be "
+        "on the GPU. Measured on an H200 with a 15.2 GB Gemma-3-27B-shaped Q4_0 model: 1.14 "
+        "with all 63 layers on the GPU, 0.57 with 30 of 63; 0.9 leaves room for tensors "
+        "llama.cpp keeps in host memory (token embeddings) while catching any real offload.",
+    ),
+    "weights_buffer_ratio_min": Threshold(
+        "0.9",
+        "ratio",
+        "Weight buffers the engine reports on a GPU (llama.cpp `CUDA0 model buffer size`, "
+        "SGLang `weight_memory_usage_gb`) / model weight bytes below which weights sit in host "
+        "memory. Unlike process memory this is not inflated by the KV pool, so it also catches "
+        "a small offload next to a large KV cache. H200 capture: 14,493 MiB of 15.2 GB on "
+        "CUDA0 with all layers (1.00), 7,182 MiB with 30 of 63 (0.49).",
+    ),
+    "layers_ratio_min": Threshold(
+        "1",
+        "ratio",
+        "Layers on the GPU / layers of the model (llama.cpp log) below which the weights are "
+        "not resident: one layer on the CPU already makes every decode step wait for it.",
+    ),
+    "decode_efficiency_at_limit": Threshold(
+        "0.5",
+        "ratio",
+        "Measured per-sequence decode tok/s / roofline (GPU memory bandwidth / bytes read per "
+        "decode step) at or above which decode is at the card's limit. The roofline uses the "
+        "theoretical peak bandwidth, which tuned memory-bound kernels reach to 60-90 %; at "
+        "half of it the card is the limit, below it the engine or its settings leave speed "
+        "unused (llama.cpp Q4_0 on an H200 measured 0.30: 94.8 tok/s against 316).",
+    ),
+    "gpu_headroom_min_bytes": Threshold(
+        "536870912",
+        "bytes",
+        "Free GPU memory at the windowed peak (total - reserved - peak used) below which the "
+        "card is near full (512 MiB): less than one compute buffer or CUDA graph of a 27B "
+        "model. Engines preallocate by design (SGLang `--mem-fraction-static`, llama.cpp "
+        "`--fit` leaves 1 GiB), so a ratio of used memory would fire on healthy setups.",
+    ),
+    "for_kv_saturated": Threshold(
+        "1m", "duration", "`for:` of LLMKVCacheSaturated (its signal is already a 1m average)."
+    ),
+    "for_weights_not_resident": Threshold(
+        "2m", "duration", "`for:` of LLMWeightsNotResident (lets process memory settle after load)."
+    ),
+    "for_gpu_memory_near_full": Threshold(
+        "5m",
+        "duration",
+        "`for:` of LLMGPUMemoryNearFull (peak over the sampler window, sustained).",
+    ),
+    "for_requests_queueing": Threshold(
+        "5m", "duration", "`for:` of LLMRequestsQueueing (a short burst queueing is normal)."
+    ),
+    "for_decode_below_card_limit": Threshold(
+        "10m", "duration", "`for:` of LLMDecodeBelowCardLimit (informational; steady state only)."
+    ),
+    "for_engine_down": Threshold(
+        "1m", "duration", "`for:` of LLMEngineDown (not while the engine reports loading)."
+    ),
+    "for_exporter_down": Threshold(
+        "1m", "duration", "`for:` of LLMExporterDown (every other alert is blind without it)."
+    ),
+    "for_source_failing": Threshold(
+        "5m", "duration", "`for:` of LLMExporterSourceFailing (one bad scrape is not a failure)."
+    ),
+    "for_token_count_mismatch": Threshold(
+        "1m", "duration", "`for:` of LLMTokenCountMismatch (the load generator's verdict is final)."
+    ),
+}
+
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def t(name: str) -> str:
+    """The value of one threshold as it appears in PromQL."""
+    return THRESHOLDS[name].value
+
+
+def number(name: str) -> float:
+    """A ratio, request-count or byte threshold as a float (as PromQL parses it)."""
+    th = THRESHOLDS[name]
+    if th.unit in ("range", "duration"):
+        raise ValueError(f"threshold {name!r} is a {th.unit}; use seconds()")
+    return float(th.value)
+
+
+def seconds(name: str) -> float:
+    """A range or duration threshold (`5m`, `1h30m`) in seconds."""
+    text = t(name)
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"threshold {name!r} = {text!r} is not a duration")
+    return sum(int(n) * _UNIT_SECONDS[u] for n, u in parts)
+
+
+# ------------------------------------------------------------------------------ signals
+
+
+@dataclass(frozen=True)
+class Signals:
+    """The recording-rule-level inputs of the verdict for one engine that is up.
+
+    `None` means the series is absent (as in PromQL: no data, or a zero denominator).
+    """
+
+    # engine:llmb_gpu_layers_offloaded:ratio: layers on the GPU / layers of the model
+    layers_ratio: float | None = None
+    # engine:llmb_weights_gpu_buffers:ratio: weight buffers on a GPU / weight bytes
+    weights_buffers_ratio: float | None = None
+    # engine:llmb_weights_gpu_memory:ratio: engine process GPU memory / weight bytes
+    weights_memory_ratio: float | None = None
+    # the engine's host exports llmb_gpu_memory_total_bytes (it has a GPU at all)
+    host_has_gpu: bool = False
+    # engine:llmb_kv_cache_usage:avg<queue_window>
+    kv_usage_avg: float | None = None
+    # engine:llmb_requests_waiting:avg<queue_window>
+    waiting_avg: float | None = None
+    # engine:llmb_kv_pressure_events:increase<rate_window> (all event kinds summed)
+    kv_pressure_increase: float | None = None
+    # engine:llmb_requests_running:max / engine:llmb_requests_waiting:max (now)
+    running: float | None = None
+    waiting: float | None = None
+    # engine:llmb_generation_tokens_per_second:rate<rate_window>
+    generation_tokens_per_second: float | None = None
+    # engine:llmb_decode_efficiency:ratio<rate_window>: per-sequence decode tok/s / roofline
+    decode_efficiency: float | None = None
+
+
+SIGNAL_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Signals))
+
+
+def _records() -> dict[str, str]:
+    rw, qw = t("rate_window"), t("queue_window")
+    return {
+        "layers_ratio": "engine:llmb_gpu_layers_offloaded:ratio",
+        "weights_buffers_ratio": "engine:llmb_weights_gpu_buffers:ratio",
+        "weights_memory_ratio": "engine:llmb_weights_gpu_memory:ratio",
+        "kv_usage_avg": f"engine:llmb_kv_cache_usage:avg{qw}",
+        "waiting_avg": f"engine:llmb_requests_waiting:avg{qw}",
+        "kv_pressure_increase": f"engine:llmb_kv_pressure_events:increase{rw}",
+        "running": "engine:llmb_requests_running:max",
+        "waiting": "engine:llmb_requests_waiting:max",
+        "generation_tokens_per_second": f"engine:llmb_generation_tokens_per_second:rate{rw}",
+        "decode_efficiency": f"engine:llmb_decode_efficiency:ratio{rw}",
+    }
+
+
+# Signals field -> the recorded series (prometheus/rules/recording.yml) the rules read it
+# from. `host_has_gpu` has none: the rules test `llmb_gpu_memory_total_bytes` directly.
+SIGNAL_RECORDS: dict[str, str] = _records()
+
+# ---------------------------------------------------------------------------- conditions
+
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
+
+
+@dataclass(frozen=True)
+class Compare:
+    """`signal OP threshold` (PromQL `record OP bool threshold`).
+
+    `threshold` names a `THRESHOLDS` entry or is a number literal. `absent_holds`: an
+    absent signal counts as the comparison holding (PromQL `(x OP bool v or up)`).
+    """
+
+    signal: str
+    op: str
+    threshold: str
+    absent_holds: bool = False
+
+    @property
+    def value(self) -> float:
+        """The threshold as a float."""
+        return number(self.threshold) if self.threshold in THRESHOLDS else float(self.threshold)
+
+    @property
+    def promql_threshold(self) -> str:
+        """The threshold as PromQL text."""
+        return t(self.threshold) if self.threshold in THRESHOLDS else self.threshold
+
+    def test(self, signals: Signals) -> bool | None:
+        """True/False, or None when the signal is absent."""
+        value = getattr(signals, self.signal)
+        if value is None:
+            return True if self.absent_holds else None
+        return _OPS[self.op](float(value), self.value)
+
+
+@dataclass(frozen=True)
+class AllOf:
+    """Every comparison holds (PromQL: the `bool` results multiplied); absent if one is."""
+
+    parts: tuple[Compare, ...]
+
+    def test(self, signals: Signals) -> bool | None:
+        results = [p.test(signals) for p in self.parts]
+        if any(r is None for r in results):
+            return None
+        return all(results)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One alternative way a condition can hold, named by its `evidence` label."""
+
+    label: str
+    test: Compare | AllOf
+    text: str
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A 0/1 decision input, recorded as `engine:llmb_<name>:bool` for every engine up.
+
+    It holds when any `alternatives` entry holds (absent ones do not count) and, with
+    `needs_gpu`, only on a host that has a GPU.
+    """
+
+    name: str
+    alternatives: tuple[Evidence, ...]
+    needs_gpu: bool = False
+
+    @property
+    def record(self) -> str:
+        """The recorded series name."""
+        return f"engine:llmb_{self.name}:bool"
+
+    def evaluate(self, signals: Signals) -> ConditionResult:
+        """Which alternatives hold, and whether the condition does."""
+        held = tuple(e.label for e in self.alternatives if e.test.test(signals))
+        ok = bool(held) and (signals.host_has_gpu or not self.needs_gpu)
+        return ConditionResult(self.name, ok, held if ok else ())
+
+
+@dataclass(frozen=True)
+class ConditionResult:
+    """One condition evaluated: whether it held and the evidence labels that did."""
+
+    name: str
+    held: bool
+    evidence: tuple[str, ...]
+
+
+CONDITIONS: tuple[Condition, ...] = (
+    Condition(
+        "weights_not_resident",
+        (
+            Evidence(
+                "layers",
+                Compare("layers_ratio", "<", "layers_ratio_min"),
+                "fewer layers on the GPU than the model has",
+            ),
+            Evidence(
+                "buffers",
+                Compare("weights_buffers_ratio", "<", "weights_buffer_ratio_min"),
+                "GPU weight buffers below `weights_buffer_ratio_min` x weight bytes",
+            ),
+            Evidence(
+                "memory",
+                Compare("weights_memory_ratio", "<", "weights_memory_ratio_min"),
+                "engine process GPU memory below `weights_memory_ratio_min` x weight bytes",
+            ),
+        ),
+        needs_gpu=True,
+    ),
+    Condition(
+        "kv_saturated",
+        (
+            Evidence(
+                "usage_and_queue",
+                AllOf(
+                    (
+                        Compare("kv_usage_avg", ">=", "kv_usage_high"),
+                        Compare("waiting_avg", ">=", "queue_min"),
+                    )
+                ),
+                "KV usage >= `kv_usage_high` with >= `queue_min` requests waiting "
+                "(averages over `queue_window`)",
+            ),
+            Evidence(
+                "pressure_events",
+                Compare("kv_pressure_increase", ">", "0"),
+                "any KV-pressure event (KV full, context shift/exceeded, truncation, "
+                "retraction) in `rate_window`",
+            ),
+        ),
+    ),
+    Condition(
+        "requests_queueing",
+        (
+            Evidence(
+                "queue",
+                Compare("waiting_avg", ">=", "queue_min"),
+                ">= `queue_min` requests waiting (average over `queue_window`)",
+            ),
+        ),
+    ),
+    Condition(
+        "idle",
+        (
+            Evidence(
+                "no_work",
+                AllOf(
+                    (
+                        Compare("running", "==", "0"),
+                        Compare("waiting", "==", "0"),
+                        Compare("generation_tokens_per_second", "==", "0", absent_holds=True),
+                    )
+                ),
+                "nothing running, nothing waiting, no tokens generated in `rate_window`",
+            ),
+        ),
+    ),
+    Condition(
+        "decode_at_card_limit",
+        (
+            Evidence(
+                "efficiency",
+                Compare("decode_efficiency", ">=", "decode_efficiency_at_limit"),
+                "decode efficiency (per-sequence decode tok/s / roofline) >= "
+                "`decode_efficiency_at_limit`",
+            ),
+        ),
+    ),
+)
+CONDITION_BY_NAME: dict[str, Condition] = {c.name: c for c in CONDITIONS}
+
+# ------------------------------------------------------------------------------ verdicts
+
+
+@dataclass(frozen=True)
+class VerdictInfo:
+    """One verdict: the condition that decides it (None: the fallback), what it means,
+    what to do, and its fleet severity (higher is worse)."""
+
+    name: str
+    condition: str | None
+    summary: str
+    action: str
+    severity: int
+
+
+# Decision order: the first verdict whose condition holds wins.
+VERDICTS: tuple[str, ...] = (
+    "weights_not_resident",
+    "kv_saturated",
+    "scheduling_bound",
+    "idle",
+    "decode_at_card_limit",
+    "decode_below_card_limit",
+)
+
+VERDICT_INFO: dict[str, VerdictInfo] = {
+    v.name: v
+    for v in (
+        VerdictInfo(
+            "weights_not_resident",
+            "weights_not_resident",
+            "Part of the model's weights is not on the GPU: every decode step waits for the "
+            "part in host memory.",
+            "Put every layer on the GPU: llama.cpp `-ngl 999` (or `--fit on`), SGLang without "
+            "`--cpu-offload-gb`. If the weights do not fit, free memory for them with a shorter "
+            "context (`-c`, `--context-length`), a smaller KV cache or a smaller quantization.",
+            6,
+        ),
+        VerdictInfo(
+            "kv_saturated",
+            "kv_saturated",
+            "The KV cache is full: requests wait for KV space or are cut (context shift, "
+            "truncation, context exceeded, retraction).",
+            "Give the KV cache room: a larger context per slot (llama.cpp `-c` with `-np`, "
+            "or `--kv-unified`; SGLang `--mem-fraction-static`), a quantized KV cache "
+            "(llama.cpp `-ctk q8_0 -ctv q8_0`, SGLang `--kv-cache-dtype fp8_e5m2`), or fewer "
+            "or shorter requests at once.",
+            5,
+        ),
+        VerdictInfo(
+            "scheduling_bound",
+            "requests_queueing",
+            "Requests queue while the KV cache has room: the number of slots or running "
+            "requests is the limit, not memory.",
+            "Let more requests run at once: llama.cpp `-np` (raise `-c` with it so each slot "
+            "keeps its context), SGLang `--max-running-requests`; check the KV cache still "
+            "has room afterwards.",
+            4,
+        ),
+        VerdictInfo(
+            "idle",
+            "idle",
+            "Nothing running, nothing waiting and no tokens generated in the rate window.",
+            "Nothing to fix: send load (`llmb-loadgen run`) to see where it slows down.",
+            1,
+        ),
+        VerdictInfo(
+            "decode_at_card_limit",
+            "decode_at_card_limit",
+            f"Decode runs at {t('decode_efficiency_at_limit')} or more of the card's "
+            "memory-bandwidth roofline: the card is the limit.",
+            "Read fewer bytes per token (a smaller quantization, a quantized KV cache, shorter "
+            "contexts), batch more requests per step, or use a card with more memory "
+            "bandwidth; another engine gains little on decode.",
+            2,
+        ),
+        VerdictInfo(
+            "decode_below_card_limit",
+            None,
+            f"Decode runs below {t('decode_efficiency_at_limit')} of the card's roofline (or "
+            "no roofline is known) with no queue and no memory problem: the engine or its "
+            "settings set the speed.",
+            "Tune the engine: flash attention (llama.cpp `-fa on`), CUDA graphs, batch sizes "
+            "(`-b`, `-ub`), a faster kernel for this quantization; or compare another engine "
+            "on the same weights (`llmb-loadgen compare`).",
+            3,
+        ),
+    )
+}
+
+# Worst first, for fleet views: an engine that is down ranks above every verdict.
+SEVERITY: dict[str, int] = {"engine_down": 7} | {v: VERDICT_INFO[v].severity for v in VERDICTS}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The decision for one engine: the verdict, every condition's result, the evidence."""
+
+    name: str
+    conditions: tuple[ConditionResult, ...]
+    evidence: tuple[str, ...]
+
+    @property
+    def info(self) -> VerdictInfo:
+        """Summary, action and severity of this verdict."""
+        return VERDICT_INFO[self.name]
+
+    @property
+    def action(self) -> str:
+        """What to do."""
+        return self.info.action
+
+    def held(self, condition: str) -> bool:
+        """Whether the named condition held."""
+        return any(c.held for c in self.conditions if c.name == condition)
+
+
+def evaluate(signals: Signals) -> Verdict:
+    """The verdict the rules give an engine that is up with these signals."""
+    results = tuple(c.evaluate(signals) for c in CONDITIONS)
+    by_name = {r.name: r for r in results}
+    for name in VERDICTS:
+        cond = VERDICT_INFO[name].condition
+        if cond is None:
+            return Verdict(name, results, ())
+        if by_name[cond].held:
+            return Verdict(name, results, by_name[cond].evidence)
+    raise AssertionError("VERDICTS must end with a fallback verdict")  # pragma: no cover
+
+
+# ------------------------------------------------------------------------------ roofline
+
+
+def decode_bytes_per_step(
+    weights_bytes: float,
+    kv_tokens: float | None = None,
+    kv_bytes_per_token: float | None = None,
+) -> float:
+    """Bytes one decode step reads: all weights once plus the KV of every running sequence.
+
+    `kv_tokens` is the number of KV cache tokens in use (all running sequences together);
+    without it or the KV bytes per token only the weights count (as the rules do).
+    """
+    if kv_tokens is None or kv_bytes_per_token is None:
+        return weights_bytes
+    return weights_bytes + kv_tokens * kv_bytes_per_token
+
+
+def roofline_tokens_per_second(
+    bandwidth_bytes_per_second: float | None, bytes_per_step: float | None
+) -> float | None:
+    """Upper bound on per-sequence decode tok/s: bandwidth / bytes read per step.
+
+    Each step yields one token per running sequence, so per-sequence speed cannot exceed
+    this. None without a bandwidth or with no bytes.
+    """
+    if bandwidth_bytes_per_second is None or bytes_per_step is None or not bytes_per_step > 0:
+        return None
+    return bandwidth_bytes_per_second / bytes_per_step
+
+
+def decode_efficiency(
+    decode_tokens_per_second: float | None, roofline: float | None
+) -> float | None:
+    """Measured per-sequence decode tok/s / roofline tok/s (None when either is unknown)."""
+    if decode_tokens_per_second is None or roofline is None or not roofline > 0:
+        return None
+    return decode_tokens_per_second / roofline
+
+
+# ------------------------------------------------------------- signals from raw samples
+
+Labels = tuple[tuple[str, str], ...]
+# (metric name, sorted label pairs): the same key tests/plugins/exporter.py parses to.
+SeriesKey = tuple[str, Labels]
+# A series: (unix seconds, value) pairs in time order.
+Points = Sequence[tuple[float, float]]
+
+LOOKBACK_SECONDS = 300.0  # Prometheus' default instant-vector lookback delta
+
+
+@dataclass(frozen=True, order=True)
+class EngineKey:
+    """The labels every per-engine recorded series keeps (missing label = "")."""
+
+    host: str
+    engine: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class RuleValues:
+    """Every recorded per-engine value behind the verdict (None = absent) and the Signals."""
+
+    signals: Signals
+    decode_tokens_per_second: float | None
+    bandwidth_bytes_per_second: float | None
+    decode_bytes_per_step: float | None
+    roofline_tokens_per_second: float | None
+
+
+def series_from_scrapes(
+    scrapes: Iterable[tuple[float, Mapping[SeriesKey, float]]],
+) -> dict[SeriesKey, list[tuple[float, float]]]:
+    """Turn (time, {series: value}) scrapes into {series: [(time, value), ...]}."""
+    out: dict[SeriesKey, list[tuple[float, float]]] = defaultdict(list)
+    for at, samples in scrapes:
+        for key, value in samples.items():
+            out[key].append((at, float(value)))
+    return dict(out)
+
+
+def _ms(seconds_: float) -> int:
+    # Prometheus keeps millisecond timestamps; rounding here keeps the arithmetic identical.
+    return round(seconds_ * 1000)
+
+
+class _Data:
+    """Series indexed by metric name, with PromQL 2.x selector semantics at one time."""
+
+    def __init__(self, series: Mapping[SeriesKey, Points], at: float):
+        self.at = _ms(at)
+        self.by_name: dict[str, list[tuple[dict[str, str], list[tuple[int, float]]]]] = defaultdict(
+            list
+        )
+        for (name, labels), points in series.items():
+            pts = [(_ms(ts), float(v)) for ts, v in points if _ms(ts) <= self.at]
+            self.by_name[name].append((dict(labels), pts))
+
+    def instant(
+        self, name: str, match: Callable[[dict[str, str]], bool] | None = None
+    ) -> list[tuple[dict[str, str], float]]:
+        """The newest sample of each series within the lookback window."""
+        out = []
+        lo = self.at - _ms(LOOKBACK_SECONDS)
+        for labels, pts in self.by_name.get(name, []):
+            if match is not None and not match(labels):
+                continue
+            if pts and pts[-1][0] >= lo:
+                out.append((labels, pts[-1][1]))
+        return out
+
+    def range(
+        self, name: str, window: float
+    ) -> list[tuple[dict[str, str], list[tuple[int, float]]]]:
+        """Samples of each series in [at - window, at] (Prometheus 2.x: both ends closed)."""
+        lo = self.at - _ms(window)
+        out = []
+        for labels, pts in self.by_name.get(name, []):
+            sel = [p for p in pts if p[0] >= lo]
+            if sel:
+                out.append((labels, sel))
+        return out
+
+
+def _extrapolated(
+    points: list[tuple[int, float]], at: int, window: float, rate: bool
+) -> float | None:
+    """PromQL rate()/increase() of a counter, with Prometheus' extrapolation to the window."""
+    if len(points) < 2:
+        return None
+    first_t, first_v = points[0]
+    last_t, last_v = points[-1]
+    result = last_v - first_v
+    prev = first_v
+    for _, v in points[1:]:
+        if v < prev:  # a counter reset
+            result += prev
+        prev = v
+    range_start = at - _ms(window)
+    duration_to_start = (first_t - range_start) / 1000
+    duration_to_end = (at - last_t) / 1000
+    sampled = (last_t - first_t) / 1000
+    average = sampled / (len(points) - 1)
+    if result > 0 and first_v >= 0:
+        duration_to_zero = sampled * (first_v / result)
+        if duration_to_zero < duration_to_start:
+            duration_to_start = duration_to_zero
+    threshold = average * 1.1
+    interval = sampled
+    interval += duration_to_start if duration_to_start < threshold else average / 2
+    interval += duration_to_end if duration_to_end < threshold else average / 2
+    factor = interval / sampled
+    if rate:
+        factor /= window
+    return result * factor
+
+
+def _avg_over_time(points: list[tuple[int, float]]) -> float:
+    # The incremental mean of Prometheus 2.42's avg_over_time, for identical rounding.
+    mean = count = 0.0
+    for _, v in points:
+        count += 1
+        if math.isinf(mean):
+            if math.isinf(v) and (mean > 0) == (v > 0):
+                continue
+            if not math.isinf(v) and not math.isnan(v):
+                continue
+        mean += v / count - mean / count
+    return mean
+
+
+def _key(labels: Mapping[str, str]) -> EngineKey:
+    return EngineKey(labels.get("host", ""), labels.get("engine", ""), labels.get("kind", ""))
+
+
+def _max_by(items: Iterable[tuple[EngineKey, float]]) -> dict[EngineKey, float]:
+    """PromQL `max by (...)`: NaN only when every value is NaN."""
+    out: dict[EngineKey, float] = {}
+    for key, value in items:
+        old = out.get(key)
+        if old is None or math.isnan(old) or (not math.isnan(value) and value > old):
+            out[key] = value
+    return out
+
+
+def _divide(
+    num: Mapping[EngineKey, float], den: Mapping[EngineKey, float]
+) -> dict[EngineKey, float]:
+    """`num / (den > 0)` matched one-to-one on the engine labels."""
+    return {k: v / den[k] for k, v in num.items() if k in den and den[k] > 0}
+
+
+def rule_values_at(series: Mapping[SeriesKey, Points], at: float) -> dict[EngineKey, RuleValues]:
+    """The recording rules' per-engine values at `at` (unix seconds) for every engine up."""
+    d = _Data(series, at)
+    rw, qw = seconds("rate_window"), seconds("queue_window")
+
+    def mx(
+        name: str, match: Callable[[dict[str, str]], bool] | None = None
+    ) -> dict[EngineKey, float]:
+        return _max_by((_key(lab), v) for lab, v in d.instant(name, match))
+
+    def rate(name: str) -> dict[EngineKey, float]:
+        vals = []
+        for lab, pts in d.range(name, rw):
+            r = _extrapolated(pts, d.at, rw, rate=True)
+            if r is not None:
+                vals.append((_key(lab), r))
+        return _max_by(vals)
+
+    def avg(name: str) -> dict[EngineKey, float]:
+        return _max_by((_key(lab), _avg_over_time(pts)) for lab, pts in d.range(name, qw))
+
+    up = {k for k, v in mx("llmb_engine_up").items() if v == 1}
+    running = mx("llmb_engine_requests_running")
+    waiting = mx("llmb_engine_requests_waiting")
+    waiting_avg = avg("llmb_engine_requests_waiting")
+    kv_avg = avg("llmb_engine_kv_cache_usage_ratio")
+
+    # sum by (engine) (max by (engine, event) (increase(...)))
+    per_event: dict[tuple[EngineKey, str], float] = {}
+    for lab, pts in d.range("llmb_engine_kv_pressure_events_total", rw):
+        inc = _extrapolated(pts, d.at, rw, rate=False)
+        if inc is None:
+            continue
+        ek = (_key(lab), lab.get("event", ""))
+        old = per_event.get(ek)
+        if old is None or math.isnan(old) or (not math.isnan(inc) and inc > old):
+            per_event[ek] = inc
+    pressure: dict[EngineKey, float] = {}
+    for (key, _), inc in per_event.items():
+        pressure[key] = pressure.get(key, 0.0) + inc
+
+    decode_rate = _divide(
+        rate("llmb_engine_decode_tokens_total"), rate("llmb_engine_decode_seconds_total")
+    )
+    gen_rate = rate("llmb_engine_generation_tokens_total")
+    weights = mx("llmb_model_weights_bytes")
+    memory_ratio = _divide(mx("llmb_engine_process_gpu_memory_bytes"), weights)
+    per_device: dict[tuple[EngineKey, str], float] = {}
+    for lab, v in d.instant(
+        "llmb_engine_model_buffer_bytes",
+        lambda lab: re.fullmatch(r"(?i)cpu.*", lab.get("device", "")) is None,
+    ):
+        dk = (_key(lab), lab.get("device", ""))
+        old = per_device.get(dk)
+        if old is None or math.isnan(old) or (not math.isnan(v) and v > old):
+            per_device[dk] = v
+    buffers: dict[EngineKey, float] = {}
+    for (key, _), v in per_device.items():
+        buffers[key] = buffers.get(key, 0.0) + v
+    buffers_ratio = _divide(buffers, weights)
+    layers_ratio = _divide(
+        mx("llmb_engine_gpu_layers_offloaded"), mx("llmb_engine_gpu_layers_total")
+    )
+    gpu_hosts = {lab.get("host", "") for lab, _ in d.instant("llmb_gpu_memory_total_bytes")}
+
+    # Bandwidth: through the GPU processes attributed to the engine, max over its GPUs.
+    gpu_bw: dict[tuple[str, str], float] = {}
+    for lab, v in d.instant("llmb_gpu_memory_bandwidth_bytes_per_second"):
+        gk = (lab.get("host", ""), lab.get("gpu", ""))
+        old = gpu_bw.get(gk)
+        if old is None or math.isnan(old) or (not math.isnan(v) and v > old):
+            gpu_bw[gk] = v
+    kinds: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for lab, _ in d.instant("llmb_engine_up"):
+        kinds[(lab.get("host", ""), lab.get("engine", ""))].add(lab.get("kind", ""))
+    bw_items = []
+    for lab, _ in d.instant(
+        "llmb_gpu_process_memory_used_bytes", lambda lab: lab.get("engine", "") != ""
+    ):
+        host, engine = lab.get("host", ""), lab.get("engine", "")
+        bw = gpu_bw.get((host, lab.get("gpu", "")))
+        if bw is None:
+            continue
+        for kind in kinds.get((host, engine), ()):
+            bw_items.append((EngineKey(host, engine, kind), bw))
+    bandwidth = _max_by(bw_items)
+
+    kv_tokens = _max_by(
+        (_key(lab), _avg_over_time(pts))
+        for lab, pts in d.range("llmb_engine_kv_cache_used_tokens", rw)
+    )
+    kv_bpt = mx("llmb_model_kv_bytes_per_token_estimated")
+
+    out: dict[EngineKey, RuleValues] = {}
+    for key in sorted(up):
+        bytes_step = None
+        if key in weights:
+            bytes_step = decode_bytes_per_step(weights[key], kv_tokens.get(key), kv_bpt.get(key))
+        roofline = roofline_tokens_per_second(bandwidth.get(key), bytes_step)
+        signals = Signals(
+            layers_ratio=layers_ratio.get(key),
+            weights_buffers_ratio=buffers_ratio.get(key),
+            weights_memory_ratio=memory_ratio.get(key),
+            host_has_gpu=key.host in gpu_hosts,
+            kv_usage_avg=kv_avg.get(key),
+            waiting_avg=waiting_avg.get(key),
+            kv_pressure_increase=pressure.get(key),
+            running=running.get(key),
+            waiting=waiting.get(key),
+            generation_tokens_per_second=gen_rate.get(key),
+            decode_efficiency=decode_efficiency(decode_rate.get(key), roofline),
+        )
+        out[key] = RuleValues(
+            signals, decode_rate.get(key), bandwidth.get(key), bytes_step, roofline
+        )
+    return out
+
+
+def signals_at(series: Mapping[SeriesKey, Points], at: float) -> dict[EngineKey, Signals]:
+    """`Signals` of every engine up at `at`, computed as the recording rules do."""
+    return {k: v.signals for k, v in rule_values_at(series, at).items()}

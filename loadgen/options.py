@@ -1,0 +1,310 @@
+"""Command-line options shared by `run`, `sweep`, `diagnose` and `compare`.
+
+One definition per option, so a flag has the same name, type, default and meaning in every
+subcommand: `--concurrency` is always a list (`1,2,4`), `--engine` can be repeated, the
+per-request limit is `--timeout`, and `--exporter-url` is accepted with or without `/metrics`
+(the parsed value is always the exporter's base URL; `metrics_url()` appends the path).
+Subparsers use `HelpFormatter`, which shows every default in `--help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Exit codes of every subcommand.
+EXIT_OK = 0
+EXIT_FAILED = 1  # target unreachable, calibration impossible, run aborted
+EXIT_USAGE = 2  # invalid arguments or configuration
+EXIT_INVALID = 3  # the run finished but a step is invalid (failed requests, token mismatch)
+EXIT_INTERRUPTED = 130
+
+DEFAULT_METRICS_PORT = 9491
+DEFAULT_METRICS_HOST = "127.0.0.1"
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+DEFAULT_MAX_TOKENS = 128
+
+
+class UsageError(Exception):
+    """Invalid arguments or configuration (exit code 2, one message, no traceback)."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: adds its arguments to a subparser and runs with the parsed namespace."""
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows `(default: X)` after every option that has a meaningful default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "%(default)" in text or action.default in (None, False, [], argparse.SUPPRESS):
+            return text
+        if not action.option_strings:
+            return text
+        default = action.default
+        if isinstance(default, list):
+            shown = ",".join(str(v) for v in default)
+            return f"{text} (default: {shown})"
+        return f"{text} (default: %(default)s)"
+
+
+# -- value parsers ---------------------------------------------------------------------------
+
+
+def positive_int(text: str) -> int:
+    """An integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer of 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number of 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or a positive finite number, got {text}")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port number (0 allowed: off / any)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port: {text!r}") from None
+    if not 0 <= value < 65536:
+        raise argparse.ArgumentTypeError(f"not a port: {text}")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    """Comma-separated positive integers, e.g. `1,2,4,8` (a single `4` is a list of one)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def http_url(text: str) -> str:
+    """An http(s) URL without a trailing slash."""
+    if not text.startswith(("http://", "https://")) or len(text.split("://", 1)[1]) == 0:
+        raise argparse.ArgumentTypeError(f"must start with http:// or https://, got {text!r}")
+    if any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"spaces in URL: {text!r}")
+    return text.rstrip("/")
+
+
+def exporter_url(text: str) -> str:
+    """The exporter's base URL; a trailing `/metrics` is accepted and removed."""
+    url = http_url(text)
+    if url.endswith("/metrics"):
+        url = url[: -len("/metrics")].rstrip("/")
+    return url
+
+
+def metrics_url(base: str) -> str:
+    """The `/metrics` address of an exporter given with or without the path."""
+    return exporter_url(base) + "/metrics"
+
+
+# -- option groups ---------------------------------------------------------------------------
+
+
+def add_target_options(parser: argparse.ArgumentParser) -> None:
+    """--config/--engine (repeatable) or --url/--kind/--name/--api-key-env/--model."""
+    group = parser.add_argument_group("target")
+    group.add_argument(
+        "--config",
+        default=os.environ.get("LLMB_CONFIG"),
+        help="the exporter's YAML config; engines are then chosen by name (env LLMB_CONFIG)",
+    )
+    group.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="engine name from the config; repeat for several engines (same prompts)",
+    )
+    group.add_argument(
+        "--url", type=http_url, help="base URL of an OpenAI-compatible server (instead of --engine)"
+    )
+    group.add_argument(
+        "--kind",
+        choices=["llamacpp", "sglang", "openai"],
+        default="openai",
+        help="server kind with --url (llamacpp enables /tokenize calibration)",
+    )
+    group.add_argument(
+        "--name", help="engine label with --url (default: the model id of /v1/models)"
+    )
+    group.add_argument("--api-key-env", help="environment variable holding the API key (--url)")
+    group.add_argument("--model", help="model name to send (default: first id of /v1/models)")
+
+
+def add_concurrency_option(
+    parser: argparse.ArgumentParser | Any, default: list[int] | None = None, help: str = ""
+) -> None:
+    """--concurrency as a comma list everywhere (`4` is a list of one)."""
+    parser.add_argument(
+        "--concurrency",
+        type=int_list,
+        default=default,
+        metavar="N[,N...]",
+        help=help or "closed loop: requests kept in flight; a list runs one step per value",
+    )
+
+
+def add_prompt_tokens_option(
+    parser: argparse.ArgumentParser | Any, default: list[int] | None = None, help: str = ""
+) -> None:
+    """--prompt-tokens as a comma list everywhere."""
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int_list,
+        default=default,
+        metavar="N[,N...]",
+        help=help or "prompt length in tokens as counted by the server; a list runs one step each",
+    )
+
+
+def add_timeout_options(parser: argparse.ArgumentParser | Any) -> None:
+    """--timeout (per request, whole stream) and --connect-timeout."""
+    parser.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="S",
+        help="per-request limit in seconds (whole stream)",
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        type=positive_float,
+        default=DEFAULT_CONNECT_TIMEOUT_S,
+        metavar="S",
+        help="connection limit in seconds; an unreachable target fails within about twice this",
+    )
+
+
+def add_max_tokens_option(parser: argparse.ArgumentParser | Any) -> None:
+    """--max-tokens: the exact output length asked of every request."""
+    parser.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=DEFAULT_MAX_TOKENS,
+        metavar="N",
+        help="output length of every request",
+    )
+
+
+def add_exporter_option(parser: argparse.ArgumentParser | Any, help: str = "") -> None:
+    """--exporter-url, with or without /metrics."""
+    parser.add_argument(
+        "--exporter-url",
+        type=exporter_url,
+        metavar="URL",
+        help=help
+        or "llmb-exporter to read GPU/KV/queue from during each step (with or without /metrics)",
+    )
+
+
+def add_metrics_server_options(parser: argparse.ArgumentParser | Any) -> None:
+    """--metrics-port / --metrics-host of the load generator's own /metrics."""
+    parser.add_argument(
+        "--metrics-port",
+        type=port,
+        default=DEFAULT_METRICS_PORT,
+        metavar="P",
+        help="serve live llmb_loadgen_* metrics on this port (0 = off)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default=DEFAULT_METRICS_HOST,
+        metavar="H",
+        help="address for --metrics-port (0.0.0.0 exposes it on every interface)",
+    )
+
+
+def add_out_option(parser: argparse.ArgumentParser | Any, required: bool = False) -> None:
+    """--out: the output folder."""
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=required,
+        metavar="DIR",
+        help="output folder" + ("" if required else " (default: out/<command>-<time>)"),
+    )
+
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_INVALID",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "Command",
+    "HelpFormatter",
+    "UsageError",
+    "add_concurrency_option",
+    "add_exporter_option",
+    "add_max_tokens_option",
+    "add_metrics_server_options",
+    "add_out_option",
+    "add_prompt_tokens_option",
+    "add_target_options",
+    "add_timeout_options",
+    "exporter_url",
+    "http_url",
+    "int_list",
+    "metrics_url",
+    "non_negative_float",
+    "non_negative_int",
+    "port",
+    "positive_float",
+    "positive_int",
+]
