@@ -1,61 +1,62 @@
-"""report.html renders in headless Chromium with every plot; report.md and results.json agree."""
+"""report.md and report.html: the answer first, the same words as results.json, no empty plot.
+
+Unit tests build EngineResults by hand; the browser tests render report.html in real
+headless Chromium (Debian's `chromium`) and look at the screenshot's pixels.
+"""
 
 from __future__ import annotations
 
 import json
 import re
 import subprocess
-import tempfile
+import sys
 from pathlib import Path
 
 from loadgen.decision import EngineResult, Phase, Row, decide_compare, decide_single
 from loadgen.htmlreport import PLOTS, write_report
+from tests.report_browser import Page, colored_pixels, dark_pixels, render
 
-CHROMIUM = "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parent.parent
 
-
-def chromium_dom(html_file: Path) -> str:
-    """The DOM of `html_file` after Chromium has loaded and laid it out (scripts run)."""
-    with tempfile.TemporaryDirectory() as profile:
-        out = subprocess.run(
-            [
-                CHROMIUM,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                f"--user-data-dir={profile}",
-                "--virtual-time-budget=3000",
-                "--dump-dom",
-                html_file.resolve().as_uri(),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-        )
-    return out.stdout
+# A plot's axes must hold at least this many clearly coloured pixels (a drawn series).
+MIN_DATA_PIXELS = 150
 
 
-def assert_report_renders(out: Path) -> str:
-    """Every plot is in the rendered DOM with a non-empty laid-out SVG; returns the DOM."""
-    dom = chromium_dom(out / "report.html")
+def assert_report_renders(out: Path) -> Page:
+    """report.html in Chromium: each plot drawn with data or left out with a reason.
+
+    Every id of PLOTS is either a figure whose axes hold drawn, coloured pixels in the
+    screenshot, or a "not measured" line; never an empty box. The metadata block is laid
+    out and painted, concurrency ticks are plain numbers and phase labels do not overlap.
+    """
+    page = render(out / "report.html", out)
     for pid in PLOTS:
-        fig = re.search(rf'<figure class="plot" id="plot-{pid}">(.*?)</figure>', dom, re.S)
-        assert fig is not None, f"plot {pid} missing"
-        assert "<svg" in fig.group(1) and "<path" in fig.group(1)
-    rendered = re.search(r'data-plots-rendered="(\d+)"', dom)
-    assert rendered is not None, "the in-page check did not run"
-    assert int(rendered.group(1)) == len(PLOTS)
-    return dom
+        drawn, missing = pid in page.plots, pid in page.missing
+        assert drawn != missing, f"{pid}: drawn={drawn} missing={missing}"
+        if missing:
+            assert "not measured: " in page.missing[pid]
+    for pid, plot in page.plots.items():
+        assert plot.axes is not None, f"{pid}: no axes in the SVG"
+        assert plot.axes.w > 200 and plot.axes.h > 100, (pid, plot.axes)
+        inked = colored_pixels(page.screenshot, plot.axes.inset(3))
+        assert inked >= MIN_DATA_PIXELS, f"{pid}: empty plot area ({inked} coloured pixels)"
+        for a, (ta, ba) in enumerate(plot.labels):
+            for tb, bb in plot.labels[a + 1 :]:
+                assert not ba.overlaps(bb), f"{pid}: labels {ta!r} and {tb!r} overlap"
+        if pid in ("decode-per-sequence", "decode-aggregate", "ttft-vs-concurrency"):
+            assert plot.xticks and all(re.fullmatch(r"\d+", t) for t in plot.xticks), plot.xticks
+        roofline = [i for i in plot.ids if "roofline" in i]
+        if pid != "decode-per-sequence":
+            assert not roofline, f"{pid}: the per-sequence roofline is drawn here"
+    assert page.metadata is not None, "no metadata block"
+    box, text = page.metadata
+    for label in ("tool version", "command", "started (UTC)", "finished (UTC)", "GPU driver"):
+        assert label in text, label
+    assert dark_pixels(page.screenshot, box.inset(1)) > 500, "metadata block not painted"
+    return page
 
 
-def _engine(name: str, kind: str, scale: float) -> EngineResult:
-    t0 = 1_790_000_000.0
+def _engine(name: str, kind: str, scale: float, t0: float = 1_790_000_000.0) -> EngineResult:
     e = EngineResult(
         name=name,
         kind=kind,
@@ -69,18 +70,23 @@ def _engine(name: str, kind: str, scale: float) -> EngineResult:
         memory_source="gpu",
         load_seconds=12.5,
     )
+    # As in a real run: after and weights take milliseconds, so their labels would collide.
+    starts = [0, 0.2, 14.0, 44.0, 46.0, 46.01, 46.02, 52, 60, 70, 80]
     names = ["baseline", "start", "settle", "first_generation", "after", "weights", "single"]
-    e.phases = [Phase(n, t0 + 10 * i, t0 + 10 * i + 9, 1e9 + 2e9 * i) for i, n in enumerate(names)]
-    e.timeline = [(t0 + i, 1e9 + 0.3e9 * i) for i in range(70)]
+    names += ["concurrency"] * 3 + ["context"]
+    e.phases = [
+        Phase(n, t0 + s, t0 + s + 0.5, 1e9 + 2e8 * s) for n, s in zip(names, starts, strict=True)
+    ]
+    e.timeline = [(t0 + i, 1e9 + 0.2e9 * min(i, 50)) for i in range(90)]
     e.rows.append(
         Row(
             name,
             "single",
             1,
-            per_seq_tok_s=20 * scale,
-            aggregate_tok_s=19 * scale,
+            per_seq_tok_s=60 * scale,
+            aggregate_tok_s=59 * scale,
             ttft_s=0.05,
-            per_token_ms=50 / scale,
+            per_token_ms=16 / scale,
         )
     )
     for c in (2, 4, 8):
@@ -89,8 +95,8 @@ def _engine(name: str, kind: str, scale: float) -> EngineResult:
                 name,
                 "concurrency",
                 c,
-                per_seq_tok_s=18 * scale,
-                aggregate_tok_s=17 * c * scale,
+                per_seq_tok_s=55 * scale,
+                aggregate_tok_s=52 * c * scale,
                 ttft_s=0.05 * c,
             )
         )
@@ -102,28 +108,113 @@ def _engine(name: str, kind: str, scale: float) -> EngineResult:
 
 
 def test_compare_report_renders_every_plot(tmp_path: Path) -> None:
-    a, b = _engine("llama", "llamacpp", 1.0), _engine("sglang", "sglang", 1.02)
+    a, b = _engine("llama", "llamacpp", 1.0), _engine("sglang", "sglang", 1.02, t0=1_790_000_100.0)
     b.rows = [r for r in b.rows if r.step != "concurrency"]
-    for c, agg in ((2, 60.0), (4, 120.0), (8, 230.0)):
+    for c, agg in ((2, 130.0), (4, 250.0), (8, 480.0)):
         b.rows.append(
             Row("sglang", "concurrency", c, per_seq_tok_s=agg / c, aggregate_tok_s=agg, ttft_s=0.04)
         )
     decision = decide_compare(a, b)
     write_report(tmp_path, [a, b], decision, title="compare llama vs sglang")
-    dom = assert_report_renders(tmp_path)
-    assert "Verdict: switch: batching" in dom
-    doc = json.loads((tmp_path / "results.json").read_text())
-    assert doc["verdict"] == "switch: batching"
-    assert doc["recommendation"].startswith("switch to sglang")
-    assert [e["name"] for e in doc["engines"]] == ["llama", "sglang"]
+    page = assert_report_renders(tmp_path)
+    assert set(page.plots) == set(PLOTS)
+    # Aggregate above the per-sequence limit: only legal because the limit is not drawn there.
+    roof = 1.344e12 / 15.2e9
+    assert max(r.aggregate_tok_s or 0 for r in b.rows) > roof
+    assert any("roofline" in i for i in page.plots["decode-per-sequence"].ids)
+
+
+def test_report_without_sweep_or_exporter_leaves_the_plots_out(tmp_path: Path) -> None:
+    """A diagnose of a running engine, no exporter: no memory plots, each with its reason."""
+    e = _engine("llama", "llamacpp", 1.0)
+    e.rows = [r for r in e.rows if r.step != "context"]
+    e.timeline = []
+    e.memory_source = None
+    e.bandwidth_bytes_per_s = None
+    e.layers_offloaded = e.layers_total = None
+    e.load_seconds = None
+    write_report(tmp_path, [e], decide_single(e), title="diagnose llama")
+    page = assert_report_renders(tmp_path)
+    assert set(page.missing) == {"memory-timeline", "memory-vs-context"}
+    assert "no context sweep ran" in page.missing["memory-vs-context"]
+    assert "--exporter-url" in page.missing["memory-timeline"]
+    html = (tmp_path / "report.html").read_text()
     md = (tmp_path / "report.md").read_text()
-    assert "**Verdict: switch: batching**" in md
-    assert "| sglang | concurrency |" in md
+    for text in (html, md):
+        assert "None" not in text
+        assert "--bandwidth-gbs" in text  # the roofline is unknown: the flag that fixes it
 
 
-def test_report_without_data_still_draws_each_plot(tmp_path: Path) -> None:
+def test_bare_report_has_no_plot_at_all(tmp_path: Path) -> None:
     e = EngineResult(name="bare", kind="llamacpp", missing=["context sweep (no launch template)"])
     write_report(tmp_path, [e], decide_single(e), title="diagnose bare")
-    dom = assert_report_renders(tmp_path)
-    assert "context sweep (no launch template)" in dom
-    assert "no context sweep" in dom  # the reason is written into the empty plot
+    page = assert_report_renders(tmp_path)
+    assert page.plots == {}
+    assert set(page.missing) == set(PLOTS)
+    assert "context sweep (no launch template)" in (tmp_path / "report.md").read_text()
+
+
+def test_no_loadgen_module_imports_matplotlib() -> None:
+    """matplotlib is an optional extra: importing any loadgen module must not load it."""
+    code = (
+        "import importlib, pkgutil, sys, loadgen\n"
+        "for m in pkgutil.iter_modules(loadgen.__path__):\n"
+        "    importlib.import_module('loadgen.' + m.name)\n"
+        "bad = sorted(n for n in sys.modules if n.split('.')[0] == 'matplotlib')\n"
+        "print(bad[:3])\n"
+        "sys.exit(1 if bad else 0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _script(out: Path, extra: str = "") -> str:
+    return (
+        "import logging, sys\n" + extra + "logging.basicConfig(level=logging.DEBUG)\n"
+        "from pathlib import Path\n"
+        "from tests.test_htmlreport import _engine\n"
+        "from loadgen.decision import decide_single\n"
+        "from loadgen.htmlreport import write_report\n"
+        "e = _engine('llama', 'llamacpp', 1.0)\n"
+        f"write_report(Path({str(out)!r}), [e], decide_single(e), title='diagnose llama')\n"
+    )
+
+
+def test_no_third_party_log_lines(tmp_path: Path) -> None:
+    """A fresh matplotlib cache (font cache built now) logs nothing, even at DEBUG."""
+    env = {"MPLCONFIGDIR": str(tmp_path / "mpl"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", _script(tmp_path / "out")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "mpl" / "fontlist-v390.json").exists() or any((tmp_path / "mpl").iterdir())
+    noisy = [ln for ln in done.stderr.splitlines() if re.search(r"matplotlib|PIL|font", ln, re.I)]
+    assert noisy == []
+    assert (tmp_path / "out" / "report.html").exists()
+
+
+def test_missing_matplotlib_is_one_clear_line(tmp_path: Path) -> None:
+    block = "sys.modules['matplotlib'] = None  # import matplotlib now raises ImportError\n"
+    done = subprocess.run(
+        [sys.executable, "-c", _script(tmp_path / "out", block)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("llmb-loadgen: report.html needs matplotlib")
+    assert "pip install 'llm-bottleneck[report]'" in last
+    # The measurements are not lost.
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["engines"]
+    assert (tmp_path / "out" / "report.md").read_text().startswith("# llm-bottleneck")
+    assert not (tmp_path / "out" / "report.html").exists()
