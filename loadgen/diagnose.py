@@ -56,6 +56,7 @@ from loadgen.launcher import (
     EngineProcess,
     LaunchError,
     engine_process,
+    launch_values,
     template_fields,
 )
 from loadgen.options import (
@@ -360,11 +361,16 @@ class Monitor:
         await self.sample()
         return self.timeline[-1][1] if self.timeline else None
 
-    def rule_values(self, at: float) -> core.RuleValues | None:
-        """The recording rules' values for this engine at `at`, from the scrapes so far."""
-        if not self.scrapes:
+    def rule_values(self, at: float, since: float | None = None) -> core.RuleValues | None:
+        """The recording rules' values for this engine at `at`.
+
+        With `since`, only the samples of [since, at] count: what Prometheus would say had
+        it watched this load for the whole window, without the earlier steps mixed in.
+        """
+        scrapes = [(t, s) for t, s in self.scrapes if since is None or since <= t <= at]
+        if not scrapes:
             return None
-        series = core.series_from_scrapes(self.scrapes)
+        series = core.series_from_scrapes(scrapes)
         for key, values in core.rule_values_at(series, at).items():
             if key.engine == self.exporter_engine:
                 return values
@@ -490,6 +496,7 @@ class Diagnoser:
         self.step_no = 0
         self.kv_events_total = 0
         self.model_path: Path | None = engine.model_path
+        self.launched_ctx: int | None = None
 
     # helpers ----------------------------------------------------------------------------
 
@@ -579,6 +586,8 @@ class Diagnoser:
             self._failed_launch(ctx, parallel, str(exc))
             return None
         self.monitor.process = proc
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            self.launched_ctx = int(launch_values(self.engine, overrides, log_path)["ctx"])
         self._say(phase, f"starting the engine ({' '.join(shlex.quote(a) for a in proc.argv)})")
         with self._phase(phase, note=" ".join(proc.argv)) as ph:
             try:
@@ -866,9 +875,9 @@ class Diagnoser:
     def _step_evidence(self, row: Row, t0: float, t1: float) -> None:
         """Signals at the end of the step: the exporter's through the rules, else our own."""
         mon = self.monitor
-        values = mon.rule_values(t1)
+        values = mon.rule_values(t1, since=t0)
         if values is not None:
-            sig = values.signals
+            sig = self._complete(values.signals, row)
             window = [s for t, s in mon.scrapes if t0 <= t <= t1]
             kv = [
                 v
@@ -887,7 +896,30 @@ class Diagnoser:
         verdict = core.evaluate(sig)
         self.step_verdicts.append((row.step, verdict.name, sig))
 
-    def _own_signals(self, row: Row) -> core.Signals:
+    def _complete(self, sig: core.Signals, row: Row) -> core.Signals:
+        """Add what the client measured and the rules cannot see, and say so."""
+        client_kv = row.kv_exhausted + row.truncated
+        if client_kv and not (sig.kv_pressure_increase or 0) > 0:
+            sig = replace(sig, kv_pressure_increase=float(client_kv))
+            self._note(
+                f"{row.step}: {client_kv} requests ran out of KV/context on the client side "
+                "that the exporter did not count (no engine log?); counted as KV pressure"
+            )
+        if sig.decode_efficiency is None and self.opts.bandwidth_bytes_per_s:
+            own = self._own_signals(row, count_events=False).decode_efficiency
+            if own is not None:
+                sig = replace(sig, decode_efficiency=own)
+                self._note(
+                    "decode efficiency uses --bandwidth-gbs: no GPU bandwidth series for the "
+                    "rules (the Prometheus verdict cannot see it)"
+                )
+        return sig
+
+    def _note(self, text: str) -> None:
+        if text not in self.result.notes:
+            self.result.notes.append(text)
+
+    def _own_signals(self, row: Row, count_events: bool = True) -> core.Signals:
         """`Signals` from diagnose's own measurements of one step (no exporter)."""
         res = self.result
         slots = res.slots
@@ -896,7 +928,8 @@ class Diagnoser:
             row.waiting_avg = float(row.concurrency - slots)
         elif slots:
             row.waiting_avg = 0.0
-        self.kv_events_total += row.kv_exhausted + max(row.truncated, row.kv_events)
+        if count_events:
+            self.kv_events_total += row.kv_exhausted + max(row.truncated, row.kv_events)
         eff = None
         if row.per_seq_tok_s and res.weights_bytes:
             kv_tokens = None
@@ -993,10 +1026,12 @@ class Diagnoser:
         ctx = self.result.slot_context
         if not ctx:
             return None, "the context per slot is unknown (pass --kv-prompt-tokens)"
-        tokens = min(ctx // 2, KV_PROMPT_CAP) - self.opts.max_tokens
+        # Each request ends a little past half a slot's context: a pool that cannot hold
+        # every slot at half its context runs out during decode, a per-slot one never does.
+        tokens = min(ctx // 2, KV_PROMPT_CAP) - self.opts.max_tokens // 2
         if tokens < 16:
             return None, f"a slot's context ({ctx}) leaves no room beyond --max-tokens"
-        return tokens, f"half of a slot's context ({ctx})"
+        return tokens, f"ending past half of a slot's context ({ctx})"
 
     async def _kv_pressure(self) -> None:
         tokens, why = self._kv_prompt_tokens()
@@ -1050,16 +1085,16 @@ class Diagnoser:
         top = self.opts.max_context or res.trained_context
         if not top:
             return [], "the model's trained context is unknown (pass --contexts or --max-context)"
-        start = res.slot_context or 4096
-        if res.slots and res.kind == "llamacpp" and res.slot_context:
-            start = res.slot_context * res.slots  # llama.cpp's -c is the total
+        start = self.launched_ctx or res.slot_context or 4096
         out = []
         ctx = start * 2
         while ctx < top:
             out.append(ctx)
             ctx *= 2
         out.append(top)
-        return [c for c in out if c > start], ""
+        out = [c for c in out if c > start]
+        why = "" if out else f"the launch context {start} already reaches the top ({top})"
+        return out, why
 
     async def _context_sweep(self, parallel: int | None) -> None:
         contexts, why = self._contexts()
@@ -1319,6 +1354,7 @@ def options_from_args(args: argparse.Namespace, config: Config | None) -> Option
         parallel=args.parallel,
         exporter_url=args.exporter_url,
         exporter_engine=args.exporter_engine,
+        gpu=config.gpu if config is not None else None,
         bandwidth_bytes_per_s=bw,
         timeout=args.timeout,
         connect_timeout=args.connect_timeout,
@@ -1421,7 +1457,7 @@ def run_info(argv: list[str] | None = None) -> RunInfo:
 
 def quiet_libraries() -> None:
     """Keep the terminal to our progress lines: no per-request or per-poll logging."""
-    for name in ("httpx", "loadgen.scheduler", "loadgen.client", "matplotlib"):
+    for name in ("httpx", "loadgen.scheduler", "loadgen.client", "loadgen.prompts", "matplotlib"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
@@ -1459,7 +1495,7 @@ def write_outputs(
     from loadgen.htmlreport import write_report
 
     run.finished_at = utc_now()
-    write_report(out, engines, decision, title)
+    write_report(out, engines, decision, title, run)
     # results.json carries the run's metadata whatever the renderer adds to it.
     doc = results_to_dict(engines, decision, run)
     doc["title"] = title
