@@ -798,7 +798,13 @@ class Diagnoser:
         )
 
     async def _load(
-        self, step: str, concurrency: int, prompt_tokens: int, rounds: int, context: int | None
+        self,
+        step: str,
+        concurrency: int,
+        prompt_tokens: int,
+        rounds: int,
+        context: int | None,
+        requests: int | None = None,
     ) -> Row:
         """One load step through the scheduler, `rounds` times; the row keeps every round."""
         row = Row(
@@ -816,7 +822,9 @@ class Diagnoser:
         log0 = self._log_events()
         t0 = time.time()
         for _ in range(rounds):
-            spec = self._spec(concurrency, prompt_tokens, concurrency * self.opts.requests_per_slot)
+            spec = self._spec(
+                concurrency, prompt_tokens, requests or concurrency * self.opts.requests_per_slot
+            )
             result = await run_step(spec, self.ctx, step=self.step_no)
             self.step_no += 1
             summary = result.summaries[0] if result.summaries else {}
@@ -1043,7 +1051,8 @@ class Diagnoser:
             return
         conc = min(self.result.slots or max(self.opts.concurrency), max(self.opts.concurrency))
         with self._phase("kv_pressure", note=f"{conc} x {tokens} prompt tokens"):
-            row = await self._load("kv_pressure", conc, tokens, 1, None)
+            # One wave, one request per slot: whatever waits, waits for KV space, not a slot.
+            row = await self._load("kv_pressure", conc, tokens, 1, None, requests=conc)
         pressure = row.kv_exhausted + row.truncated + row.kv_events
         saturated = any(v == "kv_saturated" for s, v, _ in self.step_verdicts if s == "kv_pressure")
         answer = (
