@@ -62,8 +62,9 @@ def engine(
             ttft_rounds=[0.1, 0.1, 0.1], tokens_ok=True, requests=3, completion_tokens=384)
     )  # fmt: skip
     for c, rounds in (agg or {}).items():
+        mid = sorted(rounds)[len(rounds) // 2]
         e.rows.append(
-            Row(name, "concurrency", c, aggregate_rounds=rounds, aggregate_tok_s=sorted(rounds)[len(rounds) // 2],
+            Row(name, "concurrency", c, aggregate_rounds=rounds, aggregate_tok_s=mid,
                 ttft_rounds=[0.2, 0.2, 0.2], ttft_s=0.2, tokens_ok=True, requests=3 * c,
                 completion_tokens=3 * c * 128, max_tokens=128)
         )  # fmt: skip

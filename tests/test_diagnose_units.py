@@ -43,7 +43,7 @@ def real_exporter() -> Iterator[str]:
     body = ngl30_scrapes()[-1][1].encode()
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             code = 200 if self.path == "/metrics" else 404
             self.send_response(code)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
