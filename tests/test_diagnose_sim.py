@@ -110,7 +110,7 @@ def test_diagnose_names_the_preset_bottleneck(
 
 def test_weights_not_resident_recommends_fixing_memory(tmp_path: Path) -> None:
     engine, gpu = sim_engine(tmp_path, "weights_not_resident", "llamacpp")
-    result, decision = asyncio.run(
+    _, decision = asyncio.run(
         diagnose(engine, options(gpu, concurrency=[1], kv_prompt_tokens=0), tmp_path / "o")
     )
     assert decision.recommendation == FIX_MEMORY_FIRST
@@ -211,7 +211,7 @@ def test_verdict_equals_the_prometheus_rule_on_the_same_run(
     try:
         prom = prometheus_server({"llmb-exporter": [f"127.0.0.1:{exporter_port}"]})
         opts = options(gpu, exporter_url=f"http://127.0.0.1:{exporter_port}/metrics")
-        result, decision = asyncio.run(diagnose(engine, opts, tmp_path / "out"))
+        _, decision = asyncio.run(diagnose(engine, opts, tmp_path / "out"))
         # Let Prometheus scrape the last samples and evaluate the rules once more.
         time.sleep(3)
         verdicts = prom.query('max_over_time(llmb:engine_bottleneck:verdict{engine="e"}[5m]) == 1')
