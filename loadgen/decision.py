@@ -28,6 +28,10 @@ SWITCH_TO = "switch_to:"
 # Weight bytes per parameter differing by more than this: the raw speeds are not comparable.
 PRECISION_TOLERANCE = 0.20
 
+# A difference is called when the rounds' ranges do not overlap and the medians differ by
+# more than this: on a shared host, back-to-back runs of one engine differ by a few percent.
+MIN_DIFFERENCE = 0.05
+
 NOT_MEASURED = "not measured: "
 
 
@@ -351,7 +355,8 @@ def _call(
     vb: list[float],
     higher_is_better: bool = True,
 ) -> Call | None:
-    """Median of each engine's rounds; a winner only when the rounds' ranges do not overlap.
+    """Median of each engine's rounds; a winner only when the rounds' ranges do not overlap
+    (and the medians differ by more than `MIN_DIFFERENCE`).
 
     One round has no spread: nothing is called from it.
     """
@@ -361,7 +366,8 @@ def _call(
     spreads = [s for s in (relative_spread(va), relative_spread(vb)) if s is not None]
     spread = max(spreads) if spreads else None
     winner = None
-    if len(va) >= 2 and len(vb) >= 2:
+    apart = abs(mb - ma) / min(ma, mb) > MIN_DIFFERENCE if min(ma, mb) > 0 else False
+    if len(va) >= 2 and len(vb) >= 2 and apart:
         if min(vb) > max(va):
             winner = b.name if higher_is_better else a.name
         elif min(va) > max(vb):
