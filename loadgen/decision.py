@@ -281,12 +281,12 @@ def engine_verdict(engine: EngineResult, signals: core.Signals) -> tuple[str, st
 
 def roofline_fraction(engine: EngineResult) -> float | None:
     """Single-request decode as a share of the card's limit (None when unknown)."""
-    return engine.roofline.efficiency
+    return roofline(engine).efficiency
 
 
 def roofline_tok_s(engine: EngineResult) -> float | None:
     """The card's per-sequence decode limit for this engine's model, tok/s."""
-    return engine.roofline.limit_tok_s
+    return roofline(engine).limit_tok_s
 
 
 # --- what diagnose says -------------------------------------------------------------------
@@ -301,8 +301,8 @@ def recommendation_for(verdict: str | None) -> str:
     return STAY_AND_TUNE
 
 
-def decide_single(engine: EngineResult, steps: list[Step]) -> Decision:
-    """diagnose's answer: the engine's verdict first, then the action."""
+def decide_single(engine: EngineResult, steps: list[Step] | None = None) -> Decision:
+    """diagnose's answer: the engine's verdict first, then the action (and the steps)."""
     rec = recommendation_for(engine.verdict)
     action = engine.action or "nothing was measured under load: run diagnose with load steps"
     caveats = _token_caveats(engine) + [f"{engine.name}: {n}" for n in engine.notes]
@@ -311,7 +311,7 @@ def decide_single(engine: EngineResult, steps: list[Step]) -> Decision:
         recommendation=rec,
         action=action,
         comparable=True,
-        steps=steps,
+        steps=list(steps or []),
         caveats=caveats,
     )
 
