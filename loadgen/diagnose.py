@@ -1430,7 +1430,7 @@ def write_outputs(
     from loadgen.htmlreport import write_report
 
     run.finished_at = utc_now()
-    write_report(out, engines, decision, title)
+    write_report(out, engines, decision, title, run=run)
     # results.json carries the run's metadata whatever the renderer adds to it.
     doc = results_to_dict(engines, decision, run)
     doc["title"] = title

@@ -18,23 +18,14 @@ import io
 import json
 import logging
 import math
-import shlex
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loadgen.decision import (
-    Decision,
-    EngineResult,
-    Row,
-    results_to_dict,
-    roofline_fraction,
-    roofline_tok_s,
-)
+from exporter import __version__
+from loadgen.decision import Decision, EngineResult, Row, RunInfo, results_to_dict
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -60,7 +51,10 @@ FIX_LLAMA_LOG = (
     "set engines[].log_file in the config (llama-server -lv 4 --log-file ...) or pass "
     "--exporter-url"
 )
-FIX_CONTEXT_SWEEP = "needs a launch template with {ctx} in the config and --contexts"
+FIX_CONTEXT_SWEEP = (
+    "needs a launch template with {ctx} (engines[].launch) in the config; --contexts or "
+    "--max-context set its range"
+)
 
 # Phase labels above the memory timeline: rows before a label is left to the phase table.
 LABEL_ROWS = 3
@@ -193,6 +187,15 @@ def _legend(ax: Axes) -> None:
     ax.legend(fontsize=8, loc="best", framealpha=0.85)
 
 
+def _missing_why(engines: list[EngineResult], step: str) -> str | None:
+    """The reason diagnose recorded for `step` not running ("step: why" in missing)."""
+    for e in engines:
+        for m in e.missing:
+            if m.startswith(step + ": "):
+                return m.split(": ", 1)[1]
+    return None
+
+
 def _memory_why(engines: list[EngineResult]) -> str:
     if any(e.memory_source for e in engines):
         return "no memory sample was taken during the run"
@@ -315,7 +318,10 @@ def plot_memory_vs_context(engines: list[EngineResult]) -> Plot:
         r.loaded_memory_bytes or r.kv_bytes or r.error for rows in ctx_rows.values() for r in rows
     )
     if not has_data:
-        plot.missing = "not measured: no context sweep ran (" + FIX_CONTEXT_SWEEP + ")"
+        why = _missing_why(engines, "context")
+        plot.missing = "not measured: " + (
+            why or "no context sweep ran (" + FIX_CONTEXT_SWEEP + ")"
+        )
         return plot
     fig, ax = _new_axes(plot.pid)
     contexts: list[int] = []
@@ -379,6 +385,9 @@ def _by_concurrency(e: EngineResult) -> list[Row]:
 
 
 def _load_why(engines: list[EngineResult]) -> str:
+    why = _missing_why(engines, "single") or _missing_why(engines, "concurrency")
+    if why:
+        return why
     failed = [e.name for e in engines if any(r.error for r in e.rows)]
     if failed:
         return "no load step completed (" + ", ".join(failed) + ": see the error column)"
@@ -387,7 +396,7 @@ def _load_why(engines: list[EngineResult]) -> str:
 
 def roofline_unknown(e: EngineResult) -> str:
     """Why the card's decode limit is unknown for `e`, with the flag that fixes it."""
-    if not e.bandwidth_bytes_per_s:
+    if not (e.roofline.bandwidth_bytes_per_s or e.bandwidth_bytes_per_s):
         return "GPU memory bandwidth unknown: " + FIX_BANDWIDTH
     if not e.weights_bytes:
         return "model weight size unknown: " + FIX_EXPORTER
@@ -420,7 +429,7 @@ def plot_decode_per_sequence(engines: list[EngineResult]) -> Plot:
             color=color,
             label=_label(f"{e.name} per sequence"),
         )
-        roof = roofline_tok_s(e)
+        roof = e.roofline.limit_tok_s
         if roof:
             line = ax.axhline(
                 roof,
@@ -524,36 +533,36 @@ def build_plots(engines: list[EngineResult]) -> list[Plot]:
 class Answer:
     """What the report says first, in results.json's words."""
 
-    verdicts: list[tuple[str, str]]
+    # (engine, verdict, what the verdict means)
+    verdicts: list[tuple[str, str, str]]
     recommendation: str
     action: str
-    # None for one engine (nothing to compare).
-    comparable: bool | None
+    comparable: bool
     comparable_why: str
     caveats: list[str]
+    # "estimate: ... ≈ N tok/s", as the terminal prints them.
+    estimates: list[str]
 
 
 def answer_of(engines: list[EngineResult], decision: Decision) -> Answer:
-    """The answer block, taken field by field from the decision results.json is written from."""
-    verdict: Any = decision.verdict
-    if isinstance(verdict, dict):
-        verdicts = [(e.name, str(verdict.get(e.name, "idle"))) for e in engines]
-    else:
-        verdicts = [(e.name, str(verdict)) for e in engines]
-    comparable: bool | None = getattr(decision, "comparable", None)
-    why = ""
-    for step in decision.steps:
-        if getattr(step, "key", None) == "comparability":
-            why = step.answer
+    """The answer block, field by field from the Decision that results.json is written from."""
+    from exporter.verdict import VERDICT_INFO
+
+    verdicts = []
+    for name, v in decision.verdict.items():
+        info = VERDICT_INFO.get(v)
+        verdicts.append((name, v, info.summary if info else ""))
+    why = next((s.answer for s in decision.steps if s.key == "comparability"), "")
     if len(engines) < 2:
-        comparable, why = None, "one engine: nothing to compare"
+        why = "one engine, nothing to compare it with"
     return Answer(
         verdicts=verdicts,
         recommendation=decision.recommendation,
         action=decision.action,
-        comparable=comparable,
+        comparable=decision.comparable,
         comparable_why=why,
         caveats=list(decision.caveats),
+        estimates=[f"{e.basis} ≈ {e.tok_s:.1f} tok/s" for e in decision.estimates],
     )
 
 
@@ -574,58 +583,50 @@ def _utc(ts: float | None = None) -> str:
     return when.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def tool_version() -> str:
-    """This package's version, or why it is unknown."""
-    try:
-        return metadata.version("llm-bottleneck")
-    except metadata.PackageNotFoundError:
-        return "unknown: llm-bottleneck is not installed as a package (pip install .)"
-
-
-def command_line() -> str:
-    """The command line of this process as a user would type it."""
-    prog = Path(sys.argv[0]).name if sys.argv else ""
-    if prog in ("llmb-loadgen", "__main__.py"):
-        return shlex.join(["llmb-loadgen", *sys.argv[1:]])
-    return "unknown: the report was written by a library call, not by llmb-loadgen"
-
-
 def _unknown(why: str) -> str:
     return "unknown: " + why
 
 
-def metadata_of(engines: list[EngineResult], run: Any = None) -> Metadata:
-    """The metadata block: from the run's record where there is one, else from this process."""
+# Facts that this version of diagnose does not record: named here so the metadata block
+# shows them as soon as EngineResult carries them.
+NOT_RECORDED = "not recorded by this version of diagnose"
+
+
+def metadata_of(engines: list[EngineResult], run: RunInfo | None = None) -> Metadata:
+    """The metadata block: the run's record, the engines' facts, every gap explained."""
     starts = [p.start for e in engines for p in e.phases]
     ends = [p.end for e in engines for p in e.phases if p.end is not None]
+    if run is None:
+        # A library call (tests, notebooks) has no command line of its own.
+        run = RunInfo(
+            command=_unknown("the report was written by a library call, not by llmb-loadgen"),
+            tool_version=__version__,
+            started_at=_utc(min(starts)) if starts else _utc(),
+            finished_at=_utc(max(ends)) if ends else None,
+        )
     rows = []
     for e in engines:
-        # Facts that not every version of diagnose records yet: shown when present.
         version = getattr(e, "engine_version", None)
         driver = getattr(e, "gpu_driver", None)
-        gpu = getattr(e, "gpu_name", None)
+        if e.gpu_name:
+            gpu = e.gpu_name
+        elif e.memory_source == "gpu":
+            gpu = _unknown("the GPU's name was not read: " + FIX_EXPORTER)
+        else:
+            gpu = _unknown("no GPU seen (no NVML on this host and no exporter): " + FIX_EXPORTER)
         rows.append(
             (
                 e.name,
-                version
-                or _unknown(
-                    f"the {e.kind} build was not recorded (the exporter's llmb_engine_info has "
-                    "it: " + FIX_EXPORTER + ")"
-                ),
-                gpu or _unknown("no GPU facts: " + FIX_EXPORTER),
-                driver
-                or _unknown(
-                    "the driver was not recorded (the exporter's llmb_gpu_info has it: "
-                    + FIX_EXPORTER
-                    + ")"
-                ),
+                version or _unknown(f"{e.kind} build {NOT_RECORDED}"),
+                gpu,
+                driver or _unknown(f"driver {NOT_RECORDED}"),
             )
         )
     return Metadata(
-        tool_version=getattr(run, "tool_version", None) or tool_version(),
-        command=getattr(run, "command", None) or command_line(),
-        started_utc=getattr(run, "started_at", None) or (_utc(min(starts)) if starts else _utc()),
-        finished_utc=getattr(run, "finished_at", None) or (_utc(max(ends)) if ends else _utc()),
+        tool_version=run.tool_version,
+        command=run.command,
+        started_utc=run.started_at,
+        finished_utc=run.finished_at or (_utc(max(ends)) if ends else _utc()),
         engines=rows,
     )
 
@@ -660,33 +661,54 @@ def _layers(e: EngineResult) -> str:
 
 
 def _decode_share(e: EngineResult) -> str:
-    frac = roofline_fraction(e)
-    single = e.single()
-    if single is None or not single.per_seq_tok_s:
+    roof = e.roofline
+    if not roof.measured_tok_s:
         return "not measured: no single-request step completed"
-    speed = f"{single.per_seq_tok_s:.1f} tok/s"
-    if frac is None:
+    speed = f"{roof.measured_tok_s:.1f} tok/s"
+    if roof.efficiency is None:
         return f"{speed}; share of the card's limit unknown: {roofline_unknown(e)}"
-    return f"{speed} = {frac * 100:.0f} % of the card's limit"
+    return f"{speed} = {roof.efficiency * 100:.0f} % of the card's limit"
+
+
+def _bandwidth(e: EngineResult) -> str:
+    bw = e.roofline.bandwidth_bytes_per_s or e.bandwidth_bytes_per_s
+    if not bw:
+        return _unknown(FIX_BANDWIDTH)
+    source = e.roofline.bandwidth_source or e.bandwidth_source
+    return f"{bw / 1e9:.0f} GB/s" + (f" ({source})" if source else "")
+
+
+def _slots(e: EngineResult) -> str:
+    if e.slots is None:
+        return _unknown("the engine reported no slot count (llama.cpp /slots or /props)")
+    ctx = f", {e.slot_context} tokens each" if e.slot_context else ""
+    return f"{e.slots}{ctx}"
 
 
 def engine_facts(e: EngineResult) -> list[tuple[str, str]]:
     """(fact, value) for one engine; every unknown value says how to get it."""
-    roof = roofline_tok_s(e)
-    bw = e.bandwidth_bytes_per_s
+    limit = e.roofline.limit_tok_s
     return [
         ("kind", e.kind),
+        ("url", e.url or _unknown("not recorded")),
         ("model", e.model or _unknown("the engine named no model in /v1/models")),
         ("quantization", e.quantization or _unknown(FIX_EXPORTER)),
         ("weights", _gib_or(e.weights_bytes, FIX_EXPORTER)),
         ("process GPU memory", _gib_or(e.process_gpu_bytes, FIX_EXPORTER)),
         ("layers on the GPU", _layers(e)),
+        ("slots", _slots(e)),
+        (
+            "trained context",
+            f"{e.trained_context} tokens"
+            if e.trained_context
+            else _unknown("the model's metadata was not read: " + FIX_EXPORTER),
+        ),
         ("card memory", _gib_or(e.gpu_total_bytes, FIX_EXPORTER)),
         ("memory source", e.memory_source or _unknown(_memory_why([e]))),
-        ("memory bandwidth", f"{bw / 1e9:.0f} GB/s" if bw else _unknown(FIX_BANDWIDTH)),
+        ("memory bandwidth", _bandwidth(e)),
         (
             "card's decode limit per sequence",
-            f"{roof:.1f} tok/s" if roof else _unknown(roofline_unknown(e)),
+            f"{limit:.1f} tok/s" if limit else _unknown(roofline_unknown(e)),
         ),
         ("single-request decode", _decode_share(e)),
         (
@@ -802,8 +824,6 @@ def not_measured(engines: list[EngineResult], plots: list[Plot]) -> list[str]:
 
 
 def _comparable_text(a: Answer) -> str:
-    if a.comparable is None:
-        return "n/a: " + a.comparable_why
     return ("yes" if a.comparable else "no") + (f": {a.comparable_why}" if a.comparable_why else "")
 
 
@@ -853,7 +873,7 @@ def build_report(
     engines: list[EngineResult],
     decision: Decision,
     title: str,
-    run: Any = None,
+    run: RunInfo | None = None,
     plots: list[Plot] | None = None,
 ) -> Report:
     """The report's content; `plots` None draws them (needs matplotlib)."""
@@ -875,9 +895,14 @@ def render_markdown(rep: Report) -> str:
     """report.md: the answer, the metadata, the steps, the tables and what was not measured."""
     a = rep.answer
     parts = [f"# llm-bottleneck {rep.title}", "", "## Answer", ""]
-    parts += [_md_table(("engine", "verdict"), [[n, v] for n, v in a.verdicts]), ""]
+    parts += [
+        _md_table(("engine", "verdict", "meaning"), [[n, f"`{v}`", m] for n, v, m in a.verdicts]),
+        "",
+    ]
     parts += [f"**Recommendation:** `{a.recommendation}`", "", f"**Action:** {a.action}", ""]
     parts += [f"**Comparable:** {_comparable_text(a)}", ""]
+    if a.estimates:
+        parts += ["**Estimates:**", ""] + [f"- {x}" for x in a.estimates] + [""]
     parts += ["**Caveats:**" + ("" if a.caveats else " none"), ""]
     parts += [f"- {c}" for c in a.caveats] + ([""] if a.caveats else [])
     parts += ["## Run", "", _md_table(("", ""), metadata_rows(rep.meta)), ""]
@@ -951,7 +976,15 @@ def render_html(rep: Report) -> str:
     """The self-contained report.html with every drawn plot inline."""
     a = rep.answer
     verdicts = "".join(
-        f'<tr><th>{_esc(n)}</th><td class="verdict">{_esc(v)}</td></tr>' for n, v in a.verdicts
+        f'<tr><th>{_esc(n)}</th><td class="verdict">{_esc(v)}</td><td>{_esc(m)}</td></tr>'
+        for n, v, m in a.verdicts
+    )
+    estimates = (
+        '<div id="estimates"><b>Estimates:</b><ul>'
+        + "".join(f"<li>{_esc(x)}</li>" for x in a.estimates)
+        + "</ul></div>"
+        if a.estimates
+        else ""
     )
     caveats = (
         "<ul>" + "".join(f"<li>{_esc(c)}</li>" for c in a.caveats) + "</ul>"
@@ -973,12 +1006,12 @@ def render_html(rep: Report) -> str:
 <body>
 <h1>llm-bottleneck {_esc(rep.title)}</h1>
 <section id="answer"><h2>Answer</h2>
-<table class="verdicts"><thead><tr><th>engine</th><th>verdict</th></tr></thead>
+<table class="verdicts"><thead><tr><th>engine</th><th>verdict</th><th>meaning</th></tr></thead>
 <tbody>{verdicts}</tbody></table>
 <p id="recommendation"><b>Recommendation:</b> <code>{_esc(a.recommendation)}</code></p>
 <p id="action"><b>Action:</b> {_esc(a.action)}</p>
 <p id="comparable"><b>Comparable:</b> {_esc(_comparable_text(a))}</p>
-<div id="caveats"><b>Caveats:</b>{caveats}</div>
+{estimates}<div id="caveats"><b>Caveats:</b>{caveats}</div>
 </section>
 <section id="metadata"><h2>Run</h2>{_html_table(("", ""), metadata_rows(rep.meta), "meta", True)}
 </section>
@@ -997,7 +1030,7 @@ def write_report(
     engines: list[EngineResult],
     decision: Decision,
     title: str,
-    run: Any = None,
+    run: RunInfo | None = None,
 ) -> None:
     """Write results.json, report.md and report.html into `out`.
 
@@ -1005,7 +1038,7 @@ def write_report(
     missing matplotlib (PlottingMissing) loses no measurement.
     """
     out.mkdir(parents=True, exist_ok=True)
-    doc = results_to_dict(engines, decision)
+    doc = results_to_dict(engines, decision, run)
     doc["title"] = title
     (out / "results.json").write_text(
         json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8"
