@@ -18,11 +18,12 @@ import io
 import json
 import logging
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from exporter import __version__
 from loadgen.decision import Decision, EngineResult, Row, RunInfo, results_to_dict
@@ -183,6 +184,15 @@ def _context_axis(ax: Axes, values: Sequence[int]) -> None:
     ax.set_xlabel("context (tokens)")
 
 
+def _y_from_zero(ax: Axes) -> None:
+    """y from 0 with room above the highest line, so no marker sits on the frame."""
+    ys: list[float] = []
+    for line in ax.get_lines():
+        ys += [float(y) for y in cast("Sequence[float]", line.get_ydata())]
+    top = max((y for y in ys if math.isfinite(y)), default=0.0)
+    ax.set_ylim(0, top * 1.12 or 1.0)
+
+
 def _legend(ax: Axes) -> None:
     ax.legend(fontsize=8, loc="best", framealpha=0.85)
 
@@ -234,7 +244,7 @@ def plot_memory_timeline(engines: list[EngineResult]) -> Plot:
             ax.axhline(total / GIB, color="black", linewidth=0.8, label="card total")
         else:
             plot.notes.append(f"The card's total ({total / GIB:.1f} GiB) is off the scale.")
-    ax.set_ylim(bottom=0)
+    _y_from_zero(ax)
     ax.set_xlabel("seconds since start")
     ax.set_ylabel("memory used (GiB)")
     _legend(ax)
@@ -360,15 +370,13 @@ def plot_memory_vs_context(engines: list[EngineResult]) -> Plot:
                     color=color,
                     transform=ax.get_xaxis_transform(),
                 )
-        if e.gpu_total_bytes and e.memory_source == "gpu":
-            ax.axhline(
-                e.gpu_total_bytes / GIB,
-                color="black",
-                linewidth=0.8,
-                label=_label(f"{e.name} card total"),
-            )
+    totals = {e.gpu_total_bytes for e in engines if e.gpu_total_bytes and e.memory_source == "gpu"}
+    for total in sorted(t for t in totals if t):
+        ax.axhline(
+            total / GIB, color="black", linewidth=0.8, label=f"card total {total / GIB:.0f} GiB"
+        )
     _context_axis(ax, contexts)
-    ax.set_ylim(bottom=0)
+    _y_from_zero(ax)
     ax.set_ylabel("GiB")
     if ax.get_legend_handles_labels()[0]:
         _legend(ax)
@@ -442,7 +450,7 @@ def plot_decode_per_sequence(engines: list[EngineResult]) -> Plot:
         else:
             plot.notes.append(f"No card limit drawn for {e.name}: {roofline_unknown(e)}.")
     _concurrency_axis(ax, xs)
-    ax.set_ylim(bottom=0)
+    _y_from_zero(ax)
     ax.set_ylabel("tok/s per sequence")
     _legend(ax)
     plot.svg = _svg(fig)
@@ -472,7 +480,7 @@ def plot_decode_aggregate(engines: list[EngineResult]) -> Plot:
             label=_label(f"{e.name} aggregate"),
         )
     _concurrency_axis(ax, xs)
-    ax.set_ylim(bottom=0)
+    _y_from_zero(ax)
     ax.set_ylabel("tok/s, all sequences")
     _legend(ax)
     plot.notes.append(
@@ -506,7 +514,7 @@ def plot_ttft(engines: list[EngineResult]) -> Plot:
             label=_label(e.name),
         )
     _concurrency_axis(ax, xs)
-    ax.set_ylim(bottom=0)
+    _y_from_zero(ax)
     ax.set_ylabel("TTFT (ms)")
     _legend(ax)
     plot.svg = _svg(fig)
@@ -626,7 +634,8 @@ def metadata_of(engines: list[EngineResult], run: RunInfo | None = None) -> Meta
         tool_version=run.tool_version,
         command=run.command,
         started_utc=run.started_at,
-        finished_utc=run.finished_at or (_utc(max(ends)) if ends else _utc()),
+        # A run without a finish time is being written up now.
+        finished_utc=run.finished_at or _utc(),
         engines=rows,
     )
 
@@ -744,7 +753,7 @@ COLUMNS = (
     Column("engine", lambda r: r.engine),
     Column("step", lambda r: r.step),
     Column("ctx", lambda r: _fmt(r.context), "no row ran at a known context"),
-    Column("slots", lambda r: _fmt(r.parallel), "the engine reported no slot count"),
+    Column("slots", lambda r: _fmt(r.parallel), "no row recorded its slot count"),
     Column("conc", lambda r: str(r.concurrency)),
     Column("prompt tok", lambda r: _fmt(r.prompt_tokens, 0), "no prompt token counts"),
     Column("gen tok", lambda r: str(r.completion_tokens)),
@@ -824,7 +833,9 @@ def not_measured(engines: list[EngineResult], plots: list[Plot]) -> list[str]:
 
 
 def _comparable_text(a: Answer) -> str:
-    return ("yes" if a.comparable else "no") + (f": {a.comparable_why}" if a.comparable_why else "")
+    return ("yes" if a.comparable else "no") + (
+        f" — {a.comparable_why}" if a.comparable_why else ""
+    )
 
 
 def metadata_rows(m: Metadata) -> list[tuple[str, str]]:
@@ -945,6 +956,11 @@ def _esc(s: str) -> str:
     return html.escape(s, quote=True)
 
 
+def _esc_code(s: str) -> str:
+    """Escaped text with its `code` spans (as the verdict texts write flags) in <code>."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", _esc(s))
+
+
 def _html_table(
     head: Sequence[str], rows: Sequence[Sequence[str]], cls: str, row_heads: bool = False
 ) -> str:
@@ -976,7 +992,7 @@ def render_html(rep: Report) -> str:
     """The self-contained report.html with every drawn plot inline."""
     a = rep.answer
     verdicts = "".join(
-        f'<tr><th>{_esc(n)}</th><td class="verdict">{_esc(v)}</td><td>{_esc(m)}</td></tr>'
+        f'<tr><th>{_esc(n)}</th><td class="verdict">{_esc(v)}</td><td>{_esc_code(m)}</td></tr>'
         for n, v, m in a.verdicts
     )
     estimates = (
@@ -989,7 +1005,7 @@ def render_html(rep: Report) -> str:
     caveats = (
         "<ul>" + "".join(f"<li>{_esc(c)}</li>" for c in a.caveats) + "</ul>"
         if a.caveats
-        else "<p>none</p>"
+        else " none"
     )
     steps = "".join(
         f'<li class="{"decisive" if d else ""}"><b>{_esc(q)}</b> {_esc(ans)}</li>'
@@ -1009,7 +1025,7 @@ def render_html(rep: Report) -> str:
 <table class="verdicts"><thead><tr><th>engine</th><th>verdict</th><th>meaning</th></tr></thead>
 <tbody>{verdicts}</tbody></table>
 <p id="recommendation"><b>Recommendation:</b> <code>{_esc(a.recommendation)}</code></p>
-<p id="action"><b>Action:</b> {_esc(a.action)}</p>
+<p id="action"><b>Action:</b> {_esc_code(a.action)}</p>
 <p id="comparable"><b>Comparable:</b> {_esc(_comparable_text(a))}</p>
 {estimates}<div id="caveats"><b>Caveats:</b>{caveats}</div>
 </section>
