@@ -24,6 +24,8 @@ import gzip
 import json
 import re
 import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from exporter.verdict import (  # noqa: E402
+    CONDITION_BY_NAME,
+    VERDICTS,
+    EngineKey,
+    RuleValues,
+    evaluate,
+    rule_values_at,
+)
+
+RULE_FILES = ("recording.yml", "verdict.yml")
 MIB = 1024 * 1024
 EXPECTED = {
     "resident_c1": "decode_below_card_limit",
@@ -188,55 +201,139 @@ def rule_names() -> set[str]:
     return names
 
 
-def promtool_case(name: str, scrapes: list[dict[str, Any]], expect: str) -> dict[str, Any]:
-    """One promtool test: the scenario's scrapes resampled to 1 s, verdict at the end."""
+def group_order() -> list[str]:
+    """Rule groups in file order: promtool evaluates groups in an unspecified order unless
+    told, so a later group could read an earlier one's result from the previous step."""
+    import yaml
+
+    names = []
+    for f in RULE_FILES:
+        doc = yaml.safe_load((ROOT / "prometheus" / "rules" / f).read_text(encoding="utf-8"))
+        names += [g["name"] for g in doc["groups"]]
+    return names
+
+
+# The recorded series the parity checks compare: every verdict and every condition.
+PARITY_EXPR = '{__name__=~"llmb:engine_bottleneck:verdict|engine:llmb_[a-z_]+:bool"}'
+
+
+def resample(
+    scrapes: Sequence[tuple[float, Mapping[Key, float]]], interval: float
+) -> tuple[int, dict[Key, list[float | None]]]:
+    """Scrapes at any times -> one value (or None) per series and `interval` step.
+
+    Step k holds the last scrape at or before `t0 + k * interval` (what Prometheus would
+    have scraped), only for series the rules read.
+    """
     wanted = rule_names()
-    t0 = scrapes[0]["t"]
-    parsed = [(s["t"] - t0, parse(s["text"])) for s in scrapes]
-    steps = int(parsed[-1][0]) + 1
+    t0 = scrapes[0][0]
+    parsed = [(t - t0, s) for t, s in scrapes]
+    steps = int(parsed[-1][0] / interval + 1e-9) + 1
     keys = sorted({k for _, p in parsed for k in p if k[0] in wanted})
+    out: dict[Key, list[float | None]] = {k: [] for k in keys}
+    j = 0
+    for step in range(steps):
+        at = step * interval + 1e-9
+        while j + 1 < len(parsed) and parsed[j + 1][0] <= at:
+            j += 1
+        current = parsed[j][1] if parsed[j][0] <= at else {}
+        for key in keys:
+            v = current.get(key)
+            out[key].append(None if v is None else float(v))
+    return steps, out
+
+
+def _labels(name: str, labels: Mapping[str, str]) -> str:
+    body = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if v)
+    return f"{name}{{{body}}}"
+
+
+def expected_samples(values: Mapping[EngineKey, RuleValues]) -> list[dict[str, Any]]:
+    """What PARITY_EXPR must return: the Python evaluator's conditions and verdict."""
+    out = []
+    for key, rv in sorted(values.items()):
+        base = {"host": key.host, "engine": key.engine, "kind": key.kind}
+        verdict = evaluate(rv.signals)
+        for cond in verdict.conditions:
+            record = CONDITION_BY_NAME[cond.name].record
+            out.append({"labels": _labels(record, base), "value": int(cond.held)})
+        for v in VERDICTS:
+            labels = _labels("llmb:engine_bottleneck:verdict", {**base, "verdict": v})
+            out.append({"labels": labels, "value": int(v == verdict.name)})
+    return out
+
+
+@dataclass
+class ParityCase:
+    """A promtool test case and the Python verdict per engine at each evaluated step."""
+
+    case: dict[str, Any]
+    verdicts: dict[int, dict[EngineKey, str]]
+
+    @property
+    def final(self) -> dict[EngineKey, str]:
+        """The verdicts at the last evaluated step."""
+        return self.verdicts[max(self.verdicts)]
+
+
+def parity_case(
+    name: str,
+    scrapes: Sequence[tuple[float, Mapping[Key, float]]],
+    interval: float = 1.0,
+    every_step: bool = False,
+) -> ParityCase:
+    """A promtool test of `scrapes` whose expected verdicts come from `exporter.verdict`.
+
+    The input series are the scrapes resampled to `interval`; the expectation (every
+    condition and verdict series of every engine up) is what the Python evaluator gives on
+    exactly those samples, at the last step or, with `every_step`, at every step.
+    """
+    steps, values = resample(scrapes, interval)
     series = []
-    for key in keys:
-        values = []
-        j = 0
-        for step in range(steps):
-            # The last scrape at or before this second (Prometheus would have scraped it).
-            while j + 1 < len(parsed) and parsed[j + 1][0] <= step:
-                j += 1
-            v = parsed[j][1].get(key) if parsed[j][0] <= step else None
-            values.append("_" if v is None else repr(float(v)))
-        labels = ",".join(f'{k}="{v}"' for k, v in key[1])
-        series.append({"series": f"{key[0]}{{{labels}}}", "values": " ".join(values)})
-    # Exporters from the fleet work on carry a `host` label on every series.
-    hosts = {dict(k[1]).get("host") for _, p in parsed for k in p if k[0] == "llmb_engine_up"}
-    host = next((f'host="{h}",' for h in sorted(h for h in hosts if h)), "")
-    verdicts = [
-        "weights_not_resident",
-        "kv_saturated",
-        "scheduling_bound",
-        "idle",
-        "decode_at_card_limit",
-        "decode_below_card_limit",
-    ]
-    return {
-        "name": f"H200 capture {name}: verdict {expect}",
-        "interval": "1s",
-        "input_series": series,
-        "promql_expr_test": [
-            {
-                "expr": 'llmb:engine_bottleneck:verdict{engine="llama"}',
-                "eval_time": f"{steps - 1}s",
-                "exp_samples": [
-                    {
-                        "labels": "llmb:engine_bottleneck:verdict"
-                        f'{{engine="llama",{host}kind="llamacpp",verdict="{v}"}}',
-                        "value": 1 if v == expect else 0,
-                    }
-                    for v in verdicts
-                ],
-            }
-        ],
+    for key, vals in values.items():
+        text = " ".join("_" if v is None else repr(v) for v in vals)
+        series.append({"series": _labels(key[0], dict(key[1])), "values": text})
+    points = {
+        key: [(i * interval, v) for i, v in enumerate(vals) if v is not None]
+        for key, vals in values.items()
     }
+    tests = []
+    verdicts = {}
+    for step in range(steps) if every_step else [steps - 1]:
+        rule_values = rule_values_at(points, step * interval)
+        verdicts[step] = {k: evaluate(rv.signals).name for k, rv in rule_values.items()}
+        tests.append(
+            {
+                "expr": PARITY_EXPR,
+                "eval_time": _duration(step * interval),
+                "exp_samples": expected_samples(rule_values),
+            }
+        )
+    case = {
+        "name": name,
+        "interval": _duration(interval),
+        "input_series": series,
+        "promql_expr_test": tests,
+    }
+    return ParityCase(case, verdicts)
+
+
+def _duration(seconds: float) -> str:
+    ms = round(seconds * 1000)
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
+
+
+def scrape_series(scrapes: list[dict[str, Any]]) -> list[tuple[float, dict[Key, float]]]:
+    """`scrapes.jsonl` rows -> (time, parsed samples)."""
+    return [(s["t"], parse(s["text"])) for s in scrapes]
+
+
+def promtool_case(name: str, scrapes: list[dict[str, Any]]) -> ParityCase:
+    """One captured scenario: its scrapes at 1 s, the Python verdict at the end."""
+    pc = parity_case(f"H200 capture {name}", scrape_series(scrapes), 1.0)
+    (verdict,) = pc.final.values()
+    pc.case["name"] += f": verdict {verdict}"
+    return pc
 
 
 def analyse(run: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -261,7 +358,10 @@ def analyse(run: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             "kv": kv_check(scrapes),
         }
         if name in EXPECTED:
-            cases.append(promtool_case(name, scrapes, EXPECTED[name]))
+            pc = promtool_case(name, scrapes)
+            (verdict,) = pc.final.values()
+            report[name]["verdict"] = {"rules": verdict, "intended": EXPECTED[name]}
+            cases.append(pc.case)
     return report, cases
 
 
@@ -270,14 +370,16 @@ def promtool_document(cases: list[dict[str, Any]], run: str = "h200-validation-2
     import yaml
 
     doc = {
-        "rule_files": ["../rules/recording.yml", "../rules/verdict.yml"],
+        "rule_files": [f"../rules/{f}" for f in RULE_FILES],
         "evaluation_interval": "1s",
+        "group_eval_order": group_order(),
         "tests": cases,
     }
     header = (
         "# Generated by bench/gpu_report.py from the exporter's real scrapes on an H200\n"
         f"# (tests/fixtures/{run}/, docs/results/h200-gemma3-27b.md): the\n"
-        "# verdict rules evaluated on real GPU data. Do not edit; regenerate.\n"
+        "# verdict rules evaluated on real GPU data, expected verdicts from exporter/verdict.py.\n"
+        "# Do not edit; regenerate.\n"
     )
     return header + yaml.safe_dump(doc, sort_keys=False, width=1 << 20)
 

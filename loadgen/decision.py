@@ -149,6 +149,8 @@ class EngineResult:
     roofline: Roofline = field(default_factory=Roofline)
     # The decision core's inputs as measured by this run, and its answer.
     signals: dict[str, Any] = field(default_factory=dict)
+    # What the verdict had to take from diagnose's own measurements, and why.
+    notes: list[str] = field(default_factory=list)
     verdict: str | None = None
     action: str = ""
 
@@ -299,7 +301,7 @@ def decide_single(engine: EngineResult, steps: list[Step]) -> Decision:
     """diagnose's answer: the engine's verdict first, then the action."""
     rec = recommendation_for(engine.verdict)
     action = engine.action or "nothing was measured under load: run diagnose with load steps"
-    caveats = list(_token_caveats(engine))
+    caveats = _token_caveats(engine) + [f"{engine.name}: {n}" for n in engine.notes]
     return Decision(
         verdict={engine.name: engine.verdict or "idle"},
         recommendation=rec,
@@ -311,7 +313,12 @@ def decide_single(engine: EngineResult, steps: list[Step]) -> Decision:
 
 
 def _token_caveats(engine: EngineResult) -> list[str]:
-    bad = [r for r in engine.rows if r.error is None and not r.tokens_ok and r.requests]
+    # The KV-pressure step cuts requests on purpose where the KV cache runs out.
+    bad = [
+        r
+        for r in engine.rows
+        if r.error is None and not r.tokens_ok and r.requests and r.step != "kv_pressure"
+    ]
     if bad:
         return [f"{engine.name}: token counts differ from max_tokens in {len(bad)} step(s)"]
     return []
@@ -425,6 +432,7 @@ def decide_compare(a: EngineResult, b: EngineResult) -> Decision:
     """`a` is the engine in use, `b` the candidate; in the seed's order."""
     steps: list[Step] = []
     caveats = _token_caveats(a) + _token_caveats(b)
+    caveats += [f"{e.name}: {n}" for e in (a, b) for n in e.notes]
     verdicts = {e.name: e.verdict or "idle" for e in (a, b)}
 
     # 1. Residency: an engine whose weights are not on the GPU measures its PCIe link.

@@ -31,11 +31,12 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from exporter import __version__
 from exporter import verdict as core
-from exporter.config import Config, ConfigError, EngineConfig, load_config
+from exporter.app import build_runner
+from exporter.config import Config, ConfigError, EngineConfig, GpuConfig, ProcessMatch, load_config
 from exporter.geometry import geometry_from_gguf
-from exporter.gpu_specs import resolve_bandwidth
 from exporter.llamacpp_log import LogFollower, LogState
 from exporter.promtext import parse_exposition
+from exporter.runner import Runner
 from loadgen.client import StreamClient, Target, TargetUnreachable
 from loadgen.decision import (
     NOT_MEASURED,
@@ -55,7 +56,7 @@ from loadgen.launcher import (
     EngineProcess,
     LaunchError,
     engine_process,
-    process_group_pids,
+    launch_values,
     template_fields,
 )
 from loadgen.options import (
@@ -112,6 +113,8 @@ class Options:
     parallel: int | None = None
     exporter_url: str | None = None
     exporter_engine: str | None = None
+    # GPU sampling of the embedded collectors (the config's `gpu:`; None: NVML if present).
+    gpu: GpuConfig | None = None
     bandwidth_bytes_per_s: float | None = None
     timeout: float = 600.0
     connect_timeout: float = 5.0
@@ -186,10 +189,12 @@ def _first(series: Series, name: str, **labels: str) -> float | None:
 
 
 class Monitor:
-    """Samples, while one engine is measured: the exporter, GPU/host memory and the log.
+    """Samples, while one engine is measured: the exporter's series, memory and the log.
 
-    Exporter scrapes are kept with their times so the recording rules' arithmetic can be
-    applied to them (`exporter.verdict.rule_values_at`), as Prometheus would.
+    With `--exporter-url` the running exporter is scraped. Without it the exporter's own
+    collectors run inside diagnose (same code, same `llmb_*` series), fed the launched
+    engine's log and process id, so both paths go through the recording rules' arithmetic
+    (`exporter.verdict.rule_values_at`) exactly as Prometheus would.
     """
 
     def __init__(self, engine: str, opts: Options):
@@ -201,6 +206,7 @@ class Monitor:
         self.scrape_errors = 0
         self.process: EngineProcess | None = None
         self.log: LogFollower | None = None
+        self.runner: Runner | None = None
         self._nvml: Any = None
         self._nvml_tried = False
         self._task: asyncio.Task[None] | None = None
@@ -220,37 +226,73 @@ class Monitor:
                 self._nvml = None
         return self._nvml
 
+    def _gpu_config(self) -> GpuConfig | None:
+        """GPU sampling of the embedded collectors: the config's, when a GPU can be read."""
+        gpu = self.opts.gpu or GpuConfig()
+        if gpu.fake_file or (gpu.enabled and self.nvml() is not None):
+            return gpu
+        return None
+
     @property
     def source(self) -> str | None:
-        """'gpu' (exporter or NVML), 'host rss' (launched engine, no GPU) or None."""
-        if self.opts.exporter_url or self.nvml() is not None:
+        """'gpu' (exporter, GPU file or NVML), 'host rss' (launched engine) or None."""
+        if self.opts.exporter_url or self._gpu_config() is not None:
             return "gpu"
         return "host rss" if self.process is not None else None
 
-    def latest(self) -> Series:
-        """The newest exporter scrape (empty without one)."""
-        return self.scrapes[-1][1] if self.scrapes else {}
+    async def attach(self, engine: EngineConfig, log_path: Path | None, pid: int | None) -> None:
+        """Point the embedded collectors at this engine instance (after each launch)."""
+        self.follow_log(log_path)
+        if self.opts.exporter_url:
+            return
+        await self.detach()
+        update: dict[str, Any] = {}
+        if log_path is not None:
+            update["log_file"] = log_path
+        if pid is not None:
+            update["process"] = ProcessMatch(pid=pid)
+        gpu = self._gpu_config()
+        config = Config(
+            host="diagnose",
+            engines=[engine.model_copy(update=update)],
+            gpu=gpu if gpu is not None else GpuConfig(enabled=False),
+        )
+        self.exporter_engine = engine.name
+        self.runner = build_runner(config)
+        await self.runner.start()
 
-    def sample(self) -> None:
-        """Take one sample of every source (blocking; run in a thread)."""
+    async def detach(self) -> None:
+        """Close the embedded collectors."""
+        if self.runner is not None:
+            runner, self.runner = self.runner, None
+            await runner.close()
+
+    async def sample(self) -> None:
+        """Take one sample of every source."""
         now = time.time()
-        used: float | None = None
+        series: Series | None = None
         if self.opts.exporter_url:
             try:
-                series = read_exporter(self.opts.exporter_url)
+                series = await asyncio.to_thread(read_exporter, self.opts.exporter_url)
             except (httpx.HTTPError, ValueError) as exc:
                 # A failed scrape is a gap, never a reading from another source.
                 self.scrape_errors += 1
                 log.debug("exporter scrape failed: %s", exc)
                 return
             self._resolve_engine(series)
+        elif self.runner is not None:
+            families = await self.runner.scrape()
+            series = {
+                (s.name, tuple(sorted(s.labels.items()))): float(s.value)
+                for family in families
+                for s in family.samples
+            }
+        used: float | None = None
+        if series is not None:
             self.scrapes.append((now, series))
             used = _first(series, "llmb_gpu_memory_used_bytes")
-        elif (nv := self.nvml()) is not None:
-            mod, handle = nv
-            used = float(mod.nvmlDeviceGetMemoryInfo(handle).used)
-        elif self.process is not None:
-            rss = self.process.rss_bytes()
+        if used is None and self.process is not None and self._gpu_config() is None:
+            rss = await asyncio.to_thread(self.process.rss_bytes)
             used = float(rss) if rss is not None else None
         if used is not None:
             self.timeline.append((now, used))
@@ -269,7 +311,10 @@ class Monitor:
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.to_thread(self.sample)
+            try:
+                await self.sample()
+            except Exception:  # a failed sample is a gap, not a failed run
+                log.exception("sampling failed")
             await asyncio.sleep(self.opts.sample_interval)
 
     def start(self) -> None:
@@ -278,13 +323,13 @@ class Monitor:
             self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
-        """Stop sampling after one last sample."""
+        """Stop sampling and close the embedded collectors."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        await asyncio.to_thread(self.sample)
+        await self.detach()
 
     def follow_log(self, path: Path | None) -> None:
         """Read this llama.cpp log (`-lv 4`/`--log-file`) from now on."""
@@ -311,23 +356,33 @@ class Monitor:
                 vals += _pick(series, "llmb_gpu_memory_used_peak_bytes")
         return max(vals) if vals else None
 
-    def memory_now(self) -> float | None:
-        self.sample()
+    async def memory_now(self) -> float | None:
+        """A fresh memory reading."""
+        await self.sample()
         return self.timeline[-1][1] if self.timeline else None
 
-    def rule_values(self, at: float) -> core.RuleValues | None:
-        """The recording rules' values for this engine at `at`, from the exporter's scrapes."""
-        if not self.scrapes:
+    def rule_values(self, at: float, since: float | None = None) -> core.RuleValues | None:
+        """The recording rules' values for this engine at `at`.
+
+        With `since`, only the samples of [since, at] count: what Prometheus would say had
+        it watched this load for the whole window, without the earlier steps mixed in.
+        """
+        scrapes = [(t, s) for t, s in self.scrapes if since is None or since <= t <= at]
+        if not scrapes:
             return None
-        series = core.series_from_scrapes(self.scrapes)
+        series = core.series_from_scrapes(scrapes)
         for key, values in core.rule_values_at(series, at).items():
             if key.engine == self.exporter_engine:
                 return values
         return None
 
     def engine_value(self, name: str) -> float | None:
-        """The newest exporter value of a per-engine series."""
+        """The newest value of a per-engine series."""
         return _first(self.latest(), name, engine=self.exporter_engine)
+
+    def latest(self) -> Series:
+        """The newest scrape (empty without one)."""
+        return self.scrapes[-1][1] if self.scrapes else {}
 
 
 # --- engine facts from its own endpoints -----------------------------------------------------
@@ -441,6 +496,7 @@ class Diagnoser:
         self.step_no = 0
         self.kv_events_total = 0
         self.model_path: Path | None = engine.model_path
+        self.launched_ctx: int | None = None
 
     # helpers ----------------------------------------------------------------------------
 
@@ -487,7 +543,7 @@ class Diagnoser:
         first_ctx = opts.contexts[0] if opts.contexts else None
         if self.engine.launch is not None:
             with self._phase("baseline") as ph:
-                ph.memory_bytes = await asyncio.to_thread(self.monitor.memory_now)
+                ph.memory_bytes = await self.monitor.memory_now()
             if await self._launch(first_ctx, parallel, "start") is None:
                 for step in ("residency", "single", "concurrency", "kv_pressure"):
                     self._not_measured(step, "the engine did not start (see the context row)")
@@ -504,6 +560,7 @@ class Diagnoser:
             self.result.missing.append(
                 "baseline memory and load time: the engine was already running (no launch template)"
             )
+            await self.monitor.attach(self.engine, self.engine.log_file, None)
         await self._facts()
         await self._residency()
         await self._single()
@@ -529,6 +586,8 @@ class Diagnoser:
             self._failed_launch(ctx, parallel, str(exc))
             return None
         self.monitor.process = proc
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            self.launched_ctx = int(launch_values(self.engine, overrides, log_path)["ctx"])
         self._say(phase, f"starting the engine ({' '.join(shlex.quote(a) for a in proc.argv)})")
         with self._phase(phase, note=" ".join(proc.argv)) as ph:
             try:
@@ -539,10 +598,11 @@ class Diagnoser:
                 self.monitor.process = None
                 self._failed_launch(ctx, parallel, str(exc))
                 return None
-            ph.memory_bytes = await asyncio.to_thread(self.monitor.memory_now)
+            ph.memory_bytes = await self.monitor.memory_now()
             ph.note = f"load {load:.2f} s: " + ph.note
         self.current = proc
-        self.monitor.follow_log(proc.engine_log if "log" in self._template() else None)
+        engine_log = proc.engine_log if "log" in self._template() else self.engine.log_file
+        await self.monitor.attach(self.engine, engine_log, proc.pid)
         if self.result.load_seconds is None:
             self.result.load_seconds = load
         return proc
@@ -571,7 +631,7 @@ class Diagnoser:
             seconds = self.engine.launch.settle_seconds if self.engine.launch else 0.0
         with self._phase("settle") as ph:
             await asyncio.sleep(seconds)
-            ph.memory_bytes = await asyncio.to_thread(self.monitor.memory_now)
+            ph.memory_bytes = await self.monitor.memory_now()
             ph.note = "loaded memory after settling"
         return ph.memory_bytes
 
@@ -608,12 +668,12 @@ class Diagnoser:
                 res.layers_total = res.layers_total or float(geo.n_layer + 1)
                 if res.weights_bytes is None and geo.weight_bytes:
                     res.weights_bytes = float(geo.weight_bytes)
-        self._gpu_facts()
+        await self._gpu_facts()
 
-    def _gpu_facts(self) -> None:
-        """Card, bandwidth and the engine's memory: exporter first, else NVML and the log."""
+    async def _gpu_facts(self) -> None:
+        """Card, bandwidth (exporter.gpu_specs, via the NVML collector), memory, layers, buffers."""
         res, mon = self.result, self.monitor
-        mon.sample()
+        await mon.sample()
         res.memory_source = mon.source
         series = mon.latest()
         if series:
@@ -645,28 +705,6 @@ class Diagnoser:
                     res.quantization = dict(lab).get("quantization") or res.quantization
                 if n == "llmb_gpu_info" and dict(lab).get("name"):
                     res.gpu_name = dict(lab)["name"]
-        elif (nv := mon.nvml()) is not None:
-            mod, handle = nv
-            res.gpu_total_bytes = float(mod.nvmlDeviceGetMemoryInfo(handle).total)
-            with contextlib.suppress(Exception):
-                name = mod.nvmlDeviceGetName(handle)
-                res.gpu_name = name.decode() if isinstance(name, bytes) else str(name)
-                bw = resolve_bandwidth(
-                    res.gpu_name,
-                    0,
-                    str(mod.nvmlDeviceGetUUID(handle)),
-                    mod.nvmlDeviceGetMaxClockInfo(handle, mod.NVML_CLOCK_MEM),
-                    mod.nvmlDeviceGetMemoryBusWidth(handle),
-                )
-                res.bandwidth_bytes_per_s, res.bandwidth_source = bw.bytes_per_second, bw.source
-            if self.current is not None and self.current.pid is not None:
-                pids = process_group_pids(self.current.pid)
-                used = 0.0
-                with contextlib.suppress(Exception):
-                    for p in mod.nvmlDeviceGetComputeRunningProcesses(handle):
-                        if p.pid in pids and p.usedGpuMemory:
-                            used += p.usedGpuMemory
-                res.process_gpu_bytes = used or None
         state = mon.log_state()
         if state is not None:
             if state.layers_total is not None:
@@ -688,7 +726,7 @@ class Diagnoser:
     def _own_residency_signals(self) -> dict[str, Any]:
         """The residency part of `Signals` from diagnose's own readings (no exporter)."""
         res = self.result
-        has_gpu = self.monitor.nvml() is not None
+        has_gpu = self.monitor.source == "gpu"
         out: dict[str, Any] = {"host_has_gpu": has_gpu}
         if res.layers_total:
             out["layers_ratio"] = (res.layers_offloaded or 0.0) / res.layers_total
@@ -701,7 +739,7 @@ class Diagnoser:
     async def _residency(self) -> None:
         res = self.result
         with self._phase("residency") as ph:
-            await asyncio.to_thread(self._gpu_facts)
+            await self._gpu_facts()
             ph.memory_bytes = res.process_gpu_bytes
         values = self.monitor.rule_values(time.time())
         sig = (
@@ -760,7 +798,13 @@ class Diagnoser:
         )
 
     async def _load(
-        self, step: str, concurrency: int, prompt_tokens: int, rounds: int, context: int | None
+        self,
+        step: str,
+        concurrency: int,
+        prompt_tokens: int,
+        rounds: int,
+        context: int | None,
+        requests: int | None = None,
     ) -> Row:
         """One load step through the scheduler, `rounds` times; the row keeps every round."""
         row = Row(
@@ -778,7 +822,9 @@ class Diagnoser:
         log0 = self._log_events()
         t0 = time.time()
         for _ in range(rounds):
-            spec = self._spec(concurrency, prompt_tokens, concurrency * self.opts.requests_per_slot)
+            spec = self._spec(
+                concurrency, prompt_tokens, requests or concurrency * self.opts.requests_per_slot
+            )
             result = await run_step(spec, self.ctx, step=self.step_no)
             self.step_no += 1
             summary = result.summaries[0] if result.summaries else {}
@@ -837,9 +883,9 @@ class Diagnoser:
     def _step_evidence(self, row: Row, t0: float, t1: float) -> None:
         """Signals at the end of the step: the exporter's through the rules, else our own."""
         mon = self.monitor
-        values = mon.rule_values(t1)
+        values = mon.rule_values(t1, since=t0)
         if values is not None:
-            sig = values.signals
+            sig = self._complete(values.signals, row)
             window = [s for t, s in mon.scrapes if t0 <= t <= t1]
             kv = [
                 v
@@ -858,7 +904,30 @@ class Diagnoser:
         verdict = core.evaluate(sig)
         self.step_verdicts.append((row.step, verdict.name, sig))
 
-    def _own_signals(self, row: Row) -> core.Signals:
+    def _complete(self, sig: core.Signals, row: Row) -> core.Signals:
+        """Add what the client measured and the rules cannot see, and say so."""
+        client_kv = row.kv_exhausted + row.truncated
+        if client_kv and not (sig.kv_pressure_increase or 0) > 0:
+            sig = replace(sig, kv_pressure_increase=float(client_kv))
+            self._note(
+                f"{row.step}: {client_kv} requests ran out of KV/context on the client side "
+                "that the exporter did not count (no engine log?); counted as KV pressure"
+            )
+        if sig.decode_efficiency is None and self.opts.bandwidth_bytes_per_s:
+            own = self._own_signals(row, count_events=False).decode_efficiency
+            if own is not None:
+                sig = replace(sig, decode_efficiency=own)
+                self._note(
+                    "decode efficiency uses --bandwidth-gbs: no GPU bandwidth series for the "
+                    "rules (the Prometheus verdict cannot see it)"
+                )
+        return sig
+
+    def _note(self, text: str) -> None:
+        if text not in self.result.notes:
+            self.result.notes.append(text)
+
+    def _own_signals(self, row: Row, count_events: bool = True) -> core.Signals:
         """`Signals` from diagnose's own measurements of one step (no exporter)."""
         res = self.result
         slots = res.slots
@@ -867,7 +936,8 @@ class Diagnoser:
             row.waiting_avg = float(row.concurrency - slots)
         elif slots:
             row.waiting_avg = 0.0
-        self.kv_events_total += row.kv_exhausted + max(row.truncated, row.kv_events)
+        if count_events:
+            self.kv_events_total += row.kv_exhausted + max(row.truncated, row.kv_events)
         eff = None
         if row.per_seq_tok_s and res.weights_bytes:
             kv_tokens = None
@@ -964,10 +1034,12 @@ class Diagnoser:
         ctx = self.result.slot_context
         if not ctx:
             return None, "the context per slot is unknown (pass --kv-prompt-tokens)"
-        tokens = min(ctx // 2, KV_PROMPT_CAP) - self.opts.max_tokens
+        # Each request ends a little past half a slot's context: a pool that cannot hold
+        # every slot at half its context runs out during decode, a per-slot one never does.
+        tokens = min(ctx // 2, KV_PROMPT_CAP) - self.opts.max_tokens // 2
         if tokens < 16:
             return None, f"a slot's context ({ctx}) leaves no room beyond --max-tokens"
-        return tokens, f"half of a slot's context ({ctx})"
+        return tokens, f"ending past half of a slot's context ({ctx})"
 
     async def _kv_pressure(self) -> None:
         tokens, why = self._kv_prompt_tokens()
@@ -979,7 +1051,8 @@ class Diagnoser:
             return
         conc = min(self.result.slots or max(self.opts.concurrency), max(self.opts.concurrency))
         with self._phase("kv_pressure", note=f"{conc} x {tokens} prompt tokens"):
-            row = await self._load("kv_pressure", conc, tokens, 1, None)
+            # One wave, one request per slot: whatever waits, waits for KV space, not a slot.
+            row = await self._load("kv_pressure", conc, tokens, 1, None, requests=conc)
         pressure = row.kv_exhausted + row.truncated + row.kv_events
         saturated = any(v == "kv_saturated" for s, v, _ in self.step_verdicts if s == "kv_pressure")
         answer = (
@@ -1021,16 +1094,16 @@ class Diagnoser:
         top = self.opts.max_context or res.trained_context
         if not top:
             return [], "the model's trained context is unknown (pass --contexts or --max-context)"
-        start = res.slot_context or 4096
-        if res.slots and res.kind == "llamacpp" and res.slot_context:
-            start = res.slot_context * res.slots  # llama.cpp's -c is the total
+        start = self.launched_ctx or res.slot_context or 4096
         out = []
         ctx = start * 2
         while ctx < top:
             out.append(ctx)
             ctx *= 2
         out.append(top)
-        return [c for c in out if c > start], ""
+        out = [c for c in out if c > start]
+        why = "" if out else f"the launch context {start} already reaches the top ({top})"
+        return out, why
 
     async def _context_sweep(self, parallel: int | None) -> None:
         contexts, why = self._contexts()
@@ -1290,6 +1363,7 @@ def options_from_args(args: argparse.Namespace, config: Config | None) -> Option
         parallel=args.parallel,
         exporter_url=args.exporter_url,
         exporter_engine=args.exporter_engine,
+        gpu=config.gpu if config is not None else None,
         bandwidth_bytes_per_s=bw,
         timeout=args.timeout,
         connect_timeout=args.connect_timeout,
@@ -1392,7 +1466,7 @@ def run_info(argv: list[str] | None = None) -> RunInfo:
 
 def quiet_libraries() -> None:
     """Keep the terminal to our progress lines: no per-request or per-poll logging."""
-    for name in ("httpx", "loadgen.scheduler", "loadgen.client", "matplotlib"):
+    for name in ("httpx", "loadgen.scheduler", "loadgen.client", "loadgen.prompts", "matplotlib"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
@@ -1430,7 +1504,7 @@ def write_outputs(
     from loadgen.htmlreport import write_report
 
     run.finished_at = utc_now()
-    write_report(out, engines, decision, title, run=run)
+    write_report(out, engines, decision, title, run)
     # results.json carries the run's metadata whatever the renderer adds to it.
     doc = results_to_dict(engines, decision, run)
     doc["title"] = title
