@@ -643,6 +643,14 @@ def metadata_of(engines: list[EngineResult], run: RunInfo | None = None) -> Meta
 # --- tables --------------------------------------------------------------------------------
 
 
+def _count(n: int) -> str:
+    return str(n) if n else ""
+
+
+def _pct_or_dash(x: float | None) -> str:
+    return "—" if x is None else f"{x * 100:.0f} %"
+
+
 def _fmt(value: Any, digits: int = 1) -> str:
     if value is None:
         return "—"
@@ -747,6 +755,8 @@ class Column:
     cell: Callable[[Row], str]
     # Shown (as "not measured: ...") when the column is empty in every row and left out.
     empty_why: str = ""
+    # Empty everywhere is the good case (no failures): left out without a note.
+    quiet: bool = False
 
 
 COLUMNS = (
@@ -761,6 +771,11 @@ COLUMNS = (
     Column(
         "TTFT ms", lambda r: _fmt(r.ttft_s * 1000 if r.ttft_s is not None else None), "no tokens"
     ),
+    Column(
+        "TTFT p99 ms",
+        lambda r: _fmt(r.ttft_p99_s * 1000 if r.ttft_p99_s is not None else None),
+        "no tokens",
+    ),
     Column("ms/token", lambda r: _fmt(r.per_token_ms, 2), "no tokens"),
     Column(
         "server ms/token",
@@ -769,6 +784,24 @@ COLUMNS = (
     ),
     Column("per-seq tok/s", lambda r: _fmt(r.per_seq_tok_s), "no tokens"),
     Column("aggregate tok/s", lambda r: _fmt(r.aggregate_tok_s), "no tokens"),
+    Column(
+        "spread",
+        lambda r: _pct_or_dash(r.spread),
+        "one round per step: pass --rounds 3 for the spread between rounds",
+    ),
+    Column("failed", lambda r: _count(r.requests_failed), quiet=True),
+    Column("KV exhausted", lambda r: _count(r.kv_exhausted), quiet=True),
+    Column("truncated", lambda r: _count(r.truncated), quiet=True),
+    Column(
+        "KV use max",
+        lambda r: _pct_or_dash(r.kv_usage_max),
+        "KV usage needs the engine's metrics through " + FIX_EXPORTER,
+    ),
+    Column(
+        "waiting avg",
+        lambda r: _fmt(r.waiting_avg),
+        "queued requests need the engine's metrics through " + FIX_EXPORTER,
+    ),
     Column("memory GiB", lambda r: _gib(r.memory_bytes), "no memory source: " + FIX_EXPORTER),
     Column(
         "loaded GiB",
@@ -798,8 +831,8 @@ def measurement_table(
     keep, notes = [], []
     for j, col in enumerate(COLUMNS):
         empty = all(row[j] in ("", "—") for row in cells)
-        if empty and col.head == "error":
-            continue  # no error anywhere is the good case, not a gap
+        if empty and (col.quiet or col.head == "error"):
+            continue  # no failure anywhere is the good case, not a gap
         if empty and col.empty_why and rows:
             notes.append(f"{col.head}: not measured: {col.empty_why}")
             continue
