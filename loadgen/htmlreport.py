@@ -774,7 +774,7 @@ COLUMNS = (
     Column(
         "TTFT p99 ms",
         lambda r: _fmt(r.ttft_p99_s * 1000 if r.ttft_p99_s is not None else None),
-        "no tokens",
+        "no step recorded a p99 TTFT",
     ),
     Column("ms/token", lambda r: _fmt(r.per_token_ms, 2), "no tokens"),
     Column(
@@ -795,12 +795,12 @@ COLUMNS = (
     Column(
         "KV use max",
         lambda r: _pct_or_dash(r.kv_usage_max),
-        "KV usage needs the engine's metrics through " + FIX_EXPORTER,
+        "KV usage needs the engine's metrics: " + FIX_EXPORTER,
     ),
     Column(
         "waiting avg",
         lambda r: _fmt(r.waiting_avg),
-        "queued requests need the engine's metrics through " + FIX_EXPORTER,
+        "queued requests need the engine's metrics: " + FIX_EXPORTER,
     ),
     Column("memory GiB", lambda r: _gib(r.memory_bytes), "no memory source: " + FIX_EXPORTER),
     Column(
@@ -811,7 +811,7 @@ COLUMNS = (
     Column(
         "KV GiB",
         lambda r: _gib(r.kv_bytes),
-        "KV cache size needs a context sweep and the engine's log or " + FIX_EXPORTER,
+        "KV cache size needs a context sweep and the engine's log; or " + FIX_EXPORTER,
     ),
     Column(
         "load s",
@@ -858,7 +858,12 @@ def phase_rows(engines: list[EngineResult]) -> list[list[str]]:
 def not_measured(engines: list[EngineResult], plots: list[Plot]) -> list[str]:
     """Every step and plot that did not run, each with its reason."""
     out = [f"{e.name}: {m}" for e in engines for m in e.missing]
-    out += [f"{p.caption}: {p.missing}" for p in plots if p.svg is None]
+    # A plot left out for a reason already listed is not listed again.
+    out += [
+        f"{p.caption}: {p.missing}"
+        for p in plots
+        if p.svg is None and not any(p.missing.removeprefix("not measured: ") in m for m in out)
+    ]
     return out
 
 
