@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from exporter import __version__
+from exporter.verdict import VERDICT_INFO
 from loadgen.decision import Decision, EngineResult, Row, RunInfo, results_to_dict
 
 if TYPE_CHECKING:
@@ -554,8 +555,6 @@ class Answer:
 
 def answer_of(engines: list[EngineResult], decision: Decision) -> Answer:
     """The answer block, field by field from the Decision that results.json is written from."""
-    from exporter.verdict import VERDICT_INFO
-
     verdicts = []
     for name, v in decision.verdict.items():
         info = VERDICT_INFO.get(v)
@@ -706,8 +705,7 @@ def engine_facts(e: EngineResult) -> list[tuple[str, str]]:
     """(fact, value) for one engine; every unknown value says how to get it."""
     limit = e.roofline.limit_tok_s
     return [
-        ("kind", e.kind),
-        ("url", e.url or _unknown("not recorded")),
+        ("kind", e.kind + (f" at {e.url}" if e.url else "")),
         ("model", e.model or _unknown("the engine named no model in /v1/models")),
         ("quantization", e.quantization or _unknown(FIX_EXPORTER)),
         ("weights", _gib_or(e.weights_bytes, FIX_EXPORTER)),
@@ -829,6 +827,8 @@ def measurement_table(
     rows = [r for e in engines for r in e.rows]
     cells = [[c.cell(r) for c in COLUMNS] for r in rows]
     keep, notes = [], []
+    if not rows:
+        return (), [], []
     for j, col in enumerate(COLUMNS):
         empty = all(row[j] in ("", "—") for row in cells)
         if empty and (col.quiet or col.head == "error"):
@@ -842,6 +842,8 @@ def measurement_table(
 
 
 PHASE_HEAD = ("engine", "phase", "start (UTC)", "seconds", "memory GiB", "note")
+NO_ROWS = "No step produced a measurement (see Not measured)."
+NO_PHASES = "No phase ran."
 
 
 def phase_rows(engines: list[EngineResult]) -> list[list[str]]:
@@ -963,9 +965,11 @@ def render_markdown(rep: Report) -> str:
     for p in rep.plots:
         parts.append(f"- {p.caption}: " + ("in report.html" if p.svg else p.missing))
     head, rows, notes = rep.table
-    parts += ["", "## Measurements", "", _md_table(head, rows), ""]
+    parts += ["", "## Measurements", ""]
+    parts += [_md_table(head, rows), ""] if rows else [NO_ROWS, ""]
     parts += [f"- {n}" for n in notes] + ([""] if notes else [])
-    parts += ["## Phases", "", _md_table(PHASE_HEAD, rep.phases), ""]
+    parts += ["## Phases", ""]
+    parts += [_md_table(PHASE_HEAD, rep.phases), ""] if rep.phases else [NO_PHASES, ""]
     parts += ["## Not measured", ""]
     parts += [f"- {m}" for m in rep.missing] or ["- nothing: every step ran"]
     return "\n".join(parts) + "\n"
@@ -1051,6 +1055,10 @@ def render_html(rep: Report) -> str:
     )
     head, rows, notes = rep.table
     table_notes = "".join(f'<p class="not-measured">{_esc(n)}</p>' for n in notes)
+    measurements = _html_table(head, rows, "rows") if rows else f"<p>{_esc(NO_ROWS)}</p>"
+    phases = (
+        _html_table(PHASE_HEAD, rep.phases, "phases") if rep.phases else f"<p>{_esc(NO_PHASES)}</p>"
+    )
     missing = "".join(f"<li>{_esc(m)}</li>" for m in rep.missing) or (
         "<li>nothing: every step ran</li>"
     )
@@ -1072,8 +1080,8 @@ def render_html(rep: Report) -> str:
 <h2>Steps, in order</h2><ol id="steps">{steps}</ol>
 <h2>Engines</h2>{_html_table(*rep.facts, "facts", True)}
 <h2>Plots</h2>{"".join(_html_plot(p) for p in rep.plots)}
-<h2>Measurements</h2>{_html_table(head, rows, "rows")}{table_notes}
-<h2>Phases</h2>{_html_table(PHASE_HEAD, rep.phases, "phases")}
+<h2>Measurements</h2>{measurements}{table_notes}
+<h2>Phases</h2>{phases}
 <h2>Not measured</h2><ul id="not-measured">{missing}</ul>
 </body></html>
 """
