@@ -12,9 +12,13 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from exporter.verdict import VERDICT_INFO
+from loadgen.__main__ import main as loadgen_main
 from loadgen.decision import (
     NOT_MEASURED,
     Decision,
@@ -29,6 +33,7 @@ from loadgen.decision import (
 )
 from loadgen.diagnose import STEP_QUESTIONS, STEPS, print_answer
 from loadgen.htmlreport import PLOTS, write_report
+from tests.plugins.llama import LlamaServer
 from tests.report_browser import Page, colored_pixels, dark_pixels, render
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,24 +164,23 @@ def _steps(e: EngineResult) -> list[Step]:
     return out
 
 
-def _surfaces(out: Path, engines: list[EngineResult], decision: Decision) -> tuple[str, str]:
-    """What the terminal printed and what results.json holds, as two texts."""
+def printed_answer(out: Path, engines: list[EngineResult], decision: Decision) -> str:
+    """What diagnose/compare print on the terminal for this answer."""
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         print_answer(engines, decision, out)
-    return buf.getvalue(), (out / "results.json").read_text()
+    return buf.getvalue()
 
 
-def assert_same_answer(out: Path, engines: list[EngineResult], decision: Decision) -> None:
+def assert_same_answer(out: Path, terminal: str) -> None:
     """report.md and report.html say what results.json and the terminal say, word for word."""
     doc = json.loads((out / "results.json").read_text())
-    terminal, _ = _surfaces(out, engines, decision)
     md = (out / "report.md").read_text()
     page = render(out / "report.html", out)
-    assert page.answer is not None
+    assert page.answer is not None and page.metadata is not None
     answer_text = " ".join(page.answer.split())
     said = [doc["recommendation"], doc["action"], *doc["caveats"]]
-    said += [v for v in doc["verdict"].values()]
+    said += [f"{e['basis']} ≈ {e['tok_s']:.1f} tok/s" for e in doc["decision"]["estimates"]]
     for text in said:
         assert text in terminal, text
         assert text in md, text
@@ -187,15 +191,17 @@ def assert_same_answer(out: Path, engines: list[EngineResult], decision: Decisio
     assert f"Comparable: {comparable}" in answer_text
     for step in doc["decision"]["steps"]:
         assert step["answer"] in md and step["answer"] in terminal
-    for est in decision.estimates:
-        line = f"{est.basis} ≈ {est.tok_s:.1f} tok/s"
-        assert line in terminal and line in md and line in answer_text
     for n, v in doc["verdict"].items():
         assert f"{n}: {v}" in terminal
         assert f"| {n} | `{v}` |" in md
         assert f"{n} {v}" in answer_text
         # Said once: in the answer, not again as a heading or in the steps.
         assert md.count(f"`{v}`") == 1, v
+    # The metadata block holds results.json's run record.
+    for key in ("tool_version", "command", "started_at", "finished_at"):
+        if doc.get(key):
+            assert doc[key] in md, key
+            assert doc[key] in page.metadata[1], key
 
 
 def test_compare_report_renders_every_plot(tmp_path: Path) -> None:
@@ -236,7 +242,7 @@ def test_compare_report_renders_every_plot(tmp_path: Path) -> None:
     meta = page.metadata[1]
     assert "llmb-loadgen compare --engine llama --engine sglang" in meta
     assert "2026-11-30T18:00:00Z" in meta and "NVIDIA RTX PRO 5000" in meta
-    assert_same_answer(tmp_path, [a, b], decision)
+    assert_same_answer(tmp_path, printed_answer(tmp_path, [a, b], decision))
 
 
 def test_diagnose_report_without_sweep_or_exporter_leaves_the_plots_out(tmp_path: Path) -> None:
@@ -275,7 +281,7 @@ def test_diagnose_report_without_sweep_or_exporter_leaves_the_plots_out(tmp_path
                 ), unknown
         assert "--bandwidth-gbs" in text  # the roofline is unknown: the flag that fixes it
         assert "engines[].log_file" in text  # layers unknown: the setting that fixes it
-    assert_same_answer(tmp_path, [e], decision)
+    assert_same_answer(tmp_path, printed_answer(tmp_path, [e], decision))
 
 
 def test_bare_report_has_no_plot_at_all(tmp_path: Path) -> None:
@@ -380,3 +386,32 @@ def test_missing_matplotlib_is_one_clear_line(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "out" / "results.json").read_text())["engines"]
     assert (tmp_path / "out" / "report.md").read_text().startswith("# llm-bottleneck")
     assert not (tmp_path / "out" / "report.html").exists()
+
+
+@pytest.mark.llamaserver
+def test_report_of_a_real_diagnose(
+    tmp_path: Path, llama_server: Callable[..., LlamaServer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's user path: `diagnose --url` against the real CPU llama-server, no config.
+
+    No launch template, no exporter, no GPU: the memory plots are left out with their
+    reasons, the load plots are drawn, and the report says what the terminal said.
+    """
+    server = llama_server(ctx=2048, parallel=2)
+    out = tmp_path / "out"
+    code = loadgen_main(
+        ["diagnose", "--url", server.url, "--kind", "llamacpp", "--out", str(out),
+         "--concurrency", "1,2", "--prompt-tokens", "32", "--max-tokens", "16",
+         "--kv-prompt-tokens", "256"]
+    )  # fmt: skip
+    terminal = capsys.readouterr().out
+    assert code == 0, terminal
+    page = assert_report_renders(out)
+    assert {"decode-per-sequence", "decode-aggregate", "ttft-vs-concurrency"} <= set(page.plots)
+    assert "memory-vs-context" in page.missing
+    assert_same_answer(out, terminal)
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["command"].startswith("llmb-loadgen diagnose --url")
+    md = (out / "report.md").read_text()
+    assert "None" not in md
+    assert "--bandwidth-gbs" in md  # no GPU here: the roofline needs the bandwidth
