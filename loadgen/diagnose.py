@@ -163,16 +163,21 @@ class PhasePublisher:
 # --- the exporter's /metrics: the one reader -------------------------------------------------
 
 
-def read_exporter(url: str, timeout: float = 10.0) -> Series:
-    """One scrape of the exporter as {(name, sorted labels): value} (raises httpx/ValueError)."""
-    resp = httpx.get(metrics_url(url), timeout=timeout)
-    resp.raise_for_status()
-    expo = parse_exposition(resp.text, "llmb_")
+def series_from_text(text: str) -> Series:
+    """An exporter page as {(name, sorted labels): value} (ValueError when it is none)."""
+    expo = parse_exposition(text, "llmb_")
     return {
         (name, tuple(sorted(s.labels.items()))): s.value
         for name, samples in expo.samples.items()
         for s in samples
     }
+
+
+def read_exporter(url: str, timeout: float = 10.0) -> Series:
+    """One scrape of the exporter, with or without /metrics in `url` (raises httpx/ValueError)."""
+    resp = httpx.get(metrics_url(url), timeout=timeout)
+    resp.raise_for_status()
+    return series_from_text(resp.text)
 
 
 def _pick(series: Series, name: str, **labels: str) -> list[float]:
