@@ -980,7 +980,8 @@ body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;padding:0
 h1{font-size:1.6em} h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:13px;margin:.6em 0}
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}
-table.rows td{text-align:right} table.rows td:nth-child(-n+2){text-align:left}
+table.rows td{text-align:right;white-space:nowrap} table.rows td:nth-child(-n+2){text-align:left}
+table.rows td:last-child{white-space:normal} .scroll{overflow-x:auto}
 #answer{background:#f5f7fa;border:1px solid #d0d7e2;border-radius:6px;padding:.2em 1.2em 1em}
 #answer .verdict{font-family:ui-monospace,monospace;font-weight:bold;font-size:1.15em}
 #answer code{font-size:1.05em;font-weight:bold}
@@ -1055,7 +1056,12 @@ def render_html(rep: Report) -> str:
     )
     head, rows, notes = rep.table
     table_notes = "".join(f'<p class="not-measured">{_esc(n)}</p>' for n in notes)
-    measurements = _html_table(head, rows, "rows") if rows else f"<p>{_esc(NO_ROWS)}</p>"
+    # Many columns: the table scrolls sideways inside the page rather than widening it.
+    measurements = (
+        f'<div class="scroll">{_html_table(head, rows, "rows")}</div>'
+        if rows
+        else f"<p>{_esc(NO_ROWS)}</p>"
+    )
     phases = (
         _html_table(PHASE_HEAD, rep.phases, "phases") if rep.phases else f"<p>{_esc(NO_PHASES)}</p>"
     )
