@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import re
 import subprocess
@@ -32,7 +33,13 @@ from loadgen.decision import (
     roofline,
 )
 from loadgen.diagnose import STEP_QUESTIONS, STEPS, print_answer
-from loadgen.htmlreport import PLOTS, write_report
+from loadgen.htmlreport import (
+    PLOTS,
+    plot_decode_aggregate,
+    plot_decode_per_sequence,
+    plot_ttft,
+    write_report,
+)
 from tests.plugins.llama import LlamaServer
 from tests.report_browser import Page, colored_pixels, dark_pixels, render
 
@@ -320,6 +327,37 @@ def test_flags_named_in_the_report_exist() -> None:
     assert engine_keys == {"launch", "log_file"}
     assert engine_keys <= set(EngineConfig.model_fields)
     assert set(re.findall(r"gpu\.(\w+)", hints)) <= set(GpuConfig.model_fields)
+
+
+def _xticks(svg: str) -> list[tuple[float, str]]:
+    """(x, label) of each x tick label in a matplotlib SVG."""
+    out = []
+    for tick in re.findall(r'<g id="xtick_\d+">(.*?)</text>', svg, re.S):
+        found = re.search(r'<text [^>]*x="([\d.]+)"[^>]*>([^<]*)$', tick, re.S)
+        assert found is not None
+        out.append((float(found.group(1)), found.group(2).strip()))
+    return out
+
+
+def test_concurrency_ticks_are_plain_and_apart() -> None:
+    """1..64 on a linear axis: plain numbers, 1 and 64 labelled, no two labels crowded."""
+    e = _engine("a", "llamacpp", 1.0)
+    e.rows = [r for r in e.rows if r.step != "concurrency"]
+    e.rows += [
+        Row("a", "concurrency", c, aggregate_tok_s=50.0 * c, per_seq_tok_s=50.0, ttft_s=0.1)
+        for c in (2, 4, 8, 16, 32, 64)
+    ]
+    for plot in (plot_decode_aggregate([e]), plot_decode_per_sequence([e]), plot_ttft([e])):
+        assert plot.svg is not None
+        ticks = _xticks(plot.svg)
+        labels = [label for _, label in ticks]
+        assert all(re.fullmatch(r"\d+", label) for label in labels), labels
+        assert labels[0] == "1" and labels[-1] == "64"
+        xs = [x for x, _ in ticks]
+        # Linear: 64 is four times as far from 0 as 16.
+        x0 = xs[0] - (xs[labels.index("64")] - xs[0]) / 63
+        assert (xs[-1] - x0) == pytest.approx(4 * (xs[labels.index("16")] - x0), rel=0.01)
+        assert min(b - a for a, b in itertools.pairwise(xs)) > 20  # no crowded labels
 
 
 def test_no_loadgen_module_imports_matplotlib() -> None:
