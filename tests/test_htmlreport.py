@@ -400,7 +400,8 @@ def test_no_third_party_log_lines(tmp_path: Path) -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "mpl" / "fontlist-v390.json").exists() or any((tmp_path / "mpl").iterdir())
+    # The font cache was built by this run: the case that logs "generated new fontManager".
+    assert any(p.name.startswith("fontlist") for p in (tmp_path / "mpl").iterdir())
     noisy = [ln for ln in done.stderr.splitlines() if re.search(r"matplotlib|PIL|font", ln, re.I)]
     assert noisy == []
     assert (tmp_path / "out" / "report.html").exists()
