@@ -15,6 +15,9 @@ scenario it compares, at the same moments:
 
 It also writes a promtool unit test whose input series are the exporter's real scrapes
 (resampled to 1 s), so `promtool test rules` evaluates the verdict rules on the GPU's data.
+The expected verdict, conditions and recorded inputs come from the Python decision core
+(`exporter/verdict.py`) on the same samples, never by hand; `parity_case` builds such a test
+from any scrapes (tests/test_verdict_parity.py uses it for the simulators too).
 """
 
 from __future__ import annotations
@@ -36,11 +39,13 @@ sys.path.insert(0, str(ROOT))
 
 from exporter.verdict import (  # noqa: E402
     CONDITION_BY_NAME,
+    SIGNAL_RECORDS,
     VERDICTS,
     EngineKey,
     RuleValues,
     evaluate,
     rule_values_at,
+    t,
 )
 
 RULE_FILES = ("recording.yml", "verdict.yml")
@@ -215,6 +220,17 @@ def group_order() -> list[str]:
 
 # The recorded series the parity checks compare: every verdict and every condition.
 PARITY_EXPR = '{__name__=~"llmb:engine_bottleneck:verdict|engine:llmb_[a-z_]+:bool"}'
+# The recorded inputs of the verdict and the roofline, compared value for value.
+VALUE_RECORDS: dict[str, str] = {
+    **SIGNAL_RECORDS,
+    "decode_tokens_per_second": f"engine:llmb_decode_tokens_per_second:rate{t('rate_window')}",
+    "bandwidth_bytes_per_second": "engine:llmb_gpu_memory_bandwidth_bytes_per_second:max",
+    "decode_bytes_per_step": f"engine:llmb_decode_bytes_per_step:avg{t('rate_window')}",
+    "roofline_tokens_per_second": (
+        f"engine:llmb_decode_roofline_tokens_per_second:avg{t('rate_window')}"
+    ),
+}
+VALUES_EXPR = '{__name__=~"' + "|".join(sorted(VALUE_RECORDS.values())) + '"}'
 
 
 def resample(
@@ -246,6 +262,18 @@ def resample(
 def _labels(name: str, labels: Mapping[str, str]) -> str:
     body = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if v)
     return f"{name}{{{body}}}"
+
+
+def expected_values(values: Mapping[EngineKey, RuleValues]) -> list[dict[str, Any]]:
+    """What VALUES_EXPR must return: every recorded input Python computed, exactly."""
+    out = []
+    for key, rv in sorted(values.items()):
+        base = {"host": key.host, "engine": key.engine, "kind": key.kind}
+        for attr, record in VALUE_RECORDS.items():
+            v = getattr(rv.signals, attr) if attr in SIGNAL_RECORDS else getattr(rv, attr)
+            if v is not None:
+                out.append({"labels": _labels(record, base), "value": v})
+    return out
 
 
 def expected_samples(values: Mapping[EngineKey, RuleValues]) -> list[dict[str, Any]]:
@@ -281,12 +309,15 @@ def parity_case(
     scrapes: Sequence[tuple[float, Mapping[Key, float]]],
     interval: float = 1.0,
     every_step: bool = False,
+    exact_values: bool = False,
 ) -> ParityCase:
     """A promtool test of `scrapes` whose expected verdicts come from `exporter.verdict`.
 
     The input series are the scrapes resampled to `interval`; the expectation (every
     condition and verdict series of every engine up) is what the Python evaluator gives on
-    exactly those samples, at the last step or, with `every_step`, at every step.
+    exactly those samples, at the last step or, with `every_step`, at every step. With
+    `exact_values` every recorded input of the verdict and the roofline must also equal
+    Python's value exactly (promtool compares floats for equality).
     """
     steps, values = resample(scrapes, interval)
     series = []
@@ -309,6 +340,14 @@ def parity_case(
                 "exp_samples": expected_samples(rule_values),
             }
         )
+        if exact_values:
+            tests.append(
+                {
+                    "expr": VALUES_EXPR,
+                    "eval_time": _duration(step * interval),
+                    "exp_samples": expected_values(rule_values),
+                }
+            )
     case = {
         "name": name,
         "interval": _duration(interval),
@@ -330,7 +369,7 @@ def scrape_series(scrapes: list[dict[str, Any]]) -> list[tuple[float, dict[Key, 
 
 def promtool_case(name: str, scrapes: list[dict[str, Any]]) -> ParityCase:
     """One captured scenario: its scrapes at 1 s, the Python verdict at the end."""
-    pc = parity_case(f"H200 capture {name}", scrape_series(scrapes), 1.0)
+    pc = parity_case(f"H200 capture {name}", scrape_series(scrapes), 1.0, exact_values=True)
     (verdict,) = pc.final.values()
     pc.case["name"] += f": verdict {verdict}"
     return pc

@@ -29,12 +29,16 @@ Roofline
     `decode_efficiency(decode_tokens_per_second, roofline)`.
 From raw samples
     `SeriesKey` (metric name, sorted label pairs), `EngineKey` (host, engine, kind),
-    `series_from_scrapes(scrapes)`, `signals_at(series, at) -> {EngineKey: Signals}` and
-    `rule_values_at(series, at) -> {EngineKey: RuleValues}`: the same arithmetic as the
-    recording rules (rate/increase with Prometheus' extrapolation, avg_over_time, max by
-    engine, the GPU joins) at time `at`, with Prometheus 2.x window semantics (a range
-    `[w]` holds the samples in `[at - w, at]`, an instant lookup takes the newest sample of
-    the last 5 minutes).
+    `series_from_scrapes(scrapes)`, `signals_at(series, at) -> {EngineKey: Signals}`,
+    `verdicts_at(series, at) -> {EngineKey: Verdict}` and
+    `rule_values_at(series, at) -> {EngineKey: RuleValues}` (also the decode rate,
+    bandwidth, bytes per step and roofline): the same arithmetic as the recording rules
+    (rate/increase with Prometheus' extrapolation, avg_over_time, max by engine, the GPU
+    joins) at time `at`, with Prometheus 2.x window semantics (a range `[w]` holds the
+    samples in `[at - w, at]`, an instant lookup takes the newest sample of the last 5
+    minutes). This is what promtool computes when the rule groups run in file order
+    (`group_eval_order`); a running Prometheus evaluates its groups independently, so
+    there the verdict may trail the raw series by up to one evaluation interval per group.
 
 Absence mirrors PromQL: a comparison on an absent signal is absent, `AllOf` is absent when
 one part is, an `Evidence` alternative that is absent does not count, and a condition with
@@ -461,9 +465,10 @@ VERDICT_INFO: dict[str, VerdictInfo] = {
             "weights_not_resident",
             "Part of the model's weights is not on the GPU: every decode step waits for the "
             "part in host memory.",
-            "Put every layer on the GPU: llama.cpp `-ngl 999` (or `--fit on`), SGLang without "
-            "`--cpu-offload-gb`. If the weights do not fit, free memory for them with a shorter "
-            "context (`-c`, `--context-length`), a smaller KV cache or a smaller quantization.",
+            "Put every layer on the GPU: llama.cpp `-ngl 999` (and `--fit off` if the automatic "
+            "fit lowered `-ngl`), SGLang without `--cpu-offload-gb`. If the weights do not fit, "
+            "free memory for them with a shorter context (`-c`, `--context-length`), a "
+            "quantized KV cache (`-ctk q8_0 -ctv q8_0`) or a smaller quantization.",
             6,
         ),
         VerdictInfo(
@@ -540,9 +545,24 @@ class Verdict:
         """What to do."""
         return self.info.action
 
+    @property
+    def summary(self) -> str:
+        """What the verdict means, in one sentence."""
+        return self.info.summary
+
     def held(self, condition: str) -> bool:
         """Whether the named condition held."""
         return any(c.held for c in self.conditions if c.name == condition)
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready: verdict, evidence, every condition (held or not), summary, action."""
+        return {
+            "verdict": self.name,
+            "evidence": list(self.evidence),
+            "conditions": {c.name: c.held for c in self.conditions},
+            "summary": self.summary,
+            "action": self.action,
+        }
 
 
 def evaluate(signals: Signals) -> Verdict:
@@ -653,7 +673,8 @@ class _Data:
         self.by_name: dict[str, list[tuple[dict[str, str], list[tuple[int, float]]]]] = defaultdict(
             list
         )
-        for (name, labels), points in series.items():
+        # Sorted by labels, as a PromQL selector returns series: sums then add in the same order.
+        for (name, labels), points in sorted(series.items()):
             pts = [(_ms(ts), float(v)) for ts, v in points if _ms(ts) <= self.at]
             self.by_name[name].append((dict(labels), pts))
 
@@ -716,9 +737,19 @@ def _extrapolated(
     return result * factor
 
 
+def _kahan_inc(inc: float, total: float, c: float) -> tuple[float, float]:
+    # Neumaier's compensated summation step, as Prometheus' kahanSumInc.
+    t = total + inc
+    if abs(total) >= abs(inc):
+        c += (total - t) + inc
+    else:
+        c += (inc - t) + total
+    return t, c
+
+
 def _avg_over_time(points: list[tuple[int, float]]) -> float:
-    # The incremental mean of Prometheus 2.42's avg_over_time, for identical rounding.
-    mean = count = 0.0
+    # The compensated incremental mean of Prometheus 2.42's avg_over_time, bit for bit.
+    mean = count = c = 0.0
     for _, v in points:
         count += 1
         if math.isinf(mean):
@@ -726,8 +757,8 @@ def _avg_over_time(points: list[tuple[int, float]]) -> float:
                 continue
             if not math.isinf(v) and not math.isnan(v):
                 continue
-        mean += v / count - mean / count
-    return mean
+        mean, c = _kahan_inc(v / count - mean / count, mean, c)
+    return mean if math.isinf(mean) else mean + c
 
 
 def _key(labels: Mapping[str, str]) -> EngineKey:
@@ -872,3 +903,8 @@ def rule_values_at(series: Mapping[SeriesKey, Points], at: float) -> dict[Engine
 def signals_at(series: Mapping[SeriesKey, Points], at: float) -> dict[EngineKey, Signals]:
     """`Signals` of every engine up at `at`, computed as the recording rules do."""
     return {k: v.signals for k, v in rule_values_at(series, at).items()}
+
+
+def verdicts_at(series: Mapping[SeriesKey, Points], at: float) -> dict[EngineKey, Verdict]:
+    """The verdict of every engine up at `at`: `evaluate(signals_at(...))`."""
+    return {k: evaluate(v) for k, v in signals_at(series, at).items()}

@@ -18,23 +18,16 @@ import io
 import json
 import logging
 import math
-import shlex
-import sys
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from loadgen.decision import (
-    Decision,
-    EngineResult,
-    Row,
-    results_to_dict,
-    roofline_fraction,
-    roofline_tok_s,
-)
+from exporter import __version__
+from exporter.verdict import VERDICT_INFO
+from loadgen.decision import Decision, EngineResult, Row, RunInfo, results_to_dict
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -60,7 +53,10 @@ FIX_LLAMA_LOG = (
     "set engines[].log_file in the config (llama-server -lv 4 --log-file ...) or pass "
     "--exporter-url"
 )
-FIX_CONTEXT_SWEEP = "needs a launch template with {ctx} in the config and --contexts"
+FIX_CONTEXT_SWEEP = (
+    "needs a launch template with {ctx} (engines[].launch) in the config; --contexts or "
+    "--max-context set its range"
+)
 
 # Phase labels above the memory timeline: rows before a label is left to the phase table.
 LABEL_ROWS = 3
@@ -189,8 +185,26 @@ def _context_axis(ax: Axes, values: Sequence[int]) -> None:
     ax.set_xlabel("context (tokens)")
 
 
+def _y_from_zero(ax: Axes) -> None:
+    """y from 0 with room above the highest line, so no marker sits on the frame."""
+    ys: list[float] = []
+    for line in ax.get_lines():
+        ys += [float(y) for y in cast("Sequence[float]", line.get_ydata())]
+    top = max((y for y in ys if math.isfinite(y)), default=0.0)
+    ax.set_ylim(0, top * 1.12 or 1.0)
+
+
 def _legend(ax: Axes) -> None:
     ax.legend(fontsize=8, loc="best", framealpha=0.85)
+
+
+def _missing_why(engines: list[EngineResult], step: str) -> str | None:
+    """The reason diagnose recorded for `step` not running ("step: why" in missing)."""
+    for e in engines:
+        for m in e.missing:
+            if m.startswith(step + ": "):
+                return m.split(": ", 1)[1]
+    return None
 
 
 def _memory_why(engines: list[EngineResult]) -> str:
@@ -231,7 +245,7 @@ def plot_memory_timeline(engines: list[EngineResult]) -> Plot:
             ax.axhline(total / GIB, color="black", linewidth=0.8, label="card total")
         else:
             plot.notes.append(f"The card's total ({total / GIB:.1f} GiB) is off the scale.")
-    ax.set_ylim(bottom=0)
+    _y_from_zero(ax)
     ax.set_xlabel("seconds since start")
     ax.set_ylabel("memory used (GiB)")
     _legend(ax)
@@ -315,7 +329,10 @@ def plot_memory_vs_context(engines: list[EngineResult]) -> Plot:
         r.loaded_memory_bytes or r.kv_bytes or r.error for rows in ctx_rows.values() for r in rows
     )
     if not has_data:
-        plot.missing = "not measured: no context sweep ran (" + FIX_CONTEXT_SWEEP + ")"
+        why = _missing_why(engines, "context")
+        plot.missing = "not measured: " + (
+            why or "no context sweep ran (" + FIX_CONTEXT_SWEEP + ")"
+        )
         return plot
     fig, ax = _new_axes(plot.pid)
     contexts: list[int] = []
@@ -354,15 +371,13 @@ def plot_memory_vs_context(engines: list[EngineResult]) -> Plot:
                     color=color,
                     transform=ax.get_xaxis_transform(),
                 )
-        if e.gpu_total_bytes and e.memory_source == "gpu":
-            ax.axhline(
-                e.gpu_total_bytes / GIB,
-                color="black",
-                linewidth=0.8,
-                label=_label(f"{e.name} card total"),
-            )
+    totals = {e.gpu_total_bytes for e in engines if e.gpu_total_bytes and e.memory_source == "gpu"}
+    for total in sorted(t for t in totals if t):
+        ax.axhline(
+            total / GIB, color="black", linewidth=0.8, label=f"card total {total / GIB:.0f} GiB"
+        )
     _context_axis(ax, contexts)
-    ax.set_ylim(bottom=0)
+    _y_from_zero(ax)
     ax.set_ylabel("GiB")
     if ax.get_legend_handles_labels()[0]:
         _legend(ax)
@@ -379,6 +394,9 @@ def _by_concurrency(e: EngineResult) -> list[Row]:
 
 
 def _load_why(engines: list[EngineResult]) -> str:
+    why = _missing_why(engines, "single") or _missing_why(engines, "concurrency")
+    if why:
+        return why
     failed = [e.name for e in engines if any(r.error for r in e.rows)]
     if failed:
         return "no load step completed (" + ", ".join(failed) + ": see the error column)"
@@ -387,7 +405,7 @@ def _load_why(engines: list[EngineResult]) -> str:
 
 def roofline_unknown(e: EngineResult) -> str:
     """Why the card's decode limit is unknown for `e`, with the flag that fixes it."""
-    if not e.bandwidth_bytes_per_s:
+    if not (e.roofline.bandwidth_bytes_per_s or e.bandwidth_bytes_per_s):
         return "GPU memory bandwidth unknown: " + FIX_BANDWIDTH
     if not e.weights_bytes:
         return "model weight size unknown: " + FIX_EXPORTER
@@ -420,7 +438,7 @@ def plot_decode_per_sequence(engines: list[EngineResult]) -> Plot:
             color=color,
             label=_label(f"{e.name} per sequence"),
         )
-        roof = roofline_tok_s(e)
+        roof = e.roofline.limit_tok_s
         if roof:
             line = ax.axhline(
                 roof,
@@ -433,7 +451,7 @@ def plot_decode_per_sequence(engines: list[EngineResult]) -> Plot:
         else:
             plot.notes.append(f"No card limit drawn for {e.name}: {roofline_unknown(e)}.")
     _concurrency_axis(ax, xs)
-    ax.set_ylim(bottom=0)
+    _y_from_zero(ax)
     ax.set_ylabel("tok/s per sequence")
     _legend(ax)
     plot.svg = _svg(fig)
@@ -463,7 +481,7 @@ def plot_decode_aggregate(engines: list[EngineResult]) -> Plot:
             label=_label(f"{e.name} aggregate"),
         )
     _concurrency_axis(ax, xs)
-    ax.set_ylim(bottom=0)
+    _y_from_zero(ax)
     ax.set_ylabel("tok/s, all sequences")
     _legend(ax)
     plot.notes.append(
@@ -497,7 +515,7 @@ def plot_ttft(engines: list[EngineResult]) -> Plot:
             label=_label(e.name),
         )
     _concurrency_axis(ax, xs)
-    ax.set_ylim(bottom=0)
+    _y_from_zero(ax)
     ax.set_ylabel("TTFT (ms)")
     _legend(ax)
     plot.svg = _svg(fig)
@@ -524,36 +542,34 @@ def build_plots(engines: list[EngineResult]) -> list[Plot]:
 class Answer:
     """What the report says first, in results.json's words."""
 
-    verdicts: list[tuple[str, str]]
+    # (engine, verdict, what the verdict means)
+    verdicts: list[tuple[str, str, str]]
     recommendation: str
     action: str
-    # None for one engine (nothing to compare).
-    comparable: bool | None
+    comparable: bool
     comparable_why: str
     caveats: list[str]
+    # "estimate: ... ≈ N tok/s", as the terminal prints them.
+    estimates: list[str]
 
 
 def answer_of(engines: list[EngineResult], decision: Decision) -> Answer:
-    """The answer block, taken field by field from the decision results.json is written from."""
-    verdict: Any = decision.verdict
-    if isinstance(verdict, dict):
-        verdicts = [(e.name, str(verdict.get(e.name, "idle"))) for e in engines]
-    else:
-        verdicts = [(e.name, str(verdict)) for e in engines]
-    comparable: bool | None = getattr(decision, "comparable", None)
-    why = ""
-    for step in decision.steps:
-        if getattr(step, "key", None) == "comparability":
-            why = step.answer
+    """The answer block, field by field from the Decision that results.json is written from."""
+    verdicts = []
+    for name, v in decision.verdict.items():
+        info = VERDICT_INFO.get(v)
+        verdicts.append((name, v, info.summary if info else ""))
+    why = next((s.answer for s in decision.steps if s.key == "comparability"), "")
     if len(engines) < 2:
-        comparable, why = None, "one engine: nothing to compare"
+        why = "one engine, nothing to compare it with"
     return Answer(
         verdicts=verdicts,
         recommendation=decision.recommendation,
         action=decision.action,
-        comparable=comparable,
+        comparable=decision.comparable,
         comparable_why=why,
         caveats=list(decision.caveats),
+        estimates=[f"{e.basis} ≈ {e.tok_s:.1f} tok/s" for e in decision.estimates],
     )
 
 
@@ -574,63 +590,64 @@ def _utc(ts: float | None = None) -> str:
     return when.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def tool_version() -> str:
-    """This package's version, or why it is unknown."""
-    try:
-        return metadata.version("llm-bottleneck")
-    except metadata.PackageNotFoundError:
-        return "unknown: llm-bottleneck is not installed as a package (pip install .)"
-
-
-def command_line() -> str:
-    """The command line of this process as a user would type it."""
-    prog = Path(sys.argv[0]).name if sys.argv else ""
-    if prog in ("llmb-loadgen", "__main__.py"):
-        return shlex.join(["llmb-loadgen", *sys.argv[1:]])
-    return "unknown: the report was written by a library call, not by llmb-loadgen"
-
-
 def _unknown(why: str) -> str:
     return "unknown: " + why
 
 
-def metadata_of(engines: list[EngineResult], run: Any = None) -> Metadata:
-    """The metadata block: from the run's record where there is one, else from this process."""
+# Facts that this version of diagnose does not record: named here so the metadata block
+# shows them as soon as EngineResult carries them.
+NOT_RECORDED = "not recorded by this version of diagnose"
+
+
+def metadata_of(engines: list[EngineResult], run: RunInfo | None = None) -> Metadata:
+    """The metadata block: the run's record, the engines' facts, every gap explained."""
     starts = [p.start for e in engines for p in e.phases]
     ends = [p.end for e in engines for p in e.phases if p.end is not None]
+    if run is None:
+        # A library call (tests, notebooks) has no command line of its own.
+        run = RunInfo(
+            command=_unknown("the report was written by a library call, not by llmb-loadgen"),
+            tool_version=__version__,
+            started_at=_utc(min(starts)) if starts else _utc(),
+            finished_at=_utc(max(ends)) if ends else None,
+        )
     rows = []
     for e in engines:
-        # Facts that not every version of diagnose records yet: shown when present.
         version = getattr(e, "engine_version", None)
         driver = getattr(e, "gpu_driver", None)
-        gpu = getattr(e, "gpu_name", None)
+        if e.gpu_name:
+            gpu = e.gpu_name
+        elif e.memory_source == "gpu":
+            gpu = _unknown("the GPU's name was not read: " + FIX_EXPORTER)
+        else:
+            gpu = _unknown("no GPU seen (no NVML on this host and no exporter): " + FIX_EXPORTER)
         rows.append(
             (
                 e.name,
-                version
-                or _unknown(
-                    f"the {e.kind} build was not recorded (the exporter's llmb_engine_info has "
-                    "it: " + FIX_EXPORTER + ")"
-                ),
-                gpu or _unknown("no GPU facts: " + FIX_EXPORTER),
-                driver
-                or _unknown(
-                    "the driver was not recorded (the exporter's llmb_gpu_info has it: "
-                    + FIX_EXPORTER
-                    + ")"
-                ),
+                version or _unknown(f"{e.kind} build {NOT_RECORDED}"),
+                gpu,
+                driver or _unknown(f"driver {NOT_RECORDED}"),
             )
         )
     return Metadata(
-        tool_version=getattr(run, "tool_version", None) or tool_version(),
-        command=getattr(run, "command", None) or command_line(),
-        started_utc=getattr(run, "started_at", None) or (_utc(min(starts)) if starts else _utc()),
-        finished_utc=getattr(run, "finished_at", None) or (_utc(max(ends)) if ends else _utc()),
+        tool_version=run.tool_version,
+        command=run.command,
+        started_utc=run.started_at,
+        # A run without a finish time is being written up now.
+        finished_utc=run.finished_at or _utc(),
         engines=rows,
     )
 
 
 # --- tables --------------------------------------------------------------------------------
+
+
+def _count(n: int) -> str:
+    return str(n) if n else ""
+
+
+def _pct_or_dash(x: float | None) -> str:
+    return "—" if x is None else f"{x * 100:.0f} %"
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -660,33 +677,53 @@ def _layers(e: EngineResult) -> str:
 
 
 def _decode_share(e: EngineResult) -> str:
-    frac = roofline_fraction(e)
-    single = e.single()
-    if single is None or not single.per_seq_tok_s:
+    roof = e.roofline
+    if not roof.measured_tok_s:
         return "not measured: no single-request step completed"
-    speed = f"{single.per_seq_tok_s:.1f} tok/s"
-    if frac is None:
+    speed = f"{roof.measured_tok_s:.1f} tok/s"
+    if roof.efficiency is None:
         return f"{speed}; share of the card's limit unknown: {roofline_unknown(e)}"
-    return f"{speed} = {frac * 100:.0f} % of the card's limit"
+    return f"{speed} = {roof.efficiency * 100:.0f} % of the card's limit"
+
+
+def _bandwidth(e: EngineResult) -> str:
+    bw = e.roofline.bandwidth_bytes_per_s or e.bandwidth_bytes_per_s
+    if not bw:
+        return _unknown(FIX_BANDWIDTH)
+    source = e.roofline.bandwidth_source or e.bandwidth_source
+    return f"{bw / 1e9:.0f} GB/s" + (f" ({source})" if source else "")
+
+
+def _slots(e: EngineResult) -> str:
+    if e.slots is None:
+        return _unknown("the engine reported no slot count (llama.cpp /slots or /props)")
+    ctx = f", {e.slot_context} tokens each" if e.slot_context else ""
+    return f"{e.slots}{ctx}"
 
 
 def engine_facts(e: EngineResult) -> list[tuple[str, str]]:
     """(fact, value) for one engine; every unknown value says how to get it."""
-    roof = roofline_tok_s(e)
-    bw = e.bandwidth_bytes_per_s
+    limit = e.roofline.limit_tok_s
     return [
-        ("kind", e.kind),
+        ("kind", e.kind + (f" at {e.url}" if e.url else "")),
         ("model", e.model or _unknown("the engine named no model in /v1/models")),
         ("quantization", e.quantization or _unknown(FIX_EXPORTER)),
         ("weights", _gib_or(e.weights_bytes, FIX_EXPORTER)),
         ("process GPU memory", _gib_or(e.process_gpu_bytes, FIX_EXPORTER)),
         ("layers on the GPU", _layers(e)),
+        ("slots", _slots(e)),
+        (
+            "trained context",
+            f"{e.trained_context} tokens"
+            if e.trained_context
+            else _unknown("the model's metadata was not read: " + FIX_EXPORTER),
+        ),
         ("card memory", _gib_or(e.gpu_total_bytes, FIX_EXPORTER)),
         ("memory source", e.memory_source or _unknown(_memory_why([e]))),
-        ("memory bandwidth", f"{bw / 1e9:.0f} GB/s" if bw else _unknown(FIX_BANDWIDTH)),
+        ("memory bandwidth", _bandwidth(e)),
         (
             "card's decode limit per sequence",
-            f"{roof:.1f} tok/s" if roof else _unknown(roofline_unknown(e)),
+            f"{limit:.1f} tok/s" if limit else _unknown(roofline_unknown(e)),
         ),
         ("single-request decode", _decode_share(e)),
         (
@@ -716,19 +753,26 @@ class Column:
     cell: Callable[[Row], str]
     # Shown (as "not measured: ...") when the column is empty in every row and left out.
     empty_why: str = ""
+    # Empty everywhere is the good case (no failures): left out without a note.
+    quiet: bool = False
 
 
 COLUMNS = (
     Column("engine", lambda r: r.engine),
     Column("step", lambda r: r.step),
     Column("ctx", lambda r: _fmt(r.context), "no row ran at a known context"),
-    Column("slots", lambda r: _fmt(r.parallel), "the engine reported no slot count"),
+    Column("slots", lambda r: _fmt(r.parallel), "no row recorded its slot count"),
     Column("conc", lambda r: str(r.concurrency)),
     Column("prompt tok", lambda r: _fmt(r.prompt_tokens, 0), "no prompt token counts"),
     Column("gen tok", lambda r: str(r.completion_tokens)),
     Column("tokens ok", lambda r: _fmt(r.tokens_ok)),
     Column(
         "TTFT ms", lambda r: _fmt(r.ttft_s * 1000 if r.ttft_s is not None else None), "no tokens"
+    ),
+    Column(
+        "TTFT p99 ms",
+        lambda r: _fmt(r.ttft_p99_s * 1000 if r.ttft_p99_s is not None else None),
+        "no step recorded a p99 TTFT",
     ),
     Column("ms/token", lambda r: _fmt(r.per_token_ms, 2), "no tokens"),
     Column(
@@ -738,6 +782,24 @@ COLUMNS = (
     ),
     Column("per-seq tok/s", lambda r: _fmt(r.per_seq_tok_s), "no tokens"),
     Column("aggregate tok/s", lambda r: _fmt(r.aggregate_tok_s), "no tokens"),
+    Column(
+        "spread",
+        lambda r: _pct_or_dash(r.spread),
+        "one round per step: pass --rounds 3 for the spread between rounds",
+    ),
+    Column("failed", lambda r: _count(r.requests_failed), quiet=True),
+    Column("KV exhausted", lambda r: _count(r.kv_exhausted), quiet=True),
+    Column("truncated", lambda r: _count(r.truncated), quiet=True),
+    Column(
+        "KV use max",
+        lambda r: _pct_or_dash(r.kv_usage_max),
+        "KV usage needs the engine's metrics: " + FIX_EXPORTER,
+    ),
+    Column(
+        "waiting avg",
+        lambda r: _fmt(r.waiting_avg),
+        "queued requests need the engine's metrics: " + FIX_EXPORTER,
+    ),
     Column("memory GiB", lambda r: _gib(r.memory_bytes), "no memory source: " + FIX_EXPORTER),
     Column(
         "loaded GiB",
@@ -747,7 +809,7 @@ COLUMNS = (
     Column(
         "KV GiB",
         lambda r: _gib(r.kv_bytes),
-        "KV cache size needs a context sweep and the engine's log or " + FIX_EXPORTER,
+        "KV cache size needs a context sweep and the engine's log; or " + FIX_EXPORTER,
     ),
     Column(
         "load s",
@@ -765,10 +827,12 @@ def measurement_table(
     rows = [r for e in engines for r in e.rows]
     cells = [[c.cell(r) for c in COLUMNS] for r in rows]
     keep, notes = [], []
+    if not rows:
+        return (), [], []
     for j, col in enumerate(COLUMNS):
         empty = all(row[j] in ("", "—") for row in cells)
-        if empty and col.head == "error":
-            continue  # no error anywhere is the good case, not a gap
+        if empty and (col.quiet or col.head == "error"):
+            continue  # no failure anywhere is the good case, not a gap
         if empty and col.empty_why and rows:
             notes.append(f"{col.head}: not measured: {col.empty_why}")
             continue
@@ -778,6 +842,8 @@ def measurement_table(
 
 
 PHASE_HEAD = ("engine", "phase", "start (UTC)", "seconds", "memory GiB", "note")
+NO_ROWS = "No step produced a measurement (see Not measured)."
+NO_PHASES = "No phase ran."
 
 
 def phase_rows(engines: list[EngineResult]) -> list[list[str]]:
@@ -794,7 +860,12 @@ def phase_rows(engines: list[EngineResult]) -> list[list[str]]:
 def not_measured(engines: list[EngineResult], plots: list[Plot]) -> list[str]:
     """Every step and plot that did not run, each with its reason."""
     out = [f"{e.name}: {m}" for e in engines for m in e.missing]
-    out += [f"{p.caption}: {p.missing}" for p in plots if p.svg is None]
+    # A plot left out for a reason already listed is not listed again.
+    out += [
+        f"{p.caption}: {p.missing}"
+        for p in plots
+        if p.svg is None and not any(p.missing.removeprefix("not measured: ") in m for m in out)
+    ]
     return out
 
 
@@ -802,9 +873,9 @@ def not_measured(engines: list[EngineResult], plots: list[Plot]) -> list[str]:
 
 
 def _comparable_text(a: Answer) -> str:
-    if a.comparable is None:
-        return "n/a: " + a.comparable_why
-    return ("yes" if a.comparable else "no") + (f": {a.comparable_why}" if a.comparable_why else "")
+    return ("yes" if a.comparable else "no") + (
+        f" — {a.comparable_why}" if a.comparable_why else ""
+    )
 
 
 def metadata_rows(m: Metadata) -> list[tuple[str, str]]:
@@ -853,7 +924,7 @@ def build_report(
     engines: list[EngineResult],
     decision: Decision,
     title: str,
-    run: Any = None,
+    run: RunInfo | None = None,
     plots: list[Plot] | None = None,
 ) -> Report:
     """The report's content; `plots` None draws them (needs matplotlib)."""
@@ -875,9 +946,14 @@ def render_markdown(rep: Report) -> str:
     """report.md: the answer, the metadata, the steps, the tables and what was not measured."""
     a = rep.answer
     parts = [f"# llm-bottleneck {rep.title}", "", "## Answer", ""]
-    parts += [_md_table(("engine", "verdict"), [[n, v] for n, v in a.verdicts]), ""]
+    parts += [
+        _md_table(("engine", "verdict", "meaning"), [[n, f"`{v}`", m] for n, v, m in a.verdicts]),
+        "",
+    ]
     parts += [f"**Recommendation:** `{a.recommendation}`", "", f"**Action:** {a.action}", ""]
     parts += [f"**Comparable:** {_comparable_text(a)}", ""]
+    if a.estimates:
+        parts += ["**Estimates:**", ""] + [f"- {x}" for x in a.estimates] + [""]
     parts += ["**Caveats:**" + ("" if a.caveats else " none"), ""]
     parts += [f"- {c}" for c in a.caveats] + ([""] if a.caveats else [])
     parts += ["## Run", "", _md_table(("", ""), metadata_rows(rep.meta)), ""]
@@ -889,9 +965,11 @@ def render_markdown(rep: Report) -> str:
     for p in rep.plots:
         parts.append(f"- {p.caption}: " + ("in report.html" if p.svg else p.missing))
     head, rows, notes = rep.table
-    parts += ["", "## Measurements", "", _md_table(head, rows), ""]
+    parts += ["", "## Measurements", ""]
+    parts += [_md_table(head, rows), ""] if rows else [NO_ROWS, ""]
     parts += [f"- {n}" for n in notes] + ([""] if notes else [])
-    parts += ["## Phases", "", _md_table(PHASE_HEAD, rep.phases), ""]
+    parts += ["## Phases", ""]
+    parts += [_md_table(PHASE_HEAD, rep.phases), ""] if rep.phases else [NO_PHASES, ""]
     parts += ["## Not measured", ""]
     parts += [f"- {m}" for m in rep.missing] or ["- nothing: every step ran"]
     return "\n".join(parts) + "\n"
@@ -902,7 +980,8 @@ body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;padding:0
 h1{font-size:1.6em} h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:13px;margin:.6em 0}
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}
-table.rows td{text-align:right} table.rows td:nth-child(-n+2){text-align:left}
+table.rows td{text-align:right;white-space:nowrap} table.rows td:nth-child(-n+2){text-align:left}
+table.rows td:last-child{white-space:normal} .scroll{overflow-x:auto}
 #answer{background:#f5f7fa;border:1px solid #d0d7e2;border-radius:6px;padding:.2em 1.2em 1em}
 #answer .verdict{font-family:ui-monospace,monospace;font-weight:bold;font-size:1.15em}
 #answer code{font-size:1.05em;font-weight:bold}
@@ -918,6 +997,11 @@ figcaption{font-weight:bold;margin-bottom:.3em}
 
 def _esc(s: str) -> str:
     return html.escape(s, quote=True)
+
+
+def _esc_code(s: str) -> str:
+    """Escaped text with its `code` spans (as the verdict texts write flags) in <code>."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", _esc(s))
 
 
 def _html_table(
@@ -951,12 +1035,20 @@ def render_html(rep: Report) -> str:
     """The self-contained report.html with every drawn plot inline."""
     a = rep.answer
     verdicts = "".join(
-        f'<tr><th>{_esc(n)}</th><td class="verdict">{_esc(v)}</td></tr>' for n, v in a.verdicts
+        f'<tr><th>{_esc(n)}</th><td class="verdict">{_esc(v)}</td><td>{_esc_code(m)}</td></tr>'
+        for n, v, m in a.verdicts
+    )
+    estimates = (
+        '<div id="estimates"><b>Estimates:</b><ul>'
+        + "".join(f"<li>{_esc(x)}</li>" for x in a.estimates)
+        + "</ul></div>"
+        if a.estimates
+        else ""
     )
     caveats = (
         "<ul>" + "".join(f"<li>{_esc(c)}</li>" for c in a.caveats) + "</ul>"
         if a.caveats
-        else "<p>none</p>"
+        else " none"
     )
     steps = "".join(
         f'<li class="{"decisive" if d else ""}"><b>{_esc(q)}</b> {_esc(ans)}</li>'
@@ -964,6 +1056,15 @@ def render_html(rep: Report) -> str:
     )
     head, rows, notes = rep.table
     table_notes = "".join(f'<p class="not-measured">{_esc(n)}</p>' for n in notes)
+    # Many columns: the table scrolls sideways inside the page rather than widening it.
+    measurements = (
+        f'<div class="scroll">{_html_table(head, rows, "rows")}</div>'
+        if rows
+        else f"<p>{_esc(NO_ROWS)}</p>"
+    )
+    phases = (
+        _html_table(PHASE_HEAD, rep.phases, "phases") if rep.phases else f"<p>{_esc(NO_PHASES)}</p>"
+    )
     missing = "".join(f"<li>{_esc(m)}</li>" for m in rep.missing) or (
         "<li>nothing: every step ran</li>"
     )
@@ -973,20 +1074,20 @@ def render_html(rep: Report) -> str:
 <body>
 <h1>llm-bottleneck {_esc(rep.title)}</h1>
 <section id="answer"><h2>Answer</h2>
-<table class="verdicts"><thead><tr><th>engine</th><th>verdict</th></tr></thead>
+<table class="verdicts"><thead><tr><th>engine</th><th>verdict</th><th>meaning</th></tr></thead>
 <tbody>{verdicts}</tbody></table>
 <p id="recommendation"><b>Recommendation:</b> <code>{_esc(a.recommendation)}</code></p>
-<p id="action"><b>Action:</b> {_esc(a.action)}</p>
+<p id="action"><b>Action:</b> {_esc_code(a.action)}</p>
 <p id="comparable"><b>Comparable:</b> {_esc(_comparable_text(a))}</p>
-<div id="caveats"><b>Caveats:</b>{caveats}</div>
+{estimates}<div id="caveats"><b>Caveats:</b>{caveats}</div>
 </section>
 <section id="metadata"><h2>Run</h2>{_html_table(("", ""), metadata_rows(rep.meta), "meta", True)}
 </section>
 <h2>Steps, in order</h2><ol id="steps">{steps}</ol>
 <h2>Engines</h2>{_html_table(*rep.facts, "facts", True)}
 <h2>Plots</h2>{"".join(_html_plot(p) for p in rep.plots)}
-<h2>Measurements</h2>{_html_table(head, rows, "rows")}{table_notes}
-<h2>Phases</h2>{_html_table(PHASE_HEAD, rep.phases, "phases")}
+<h2>Measurements</h2>{measurements}{table_notes}
+<h2>Phases</h2>{phases}
 <h2>Not measured</h2><ul id="not-measured">{missing}</ul>
 </body></html>
 """
@@ -997,7 +1098,7 @@ def write_report(
     engines: list[EngineResult],
     decision: Decision,
     title: str,
-    run: Any = None,
+    run: RunInfo | None = None,
 ) -> None:
     """Write results.json, report.md and report.html into `out`.
 
@@ -1005,7 +1106,7 @@ def write_report(
     missing matplotlib (PlottingMissing) loses no measurement.
     """
     out.mkdir(parents=True, exist_ok=True)
-    doc = results_to_dict(engines, decision)
+    doc = results_to_dict(engines, decision, run)
     doc["title"] = title
     (out / "results.json").write_text(
         json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8"

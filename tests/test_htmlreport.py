@@ -6,14 +6,41 @@ headless Chromium (Debian's `chromium`) and look at the screenshot's pixels.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import itertools
 import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from loadgen.decision import EngineResult, Phase, Row, decide_compare, decide_single
-from loadgen.htmlreport import PLOTS, write_report
+import pytest
+
+from exporter.verdict import VERDICT_INFO
+from loadgen.__main__ import main as loadgen_main
+from loadgen.decision import (
+    NOT_MEASURED,
+    Decision,
+    EngineResult,
+    Phase,
+    Row,
+    RunInfo,
+    Step,
+    decide_compare,
+    decide_single,
+    roofline,
+)
+from loadgen.diagnose import STEP_QUESTIONS, STEPS, print_answer
+from loadgen.htmlreport import (
+    PLOTS,
+    plot_decode_aggregate,
+    plot_decode_per_sequence,
+    plot_ttft,
+    write_report,
+)
+from tests.plugins.llama import LlamaServer
 from tests.report_browser import Page, colored_pixels, dark_pixels, render
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,19 +83,34 @@ def assert_report_renders(out: Path) -> Page:
     return page
 
 
-def _engine(name: str, kind: str, scale: float, t0: float = 1_790_000_000.0) -> EngineResult:
+def _engine(
+    name: str,
+    kind: str,
+    scale: float,
+    t0: float = 1_790_000_000.0,
+    verdict: str = "decode_below_card_limit",
+) -> EngineResult:
+    """A fully measured engine: phases, memory timeline, load steps and a context sweep."""
     e = EngineResult(
         name=name,
         kind=kind,
+        url="http://127.0.0.1:8080",
+        model="gemma-3-27b",
         quantization="Q4_0",
         weights_bytes=15.2e9,
         process_gpu_bytes=17e9,
         layers_offloaded=63,
         layers_total=63,
         gpu_total_bytes=72e9,
+        gpu_name="NVIDIA RTX PRO 5000",
         bandwidth_bytes_per_s=1.344e12,
+        bandwidth_source="table",
         memory_source="gpu",
         load_seconds=12.5,
+        slots=8,
+        slot_context=4096,
+        trained_context=131072,
+        launched=True,
     )
     # As in a real run: after and weights take milliseconds, so their labels would collide.
     starts = [0, 0.2, 14.0, 44.0, 46.0, 46.01, 46.02, 52, 60, 70, 80]
@@ -83,6 +125,11 @@ def _engine(name: str, kind: str, scale: float, t0: float = 1_790_000_000.0) -> 
             name,
             "single",
             1,
+            prompt_tokens=128,
+            max_tokens=128,
+            requests=3,
+            completion_tokens=384,
+            tokens_ok=True,
             per_seq_tok_s=60 * scale,
             aggregate_tok_s=59 * scale,
             ttft_s=0.05,
@@ -95,6 +142,11 @@ def _engine(name: str, kind: str, scale: float, t0: float = 1_790_000_000.0) -> 
                 name,
                 "concurrency",
                 c,
+                prompt_tokens=128,
+                max_tokens=128,
+                requests=3 * c,
+                completion_tokens=384 * c,
+                tokens_ok=True,
                 per_seq_tok_s=55 * scale,
                 aggregate_tok_s=52 * c * scale,
                 ttft_s=0.05 * c,
@@ -104,54 +156,208 @@ def _engine(name: str, kind: str, scale: float, t0: float = 1_790_000_000.0) -> 
         e.rows.append(
             Row(name, "context", 1, context=ctx, loaded_memory_bytes=mem, kv_bytes=mem - 16e9)
         )
+    e.roofline = roofline(e)
+    e.verdict, e.action = verdict, VERDICT_INFO[verdict].action
     return e
 
 
+def _steps(e: EngineResult) -> list[Step]:
+    """diagnose's steps in order; the ones without rows say `not measured: why`."""
+    out = []
+    for key in STEPS:
+        why = next((m.split(": ", 1)[1] for m in e.missing if m.startswith(key + ": ")), None)
+        answer = NOT_MEASURED + why if why else f"{key} measured"
+        out.append(Step(key, STEP_QUESTIONS[key], answer))
+    return out
+
+
+def printed_answer(out: Path, engines: list[EngineResult], decision: Decision) -> str:
+    """What diagnose/compare print on the terminal for this answer."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        print_answer(engines, decision, out)
+    return buf.getvalue()
+
+
+def assert_same_answer(out: Path, terminal: str) -> None:
+    """report.md and report.html say what results.json and the terminal say, word for word."""
+    doc = json.loads((out / "results.json").read_text())
+    md = (out / "report.md").read_text()
+    page = render(out / "report.html", out)
+    assert page.answer is not None and page.metadata is not None
+    answer_text = " ".join(page.answer.split())
+    said = [doc["recommendation"], doc["action"], *doc["caveats"]]
+    said += [f"{e['basis']} ≈ {e['tok_s']:.1f} tok/s" for e in doc["decision"]["estimates"]]
+    for text in said:
+        assert text in terminal, text
+        assert text in md, text
+        # report.html shows `code` spans as <code>: the same words without the backticks.
+        assert " ".join(text.replace("`", "").split()) in answer_text, text
+    comparable = "yes" if doc["comparable"] else "no"
+    assert f"**Comparable:** {comparable}" in md
+    assert f"Comparable: {comparable}" in answer_text
+    for step in doc["decision"]["steps"]:
+        assert step["answer"] in md and step["answer"] in terminal
+    for n, v in doc["verdict"].items():
+        assert f"{n}: {v}" in terminal
+        assert f"| {n} | `{v}` |" in md
+        assert f"{n} {v}" in answer_text
+        # Said once: in the answer, not again as a heading or in the steps.
+        assert md.count(f"`{v}`") == 1, v
+    # The metadata block holds results.json's run record.
+    for key in ("tool_version", "command", "started_at", "finished_at"):
+        if doc.get(key):
+            assert doc[key] in md, key
+            assert doc[key] in page.metadata[1], key
+
+
 def test_compare_report_renders_every_plot(tmp_path: Path) -> None:
-    a, b = _engine("llama", "llamacpp", 1.0), _engine("sglang", "sglang", 1.02, t0=1_790_000_100.0)
+    a = _engine("llama", "llamacpp", 1.0)
+    b = _engine("sglang", "sglang", 1.02, t0=1_790_000_100.0, verdict="scheduling_bound")
     b.rows = [r for r in b.rows if r.step != "concurrency"]
     for c, agg in ((2, 130.0), (4, 250.0), (8, 480.0)):
         b.rows.append(
-            Row("sglang", "concurrency", c, per_seq_tok_s=agg / c, aggregate_tok_s=agg, ttft_s=0.04)
+            Row(
+                "sglang",
+                "concurrency",
+                c,
+                prompt_tokens=128,
+                max_tokens=128,
+                requests=3 * c,
+                completion_tokens=384 * c,
+                tokens_ok=True,
+                per_seq_tok_s=agg / c,
+                aggregate_tok_s=agg,
+                aggregate_rounds=[agg * 0.98, agg, agg * 1.01],
+                ttft_s=0.04,
+            )
         )
+    b.weights_bytes = 51.1 * 2**30  # bf16 against Q4_0: not comparable
+    b.roofline = roofline(b)
     decision = decide_compare(a, b)
-    write_report(tmp_path, [a, b], decision, title="compare llama vs sglang")
+    assert decision.comparable is False and decision.estimates
+    run = RunInfo(
+        "llmb-loadgen compare --engine llama --engine sglang", "0.1.0", "2026-11-30T18:00:00Z"
+    )
+    write_report(tmp_path, [a, b], decision, title="compare llama vs sglang", run=run)
     page = assert_report_renders(tmp_path)
     assert set(page.plots) == set(PLOTS)
-    # Aggregate above the per-sequence limit: only legal because the limit is not drawn there.
-    roof = 1.344e12 / 15.2e9
-    assert max(r.aggregate_tok_s or 0 for r in b.rows) > roof
+    # Aggregate above the per-sequence limit: fine, because the limit is not drawn there.
+    assert max(r.aggregate_tok_s or 0 for r in a.rows) > (a.roofline.limit_tok_s or 0)
     assert any("roofline" in i for i in page.plots["decode-per-sequence"].ids)
+    assert page.metadata is not None
+    meta = page.metadata[1]
+    assert "llmb-loadgen compare --engine llama --engine sglang" in meta
+    assert "2026-11-30T18:00:00Z" in meta and "NVIDIA RTX PRO 5000" in meta
+    assert_same_answer(tmp_path, printed_answer(tmp_path, [a, b], decision))
 
 
-def test_report_without_sweep_or_exporter_leaves_the_plots_out(tmp_path: Path) -> None:
+def test_diagnose_report_without_sweep_or_exporter_leaves_the_plots_out(tmp_path: Path) -> None:
     """A diagnose of a running engine, no exporter: no memory plots, each with its reason."""
     e = _engine("llama", "llamacpp", 1.0)
     e.rows = [r for r in e.rows if r.step != "context"]
     e.timeline = []
-    e.memory_source = None
-    e.bandwidth_bytes_per_s = None
+    e.memory_source = e.gpu_name = e.gpu_total_bytes = e.process_gpu_bytes = None
+    e.bandwidth_bytes_per_s = e.bandwidth_source = None
     e.layers_offloaded = e.layers_total = None
     e.load_seconds = None
-    write_report(tmp_path, [e], decide_single(e), title="diagnose llama")
+    e.missing = [
+        "context: needs a launch template with {ctx} (the engine was already running)",
+        "roofline: no GPU bandwidth known (pass --bandwidth-gbs)",
+    ]
+    e.roofline = roofline(e)
+    decision = decide_single(e, _steps(e))
+    run = RunInfo(
+        "llmb-loadgen diagnose --url http://127.0.0.1:8080", "0.1.0", "2026-11-30T18:00:00Z"
+    )
+    write_report(tmp_path, [e], decision, title="diagnose llama", run=run)
     page = assert_report_renders(tmp_path)
     assert set(page.missing) == {"memory-timeline", "memory-vs-context"}
-    assert "no context sweep ran" in page.missing["memory-vs-context"]
+    assert "needs a launch template with {ctx}" in page.missing["memory-vs-context"]
     assert "--exporter-url" in page.missing["memory-timeline"]
+    assert "command" in (page.metadata or (None, ""))[1]
     html = (tmp_path / "report.html").read_text()
     md = (tmp_path / "report.md").read_text()
     for text in (html, md):
-        assert "None" not in text
+        assert "None" not in text and "?/?" not in text
+        for line in text.splitlines():
+            # Every unknown names what fixes it: a flag, a config key or the step's reason.
+            for unknown in re.findall(r"unknown: [^|<]*", line):
+                assert re.search(
+                    r"--[a-z-]+|engines\[\]\.|gpu\.|not recorded|/v1/models|/slots", unknown
+                ), unknown
         assert "--bandwidth-gbs" in text  # the roofline is unknown: the flag that fixes it
+        assert "engines[].log_file" in text  # layers unknown: the setting that fixes it
+    assert_same_answer(tmp_path, printed_answer(tmp_path, [e], decision))
 
 
 def test_bare_report_has_no_plot_at_all(tmp_path: Path) -> None:
-    e = EngineResult(name="bare", kind="llamacpp", missing=["context sweep (no launch template)"])
-    write_report(tmp_path, [e], decide_single(e), title="diagnose bare")
+    e = EngineResult(name="bare", kind="llamacpp", missing=["single: the engine did not start"])
+    write_report(tmp_path, [e], decide_single(e, _steps(e)), title="diagnose bare")
     page = assert_report_renders(tmp_path)
     assert page.plots == {}
     assert set(page.missing) == set(PLOTS)
-    assert "context sweep (no launch template)" in (tmp_path / "report.md").read_text()
+    assert "the engine did not start" in page.missing["decode-per-sequence"]
+
+
+def test_flags_named_in_the_report_exist() -> None:
+    """Every flag and config key the report's hints name is one diagnose, compare and the
+    config accept (read from every string literal of loadgen/htmlreport.py)."""
+    import argparse
+    import ast
+
+    from exporter.config import EngineConfig, GpuConfig
+    from loadgen import compare, diagnose, htmlreport
+
+    source = Path(htmlreport.__file__).read_text()
+    literals = [
+        n.value
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    ]
+    # Flags of llama-server itself, quoted as "(llama-server ...)", are not ours.
+    hints = re.sub(r"\(llama-server [^)]*\)", "", " ".join(literals))
+    flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", hints))
+    assert {"--exporter-url", "--bandwidth-gbs", "--rounds"} <= flags
+    for configure in (diagnose.configure, compare.configure):
+        parser = argparse.ArgumentParser()
+        configure(parser)
+        assert flags <= set(parser._option_string_actions), configure.__module__
+    engine_keys = set(re.findall(r"engines\[\]\.(\w+)", hints))
+    assert engine_keys == {"launch", "log_file"}
+    assert engine_keys <= set(EngineConfig.model_fields)
+    assert set(re.findall(r"gpu\.(\w+)", hints)) <= set(GpuConfig.model_fields)
+
+
+def _xticks(svg: str) -> list[tuple[float, str]]:
+    """(x, label) of each x tick label in a matplotlib SVG."""
+    out = []
+    for tick in re.findall(r'<g id="xtick_\d+">(.*?)</text>', svg, re.S):
+        found = re.search(r'<text [^>]*x="([\d.]+)"[^>]*>([^<]*)$', tick, re.S)
+        assert found is not None
+        out.append((float(found.group(1)), found.group(2).strip()))
+    return out
+
+
+def test_concurrency_ticks_are_plain_and_apart() -> None:
+    """1..64 on a linear axis: plain numbers, 1 and 64 labelled, no two labels crowded."""
+    e = _engine("a", "llamacpp", 1.0)
+    e.rows = [r for r in e.rows if r.step != "concurrency"]
+    e.rows += [
+        Row("a", "concurrency", c, aggregate_tok_s=50.0 * c, per_seq_tok_s=50.0, ttft_s=0.1)
+        for c in (2, 4, 8, 16, 32, 64)
+    ]
+    for plot in (plot_decode_aggregate([e]), plot_decode_per_sequence([e]), plot_ttft([e])):
+        assert plot.svg is not None
+        ticks = _xticks(plot.svg)
+        labels = [label for _, label in ticks]
+        assert all(re.fullmatch(r"\d+", label) for label in labels), labels
+        assert labels[0] == "1" and labels[-1] == "64"
+        xs = [x for x, _ in ticks]
+        # Linear: 64 is four times as far from 0 as 16.
+        x0 = xs[0] - (xs[labels.index("64")] - xs[0]) / 63
+        assert (xs[-1] - x0) == pytest.approx(4 * (xs[labels.index("16")] - x0), rel=0.01)
+        assert min(b - a for a, b in itertools.pairwise(xs)) > 20  # no crowded labels
 
 
 def test_no_loadgen_module_imports_matplotlib() -> None:
@@ -174,11 +380,11 @@ def _script(out: Path, extra: str = "") -> str:
     return (
         "import logging, sys\n" + extra + "logging.basicConfig(level=logging.DEBUG)\n"
         "from pathlib import Path\n"
-        "from tests.test_htmlreport import _engine\n"
+        "from tests.test_htmlreport import _engine, _steps\n"
         "from loadgen.decision import decide_single\n"
         "from loadgen.htmlreport import write_report\n"
         "e = _engine('llama', 'llamacpp', 1.0)\n"
-        f"write_report(Path({str(out)!r}), [e], decide_single(e), title='diagnose llama')\n"
+        f"write_report(Path({str(out)!r}), [e], decide_single(e, _steps(e)), title='d llama')\n"
     )
 
 
@@ -194,7 +400,8 @@ def test_no_third_party_log_lines(tmp_path: Path) -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "mpl" / "fontlist-v390.json").exists() or any((tmp_path / "mpl").iterdir())
+    # The font cache was built by this run: the case that logs "generated new fontManager".
+    assert any(p.name.startswith("fontlist") for p in (tmp_path / "mpl").iterdir())
     noisy = [ln for ln in done.stderr.splitlines() if re.search(r"matplotlib|PIL|font", ln, re.I)]
     assert noisy == []
     assert (tmp_path / "out" / "report.html").exists()
@@ -218,3 +425,32 @@ def test_missing_matplotlib_is_one_clear_line(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "out" / "results.json").read_text())["engines"]
     assert (tmp_path / "out" / "report.md").read_text().startswith("# llm-bottleneck")
     assert not (tmp_path / "out" / "report.html").exists()
+
+
+@pytest.mark.llamaserver
+def test_report_of_a_real_diagnose(
+    tmp_path: Path, llama_server: Callable[..., LlamaServer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's user path: `diagnose --url` against the real CPU llama-server, no config.
+
+    No launch template, no exporter, no GPU: the memory plots are left out with their
+    reasons, the load plots are drawn, and the report says what the terminal said.
+    """
+    server = llama_server(ctx=2048, parallel=2)
+    out = tmp_path / "out"
+    code = loadgen_main(
+        ["diagnose", "--url", server.url, "--kind", "llamacpp", "--out", str(out),
+         "--concurrency", "1,2", "--prompt-tokens", "32", "--max-tokens", "16",
+         "--kv-prompt-tokens", "256"]
+    )  # fmt: skip
+    terminal = capsys.readouterr().out
+    assert code == 0, terminal
+    page = assert_report_renders(out)
+    assert {"decode-per-sequence", "decode-aggregate", "ttft-vs-concurrency"} <= set(page.plots)
+    assert "memory-vs-context" in page.missing
+    assert_same_answer(out, terminal)
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["command"].startswith("llmb-loadgen diagnose --url")
+    md = (out / "report.md").read_text()
+    assert "None" not in md
+    assert "--bandwidth-gbs" in md  # no GPU here: the roofline needs the bandwidth

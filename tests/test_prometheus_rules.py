@@ -12,6 +12,8 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
+from exporter.verdict import CONDITIONS, VERDICT_INFO
+from exporter.verdict import VERDICTS as CORE_VERDICTS
 from tests.plugins.prom import (
     BUILTIN_SERIES,
     PROMETHEUS_DIR,
@@ -169,6 +171,49 @@ def test_the_verdict_has_one_rule_per_value_in_the_decision_order() -> None:
         "decode_below_card_limit",
     ]
     assert set(verdict) == VERDICTS
+    # The rules are generated from the decision core, in its order.
+    assert tuple(verdict) == CORE_VERDICTS
+
+
+def test_the_conditions_are_the_cores_in_order_and_each_verdict_excludes_earlier_ones() -> None:
+    rules = [r for g in rule_groups() for r in g["rules"] if r.get("record")]
+    conditions = [r["record"] for r in rules if r["record"].endswith(":bool")]
+    assert conditions == [c.record for c in CONDITIONS]
+    verdicts = {
+        r["labels"]["verdict"]: r["expr"]
+        for r in rules
+        if r["record"] == "llmb:engine_bottleneck:verdict"
+    }
+    earlier: list[str] = []
+    for name in CORE_VERDICTS:
+        cond = VERDICT_INFO[name].condition
+        expr = verdicts[name]
+        for record in earlier:
+            assert f"(1 - {record})" in expr, (name, record)
+        if cond is not None:
+            record = next(c.record for c in CONDITIONS if c.name == cond)
+            assert re.search(rf"(^|\* ){re.escape(record)}\s*$", expr), (name, expr)
+            earlier.append(record)
+
+
+def test_diagnose_doc_carries_the_generated_verdict_table() -> None:
+    text = (ROOT / "docs" / "diagnose.md").read_text(encoding="utf-8")
+    begin = text.index("<!-- verdicts:begin")
+    block = text[begin : text.index("<!-- verdicts:end -->")]
+    for name in CORE_VERDICTS:
+        assert f"`{name}`" in block and VERDICT_INFO[name].action in block, name
+
+
+def test_every_promtool_test_evaluates_the_rule_groups_in_file_order() -> None:
+    # Without group_eval_order promtool runs the groups in a random order, so a verdict
+    # could read the previous step's conditions and a test pass or fail by chance.
+    for path in sorted((PROMETHEUS_DIR / "tests").glob("*.yml")):
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        groups = []
+        for rel in doc["rule_files"]:
+            rules = yaml.safe_load((path.parent / rel).read_text(encoding="utf-8"))
+            groups += [g["name"] for g in rules["groups"]]
+        assert doc.get("group_eval_order") == groups, path.name
 
 
 def test_every_verdict_value_is_tested_by_promtool() -> None:
