@@ -1471,9 +1471,15 @@ def run_info(argv: list[str] | None = None) -> RunInfo:
 
 
 def quiet_libraries() -> None:
-    """Keep the terminal to our progress lines: no per-request or per-poll logging."""
-    for name in ("httpx", "loadgen.scheduler", "loadgen.client", "loadgen.prompts", "matplotlib"):
+    """Keep the terminal to our progress lines: no per-request or per-poll logging.
+
+    The embedded exporter collectors warn each time a relaunched engine is not up yet;
+    during a context sweep that is expected, so only their errors are shown.
+    """
+    for name in ("httpx", "loadgen.scheduler", "loadgen.client", "loadgen.prompts",
+                 "matplotlib"):  # fmt: skip
         logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("exporter").setLevel(logging.ERROR)
 
 
 def print_answer(engines: list[EngineResult], decision: Decision, out: Path) -> None:
