@@ -647,10 +647,7 @@ class Diagnoser:
     async def _facts(self) -> None:
         res = self.result
         async with StreamClient(self._target(), pool_size=1, endpoint="completions") as client:
-            try:
-                await client.open()
-            except TargetUnreachable:
-                raise
+            await client.open()
             facts = await engine_facts(client, self.engine.kind)
         for key in (
             "model",
@@ -856,8 +853,12 @@ class Diagnoser:
             prompts += [float(r.prompt_tokens) for r in records if r.prompt_tokens is not None]
             if result.interrupted:
                 raise KeyboardInterrupt
+        row.wall_s = time.time() - t0
+        # llama.cpp logs a slot's release (and its truncation) after the stream has ended:
+        # one more sample interval lets the log and the exporter catch up with the step.
+        await asyncio.sleep(self.opts.sample_interval)
+        await self.monitor.sample()
         t1 = time.time()
-        row.wall_s = t1 - t0
         ok = row.requests - row.requests_failed
         row.tokens_ok = (
             ok > 0
