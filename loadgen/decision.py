@@ -135,6 +135,8 @@ class EngineResult:
     layers_total: float | None = None
     gpu_total_bytes: float | None = None
     gpu_name: str | None = None
+    gpu_driver: str | None = None
+    engine_version: str | None = None
     bandwidth_bytes_per_s: float | None = None
     bandwidth_source: str | None = None
     kv_bytes_per_token: float | None = None

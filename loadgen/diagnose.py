@@ -705,10 +705,13 @@ class Diagnoser:
             ]
             res.gpu_buffer_bytes = sum(buffers) if buffers else res.gpu_buffer_bytes
             for (n, lab), _ in series.items():
-                if n == "llmb_engine_info" and dict(lab).get("engine") == e:
-                    res.quantization = dict(lab).get("quantization") or res.quantization
-                if n == "llmb_gpu_info" and dict(lab).get("name"):
-                    res.gpu_name = dict(lab)["name"]
+                info = dict(lab)
+                if n == "llmb_engine_info" and info.get("engine") == e:
+                    res.quantization = info.get("quantization") or res.quantization
+                    res.engine_version = info.get("version") or res.engine_version
+                if n == "llmb_gpu_info" and info.get("name"):
+                    res.gpu_name = info["name"]
+                    res.gpu_driver = info.get("driver") or res.gpu_driver
         state = mon.log_state()
         if state is not None:
             if state.layers_total is not None:

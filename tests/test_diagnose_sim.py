@@ -103,6 +103,8 @@ def test_diagnose_names_the_preset_bottleneck(
         assert steps[decisive].decisive, steps[decisive].answer
     assert steps["context"].answer == "not measured: the launch template has no {ctx} placeholder"
     assert result.memory_source == "gpu" and result.bandwidth_bytes_per_s
+    # Identity for the report's metadata block, from the exporter's info series.
+    assert result.gpu_driver == "580.159.04" and result.engine_version
     if expected == "decode_at_card_limit":
         assert result.signals["decode_efficiency"] >= core.number("decode_efficiency_at_limit")
         assert "of the card's limit" in steps["single"].answer
