@@ -154,10 +154,10 @@ def _concurrency_axis(ax: Axes, values: Sequence[int]) -> None:
     """A linear x axis with a plain tick at each measured concurrency."""
     from matplotlib.ticker import FixedLocator, FuncFormatter
 
-    top = max(values)
-    hi = top * 1.06 + 0.5
-    ax.set_xlim(0, hi)
-    ticks = _thin(values, lambda v: v / hi, 0.045)
+    lo, hi = min(values), max(values)
+    pad = max(0.5, 0.05 * (hi - lo))
+    ax.set_xlim(lo - pad, hi + pad)
+    ticks = _thin(values, lambda v: (v - lo + pad) / (hi - lo + 2 * pad), 0.045)
     ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
     ax.set_xlabel("concurrent requests")
@@ -671,6 +671,8 @@ def _gib_or(value: float | None, why: str) -> str:
 def _layers(e: EngineResult) -> str:
     if e.layers_total is not None and e.layers_offloaded is not None:
         return f"{e.layers_offloaded:.0f} of {e.layers_total:.0f}"
+    if e.layers_total is not None and e.kind == "llamacpp":
+        return f"unknown of {e.layers_total:.0f}: the llama.cpp log was not read: " + FIX_LLAMA_LOG
     if e.kind != "llamacpp":
         return "not reported by SGLang (compare process GPU memory with the weights)"
     return _unknown("the llama.cpp log was not read: " + FIX_LLAMA_LOG)
