@@ -993,12 +993,15 @@ figure{margin:1.2em 0} figure svg{max-width:100%;height:auto;display:block}
 figcaption{font-weight:bold;margin-bottom:.3em}
 .note,.not-measured{color:#555;font-size:.92em;margin:.2em 0}
 .not-measured::before{content:"\\2014  "}
-.decisive{font-weight:bold}
+.decisive{font-weight:bold} .flag{white-space:nowrap}
 """
 
 
 def _esc(s: str) -> str:
-    return html.escape(s, quote=True)
+    """Escaped text; a command-line flag never breaks across lines at its own hyphens."""
+    return re.sub(
+        r"(?<![\w-])(--[a-z][a-z-]*)", r'<span class="flag">\1</span>', html.escape(s, quote=True)
+    )
 
 
 def _esc_code(s: str) -> str:
@@ -1071,7 +1074,7 @@ def render_html(rep: Report) -> str:
         "<li>nothing: every step ran</li>"
     )
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>llm-bottleneck {_esc(rep.title)}</title>
+<html lang="en"><head><meta charset="utf-8"><title>llm-bottleneck {html.escape(rep.title)}</title>
 <style>{CSS}</style></head>
 <body>
 <h1>llm-bottleneck {_esc(rep.title)}</h1>
