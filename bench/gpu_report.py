@@ -15,6 +15,9 @@ scenario it compares, at the same moments:
 
 It also writes a promtool unit test whose input series are the exporter's real scrapes
 (resampled to 1 s), so `promtool test rules` evaluates the verdict rules on the GPU's data.
+The expected verdict, conditions and recorded inputs come from the Python decision core
+(`exporter/verdict.py`) on the same samples, never by hand; `parity_case` builds such a test
+from any scrapes (tests/test_verdict_parity.py uses it for the simulators too).
 """
 
 from __future__ import annotations

@@ -465,9 +465,10 @@ VERDICT_INFO: dict[str, VerdictInfo] = {
             "weights_not_resident",
             "Part of the model's weights is not on the GPU: every decode step waits for the "
             "part in host memory.",
-            "Put every layer on the GPU: llama.cpp `-ngl 999` (or `--fit on`), SGLang without "
-            "`--cpu-offload-gb`. If the weights do not fit, free memory for them with a shorter "
-            "context (`-c`, `--context-length`), a smaller KV cache or a smaller quantization.",
+            "Put every layer on the GPU: llama.cpp `-ngl 999` (and `--fit off` if the automatic "
+            "fit lowered `-ngl`), SGLang without `--cpu-offload-gb`. If the weights do not fit, "
+            "free memory for them with a shorter context (`-c`, `--context-length`), a "
+            "quantized KV cache (`-ctk q8_0 -ctv q8_0`) or a smaller quantization.",
             6,
         ),
         VerdictInfo(
@@ -672,7 +673,8 @@ class _Data:
         self.by_name: dict[str, list[tuple[dict[str, str], list[tuple[int, float]]]]] = defaultdict(
             list
         )
-        for (name, labels), points in series.items():
+        # Sorted by labels, as a PromQL selector returns series: sums then add in the same order.
+        for (name, labels), points in sorted(series.items()):
             pts = [(_ms(ts), float(v)) for ts, v in points if _ms(ts) <= self.at]
             self.by_name[name].append((dict(labels), pts))
 

@@ -42,7 +42,7 @@ from loadgen.options import (
 from loadgen.prompts import CACHE_MODES
 from loadgen.scheduler import RunSpec
 from loadgen.session import MetricsPortBusy, SessionOptions, execute
-from loadgen.sweep import plan_steps, probe_factory
+from loadgen.sweep import model_label, plan_steps, probe_factory
 
 __all__ = ["Command", "UsageError", "build_parser", "default_commands", "main"]
 
@@ -139,7 +139,7 @@ def _load_config(args: argparse.Namespace) -> Config | None:
         ) from None
 
 
-def model_label(url: str, api_key: str | None, timeout: float) -> str | None:
+def engine_label_from_server(url: str, api_key: str | None, timeout: float) -> str | None:
     """The engine label for a bare --url: the first model id of its /v1/models, shortened.
 
     llama.cpp answers with the model file's path or alias; the label keeps the file name
@@ -156,12 +156,7 @@ def model_label(url: str, api_key: str | None, timeout: float) -> str | None:
     from loadgen.client import first_model_id
 
     model = first_model_id(data)
-    if not model:
-        return None
-    name = model.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
-    if name.lower().endswith(".gguf"):
-        name = name[: -len(".gguf")]
-    return name.strip() or None
+    return (model_label(model) or None) if model else None
 
 
 def resolve_targets(args: argparse.Namespace, config: Config | None) -> list[Target]:
@@ -172,7 +167,8 @@ def resolve_targets(args: argparse.Namespace, config: Config | None) -> list[Tar
         key = os.environ.get(args.api_key_env) if args.api_key_env else None
         if args.api_key_env and key is None:
             raise UsageError(f"--api-key-env {args.api_key_env}: the variable is not set")
-        name = args.name or model_label(args.url, key, args.connect_timeout) or "target"
+        name = args.name or engine_label_from_server(args.url, key, args.connect_timeout)
+        name = name or "target"
         return [Target(name, args.url, args.kind, key, args.model)]
     if not args.engine:
         raise UsageError("no target: give --url URL, or --config FILE with --engine NAME")
@@ -216,8 +212,18 @@ def _apply_config_defaults(
     unknown = sorted(set(config.loadgen) - every)
     if unknown:
         raise UsageError(f"{known.config}: unknown loadgen keys: {', '.join(unknown)}")
-    own = {a.dest for a in subparsers[command]._actions}
-    subparsers[command].set_defaults(**{k: v for k, v in config.loadgen.items() if k in own})
+    typed = {a.dest: a for a in subparsers[command]._actions}
+    defaults: dict[str, Any] = {}
+    for key, value in config.loadgen.items():
+        action = typed.get(key)
+        if action is None:
+            continue
+        if action.type is not None and not isinstance(value, str):
+            # argparse converts a string default with the option's type (and its checks),
+            # so `concurrency: 4` and `concurrency: [1, 2]` become the lists the flag gives.
+            value = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        defaults[key] = value
+    subparsers[command].set_defaults(**defaults)
 
 
 def _base_spec(args: argparse.Namespace, targets: list[Target]) -> RunSpec:

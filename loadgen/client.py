@@ -48,13 +48,17 @@ ERROR_KINDS = (
 # Lower-case fragments of the engines' own messages that mean "no KV cache / context left".
 # llama.cpp (tools/server): decode failure "Context size has been exceeded." sent to every
 # active slot; a prompt longer than the slot's context is refused with type
-# "exceed_context_size_error" ("the request exceeds the available context size ...").
+# "exceed_context_size_error" ("request (N tokens) exceeds the available context size (M
+# tokens), try increasing it"; with context shift: "input (N tokens) is larger than the max
+# context size (M tokens). skipping"). In a stream the error is a `data: {"error": ...}`
+# event (older builds: an `error:` field line).
 # SGLang: "The input (N tokens) is longer than the model's context length (M tokens)." and
 # requests larger than the KV pool ("... larger than the KV cache pool", simulator wording).
 KV_EXHAUSTED_MARKERS = (
     "context size has been exceeded",
     "exceed_context_size_error",
     "exceeds the available context size",
+    "is larger than the max context size",
     "longer than the model's context length",
     "larger than the kv cache pool",
 )
@@ -106,6 +110,11 @@ class StreamResult:
     status: int | None = None
     done: bool = False
     stale: bool = False  # failed on a pooled connection before any answer: safe to resend
+    # The raw reads of a stream not parsed yet (`stream(..., parse=False)`); `finish()`
+    # parses them and clears both.
+    parts: list[bytes] = field(default_factory=list, repr=False)
+    stamps: list[float] = field(default_factory=list, repr=False)
+    parsed: bool = True
 
 
 def _decode_event(event: bytes) -> bytes | None:
@@ -264,12 +273,15 @@ class StreamClient:
 
         return build
 
-    async def stream(self, body: bytes, timeout: float) -> StreamResult:
+    async def stream(self, body: bytes, timeout: float, parse: bool = True) -> StreamResult:
         """Send one streaming request and collect its chunks; never raises for request errors.
 
         A pooled keep-alive connection that the server closed while idle (llama.cpp's HTTP
         server drops idle ones after 5 s) fails before the request is sent; that attempt is
         repeated on another connection (up to the pool size), since the server never saw it.
+
+        `parse=False` returns as soon as the stream ends, with the raw reads kept in the
+        result; `finish(result)` parses them later (the scheduler does it off the hot path).
         """
         result = await self._attempt(body, timeout)
         # Every pooled connection may have gone stale at once (e.g. after a pause between
@@ -278,6 +290,8 @@ class StreamClient:
             if not result.stale:
                 break
             result = await self._attempt(body, timeout)
+        if parse:
+            finish(result)
         return result
 
     async def _attempt(self, body: bytes, timeout: float) -> StreamResult:
@@ -307,74 +321,112 @@ class StreamClient:
         except OSError as exc:
             result.error, result.error_detail = CONNECT, f"{type(exc).__name__}: {exc}"
         result.t_end = time.perf_counter()
-        if result.error is None and not result.done:
-            result.error = DISCONNECTED
-            result.error_detail = "stream ended before data: [DONE]"
-        if result.error is None and result.usage is None:
-            result.error = MALFORMED
-            result.error_detail = "no usage chunk (stream_options.include_usage ignored?)"
-        if result.error in (HTTP, SERVER_ERROR) and is_kv_exhausted(result.error_detail):
-            result.error = KV_EXHAUSTED
+        result.parsed = False
         return result
 
     async def _read_events(self, resp: aiohttp.ClientResponse, result: StreamResult) -> None:
-        buf = b""
-        times = result.chunk_times
+        """Read the stream: stamp each network read first, parse the events afterwards.
+
+        The loop does nothing but take `perf_counter()` and keep the bytes, so at high
+        concurrency a read is stamped as soon as the event loop hands it over and no other
+        request's chunk waits behind JSON parsing. Each event then gets the stamp of the
+        read that completed it, exactly as if it had been parsed on arrival. The parse runs
+        even when the read is cut (timeout, disconnect), so a partial stream keeps its stamps.
+        """
+        parts = result.parts
+        stamps = result.stamps
         perf = time.perf_counter
         async for data in resp.content.iter_any():
-            now = perf()
-            buf += data
-            if b"\r" in data:
-                # On the whole buffer, so a CRLF split across two reads is joined first.
-                buf = buf.replace(b"\r\n", b"\n")
-            start = 0
-            while True:
-                end = buf.find(b"\n\n", start)
-                if end < 0:
-                    break
-                # Fast path: engines send one `data: ` line per event.
-                if buf.startswith(b"data: ", start) and buf.find(b"\n", start, end) < 0:
-                    payload: bytes | None = buf[start + 6 : end]
+            stamps.append(perf())
+            parts.append(data)
+
+
+def finish(result: StreamResult) -> StreamResult:
+    """Parse the raw reads of `result` and settle its error category (idempotent).
+
+    An error already set while reading (timeout, disconnect) wins over what the partial
+    stream shows, but the chunks that did arrive keep their stamps.
+    """
+    if result.parsed:
+        return result
+    result.parsed = True
+    before = (result.error, result.error_detail)
+    parse_events(result.parts, result.stamps, result)
+    result.parts, result.stamps = [], []
+    if before[0] is not None:
+        result.error, result.error_detail = before
+    if result.error is None and not result.done:
+        result.error = DISCONNECTED
+        result.error_detail = "stream ended before data: [DONE]"
+    if result.error is None and result.usage is None:
+        result.error = MALFORMED
+        result.error_detail = "no usage chunk (stream_options.include_usage ignored?)"
+    if result.error in (HTTP, SERVER_ERROR) and is_kv_exhausted(result.error_detail):
+        result.error = KV_EXHAUSTED
+    return result
+
+
+def parse_events(parts: list[bytes], stamps: list[float], result: StreamResult) -> None:
+    """Parse the SSE events of a stream's reads into `result` (chunk times, usage, errors).
+
+    `parts[i]` arrived at `stamps[i]`; an event is stamped with the read that completed it.
+    Stops at the first malformed or error event, as the engine's stream ends there.
+    """
+    buf = b""
+    times = result.chunk_times
+    for data, now in zip(parts, stamps, strict=True):
+        buf += data
+        if b"\r" in data:
+            # On the whole buffer, so a CRLF split across two reads is joined first.
+            buf = buf.replace(b"\r\n", b"\n")
+        start = 0
+        while True:
+            end = buf.find(b"\n\n", start)
+            if end < 0:
+                break
+            # Fast path: engines send one `data: ` line per event.
+            if buf.startswith(b"data: ", start) and buf.find(b"\n", start, end) < 0:
+                payload: bytes | None = buf[start + 6 : end]
+            else:
+                payload = _decode_event(buf[start:end])
+            start = end + 2
+            if payload is None:
+                continue
+            if payload == b"[DONE]":
+                result.done = True
+                continue
+            try:
+                obj = loads(payload)
+            except ValueError:
+                result.error = MALFORMED
+                result.error_detail = f"not JSON: {payload[:120]!r}"
+                return
+            if not isinstance(obj, dict):
+                result.error, result.error_detail = MALFORMED, f"not an object: {obj!r:.120}"
+                return
+            if "error" in obj:
+                result.error, result.error_detail = SERVER_ERROR, str(obj["error"])[:300]
+                return
+            choices = obj.get("choices")
+            if choices:
+                choice = choices[0]
+                delta = choice.get("delta")
+                if delta:
+                    text = delta.get("content") or delta.get("reasoning_content")
                 else:
-                    payload = _decode_event(buf[start:end])
-                start = end + 2
-                if payload is None:
-                    continue
-                if payload == b"[DONE]":
-                    result.done = True
-                    continue
-                try:
-                    obj = loads(payload)
-                except ValueError:
-                    result.error = MALFORMED
-                    result.error_detail = f"not JSON: {payload[:120]!r}"
-                    return
-                if not isinstance(obj, dict):
-                    result.error, result.error_detail = MALFORMED, f"not an object: {obj!r:.120}"
-                    return
-                if "error" in obj:
-                    result.error, result.error_detail = SERVER_ERROR, str(obj["error"])[:300]
-                    return
-                choices = obj.get("choices")
-                if choices:
-                    choice = choices[0]
-                    delta = choice.get("delta")
-                    if delta:
-                        text = delta.get("content") or delta.get("reasoning_content")
-                    else:
-                        text = choice.get("text")
-                    if text:
-                        times.append(now)
-                    reason = choice.get("finish_reason")
-                    if reason:
-                        result.finish_reason = reason
-                usage = obj.get("usage")
-                if usage:
-                    result.usage = usage
-                timings = obj.get("timings")
-                if timings:
-                    result.timings = timings
-            buf = buf[start:]
+                    text = choice.get("text")
+                if text:
+                    times.append(now)
+                reason = choice.get("finish_reason")
+                if reason:
+                    result.finish_reason = reason
+            usage = obj.get("usage")
+            if usage:
+                result.usage = usage
+            timings = obj.get("timings")
+            if timings:
+                result.timings = timings
+        buf = buf[start:]
 
 
 def first_model_id(body: bytes) -> str | None:

@@ -28,6 +28,10 @@ SWITCH_TO = "switch_to:"
 # Weight bytes per parameter differing by more than this: the raw speeds are not comparable.
 PRECISION_TOLERANCE = 0.20
 
+# A difference is called when the rounds' ranges do not overlap and the medians differ by
+# more than this: on a shared host, back-to-back runs of one engine differ by a few percent.
+MIN_DIFFERENCE = 0.05
+
 NOT_MEASURED = "not measured: "
 
 
@@ -277,12 +281,12 @@ def engine_verdict(engine: EngineResult, signals: core.Signals) -> tuple[str, st
 
 def roofline_fraction(engine: EngineResult) -> float | None:
     """Single-request decode as a share of the card's limit (None when unknown)."""
-    return engine.roofline.efficiency
+    return roofline(engine).efficiency
 
 
 def roofline_tok_s(engine: EngineResult) -> float | None:
     """The card's per-sequence decode limit for this engine's model, tok/s."""
-    return engine.roofline.limit_tok_s
+    return roofline(engine).limit_tok_s
 
 
 # --- what diagnose says -------------------------------------------------------------------
@@ -297,8 +301,8 @@ def recommendation_for(verdict: str | None) -> str:
     return STAY_AND_TUNE
 
 
-def decide_single(engine: EngineResult, steps: list[Step]) -> Decision:
-    """diagnose's answer: the engine's verdict first, then the action."""
+def decide_single(engine: EngineResult, steps: list[Step] | None = None) -> Decision:
+    """diagnose's answer: the engine's verdict first, then the action (and the steps)."""
     rec = recommendation_for(engine.verdict)
     action = engine.action or "nothing was measured under load: run diagnose with load steps"
     caveats = _token_caveats(engine) + [f"{engine.name}: {n}" for n in engine.notes]
@@ -307,7 +311,7 @@ def decide_single(engine: EngineResult, steps: list[Step]) -> Decision:
         recommendation=rec,
         action=action,
         comparable=True,
-        steps=steps,
+        steps=list(steps or []),
         caveats=caveats,
     )
 
@@ -351,7 +355,8 @@ def _call(
     vb: list[float],
     higher_is_better: bool = True,
 ) -> Call | None:
-    """Median of each engine's rounds; a winner only when the rounds' ranges do not overlap.
+    """Median of each engine's rounds; a winner only when the rounds' ranges do not overlap
+    (and the medians differ by more than `MIN_DIFFERENCE`).
 
     One round has no spread: nothing is called from it.
     """
@@ -361,7 +366,8 @@ def _call(
     spreads = [s for s in (relative_spread(va), relative_spread(vb)) if s is not None]
     spread = max(spreads) if spreads else None
     winner = None
-    if len(va) >= 2 and len(vb) >= 2:
+    apart = abs(mb - ma) / min(ma, mb) > MIN_DIFFERENCE if min(ma, mb) > 0 else False
+    if len(va) >= 2 and len(vb) >= 2 and apart:
         if min(vb) > max(va):
             winner = b.name if higher_is_better else a.name
         elif min(va) > max(vb):

@@ -49,11 +49,14 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if "%(default)" in text or action.default in (None, False, [], argparse.SUPPRESS):
+        default = action.default
+        # Identity checks: a default of 0 (== False) is a real default and is shown.
+        if "%(default)" in text or default is None or default is False or default == []:
+            return text
+        if default is argparse.SUPPRESS or "(default" in text:
             return text
         if not action.option_strings:
             return text
-        default = action.default
         if isinstance(default, list):
             shown = ",".join(str(v) for v in default)
             return f"{text} (default: {shown})"

@@ -105,7 +105,7 @@ def to_csv(summary: dict[str, Any]) -> str:
     """CSV of the step table; the validity is a column and a leading comment line."""
     buf = io.StringIO()
     if not summary["valid"]:
-        buf.write("# INVALID COMPARISON: " + " | ".join(summary["invalid_reasons"]) + "\n")
+        buf.write("# INVALID: " + " | ".join(summary["invalid_reasons"]) + "\n")
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow([c for c, _, _ in COLUMNS] + ["invalid_reason"])
     reason = "; ".join(summary["invalid_reasons"])
@@ -114,13 +114,25 @@ def to_csv(summary: dict[str, Any]) -> str:
     return buf.getvalue()
 
 
+def _server_value(key: str, value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if key.startswith("gpu_memory"):
+        return f"{value / 2**30:.2f} GiB"
+    return f"{value:.4g}"
+
+
 def to_markdown(summary: dict[str, Any]) -> str:
-    """Markdown report: an INVALID banner when needed, then the step table."""
+    """Markdown report: validity (once), the step table, then server-side figures."""
     out: list[str] = ["# Load generator summary", ""]
+    if summary.get("aborted"):
+        out += [f"> **ABORTED**: {summary.get('abort_reason')}", ""]
     if not summary["valid"]:
-        out += ["> **INVALID COMPARISON**: the engines did not process the same tokens.", ">"]
+        out += ["> **INVALID**: failed requests, an aborted run or unequal token counts.", ">"]
         out += [f"> - {r}" for r in summary["invalid_reasons"]]
         out.append("")
+    else:
+        out += ["**Valid**: every request succeeded and token counts are equal.", ""]
     if summary.get("interrupted"):
         out += ["_Run interrupted: the table holds what finished before the stop._", ""]
     out.append("| " + " | ".join(c for c, _, _ in COLUMNS) + " |")
@@ -131,22 +143,117 @@ def to_markdown(summary: dict[str, Any]) -> str:
     if servers:
         out += ["", "Server side during each step:", ""]
         for row in servers:
-            out.append(f"- {row['engine']} step {row['step']}: `{json.dumps(row['server'])}`")
+            figures = ", ".join(
+                f"{key} {_server_value(key, value)}"
+                for key, value in sorted(row["server"].items())
+                if key != "errors"
+            )
+            out.append(f"- {row['engine']} step {row['step']}: {figures}")
     return "\n".join(out) + "\n"
 
 
+# The per-step block on the terminal: (section, [(label, summary key, format)]), in the
+# manner of `vllm bench serve` (mean, median and p99 of each latency).
+BLOCK: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
+    (
+        "",
+        (
+            ("Successful requests", "requests_ok", "d"),
+            ("Failed requests", "requests_failed", "d"),
+            ("Duration (s)", "wall_s", ".2f"),
+            ("Prompt tokens per request", "prompt_tokens", "s"),
+            ("Output tokens per request", "completion_tokens", "s"),
+            ("Request throughput (req/s)", "requests_per_s", ".2f"),
+            ("Output token throughput (tok/s)", "output_tok_s", ".1f"),
+        ),
+    ),
+    (
+        "Time to First Token",
+        (
+            ("Mean TTFT (ms)", "ttft_mean_s", "ms"),
+            ("Median TTFT (ms)", "ttft_p50_s", "ms"),
+            ("P99 TTFT (ms)", "ttft_p99_s", "ms"),
+        ),
+    ),
+    (
+        "Time per Output Token (excl. 1st token)",
+        (
+            ("Mean TPOT (ms)", "tpot_mean_s", "ms"),
+            ("Median TPOT (ms)", "tpot_p50_s", "ms"),
+            ("P99 TPOT (ms)", "tpot_p99_s", "ms"),
+        ),
+    ),
+    (
+        "Inter-token Latency",
+        (
+            ("Mean ITL (ms)", "itl_mean_s", "ms"),
+            ("Median ITL (ms)", "itl_p50_s", "ms"),
+            ("P99 ITL (ms)", "itl_p99_s", "ms"),
+        ),
+    ),
+    (
+        "End-to-end Latency",
+        (
+            ("Mean E2E (ms)", "e2e_mean_s", "ms"),
+            ("Median E2E (ms)", "e2e_p50_s", "ms"),
+            ("P99 E2E (ms)", "e2e_p99_s", "ms"),
+        ),
+    ),
+    (
+        "Decode per sequence",
+        (
+            ("Client decode (tok/s, mean)", "decode_tok_s_mean", ".1f"),
+            ("Server decode (tok/s, mean)", "server_decode_tok_s_mean", ".1f"),
+        ),
+    ),
+)
+BLOCK_WIDTH = 56
+
+
+def _load_label(row: dict[str, Any]) -> str:
+    if row.get("rate") is not None:
+        cap = row.get("concurrency")
+        return f"rate {row['rate']:g} req/s" + (f", at most {cap} in flight" if cap else "")
+    return f"concurrency {row.get('concurrency')}"
+
+
+def step_block(row: dict[str, Any]) -> list[str]:
+    """The vertical summary of one engine in one step (no verdict: that is said once)."""
+    title = f" {row.get('engine')} · step {row.get('step')} · {_load_label(row)} "
+    lines = [title.center(BLOCK_WIDTH, "=")]
+    for section, items in BLOCK:
+        if section:
+            lines.append(f" {section} ".center(BLOCK_WIDTH, "-"))
+        for label, key, fmt in items:
+            value = _fmt(row.get(key), fmt) or "n/a"
+            lines.append(f"{label + ':':<{BLOCK_WIDTH - 14}}{value:>14}")
+    errors = row.get("errors") or {}
+    if errors:
+        lines.append(" Errors ".center(BLOCK_WIDTH, "-"))
+        for kind, count in sorted(errors.items()):
+            lines.append(f"{kind + ':':<{BLOCK_WIDTH - 14}}{count:>14}")
+    server = row.get("server")
+    if server:
+        lines.append(" Server side (exporter / Prometheus) ".center(BLOCK_WIDTH, "-"))
+        for key, value in sorted(server.items()):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                lines.append(f"{key + ':':<{BLOCK_WIDTH - 14}}{value:>14.4g}")
+    lines.append("=" * BLOCK_WIDTH)
+    return lines
+
+
 def to_console(summary: dict[str, Any]) -> str:
-    """Fixed-width table for the terminal, INVALID banner first."""
+    """One vertical block per engine and step, then the run's validity, said once."""
     lines: list[str] = []
-    if not summary["valid"]:
-        lines += [invalid_banner(summary["invalid_reasons"]), ""]
-    rows = [[c for c, _, _ in COLUMNS]]
-    rows += [[_fmt(r.get(k), f) for _, k, f in COLUMNS] for r in summary["steps"]]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    for row in rows:
-        lines.append("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
-    if not summary["valid"]:
-        lines += ["", "INVALID COMPARISON (see above)"]
+    for row in summary["steps"]:
+        lines += step_block(row)
+        lines.append("")
+    if summary.get("aborted"):
+        lines.append(f"ABORTED: {summary.get('abort_reason')}")
+    if summary["valid"]:
+        lines.append("Result: VALID (every request succeeded; equal token counts)")
+    else:
+        lines.append(invalid_banner(summary["invalid_reasons"]))
     return "\n".join(lines)
 
 

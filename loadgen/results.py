@@ -11,7 +11,14 @@ from typing import IO, Any
 
 import orjson
 
-from loadgen.client import EARLY_STOP, ERROR_KINDS, INTERRUPTED, KV_EXHAUSTED, StreamResult
+from loadgen.client import (
+    EARLY_STOP,
+    ERROR_KINDS,
+    INTERRUPTED,
+    KV_EXHAUSTED,
+    StreamResult,
+    finish,
+)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -84,7 +91,9 @@ def build_record(
     """Turn a raw StreamResult into a record; flags `early_stop` when the length is short.
 
     `wall_offset` converts perf_counter stamps to unix time (time.time() - perf_counter()).
+    A result streamed with `parse=False` is parsed here first.
     """
+    finish(result)
     times = result.chunk_times
     usage = result.usage or {}
     timings = result.timings or {}
@@ -219,7 +228,9 @@ def summarize(
         "itl_p99_s": _round(percentile(itls, 99)),
         "itl_mean_s": _round(_mean(itls)),
         "tpot_mean_s": _round(_mean(tpots)),
+        "tpot_p99_s": _round(percentile(tpots, 99)),
         "tpot_p50_s": _round(percentile(tpots, 50)),
+        "e2e_mean_s": _round(_mean(e2es)),
         "e2e_p50_s": _round(percentile(e2es, 50)),
         "e2e_p99_s": _round(percentile(e2es, 99)),
         "decode_tok_s_mean": _round(_mean(decodes), 3),

@@ -9,11 +9,14 @@ prompts), so `run`, `sweep` and later commands (`diagnose`, `compare`) share one
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
+import gc
 import logging
 import random
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,9 +29,10 @@ from loadgen.client import (
     StreamClient,
     StreamResult,
     Target,
+    finish,
 )
 from loadgen.metrics import LoadgenMetrics
-from loadgen.prompts import PromptSet, calibrate, fixed_prompt
+from loadgen.prompts import CalibrationError, PromptSet, calibrate, fixed_prompt
 from loadgen.results import (
     JsonlWriter,
     RequestRecord,
@@ -46,6 +50,7 @@ OPEN_LOOP_MAX_IN_FLIGHT = 1024
 MIN_REQUESTS_FOR_ERROR_SHARE = 8
 # Abort reasons (the `abort_reason` of a step and of summary.json start with one of these).
 ABORT_ENGINE_GONE = "engine gone"
+ABORT_NOT_ANSWERING = "engine not answering"
 ABORT_TOO_MANY_ERRORS = "too many errors"
 ABORT_DEADLINE = "step deadline"
 ABORT_INTERRUPTED = "interrupted"
@@ -298,6 +303,22 @@ async def prompts_for(ctx: RunContext, spec: RunSpec, client: StreamClient) -> P
     return ctx.prompts[key]
 
 
+def calibration_deadline(spec: RunSpec) -> float:
+    """Seconds the prompt calibration may take: a few probes' worth of `timeout`."""
+    return 3 * spec.timeout + spec.connect_timeout
+
+
+async def _calibrate_within(ctx: RunContext, spec: RunSpec, client: StreamClient) -> PromptSet:
+    limit = calibration_deadline(spec)
+    try:
+        return await asyncio.wait_for(prompts_for(ctx, spec, client), timeout=limit)
+    except asyncio.TimeoutError:
+        raise CalibrationError(
+            f"{client.target.name}: prompt calibration not finished within {limit:g} s "
+            "(the engine does not answer; see --timeout)"
+        ) from None
+
+
 async def _wait_or_stop(awaitable: Awaitable[Any], stop: asyncio.Event) -> bool:
     """Run `awaitable` until done or `stop` is set (then cancel it); True when stopped."""
     task = asyncio.ensure_future(awaitable)
@@ -312,6 +333,38 @@ async def _wait_or_stop(awaitable: Awaitable[Any], stop: asyncio.Event) -> bool:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     return True
+
+
+# While a phase measures, the cyclic garbage collector runs only at these intervals (a young
+# collection, about a millisecond): a full collection in the middle of a phase stalls the
+# event loop for several milliseconds and lands in the inter-token gaps of every stream.
+GC_INTERVAL_S = 5.0
+
+
+@contextlib.contextmanager
+def _quiet_gc(enabled: bool) -> Iterator[None]:
+    """Freeze what exists, pause automatic collections, collect young objects on a timer."""
+    if not enabled or not gc.isenabled():
+        yield
+        return
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    loop = asyncio.get_running_loop()
+    handle: asyncio.TimerHandle | None = None
+
+    def young() -> None:
+        nonlocal handle
+        gc.collect(1)
+        handle = loop.call_later(GC_INTERVAL_S, young)
+
+    handle = loop.call_later(GC_INTERVAL_S, young)
+    try:
+        yield
+    finally:
+        handle.cancel()
+        gc.enable()
+        gc.unfreeze()
 
 
 class _Phase:
@@ -334,10 +387,13 @@ class _Phase:
         self.deadline: float | None = None
         self.next_index = 0
         self.connect_errors = 0
+        self.timeouts = 0
         self.failures = 0
         self.finished = 0
         self.aborted = asyncio.Event()
         self.abort_reason: str | None = None
+        self._pending: collections.deque[tuple[int, StreamResult]] = collections.deque()
+        self._wake = asyncio.Event()
         self.build = client.body_builder(spec.request_params())
         self.wall_offset = time.time() - time.perf_counter()
 
@@ -362,7 +418,8 @@ class _Phase:
             gauge.inc()
         result: StreamResult | None = None
         try:
-            result = await self.client.stream(body, self.spec.timeout)
+            # Unparsed: the stream's reads are parsed by the recorder, off the hot path.
+            result = await self.client.stream(body, self.spec.timeout, parse=False)
         finally:
             if gauge is not None:
                 gauge.dec()
@@ -376,19 +433,35 @@ class _Phase:
                     cut = StreamResult(t_send=now, t_end=now, error=TIMEOUT)
                     cut.error_detail = "cut at the step deadline"
                 self._keep(build_record(cut, **self._meta(index)))
-        if not self.measured:
-            if result.error == CONNECT:
-                self._count_connect_error()
-            return
-        record = build_record(result, **self._meta(index))
+        # A refused connection is known without parsing: count it at once, so a dead
+        # engine stops the phase before many more requests go out.
+        if result.error == CONNECT:
+            self._count_connect_error()
+        else:
+            self.connect_errors = 0
+        # An engine that accepts connections but never answers (stopped, wedged) shows as
+        # timeouts: one full round of them in a row, and nothing will come back.
+        if result.error == TIMEOUT:
+            self.timeouts += 1
+            limit = max(2, self.spec.concurrency or 2)
+            if self.timeouts >= limit:
+                self.abort(
+                    f"{ABORT_NOT_ANSWERING}: {self.engine}: {self.timeouts} requests in a row "
+                    f"timed out after {self.spec.timeout:g} s"
+                )
+        else:
+            self.timeouts = 0
+        if self.measured:
+            self._pending.append((index, result))
+            self._wake.set()
+
+    def _settle(self, index: int, result: StreamResult) -> None:
+        """Parse one finished request, record it and apply the error-share rule."""
+        record = build_record(finish(result), **self._meta(index))
         self._keep(record)
         self.finished += 1
         if record.error is not None and record.error not in (EARLY_STOP, INTERRUPTED):
             self.failures += 1
-        if record.error == CONNECT:
-            self._count_connect_error()
-        else:
-            self.connect_errors = 0
         share = self.spec.max_error_share
         if share is not None and self.failures and not self.aborted.is_set():
             judged = share == 0 or self.finished >= MIN_REQUESTS_FOR_ERROR_SHARE
@@ -398,6 +471,24 @@ class _Phase:
                     f"{self.finished} requests failed (limit {share:.0%}); last: "
                     f"{record.error} {record.error_detail or ''}".rstrip()
                 )
+
+    async def _recorder(self) -> None:
+        """Settle finished requests one per event-loop turn.
+
+        Streams of a closed loop tend to end together; settling them all at once would
+        hold back every other stream's reads (and so their timestamps) for the whole burst.
+        Yielding after each one lets the loop poll the sockets in between.
+        """
+        while True:
+            while self._pending:
+                self._settle(*self._pending.popleft())
+                await asyncio.sleep(0)
+            self._wake.clear()
+            await self._wake.wait()
+
+    def _drain(self) -> None:
+        while self._pending:
+            self._settle(*self._pending.popleft())
 
     def _count_connect_error(self) -> None:
         self.connect_errors += 1
@@ -442,10 +533,17 @@ class _Phase:
             body: Awaitable[Any] = asyncio.gather(*(self._worker() for _ in range(workers)))
         else:
             body = self._open_loop(self.spec.rate)
+        recorder = asyncio.create_task(self._recorder())
         try:
-            await asyncio.wait_for(body, timeout=limit)
+            with _quiet_gc(self.measured):
+                await asyncio.wait_for(body, timeout=limit)
         except asyncio.TimeoutError:
             self.abort(f"{ABORT_DEADLINE}: {self.engine}: phase not finished within {limit:.0f} s")
+        finally:
+            recorder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await recorder
+            self._drain()
         return time.perf_counter() - t0
 
     async def _worker(self) -> None:
@@ -516,7 +614,7 @@ async def run_step(
         ) as client:
             await client.open(spec.preopen_count())
             if prompts is None:
-                prompts = await prompts_for(ctx, spec, client)
+                prompts = await _calibrate_within(ctx, spec, client)
             ptok = prompts.measured_tokens or spec.prompt_tokens
             if spec.warmup:
                 warm = _Phase(ctx, spec, client, prompts, step, measured=False)

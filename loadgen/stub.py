@@ -35,6 +35,10 @@ class StubOptions:
     fail_every: int = 0  # every n-th completion request answers HTTP 500
     malformed_every: int = 0  # every n-th completion request sends a non-JSON chunk
     timings: bool = True  # attach llama.cpp-style `timings` to the last chunk
+    # Put the request's arrival and each token's real send time (perf_counter, which is
+    # CLOCK_MONOTONIC and so comparable across processes on Linux) into `timings`, so a
+    # benchmark can separate the client's timing error from the stub's own lateness.
+    report_sends: bool = False
     model: str = "stub-model"
 
 
@@ -106,6 +110,13 @@ def _events(
     events.append(_chunk(last))
     events.append(b"data: [DONE]\n\n")
     return events
+
+
+def _with_sends(event: bytes, arrival: float, sent: list[float]) -> bytes:
+    """The usage event with the request's arrival and token send times in `timings`."""
+    obj = json.loads(event[len(b"data: ") :])
+    obj.setdefault("timings", {}).update(arrival=arrival, sent=sent)
+    return _chunk(obj)
 
 
 def make_app(options: StubOptions, state: StubState) -> web.Application:
@@ -182,6 +193,7 @@ def make_app(options: StubOptions, state: StubState) -> web.Application:
             else:
                 events = _events(options, chat, n_out, prompt_tokens, cached)
                 head = 1 if chat else 0
+                sent: list[float] = []
                 for k, event in enumerate(events):
                     token = k - head
                     if delayed and 0 <= token < n_out:
@@ -193,7 +205,11 @@ def make_app(options: StubOptions, state: StubState) -> web.Application:
                     if malformed and token == n_out // 2:
                         await resp.write(b"data: {not json\n\n")
                         return resp
+                    if options.report_sends and k == len(events) - 2:
+                        event = _with_sends(event, t_arrival, sent)
                     await resp.write(event)
+                    if 0 <= token < n_out:
+                        sent.append(time.perf_counter())
             await resp.write_eof()
         finally:
             state.in_flight -= 1
@@ -291,9 +307,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--token-factor", type=float, default=1.0)
     parser.add_argument("--stop-after", type=int)
     parser.add_argument("--no-keep", action="store_true", help="do not keep request bodies")
+    parser.add_argument(
+        "--report-sends",
+        action="store_true",
+        help="add arrival and per-token send times (perf_counter) to the usage chunk's timings",
+    )
     args = parser.parse_args(argv)
     options = StubOptions(
-        ttft=args.ttft, itl=args.itl, token_factor=args.token_factor, stop_after=args.stop_after
+        ttft=args.ttft,
+        itl=args.itl,
+        token_factor=args.token_factor,
+        stop_after=args.stop_after,
+        report_sends=args.report_sends,
     )
     state = StubState(keep_bodies=not args.no_keep)
     print(f"stub pid {os.getpid()} on {args.host}:{args.port}", flush=True)

@@ -19,11 +19,13 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.client import Target
+from loadgen.options import metrics_url
 from loadgen.scheduler import RunSpec
 
 log = logging.getLogger(__name__)
 
 GPU_PEAK = "llmb_gpu_memory_used_peak_bytes"
+ENGINE_INFO = "llmb_engine_info"
 KV_USAGE = "llmb_engine_kv_cache_usage_ratio"
 WAITING = "llmb_engine_requests_waiting"
 
@@ -73,9 +75,10 @@ def _metric_key(name: str) -> str:
 class ExporterProbe:
     """Polls the exporter's /metrics during a step and keeps max and mean of each series."""
 
-    def __init__(self, url: str, engine: str, interval: float = 1.0):
-        self.url = url.rstrip("/") + ("" if url.rstrip("/").endswith("/metrics") else "/metrics")
+    def __init__(self, url: str, engine: str, interval: float = 1.0, model: str | None = None):
+        self.url = metrics_url(url)
         self.engine = engine
+        self.model = model
         self.interval = interval
         self._task: asyncio.Task[None] | None = None
         self._stats = _Stats()
@@ -104,15 +107,33 @@ class ExporterProbe:
             text = await resp.text()
         self._scrapes += 1
         gpu_total = None
+        by_engine: dict[str, list[tuple[str, float]]] = {}
+        models: dict[str, str] = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name == GPU_PEAK:
                     gpu_total = max(gpu_total or 0.0, sample.value)
                 elif sample.name in (KV_USAGE, WAITING):
-                    if sample.labels.get("engine") == self.engine:
-                        self._stats.add(_metric_key(sample.name), sample.value)
+                    engine = sample.labels.get("engine", "")
+                    by_engine.setdefault(engine, []).append((sample.name, sample.value))
+                elif sample.name == ENGINE_INFO and "engine" in sample.labels:
+                    models[sample.labels["engine"]] = sample.labels.get("model", "")
+        for name, value in by_engine.get(self.exporter_engine(models), []):
+            self._stats.add(_metric_key(name), value)
         if gpu_total is not None:
             self._stats.add("gpu_memory_peak_bytes", gpu_total)
+
+    def exporter_engine(self, models: dict[str, str]) -> str:
+        """The exporter's name for our engine: the same name, else the one serving our model.
+
+        With `--url` the load generator names the engine after its model while the
+        exporter's config may call it anything; `llmb_engine_info{model}` links the two.
+        """
+        if self.engine in models or not models:
+            return self.engine
+        wanted = {m for m in (self.model, self.engine) if m}
+        matches = [e for e, m in models.items() if m in wanted or model_label(m) in wanted]
+        return matches[0] if len(matches) == 1 else self.engine
 
     async def stop(self) -> dict[str, Any]:
         """Stop polling (after one last sample) and return the step's figures."""
@@ -176,6 +197,14 @@ class PrometheusProbe:
         return out
 
 
+def model_label(model: str) -> str:
+    """A model id as an engine label: the file name of a path, without `.gguf`."""
+    name = model.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    if name.lower().endswith(".gguf"):
+        name = name[: -len(".gguf")]
+    return name.strip()
+
+
 def probe_factory(
     exporter_url: str | None, prometheus_url: str | None, interval: float = 1.0
 ) -> Any:
@@ -183,7 +212,7 @@ def probe_factory(
     if prometheus_url:
         return lambda target: PrometheusProbe(prometheus_url, target.name)
     if exporter_url:
-        return lambda target: ExporterProbe(exporter_url, target.name, interval)
+        return lambda target: ExporterProbe(exporter_url, target.name, interval, target.model)
     return None
 
 

@@ -567,8 +567,10 @@ def verdict_table() -> str:
         lines.append(f"| {i} | `{v}` | {when}. | {info.action} |")
     lines += [
         "",
-        "Thresholds and windows: `prometheus/thresholds.md`; the same conditions are the",
-        "recording rules `engine:llmb_<condition>:bool` and `llmb:engine_bottleneck:verdict`.",
+        "Thresholds and windows: `prometheus/thresholds.md`. The same conditions, from the same",
+        "code (`exporter/verdict.py`), are the recording rules `engine:llmb_<condition>:bool`",
+        "and `llmb:engine_bottleneck:verdict`; `tests/test_verdict_parity.py` requires the",
+        "Python evaluator and promtool to agree on every simulator preset and real GPU capture.",
     ]
     return "\n".join(lines)
 

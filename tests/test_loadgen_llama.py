@@ -113,7 +113,10 @@ def test_server_killed_mid_run_still_writes_the_summary(llama_server: Any, tmp_p
         assert time.monotonic() < deadline, "no request finished"
         time.sleep(0.05)
     server.proc.kill()  # two requests are in flight now (closed loop)
-    _, err = proc.communicate(timeout=90)
+    t_kill = time.monotonic()
+    out_text, err = proc.communicate(timeout=90)
+    # Bounded: the step gives up on a dead engine within seconds, whatever --timeout says.
+    assert time.monotonic() - t_kill < 30
     records = _records(out)
     errors = [r["error"] for r in records]
     assert errors.count(None) >= 2
@@ -125,4 +128,61 @@ def test_server_killed_mid_run_still_writes_the_summary(llama_server: Any, tmp_p
     step = summary["steps"][0]
     assert step["requests_failed"] == len(records) - errors.count(None) > 0
     assert step["requests_ok"] == errors.count(None)
-    assert proc.returncode == 0, err
+    # The issue's reproduction: an engine that died mid-run is an aborted, invalid run.
+    assert summary["aborted"] is True and summary["valid"] is False
+    assert summary["abort_reason"].startswith("step 0: "), summary["abort_reason"]
+    assert any("requests failed" in r for r in summary["invalid_reasons"])
+    assert "ABORTED: step 0:" in out_text
+    assert proc.returncode == 1, err
+
+
+def _long_prompt(tmp_path: Path, words: int) -> Path:
+    path = tmp_path / "prompt.txt"
+    path.write_text(" ".join(["memory"] * words))
+    return path
+
+
+def test_prompt_beyond_the_slot_context_is_kv_exhausted(llama_server: Any, tmp_path: Path) -> None:
+    """-c 512 over 4 slots gives 128 tokens per slot; a ~300-token prompt cannot fit."""
+    server = llama_server(ctx=512, parallel=4)
+    out = tmp_path / "out"
+    code = main(
+        [
+            "run", "--url", server.url, "--kind", "llamacpp", "--concurrency", "2",
+            "--requests", "4", "--max-tokens", "8", "--max-errors", "1",
+            "--prompt-file", str(_long_prompt(tmp_path, 300)),
+            "--out", str(out), "--metrics-port", "0", "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 3
+    records = _records(out)
+    assert [r["error"] for r in records] == ["kv_exhausted"] * 4
+    # The real server's own words (HTTP 400, type exceed_context_size_error).
+    detail = records[0]["error_detail"]
+    assert detail.startswith("HTTP 400") and "exceed" in detail and "context size" in detail
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"][0]["kv_exhausted"] == 4
+    assert "4 of 4 requests failed (kv_exhausted 4)" in summary["invalid_reasons"][0]
+
+
+def test_unified_kv_full_is_kv_exhausted(llama_server: Any, tmp_path: Path) -> None:
+    """--kv-unified -c 1024 -np 4: each prompt fits, four together with their outputs do
+    not, and llama.cpp fails the active slots with "Context size has been exceeded"."""
+    server = llama_server("--kv-unified", ctx=1024, parallel=4)
+    out = tmp_path / "out"
+    code = main(
+        [
+            "run", "--url", server.url, "--kind", "llamacpp", "--concurrency", "4",
+            "--requests", "8", "--max-tokens", "200", "--max-errors", "1",
+            "--prompt-file", str(_long_prompt(tmp_path, 150)),
+            "--out", str(out), "--metrics-port", "0", "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 3
+    records = _records(out)
+    kv = [r for r in records if r["error"] == "kv_exhausted"]
+    assert kv, [(r["error"], r["error_detail"]) for r in records]
+    assert all("Context size has been exceeded" in r["error_detail"] for r in kv)
+    assert "Context size has been exceeded" in server.log.read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"][0]["kv_exhausted"] == len(kv)

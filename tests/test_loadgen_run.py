@@ -59,8 +59,9 @@ def test_run_writes_records_and_summaries(stub: StubFactory, tmp_path: Path) -> 
     assert step["decode_tok_s_mean"] == pytest.approx(250.0, rel=0.25)
     assert step["output_tok_s"] == pytest.approx(108 / step["wall_s"], rel=1e-3)
     rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
-    assert rows[0]["engine"] == "target" and rows[0]["valid"] == "true"
-    assert "| target | 0 | 3 | 64 | 12 | 9 | 0 |" in (tmp_path / "summary.md").read_text()
+    # With --url and no --name, the engine is named after the model of /v1/models.
+    assert rows[0]["engine"] == "stub-model" and rows[0]["valid"] == "true"
+    assert "| stub-model | 0 | 3 | 64 | 12 | 9 | 0 |" in (tmp_path / "summary.md").read_text()
     # Closed loop: exactly `concurrency` requests were in flight at the stub.
     assert server.state.max_in_flight == 3
     body = server.state.bodies[-1]
@@ -135,15 +136,41 @@ def test_failures_are_recorded_and_the_run_goes_on(stub: StubFactory, tmp_path: 
     code = run_cli(
         tmp_path,
         *("--url", server.url, "--prompt-tokens", "20", "--max-tokens", "6", "--requests", "20"),
+        *("--max-errors", "1"),  # never abort for the error share
     )
     lines = request_lines(tmp_path)
     assert len(lines) == 20
     errors = {r["error"] for r in lines}
     assert {"http_error", "malformed", None} <= errors
-    summary = _summary(tmp_path)["steps"][0]
+    document = _summary(tmp_path)
+    summary = document["steps"][0]
     assert summary["requests_failed"] == sum(1 for r in lines if r["error"])
     assert summary["errors"]["http_error"] >= 3
-    assert code == 0
+    # Fewer than half failed: the run went on to the end, but the step is invalid, with why.
+    assert document["aborted"] is False and document["valid"] is False
+    failed = summary["requests_failed"]
+    assert f"{failed} of 20 requests failed (http_error" in document["invalid_reasons"][0]
+    assert summary["valid"] is False and "requests failed" in summary["invalid_reasons"][0]
+    assert code == 3
+
+
+def test_too_many_errors_abort_the_run(stub: StubFactory, tmp_path: Path) -> None:
+    server = stub(fail_every=4, malformed_every=5)
+    code = run_cli(
+        tmp_path,
+        *("--url", server.url, "--prompt-tokens", "20", "--max-tokens", "6", "--requests", "200"),
+        *("--max-errors", "0.2", "--concurrency", "1,2"),
+    )
+    assert code == 1
+    document = _summary(tmp_path)
+    assert document["aborted"] is True and document["valid"] is False
+    assert document["abort_reason"].startswith("step 0: too many errors: stub-model: ")
+    assert "(limit 20%)" in document["abort_reason"]
+    lines = request_lines(tmp_path)
+    # Judged after 8 finished requests, so the step stopped long before its 200 and the
+    # second step (concurrency 2) never ran.
+    assert 8 <= len(lines) < 40 and {r["step"] for r in lines} == {0}
+    assert len(document["steps"]) == 1
 
 
 def test_timeout_per_request(stub: StubFactory, tmp_path: Path) -> None:
@@ -154,7 +181,10 @@ def test_timeout_per_request(stub: StubFactory, tmp_path: Path) -> None:
         *("--url", server.url, "--prompt-tokens", "20", "--max-tokens", "30"),
         *("--requests", "2", "--timeout", "0.5", "--concurrency", "2"),
     )
-    assert code == 0
+    # A whole round of timeouts in a row: the engine is not answering, the run is aborted.
+    assert code == 1
+    reason = _summary(tmp_path)["abort_reason"]
+    assert reason.startswith("step 0: engine not answering: stub-model: 2 requests in a row")
     assert [r["error"] for r in request_lines(tmp_path)] == ["timeout", "timeout"]
     assert time.perf_counter() - t0 < 5
 
@@ -200,7 +230,12 @@ def test_two_engines_with_equal_tokenizers_are_valid(
     summary = _summary(tmp_path / "o")
     assert summary["valid"] is True
     assert [s["engine"] for s in summary["steps"]] == ["llama", "sgl"]
-    assert "INVALID" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "INVALID" not in out
+    # One vertical block per engine (vllm bench serve style), the validity said once.
+    assert out.count("Median TTFT (ms):") == 2 and out.count("P99 ITL (ms):") == 2
+    assert out.count("Result: VALID") == 1
+    assert all(len(line) <= 60 for line in out.splitlines())
 
 
 def test_two_engines_with_different_tokenizers_are_invalid_everywhere(
@@ -220,10 +255,10 @@ def test_two_engines_with_different_tokenizers_are_invalid_everywhere(
     assert "llama vs sgl: token counts differ on 4 of 4" in summary["invalid_reasons"][0]
     assert all(s["valid"] is False for s in summary["steps"])
     csv_text = (out / "summary.csv").read_text()
-    assert csv_text.startswith("# INVALID COMPARISON")
+    assert csv_text.startswith("# INVALID: ")
     assert {row["valid"] for row in csv.DictReader(csv_text.splitlines()[1:])} == {"false"}
-    assert "**INVALID COMPARISON**" in (out / "summary.md").read_text()
-    assert "INVALID COMPARISON" in capsys.readouterr().out
+    assert "**INVALID**" in (out / "summary.md").read_text()
+    assert "INVALID:" in capsys.readouterr().out
 
 
 async def test_live_metrics_during_a_run(stub: StubFactory, tmp_path: Path) -> None:
@@ -299,7 +334,7 @@ def test_unreachable_target_fails_within_seconds(
         (["--url", "localhost:8080"], "must start with http"),
         (["--engine", "llama"], "needs --config"),
         (["--url", "http://x", "--requests", "2", "--duration", "3"], "not both"),
-        (["--url", "http://x", "--concurrency", "0"], "must be at least 1"),
+        (["--url", "http://x", "--concurrency", "0"], "expected positive integers"),
         (["--url", "http://x", "--cache", "maybe"], "invalid choice"),
     ],
 )

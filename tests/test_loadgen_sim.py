@@ -48,5 +48,5 @@ async def test_different_tokenizers_are_invalid_in_every_output(
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["valid"] is False
     assert "llama vs sgl: token counts differ" in summary["invalid_reasons"][0]
-    assert (tmp_path / "summary.csv").read_text().startswith("# INVALID COMPARISON")
-    assert "**INVALID COMPARISON**" in (tmp_path / "summary.md").read_text()
+    assert (tmp_path / "summary.csv").read_text().startswith("# INVALID: ")
+    assert "**INVALID**" in (tmp_path / "summary.md").read_text()

@@ -43,6 +43,11 @@ class FakeSources:
                 'llmb_engine_kv_cache_usage_ratio{engine="other",kind="sglang"} 0.99\n'
                 "# TYPE llmb_engine_requests_waiting gauge\n"
                 f'llmb_engine_requests_waiting{{engine="target",kind="llamacpp"}} {n % 3}\n'
+                # The load generator names a --url engine after its model ("stub-model");
+                # the exporter calls it "target": the info series links the two.
+                "# TYPE llmb_engine_info gauge\n"
+                'llmb_engine_info{engine="target",model="/models/stub-model.gguf"} 1\n'
+                'llmb_engine_info{engine="other",model="other-model"} 1\n'
             )
         )
 
@@ -120,7 +125,7 @@ def test_sweep_with_prometheus_probe(sources: FakeSources, tmp_path: Path) -> No
         tmp_path,
         sources.server.url,
         *("--concurrency", "1,2", "--prompt-tokens", "16", "--pause", "0"),
-        *("--prometheus-url", sources.server.url),
+        *("--prometheus-url", sources.server.url, "--name", "target"),
     )
     assert code == 0
     steps = json.loads((tmp_path / "summary.json").read_text())["steps"]

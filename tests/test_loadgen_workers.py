@@ -153,4 +153,6 @@ def test_unreachable_target_fails_once(tmp_path: Path, capsys: pytest.CaptureFix
     assert code == 1
     err = capsys.readouterr().err
     assert err.count("cannot reach") == 1, err
-    assert not (tmp_path / "summary.json").exists()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["aborted"] is True and summary["valid"] is False and summary["steps"] == []
+    assert "cannot reach" in summary["abort_reason"]

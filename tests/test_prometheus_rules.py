@@ -204,6 +204,18 @@ def test_diagnose_doc_carries_the_generated_verdict_table() -> None:
         assert f"`{name}`" in block and VERDICT_INFO[name].action in block, name
 
 
+def test_every_promtool_test_evaluates_the_rule_groups_in_file_order() -> None:
+    # Without group_eval_order promtool runs the groups in a random order, so a verdict
+    # could read the previous step's conditions and a test pass or fail by chance.
+    for path in sorted((PROMETHEUS_DIR / "tests").glob("*.yml")):
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        groups = []
+        for rel in doc["rule_files"]:
+            rules = yaml.safe_load((path.parent / rel).read_text(encoding="utf-8"))
+            groups += [g["name"] for g in rules["groups"]]
+        assert doc.get("group_eval_order") == groups, path.name
+
+
 def test_every_verdict_value_is_tested_by_promtool() -> None:
     text = "\n".join(p.read_text() for p in (PROMETHEUS_DIR / "tests").glob("*.yml"))
     for value in VERDICTS:

@@ -11,9 +11,12 @@ The integration tests capture real inputs:
 * every captured real GPU run in `tests/fixtures/` (the exporter's real H200 scrapes).
 
 Each capture becomes a promtool test whose input series are the samples and whose expected
-values, at every step, are the Python evaluator's conditions and verdict for every engine
+values, at every step, are the Python evaluator's conditions and verdict for every engine,
+and every recorded input of the verdict and the roofline to the last bit
 (`bench/gpu_report.parity_case`). One `promtool test rules` run checks them all; the Python
 verdict at the end of each capture must also be the bottleneck the scenario induces.
+A hypothesis test does the same on real captures rescaled across the thresholds, with
+series dropped and scrapes missing.
 """
 
 from __future__ import annotations
@@ -402,7 +405,7 @@ def sim_capture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Capture]:
             started.append((run, spawn(run.name, argv)))
             capture.runs[run.name] = run
         for run, proc in started:
-            wait_http(f"{urls[run.name]}/health", 60, proc, run.name)
+            wait_http(f"{urls[run.name]}/health", 120, proc, run.name)
         exporters = {}
         for host, group in engines.items():
             port = get_free_port()
@@ -417,7 +420,7 @@ def sim_capture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Capture]:
             argv = [sys.executable, "-m", "exporter", "--config", str(path)]
             proc = spawn(f"exporter-{host}", argv)
             exporters[host] = f"http://127.0.0.1:{port}"
-            wait_http(f"{exporters[host]}/metrics", 60, proc, f"exporter {host}")
+            wait_http(f"{exporters[host]}/metrics", 120, proc, f"exporter {host}")
         capture.scrapes = asyncio.run(_capture(capture.runs, urls, exporters))
         yield capture
     finally:

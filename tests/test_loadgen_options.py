@@ -1,0 +1,149 @@
+"""Shared options of `run`, `sweep`, `diagnose`, `compare` (loadgen/options.py), the help,
+the explicit subcommand list and the live-metrics address (unit tests, then CLI runs against
+the stub)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from loadgen.__main__ import build_parser, default_commands, main
+from loadgen.options import (
+    DEFAULT_METRICS_HOST,
+    HelpFormatter,
+    exporter_url,
+    int_list,
+    metrics_url,
+)
+from loadgen.session import SessionOptions
+from tests.plugins.loadgen import StubFactory, request_lines, run_cli
+
+
+def test_every_subcommand_is_registered_explicitly() -> None:
+    names = [c.name for c in default_commands()]
+    assert names == ["run", "sweep", "diagnose", "compare"]
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["http://h:9490", "http://h:9490/", "http://h:9490/metrics", "http://h:9490/metrics/"],
+)
+def test_exporter_url_with_or_without_metrics(given: str) -> None:
+    assert exporter_url(given) == "http://h:9490"
+    assert metrics_url(given) == "http://h:9490/metrics"
+
+
+@pytest.mark.parametrize("text", ["0", "1,x", "", "-2", "1,,0"])
+def test_bad_lists_are_rejected(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        int_list(text)
+
+
+def test_concurrency_is_a_list_in_run_and_sweep() -> None:
+    parser = build_parser(default_commands())
+    for command in ("run", "sweep"):
+        args = parser.parse_args([command, "--url", "http://x", "--concurrency", "1,2,4"])
+        assert args.concurrency == [1, 2, 4]
+        args = parser.parse_args([command, "--url", "http://x", "--concurrency", "8"])
+        assert args.concurrency == [8]
+
+
+def test_defaults_are_shown_in_help(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("run", "sweep"):
+        assert main([command, "--help"]) == 0
+        text = " ".join(capsys.readouterr().out.split())
+        for shown in (
+            "(default: 600.0)",  # --timeout
+            "(default: 128)",  # --max-tokens
+            "(default: 127.0.0.1)",  # --metrics-host
+            "(default: 9491)",  # --metrics-port
+            "(default: 0)",  # --warmup: a zero default is a default too
+            "(default: 0.5)",  # --max-errors
+        ):
+            assert shown in text, (command, shown)
+        assert "(default: None)" not in text
+
+
+def test_help_formatter_keeps_explicit_defaults() -> None:
+    parser = argparse.ArgumentParser(formatter_class=HelpFormatter)
+    parser.add_argument("--a", default=3, help="with an own text (default 3 here)")
+    parser.add_argument("--b", default=None, help="no default")
+    parser.add_argument("--c", default=[1, 2], help="a list")
+    text = " ".join(parser.format_help().split())
+    assert "(default 3 here)" in text and "(default: 3)" not in text
+    assert "no default (default" not in text
+    assert "a list (default: 1,2)" in text
+
+
+def test_metrics_are_served_on_loopback_by_default() -> None:
+    parser = build_parser(default_commands())
+    assert parser.parse_args(["run", "--url", "http://x"]).metrics_host == "127.0.0.1"
+    assert SessionOptions(out_dir=None).metrics_host == DEFAULT_METRICS_HOST == "127.0.0.1"
+
+
+def test_busy_metrics_port_is_one_line_and_exit_2(
+    stub: StubFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = stub()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code = main(
+            [
+                "run", "--url", server.url, "--out", str(tmp_path), "--no-progress",
+                "--metrics-port", str(port), "--requests", "2", "--prompt-tokens", "16",
+            ]
+        )  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    last = err.splitlines()[-1]
+    assert last.startswith("llmb-loadgen: error: cannot serve metrics on 127.0.0.1:")
+    assert "--metrics-port" in last
+    assert server.state.requests == 0  # nothing was sent
+
+
+def test_run_with_a_concurrency_list_runs_one_step_each(stub: StubFactory, tmp_path: Path) -> None:
+    """The issue 13 reproduction: `run --concurrency 1,2` used to fail with
+    "invalid _positive_int value"."""
+    server = stub()
+    code = run_cli(
+        tmp_path,
+        *("--url", server.url, "--concurrency", "1,2", "--requests", "4"),
+        *("--prompt-tokens", "16", "--max-tokens", "4"),
+    )
+    assert code == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [(s["step"], s["concurrency"]) for s in summary["steps"]] == [(0, 1), (1, 2)]
+    assert summary["valid"] is True and summary["aborted"] is False
+    assert sorted({r["step"] for r in request_lines(tmp_path)}) == [0, 1]
+    assert summary["run"]["argv"][:2] == ["llmb-loadgen", "run"]
+
+
+def test_workers_take_one_concurrency(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = run_cli(
+        tmp_path, "--url", "http://127.0.0.1:1", "--workers", "2", "--concurrency", "2,4"
+    )
+    assert code == 2
+    assert "one --concurrency value" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("value", "steps"), [("4", [4]), ("[1, 2]", [1, 2]), ("'1,2'", [1, 2])])
+def test_config_defaults_go_through_the_option_types(
+    stub: StubFactory, tmp_path: Path, value: str, steps: list[int]
+) -> None:
+    server = stub()
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"engines:\n  - {{name: s, kind: llamacpp, url: '{server.url}'}}\n"
+        f"loadgen: {{concurrency: {value}, requests: 2, max_tokens: 3, prompt_tokens: 16}}\n"
+    )
+    code = run_cli(tmp_path / "o", "--config", str(config), "--engine", "s")
+    assert code == 0
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert [s["concurrency"] for s in summary["steps"]] == steps
