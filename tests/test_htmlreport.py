@@ -1,7 +1,13 @@
 """report.md and report.html: the answer first, the same words as results.json, no empty plot.
 
-Unit tests build EngineResults by hand; the browser tests render report.html in real
-headless Chromium (Debian's `chromium`) and look at the screenshot's pixels.
+* Browser tests (`assert_report_renders`): report.html from hand-built EngineResults,
+  rendered in real headless Chromium (Debian's `chromium`); the pixel checks look inside
+  each plot's box of a full-page screenshot (tests/report_browser.py).
+* Unit tests: the flags the hints name exist; concurrency ticks are plain and linear.
+* Process tests: no loadgen module imports matplotlib; no third-party log line even with a
+  fresh font cache; without matplotlib one clear line and no lost measurement.
+* Integration (`llamaserver`): `diagnose --url` against the real CPU llama-server, its
+  report rendered and checked against results.json and what the terminal printed.
 """
 
 from __future__ import annotations
