@@ -594,9 +594,16 @@ def _unknown(why: str) -> str:
     return "unknown: " + why
 
 
-# Facts that this version of diagnose does not record: named here so the metadata block
-# shows them as soon as EngineResult carries them.
+# Engine version and GPU driver: the exporter's llmb_engine_info / llmb_gpu_info carry them,
+# but EngineResult has no field for them yet; the metadata block shows them once it does.
 NOT_RECORDED = "not recorded by this version of diagnose"
+
+
+def _recorded(e: EngineResult, attr: str, what: str) -> str:
+    """A fact EngineResult may not have a field for yet (the exporter's info labels)."""
+    if not hasattr(e, attr):
+        return _unknown(f"{what} {NOT_RECORDED}")
+    return str(getattr(e, attr) or _unknown(f"{what} not read: " + FIX_EXPORTER))
 
 
 def metadata_of(engines: list[EngineResult], run: RunInfo | None = None) -> Metadata:
@@ -613,8 +620,6 @@ def metadata_of(engines: list[EngineResult], run: RunInfo | None = None) -> Meta
         )
     rows = []
     for e in engines:
-        version = getattr(e, "engine_version", None)
-        driver = getattr(e, "gpu_driver", None)
         if e.gpu_name:
             gpu = e.gpu_name
         elif e.memory_source == "gpu":
@@ -624,9 +629,9 @@ def metadata_of(engines: list[EngineResult], run: RunInfo | None = None) -> Meta
         rows.append(
             (
                 e.name,
-                version or _unknown(f"{e.kind} build {NOT_RECORDED}"),
+                _recorded(e, "engine_version", f"{e.kind} build"),
                 gpu,
-                driver or _unknown(f"driver {NOT_RECORDED}"),
+                _recorded(e, "gpu_driver", "driver"),
             )
         )
     return Metadata(

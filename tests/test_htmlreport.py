@@ -240,6 +240,9 @@ def test_compare_report_renders_every_plot(tmp_path: Path) -> None:
         )
     b.weights_bytes = 51.1 * 2**30  # bf16 against Q4_0: not comparable
     b.roofline = roofline(b)
+    # Fields a later EngineResult may carry (the exporter's info labels) show once present.
+    vars(a).update(engine_version="b6700 (3df2244d)", gpu_driver="580.95.05")
+    vars(b).update(engine_version=None)
     decision = decide_compare(a, b)
     assert decision.comparable is False and decision.estimates
     run = RunInfo(
@@ -255,6 +258,9 @@ def test_compare_report_renders_every_plot(tmp_path: Path) -> None:
     meta = page.metadata[1]
     assert "llmb-loadgen compare --engine llama --engine sglang" in meta
     assert "2026-11-30T18:00:00Z" in meta and "NVIDIA RTX PRO 5000" in meta
+    assert "b6700 (3df2244d)" in meta and "580.95.05" in meta
+    assert "sglang build not read: pass --exporter-url" in meta
+    assert "driver not recorded by this version of diagnose" in meta
     assert_same_answer(tmp_path, printed_answer(tmp_path, [a, b], decision))
 
 
