@@ -502,6 +502,7 @@ class Diagnoser:
         self.kv_events_total = 0
         self.model_path: Path | None = engine.model_path
         self.launched_ctx: int | None = None
+        self.loaded_memory: float | None = None
 
     # helpers ----------------------------------------------------------------------------
 
@@ -560,7 +561,7 @@ class Diagnoser:
                     True,
                 )
                 return
-            await self._settle()
+            self.loaded_memory = await self._settle()
         else:
             self.result.missing.append(
                 "baseline memory and load time: the engine was already running (no launch template)"
@@ -571,6 +572,7 @@ class Diagnoser:
         await self._single()
         await self._concurrency()
         await self._kv_pressure()
+        self._launch_context_row()
         self._stop()
         await self._context_sweep(parallel)
 
@@ -1110,23 +1112,22 @@ class Diagnoser:
         why = "" if out else f"the launch context {start} already reaches the top ({top})"
         return out, why
 
+    def _launch_context_row(self) -> None:
+        """The launch at the first --contexts value counts as the sweep's first row."""
+        if not (self.opts.contexts and "ctx" in self._template()):
+            return
+        single = self.result.single()
+        if single is None:
+            return
+        row = replace(single, step="context", context=self.opts.contexts[0],
+                      aggregate_rounds=[], ttft_rounds=[], per_seq_rounds=[])  # fmt: skip
+        row.loaded_memory_bytes = self.loaded_memory
+        row.load_seconds = self.current.load_seconds if self.current else None
+        row.kv_bytes = self._kv_bytes()
+        self.result.rows.append(row)
+
     async def _context_sweep(self, parallel: int | None) -> None:
         contexts, why = self._contexts()
-        if self.opts.contexts and self.engine.launch is not None and "ctx" in self._template():
-            # The first --contexts value was the launch; it counts as a context row too.
-            first = self.opts.contexts[0]
-            single = self.result.single()
-            if single is not None:
-                self.result.rows.append(
-                    replace(
-                        single,
-                        step="context",
-                        context=first,
-                        aggregate_rounds=[],
-                        ttft_rounds=[],
-                        per_seq_rounds=[],
-                    )
-                )
         if not contexts:
             if not any(r.step == "context" for r in self.result.rows):
                 self._not_measured("context", why)
@@ -1470,9 +1471,15 @@ def run_info(argv: list[str] | None = None) -> RunInfo:
 
 
 def quiet_libraries() -> None:
-    """Keep the terminal to our progress lines: no per-request or per-poll logging."""
-    for name in ("httpx", "loadgen.scheduler", "loadgen.client", "loadgen.prompts", "matplotlib"):
+    """Keep the terminal to our progress lines: no per-request or per-poll logging.
+
+    The embedded exporter collectors warn each time a relaunched engine is not up yet;
+    during a context sweep that is expected, so only their errors are shown.
+    """
+    for name in ("httpx", "loadgen.scheduler", "loadgen.client", "loadgen.prompts",
+                 "matplotlib"):  # fmt: skip
         logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("exporter").setLevel(logging.ERROR)
 
 
 def print_answer(engines: list[EngineResult], decision: Decision, out: Path) -> None:
