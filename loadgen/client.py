@@ -162,6 +162,8 @@ class StreamClient:
         self.connect_timeout = connect_timeout
         self.model: str | None = target.model
         self._path = _CHAT_PATH if endpoint == "chat" else _COMPLETIONS_PATH
+        self._post_url = target.url + self._path
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._session: aiohttp.ClientSession | None = None
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if target.api_key:
@@ -294,14 +296,20 @@ class StreamClient:
             finish(result)
         return result
 
+    def _request_timeout(self, timeout: float) -> aiohttp.ClientTimeout:
+        # One object per distinct limit: nothing to build per request on the hot path.
+        value = self._timeouts.get(timeout)
+        if value is None:
+            value = aiohttp.ClientTimeout(total=timeout, sock_connect=self.connect_timeout)
+            self._timeouts[timeout] = value
+        return value
+
     async def _attempt(self, body: bytes, timeout: float) -> StreamResult:
         result = StreamResult()
         result.t_send = time.perf_counter()
         try:
             async with self.session.post(
-                self.target.url + self._path,
-                data=body,
-                timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=self.connect_timeout),
+                self._post_url, data=body, timeout=self._request_timeout(timeout)
             ) as resp:
                 result.status = resp.status
                 if resp.status != 200:

@@ -154,10 +154,10 @@ def _concurrency_axis(ax: Axes, values: Sequence[int]) -> None:
     """A linear x axis with a plain tick at each measured concurrency."""
     from matplotlib.ticker import FixedLocator, FuncFormatter
 
-    top = max(values)
-    hi = top * 1.06 + 0.5
-    ax.set_xlim(0, hi)
-    ticks = _thin(values, lambda v: v / hi, 0.045)
+    lo, hi = min(values), max(values)
+    pad = max(0.5, 0.05 * (hi - lo))
+    ax.set_xlim(lo - pad, hi + pad)
+    ticks = _thin(values, lambda v: (v - lo + pad) / (hi - lo + 2 * pad), 0.045)
     ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
     ax.set_xlabel("concurrent requests")
@@ -594,9 +594,16 @@ def _unknown(why: str) -> str:
     return "unknown: " + why
 
 
-# Facts that this version of diagnose does not record: named here so the metadata block
-# shows them as soon as EngineResult carries them.
+# Engine version and GPU driver: the exporter's llmb_engine_info / llmb_gpu_info carry them,
+# but EngineResult has no field for them yet; the metadata block shows them once it does.
 NOT_RECORDED = "not recorded by this version of diagnose"
+
+
+def _recorded(e: EngineResult, attr: str, what: str) -> str:
+    """A fact EngineResult may not have a field for yet (the exporter's info labels)."""
+    if not hasattr(e, attr):
+        return _unknown(f"{what} {NOT_RECORDED}")
+    return str(getattr(e, attr) or _unknown(f"{what} not read: " + FIX_EXPORTER))
 
 
 def metadata_of(engines: list[EngineResult], run: RunInfo | None = None) -> Metadata:
@@ -613,8 +620,6 @@ def metadata_of(engines: list[EngineResult], run: RunInfo | None = None) -> Meta
         )
     rows = []
     for e in engines:
-        version = getattr(e, "engine_version", None)
-        driver = getattr(e, "gpu_driver", None)
         if e.gpu_name:
             gpu = e.gpu_name
         elif e.memory_source == "gpu":
@@ -624,9 +629,9 @@ def metadata_of(engines: list[EngineResult], run: RunInfo | None = None) -> Meta
         rows.append(
             (
                 e.name,
-                version or _unknown(f"{e.kind} build {NOT_RECORDED}"),
+                _recorded(e, "engine_version", f"{e.kind} build"),
                 gpu,
-                driver or _unknown(f"driver {NOT_RECORDED}"),
+                _recorded(e, "gpu_driver", "driver"),
             )
         )
     return Metadata(
@@ -671,6 +676,8 @@ def _gib_or(value: float | None, why: str) -> str:
 def _layers(e: EngineResult) -> str:
     if e.layers_total is not None and e.layers_offloaded is not None:
         return f"{e.layers_offloaded:.0f} of {e.layers_total:.0f}"
+    if e.layers_total is not None and e.kind == "llamacpp":
+        return f"unknown of {e.layers_total:.0f}: the llama.cpp log was not read: " + FIX_LLAMA_LOG
     if e.kind != "llamacpp":
         return "not reported by SGLang (compare process GPU memory with the weights)"
     return _unknown("the llama.cpp log was not read: " + FIX_LLAMA_LOG)
@@ -991,12 +998,15 @@ figure{margin:1.2em 0} figure svg{max-width:100%;height:auto;display:block}
 figcaption{font-weight:bold;margin-bottom:.3em}
 .note,.not-measured{color:#555;font-size:.92em;margin:.2em 0}
 .not-measured::before{content:"\\2014  "}
-.decisive{font-weight:bold}
+.decisive{font-weight:bold} .flag{white-space:nowrap}
 """
 
 
 def _esc(s: str) -> str:
-    return html.escape(s, quote=True)
+    """Escaped text; a command-line flag never breaks across lines at its own hyphens."""
+    return re.sub(
+        r"(?<![\w-])(--[a-z][a-z-]*)", r'<span class="flag">\1</span>', html.escape(s, quote=True)
+    )
 
 
 def _esc_code(s: str) -> str:
@@ -1069,7 +1079,7 @@ def render_html(rep: Report) -> str:
         "<li>nothing: every step ran</li>"
     )
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>llm-bottleneck {_esc(rep.title)}</title>
+<html lang="en"><head><meta charset="utf-8"><title>llm-bottleneck {html.escape(rep.title)}</title>
 <style>{CSS}</style></head>
 <body>
 <h1>llm-bottleneck {_esc(rep.title)}</h1>

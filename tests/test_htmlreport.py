@@ -1,7 +1,13 @@
 """report.md and report.html: the answer first, the same words as results.json, no empty plot.
 
-Unit tests build EngineResults by hand; the browser tests render report.html in real
-headless Chromium (Debian's `chromium`) and look at the screenshot's pixels.
+* Browser tests (`assert_report_renders`): report.html from hand-built EngineResults,
+  rendered in real headless Chromium (Debian's `chromium`); the pixel checks look inside
+  each plot's box of a full-page screenshot (tests/report_browser.py).
+* Unit tests: the flags the hints name exist; concurrency ticks are plain and linear.
+* Process tests: no loadgen module imports matplotlib; no third-party log line even with a
+  fresh font cache; without matplotlib one clear line and no lost measurement.
+* Integration (`llamaserver`): `diagnose --url` against the real CPU llama-server, its
+  report rendered and checked against results.json and what the terminal printed.
 """
 
 from __future__ import annotations
@@ -234,6 +240,9 @@ def test_compare_report_renders_every_plot(tmp_path: Path) -> None:
         )
     b.weights_bytes = 51.1 * 2**30  # bf16 against Q4_0: not comparable
     b.roofline = roofline(b)
+    # Fields a later EngineResult may carry (the exporter's info labels) show once present.
+    vars(a).update(engine_version="b6700 (3df2244d)", gpu_driver="580.95.05")
+    vars(b).update(engine_version=None)
     decision = decide_compare(a, b)
     assert decision.comparable is False and decision.estimates
     run = RunInfo(
@@ -249,6 +258,9 @@ def test_compare_report_renders_every_plot(tmp_path: Path) -> None:
     meta = page.metadata[1]
     assert "llmb-loadgen compare --engine llama --engine sglang" in meta
     assert "2026-11-30T18:00:00Z" in meta and "NVIDIA RTX PRO 5000" in meta
+    assert "b6700 (3df2244d)" in meta and "580.95.05" in meta
+    assert "sglang build not read: pass --exporter-url" in meta
+    assert "driver not recorded by this version of diagnose" in meta
     assert_same_answer(tmp_path, printed_answer(tmp_path, [a, b], decision))
 
 
@@ -280,6 +292,8 @@ def test_diagnose_report_without_sweep_or_exporter_leaves_the_plots_out(tmp_path
     md = (tmp_path / "report.md").read_text()
     for text in (html, md):
         assert "None" not in text and "?/?" not in text
+        # Flags are wrapped in <span class="flag"> in the HTML; other tags end a cell.
+        text = re.sub(r"</?span[^>]*>", "", text)
         for line in text.splitlines():
             # Every unknown names what fixes it: a flag, a config key or the step's reason.
             for unknown in re.findall(r"unknown: [^|<]*", line):

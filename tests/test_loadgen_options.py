@@ -147,3 +147,16 @@ def test_config_defaults_go_through_the_option_types(
     assert code == 0
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert [s["concurrency"] for s in summary["steps"]] == steps
+
+
+def test_third_party_loggers_are_quiet(stub: StubFactory, tmp_path: Path) -> None:
+    import logging
+
+    from loadgen.__main__ import QUIET_LOGGERS
+
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET)
+    server = stub()
+    assert run_cli(tmp_path, "--url", server.url, "--requests", "1", "--prompt-tokens", "16") == 0
+    for name in ("matplotlib", "httpx", "aiohttp.access"):
+        assert logging.getLogger(name).getEffectiveLevel() == logging.WARNING, name
