@@ -193,11 +193,16 @@ def test_verdict_equals_the_prometheus_rule_on_the_same_run(
     scenario: str,
     prometheus_server: Callable[[dict[str, list[str]]], PrometheusServer],
 ) -> None:
-    """A real exporter and Prometheus (shipped rules) watch the run diagnose makes."""
-    engine, gpu = sim_engine(tmp_path, scenario, "llamacpp")
-    port = int(engine.url.rsplit(":", 1)[1])
-    exporter_port = get_free_port()
-    log = tmp_path / "out" / "e-cdefault-npdefault.log"
+    """A running engine, a real exporter and Prometheus (shipped rules) watch diagnose's run.
+
+    The engine keeps running after diagnose, so the rules' verdict at the end covers the
+    whole run (their windows are 1m and 5m) and can be read while the engine is up.
+    """
+    port, exporter_port = get_free_port(), get_free_port()
+    state, log = tmp_path / "gpu.json", tmp_path / "engine.log"
+    argv = [sys.executable, "-m", "simulator", "--scenario", scenario, "--kind", "llamacpp",
+            "--port", str(port), "--gpu-state-file", str(state),
+            "--log-file", str(log)]  # fmt: skip
     cfg = tmp_path / "exporter.json"
     cfg.write_text(json.dumps({
         "listen": f"127.0.0.1:{exporter_port}",
@@ -205,28 +210,26 @@ def test_verdict_equals_the_prometheus_rule_on_the_same_run(
         "scrape_timeout_seconds": 0.8, "source_timeout_seconds": 0.7,
         "engines": [{"name": "e", "kind": "llamacpp", "url": f"http://127.0.0.1:{port}",
                      "log_file": str(log)}],
-        "gpu": {"fake_file": str(tmp_path / "gpu.json"), "sample_interval_seconds": 0.1},
+        "gpu": {"fake_file": str(state), "sample_interval_seconds": 0.1},
     }))  # fmt: skip
-    exporter = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "--config", str(cfg)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        prom = prometheus_server({"llmb-exporter": [f"127.0.0.1:{exporter_port}"]})
-        opts = options(gpu, exporter_url=f"http://127.0.0.1:{exporter_port}/metrics")
-        _, decision = asyncio.run(diagnose(engine, opts, tmp_path / "out"))
-        # Let Prometheus scrape the last samples and evaluate the rules once more.
-        time.sleep(3)
-        verdicts = prom.query('max_over_time(llmb:engine_bottleneck:verdict{engine="e"}[5m]) == 1')
-    finally:
-        exporter.terminate()
-        exporter.wait(timeout=30)
-    shown = {v["metric"]["verdict"] for v in verdicts}
-    health = [
-        (q, [r["value"][1] for r in prom.query(q)])
-        for q in ("count_over_time(up[5m])", "sum_over_time(up[5m])",
-                  "max_over_time(scrape_duration_seconds[5m])")
-    ]  # fmt: skip
-    rule_verdict = next((v for v in core.VERDICTS if v in shown and v != "idle"), None)
-    assert decision.verdict == {"e": rule_verdict} == {"e": scenario}, health
+    engine = EngineConfig(name="e", kind="llamacpp", url=f"http://127.0.0.1:{port}", log_file=log)
+    with EngineProcess(argv, f"http://127.0.0.1:{port}/health", tmp_path / "sim.out"):
+        exporter = subprocess.Popen(
+            [sys.executable, "-m", "exporter", "--config", str(cfg)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            prom = prometheus_server({"llmb-exporter": [f"127.0.0.1:{exporter_port}"]})
+            _wait(lambda: bool(prom.query('llmb:engine_bottleneck:verdict{engine="e"}')))
+            opts = Options(concurrency=[1, 4], prompt_tokens=64, max_tokens=32,
+                           exporter_url=f"http://127.0.0.1:{exporter_port}/metrics")  # fmt: skip
+            _, decision = asyncio.run(diagnose(engine, opts, tmp_path / "out"))
+            # Let Prometheus scrape the last samples and evaluate the rules again.
+            time.sleep(3)
+            now = prom.query('llmb:engine_bottleneck:verdict{engine="e"} == 1')
+        finally:
+            exporter.terminate()
+            exporter.wait(timeout=30)
+    assert [v["metric"]["verdict"] for v in now] == [scenario]
+    assert decision.verdict == {"e": scenario}
