@@ -260,7 +260,7 @@ def test_compare_report_renders_every_plot(tmp_path: Path) -> None:
     assert "2026-11-30T18:00:00Z" in meta and "NVIDIA RTX PRO 5000" in meta
     assert "b6700 (3df2244d)" in meta and "580.95.05" in meta
     assert "sglang build not read: pass --exporter-url" in meta
-    assert "driver not recorded by this version of diagnose" in meta
+    assert "driver not read: pass --exporter-url" in meta
     assert_same_answer(tmp_path, printed_answer(tmp_path, [a, b], decision))
 
 
