@@ -8,10 +8,17 @@
 #   bash bench/gpu_device.sh model   # write the Gemma-3-27B-shape Q4_0 model (~15 GB)
 #   bash bench/gpu_device.sh wait    # wait for the build
 #   bash bench/gpu_device.sh run     # the induced bottlenecks, results under $OUT
-#   bash bench/gpu_device.sh diagnose  # llmb-loadgen diagnose (launches the engine itself)
+#   bash bench/gpu_device.sh diagnose  # llmb-loadgen diagnose, every step up to a long context
+#   bash bench/gpu_device.sh model q8_0   # also the Q8_0 model of the same shape (~29 GB)
+#   bash bench/gpu_device.sh compare-quant  # compare Q4_0 (in use) vs Q8_0 of the same shape
+#   bash bench/gpu_device.sh compare-np     # compare the Q4_0 model at -np 1 (in use) vs -np 8
+# diagnose/compare launch the engines themselves from the templates below and read the GPU
+# through the exporter's own NVML collector (no exporter process needed).
 set -euo pipefail
 W=${LLMB_GPU_WORK:-$HOME/llmb-gpu}
 MODEL=$W/gemma3-27b-shape-q4_0.gguf
+MODEL_Q8=$W/gemma3-27b-shape-q8_0.gguf
+SERVER=$W/build/bin/llama-server
 mkdir -p "$W"
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -36,7 +43,11 @@ build)
 model)
   [ -f "$MODEL" ] || python3 -m loadgen.synth_model --like gemma3-27b --type q4_0 \
     --tokenizer-from .gpu/gemma3-tokenizer.gguf --out "$MODEL"
-  ls -la "$MODEL"
+  if [ "${2:-}" = q8_0 ] && [ ! -f "$MODEL_Q8" ]; then
+    python3 -m loadgen.synth_model --like gemma3-27b --type q8_0 \
+      --tokenizer-from .gpu/gemma3-tokenizer.gguf --out "$MODEL_Q8"
+  fi
+  ls -la "$W"/*.gguf
   ;;
 wait)
   for _ in $(seq 1 "${2:-560}"); do
@@ -54,30 +65,88 @@ run)
   cp "$W/gv/summary.json" "$OUT/summary.json"
   ;;
 diagnose)
-  # llmb-loadgen diagnose launches the engine itself at two contexts and two concurrencies,
-  # reading GPU memory from an exporter on the real NVML.
+  # Every step: residency, single-request decode vs the roofline, concurrency 1,2,4,8, the
+  # KV-pressure step, and the context sweep from 8192 doubling up to the model's trained
+  # context (131072) or until memory gives out.
   D=$W/diag; rm -rf "$D"; mkdir -p "$D"
   cat >"$D/config.yaml" <<YAML
-listen: "127.0.0.1:9490"
 engines:
   - name: llama
     kind: llamacpp
     url: "http://127.0.0.1:8090"
     model_path: "$MODEL"
     launch:
-      command: "$W/build/bin/llama-server -m {model} -c {ctx} -np {parallel} -ngl 999 --port {port} --metrics -lv 4 --log-file {log}"
+      command: "$SERVER -m {model} -c {ctx} -np {parallel} -ngl 999 --port {port} --metrics -lv 4 --log-file {log}"
       settle_seconds: 5
-      defaults: {model: "$MODEL"}
+      ready_timeout_seconds: 900
+      defaults: {ctx: 8192}
 gpu: {sample_interval_seconds: 0.1, peak_window_seconds: 10}
 YAML
-  setsid python3 -m exporter --config "$D/config.yaml" >"$D/exporter.log" 2>&1 < /dev/null &
   python3 -m loadgen diagnose --config "$D/config.yaml" --engine llama --out "$D/report" \
-    --contexts 8192,32768 --concurrency 1,4 --prompt-tokens 425 --max-tokens 128 --settle 5 \
-    --exporter-url http://127.0.0.1:9490 || echo "diagnose failed: $?"
+    --concurrency 1,2,4,8 --prompt-tokens 425 --max-tokens 128 --settle 5 \
+    | tee "$D/answer.txt" || echo "diagnose failed: $?"
   tar -czf "$OUT/diag.tgz" -C "$W" diag
   ;;
+compare-quant)
+  # Two precisions of one shape: comparable false, per-roofline comparison and estimates.
+  D=$W/cmp-quant; rm -rf "$D"; mkdir -p "$D"
+  cat >"$D/config.yaml" <<YAML
+engines:
+  - name: q4_0
+    kind: llamacpp
+    url: "http://127.0.0.1:8090"
+    model_path: "$MODEL"
+    launch:
+      command: "$SERVER -m {model} -c {ctx} -np {parallel} -ngl 999 --port {port} --metrics -lv 4 --log-file {log}"
+      settle_seconds: 5
+      ready_timeout_seconds: 900
+      defaults: {ctx: 16384}
+  - name: q8_0
+    kind: llamacpp
+    url: "http://127.0.0.1:8091"
+    model_path: "$MODEL_Q8"
+    launch:
+      command: "$SERVER -m {model} -c {ctx} -np {parallel} -ngl 999 --port {port} --metrics -lv 4 --log-file {log}"
+      settle_seconds: 5
+      ready_timeout_seconds: 900
+      defaults: {ctx: 16384}
+gpu: {sample_interval_seconds: 0.1, peak_window_seconds: 10}
+YAML
+  python3 -m loadgen compare --config "$D/config.yaml" --engine q4_0 --engine q8_0 \
+    --out "$D/report" --concurrency 1,4 --prompt-tokens 425 --max-tokens 128 --rounds 3 \
+    --contexts 16384 --settle 5 | tee "$D/answer.txt" || echo "compare failed: $?"
+  tar -czf "$OUT/cmp-quant.tgz" -C "$W" cmp-quant
+  ;;
+compare-np)
+  # One model, one changed flag: -np 1 (in use) against -np 8 at equal load.
+  D=$W/cmp-np; rm -rf "$D"; mkdir -p "$D"
+  cat >"$D/config.yaml" <<YAML
+engines:
+  - name: np1
+    kind: llamacpp
+    url: "http://127.0.0.1:8090"
+    model_path: "$MODEL"
+    launch:
+      command: "$SERVER -m {model} -c 8192 -np 1 -ngl 999 --port {port} --metrics -lv 4 --log-file {log}"
+      settle_seconds: 5
+      ready_timeout_seconds: 900
+  - name: np8
+    kind: llamacpp
+    url: "http://127.0.0.1:8091"
+    model_path: "$MODEL"
+    launch:
+      command: "$SERVER -m {model} -c 65536 -np 8 -ngl 999 --port {port} --metrics -lv 4 --log-file {log}"
+      settle_seconds: 5
+      ready_timeout_seconds: 900
+gpu: {sample_interval_seconds: 0.1, peak_window_seconds: 10}
+YAML
+  python3 -m loadgen compare --config "$D/config.yaml" --engine np1 --engine np8 \
+    --out "$D/report" --concurrency 1,8 --prompt-tokens 425 --max-tokens 128 --rounds 3 \
+    --kv-prompt-tokens 0 --settle 5 | tee "$D/answer.txt" || echo "compare failed: $?"
+  tar -czf "$OUT/cmp-np.tgz" -C "$W" cmp-np
+  ;;
 *)
-  sed -n 2,13p "$0"
+  sed -n 2,19p "$0"
   exit 2
   ;;
 esac

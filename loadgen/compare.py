@@ -1,34 +1,53 @@
-"""`llmb-loadgen compare --engines A,B`: the same requests against two engines, then the decision.
+"""`llmb-loadgen compare --engine A --engine B`: the same requests against two engines.
 
 The engines are measured one after the other (on one GPU they cannot both hold their
-weights), with the same prompt text (calibrated once, on the first engine), the same
-max tokens, temperature 0, ignore_eos and the same concurrencies. Token counts are
-checked, and a difference in quantization/precision is printed as a caveat because
-decode speed then needs a discount. A is the engine in use: the verdict says whether
-to stay on it and tune, switch to B, or fix memory first.
+weights), each through the whole `diagnose` procedure, with the same prompt text
+(calibrated once, on the first engine), the same max tokens, temperature 0 and ignore_eos,
+the same concurrencies and `--rounds` rounds of every load step. Then, in the seed's order:
+residency, comparability (weight bytes per parameter within 20 %, else the per-roofline
+comparison and a labelled estimate at the other's precision), single-request decode,
+batching at every measured concurrency (aggregate tok/s and TTFT at equal load), and where
+each engine's memory gives out. A difference is called only when it exceeds the spread
+between rounds. A is the engine in use; the recommendation is `stay_and_tune`,
+`switch_to:B`, `fix_memory_first` or `inconclusive`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from pathlib import Path
-from typing import Any
 
 from exporter.config import EngineConfig
 from loadgen.client import TargetUnreachable
 from loadgen.decision import Decision, EngineResult, Row, decide_compare
 from loadgen.diagnose import (
+    STEPS,
     Diagnoser,
     Options,
     PhasePublisher,
-    add_common_arguments,
-    load_or_exit,
+    add_measure_arguments,
+    engines_from_args,
+    load_config_or_usage,
     options_from_args,
+    print_answer,
+    quiet_libraries,
+    run_info,
+    say,
     serve_metrics,
+    write_outputs,
 )
+from loadgen.options import (
+    Command,
+    HelpFormatter,
+    UsageError,
+    add_target_options,
+    add_timeout_options,
+)
+from loadgen.scheduler import RunContext
+
+DEFAULT_ROUNDS = 3
 
 
 def token_caveats(a: EngineResult, b: EngineResult) -> list[str]:
@@ -42,7 +61,8 @@ def token_caveats(a: EngineResult, b: EngineResult) -> list[str]:
     rows_b = {key(r): r for r in b.ok_rows()}
     for ra in a.ok_rows():
         rb = rows_b.get(key(ra))
-        if rb is None:
+        if rb is None or ra.step == "kv_pressure":
+            # The KV step's prompt follows each engine's own slot context.
             continue
         if ra.completion_tokens != rb.completion_tokens:
             out.append(
@@ -66,79 +86,68 @@ async def compare(
     """Measure both engines with identical requests and decide."""
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
     pub = pub or PhasePublisher()
-    first = Diagnoser(engines[0], opts, out, pub)
-    ra = await first.run()
-    # Reuse A's calibrated prompts so B gets byte-identical request bodies.
-    second = Diagnoser(engines[1], opts, out, pub, prompts=first.prompts)
-    rb = await second.run()
+    # One run context: the prompts calibrated on A are sent byte for byte to B.
+    ctx = RunContext(out)
+    try:
+        results = []
+        for engine in engines:
+            results.append(await Diagnoser(engine, opts, out, pub, ctx).run())
+    finally:
+        ctx.close()
+    ra, rb = results
     decision = decide_compare(ra, rb)
     decision.caveats += token_caveats(ra, rb)
-    return [ra, rb], decision
+    return results, decision
 
 
-def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of `llmb-loadgen compare`."""
-    parser = parser or argparse.ArgumentParser(prog="llmb-loadgen compare")
-    parser.description = "Send the same requests to two engines and say whether to switch."
-    parser.add_argument("--engines", required=True, help="A,B: the engine in use first")
-    add_common_arguments(parser)
-    return parser
+    parser.formatter_class = HelpFormatter
+    parser.description = (
+        "Send the same requests to two engines (--engine A --engine B, A in use) and say "
+        "whether to stay and tune, switch, or fix memory first."
+    )
+    add_target_options(parser)
+    add_timeout_options(parser)
+    add_measure_arguments(parser, rounds=DEFAULT_ROUNDS)
 
 
-def run_compare(args: argparse.Namespace) -> int:
-    """Run compare from parsed arguments and write the report; return the exit status."""
-    from loadgen.htmlreport import write_report
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    names = [n.strip() for n in args.engines.split(",") if n.strip()]
-    if len(names) != 2 or names[0] == names[1]:
-        sys.stderr.write("--engines needs two different engine names: A,B\n")
-        return 2
-    config = load_or_exit(args.config)
-    try:
-        pair = (config.engine(names[0]), config.engine(names[1]))
-    except KeyError as exc:
-        sys.stderr.write(f"{exc.args[0]}\n")
-        return 2
+def run(args: argparse.Namespace) -> int:
+    """`llmb-loadgen compare` from parsed arguments; returns the exit status."""
+    quiet_libraries()
+    info = run_info(getattr(args, "argv", None))
+    if args.url:
+        raise UsageError("compare needs two engines from --config: --engine A --engine B")
+    config = load_config_or_usage(args.config)
+    engines = engines_from_args(args, config)
+    if len(engines) != 2:
+        raise UsageError("compare needs exactly two engines: --engine A --engine B (A in use)")
     opts = options_from_args(args, config)
     pub = PhasePublisher()
     stop_metrics = serve_metrics(pub, args.metrics_listen)
+    a, b = engines
+    say(f"compare {a.name} (in use) with {b.name}: steps {', '.join(STEPS)}, {opts.rounds} rounds")
     try:
-        results, decision = asyncio.run(compare(pair, opts, args.out, pub))
+        results, decision = asyncio.run(compare((a, b), opts, args.out, pub))
     except TargetUnreachable as exc:
         sys.stderr.write(f"llmb-loadgen compare: {exc}\n")
         return 1
     finally:
         stop_metrics()
-    write_report(args.out, results, decision, title=f"compare {names[0]} vs {names[1]}")
-    for c in decision.caveats:
-        print(f"caveat: {c}")
-    print(f"verdict: {decision.verdict}\n{decision.recommendation}")
-    print(f"report: {args.out / 'report.html'}")
+    write_outputs(args.out, results, decision, info, title=f"compare {a.name} vs {b.name}")
+    print_answer(results, decision, args.out)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `llmb-loadgen compare`."""
-    return run_compare(build_parser().parse_args(argv))
+COMMAND = Command(
+    "compare",
+    "the same requests against two engines: stay_and_tune, switch_to, fix_memory_first "
+    "or inconclusive",
+    configure,
+    run,
+)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
-def _configure(parser: argparse.ArgumentParser) -> None:
-    build_parser(parser)
-
-
-def command() -> Any:
-    """The `compare` subcommand for `llmb-loadgen` (picked up by loadgen.__main__)."""
-    from loadgen.__main__ import Command
-
-    return Command(
-        "compare",
-        "same requests against two engines; stay and tune, switch, or fix memory first",
-        _configure,
-        run_compare,
-    )
+def command() -> Command:
+    """The `compare` subcommand, registered explicitly by `loadgen.__main__`."""
+    return COMMAND

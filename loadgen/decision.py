@@ -1,37 +1,53 @@
-"""The diagnosis: results data model and the decision, in the seed's order.
+"""What `diagnose` and `compare` measured, and the answer they give from it.
 
-Everything here is a pure function of the measured numbers, so the rules can be
-tested with tables. The order is fixed: (1) do the weights fit and stay resident,
-(2) is single-request per-token decode within ~10 % between engines, (3) does one
-engine give clearly more aggregate throughput at the same concurrency (batching /
-KV scheduling), (4) whose memory gives out first at long context; plus the
-roofline "the card is at X % of its limit".
+The data model (rows, engine results, the decision, the run's metadata) is shared by the
+terminal output, `results.json`, `report.md` and `report.html`. The verdict of each engine
+is never decided here: `engine_verdict` builds the decision core's `Signals` from the
+measurements and calls `exporter.verdict.evaluate`, the same evaluator the Prometheus
+recording rules are generated from. What is decided here is only what the rules cannot
+see: the comparison of two engines (comparability, batching at equal load, long context,
+spread over rounds) and the recommendation.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import math
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# Single-request decode speeds closer than this are "the same": switching gains little.
-SIMILAR_DECODE = 0.10
-# Aggregate throughput this much higher at the same concurrency is "clearly higher".
-CLEAR_AGGREGATE = 0.20
-# Process GPU memory below this fraction of the weight bytes means weights are not resident.
-RESIDENT_FRACTION = 0.90
-# Aggregate at the highest concurrency below this multiple of single-request decode: no batching.
-POOR_SCALING = 1.30
-# Memory use above this fraction of the card's total is "full".
-MEMORY_FULL = 0.95
+from exporter import verdict as core
 
-STAY = "stay and tune"
-SWITCH = "switch"
-FIX_MEMORY = "fix memory first"
+# The recommendation vocabulary of results.json (`switch_to:<engine>` names the engine).
+STAY_AND_TUNE = "stay_and_tune"
+FIX_MEMORY_FIRST = "fix_memory_first"
+INCONCLUSIVE = "inconclusive"
+SWITCH_TO = "switch_to:"
+
+# Weight bytes per parameter differing by more than this: the raw speeds are not comparable.
+PRECISION_TOLERANCE = 0.20
+
+# A difference is called when the rounds' ranges do not overlap and the medians differ by
+# more than this: on a shared host, back-to-back runs of one engine differ by a few percent.
+MIN_DIFFERENCE = 0.05
+
+NOT_MEASURED = "not measured: "
+
+
+def switch_to(engine: str) -> str:
+    """The recommendation to switch to `engine`."""
+    return SWITCH_TO + engine
+
+
+def utc_now() -> str:
+    """Now in UTC, ISO 8601 with a `Z`."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 @dataclass
 class Phase:
-    """One timestamped phase of a diagnose run (baseline, start, settle, ...)."""
+    """One timestamped phase of a run (baseline, start, settle, single, ...)."""
 
     name: str
     start: float
@@ -43,54 +59,106 @@ class Phase:
 
 @dataclass
 class Row:
-    """One measured step: a fixed context, slot count and concurrency, all else equal."""
+    """One measured step: a fixed context, slot count, prompt and concurrency, all else equal.
+
+    With several rounds the headline figures are medians and `*_rounds` keep every round.
+    """
 
     engine: str
-    step: str
+    step: str  # first | single | concurrency | prompt | context | kv_pressure
     concurrency: int
     context: int | None = None
     parallel: int | None = None
     prompt_tokens: float | None = None
     max_tokens: int = 0
     requests: int = 0
+    requests_failed: int = 0
     completion_tokens: int = 0
     tokens_ok: bool = False
     ttft_s: float | None = None
+    ttft_p99_s: float | None = None
     per_seq_tok_s: float | None = None
     per_token_ms: float | None = None
     server_per_token_ms: float | None = None
     aggregate_tok_s: float | None = None
+    aggregate_rounds: list[float] = field(default_factory=list)
+    ttft_rounds: list[float] = field(default_factory=list)
+    per_seq_rounds: list[float] = field(default_factory=list)
     wall_s: float | None = None
     memory_bytes: float | None = None
     loaded_memory_bytes: float | None = None
     kv_bytes: float | None = None
     load_seconds: float | None = None
+    # Error kinds of the failed requests (kv_exhausted, early_stop, http_error, ...).
+    errors: dict[str, int] = field(default_factory=dict)
+    # KV pressure seen during the step: truncated slots, "context size exceeded" and
+    # "no free KV space" log lines, KV usage and queued requests (exporter or log).
+    truncated: int = 0
+    kv_exhausted: int = 0
+    kv_events: int = 0
+    kv_usage_max: float | None = None
+    waiting_avg: float | None = None
     error: str | None = None
+
+    @property
+    def spread(self) -> float | None:
+        """Relative spread of the aggregate tok/s over rounds ((max - min) / median)."""
+        return relative_spread(self.aggregate_rounds)
+
+
+@dataclass
+class Roofline:
+    """The card's decode limit for one engine and how much of it single-request decode uses."""
+
+    bandwidth_bytes_per_s: float | None = None
+    bandwidth_source: str | None = None
+    bytes_per_step: float | None = None
+    limit_tok_s: float | None = None
+    measured_tok_s: float | None = None
+    efficiency: float | None = None
 
 
 @dataclass
 class EngineResult:
-    """Everything measured for one engine."""
+    """Everything measured for one engine, and its verdict."""
 
     name: str
     kind: str
+    url: str | None = None
     model: str | None = None
     quantization: str | None = None
     weights_bytes: float | None = None
+    parameters: float | None = None
     process_gpu_bytes: float | None = None
+    gpu_buffer_bytes: float | None = None
     layers_offloaded: float | None = None
     layers_total: float | None = None
     gpu_total_bytes: float | None = None
+    gpu_name: str | None = None
+    gpu_driver: str | None = None
+    engine_version: str | None = None
     bandwidth_bytes_per_s: float | None = None
+    bandwidth_source: str | None = None
+    kv_bytes_per_token: float | None = None
+    trained_context: int | None = None
+    slot_context: int | None = None
     memory_source: str | None = None
     load_seconds: float | None = None
     launched: bool = False
     slots: int | None = None
     phases: list[Phase] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)
+    # Steps that did not run, as "step: why".
     missing: list[str] = field(default_factory=list)
     # (unix time, memory bytes) samples taken during the run, for the timeline plot.
     timeline: list[tuple[float, float]] = field(default_factory=list)
+    roofline: Roofline = field(default_factory=Roofline)
+    # The decision core's inputs as measured by this run, and its answer.
+    signals: dict[str, Any] = field(default_factory=dict)
+    # What the verdict had to take from diagnose's own measurements, and why.
+    notes: list[str] = field(default_factory=list)
+    verdict: str | None = None
+    action: str = ""
 
     def ok_rows(self, step: str | None = None) -> list[Row]:
         """Rows without an error, optionally of one step kind."""
@@ -104,427 +172,498 @@ class EngineResult:
         return pick[0] if pick else None
 
     def at_concurrency(self, concurrency: int) -> Row | None:
-        """The concurrency-sweep row at `concurrency` (single row for 1)."""
+        """The load row at `concurrency` (the single row for 1)."""
         for step in ("concurrency", "single"):
             for r in self.ok_rows(step):
                 if r.concurrency == concurrency and r.aggregate_tok_s:
                     return r
         return None
 
+    def bytes_per_parameter(self) -> float | None:
+        """Weight bytes per parameter (the precision actually served)."""
+        if self.weights_bytes and self.parameters:
+            return self.weights_bytes / self.parameters
+        return None
+
 
 @dataclass
 class Step:
-    """One question of the decision with its answer and the numbers behind it."""
+    """One question of the procedure, its answer (or `not measured: why`) and its numbers."""
 
-    number: int
+    key: str
     question: str
     answer: str
     decisive: bool = False
     numbers: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def measured(self) -> bool:
+        return not self.answer.startswith(NOT_MEASURED)
+
+
+@dataclass
+class Estimate:
+    """A labelled estimate: what an engine would do at the other engine's precision."""
+
+    engine: str
+    at_precision_of: str
+    tok_s: float
+    basis: str
+
 
 @dataclass
 class Decision:
-    """The outcome: action (stay and tune / switch / fix memory first) and why."""
+    """The answer: a verdict per engine, the recommendation, and why."""
 
-    action: str
-    verdict: str
+    verdict: dict[str, str]
     recommendation: str
+    action: str
+    comparable: bool
     steps: list[Step]
-    roofline: dict[str, float | None]
     caveats: list[str] = field(default_factory=list)
+    estimates: list[Estimate] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class RunInfo:
+    """Who ran what, when: the metadata block of every report."""
+
+    command: str
+    tool_version: str
+    started_at: str
+    finished_at: str | None = None
+
+
+def relative_spread(values: list[float]) -> float | None:
+    """(max - min) / median of the rounds; None with fewer than two rounds."""
+    if len(values) < 2:
+        return None
+    med = statistics.median(values)
+    return (max(values) - min(values)) / med if med > 0 else None
 
 
 def _pct(x: float) -> str:
     return f"{x * 100:.0f} %"
 
 
+def _gib(value: float | None) -> str:
+    return "?" if value is None else f"{value / 2**30:.2f} GiB"
+
+
+# --- the verdict of one engine, through the decision core ---------------------------------
+
+
+def roofline(engine: EngineResult) -> Roofline:
+    """Single-request decode against the card's limit (weights + KV read per step)."""
+    single = engine.single()
+    kv_tokens = None
+    if single is not None and single.prompt_tokens is not None:
+        # One sequence holds its prompt plus, on average, half of its output in the KV.
+        kv_tokens = single.prompt_tokens + single.max_tokens / 2
+    bw = engine.bandwidth_bytes_per_s
+    per_step = (
+        core.decode_bytes_per_step(engine.weights_bytes, kv_tokens, engine.kv_bytes_per_token)
+        if engine.weights_bytes
+        else None
+    )
+    limit = core.roofline_tokens_per_second(bw, per_step)
+    measured = single.per_seq_tok_s if single else None
+    eff = measured / limit if measured and limit else None
+    return Roofline(bw, engine.bandwidth_source, per_step, limit, measured, eff)
+
+
+def engine_verdict(engine: EngineResult, signals: core.Signals) -> tuple[str, str]:
+    """(verdict, action) of the decision core for what was measured on `engine`."""
+    decided = core.evaluate(signals)
+    return str(decided.name), str(decided.action)
+
+
 def roofline_fraction(engine: EngineResult) -> float | None:
-    """Single-sequence decode as a fraction of bandwidth ÷ weight bytes (the decode limit)."""
-    row = engine.single()
-    if (
-        row is None
-        or not row.per_seq_tok_s
-        or not engine.weights_bytes
-        or not engine.bandwidth_bytes_per_s
-    ):
-        return None
-    limit = engine.bandwidth_bytes_per_s / engine.weights_bytes
-    return row.per_seq_tok_s / limit
+    """Single-request decode as a share of the card's limit (None when unknown)."""
+    return roofline(engine).efficiency
 
 
 def roofline_tok_s(engine: EngineResult) -> float | None:
-    """The card's decode limit for this model in tokens/s per sequence."""
-    if not engine.weights_bytes or not engine.bandwidth_bytes_per_s:
-        return None
-    return engine.bandwidth_bytes_per_s / engine.weights_bytes
+    """The card's per-sequence decode limit for this engine's model, tok/s."""
+    return roofline(engine).limit_tok_s
 
 
-def weights_problem(engine: EngineResult) -> str | None:
-    """Why the weights do not fit / are not resident, or None when they are (or it is unknown)."""
-    # Zero layers offloaded without any GPU memory source is a CPU-only build, not a problem.
-    cpu_only = engine.layers_offloaded == 0 and engine.memory_source != "gpu"
-    if engine.layers_offloaded is not None and engine.layers_total and not cpu_only:
-        if engine.layers_offloaded < engine.layers_total:
-            return (
-                f"{engine.name}: only {engine.layers_offloaded:.0f}/{engine.layers_total:.0f} "
-                "layers on the GPU (the rest decode from host memory over PCIe)"
-            )
-    if (
-        engine.memory_source == "gpu"
-        and engine.process_gpu_bytes is not None
-        and engine.weights_bytes
-        and engine.process_gpu_bytes < RESIDENT_FRACTION * engine.weights_bytes
-    ):
-        return (
-            f"{engine.name}: process GPU memory {engine.process_gpu_bytes / 2**30:.2f} GiB < "
-            f"{_pct(RESIDENT_FRACTION)} of the weights {engine.weights_bytes / 2**30:.2f} GiB"
-        )
-    ctx_rows = sorted(
-        (r for r in engine.rows if r.step == "context" and r.context), key=lambda r: r.context or 0
+# --- what diagnose says -------------------------------------------------------------------
+
+
+def recommendation_for(verdict: str | None) -> str:
+    """A single engine's recommendation: fix memory, or stay and tune what the verdict names."""
+    if verdict is None or verdict == "idle":
+        return INCONCLUSIVE
+    if verdict == "weights_not_resident":
+        return FIX_MEMORY_FIRST
+    return STAY_AND_TUNE
+
+
+def decide_single(engine: EngineResult, steps: list[Step] | None = None) -> Decision:
+    """diagnose's answer: the engine's verdict first, then the action (and the steps)."""
+    rec = recommendation_for(engine.verdict)
+    action = engine.action or "nothing was measured under load: run diagnose with load steps"
+    caveats = _token_caveats(engine) + [f"{engine.name}: {n}" for n in engine.notes]
+    return Decision(
+        verdict={engine.name: engine.verdict or "idle"},
+        recommendation=rec,
+        action=action,
+        comparable=True,
+        steps=list(steps or []),
+        caveats=caveats,
     )
-    if ctx_rows and all(r.error for r in ctx_rows):
-        return f"{engine.name}: the engine did not start at any context ({ctx_rows[0].error})"
-    return None
 
 
-def max_context_loaded(engine: EngineResult) -> int | None:
-    """Largest context at which the engine started and generated, None if no context rows."""
-    ok = [r.context for r in engine.rows if r.step == "context" and r.context and not r.error]
-    return max(ok) if ok else None
+def _token_caveats(engine: EngineResult) -> list[str]:
+    # The KV-pressure step cuts requests on purpose where the KV cache runs out.
+    bad = [
+        r
+        for r in engine.rows
+        if r.error is None and not r.tokens_ok and r.requests and r.step != "kv_pressure"
+    ]
+    if bad:
+        return [f"{engine.name}: token counts differ from max_tokens in {len(bad)} step(s)"]
+    return []
+
+
+# --- what compare says --------------------------------------------------------------------
+
+
+@dataclass
+class Call:
+    """One measured difference: who is ahead, by how much, and whether it beats the spread."""
+
+    what: str
+    concurrency: int | None
+    a: float
+    b: float
+    spread: float | None
+    winner: str | None  # engine name, None within the spread
+
+    def ratio(self) -> float:
+        return self.b / self.a if self.a else math.inf
+
+
+def _call(
+    what: str,
+    concurrency: int | None,
+    a: EngineResult,
+    b: EngineResult,
+    va: list[float],
+    vb: list[float],
+    higher_is_better: bool = True,
+) -> Call | None:
+    """Median of each engine's rounds; a winner only when the rounds' ranges do not overlap
+    (and the medians differ by more than `MIN_DIFFERENCE`).
+
+    One round has no spread: nothing is called from it.
+    """
+    if not va or not vb:
+        return None
+    ma, mb = statistics.median(va), statistics.median(vb)
+    spreads = [s for s in (relative_spread(va), relative_spread(vb)) if s is not None]
+    spread = max(spreads) if spreads else None
+    winner = None
+    apart = abs(mb - ma) / min(ma, mb) > MIN_DIFFERENCE if min(ma, mb) > 0 else False
+    if len(va) >= 2 and len(vb) >= 2 and apart:
+        if min(vb) > max(va):
+            winner = b.name if higher_is_better else a.name
+        elif min(va) > max(vb):
+            winner = a.name if higher_is_better else b.name
+    return Call(what, concurrency, ma, mb, spread, winner)
+
+
+def comparability(a: EngineResult, b: EngineResult) -> tuple[bool, str]:
+    """Whether the raw speeds compare like with like (weight bytes per parameter within 20 %)."""
+    pa, pb = a.bytes_per_parameter(), b.bytes_per_parameter()
+    basis = "weight bytes per parameter"
+    if pa is None or pb is None:
+        # The same model served twice: the weight sizes alone tell the precision apart.
+        pa, pb, basis = a.weights_bytes, b.weights_bytes, "weight bytes"
+    if pa and pb:
+        diff = abs(pa - pb) / min(pa, pb)
+        qa, qb = a.quantization or "?", b.quantization or "?"
+        if diff > PRECISION_TOLERANCE:
+            unit = "" if basis == "weight bytes" else " B/param"
+            fa = f"{pa / 2**30:.1f} GiB" if basis == "weight bytes" else f"{pa:.2f}{unit}"
+            fb = f"{pb / 2**30:.1f} GiB" if basis == "weight bytes" else f"{pb:.2f}{unit}"
+            return False, (
+                f"different precision: {a.name} serves {qa} ({basis} {fa}), {b.name} {qb} "
+                f"({fb}), {diff * 100:.0f} % apart (> {PRECISION_TOLERANCE * 100:.0f} %): raw "
+                "speeds are not comparable; compare on the same weights"
+            )
+        return True, f"same precision: {basis} within {diff * 100:.0f} % ({qa} vs {qb})"
+    qa, qb = (a.quantization or "").lower(), (b.quantization or "").lower()
+    if qa and qb and qa != qb:
+        return False, (
+            f"different quantization: {a.name} {a.quantization}, {b.name} {b.quantization} "
+            "(weight sizes unknown): raw speeds are not comparable"
+        )
+    return True, "precision unknown for at least one engine: assumed comparable"
+
+
+def estimates(a: EngineResult, b: EngineResult) -> list[Estimate]:
+    """Each engine at the other's precision, assuming it keeps its share of the roofline."""
+    out = []
+    for x, y in ((a, b), (b, a)):
+        if x.roofline.efficiency is not None and y.roofline.limit_tok_s is not None:
+            out.append(
+                Estimate(
+                    engine=x.name,
+                    at_precision_of=y.name,
+                    tok_s=x.roofline.efficiency * y.roofline.limit_tok_s,
+                    basis=(
+                        f"estimate: {x.name}'s {_pct(x.roofline.efficiency)} of the roofline "
+                        f"× {y.name}'s limit {y.roofline.limit_tok_s:.1f} tok/s"
+                    ),
+                )
+            )
+    return out
 
 
 def failed_contexts(engine: EngineResult) -> list[int]:
     """Contexts at which the engine could not start or generate (memory gave out)."""
-    out = []
-    for r in engine.rows:
-        if r.step != "context" or not r.context:
-            continue
-        full = (
-            engine.gpu_total_bytes
-            and r.loaded_memory_bytes
-            and engine.memory_source == "gpu"
-            and r.loaded_memory_bytes > MEMORY_FULL * engine.gpu_total_bytes
-        )
-        if r.error or full:
-            out.append(r.context)
-    return sorted(out)
+    return sorted(r.context for r in engine.rows if r.step == "context" and r.context and r.error)
 
 
-def tuning_flags(engine: EngineResult) -> list[str]:
-    """Engine flags worth tuning given what was measured for one engine."""
-    llama = engine.kind == "llamacpp"
-    flags = []
-    if weights_problem(engine):
-        flags.append(
-            "-ngl 999 (all layers on the GPU) or a smaller quantization"
-            if llama
-            else "--mem-fraction-static / no --cpu-offload-gb"
-        )
-    single = engine.single()
-    top = max((r for r in engine.ok_rows("concurrency")), key=lambda r: r.concurrency, default=None)
-    if single and top and top.concurrency > 1 and single.per_seq_tok_s and top.aggregate_tok_s:
-        too_few_slots = engine.slots is not None and engine.slots < top.concurrency
-        if too_few_slots or top.aggregate_tok_s < POOR_SCALING * single.per_seq_tok_s:
-            flags.append(
-                (
-                    f"-np {top.concurrency} (parallel slots >= concurrency; raise -c with it)"
-                    if llama
-                    else f"--max-running-requests >= {top.concurrency}"
-                )
-                + (
-                    f": {engine.slots} slots for {top.concurrency} requests"
-                    if too_few_slots
-                    else ""
-                )
-            )
-    failed = failed_contexts(engine)
-    if failed:
-        best = max_context_loaded(engine)
-        flags.append(
-            (f"-c {best}" if llama else f"--context-length {best}")
-            + f" (memory gave out at {min(failed)})"
-            if best
-            else ("-c lower" if llama else "--context-length lower")
-        )
-    frac = roofline_fraction(engine)
-    on_cpu = engine.memory_source != "gpu" and not engine.layers_offloaded
-    if llama and (frac is None or frac < 0.5) and on_cpu:
-        flags.append("-t <physical cores> (CPU decode is thread bound)")
-    elif frac is not None and frac < 0.5:
-        flags.append(
-            "check offload and batch size (decode is far below the bandwidth limit)"
-            if llama
-            else "--attention-backend / CUDA graphs (decode is far below the bandwidth limit)"
-        )
-    return flags
-
-
-def _step1(engines: list[EngineResult]) -> Step:
-    problems = [p for p in (weights_problem(e) for e in engines) if p]
-    numbers: dict[str, Any] = {}
-    for e in engines:
-        numbers[e.name] = {
-            "weights_bytes": e.weights_bytes,
-            "process_gpu_bytes": e.process_gpu_bytes,
-            "layers_offloaded": e.layers_offloaded,
-            "layers_total": e.layers_total,
-        }
-    if problems:
-        return Step(1, "Do the weights fit and stay resident?", "; ".join(problems), True, numbers)
-    known = any(
-        (e.layers_total is not None or (e.memory_source == "gpu" and e.process_gpu_bytes))
-        for e in engines
-    )
-    answer = "yes" if known else "not measured (no GPU data): assumed yes"
-    if all(
-        not e.layers_offloaded and e.memory_source != "gpu" and e.memory_source is not None
-        for e in engines
-    ):
-        answer = "CPU-only run: no GPU found, the weights are in host memory"
-    return Step(1, "Do the weights fit and stay resident?", answer, False, numbers)
-
-
-def _roofline_map(engines: list[EngineResult]) -> dict[str, float | None]:
-    return {e.name: roofline_fraction(e) for e in engines}
-
-
-def _roofline_text(engines: list[EngineResult]) -> str:
-    parts = []
-    for e in engines:
-        frac = roofline_fraction(e)
-        if frac is None:
-            parts.append(f"{e.name}: roofline unknown (no bandwidth or weight size)")
-        else:
-            parts.append(f"{e.name}: the card is at {_pct(frac)} of its decode limit")
-    return "; ".join(parts)
-
-
-def decide_single(engine: EngineResult) -> Decision:
-    """The decision for one engine: fix memory first or stay and tune (which flags)."""
-    steps = [_step1([engine])]
-    single = engine.single()
-    steps.append(
-        Step(
-            2,
-            "Single-request per-token decode",
-            f"{single.per_seq_tok_s:.1f} tok/s ({single.per_token_ms:.1f} ms/token)"
-            if single and single.per_seq_tok_s and single.per_token_ms
-            else "not measured",
-            False,
-            {"per_seq_tok_s": single.per_seq_tok_s if single else None},
-        )
-    )
-    top = max(engine.ok_rows("concurrency"), key=lambda r: r.concurrency, default=None)
-    scaling = (
-        top.aggregate_tok_s / single.per_seq_tok_s
-        if top and single and top.aggregate_tok_s and single.per_seq_tok_s
-        else None
-    )
-    steps.append(
-        Step(
-            3,
-            "Concurrency: does aggregate throughput grow?",
-            f"x{scaling:.2f} at concurrency {top.concurrency}"
-            if scaling is not None and top
-            else "not measured",
-            False,
-            {"scaling": scaling, "concurrency": top.concurrency if top else None},
-        )
-    )
-    failed = failed_contexts(engine)
-    steps.append(
-        Step(
-            4,
-            "Long context: does memory give out?",
-            f"yes at {min(failed)} tokens" if failed else "no (every context loaded)",
-            False,
-            {"max_context_loaded": max_context_loaded(engine), "failed": failed},
-        )
-    )
-    flags = tuning_flags(engine)
-    if steps[0].decisive:
-        action, verdict = FIX_MEMORY, FIX_MEMORY
-        rec = f"fix memory first: {steps[0].answer}. Flags: " + "; ".join(flags)
-    else:
-        action, verdict = STAY, STAY
-        rec = "stay and tune: " + ("; ".join(flags) if flags else "nothing stands out")
-    rec += ". " + _roofline_text([engine])
-    return Decision(action, verdict, rec, steps, _roofline_map([engine]))
-
-
-def quantization_caveat(a: EngineResult, b: EngineResult) -> str | None:
-    """A caveat when the two engines serve different quantizations/precisions."""
-    qa, qb = (a.quantization or "").strip(), (b.quantization or "").strip()
-    if not qa or not qb:
-        missing = [e.name for e, q in ((a, qa), (b, qb)) if not q]
-        return f"quantization unknown for {', '.join(missing)}: cannot check that they match"
-    if _norm_quant(qa) != _norm_quant(qb):
-        return (
-            f"different precision: {a.name} runs {qa}, {b.name} runs {qb}; "
-            "decode speed scales with weight bytes, so discount the faster one accordingly"
-        )
-    return None
-
-
-def _norm_quant(q: str) -> str:
-    q = q.lower().replace("-", "").replace("_", "").replace(" ", "")
-    aliases = {"f16": "float16", "fp16": "float16", "bf16": "bfloat16", "mostlyf16": "float16"}
-    return aliases.get(q, q)
-
-
-def _ratio(x: float | None, y: float | None) -> float | None:
-    return x / y if x and y else None
+def max_context_loaded(engine: EngineResult) -> int | None:
+    """Largest context at which the engine started and generated, None if no context rows."""
+    ok = [r.context for r in engine.ok_rows("context") if r.context]
+    return max(ok) if ok else None
 
 
 def decide_compare(a: EngineResult, b: EngineResult) -> Decision:
-    """The decision for `a` (the engine in use) against `b`, in the seed's order."""
-    caveats = []
-    qc = quantization_caveat(a, b)
-    if qc:
-        caveats.append(qc)
-    for e in (a, b):
-        bad = [r for r in e.ok_rows() if not r.tokens_ok]
-        if bad:
-            caveats.append(f"{e.name}: token counts differ from max_tokens in {len(bad)} row(s)")
-    steps = [_step1([a, b])]
+    """`a` is the engine in use, `b` the candidate; in the seed's order."""
+    steps: list[Step] = []
+    caveats = _token_caveats(a) + _token_caveats(b)
+    caveats += [f"{e.name}: {n}" for e in (a, b) for n in e.notes]
+    verdicts = {e.name: e.verdict or "idle" for e in (a, b)}
 
-    sa, sb = a.single(), b.single()
-    single_ratio = _ratio(sb.per_seq_tok_s if sb else None, sa.per_seq_tok_s if sa else None)
-    similar = single_ratio is not None and abs(single_ratio - 1) <= SIMILAR_DECODE
-    if single_ratio is None:
-        ans2 = "not measured for both engines"
-    else:
-        ans2 = (
-            f"{a.name} {sa.per_seq_tok_s:.1f} tok/s vs {b.name} {sb.per_seq_tok_s:.1f} tok/s "  # type: ignore[union-attr]
-            f"({b.name}/{a.name} = {single_ratio:.2f}): "
-            + ("within 10 %, switching gains little" if similar else "differ by more than 10 %")
-        )
+    # 1. Residency: an engine whose weights are not on the GPU measures its PCIe link.
+    not_resident = [e.name for e in (a, b) if e.verdict == "weights_not_resident"]
     steps.append(
         Step(
-            2,
-            "Single-request per-token decode within ~10 %?",
-            ans2,
-            False,
+            "residency",
+            "Do the weights fit and stay resident?",
+            ("no: " + ", ".join(not_resident)) if not_resident else "yes, on both engines",
+            bool(not_resident),
+            {e.name: {"verdict": e.verdict, "weights_bytes": e.weights_bytes} for e in (a, b)},
+        )
+    )
+
+    # 2. Comparability: the same precision, or compare shares of the roofline.
+    comparable, why = comparability(a, b)
+    ests = estimates(a, b) if not comparable else []
+    if not comparable:
+        caveats.append(why)
+        effs = ", ".join(
+            f"{e.name} {_pct(e.roofline.efficiency)}"
+            if e.roofline.efficiency is not None
+            else f"{e.name} unknown (pass --bandwidth-gbs)"
+            for e in (a, b)
+        )
+        why += f". Share of the card's decode limit: {effs}"
+    steps.append(
+        Step(
+            "comparability",
+            "Same precision (weight bytes per parameter within 20 %)?",
+            why,
+            not comparable,
             {
-                "ratio": single_ratio,
-                a.name: sa.per_seq_tok_s if sa else None,
-                b.name: sb.per_seq_tok_s if sb else None,
+                e.name: {
+                    "quantization": e.quantization,
+                    "bytes_per_parameter": e.bytes_per_parameter(),
+                    "weights_bytes": e.weights_bytes,
+                    "roofline_efficiency": e.roofline.efficiency,
+                    "roofline_tok_s": e.roofline.limit_tok_s,
+                }
+                for e in (a, b)
             },
         )
     )
 
-    common = sorted(
-        {r.concurrency for r in a.ok_rows() if r.aggregate_tok_s}
-        & {r.concurrency for r in b.ok_rows() if r.aggregate_tok_s}
-    )
-    top = common[-1] if common else None
-    ra = a.at_concurrency(top) if top else None
-    rb = b.at_concurrency(top) if top else None
-    agg_ratio = _ratio(rb.aggregate_tok_s if rb else None, ra.aggregate_tok_s if ra else None)
-    if agg_ratio is None or top is None or top <= 1:
-        ans3 = "no common concurrency > 1 measured"
-    else:
-        ans3 = (
-            f"at concurrency {top}: {a.name} {ra.aggregate_tok_s:.1f} tok/s vs {b.name} "  # type: ignore[union-attr]
-            f"{rb.aggregate_tok_s:.1f} tok/s aggregate ({b.name}/{a.name} = {agg_ratio:.2f})"  # type: ignore[union-attr]
+    # 3. Single-request decode and 4. batching at every common concurrency.
+    calls: list[Call] = []
+    sa, sb = a.single(), b.single()
+    single_call = (
+        _call(
+            "single-request decode tok/s",
+            1,
+            a,
+            b,
+            sa.per_seq_rounds or [sa.per_seq_tok_s or 0],
+            sb.per_seq_rounds or [sb.per_seq_tok_s or 0],
         )
+        if sa and sb
+        else None
+    )
+    steps.append(_call_step("decode", "Single-request decode: who is faster?", single_call, a, b))
+    if single_call:
+        calls.append(single_call)
+    common = sorted(
+        {r.concurrency for r in a.ok_rows("concurrency")}
+        & {r.concurrency for r in b.ok_rows("concurrency")}
+    )
+    batch_calls = []
+    for c in common:
+        ra, rb = a.at_concurrency(c), b.at_concurrency(c)
+        if ra is None or rb is None:
+            continue
+        agg = _call(
+            "aggregate tok/s",
+            c,
+            a,
+            b,
+            ra.aggregate_rounds or [ra.aggregate_tok_s or 0],
+            rb.aggregate_rounds or [rb.aggregate_tok_s or 0],
+        )
+        ttft = _call(
+            "TTFT s",
+            c,
+            a,
+            b,
+            ra.ttft_rounds or [ra.ttft_s or 0],
+            rb.ttft_rounds or [rb.ttft_s or 0],
+            higher_is_better=False,
+        )
+        batch_calls += [x for x in (agg, ttft) if x]
+    calls += batch_calls
     steps.append(
         Step(
-            3,
-            "Same single-request speed but clearly higher aggregate throughput on one engine?",
-            ans3,
-            False,
-            {"concurrency": top, "ratio": agg_ratio},
+            "batching",
+            "At equal load, which engine gives more aggregate tok/s and a shorter TTFT?",
+            "; ".join(_call_text(x, a, b) for x in batch_calls)
+            if batch_calls
+            else NOT_MEASURED + "no common concurrency > 1 with successful requests",
+            any(x.winner for x in batch_calls),
+            {"calls": [asdict(x) for x in batch_calls]},
         )
     )
 
+    # 5. Long context: whose memory gives out first.
     fa, fb = failed_contexts(a), failed_contexts(b)
     ma, mb = max_context_loaded(a), max_context_loaded(b)
-    if not fa and not fb:
-        ans4 = "neither engine ran out of memory at the contexts measured"
-        if ma is None and mb is None:
-            ans4 = "context sweep not measured"
+    ctx_winner = None
+    if fa and mb and mb >= min(fa) and (not fb or min(fb) > min(fa)):
+        ctx_winner = b.name
+    elif fb and ma and ma >= min(fb) and (not fa or min(fa) > min(fb)):
+        ctx_winner = a.name
+    if ma is None and mb is None and not fa and not fb:
+        ans = NOT_MEASURED + "no context sweep ran (needs launch templates with {ctx})"
     else:
-        ans4 = "; ".join(
-            f"{e.name} gave out at {min(f)} tokens (largest loaded {m})"
+        ans = "; ".join(
+            f"{e.name}: largest context loaded {m if m else 'none'}"
+            + (f", memory gave out at {min(f)}" if f else "")
             for e, f, m in ((a, fa, ma), (b, fb, mb))
-            if f
         )
     steps.append(
         Step(
-            4,
+            "long_context",
             "Long context: whose memory gives out first?",
-            ans4,
-            False,
+            ans,
+            ctx_winner is not None,
             {a.name: {"max_loaded": ma, "failed": fa}, b.name: {"max_loaded": mb, "failed": fb}},
         )
     )
 
-    roof = _roofline_text([a, b])
-    if steps[0].decisive:
-        action = verdict = FIX_MEMORY
-        rec = f"fix memory first: {steps[0].answer}"
-    elif (
-        similar
-        and agg_ratio is not None
-        and top is not None
-        and top > 1
-        and abs(agg_ratio - 1) > CLEAR_AGGREGATE
-    ):
-        steps[2].decisive = True
-        if agg_ratio > 1:
-            action, verdict = SWITCH, "switch: batching"
-            rec = (
-                f"switch to {b.name}: same single-request speed but {agg_ratio:.2f}x the aggregate "
-                f"throughput at concurrency {top} — batching/KV scheduling is the difference"
-            )
-        else:
-            action, verdict = STAY, STAY
-            rec = (
-                f"stay on {a.name} and tune: it batches better ({1 / agg_ratio:.2f}x aggregate at "
-                f"concurrency {top}); flags: " + ("; ".join(tuning_flags(a)) or "none needed")
-            )
-    elif single_ratio is not None and not similar and single_ratio > 1:
-        steps[1].decisive = True
-        action, verdict = SWITCH, "switch: decode"
-        rec = f"switch to {b.name}: single-request decode is {single_ratio:.2f}x faster"
-        if qc and qc.startswith("different"):
-            rec += f" (but {qc})"
-    elif fa and (not fb or min(fb) > min(fa)) and mb and mb >= min(fa):
-        steps[3].decisive = True
-        action, verdict = SWITCH, "switch: long context"
-        rec = (
-            f"switch to {b.name}: {a.name}'s memory gives out at {min(fa)} tokens, "
-            f"{b.name} loads {mb}"
-        )
-    else:
-        action, verdict = STAY, STAY
-        why = (
-            "single-request decode within 10 % and no clear batching difference"
-            if similar
-            else f"{a.name} is not slower"
-        )
-        rec = f"stay on {a.name} and tune ({why}); flags: " + (
-            "; ".join(tuning_flags(a)) or "none needed"
-        )
-    rec += ". " + roof
-    return Decision(action, verdict, rec, steps, _roofline_map([a, b]), caveats)
+    rec, action = _recommend(a, b, not_resident, comparable, calls, ctx_winner, ests)
+    return Decision(verdicts, rec, action, comparable, steps, caveats, ests)
 
 
-def results_to_dict(engines: list[EngineResult], decision: Decision) -> dict[str, Any]:
-    """The results.json document: every number plus verdict and recommendation."""
-    return {
+def _call_text(x: Call, a: EngineResult, b: EngineResult) -> str:
+    where = f" at concurrency {x.concurrency}" if x.concurrency else ""
+    spread = f"spread {_pct(x.spread)}" if x.spread is not None else "one round: no spread"
+    verdict = f"{x.winner} ahead" if x.winner else "no difference beyond the spread"
+    return f"{x.what}{where}: {a.name} {x.a:.3g} vs {b.name} {x.b:.3g} ({spread}; {verdict})"
+
+
+def _call_step(key: str, question: str, x: Call | None, a: EngineResult, b: EngineResult) -> Step:
+    if x is None:
+        return Step(key, question, NOT_MEASURED + "no single-request row on both engines")
+    return Step(key, question, _call_text(x, a, b), x.winner is not None, asdict(x))
+
+
+def _recommend(
+    a: EngineResult,
+    b: EngineResult,
+    not_resident: list[str],
+    comparable: bool,
+    calls: list[Call],
+    ctx_winner: str | None,
+    ests: list[Estimate],
+) -> tuple[str, str]:
+    if not_resident:
+        who = " and ".join(not_resident)
+        return FIX_MEMORY_FIRST, (
+            f"fix memory first: the weights of {who} are not all on the GPU, so its speed "
+            "measures host memory, not the engine. "
+            + core.VERDICT_INFO["weights_not_resident"].action
+        )
+    if not comparable:
+        est = "; ".join(f"{e.basis} ≈ {e.tok_s:.1f} tok/s" for e in ests)
+        return INCONCLUSIVE, (
+            "the engines serve different precisions, so which engine is faster is not "
+            "decided by these numbers: run both on the same weights." + (f" {est}." if est else "")
+        )
+    wins = [x for x in calls if x.winner]
+    if ctx_winner:
+        wins.append(Call("long context", None, 0, 0, None, ctx_winner))
+    if not wins:
+        if not calls:
+            return INCONCLUSIVE, "nothing was measured on both engines under the same load"
+        return INCONCLUSIVE, (
+            "no difference beyond the spread between rounds: "
+            "neither engine is faster under this load; raise --rounds to narrow the spread"
+        )
+    # The highest concurrency decides when the engines win at different loads.
+    load_wins = sorted((x for x in wins if x.concurrency), key=lambda x: x.concurrency or 0)
+    decisive = load_wins[-1] if load_wins else wins[-1]
+    winner = decisive.winner
+    assert winner is not None
+    where = f" at concurrency {decisive.concurrency}" if decisive.concurrency else ""
+    ratio = decisive.b / decisive.a if decisive.a else None
+    ratio_text = (
+        f" ({decisive.what}: {b.name}/{a.name} = {ratio:.2f})"
+        if ratio is not None and decisive.what != "long context"
+        else ""
+    )
+    others = [x for x in wins if x.winner != winner]
+    other_text = (
+        "; but "
+        + ", ".join(f"{x.winner} wins {x.what} at concurrency {x.concurrency}" for x in others)
+        if others
+        else ""
+    )
+    if winner == b.name:
+        return switch_to(b.name), f"switch to {b.name}{where}{ratio_text}{other_text}"
+    return STAY_AND_TUNE, (
+        f"stay on {a.name} and tune{where}{ratio_text}{other_text}. {a.action}".rstrip(". ")
+    )
+
+
+# --- results.json ---------------------------------------------------------------------------
+
+
+def results_to_dict(
+    engines: list[EngineResult], decision: Decision, run: RunInfo | None = None
+) -> dict[str, Any]:
+    """The results.json document: the answer first, then every number."""
+    doc: dict[str, Any] = {
         "verdict": decision.verdict,
-        "action": decision.action,
         "recommendation": decision.recommendation,
+        "action": decision.action,
+        "comparable": decision.comparable,
         "caveats": decision.caveats,
-        "decision": decision.to_dict(),
-        "engines": [asdict(e) for e in engines],
     }
+    if run is not None:
+        doc.update(asdict(run))
+    doc["decision"] = decision.to_dict()
+    doc["engines"] = [asdict(e) for e in engines]
+    return doc
 
 
 def engine_from_dict(data: dict[str, Any]) -> EngineResult:
@@ -532,4 +671,6 @@ def engine_from_dict(data: dict[str, Any]) -> EngineResult:
     data = dict(data)
     phases = [Phase(**p) for p in data.pop("phases", [])]
     rows = [Row(**r) for r in data.pop("rows", [])]
-    return EngineResult(**data, phases=phases, rows=rows)
+    roof = Roofline(**(data.pop("roofline", None) or {}))
+    timeline = [(float(t), float(v)) for t, v in data.pop("timeline", [])]
+    return EngineResult(**data, phases=phases, rows=rows, roofline=roof, timeline=timeline)

@@ -85,28 +85,32 @@ def launch_values(
     return values
 
 
+def process_group_pids(pgid: int) -> set[int]:
+    """Every process id in a process group (Linux /proc; empty elsewhere)."""
+    pids: set[int] = set()
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return pids
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # Fields after the ")" of the command name: state ppid pgrp ...
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+                pids.add(int(entry.name))
+    return pids
+
+
 def process_group_rss_bytes(pgid: int) -> int | None:
     """Resident memory of every process in a process group (Linux /proc), None when unknown."""
     total = 0
     found = False
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return None
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            # Fields after the ")" of the command name: state ppid pgrp ...
-            fields = stat.rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:
-                continue
-            for line in (entry / "status").read_text().splitlines():
+    for pid in process_group_pids(pgid):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1]) * 1024
                     found = True
-        except (OSError, ValueError, IndexError):
-            continue
     return total if found else None
 
 

@@ -1,4 +1,8 @@
-"""Decision rules as tables: each case is measured numbers -> expected verdict."""
+"""Unit tests of loadgen/decision.py: comparability, spread, recommendation, results.json.
+
+The verdict itself is never decided here (the decision core is); these tables check
+what compare adds on top of it.
+"""
 
 from __future__ import annotations
 
@@ -6,218 +10,196 @@ import json
 
 import pytest
 
+from exporter import verdict as core
 from loadgen.decision import (
-    FIX_MEMORY,
-    STAY,
+    FIX_MEMORY_FIRST,
+    INCONCLUSIVE,
+    STAY_AND_TUNE,
     EngineResult,
     Row,
+    RunInfo,
+    comparability,
     decide_compare,
     decide_single,
     engine_from_dict,
-    quantization_caveat,
+    recommendation_for,
+    relative_spread,
     results_to_dict,
-    roofline_fraction,
-    tuning_flags,
+    roofline,
+    switch_to,
 )
 
-GB = 1e9
+GIB = 2**30
 
 
 def engine(
     name: str,
-    kind: str = "llamacpp",
-    single: float = 20.0,
-    agg: dict[int, float] | None = None,
     *,
-    quant: str = "Q4_0",
-    weights: float = 15 * GB,
-    proc: float | None = 16 * GB,
-    layers: tuple[float, float] | None = (63, 63),
+    single: list[float] | None = None,
+    agg: dict[int, list[float]] | None = None,
+    weights: float = 15 * GIB,
+    params: float | None = 27e9,
+    verdict: str = "decode_below_card_limit",
     bandwidth: float | None = 1.344e12,
+    quant: str = "Q4_0",
     contexts: dict[int, str | None] | None = None,
-    tokens_ok: bool = True,
 ) -> EngineResult:
-    """An EngineResult with a single row, a concurrency sweep and a context sweep."""
+    """An engine with single-request rounds, concurrency rounds and a context sweep."""
     e = EngineResult(
         name=name,
-        kind=kind,
+        kind="llamacpp",
         quantization=quant,
         weights_bytes=weights,
-        process_gpu_bytes=proc,
-        layers_offloaded=layers[0] if layers else None,
-        layers_total=layers[1] if layers else None,
-        gpu_total_bytes=72 * GB,
+        parameters=params,
         bandwidth_bytes_per_s=bandwidth,
-        memory_source="gpu",
+        verdict=verdict,
+        action=core.VERDICT_INFO[verdict].action,
     )
+    single = single or [50.0, 51.0, 50.5]
     e.rows.append(
-        Row(
-            name,
-            "single",
-            1,
-            per_seq_tok_s=single,
-            per_token_ms=1000 / single,
-            aggregate_tok_s=single * 0.95,
-            tokens_ok=tokens_ok,
-        )
-    )
-    for c, total in (agg or {}).items():
+        Row(name, "single", 1, prompt_tokens=128, max_tokens=128, per_seq_tok_s=sum(single) / 3,
+            per_seq_rounds=single, aggregate_rounds=single, aggregate_tok_s=single[0],
+            ttft_rounds=[0.1, 0.1, 0.1], tokens_ok=True, requests=3, completion_tokens=384)
+    )  # fmt: skip
+    for c, rounds in (agg or {}).items():
+        mid = sorted(rounds)[len(rounds) // 2]
         e.rows.append(
-            Row(
-                name,
-                "concurrency",
-                c,
-                per_seq_tok_s=total / c,
-                aggregate_tok_s=total,
-                tokens_ok=tokens_ok,
-            )
-        )
+            Row(name, "concurrency", c, aggregate_rounds=rounds, aggregate_tok_s=mid,
+                ttft_rounds=[0.2, 0.2, 0.2], ttft_s=0.2, tokens_ok=True, requests=3 * c,
+                completion_tokens=3 * c * 128, max_tokens=128)
+        )  # fmt: skip
     for ctx, err in (contexts or {}).items():
-        e.rows.append(Row(name, "context", 1, context=ctx, error=err, loaded_memory_bytes=20 * GB))
+        e.rows.append(Row(name, "context", 1, context=ctx, error=err))
+    e.roofline = roofline(e)
     return e
 
 
-# (A, B, expected verdict, decisive step)
-COMPARE_CASES = [
-    pytest.param(
-        engine("llama", single=20.0, agg={4: 24.0}),
-        engine("sglang", "sglang", single=20.5, agg={4: 70.0}),
-        "switch: batching",
-        3,
-        id="same-single-more-aggregate-on-B",
-    ),
-    pytest.param(
-        engine("llama", single=20.0, agg={4: 60.0}),
-        engine("sglang", "sglang", single=19.0, agg={4: 62.0}),
-        STAY,
-        None,
-        id="equal-everything",
-    ),
-    pytest.param(
-        engine("llama", single=20.0, agg={4: 75.0}),
-        engine("sglang", "sglang", single=20.0, agg={4: 40.0}),
-        STAY,
-        3,
-        id="A-batches-better",
-    ),
-    pytest.param(
-        engine("llama", single=10.0, agg={4: 30.0}, layers=(30, 63)),
-        engine("sglang", "sglang", single=20.0, agg={4: 70.0}),
-        FIX_MEMORY,
-        1,
-        id="partial-offload",
-    ),
-    pytest.param(
-        engine("llama", single=20.0, proc=4 * GB, layers=None),
-        engine("sglang", "sglang", single=20.0),
-        FIX_MEMORY,
-        1,
-        id="process-memory-below-weights",
-    ),
-    pytest.param(
-        engine("llama", single=20.0, agg={4: 60.0}),
-        engine("sglang", "sglang", single=26.0, agg={4: 80.0}),
-        "switch: decode",
-        2,
-        id="B-decodes-faster",
-    ),
-    pytest.param(
-        engine("llama", agg={4: 60.0}, contexts={8192: None, 131072: "exited: out of memory"}),
-        engine("sglang", "sglang", agg={4: 61.0}, contexts={8192: None, 131072: None}),
-        "switch: long context",
-        4,
-        id="A-memory-gives-out-first",
-    ),
-]
+def test_spread_needs_two_rounds() -> None:
+    assert relative_spread([10.0]) is None
+    assert relative_spread([9.0, 10.0, 11.0]) == pytest.approx(0.2)
 
 
-@pytest.mark.parametrize(("a", "b", "verdict", "decisive"), COMPARE_CASES)
-def test_compare_decision_table(
-    a: EngineResult, b: EngineResult, verdict: str, decisive: int | None
-) -> None:
+def test_q4_vs_bf16_is_not_comparable_and_gives_estimates() -> None:
+    """The rtx-pro-5000-27b pair: 14.2 GiB of Q4_0 against 51.1 GiB of bf16."""
+    a = engine("llama", weights=14.2 * GIB, single=[53.0, 53.5, 54.0])
+    b = engine("sglang", weights=51.1 * GIB, single=[20.5, 21.0, 21.2], quant="bf16")
+    ok, why = comparability(a, b)
+    assert not ok and "different precision" in why and "> 20 %" in why
     d = decide_compare(a, b)
-    assert d.verdict == verdict, d.recommendation
-    decided = [s.number for s in d.steps if s.decisive]
-    assert decided == ([decisive] if decisive else [])
-    assert [s.number for s in d.steps] == [1, 2, 3, 4]
-    # The recommendation carries the roofline sentence for both engines.
-    assert "the card is at" in d.recommendation
-
-
-def test_batching_numbers_in_recommendation() -> None:
-    d = decide_compare(engine("a", single=20, agg={8: 25}), engine("b", single=21, agg={8: 100}))
-    assert d.verdict == "switch: batching"
-    assert "4.00x the aggregate throughput at concurrency 8" in d.recommendation
-    assert d.steps[1].numbers["ratio"] == pytest.approx(21 / 20)
-
-
-def test_roofline_fraction() -> None:
-    # 15 GB of weights at 1.344 TB/s: limit 89.6 tok/s; 20 tok/s is 22 %.
-    e = engine("a", single=20.0)
-    assert roofline_fraction(e) == pytest.approx(20.0 / (1.344e12 / 15e9))
-    assert "the card is at 22 % of its decode limit" in decide_single(e).recommendation
-    assert roofline_fraction(engine("a", bandwidth=None)) is None
-
-
-@pytest.mark.parametrize(
-    ("qa", "qb", "expect"),
-    [
-        ("Q4_0", "Q4_0", None),
-        ("F16", "float16", None),
-        ("Q4_0", "bfloat16", "different precision"),
-        ("Q4_K - Medium", "", "quantization unknown for b"),
-    ],
-)
-def test_quantization_caveat(qa: str, qb: str, expect: str | None) -> None:
-    got = quantization_caveat(engine("a", quant=qa), engine("b", quant=qb))
-    assert (got is None) if expect is None else (got is not None and expect in got)
-
-
-def test_decode_switch_mentions_precision_discount() -> None:
-    d = decide_compare(engine("a", single=20), engine("b", "sglang", single=30, quant="bfloat16"))
-    assert d.verdict == "switch: decode"
-    assert "different precision" in d.recommendation
+    assert d.comparable is False and d.recommendation == INCONCLUSIVE
     assert any("different precision" in c for c in d.caveats)
+    assert "Share of the card's decode limit" in d.steps[1].answer
+    # Each engine at the other's precision: its share of the roofline x the other's limit.
+    est = {e.engine: e for e in d.estimates}
+    assert est["llama"].tok_s == pytest.approx(
+        a.roofline.efficiency * b.roofline.limit_tok_s  # type: ignore[operator]
+    )
+    assert all(e.basis.startswith("estimate:") for e in d.estimates)
+
+
+def test_within_20_percent_is_comparable() -> None:
+    ok, _ = comparability(engine("a", weights=15 * GIB), engine("b", weights=16.5 * GIB))
+    assert ok
+
+
+def test_unknown_parameters_fall_back_to_weight_bytes() -> None:
+    ok, why = comparability(
+        engine("a", weights=15 * GIB, params=None), engine("b", weights=30 * GIB, params=None)
+    )
+    assert not ok and "weight bytes" in why
+
+
+def test_batching_beyond_spread_recommends_the_better_engine_at_that_concurrency() -> None:
+    """Same single-request speed; B gives 2x the aggregate at 8 with tight rounds."""
+    a = engine("np1", agg={8: [50.0, 52.0, 51.0]})
+    b = engine("np8", agg={8: [180.0, 185.0, 182.0]})
+    d = decide_compare(a, b)
+    assert d.recommendation == switch_to("np8")
+    assert "at concurrency 8" in d.action
+    batching = next(s for s in d.steps if s.key == "batching")
+    assert batching.decisive and "np8 ahead" in batching.answer
+    # The single-request step did not gate it: equal speeds there.
+    assert "no difference beyond the spread" in next(s for s in d.steps if s.key == "decode").answer
+
+
+def test_difference_within_spread_is_inconclusive() -> None:
+    a = engine("a", agg={4: [100.0, 130.0, 110.0]})
+    b = engine("b", agg={4: [105.0, 125.0, 120.0]})
+    d = decide_compare(a, b)
+    assert d.recommendation == INCONCLUSIVE
+    assert "spread" in d.action
+
+
+def test_one_round_calls_nothing() -> None:
+    a = engine("a", agg={4: [100.0]})
+    b = engine("b", agg={4: [300.0]})
+    d = decide_compare(a, b)
+    assert "one round: no spread" in next(s for s in d.steps if s.key == "batching").answer
+    assert d.recommendation == INCONCLUSIVE
+
+
+def test_engine_in_use_winning_means_stay_and_tune() -> None:
+    a = engine("a", agg={4: [200.0, 205.0, 202.0]})
+    b = engine("b", agg={4: [100.0, 104.0, 101.0]})
+    d = decide_compare(a, b)
+    assert d.recommendation == STAY_AND_TUNE and d.action.startswith("stay on a")
+
+
+def test_weights_not_resident_comes_first() -> None:
+    a = engine("a", verdict="weights_not_resident", agg={4: [10.0, 11.0, 10.5]})
+    b = engine("b", agg={4: [100.0, 104.0, 101.0]})
+    d = decide_compare(a, b)
+    assert d.recommendation == FIX_MEMORY_FIRST
+    assert d.verdict == {"a": "weights_not_resident", "b": "decode_below_card_limit"}
+    assert core.VERDICT_INFO["weights_not_resident"].action in d.action
+
+
+def test_long_context_decides_when_only_one_engine_loads_it() -> None:
+    a = engine("a", contexts={8192: None, 32768: "out of memory"})
+    b = engine("b", contexts={8192: None, 32768: None})
+    d = decide_compare(a, b)
+    assert d.recommendation == switch_to("b")
+    step = next(s for s in d.steps if s.key == "long_context")
+    assert step.decisive and "memory gave out at 32768" in step.answer
+
+
+def test_no_context_sweep_says_not_measured() -> None:
+    d = decide_compare(engine("a"), engine("b"))
+    assert next(s for s in d.steps if s.key == "long_context").answer.startswith("not measured:")
 
 
 @pytest.mark.parametrize(
-    ("e", "action", "flag"),
+    ("verdict", "rec"),
     [
-        (engine("a", single=20, agg={4: 22}), STAY, "-np 4"),
-        (engine("a", single=20, agg={4: 70}, layers=(16, 33)), FIX_MEMORY, "-ngl 999"),
-        (engine("a", single=20, contexts={4096: None, 65536: "exit 1"}), STAY, "-c 4096"),
-        (engine("s", "sglang", single=20, agg={8: 21}), STAY, "--max-running-requests >= 8"),
+        ("weights_not_resident", FIX_MEMORY_FIRST),
+        ("kv_saturated", STAY_AND_TUNE),
+        ("scheduling_bound", STAY_AND_TUNE),
+        ("decode_at_card_limit", STAY_AND_TUNE),
+        ("decode_below_card_limit", STAY_AND_TUNE),
+        ("idle", INCONCLUSIVE),
+        (None, INCONCLUSIVE),
     ],
 )
-def test_single_engine_flags(e: EngineResult, action: str, flag: str) -> None:
-    d = decide_single(e)
-    assert d.action == action
-    assert any(flag in f for f in tuning_flags(e))
-    assert flag in d.recommendation
+def test_single_engine_recommendation(verdict: str | None, rec: str) -> None:
+    assert recommendation_for(verdict) == rec
 
 
-def test_cpu_only_build_is_not_a_residency_problem() -> None:
-    e = engine("cpu", single=35, agg={2: 60}, layers=(0, 19), bandwidth=None)
-    e.memory_source = "host rss"
-    d = decide_single(e)
-    assert d.action == STAY
-    assert d.steps[0].answer.startswith("CPU-only run")
-    assert "-t <physical cores>" in d.recommendation
-    # The same layer count with a GPU present is a residency problem.
-    e.memory_source = "gpu"
-    assert decide_single(e).action == FIX_MEMORY
+def test_every_verdict_of_the_core_has_a_recommendation() -> None:
+    assert {recommendation_for(v) for v in core.VERDICTS} <= {
+        STAY_AND_TUNE, FIX_MEMORY_FIRST, INCONCLUSIVE,
+    }  # fmt: skip
 
 
-def test_token_mismatch_is_a_caveat() -> None:
-    d = decide_compare(engine("a"), engine("b", tokens_ok=False))
-    assert any("token counts differ" in c for c in d.caveats)
-
-
-def test_results_json_round_trip() -> None:
-    a, b = engine("a", agg={2: 30}), engine("b", agg={2: 80})
-    d = decide_compare(a, b)
-    doc = json.loads(json.dumps(results_to_dict([a, b], d)))
-    assert doc["verdict"] == d.verdict and doc["recommendation"] == d.recommendation
-    back = engine_from_dict(doc["engines"][1])
-    row = back.at_concurrency(2)
-    assert row is not None and row.aggregate_tok_s == 80
+def test_results_json_fields_and_round_trip() -> None:
+    e = engine("llama", verdict="kv_saturated", agg={4: [10.0, 11.0, 12.0]})
+    d = decide_single(e, [])
+    run = RunInfo("llmb-loadgen diagnose --url x", "0.1.0", "2026-01-01T00:00:00Z")
+    run.finished_at = "2026-01-01T00:01:00Z"
+    doc = json.loads(json.dumps(results_to_dict([e], d, run)))
+    for key in ("verdict", "recommendation", "comparable", "caveats", "tool_version", "command",
+                "started_at", "finished_at"):  # fmt: skip
+        assert key in doc, key
+    assert doc["verdict"] == {"llama": "kv_saturated"}
+    assert doc["recommendation"] == STAY_AND_TUNE and doc["comparable"] is True
+    back = engine_from_dict(doc["engines"][0])
+    assert back.rows == e.rows and back.roofline == e.roofline

@@ -1,78 +1,85 @@
-"""diagnose's parsers and summaries on real captured fixtures."""
+"""Unit tests of diagnose's pieces: the exporter reader, facts, step sizing, the run's verdict,
+the roofline on a real H200 capture, and the command line's errors and help."""
 
 from __future__ import annotations
 
+import gzip
+import http.server
 import json
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from loadgen.client import StreamResult
-from loadgen.decision import EngineResult, Row, decide_single, roofline_fraction
+from exporter import verdict as core
+from exporter.config import parse_config
+from loadgen.__main__ import main as loadgen_main
+from loadgen.decision import EngineResult, Row, roofline
 from loadgen.diagnose import (
-    Metrics,
-    kv_bytes_from_log,
-    layers_from_log,
-    request_params,
-    row_from_results,
+    Diagnoser,
+    Options,
+    PhasePublisher,
+    combine,
+    read_exporter,
+    series_from_text,
     sglang_facts,
 )
+from tests.plugins.exporter import parse_samples
 
 H200 = "llamacpp-h200-gemma3-27b-shape-q4_0"
-MIB = 2**20
+NGL30 = Path(__file__).parent / "fixtures" / "h200-validation-2026-11-30" / "ngl30"
 
 
-def test_layers_and_kv_from_real_logs(fixtures_dir: Path) -> None:
-    full = fixtures_dir / H200 / "server_c8k_np1.log"
-    assert layers_from_log(full) == (63.0, 63.0)
-    # Gemma 3: 640 MiB full-attention KV + 624 MiB sliding-window KV at -c 8192.
-    assert kv_bytes_from_log(full) == (640 + 624) * MIB
-    assert layers_from_log(fixtures_dir / H200 / "run2" / "server_ngl30.log") == (30.0, 63.0)
-    cpu = fixtures_dir / "llamacpp-cpu-gemma3-270m" / "server.log"
-    assert layers_from_log(cpu) == (None, None)  # default verbosity prints no load lines
-    assert layers_from_log(fixtures_dir / "missing.log") == (None, None)
+def ngl30_scrapes() -> list[tuple[float, str]]:
+    """The exporter pages captured on the H200 while llama-server ran with -ngl 30 of 63."""
+    with gzip.open(NGL30 / "scrapes.jsonl.gz", "rt") as fh:
+        return [(float(d["t"]), d["text"]) for d in map(json.loads, fh)]
 
 
-def _stream(send: float, first: float, step: float, n: int, timings_ms: float) -> StreamResult:
-    r = StreamResult(t_send=send, done=True)
-    r.chunk_times = [first + i * step for i in range(n)]
-    r.usage = {"completion_tokens": n, "prompt_tokens": 15}
-    r.timings = {"predicted_per_token_ms": timings_ms}
-    return r
+@pytest.fixture
+def real_exporter() -> Iterator[str]:
+    """The last captured H200 exporter page served on a loopback port."""
+    body = ngl30_scrapes()[-1][1].encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            code = 200 if self.path == "/metrics" else 404
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            if code == 200:
+                self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
-def test_row_from_results_per_token_convention(fixtures_dir: Path) -> None:
-    # Timestamps shaped like comp_1.json: 200 tokens, 28.148 ms per token after the first.
-    comp = json.loads((fixtures_dir / "llamacpp-cpu-gemma3-270m" / "comp_1.json").read_text())
-    per_tok = comp["timings"]["predicted_per_token_ms"] / 1000
-    n = comp["tokens_predicted"]
-    results = [_stream(0.0, 0.061, per_tok, n, comp["timings"]["predicted_per_token_ms"])]
-    row = row_from_results(
-        results, engine="e", step="single", concurrency=1, max_tokens=n, wall=0.061 + per_tok * n
-    )
-    assert row.tokens_ok and row.completion_tokens == n
-    assert row.per_token_ms == pytest.approx(comp["timings"]["predicted_per_token_ms"])
-    assert row.server_per_token_ms == pytest.approx(row.per_token_ms)
-    assert row.ttft_s == pytest.approx(0.061)
-    assert row.per_seq_tok_s == pytest.approx(1 / per_tok)
+def test_read_exporter_with_and_without_metrics_path(real_exporter: str) -> None:
+    """One reader (exporter.promtext) gives the same series as the test plugin's parser."""
+    series = read_exporter(real_exporter)
+    assert read_exporter(real_exporter + "/metrics") == series
+    assert series == parse_samples(ngl30_scrapes()[-1][1])
 
 
-def test_row_counts_short_and_failed_requests() -> None:
-    ok = _stream(0, 0.1, 0.01, 16, 10.0)
-    short = _stream(0, 0.1, 0.01, 12, 10.0)
-    failed = StreamResult(error="http_error", error_detail="HTTP 503: loading")
-    row = row_from_results([ok, short, failed], engine="e", step="concurrency", concurrency=3,
-                           max_tokens=16, wall=1.0)  # fmt: skip
-    assert not row.tokens_ok
-    assert row.completion_tokens == 28
-    assert row.error == "1/3 requests failed: HTTP 503: loading"
-
-
-def test_request_params() -> None:
-    p = request_params("llamacpp", 64)
-    assert p["temperature"] == 0 and p["ignore_eos"] is True and p["max_tokens"] == 64
-    assert p["stream_options"] == {"include_usage": True} and p["cache_prompt"] is False
-    assert "cache_prompt" not in request_params("sglang", 64)
+def test_rules_on_the_captured_h200_run_say_weights_not_resident() -> None:
+    """diagnose's path on real samples: every scrape through the reader, then the rules."""
+    scrapes = [(t, series_from_text(text)) for t, text in ngl30_scrapes()]
+    at = scrapes[-1][0]
+    values = core.rule_values_at(core.series_from_scrapes(scrapes), at)
+    (engine,) = values.values()
+    verdict = core.evaluate(engine.signals)
+    assert verdict.name == "weights_not_resident"
+    assert "layers" in verdict.evidence and engine.signals.layers_ratio == pytest.approx(30 / 63)
 
 
 def test_sglang_facts() -> None:
@@ -80,6 +87,7 @@ def test_sglang_facts() -> None:
         "dtype": "bfloat16",
         "kv_cache_dtype": "fp8_e4m3",
         "max_running_requests": 48,
+        "context_length": 8192,
         "internal_states": [
             {"memory_usage": {"weight": 51.12}, "effective_max_running_requests_per_dp": 40}
         ],
@@ -88,42 +96,94 @@ def test_sglang_facts() -> None:
     assert facts == {
         "quantization": "bfloat16 kv fp8_e4m3",
         "slots": 40,
+        "slot_context": 8192,
         "weights_bytes": pytest.approx(51.12 * 2**30),
     }
     assert "quantization" not in sglang_facts({"dtype": "auto", "kv_cache_dtype": "auto"})
 
 
-def test_metrics_parser_sums_and_labels() -> None:
-    text = (
-        "# TYPE llmb_gpu_memory_used_bytes gauge\n"
-        'llmb_gpu_memory_used_bytes{gpu="0"} 1e9\n'
-        'llmb_gpu_memory_used_bytes{gpu="1"} 2e9\n'
-        "# TYPE llmb_engine_info gauge\n"
-        'llmb_engine_info{engine="a",kind="llamacpp",model="m",quantization="Q4_0",'
-        'simulated="false",version="b1"} 1\n'
+def test_run_verdict_is_the_first_in_decision_order_any_step_showed() -> None:
+    s = core.Signals()
+    steps = [("single", "decode_at_card_limit", s), ("concurrency", "scheduling_bound", s),
+             ("kv_pressure", "kv_saturated", s)]  # fmt: skip
+    assert combine(steps)[0] == "kv_saturated"
+    assert combine([("single", "idle", s), ("c", "decode_below_card_limit", s)])[0] == (
+        "decode_below_card_limit"
     )
-    m = Metrics(text)
-    assert m.total("llmb_gpu_memory_used_bytes") == 3e9
-    assert m.total("llmb_gpu_memory_used_bytes", gpu="1") == 2e9
-    assert m.total("llmb_model_weights_bytes") is None
-    assert (m.labels("llmb_engine_info", engine="a") or {})["quantization"] == "Q4_0"
+    assert combine([("single", "idle", s)])[0] == "idle"
+    assert combine([])[0] is None
 
 
-def test_h200_capture_single_engine_roofline(fixtures_dir: Path) -> None:
-    """The H200 capture: 27B Q4_0 weights at 4.8 TB/s; decode from its own timings."""
+def test_roofline_counts_weights_and_kv_on_the_h200_capture(fixtures_dir: Path) -> None:
+    """27B Q4_0 at 4.8 TB/s: 94.8 tok/s is 30 % of the card's limit (weights + KV)."""
     req = json.loads((fixtures_dir / H200 / "req_c1.json").read_text())
-    timings = req[0]["timings"]
-    per_tok_ms = timings["predicted_per_token_ms"]
-    e = EngineResult(
-        name="h200", kind="llamacpp", weights_bytes=15203778848, bandwidth_bytes_per_s=4.8e12,
-        layers_offloaded=63, layers_total=63, memory_source="gpu",
-        process_gpu_bytes=17e9,
-    )  # fmt: skip
+    per_tok_ms = req[0]["timings"]["predicted_per_token_ms"]
+    e = EngineResult(name="h200", kind="llamacpp", weights_bytes=15203778848,
+                     bandwidth_bytes_per_s=4.8e12, kv_bytes_per_token=161792.0)  # fmt: skip
     e.rows.append(
-        Row("h200", "single", 1, per_seq_tok_s=1000 / per_tok_ms, per_token_ms=per_tok_ms)
+        Row("h200", "single", 1, prompt_tokens=425, max_tokens=256, per_seq_tok_s=1000 / per_tok_ms)
     )
-    frac = roofline_fraction(e)
-    assert frac is not None
-    assert frac == pytest.approx((1000 / per_tok_ms) * 15203778848 / 4.8e12)
-    assert frac == pytest.approx(0.30, abs=0.01)  # 94.8 tok/s of a 316 tok/s limit
-    assert "the card is at 30 % of its decode limit" in decide_single(e).recommendation
+    roof = roofline(e)
+    kv_tokens = 425 + 256 / 2
+    assert roof.bytes_per_step == pytest.approx(15203778848 + kv_tokens * 161792.0)
+    assert roof.limit_tok_s == pytest.approx(
+        core.roofline_tokens_per_second(4.8e12, roof.bytes_per_step)
+    )
+    assert roof.efficiency == pytest.approx(0.30, abs=0.01)
+
+
+def _diagnoser(tmp_path: Path, command: str | None, **opts: object) -> Diagnoser:
+    launch = {"launch": {"command": command}} if command else {}
+    cfg = parse_config(
+        {"engines": [{"name": "e", "kind": "llamacpp", "url": "http://127.0.0.1:1", **launch}]},
+        environ={},
+    )
+    return Diagnoser(cfg.engines[0], Options(**opts), tmp_path, PhasePublisher())  # type: ignore[arg-type]
+
+
+def test_kv_prompt_ends_past_half_a_slot(tmp_path: Path) -> None:
+    d = _diagnoser(tmp_path, None, max_tokens=32)
+    assert d._kv_prompt_tokens()[0] is None  # the slot's context is unknown
+    d.result.slot_context = 4096
+    assert d._kv_prompt_tokens()[0] == 2048 - 16
+    d.result.slot_context = 1 << 20
+    assert d._kv_prompt_tokens()[0] == 16384 - 16  # capped: prefill would take minutes
+    d = _diagnoser(tmp_path, None, kv_prompt_tokens=300)
+    assert d._kv_prompt_tokens() == (300, "--kv-prompt-tokens")
+
+
+def test_automatic_context_sweep_doubles_up_to_the_trained_context(tmp_path: Path) -> None:
+    d = _diagnoser(tmp_path, "server -c {ctx} --port {port}")
+    d.launched_ctx, d.result.trained_context = 4096, 32768
+    assert d._contexts() == ([8192, 16384, 32768], "")
+    d.result.trained_context = 4096
+    assert d._contexts()[0] == [] and "already reaches" in d._contexts()[1]
+    assert "no {ctx}" in _diagnoser(tmp_path, "server --port {port}")._contexts()[1]
+    assert "already running" in _diagnoser(tmp_path, None)._contexts()[1]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["diagnose", "--out", "x"], "no target"),
+        (["diagnose", "--out", "x", "--url", "ftp://x"], "must start with http"),
+        (["compare", "--out", "x", "--url", "http://127.0.0.1:1"], "compare needs two engines"),
+        (["diagnose", "--out", "x", "--concurrency", "1,zero", "--url", "http://h"], "integers"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert loadgen_main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    assert loadgen_main(["compare", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert (
+        "--rounds N rounds of every load step; the spread over rounds is reported (default: 3)"
+        in out
+    )
+    assert "(default: 1,2,4,8)" in out
