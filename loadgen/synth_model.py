@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import mmap
 import os
 import shutil
 import struct
@@ -25,6 +24,8 @@ import gguf
 import numpy as np
 from gguf.constants import MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES, Keys
 from tqdm import tqdm
+
+from exporter.geometry import read_gguf_fields
 
 QType = gguf.GGMLQuantizationType
 
@@ -242,84 +243,19 @@ def model_metadata(spec: ArchSpec, like: str, wname: str) -> dict[str, KV]:
     return kv
 
 
-# struct formats of GGUF scalar types (little-endian files, as llama.cpp writes them).
-_SCALAR_FORMATS = {
-    gguf.GGUFValueType.UINT8: "<B",
-    gguf.GGUFValueType.INT8: "<b",
-    gguf.GGUFValueType.UINT16: "<H",
-    gguf.GGUFValueType.INT16: "<h",
-    gguf.GGUFValueType.UINT32: "<I",
-    gguf.GGUFValueType.INT32: "<i",
-    gguf.GGUFValueType.FLOAT32: "<f",
-    gguf.GGUFValueType.UINT64: "<Q",
-    gguf.GGUFValueType.INT64: "<q",
-    gguf.GGUFValueType.FLOAT64: "<d",
-    gguf.GGUFValueType.BOOL: "<?",
-}
-
-
-class _MetadataParser:
-    """Reads only the key/value section of a GGUF.
-
-    gguf.GGUFReader also indexes every tensor and builds one numpy view per string, which takes
-    over a minute for a 262k-token vocabulary on a small machine; this takes well under a second.
-    """
-
-    def __init__(self, buf: mmap.mmap) -> None:
-        self.buf = buf
-        self.off = 0
-
-    def unpack(self, fmt: str) -> Any:
-        value = struct.unpack_from(fmt, self.buf, self.off)[0]
-        self.off += struct.calcsize(fmt)
-        return value
-
-    def string(self) -> bytes:
-        n = self.unpack("<Q")
-        if self.off + n > len(self.buf):
-            raise ValueError("string runs past the end of the file")
-        value = self.buf[self.off : self.off + n]
-        self.off += n
-        return value
-
-    def value(self, vtype: gguf.GGUFValueType) -> KV:
-        if vtype == gguf.GGUFValueType.STRING:
-            return KV(self.string(), vtype)
-        if vtype in _SCALAR_FORMATS:
-            return KV(self.unpack(_SCALAR_FORMATS[vtype]), vtype)
-        if vtype != gguf.GGUFValueType.ARRAY:
-            raise ValueError(f"unknown GGUF value type {vtype}")
-        sub = gguf.GGUFValueType(self.unpack("<I"))
-        n = self.unpack("<Q")
-        if sub == gguf.GGUFValueType.STRING:
-            return KV([self.string() for _ in range(n)], vtype, sub)
-        if sub not in _ARRAY_DTYPES:
-            raise ValueError(f"unsupported GGUF array of {sub.name}")
-        dtype = np.dtype(_ARRAY_DTYPES[sub])
-        items = np.frombuffer(self.buf, dtype=dtype, count=n, offset=self.off)
-        self.off += n * dtype.itemsize
-        return KV(items.tolist(), vtype, sub)
-
-    def metadata(self) -> dict[str, KV]:
-        magic, version, _n_tensors, n_kv = struct.unpack_from("<IIQQ", self.buf, 0)
-        if magic != gguf.GGUF_MAGIC:
-            raise ValueError("not a GGUF file (bad magic)")
-        if version < 2:
-            raise ValueError(f"GGUF version {version} is too old")
-        self.off = 24
-        out: dict[str, KV] = {}
-        for _ in range(n_kv):
-            key = self.string().decode("utf-8")
-            out[key] = self.value(gguf.GGUFValueType(self.unpack("<I")))
-        return out
-
-
 def read_metadata(path: Path) -> dict[str, KV]:
-    """Every key/value of a GGUF file; the tensors are not read."""
+    """Every key/value of a GGUF file (the exporter's GGUF reader); the tensors are not read."""
     try:
-        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _MetadataParser(buf).metadata()
-    except (OSError, ValueError, struct.error, UnicodeDecodeError) as exc:
+        fields = read_gguf_fields(path)
+        return {
+            key: KV(
+                f.value,
+                gguf.GGUFValueType(f.vtype),
+                None if f.sub_type is None else gguf.GGUFValueType(f.sub_type),
+            )
+            for key, f in fields.items()
+        }
+    except (OSError, ValueError, struct.error) as exc:
         raise SynthError(f"cannot read {path} as GGUF: {exc}") from exc
 
 
