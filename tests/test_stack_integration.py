@@ -63,6 +63,25 @@ HF_CONFIGS = {
 }
 
 
+def write_model_dirs(workdir: Path, shapes: dict[str, dict[str, int]]) -> dict[str, Path]:
+    """One HF model folder (config.json only) per preset model shape, for SGLang `model_path`."""
+    dirs = {}
+    for size, shape in shapes.items():
+        folder = workdir / f"model-{size}"
+        folder.mkdir()
+        config_json = {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "num_key_value_heads": 8,
+            "max_position_embeddings": 131072,
+            "torch_dtype": "bfloat16",
+            **shape,
+        }
+        (folder / "config.json").write_text(json.dumps(config_json))
+        dirs[size] = folder
+    return dirs
+
+
 def engine_name(kind: str, scenario: str) -> str:
     return f"{kind}-{scenario}"
 
@@ -125,20 +144,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Start simulators, exporter, load generators and Prometheus; stop them afterwards."""
     st = Stack(tmp_path_factory.mktemp("stack"))
     try:
-        model_dirs = {}
-        for size, shape in HF_CONFIGS.items():
-            folder = st.workdir / f"model-{size}"
-            folder.mkdir()
-            config_json = {
-                "architectures": ["LlamaForCausalLM"],
-                "model_type": "llama",
-                "num_key_value_heads": 8,
-                "max_position_embeddings": 131072,
-                "torch_dtype": "bfloat16",
-                **shape,
-            }
-            (folder / "config.json").write_text(json.dumps(config_json))
-            model_dirs[size] = folder
+        model_dirs = write_model_dirs(st.workdir, HF_CONFIGS)
         engines = []
         state_files = []
         for scenario in LOADS:

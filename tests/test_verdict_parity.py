@@ -74,7 +74,15 @@ from tests.conftest import FIXTURES, get_free_port
 from tests.plugins.exporter import parse_samples
 from tests.plugins.prom import ROOT, stop_process
 from tests.test_sim_scenarios import words
-from tests.test_stack_integration import EXPECTED, HF_CONFIGS, LOADS, PRESET, Load, wait_http
+from tests.test_stack_integration import (
+    EXPECTED,
+    HF_CONFIGS,
+    LOADS,
+    PRESET,
+    Load,
+    wait_http,
+    write_model_dirs,
+)
 
 GPU_RUNS = ("h200-validation-2026-11-30", "h200x2-validation-2026-11-30")
 
@@ -365,20 +373,7 @@ def sim_capture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Capture]:
 
     capture = Capture()
     try:
-        model_dirs = {}
-        for size, shape in {**HF_CONFIGS, "27b": HF_CONFIGS_27B}.items():
-            folder = workdir / f"model-{size}"
-            folder.mkdir()
-            config_json = {
-                "architectures": ["LlamaForCausalLM"],
-                "model_type": "llama",
-                "num_key_value_heads": 8,
-                "max_position_embeddings": 131072,
-                "torch_dtype": "bfloat16",
-                **shape,
-            }
-            (folder / "config.json").write_text(json.dumps(config_json))
-            model_dirs[size] = folder
+        model_dirs = write_model_dirs(workdir, {**HF_CONFIGS, "27b": HF_CONFIGS_27B})
         engines: dict[str, list[dict[str, Any]]] = {}
         states: dict[str, list[str]] = {}
         started = []
