@@ -114,7 +114,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """`llmb-loadgen compare` from parsed arguments; returns the exit status."""
-    quiet_libraries()
+    with quiet_libraries():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     info = run_info(getattr(args, "argv", None))
     if args.url:
         raise UsageError("compare needs two engines from --config: --engine A --engine B")

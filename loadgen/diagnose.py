@@ -1474,16 +1474,26 @@ def run_info(argv: list[str] | None = None) -> RunInfo:
     )
 
 
-def quiet_libraries() -> None:
+@contextlib.contextmanager
+def quiet_libraries() -> Iterator[None]:
     """Keep the terminal to our progress lines: no per-request or per-poll logging.
 
     The embedded exporter collectors warn each time a relaunched engine is not up yet;
-    during a context sweep that is expected, so only their errors are shown.
+    during a context sweep that is expected, so only their errors are shown. The levels are
+    restored afterwards: a caller in the same process (a test, a notebook) keeps its logging.
     """
+    levels = {"exporter": logging.ERROR}
     for name in ("httpx", "loadgen.scheduler", "loadgen.client", "loadgen.prompts",
                  "matplotlib"):  # fmt: skip
-        logging.getLogger(name).setLevel(logging.WARNING)
-    logging.getLogger("exporter").setLevel(logging.ERROR)
+        levels[name] = logging.WARNING
+    saved = {name: logging.getLogger(name).level for name in levels}
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+    try:
+        yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
 
 
 def print_answer(engines: list[EngineResult], decision: Decision, out: Path) -> None:
@@ -1555,7 +1565,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """`llmb-loadgen diagnose` from parsed arguments; returns the exit status."""
-    quiet_libraries()
+    with quiet_libraries():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     info = run_info(getattr(args, "argv", None))
     config = load_config_or_usage(args.config)
     engines = engines_from_args(args, config)

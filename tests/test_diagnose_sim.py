@@ -90,7 +90,11 @@ def test_diagnose_names_the_preset_bottleneck(
     tmp_path: Path, kind: str, scenario: str, expected: str, decisive: str | None
 ) -> None:
     engine, gpu = sim_engine(tmp_path, scenario, kind)
-    result, decision = asyncio.run(diagnose(engine, options(gpu), tmp_path / "out"))
+    # Two slots: 8 clients of 64 tokens keep requests waiting over several 0.5 s samples
+    # (4 clients of 32 tokens finish within about two, too few on a busy machine).
+    extra: dict[str, Any] = {"concurrency": [1, 8], "max_tokens": 64}
+    opts = options(gpu, **extra) if scenario == "scheduling_bound" else options(gpu)
+    result, decision = asyncio.run(diagnose(engine, opts, tmp_path / "out"))
     assert decision.verdict == {"e": expected}, [s.answer for s in decision.steps]
     assert result.verdict == expected
     # The verdict is the decision core's answer to the signals diagnose recorded.
@@ -150,7 +154,7 @@ def test_cli_against_a_running_server_with_url_only(
     with EngineProcess(argv, f"http://127.0.0.1:{port}/health", tmp_path / "sim.log"):
         code = loadgen_main(
             ["diagnose", "--url", f"http://127.0.0.1:{port}", "--out", str(out),
-             "--concurrency", "1,4", "--prompt-tokens", "64", "--max-tokens", "32",
+             "--concurrency", "1,8", "--prompt-tokens", "64", "--max-tokens", "64",
              "--kv-prompt-tokens", "0"]
         )  # fmt: skip
     assert code == 0
