@@ -70,7 +70,13 @@ def split_tensors(
     routed_re, block_re = (GGUF_ROUTED, GGUF_BLOCK) if gguf else (HF_ROUTED, HF_BLOCK)
     lookup_names, output_name = (GGUF_LOOKUP, GGUF_OUTPUT) if gguf else (HF_LOOKUP, HF_OUTPUT)
     items = [t for t in tensors if gguf or not HF_NOT_DECODE.search(t.name)]
-    tied = not any(t.name.endswith(output_name) for t in items)
+
+    # GGUF names are exact ("blk.N.attn_output.weight" also ends in "output.weight"); HF
+    # names carry a module prefix ("model.", "language_model.").
+    def named(name: str, targets: tuple[str, ...]) -> bool:
+        return name in targets if gguf else name.endswith(targets)
+
+    tied = not any(named(t.name, (output_name,)) for t in items)
     always = routed = lookup = row = skipped = table = 0
     by_layer = [0] * n_layer
     for t in items:
@@ -79,7 +85,7 @@ def split_tensors(
         if layer is not None and first_skipped_layer is not None and layer >= first_skipped_layer:
             skipped += t.nbytes
             continue
-        is_table = any(t.name.endswith(name) for name in lookup_names)
+        is_table = named(t.name, lookup_names)
         table += t.nbytes if is_table else 0
         if routed_re.search(t.name):
             routed += t.nbytes
