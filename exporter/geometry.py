@@ -668,7 +668,10 @@ def _hf_moe_fields(
     split, counts = weights.config_split(config, text, dtype)
     source = "config"
     if files is not None and files.tensors:
-        split = weights.split_tensors(files.tensors, n_layer, gguf=False)
+        # Layers past num_hidden_layers are multi-token-prediction heads (DeepSeek-V3's 61).
+        split = weights.split_tensors(
+            files.tensors, n_layer, gguf=False, first_skipped_layer=n_layer
+        )
         source = "safetensors"
     moe = counts.moe
     return {

@@ -398,6 +398,8 @@ def test_hf_safetensors_names_decide_the_split(tmp_path: Path) -> None:
         "model.layers.0.mlp.experts.0.up_proj.weight": [16, 8],
         "model.layers.0.mlp.experts.1.up_proj.weight": [16, 8],
         "vision_tower.encoder.weight": [64, 64],
+        # A multi-token-prediction layer past num_hidden_layers (DeepSeek-V3 ships one).
+        "model.layers.1.mlp.experts.0.up_proj.weight": [16, 8],
     }
     header: dict[str, object] = {}
     offset = 0
