@@ -657,6 +657,22 @@ def _safetensors_totals(directory: Path) -> _Safetensors | None:
     return _Safetensors(params, size, tuple(infos))
 
 
+def _hf_structure(
+    config: Mapping[str, Any],
+    text: Mapping[str, Any],
+    dtype: str | None,
+    files: _Safetensors | None,
+) -> dict[str, Any]:
+    """`_hf_moe_fields`, or nothing (structure unknown) when the config's MoE keys are odd.
+
+    A strange `mlp_only_layers` or `quantization_config` must not cost the KV geometry.
+    """
+    try:
+        return _hf_moe_fields(config, text, dtype, files)
+    except (ValueError, TypeError, ArithmeticError, AttributeError):
+        return {}
+
+
 def _hf_moe_fields(
     config: Mapping[str, Any],
     text: Mapping[str, Any],
@@ -674,6 +690,11 @@ def _hf_moe_fields(
         )
         source = "safetensors"
     moe = counts.moe
+    if moe.experts > MAX_EXPERTS or not 0 <= moe.used <= moe.experts:
+        raise ValueError(f"implausible experts {moe.experts} / used {moe.used}")
+    parts = (split.always_read_bytes, split.routed_expert_bytes, split.token_embedding_bytes)
+    if min(parts) < 0:
+        raise ValueError("negative weight bytes")
     return {
         "always_read_bytes": split.always_read_bytes,
         "routed_expert_bytes": split.routed_expert_bytes,
@@ -751,5 +772,5 @@ def geometry_from_hf_config(path_or_mapping: str | Path | Mapping[str, Any]) -> 
         n_head=n_head,
         swa_mask=mask,
         kv_lora_rank=int(text["kv_lora_rank"]) if text.get("kv_lora_rank") else None,
-        **_hf_moe_fields(config, text, str(dtype) if dtype else None, files),
+        **_hf_structure(config, text, str(dtype) if dtype else None, files),
     )
