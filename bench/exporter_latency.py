@@ -19,12 +19,6 @@ H200 capture) and two engines: local aiohttp stubs answering with real captured 
     .venv/bin/python bench/exporter_latency.py --mode sequential --requests 500 --sglang none
     git worktree add ../llmb-old fb4435c    # then, against the exporter before issue 12:
     .venv/bin/python bench/exporter_latency.py --baseline ../llmb-old
-    .venv/bin/python bench/exporter_latency.py --mode sequential --roofline --baseline ../llmb-old
-
-`--roofline` gives the llama.cpp engine what the roofline reads (issue 17): `model_path` is the
-GGUF header of the Qwen3-30B-A3B shape at Q8_0 (48 layers, 128 experts; tensor infos only) and
-`log_file` the real `--n-cpu-moe` capture (expert override and KV lines), so every scrape adds
-the model-structure, KV-type and host-expert series. A `--baseline` gets the same inputs.
 """
 
 from __future__ import annotations
@@ -73,54 +67,6 @@ def _app(bodies: dict[str, str], hits: Counter[str]) -> web.Application:
     for path in bodies:
         app.router.add_get(path, handle)
     return app
-
-
-def write_moe_header(path: Path) -> Path:
-    """The GGUF header (no tensor data) of Qwen3-30B-A3B at Q8_0, as llama.cpp lays it out."""
-    import gguf
-    import numpy as np
-
-    q8, f32 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.F32
-    n_embd, vocab, n_exp, n_ff = 2048, 151936, 128, 768
-    tensors: list[tuple[str, tuple[int, ...], gguf.GGMLQuantizationType]] = [
-        ("token_embd.weight", (vocab, n_embd), q8),
-        ("output.weight", (vocab, n_embd), q8),
-    ]
-    for i in range(48):
-        b = f"blk.{i}."
-        tensors += [
-            (b + "attn_norm.weight", (n_embd,), f32),
-            (b + "attn_q.weight", (4096, n_embd), q8),
-            (b + "attn_k.weight", (512, n_embd), q8),
-            (b + "attn_v.weight", (512, n_embd), q8),
-            (b + "attn_output.weight", (n_embd, 4096), q8),
-            (b + "ffn_gate_inp.weight", (n_exp, n_embd), f32),
-            (b + "ffn_gate_exps.weight", (n_exp, n_ff, n_embd), q8),
-            (b + "ffn_up_exps.weight", (n_exp, n_ff, n_embd), q8),
-            (b + "ffn_down_exps.weight", (n_exp, n_embd, n_ff), q8),
-        ]
-    writer = gguf.GGUFWriter(str(path), "qwen3moe")
-    for key, value in {
-        "block_count": 48,
-        "embedding_length": n_embd,
-        "attention.head_count": 32,
-        "attention.head_count_kv": 4,
-        "attention.key_length": 128,
-        "attention.value_length": 128,
-        "expert_count": n_exp,
-        "expert_used_count": 8,
-        "context_length": 40960,
-    }.items():
-        writer.add_uint32(f"qwen3moe.{key}", value)
-    for name, shape, qtype in tensors:
-        block, size = gguf.GGML_QUANT_SIZES[qtype]
-        nbytes = int(np.prod(shape)) // block * size
-        writer.add_tensor_info(name, shape, np.dtype(np.float32), nbytes, raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    writer.close()
-    return path
 
 
 def llama_bodies() -> dict[str, str]:
@@ -335,9 +281,10 @@ async def main() -> int:
         "its exporter is measured too, alternating with this one under the same load",
     )
     parser.add_argument(
-        "--roofline",
-        action="store_true",
-        help="give the llama.cpp engine an MoE GGUF header and a real expert-offload log",
+        "--model-path",
+        type=Path,
+        help="a GGUF for the llama.cpp engine (`model_path`): its geometry and model-structure "
+        "series (always-read / routed-expert bytes, E, k) are then part of every scrape",
     )
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = parser.parse_args()
@@ -354,19 +301,15 @@ async def main() -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env = {k: v for k, v in env.items() if not k.startswith("LLMB__")}
 
-    roofline = ""
-    if args.roofline:
-        header = write_moe_header(Path(tempfile.mkdtemp()) / "qwen3-30b-a3b-q8_0-header.gguf")
-        offload_log = FIX / "llamacpp-cpu-qwen3moe-synth-expert-offload" / "server-ncmoe1-lv5.log"
-        roofline = f', model_path: "{header}", log_file: "{offload_log}"'
-
     def config_text(port: int) -> str:
         return (
             f'listen: "127.0.0.1:{port}"\n'
             # Only when set, so that the bench also runs against exporters without the key.
             + (f"min_interval: {args.min_interval}\n" if args.min_interval else "")
             + "engines:\n"
-            f'  - {{name: llama, kind: llamacpp, url: "http://127.0.0.1:{lp}"{roofline}}}\n'
+            f'  - {{name: llama, kind: llamacpp, url: "http://127.0.0.1:{lp}"'
+            + (f', model_path: "{args.model_path.resolve()}"' if args.model_path else "")
+            + "}\n"
             + (
                 f'  - {{name: sgl, kind: sglang, url: "http://127.0.0.1:{sp}"}}\n'
                 if args.sglang != "none"
