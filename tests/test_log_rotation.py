@@ -140,8 +140,9 @@ def test_five_rotations_of_a_real_llama_server_log(
         current = log_counters(exporter)
         for name, value in current.items():
             assert value >= previous[name], (name, previous[name], value)
-        assert current["llmb_engine_requests_finished_total"] > (
-            previous["llmb_engine_requests_finished_total"]
+        assert (
+            current["llmb_engine_requests_finished_total"]
+            > (previous["llmb_engine_requests_finished_total"])
         )
         previous = current
         assert abs(rss_bytes(exporter.proc.pid) - start_rss) < 20 * MIB
