@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from simulator.demo import KINDS, engine_name
 from tests import docker_stack as ds
 from tests.plugins.exporter import parse_samples, pick
 from tests.test_log_rotation import LOG_COUNTERS
@@ -130,7 +131,7 @@ def test_demo_profile_gives_both_verdicts_at_rest(stack: ds.Stack) -> None:
     stack.compose(["demo"], "rm", "-sf", "exporter")
     stack.compose(["demo"], "up", "-d", "--no-build", *DEMO)
     stack.wait_healthy(DEMO)
-    at_rest(stack, {"llama", "sgl"})
+    at_rest(stack, {engine_name(kind) for kind in KINDS})
     logs = ds.docker("logs", stack.container("demo"))
     assert "apt-get" not in logs and "127.0.0.1:9490" not in logs, logs
     assert "http://prometheus:9090" in logs, logs
