@@ -10,7 +10,9 @@ llama-server and the real exporter process.
 from __future__ import annotations
 
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -124,13 +126,13 @@ def chat(server: LlamaServer, n: int) -> None:
 
 @pytest.mark.timeout(300)
 def test_five_rotations_of_a_real_llama_server_log(
-    llama_server: object, exporter_process: object, tmp_path: Path
+    llama_server: Callable[..., LlamaServer],
+    exporter_process: Callable[[dict[str, Any]], ExporterProcess],
 ) -> None:
     """Real llama-server (-lv 4 --log-file), real exporter: RSS flat, no counter goes down."""
-    server: LlamaServer = llama_server()  # type: ignore[operator]
-    config = {"engines": [{"name": "llama", "kind": "llamacpp", "url": server.url}]}
-    config["engines"][0]["log_file"] = str(server.log)
-    exporter: ExporterProcess = exporter_process(config)  # type: ignore[operator]
+    server = llama_server()
+    engine = {"name": "llama", "kind": "llamacpp", "url": server.url, "log_file": str(server.log)}
+    exporter = exporter_process({"engines": [engine]})
     chat(server, 2)
     previous = log_counters(exporter)
     start_rss = rss_bytes(exporter.proc.pid)
