@@ -197,7 +197,10 @@ class LogFollower:
         """Feed complete lines from `_offset` on: `max_bytes` of text, holes and NULs skipped."""
         budget, skip_budget = self.max_bytes, self.max_skip_bytes
         while self._offset < size and budget > 0:
-            self._offset = _next_data(fh.fileno(), self._offset, size)
+            data_at = _next_data(fh.fileno(), self._offset, size)
+            if data_at != self._offset:
+                # Jumped a hole: the bytes before the offset are no longer the ones last read.
+                self._offset, self._tail = data_at, b""
             if self._offset >= size:
                 break
             fh.seek(self._offset)

@@ -150,3 +150,15 @@ def test_five_rotations_of_a_real_llama_server_log(
         assert abs(rss_bytes(exporter.proc.pid) - start_rss) < 20 * MIB
     rotated = server.log.with_name(server.log.name + ".1").read_bytes()
     assert b"\0" not in rotated and b"release" in rotated
+
+
+def test_a_trailing_hole_is_not_taken_for_a_rewrite(tmp_path: Path) -> None:
+    """A file extended by a hole only (no data yet) is read on, never counted twice."""
+    log = tmp_path / "server.log"
+    log.write_bytes(b"".join(LINES))
+    follower = LogFollower(log)
+    tokens = follower.poll().eval_tokens
+    with log.open("r+b") as fh:
+        fh.truncate(len(b"".join(LINES)) + 8 * MIB)
+    assert follower.poll().eval_tokens == tokens
+    assert follower.poll().eval_tokens == tokens and follower.restarts == 0
