@@ -157,9 +157,11 @@ class Stack:
             argv += ["--profile", profile]
         return run([*argv, *args], timeout=timeout, env=self.env)
 
-    def container(self, service: str) -> str:
+    def container(self, service: str, stopped: bool = False) -> str:
+        """The id of the service's one container (running, or also stopped)."""
         out = docker(
-            "ps", "-q", "--filter", f"label=com.docker.compose.project={self.project}",
+            "ps", "-q", *(["-a"] if stopped else []),
+            "--filter", f"label=com.docker.compose.project={self.project}",
             "--filter", f"label=com.docker.compose.service={service}",
         )  # fmt: skip
         ids = out.split()

@@ -219,10 +219,25 @@ def test_log_rotation_keeps_rss_flat_and_counters_monotonic(stack: ds.Stack) -> 
 
 @pytest.mark.timeout(600)
 def test_loadgen_profile_writes_a_new_folder_per_run(stack: ds.Stack) -> None:
-    args = "--engine llama --concurrency 1 --prompt-tokens 32 --max-tokens 8 --requests 3"
-    stack.env["LOADGEN_ARGS"] = args
-    for _ in range(2):
-        stack.compose(["llamacpp", "loadgen"], "run", "--rm", "loadgen", timeout=300)
+    """Two runs, two folders; while one runs, Prometheus has its target up."""
+    load = "--engine llama --concurrency 1 --prompt-tokens 32 --max-tokens 8"
+    stack.env["LOADGEN_ARGS"] = f"{load} --duration 25"
+    stack.compose(["llamacpp", "loadgen"], "up", "-d", "--no-build", "loadgen")
+
+    def loadgen_up() -> bool:
+        targets = stack.api("http://127.0.0.1:9090/api/v1/targets")["data"]["activeTargets"]
+        return all(t["health"] == "up" for t in targets) and len(targets) == 2
+
+    ds.wait_for(loadgen_up, 60, "every target up (the load generator's too)", step=1)
+    ds.wait_for(
+        lambda: ds.docker("inspect", "-f", "{{.State.Status}}", stack.container("loadgen", True))
+        .strip() == "exited",
+        120, "the load run's end",
+    )  # fmt: skip
+    code = ds.docker("inspect", "-f", "{{.State.ExitCode}}", stack.container("loadgen", True))
+    assert code.strip() == "0", ds.docker("logs", stack.container("loadgen", True))
+    stack.env["LOADGEN_ARGS"] = f"{load} --requests 3"
+    stack.compose(["llamacpp", "loadgen"], "run", "--rm", "loadgen", timeout=300)
     runs = sorted(p.name for p in Path(stack.env["LOADGEN_OUT_DIR"]).iterdir())
     assert len(runs) == 2 and all(r.startswith("run-") for r in runs), runs
     for name in runs:
