@@ -177,7 +177,8 @@ class LogFollower:
 
     def poll(self) -> LogState:
         """Read what was appended since the last poll. Raises OSError when unreadable."""
-        with self.path.open("rb") as fh:
+        # Unbuffered: SEEK_DATA moves the descriptor, which a buffered reader would not see.
+        with self.path.open("rb", buffering=0) as fh:
             st = os.fstat(fh.fileno())
             if self._inode != st.st_ino or st.st_size < self._offset or self._rewritten(fh):
                 # Rotated (emptied in place, or replaced) or rewritten by a new process: read

@@ -16,8 +16,10 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from exporter.llamacpp_log import MAX_LINE_BYTES, MIB, LogFollower
+from exporter.llamacpp_log import MAX_LINE_BYTES, MIB, LogFollower, LogState
 from tests.plugins.exporter import ExporterProcess, pick
 from tests.plugins.llama import LlamaServer
 
@@ -98,6 +100,51 @@ def test_an_overlong_line_is_dropped_not_buffered(tmp_path: Path) -> None:
         fh.write(b"tail of the long line\n" + b"".join(LINES))
     state = follower.poll()
     assert state.eval_tokens > 0 and len(follower._partial) <= MAX_LINE_BYTES
+
+
+def counts(state: LogState) -> tuple[int, int, int, float]:
+    return (state.prompt_tokens, state.eval_tokens, state.requests_finished, state.eval_seconds)
+
+
+BASELINE = counts(LogFollower(CPU / "server.log").poll())
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    cuts=st.lists(st.integers(0, len(LINES)), min_size=1, max_size=6),
+    hole=st.sampled_from([1, 4095, 4096, 70_000, 3 * MIB]),
+    sparse=st.booleans(),
+    max_bytes=st.sampled_from([512, 4096, 8 * MIB]),
+)
+def test_rotations_anywhere_count_every_line_once(
+    tmp_path_factory: pytest.TempPathFactory,
+    cuts: list[int],
+    hole: int,
+    sparse: bool,
+    max_bytes: int,
+) -> None:
+    """The real log written in pieces, rotated (emptied in place) between pieces, the writer
+    going on at its own offset behind a hole (sparse) or real NULs: every line once."""
+    log = tmp_path_factory.mktemp("rot") / "server.log"
+    log.write_bytes(b"")
+    follower = LogFollower(log, max_bytes=max_bytes)
+    offset, done = 0, 0
+    for cut in [*sorted(cuts), len(LINES)]:
+        piece = b"".join(LINES[done:cut])
+        done = max(done, cut)
+        with log.open("r+b") as fh:
+            fh.truncate(0)  # rotation: the writer's own offset stays where it was
+            if not sparse:
+                fh.write(b"\0" * (offset + hole))
+            fh.seek(offset + hole)
+            fh.write(piece)
+        offset += hole + len(piece)
+        for _ in range(8):
+            follower.poll()
+    for _ in range(64):  # small max_bytes: caught up over more polls
+        follower.poll()
+    assert counts(follower.state) == pytest.approx(BASELINE)
+    assert len(follower._partial) <= MAX_LINE_BYTES
 
 
 def rss_bytes(pid: int) -> int:
