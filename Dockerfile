@@ -3,31 +3,40 @@
 #                      numpy (it runs on every GPU host; size in docs/deploy.md)
 #   --target full      the load generator with its HTML report, the simulators, the
 #                      GGUF writer (extras [full]); the loadgen and demo services
-FROM python:3.12.7-slim-bookworm AS base
+# The exporter stage comes first: a builder without BuildKit builds every stage up to its
+# --target, so the exporter's image never waits for numpy and matplotlib.
+#
+# BASE_IMAGE: any Debian-like image with python3 (>= 3.10) and its venv module, e.g. one
+# imported from debootstrap where no registry is reachable (docs/deploy.md, "Tested on").
+# constraints.txt pins every dependency, so two builds of one commit install the same.
+ARG BASE_IMAGE=python:3.12.7-slim-bookworm
+FROM ${BASE_IMAGE} AS base
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/llmb/bin:$PATH
 # Non-root: NVML needs only the device nodes the NVIDIA runtime mounts, and the command
 # lines of other processes under `pid: host` are world-readable.
-RUN useradd --system --uid 10001 --create-home --home-dir /home/llmb --shell /usr/sbin/nologin llmb
+RUN useradd --system --uid 10001 --create-home --home-dir /home/llmb --shell /usr/sbin/nologin llmb \
+    && python3 -m venv /opt/llmb
 WORKDIR /src
-COPY pyproject.toml README.md /src/
+COPY constraints.txt pyproject.toml README.md /src/
 COPY exporter /src/exporter
 COPY loadgen /src/loadgen
 COPY simulator /src/simulator
 
-FROM base AS full
-RUN pip install "/src[full]" && rm -rf /src
-WORKDIR /home/llmb
-USER 10001
-EXPOSE 9490 9491
-CMD ["llmb-exporter", "--config", "/etc/llmb/config.yaml"]
-
 FROM base AS exporter
-RUN pip install /src && rm -rf /src
+RUN pip install -c /src/constraints.txt /src && rm -rf /src
 WORKDIR /home/llmb
 USER 10001
 EXPOSE 9490
+CMD ["llmb-exporter", "--config", "/etc/llmb/config.yaml"]
+
+FROM base AS full
+RUN pip install -c /src/constraints.txt "/src[full]" && rm -rf /src
+WORKDIR /home/llmb
+USER 10001
+EXPOSE 9490 9491
 CMD ["llmb-exporter", "--config", "/etc/llmb/config.yaml"]

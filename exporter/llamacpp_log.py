@@ -8,10 +8,20 @@ pressure warnings print at the default verbosity. Both the plain format
 The follower is polled from the scrape (no timer of its own): each poll reads
 what was appended since the last one, at most `max_bytes`, so a huge log is
 caught up over several scrapes instead of stalling one.
+
+Rotation: llama-server opens `--log-file` with `fopen(path, "w")`, not for appending,
+so after a rotation empties the file in place the next write lands at the old offset
+and the file starts with a hole as long as everything written before. The follower
+notices the truncation, jumps over the hole (`SEEK_DATA` where the file system has it,
+and skips runs of NUL bytes where it has not), buffers at most one line of
+`MAX_LINE_BYTES`, and keeps its state: the server process is the same, so its load-time
+facts still hold and its counters continue, monotonic across any number of rotations
+(only a new process's own init line starts the per-process state over).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -23,6 +33,14 @@ from typing import BinaryIO
 MIB = 1024 * 1024
 # Last bytes read, compared on each poll to notice a file rewritten in place.
 TAIL_BYTES = 64
+# The longest line kept: llama-server's lines are far shorter; a longer one is dropped
+# whole, so a corrupt log (or one long run of bytes without a newline) cannot grow the
+# buffer past this.
+MAX_LINE_BYTES = 256 * 1024
+# Read in pieces of this size so a poll never holds more than one piece at a time.
+READ_CHUNK = MIB
+# NUL bytes (a hole written out by a copy) skipped per poll on top of `max_bytes`.
+MAX_SKIP_BYTES = 256 * MIB
 
 _TS = re.compile(r"^(\d{1,9})\.(\d{2})\.(\d{3})\.(\d{3}) [A-Z] ")
 _OFFLOADED = re.compile(r"load_tensors: offloaded (\d{1,9})/(\d{1,9}) layers to GPU")
@@ -241,41 +259,93 @@ class LogState:
 
 
 class LogFollower:
-    """Reads a growing log file incrementally; starts over when it is truncated or replaced."""
+    """Reads a growing log file incrementally, surviving truncation, holes and replacement."""
 
-    def __init__(self, path: str | os.PathLike[str], max_bytes: int = 8 * MIB):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        max_bytes: int = 8 * MIB,
+        max_skip_bytes: int = MAX_SKIP_BYTES,
+    ):
         self.path = Path(path)
         self.max_bytes = max_bytes
+        self.max_skip_bytes = max_skip_bytes
         self.state = LogState()
         self._offset = 0
         self._inode: int | None = None
-        self._partial = ""
+        self._partial = b""
+        # True while the rest of an over-long line is being skipped up to its newline.
+        self._overlong = False
         self._tail = b""
+        # Times the file was found truncated, rewritten or replaced (rotations included).
+        self.restarts = 0
 
     def poll(self) -> LogState:
         """Read what was appended since the last poll. Raises OSError when unreadable."""
-        st = self.path.stat()
-        with self.path.open("rb") as fh:
+        # Unbuffered: SEEK_DATA moves the descriptor, which a buffered reader would not see.
+        with self.path.open("rb", buffering=0) as fh:
+            st = os.fstat(fh.fileno())
             if self._inode != st.st_ino or st.st_size < self._offset or self._rewritten(fh):
-                # A replaced or rewritten file: a new server process (its init line counts
-                # it). A restarted llama-server truncates its --log-file and may have written
-                # more than we had read before we look again, so sizes alone cannot tell.
-                self.state = LogState(instances=self.state.instances)
+                # Rotated (emptied in place, or replaced) or rewritten by a new process: read
+                # the file from its start; the state carries on (a new process's init line
+                # resets what belongs to the process).
+                if self._inode is not None:
+                    self.restarts += 1
                 self._offset = 0
-                self._partial = ""
+                self._partial = b""
+                self._overlong = False
                 self._tail = b""
                 self._inode = st.st_ino
-            if st.st_size > self._offset:
-                fh.seek(self._offset)
-                data = fh.read(self.max_bytes)
-                self._offset += len(data)
-                self._tail = (self._tail + data)[-TAIL_BYTES:]
-                text = self._partial + data.decode("utf-8", errors="replace")
-                lines = text.split("\n")
-                self._partial = lines.pop()
-                for line in lines:
-                    self.state.feed(line)
+            self._read(fh, st.st_size)
         return self.state
+
+    def _read(self, fh: BinaryIO, size: int) -> None:
+        """Feed complete lines from `_offset` on: `max_bytes` of text, holes and NULs skipped."""
+        budget, skip_budget = self.max_bytes, self.max_skip_bytes
+        while self._offset < size and budget > 0:
+            data_at = _next_data(fh.fileno(), self._offset, size)
+            if data_at != self._offset:
+                # Jumped a hole: the bytes before the offset are no longer the ones last read.
+                self._offset, self._tail = data_at, b""
+            if self._offset >= size:
+                break
+            fh.seek(self._offset)
+            data = fh.read(min(READ_CHUNK, budget))
+            if not data:
+                break
+            self._offset += len(data)
+            self._tail = (self._tail + data)[-TAIL_BYTES:]
+            text = data.replace(b"\0", b"") if b"\0" in data else data
+            if text:
+                budget -= len(data)
+                self._feed_bytes(text)
+            else:
+                skip_budget -= len(data)
+                if skip_budget <= 0:
+                    break
+
+    def _feed_bytes(self, data: bytes) -> None:
+        """Split into lines; keep the unfinished last one, up to `MAX_LINE_BYTES`."""
+        lines = data.split(b"\n")
+        last = lines.pop()
+        for i, raw in enumerate(lines):
+            if i == 0:
+                if self._overlong:
+                    self._overlong = False
+                    continue
+                raw = self._partial + raw
+                self._partial = b""
+            if len(raw) <= MAX_LINE_BYTES:
+                self.state.feed(raw.decode("utf-8", errors="replace"))
+        if lines:
+            self._partial = b""
+        if self._overlong:
+            return
+        if len(self._partial) + len(last) > MAX_LINE_BYTES:
+            # A line longer than any llama-server prints (or a corrupt log): drop it.
+            self._partial, self._overlong = b"", True
+        else:
+            self._partial += last
 
     def _rewritten(self, fh: BinaryIO) -> bool:
         """Whether the bytes just before our offset are no longer the ones we read there."""
@@ -283,3 +353,15 @@ class LogFollower:
             return False
         fh.seek(self._offset - len(self._tail))
         return fh.read(len(self._tail)) != self._tail
+
+
+def _next_data(fd: int, offset: int, size: int) -> int:
+    """The first offset at or after `offset` that is not in a hole (`size` when none is)."""
+    seek_data = getattr(os, "SEEK_DATA", None)
+    if seek_data is None:
+        return offset
+    try:
+        return os.lseek(fd, offset, seek_data)
+    except OSError as exc:
+        # ENXIO: only a hole from here to the end; EINVAL: no SEEK_DATA on this file system.
+        return size if exc.errno == errno.ENXIO else offset

@@ -255,8 +255,20 @@ def _base_spec(args: argparse.Namespace, targets: list[Target]) -> RunSpec:
     )
 
 
+def default_out_dir(command: str, root: Path = Path("out")) -> Path:
+    """A new folder per run: out/<command>-<local time>, then -2, -3... within one second.
+
+    Under compose, `out` is LOADGEN_OUT_DIR, so each run keeps its own results."""
+    base = root / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out, n = base, 1
+    while out.exists():
+        n += 1
+        out = base.with_name(f"{base.name}-{n}")
+    return out
+
+
 def _options(args: argparse.Namespace, command: str) -> SessionOptions:
-    out = args.out or Path("out") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = args.out or default_out_dir(command)
     info: dict[str, Any] = {
         k: (str(v) if isinstance(v, Path) else v)
         for k, v in vars(args).items()

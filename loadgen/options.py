@@ -280,7 +280,8 @@ def add_out_option(parser: argparse.ArgumentParser | Any, required: bool = False
         type=Path,
         required=required,
         metavar="DIR",
-        help="output folder" + ("" if required else " (default: out/<command>-<time>)"),
+        help="output folder"
+        + ("" if required else " (default: a new out/<command>-<time> per run)"),
     )
 
 

@@ -9,6 +9,7 @@ each engine's verdict (`llmb:engine_bottleneck:verdict`) as Prometheus computes 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import socket
@@ -111,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="preset of the SGLang simulator (default: --scenario)",
     )
     p.add_argument("--exporter-port", type=int, default=9490)
+    p.add_argument(
+        "--prometheus-url",
+        default=None,
+        metavar="URL",
+        help="read the verdicts from this Prometheus (one that scrapes the exporter itself, "
+        "such as the compose service) instead of starting Prometheus and Alertmanager",
+    )
     p.add_argument("--prometheus-port", type=int, default=9090)
     p.add_argument("--alertmanager-port", type=int, default=9093)
     p.add_argument(
@@ -243,9 +251,12 @@ def main(argv: list[str]) -> int:
         "llamacpp": args.llamacpp_scenario or args.scenario,
         "sglang": args.sglang_scenario or args.scenario,
     }
-    prometheus = shutil.which("prometheus")
-    alertmanager = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-    has_rules = (PROMETHEUS_DIR / "rules" / "verdict.yml").is_file()
+    if args.prometheus_url:
+        prometheus, alertmanager, has_rules = None, None, True
+    else:
+        prometheus = shutil.which("prometheus")
+        alertmanager = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+        has_rules = (PROMETHEUS_DIR / "rules" / "verdict.yml").is_file()
     try:
         check_port(args.exporter_port, "exporter", "--exporter-port")
         if prometheus:
@@ -310,9 +321,6 @@ def run(
     cfg.write_text(yaml.safe_dump(config, sort_keys=False))
     demo.spawn("exporter", [sys.executable, "-m", "exporter", "--config", str(cfg)])
 
-    exporter_url = f"http://127.0.0.1:{args.exporter_port}"
-    prom_url = f"http://127.0.0.1:{args.prometheus_port}"
-    am_url = f"http://127.0.0.1:{args.alertmanager_port}"
     if prometheus and alertmanager and has_rules:
         demo.spawn(
             "alertmanager",
@@ -341,9 +349,32 @@ def run(
             ],
         )
 
+    print_addresses(args, chosen, urls, prometheus, alertmanager, has_rules)
+    print(f"files in {out}; Ctrl-C stops everything", flush=True)
+    with_verdict = bool((prometheus or args.prometheus_url) and has_rules)
+    return drive_and_report(args, chosen, demo, urls, with_verdict)
+
+
+def print_addresses(
+    args: argparse.Namespace,
+    chosen: dict[str, str],
+    urls: dict[str, str],
+    prometheus: str | None,
+    alertmanager: str | None,
+    has_rules: bool,
+) -> None:
+    """Where each part answers; under compose (--prometheus-url) no address it cannot reach."""
+    exporter_url = f"http://127.0.0.1:{args.exporter_port}"
+    prom_url = f"http://127.0.0.1:{args.prometheus_port}"
+    am_url = f"http://127.0.0.1:{args.alertmanager_port}"
     for kind in KINDS:
         label = "llama.cpp" if kind == "llamacpp" else "SGLang"
         print(f"{label + ' simulator':<21}{urls[kind]}  ({chosen[kind]})")
+    if args.prometheus_url:
+        listen = os.environ.get("LLMB__LISTEN", f"127.0.0.1:{args.exporter_port}")
+        print(f"{'exporter':<21}listening on {listen} (scraped by {args.prometheus_url})")
+        print(f"{'prometheus':<21}{args.prometheus_url}  (its own service: rules and alerts)")
+        return
     print(f"{'exporter':<21}{exporter_url}/metrics")
     if not prometheus:
         print(f"{'prometheus':<21}not installed: no verdict (apt-get install prometheus)")
@@ -355,8 +386,19 @@ def run(
             print(f"{'alertmanager':<21}{am_url}")
         else:
             print(f"{'alertmanager':<21}not installed (apt-get install prometheus-alertmanager)")
-    print(f"files in {out}; Ctrl-C stops everything", flush=True)
 
+
+def drive_and_report(
+    args: argparse.Namespace,
+    chosen: dict[str, str],
+    demo: Demo,
+    urls: dict[str, str],
+    with_verdict: bool,
+) -> int:
+    """Wait for the simulators, drive the load, print each verdict once it has settled."""
+    out = demo.out
+    exporter_url = f"http://127.0.0.1:{args.exporter_port}"
+    prom_url = args.prometheus_url or f"http://127.0.0.1:{args.prometheus_port}"
     for kind in KINDS:
         if not wait_http(f"{urls[kind]}/health", 60):
             print(
@@ -383,7 +425,6 @@ def run(
             flush=True,
         )
 
-    with_verdict = bool(prometheus and has_rules)
     if with_verdict:
         print("waiting for each engine's verdict to settle (about a minute)...", flush=True)
     shown: dict[str, str] = {}

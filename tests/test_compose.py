@@ -92,7 +92,9 @@ def test_every_variable_is_documented() -> None:
     documented = set(re.findall(r"^\| `([A-Z_][A-Z0-9_]*)` \|", deploy, flags=re.M))
     assert used - example == set(), "missing in .env.example"
     assert used - documented == set(), "missing in docs/deploy.md"
-    assert example - used == set(), ".env.example documents variables compose never reads"
+    # COMPOSE_PROFILES is read by compose itself (the profiles of a plain `up -d`).
+    assert example - used == {"COMPOSE_PROFILES"}, ".env.example documents unread variables"
+    assert "COMPOSE_PROFILES" in documented
 
 
 def test_every_mounted_file_exists() -> None:
@@ -152,6 +154,32 @@ def test_long_running_services_have_healthchecks() -> None:
         assert service["healthcheck"]["test"], name
 
 
+def test_exporter_healthchecks_never_collect() -> None:
+    """/healthz answers without a collection; /metrics would scrape every engine."""
+    for name in ("exporter", "demo"):
+        check = " ".join(raw()["services"][name]["healthcheck"]["test"])
+        assert "http://127.0.0.1:9490/healthz" in check and "/metrics" not in check, name
+
+
+def test_the_exporter_reads_the_models_read_only() -> None:
+    services = raw()["services"]
+    assert "${MODELS_DIR:-./models}:/models:ro" in services["exporter"]["volumes"]
+    for engine in ("llamacpp", "sglang"):
+        assert "${MODELS_DIR:-./models}:/models:ro" in services[engine]["volumes"]
+    llama = profile_config("llamacpp").engines[0]
+    assert (
+        f"-m /models/${{LLAMACPP_MODEL:-{Path(llama.model_path).name}}}"
+        in (services["llamacpp"]["command"])
+    )
+    sgl = profile_config("sglang").engines[0]
+    assert (
+        f"--model-path /models/${{SGLANG_MODEL:-{Path(sgl.model_path).name}}}"
+        in (services["sglang"]["command"])
+    )
+    for name in ("llamacpp", "sglang", "both"):
+        assert all(e.model_path for e in profile_config(name).engines), name
+
+
 def test_engines_expose_metrics() -> None:
     services = raw()["services"]
     assert "--metrics" in services["llamacpp"]["command"]
@@ -163,11 +191,14 @@ def test_engines_expose_metrics() -> None:
 
 def test_dockerfile_installs_the_project_as_a_non_root_user() -> None:
     text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
-    assert re.search(r"^FROM python:[\d.]+-slim", text, flags=re.M)
+    assert re.search(r"^ARG BASE_IMAGE=python:[\d.]+-slim", text, flags=re.M)
+    assert re.search(r"^FROM \$\{BASE_IMAGE\} AS base$", text, flags=re.M)
     stages = dict(re.findall(r"^FROM \S+ AS (\w+)\n(.*?)(?=^FROM |\Z)", text, flags=re.M | re.S))
+    # Without BuildKit every stage up to --target is built: the exporter's comes first.
+    assert list(stages) == ["base", "exporter", "full"]
     # The exporter's image: base dependencies only (no extras); the full one: [full].
-    assert re.search(r"^RUN pip install /src ", stages["exporter"], flags=re.M)
-    assert 'pip install "/src[full]"' in stages["full"]
+    assert re.search(r"^RUN pip install -c /src/constraints.txt /src ", stages["exporter"], re.M)
+    assert 'pip install -c /src/constraints.txt "/src[full]"' in stages["full"]
     for stage in ("exporter", "full"):
         user = re.findall(r"^USER (\S+)", stages[stage], flags=re.M)
         assert user and user[-1] not in {"root", "0"}, stage
@@ -175,6 +206,28 @@ def test_dockerfile_installs_the_project_as_a_non_root_user() -> None:
     assert services["exporter"]["build"]["target"] == "exporter"
     for name in ("loadgen", "demo"):
         assert services[name]["build"]["target"] == "full", name
+    base = "${LLMB_BASE_IMAGE:-python:3.12.7-slim-bookworm}"
+    for name in ("exporter", "loadgen", "demo"):
+        assert services[name]["build"]["args"] == {"BASE_IMAGE": base}, name
+
+
+def test_constraints_pin_every_dependency_of_the_images() -> None:
+    """constraints.txt: one exact version per package, every declared dependency included."""
+    import tomllib
+
+    lines = [
+        ln for ln in (ROOT / "constraints.txt").read_text().splitlines() if ln and ln[0] != "#"
+    ]
+    pins = dict(ln.split("==") for ln in lines)
+    assert all(
+        re.fullmatch(r"[a-z0-9-]+", n) and re.fullmatch(r"[\w.!+]+", v) for n, v in pins.items()
+    )
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    declared = [*project["dependencies"], *extras["report"], *extras["synth"]]
+    for req in declared:
+        name = re.split(r"[<>=;\[ ]", req, maxsplit=1)[0].lower().replace("_", "-")
+        assert name in pins, name
 
 
 def profile_config(name: str) -> Any:
@@ -202,11 +255,19 @@ def test_exporter_config_follows_the_profile() -> None:
     )
     assert "--port 8080" in services["llamacpp"]["command"]
     assert "--port 30000" in services["sglang"]["command"]
-    # The default is the llamacpp profile's, in compose and in .env.example.
-    volume = services["exporter"]["volumes"][0]
-    assert volume.startswith("${LLMB_CONFIG_FILE:-./deploy/compose/llamacpp.yaml}:")
+    # Plain `up -d` (no profile) lists no engine; .env.example pairs the llamacpp profile
+    # with its config.
+    assert profile_config("gpu").engines == []
+    for name in ("exporter", "loadgen"):
+        volume = services[name]["volumes"][0]
+        assert volume.startswith("${LLMB_CONFIG_FILE:-./deploy/compose/gpu.yaml}:"), name
     example = (ROOT / ".env.example").read_text(encoding="utf-8")
-    assert "LLMB_CONFIG_FILE=./deploy/compose/llamacpp.yaml\n" in example
+    assert (
+        "\nCOMPOSE_PROFILES=llamacpp\nLLMB_CONFIG_FILE=./deploy/compose/llamacpp.yaml\n" in example
+    )
+    header = COMPOSE.read_text(encoding="utf-8").split("\n\n", 1)[0]
+    for config in ("gpu", "llamacpp", "sglang", "both"):
+        assert f"deploy/compose/{config}.yaml" in header, config
     # No engine address is overridden behind the config's back.
     for name in ("exporter", "loadgen"):
         env = services[name].get("environment", {})
@@ -230,7 +291,10 @@ def test_llama_log_rotation_runs(tmp_path: Path, rendered: dict[str, Any]) -> No
     assert '-ge "512"' in script  # LLAMACPP_LOG_MAX_MB's default
     script = script.replace("/var/log/llama", str(tmp_path)).replace('-ge "512"', '-ge "1"')
     log = tmp_path / "llama-server.log"
-    log.write_bytes(b"x" * (2 * 1024 * 1024))
+    # As llama-server leaves it after an earlier rotation: a 64 MiB hole, then its lines.
+    with log.open("wb") as fh:
+        fh.seek(64 * 1024 * 1024)
+        fh.write(b"x" * (2 * 1024 * 1024))
     proc = subprocess.Popen(["sh", "-c", script])
     try:
         deadline = time.monotonic() + 10
@@ -240,7 +304,8 @@ def test_llama_log_rotation_runs(tmp_path: Path, rendered: dict[str, Any]) -> No
         proc.kill()
         proc.wait()
     assert log.stat().st_size == 0
-    assert (tmp_path / "llama-server.log.1").stat().st_size == 2 * 1024 * 1024
+    # Only the data: the hole is not written out as 64 MiB of NULs.
+    assert (tmp_path / "llama-server.log.1").read_bytes() == b"x" * (2 * 1024 * 1024)
 
 
 def test_loadgen_out_is_writable_by_its_user() -> None:
@@ -249,8 +314,11 @@ def test_loadgen_out_is_writable_by_its_user() -> None:
     assert services["loadgen"]["user"] == user
     assert services["loadgen-out"]["command"] == ["chown", user, "/out"]
     assert services["loadgen-out"]["user"] == "0:0"
-    out = "${LOADGEN_OUT_DIR:-./out}:/out"
-    assert out in services["loadgen"]["volumes"] and out in services["loadgen-out"]["volumes"]
+    assert "${LOADGEN_OUT_DIR:-./out}:/out" in services["loadgen-out"]["volumes"]
+    # A new folder per run: no --out, the default out/run-<time> lands in LOADGEN_OUT_DIR.
+    assert "${LOADGEN_OUT_DIR:-./out}:/loadgen/out" in services["loadgen"]["volumes"]
+    assert services["loadgen"]["working_dir"] == "/loadgen"
+    assert "--out" not in " ".join(services["loadgen"]["entrypoint"])
     assert services["loadgen"]["depends_on"] == {
         "loadgen-out": {"condition": "service_completed_successfully"}
     }
@@ -308,8 +376,9 @@ def profile_alerts(tmp_path: Path, config_file: Path) -> tuple[set[str], dict[st
             "LLMB__GPU__FAKE_FILE": f"[{state}]",
         }
         listed = {e["name"] for e in yaml.safe_load(config_file.read_text())["engines"]}
-        if "sgl" not in listed:
-            del env["LLMB__ENGINES__SGL__URL"]  # an override for an engine not listed
+        for key in [k for k in env if k.startswith("LLMB__ENGINES__")]:
+            if key.split("__")[2].lower() not in listed:
+                del env[key]  # an override for an engine not listed
         with (tmp_path / "exporter.out").open("wb") as out:
             procs.append(
                 subprocess.Popen(
@@ -326,9 +395,8 @@ def profile_alerts(tmp_path: Path, config_file: Path) -> tuple[set[str], dict[st
             "llmb-loadgen": [f"127.0.0.1:{get_free_port()}"],  # not running, as in compose
         }
         prom = start_prometheus(tmp_path, get_free_port(), targets)
-        prom.wait_until(
-            lambda: bool(prom.query("llmb:engine_bottleneck:verdict == 1")), 60, "a verdict"
-        )
+        ready = "llmb:engine_bottleneck:verdict == 1" if listed else 'up{job="llmb-exporter"} == 1'
+        prom.wait_until(lambda: bool(prom.query(ready)), 60, ready)
         time.sleep(20)  # 20 evaluations of every rule at the 1s interval
         alerts = {r["metric"]["alertname"] for r in prom.query("ALERTS")}
         verdicts = {
@@ -345,14 +413,25 @@ def profile_alerts(tmp_path: Path, config_file: Path) -> tuple[set[str], dict[st
 
 @pytest.mark.prometheus
 @pytest.mark.timeout(300)
-def test_llamacpp_profile_raises_no_alert(tmp_path: Path) -> None:
-    """`docker compose --profile llamacpp up -d` with its default config: ALERTS stays empty."""
+def test_plain_up_with_the_default_config_raises_no_alert(tmp_path: Path) -> None:
+    """`docker compose up -d` without .env: the default config lists no engine, no alert."""
     default = re.fullmatch(
         r"\$\{LLMB_CONFIG_FILE:-(.+)\}:/etc/llmb/config.yaml:ro",
         raw()["services"]["exporter"]["volumes"][0],
     )
     assert default
     alerts, verdicts = profile_alerts(tmp_path, ROOT / default.group(1))
+    assert alerts == set()
+    assert verdicts == {}
+
+
+@pytest.mark.prometheus
+@pytest.mark.timeout(300)
+def test_llamacpp_profile_raises_no_alert(tmp_path: Path) -> None:
+    """.env.example's start (profile llamacpp, its config): ALERTS stays empty."""
+    example = dict(re.findall(r"^([A-Z_]+)=(.*)$", (ROOT / ".env.example").read_text(), re.M))
+    assert example["COMPOSE_PROFILES"] == "llamacpp"
+    alerts, verdicts = profile_alerts(tmp_path, ROOT / example["LLMB_CONFIG_FILE"])
     assert alerts == set()
     assert verdicts == {"llama": "idle"}
 
