@@ -526,6 +526,9 @@ def estimates(a: EngineResult, b: EngineResult) -> list[Estimate]:
     """Each engine at the other's precision, assuming it keeps its share of the roofline."""
     out = []
     for x, y in ((a, b), (b, a)):
+        # A share beyond physics estimates nothing (the physics gate).
+        if not (x.roofline.physical and y.roofline.physical):
+            continue
         if x.roofline.efficiency is not None and y.roofline.limit_tok_s is not None:
             out.append(
                 Estimate(
@@ -577,7 +580,9 @@ def decide_compare(a: EngineResult, b: EngineResult) -> Decision:
     if not comparable:
         caveats.append(why)
         effs = ", ".join(
-            f"{e.name} {_pct(e.roofline.efficiency)}"
+            f"{e.name} beyond physics ({e.roofline.misfit}: the roofline does not fit)"
+            if e.roofline.misfit is not None
+            else f"{e.name} {_pct(e.roofline.efficiency)}"
             if e.roofline.efficiency is not None
             else f"{e.name} unknown (pass --bandwidth-gbs)"
             for e in (a, b)
@@ -596,6 +601,7 @@ def decide_compare(a: EngineResult, b: EngineResult) -> Decision:
                     "weights_bytes": e.weights_bytes,
                     "roofline_efficiency": e.roofline.efficiency,
                     "roofline_tok_s": e.roofline.limit_tok_s,
+                    "roofline_misfit": e.roofline.misfit,
                 }
                 for e in (a, b)
             },
