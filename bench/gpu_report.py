@@ -235,6 +235,9 @@ VALUE_RECORDS: dict[str, str] = {
     "decode_batch": f"engine:llmb_decode_batch:avg{t('rate_window')}",
     "active_weights_bytes": f"engine:llmb_decode_weights_bytes_per_step:avg{t('rate_window')}",
     "accepted_tokens_per_step": "engine:llmb_decode_accepted_tokens_per_step:max",
+    "experts_host_bound_tokens_per_second": (
+        f"engine:llmb_experts_host_bound_tokens_per_second:avg{t('rate_window')}"
+    ),
 }
 VALUES_EXPR = '{__name__=~"' + "|".join(sorted(VALUE_RECORDS.values())) + '"}'
 

@@ -175,6 +175,11 @@ THRESHOLDS: dict[str, Threshold] = {
     "for_decode_below_card_limit": Threshold(
         "10m", "duration", "`for:` of LLMDecodeBelowCardLimit (informational; steady state only)."
     ),
+    "for_roofline_misfit": Threshold(
+        "10m",
+        "duration",
+        "`for:` of LLMRooflineMisfit (steady state only, as LLMDecodeBelowCardLimit).",
+    ),
     "for_engine_down": Threshold(
         "1m", "duration", "`for:` of LLMEngineDown (not while the engine reports loading)."
     ),
@@ -916,6 +921,34 @@ def misfit_text(efficiency: float, reason: MisfitReason) -> str:
 # -------------------------------------------------------------------- expert offload
 
 
+def experts_host_bound(
+    host_bytes: float | None,
+    experts: float | None,
+    experts_used: float | None,
+    batch: float = 1.0,
+    host_bandwidth: float | None = None,
+) -> float | None:
+    """Per-sequence decode tok/s that experts in host memory allow: host memory bandwidth /
+    (host expert bytes x the share of experts a step touches; all of them without E/k).
+
+    Same arithmetic as `engine:llmb_experts_host_bound_tokens_per_second:avg5m`.
+    """
+    if host_bytes is None:
+        return None
+    share = 1.0
+    if experts_used is not None and experts is not None and experts > 0:
+        share = expert_share(experts, experts_used, batch)
+    read = host_bytes * share
+    if not read > 0:
+        return None
+    bw = (
+        number("host_memory_bandwidth_bytes_per_second")
+        if host_bandwidth is None
+        else host_bandwidth
+    )
+    return bw / read
+
+
 def expert_offload_action(
     host_layers: float | None,
     host_bytes: float | None,
@@ -935,7 +968,7 @@ def expert_offload_action(
         per_step = host_bytes * expert_share_
         text += (
             f" ({host_bytes / 2**30:.2f} GiB; {per_step / 2**30:.2f} GiB read per step), so "
-            f"decode is bound near {bw / per_step:.1f} tok/s by host memory "
+            f"decode is bound near {bw / per_step:.1f} tok/s per sequence by host memory "
             f"({bw / 1e9:.0f} GB/s, `host_memory_bandwidth_bytes_per_second`: the CPU "
             "computes host-resident experts at batch sizes below 32)"
         )
@@ -979,6 +1012,8 @@ class RuleValues:
     accepted_tokens_per_step: float | None = None
     # The physics gate: why the roofline does not fit (None: it fits or is unknown).
     misfit: str | None = None
+    # Expert offload: per-sequence decode bound by host memory (None: no experts on host).
+    experts_host_bound_tokens_per_second: float | None = None
 
 
 def series_from_scrapes(
@@ -1232,6 +1267,7 @@ def rule_values_at(series: Mapping[SeriesKey, Points], at: float) -> dict[Engine
     draft = mx("llmb_model_draft_weights_bytes")
     accept = mx("llmb_engine_spec_accept_length")
     host_layers = mx("llmb_engine_experts_host_layers")
+    host_bytes = mx("llmb_engine_experts_host_bytes")
 
     out: dict[EngineKey, RuleValues] = {}
     for key in sorted(up):
@@ -1278,6 +1314,9 @@ def rule_values_at(series: Mapping[SeriesKey, Points], at: float) -> dict[Engine
             active_weights_bytes=active,
             accepted_tokens_per_step=accepted_tokens(accept.get(key)),
             misfit=reason.name if reason is not None else None,
+            experts_host_bound_tokens_per_second=experts_host_bound(
+                host_bytes.get(key), n_experts.get(key), n_used.get(key), batch
+            ),
         )
     return out
 

@@ -36,6 +36,7 @@ from exporter.verdict import (  # noqa: E402
     Compare,
     Condition,
     Threshold,
+    number,
     t,
 )
 
@@ -315,6 +316,27 @@ def recording_rules() -> list[dict[str, Any]]:
             "engine:llmb_experts_host_bytes:max",
             mx("llmb_engine_experts_host_bytes"),
         ),
+        rec(
+            # Expert offload: host memory bandwidth / host expert bytes a step reads (the
+            # share of experts the batch touches): the host side's decode bound.
+            f"engine:llmb_experts_host_bound_tokens_per_second:avg{rw}",
+            f"""
+            {t("host_memory_bandwidth_bytes_per_second")}
+              / (
+                    engine:llmb_experts_host_bytes:max
+                  * (
+                        1
+                      - (
+                          1
+                        - {mx("llmb_model_experts_used")} / ({mx("llmb_model_experts")} > 0)
+                      ) ^ {batch}
+                    or
+                      0 * engine:llmb_experts_host_bytes:max + 1
+                  )
+                > 0
+              )
+            """,
+        ),
         rec(MISFIT_RECORD, misfit_expr()),
     ]
     return [
@@ -508,7 +530,7 @@ def alert_rules() -> list[dict[str, Any]]:
             "{{ $labels.kind }} engine {{ $labels.engine }} has fewer layers or weight buffers "
             "on the GPU than the model has, or less GPU memory than the weights need "
             f"(below {t('weights_memory_ratio_min')} of the weight bytes). Every decode step "
-            "waits for the part in host memory.",
+            "waits for the part in host memory." + expert_offload_annotation(),
         ),
         alert(
             "LLMGPUMemoryNearFull",
@@ -545,6 +567,18 @@ def alert_rules() -> list[dict[str, Any]]:
             "{{ $value | humanizePercentage }} of the roofline (GPU memory bandwidth / bytes "
             "read per decode step) with no queue and no memory problem: the engine or its "
             "settings, not the card, set the speed.",
+        ),
+        alert(
+            "LLMRooflineMisfit",
+            MISFIT_RECORD,
+            "for_roofline_misfit",
+            "info",
+            "The decode roofline of {{ $labels.engine }} does not fit its measured speed",
+            "{{ $labels.kind }} engine {{ $labels.engine }} decodes at "
+            "{{ $value | humanizePercentage }} of its roofline, above "
+            f"{t('decode_efficiency_physical_max')}: beyond physics, so the bytes-per-step "
+            "model does not fit and no decode verdict is given (reason {{ $labels.reason }}). "
+            + misfit_annotation(),
         ),
         alert(
             "LLMEngineDown",
@@ -593,6 +627,39 @@ def alert_rules() -> list[dict[str, Any]]:
         ),
     ]
     return [{"name": "llmb-alerts", "rules": rules}]
+
+
+def misfit_annotation() -> str:
+    """Likely cause and lacking fact per misfit reason, as an alert template."""
+    parts = []
+    for i, r in enumerate(MISFIT_REASONS):
+        head = "{{ if" if i == 0 else "{{ else if"
+        parts.append(
+            f'{head} eq $labels.reason "{r.name}" }}}}Likely cause: {r.cause}. Lacking: {r.lacks}.'
+        )
+    return "".join(parts) + "{{ end }}"
+
+
+def expert_offload_annotation() -> str:
+    """The expert-offload sentence of LLMWeightsNotResident (empty without host experts)."""
+    rw = t("rate_window")
+    sel = "{host=%q,engine=%q,kind=%q}"
+    args = "$labels.host $labels.engine $labels.kind"
+    return (
+        f'{{{{ with printf "engine:llmb_experts_host_layers:max{sel} > 0" {args} | query }}}}'
+        ' Expert offload: the routed experts of {{ . | first | value | printf "%.0f" }} '
+        "layers live in host memory"
+        f'{{{{ with printf "engine:llmb_experts_host_bytes:max{sel}" {args} | query }}}}'
+        " ({{ . | first | value | humanize1024 }}B){{ end }}"
+        f'{{{{ with printf "engine:llmb_experts_host_bound_tokens_per_second:avg{rw}{sel}" '
+        f"{args} | query }}}}"
+        ', which bounds decode near {{ . | first | value | printf "%.1f" }} tok/s per '
+        "sequence at "
+        f"{number('host_memory_bandwidth_bytes_per_second') / 1e9:.0f} GB/s of host memory "
+        "bandwidth (`host_memory_bandwidth_bytes_per_second`){{ end }}. Keep fewer experts on "
+        "the host (a lower `--n-cpu-moe`, no `-ot exps=CPU`) if VRAM allows, or use a smaller "
+        "quantization.{{ end }}"
+    )
 
 
 class _Dumper(yaml.SafeDumper):
