@@ -771,7 +771,10 @@ class Diagnoser:
         """The residency part of `Signals` from diagnose's own readings (no exporter)."""
         res = self.result
         has_gpu = self.monitor.source == "gpu"
-        out: dict[str, Any] = {"host_has_gpu": has_gpu}
+        out: dict[str, Any] = {
+            "host_has_gpu": has_gpu,
+            "experts_host_layers": res.experts_host_layers,
+        }
         if res.layers_total:
             out["layers_ratio"] = (res.layers_offloaded or 0.0) / res.layers_total
         if res.weights_bytes and res.gpu_buffer_bytes is not None and has_gpu:
@@ -795,10 +798,16 @@ class Diagnoser:
             f"{_gib(res.weights_bytes)}, GPU weight buffers {_gib(res.gpu_buffer_bytes)}, "
             f"process GPU memory {_gib(res.process_gpu_bytes)}"
         )
+        if res.experts_host_layers:
+            facts += (
+                f", routed experts of {res.experts_host_layers:.0f} layers in host memory "
+                f"({_gib(res.experts_host_bytes)}: expert offload)"
+            )
         numbers = {
             "layers_ratio": sig.layers_ratio,
             "weights_buffers_ratio": sig.weights_buffers_ratio,
             "weights_memory_ratio": sig.weights_memory_ratio,
+            "experts_host_layers": sig.experts_host_layers,
             "host_has_gpu": sig.host_has_gpu,
         }
         if not sig.host_has_gpu:
