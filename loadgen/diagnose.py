@@ -908,6 +908,8 @@ class Diagnoser:
         await asyncio.sleep(self.opts.sample_interval)
         await self.monitor.sample()
         t1 = time.time()
+        # Series that appear only once requests finished (the speculative accept length).
+        self._structure_facts()
         ok = row.requests - row.requests_failed
         row.tokens_ok = (
             ok > 0
@@ -942,7 +944,7 @@ class Diagnoser:
         mon = self.monitor
         values = mon.rule_values(t1, since=t0)
         if values is not None:
-            sig = self._complete(values.signals, row)
+            sig = self._complete(values.signals, row, values)
             window = [s for t, s in mon.scrapes if t0 <= t <= t1]
             kv = [
                 v
@@ -961,8 +963,46 @@ class Diagnoser:
         verdict = core.evaluate(sig)
         self.step_verdicts.append((row.step, verdict.name, sig))
 
-    def _complete(self, sig: core.Signals, row: Row) -> core.Signals:
+    def _structure_facts(self) -> None:
+        """The model-structure series of the newest scrape (exporter or embedded collectors)."""
+        series = self.monitor.latest()
+        for attr, name in STRUCTURE_SERIES.items():
+            value = _first(series, name, engine=self.monitor.exporter_engine)
+            if value is not None:
+                setattr(self.result, attr, value)
+
+    def _complete(
+        self, sig: core.Signals, row: Row, values: core.RuleValues | None = None
+    ) -> core.Signals:
         """Add what the client measured and the rules cannot see, and say so."""
+        model = self.result.structure()
+        batch = float(min(row.concurrency, self.result.slots or row.concurrency))
+        moe = model is not None and model.experts_known and bool(model.routed_expert_bytes)
+        if (
+            values is not None
+            and moe
+            and values.decode_batch is not None
+            and values.decode_batch < batch
+            and values.decode_tokens_per_second is not None
+            and values.bandwidth_bytes_per_second is not None
+        ):
+            # A short step's edges dilute the running average the rules take as the batch;
+            # an MoE step's bytes grow with it, so use the sequences the step kept running.
+            kv_tokens = None
+            if row.prompt_tokens is not None:
+                kv_tokens = batch * (row.prompt_tokens + row.max_tokens / 2)
+            per_step, _ = bytes_per_step(self.result, kv_tokens, batch)
+            roof = core.roofline_tokens_per_second(
+                values.bandwidth_bytes_per_second, per_step, self.result.spec_accept_length
+            )
+            sig = replace(
+                sig, decode_efficiency=core.decode_efficiency(values.decode_tokens_per_second, roof)
+            )
+            self._note(
+                f"{row.step}: the mixture-of-experts roofline uses the {batch:.0f} sequences the "
+                f"step kept running (the rules' running average over the step gave "
+                f"{values.decode_batch:.0f})"
+            )
         client_kv = row.kv_exhausted + row.truncated
         if client_kv and not (sig.kv_pressure_increase or 0) > 0:
             sig = replace(sig, kv_pressure_increase=float(client_kv))
@@ -1257,6 +1297,7 @@ class Diagnoser:
             res.missing.append("roofline: no GPU bandwidth known (pass --bandwidth-gbs)")
         if self.opts.exporter_url and not self.monitor.scrapes:
             res.missing.append(f"exporter: no scrape of {self.opts.exporter_url} succeeded")
+        self._structure_facts()
         res.roofline = roofline(res)
         roof = res.roofline
         if roof.misfit is not None and roof.efficiency is not None:
