@@ -687,6 +687,22 @@ def file_bytes(model: Model) -> int:
     return header_bytes(model) + data
 
 
+def write_header_only(model: Model, out: Path) -> int:
+    """Write the GGUF header, metadata and tensor index without tensor data; returns its size.
+
+    Enough for readers of geometry (tensor names, shapes, types: exporter.geometry); llama.cpp
+    cannot load it. The simulators serve one as their `model_path`.
+    """
+    writer = _writer(model, out)
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+    finally:
+        writer.close()
+    return out.stat().st_size
+
+
 def write_model(
     model: Model, out: Path, seed: int, progress: Callable[[int], None] | None = None
 ) -> int:
