@@ -112,6 +112,7 @@ class ModelGeometry:
     leading_dense_block_count: int | None = None
     token_embedding_row_bytes: int = 0  # one row of an untied token embedding (0 when tied)
     token_embedding_bytes: int = 0  # the untied token-embedding table (0 when tied)
+    input_embedding_bytes: int = 0  # the token-embedding table, tied or not (llama.cpp: host)
     tied_embeddings: bool | None = None
     routed_expert_bytes_by_layer: tuple[int, ...] = ()  # () for a dense model
     kv_lora_rank: int | None = None  # MLA: the cache holds this latent + the rope key
@@ -560,6 +561,7 @@ def _gguf_moe(key: Callable[[str], Any], tensors: list[GGUFTensor]) -> dict[str,
         else None,
         "token_embedding_row_bytes": split.token_embedding_row_bytes,
         "token_embedding_bytes": split.token_embedding_bytes,
+        "input_embedding_bytes": split.input_table_bytes,
         "tied_embeddings": split.tied_embeddings,
         "routed_expert_bytes_by_layer": split.routed_by_layer,
         "weights_source": "gguf",
@@ -672,6 +674,7 @@ def _hf_moe_fields(
         "leading_dense_block_count": moe.leading_dense if moe.experts else None,
         "token_embedding_row_bytes": split.token_embedding_row_bytes,
         "token_embedding_bytes": split.token_embedding_bytes,
+        "input_embedding_bytes": split.input_table_bytes,
         "tied_embeddings": split.tied_embeddings,
         "routed_expert_bytes_by_layer": split.routed_by_layer,
         "weights_source": source,
