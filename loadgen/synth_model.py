@@ -26,6 +26,8 @@ from gguf.constants import MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS, TENSOR
 from tqdm import tqdm
 
 from exporter.geometry import read_gguf_fields
+from exporter.verdict import ModelStructure, active_weights_bytes
+from exporter.weights import TensorInfo, WeightSplit, split_tensors
 
 QType = gguf.GGMLQuantizationType
 
@@ -518,45 +520,28 @@ class Model:
         return sum(t.nbytes for t in self.tensors)
 
 
-@dataclass(frozen=True)
-class WeightSplit:
-    """The file's weight bytes split by how often a decode step reads them (see the contract
-    in docs/synth-model.md): every step, per distinct routed expert, per sequence."""
-
-    always_read_bytes: int  # attention, norms, router, output projection (tied: token_embd)
-    routed_expert_bytes: int  # every `*_exps` tensor
-    token_embedding_row_bytes: int  # one row of an untied token_embd (0 when tied)
-    expert_count: int  # E (0: dense)
-    expert_used_count: int  # k
-
-    def weights_step_bytes(self, batch: int = 1) -> float:
-        """Expected weight bytes one decode step of `batch` sequences reads (uniform routing)."""
-        b = max(1, batch)
-        share = (
-            1.0 - (1.0 - self.expert_used_count / self.expert_count) ** b
-            if self.expert_count
-            else 0.0
-        )
-        return (
-            self.always_read_bytes
-            + self.routed_expert_bytes * share
-            + b * self.token_embedding_row_bytes
-        )
-
-
 def weight_split(model: Model) -> WeightSplit:
-    """Split the planned tensors into always-read, routed-expert and embedding-row bytes."""
-    routed = sum(t.nbytes for t in model.tensors if "_exps." in t.name)
-    embd = next(t for t in model.tensors if t.name == "token_embd.weight")
-    row = 0 if model.spec.tied_output else embd.nbytes // model.spec.n_vocab
-    untied_table = 0 if model.spec.tied_output else embd.nbytes
-    return WeightSplit(
-        always_read_bytes=model.data_bytes - routed - untied_table,
-        routed_expert_bytes=routed,
-        token_embedding_row_bytes=row,
-        expert_count=model.spec.n_expert,
-        expert_used_count=model.spec.n_expert_used,
+    """The planned tensors split as the exporter splits a GGUF's (exporter.weights)."""
+    tensors = [
+        TensorInfo(t.name, t.nbytes, model.spec.n_vocab if t.name == "token_embd.weight" else 1)
+        for t in model.tensors
+    ]
+    return split_tensors(tensors, model.spec.n_layer)
+
+
+def weights_step_bytes(model: Model, batch: int = 1) -> float:
+    """Expected weight bytes a decode step of `batch` sequences reads: the decision core's
+    formula (always-read + routed x (1 - (1 - k/E)^B) + B x embedding row)."""
+    split, s = weight_split(model), model.spec
+    structure = ModelStructure(
+        weights_bytes=model.data_bytes,
+        always_read_bytes=split.always_read_bytes,
+        routed_expert_bytes=split.routed_expert_bytes,
+        experts=s.n_expert or None,
+        experts_used=s.n_expert_used or None,
+        token_embedding_row_bytes=split.token_embedding_row_bytes,
     )
+    return active_weights_bytes(structure, batch)
 
 
 def make_model(spec: ArchSpec, like: str, wname: str, tokenizer: dict[str, KV] | None) -> Model:
@@ -773,7 +758,7 @@ def _describe_reads(model: Model) -> list[str]:
         f"token embedding row bytes: {split.token_embedding_row_bytes}",
     ]
     for batch in (1, 4, 16):
-        active = round(split.weights_step_bytes(batch))
+        active = round(weights_step_bytes(model, batch))
         label = (
             "active bytes per token" if batch == 1 else f"weight bytes per step at batch {batch}"
         )
