@@ -124,6 +124,7 @@ class EngineParams:
     spec_draft_max: int = 0
     spec_accept_p: float = 0.0
     draft_bytes: int = 0  # draft weights read per draft step
+    draft_kv_bytes_per_token: int = 0  # the draft's own KV cache (llama.cpp -md)
     draft_step_overhead_s: float = 0.0
     spec_seed: int = 0
 
@@ -375,6 +376,8 @@ class Engine:
             + self.kv_pool_bytes * self.kv_gpu_share
             + self.params.compute_buffer_bytes
             + self.params.graph_bytes
+            + self.params.draft_bytes
+            + self.params.ctx_total * self.params.draft_kv_bytes_per_token
         )
 
     # -- KV accounting ----------------------------------------------------------------------

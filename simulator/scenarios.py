@@ -184,6 +184,7 @@ QWEN3_32B_Q8 = ModelSpec(
 # The draft: Qwen3-0.6B in Q8_0: 0.60 B parameters (0.44 B non-embedding + the tied
 # 151936 x 1024 embedding, read every step as the output projection) x 34/32 bytes.
 QWEN3_06B_Q8_BYTES = 633_000_000
+QWEN3_06B_KV_BYTES_PER_TOKEN = 28 * 8 * 128 * 2 * 2
 # SGLang's EAGLE draft for it: one bf16 decoder layer of the 32B (0.6 GB) and its fc; the LM
 # head is the target's.
 EAGLE_32B_BYTES = 700_000_000
@@ -350,27 +351,27 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "moe_at_limit",
-            "The same MoE model and card with fused MoE kernels and CUDA graphs: decode near "
-            "the bandwidth limit of the bytes actually read (attention, router, output and the "
-            "experts the batch routes to).",
+            "The same MoE model on a 72 GB card at 1.344e12 B/s, with fused MoE kernels and "
+            "CUDA graphs: decode near the bandwidth limit of the bytes actually read "
+            "(attention, router, output and the experts the batch routes to).",
             QWEN3_30B_A3B_Q8,
-            H200,
+            RTX_PRO_5000,
             EngineParams(
-                n_slots=4,
+                n_slots=8,
                 ctx_total=32768,
-                step_overhead_s=0.00015,
-                per_seq_overhead_s=0.00003,
-                moe_layer_overhead_s=2e-6,
-                prefill_tok_s=6000.0,
+                step_overhead_s=0.0004,
+                per_seq_overhead_s=0.00005,
+                moe_layer_overhead_s=5e-6,
+                prefill_tok_s=12000.0,
             ),
             EngineParams(
                 n_slots=32,
-                ctx_total=200000,
+                ctx_total=60000,
                 context_len=32768,
-                step_overhead_s=0.0002,
+                step_overhead_s=0.0006,
                 per_seq_overhead_s=0.00005,
                 moe_layer_overhead_s=3e-6,
-                prefill_tok_s=12000.0,
+                prefill_tok_s=16000.0,
                 graph_bytes=int(0.6 * GIB),
                 compute_buffer_bytes=0,
             ),
@@ -391,6 +392,7 @@ SCENARIOS: dict[str, Scenario] = {
                 spec_draft_max=4,
                 spec_accept_p=0.75,
                 draft_bytes=QWEN3_06B_Q8_BYTES,
+                draft_kv_bytes_per_token=QWEN3_06B_KV_BYTES_PER_TOKEN,
                 draft_step_overhead_s=0.0005,
             ),
             EngineParams(
