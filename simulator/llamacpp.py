@@ -195,8 +195,15 @@ class LlamaCppSim(SimBase):
         self.log("I", "load_tensors: offloading output layer to GPU") if gpu_layers else None
         self.log("I", f"load_tensors: offloading {max(0, gpu_layers - 1)} repeating layers to GPU")
         self.log("I", f"load_tensors: offloaded {gpu_layers}/{total} layers to GPU")
+        if e.host_expert_layers:
+            self.log(
+                "W",
+                "llama_model_loader: tensor overrides to CPU are used with mmap enabled - "
+                "consider using --load-mode none for better performance",
+            )
         if e.weights_cpu:
-            cpu = e.weights_cpu + e.model.output_bytes  # token embedding stays on the host
+            # the token embedding stays on the host (tied: the output projection's copy)
+            cpu = e.weights_cpu + (e.model.token_embd_bytes or e.model.output_bytes)
             self.log(
                 "I", f"load_tensors: {'CPU_Mapped':>12s} model buffer size = {cpu / MIB:8.2f} MiB"
             )
@@ -312,6 +319,8 @@ class LlamaCppSim(SimBase):
         flags = f"-c {p.ctx_total} -np {p.n_slots} -ngl {self.engine.params.n_gpu_layers}"
         if p.kv_unified:
             flags += " --kv-unified"
+        if p.n_cpu_moe:
+            flags += f" --n-cpu-moe {p.n_cpu_moe}"
         if (p.cache_type_k, p.cache_type_v) != ("f16", "f16"):
             flags += f" -ctk {p.cache_type_k} -ctv {p.cache_type_v}"
         if p.spec_draft_max > 0:

@@ -251,6 +251,9 @@ def test_verdict_equals_the_prometheus_rule_on_the_same_run(
         # About 3 tokens per target step: per weight read the card is at its limit.
         ("llamacpp", "spec_decode", "decode_at_card_limit"),
         ("sglang", "spec_decode", "decode_at_card_limit"),
+        # 20 of 48 layers' experts in host memory (llama.cpp --n-cpu-moe 20), layers (SGLang).
+        ("llamacpp", "moe_experts_on_host", "weights_not_resident"),
+        ("sglang", "moe_experts_on_host", "weights_not_resident"),
         # 8-bit KV caches: the estimate follows the engine's element type.
         ("llamacpp", "kv_quantized", "decode_at_card_limit"),
         ("sglang", "kv_quantized", "decode_at_card_limit"),
@@ -263,6 +266,10 @@ def test_diagnose_roofline_of_moe_spec_and_kv_presets(
     opts = options(gpu, concurrency=[1, 4], kv_prompt_tokens=0)
     result, decision = asyncio.run(diagnose(engine, opts, tmp_path / "out"))
     assert decision.verdict == {"e": expected}, [s.answer for s in decision.steps]
+    if expected == "weights_not_resident":
+        if kind == "llamacpp":  # the action names the layers and bytes in host memory
+            assert "20" in decision.action and "--n-cpu-moe" in decision.action, decision.action
+        return
     # Never beyond physics, and the bytes per step are those of the preset's model.
     efficiency = result.signals["decode_efficiency"]
     assert efficiency is not None and efficiency <= core.number("decode_efficiency_physical_max")

@@ -149,6 +149,7 @@ async def test_moe_kv_and_spec_presets_via_exporter(sim_server, exporter) -> Non
         "moe": await sim_server("llamacpp", "moe_below_limit", time_scale=0.2),
         "kvq": await sim_server("llamacpp", "kv_quantized", time_scale=0.2),
         "spec": await sim_server("llamacpp", "spec_decode", time_scale=0.2),
+        "host": await sim_server("llamacpp", "moe_experts_on_host", time_scale=0.2),
     }
     url = await exporter(handles)
     async with httpx.AsyncClient(base_url=handles["spec"].url, timeout=60) as c:
@@ -185,3 +186,7 @@ async def test_moe_kv_and_spec_presets_via_exporter(sim_server, exporter) -> Non
     assert series(text, "llmb_engine_spec_accept_length", "spec") == pytest.approx(accept)
     draft = series(text, "llmb_model_draft_weights_bytes", "spec")
     assert draft == pytest.approx(scenarios.QWEN3_06B_Q8_BYTES, rel=1e-4)
+    # --n-cpu-moe 20: the experts of 20 layers in host memory, found from the host buffers.
+    assert series(text, "llmb_engine_experts_host_layers", "host") == 20
+    assert series(text, "llmb_engine_experts_host_bytes", "host") == 20 * m.routed_layer_bytes
+    assert series(text, "llmb_engine_experts_host_layers", "moe") in (None, 0)

@@ -300,3 +300,31 @@ async def test_sglang_spec_decode_accept_length(
     assert info["speculative_algorithm"] == "EAGLE"
     assert info["speculative_num_draft_tokens"] == 5
     assert info["internal_states"][0]["avg_spec_accept_length"] == pytest.approx(accept_length)
+
+
+async def test_llamacpp_experts_on_host_memory(
+    sim_server: Callable[..., Awaitable[object]],
+) -> None:
+    m = scenarios.QWEN3_30B_A3B_Q8
+    h = await sim_server("llamacpp", "moe_experts_on_host")
+    e = h.sim.engine  # type: ignore[attr-defined]
+    assert (e.host_expert_layers, e.host_expert_bytes) == (20, 20 * m.routed_layer_bytes)
+    log = h.log_file.read_text()  # type: ignore[attr-defined]
+    # As llama.cpp at -lv 4: every layer offloaded, the experts of 20 stay in host buffers.
+    assert "load_tensors: offloaded 49/49 layers to GPU" in log
+    assert "tensor overrides to CPU are used with mmap enabled" in log
+    buffers = dict(re.findall(r"load_tensors: +(\S+) model buffer size = +([\d.]+) MiB", log))
+    host = (20 * m.routed_layer_bytes + m.token_embd_bytes) / 2**20
+    assert float(buffers["CPU_Mapped"]) == pytest.approx(host, abs=0.01)
+    gpu = (m.weights_bytes - 20 * m.routed_bytes / 48) / 2**20
+    assert float(buffers["CUDA0"]) == pytest.approx(gpu, abs=0.01)
+    assert "--n-cpu-moe 20" in h.sim.cmdline()  # type: ignore[attr-defined]
+    # A step reads the host experts' routed share from host memory.
+    p = scenarios.get("moe_experts_on_host").params("llamacpp")
+    step = e.decode_seconds(fake_batch(1, tokens=1))
+    always = m.weights_bytes - m.routed_bytes
+    gpu_read = always + 28 * m.routed_layer_bytes / 16 + e.kv_bytes_per_token
+    host_read = 20 * m.routed_layer_bytes / 16 + m.token_row_bytes
+    overheads = p.step_overhead_s + p.per_seq_overhead_s + 48 * p.moe_layer_overhead_s
+    expected = gpu_read / 1.008e12 + host_read / p.cpu_bandwidth + overheads
+    assert step == pytest.approx(expected, rel=1e-9)
