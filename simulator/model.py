@@ -381,8 +381,12 @@ class Engine:
 
     @property
     def kv_pool_bytes(self) -> int:
-        """KV buffer allocated at start for the whole pool."""
-        return round(self.params.ctx_total * self.kv_bytes_per_token)
+        """KV buffer allocated at start for the whole pool.
+
+        SGLang allocates one page more than `max_total_num_tokens` (a dummy slot for padded
+        tokens; page size 1 here)."""
+        slots = self.params.ctx_total + (1 if self.kind == "sglang" else 0)
+        return round(slots * self.kv_bytes_per_token)
 
     def process_gpu_bytes(self) -> int:
         """What NVML would report as this process's GPU memory."""

@@ -19,7 +19,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporter.geometry import estimate_llamacpp_kv, geometry_from_gguf, geometry_from_hf_config
+from exporter.geometry import (
+    estimate_llamacpp_kv,
+    estimate_sglang_kv,
+    geometry_from_gguf,
+    geometry_from_hf_config,
+)
 from loadgen import synth_model as sm
 from simulator import scenarios
 from simulator.model import Clock, Engine, ModelSpec, Request
@@ -233,6 +238,10 @@ async def test_sglang_fp8_kv_cache_in_server_info(
     memory = info["internal_states"][0]["memory_usage"]
     per_token = scenarios.QWEN3_8B_Q4.kv_bytes_per_token / 2
     assert memory["kvcache"] == round(200000 * per_token / 2**30, 2)
+    # The exporter's estimate from the served config.json and the dtype is the pool.
+    geo = geometry_from_hf_config(Path(info["model_path"]))
+    estimate = estimate_sglang_kv(geo, info["max_total_num_tokens"], kv_cache_dtype="fp8_e5m2")
+    assert estimate.total == h.sim.engine.kv_pool_bytes  # type: ignore[attr-defined]
 
 
 def real_spec_release_lines() -> list[str]:
