@@ -299,7 +299,7 @@ class LlamaCppSim(SimBase):
             pre + f"      total time = {prompt_ms + predicted_ms:10.2f} ms / "
             f"{n_prompt + n_gen:5d} tokens",
         )
-        if req.n_drafts:
+        if req.draft_accepted:  # the real server prints nothing when no draft token was kept
             acc = req.draft_accepted / req.draft_n if req.draft_n else 0.0
             mean_len = 1 + req.draft_accepted / req.n_drafts
             self.log(

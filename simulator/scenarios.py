@@ -181,9 +181,9 @@ QWEN3_32B_Q8 = ModelSpec(
         "max_window_layers": 64,
     },
 )
-# The draft: Qwen3-0.6B in Q8_0: 0.60 B parameters (0.44 B non-embedding + the tied
-# 151936 x 1024 embedding, read every step as the output projection) x 34/32 bytes.
-QWEN3_06B_Q8_BYTES = 633_000_000
+# The draft: Qwen3-0.6B in Q8_0 (`llmb-synth-model --like qwen3-0.6b --type q8_0`): 0.60 B
+# parameters, the tied 151936 x 1024 embedding read every step as the output projection.
+QWEN3_06B_Q8_BYTES = 633_495_552
 QWEN3_06B_KV_BYTES_PER_TOKEN = 28 * 8 * 128 * 2 * 2
 # SGLang's EAGLE draft for it: one bf16 decoder layer of the 32B (0.6 GB) and its fc; the LM
 # head is the target's.

@@ -82,6 +82,15 @@ def test_preset_models_are_the_synthetic_gguf_shapes(spec: ModelSpec) -> None:
     assert spec.hf_config["hidden_size"] == shape.n_embd
 
 
+def test_the_draft_is_the_synthetic_qwen3_0_6b() -> None:
+    draft = sm.build_model("qwen3-0.6b", "q8_0", None)
+    assert scenarios.QWEN3_06B_Q8_BYTES == draft.data_bytes
+    assert sm.weight_split(draft).always_read_bytes == draft.data_bytes  # tied: all read
+    shape = draft.spec
+    per_token = shape.n_layer * shape.n_head_kv * shape.head_dim * 2 * 2
+    assert scenarios.QWEN3_06B_KV_BYTES_PER_TOKEN == per_token
+
+
 def test_routing_reads_k_of_e_at_batch_1_and_the_union_at_larger_batches() -> None:
     e = engine("moe_at_limit")
     # One token picks k distinct experts in every layer: exactly k/E of the routed bytes.
