@@ -52,6 +52,9 @@ from loadgen.decision import (
     results_to_dict,
     roofline,
     roofline_text,
+    row_batch,
+    row_roofline,
+    row_roofline_text,
     utc_now,
 )
 from loadgen.launcher import (
@@ -931,6 +934,9 @@ class Diagnoser:
             row.error = f"{row.requests_failed}/{row.requests} requests failed: " + ", ".join(
                 f"{k} {n}" for k, n in sorted(row.errors.items())
             )
+        roof = row_roofline(self.result, row)
+        row.bytes_per_step, row.limit_tok_s = roof.bytes_per_step, roof.limit_tok_s
+        row.efficiency, row.misfit = roof.efficiency, roof.misfit
         self._step_evidence(row, t0, t1)
         self.result.rows.append(row)
         return row
@@ -976,7 +982,7 @@ class Diagnoser:
     ) -> core.Signals:
         """Add what the client measured and the rules cannot see, and say so."""
         model = self.result.structure()
-        batch = float(min(row.concurrency, self.result.slots or row.concurrency))
+        batch = float(row_batch(self.result, row))
         moe = model is not None and model.experts_known and bool(model.routed_expert_bytes)
         if (
             values is not None
@@ -1035,16 +1041,7 @@ class Diagnoser:
             row.waiting_avg = 0.0
         if count_events:
             self.kv_events_total += row.kv_exhausted + max(row.truncated, row.kv_events)
-        eff = None
-        if row.per_seq_tok_s and res.structure() is not None:
-            kv_tokens = None
-            if row.prompt_tokens is not None:
-                kv_tokens = row.concurrency * (row.prompt_tokens + row.max_tokens / 2)
-            per_step, _ = bytes_per_step(res, kv_tokens, float(row.concurrency))
-            roof = core.roofline_tokens_per_second(
-                res.bandwidth_bytes_per_s, per_step, res.spec_accept_length
-            )
-            eff = core.decode_efficiency(row.per_seq_tok_s, roof)
+        eff = row_roofline(res, row).efficiency if row.per_seq_tok_s else None
         return core.Signals(
             **self._own_residency_signals(),
             waiting_avg=row.waiting_avg,
@@ -1110,7 +1107,7 @@ class Diagnoser:
             queue = f", {row.waiting_avg:.1f} waiting on average" if row.waiting_avg else ""
             parts.append(
                 f"c={c}: {row.aggregate_tok_s or 0:.1f} tok/s aggregate{scale}, TTFT p50 "
-                f"{row.ttft_s or 0:.3f} s{queue}"
+                f"{row.ttft_s or 0:.3f} s{queue}{row_roofline_text(self.result, row)}"
             )
             self._say("concurrency", parts[-1])
         queued = any(

@@ -25,10 +25,10 @@ from loadgen.launcher import EngineProcess
 from tests.conftest import get_free_port
 
 
-def diagnose_url(url: str, out: Path, bandwidth_gbs: str) -> dict[str, Any]:
+def diagnose_url(url: str, out: Path, bandwidth_gbs: str, max_tokens: int = 16) -> dict[str, Any]:
     code = loadgen_main(
         ["diagnose", "--url", url, "--out", str(out), "--concurrency", "1",
-         "--prompt-tokens", "32", "--max-tokens", "16", "--kv-prompt-tokens", "0",
+         "--prompt-tokens", "32", "--max-tokens", str(max_tokens), "--kv-prompt-tokens", "0",
          "--bandwidth-gbs", bandwidth_gbs]
     )  # fmt: skip
     assert code == 0
@@ -82,7 +82,8 @@ def test_a_speed_beyond_physics_is_no_verdict_on_the_terminal_and_in_the_report(
             "--port", str(port)]  # fmt: skip
     out = tmp_path / "out"
     with EngineProcess(argv, f"http://127.0.0.1:{port}/health", tmp_path / "sim.log"):
-        doc = diagnose_url(f"http://127.0.0.1:{port}", out, "0.5")
+        # Long enough answers that the step's samples see tokens generated (not idle).
+        doc = diagnose_url(f"http://127.0.0.1:{port}", out, "0.5", max_tokens=256)
     printed = capsys.readouterr().out
     ((_, verdict),) = doc["verdict"].items()
     assert verdict == "decode_below_card_limit"
