@@ -344,5 +344,5 @@ async def test_llamacpp_experts_on_host_memory(
     gpu_read = always + 28 * m.routed_layer_bytes / 16 + e.kv_bytes_per_token
     host_read = 20 * m.routed_layer_bytes / 16 + m.token_row_bytes
     overheads = p.step_overhead_s + p.per_seq_overhead_s + 48 * p.moe_layer_overhead_s
-    expected = gpu_read / 1.008e12 + host_read / p.cpu_bandwidth + overheads
+    expected = gpu_read / 864e9 + host_read / p.cpu_bandwidth + overheads
     assert step == pytest.approx(expected, rel=1e-9)
