@@ -201,7 +201,7 @@ class LlamaCppSim(SimBase):
                 "llama_model_loader: tensor overrides to CPU are used with mmap enabled - "
                 "consider using --load-mode none for better performance",
             )
-        if e.weights_cpu:
+        if e.weights_cpu or e.model.token_embd_bytes:
             # the token embedding stays on the host (tied: the output projection's copy)
             cpu = e.weights_cpu + (e.model.token_embd_bytes or e.model.output_bytes)
             self.log(
