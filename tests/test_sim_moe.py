@@ -282,6 +282,8 @@ async def test_llamacpp_spec_decode_reports_as_the_real_server(
     # Every verification step keeps its accepted drafts plus one token of its own.
     assert drafts + timings["draft_n_accepted"] == 96 - 1
     assert slots[0]["speculative"] is True
+    real_slots = json.loads((SPEC_FIXTURE / "slots.json").read_text())
+    assert slots[0]["params"]["speculative.types"] == real_slots[0]["params"]["speculative.types"]
     per_pos = re.findall(
         r'^llamacpp:spec_decode_num_accepted_tokens_per_pos_total\{position="(\d)"\} (\S+)$',
         metrics_text,
