@@ -46,10 +46,12 @@ from loadgen.decision import (
     Row,
     RunInfo,
     Step,
+    bytes_per_step,
     decide_single,
     engine_verdict,
     results_to_dict,
     roofline,
+    roofline_text,
     utc_now,
 )
 from loadgen.launcher import (
@@ -390,6 +392,34 @@ class Monitor:
         return self.scrapes[-1][1] if self.scrapes else {}
 
 
+# EngineResult field -> the exporter series of the model's structure (issue 17).
+STRUCTURE_SERIES = {
+    "always_read_bytes": "llmb_model_weights_always_read_bytes",
+    "routed_expert_bytes": "llmb_model_weights_routed_experts_bytes",
+    "experts": "llmb_model_experts",
+    "experts_used": "llmb_model_experts_used",
+    "token_embedding_row_bytes": "llmb_model_token_embedding_row_bytes",
+    "draft_weights_bytes": "llmb_model_draft_weights_bytes",
+    "spec_accept_length": "llmb_engine_spec_accept_length",
+    "experts_host_layers": "llmb_engine_experts_host_layers",
+    "experts_host_bytes": "llmb_engine_experts_host_bytes",
+}
+
+
+def structure_from_geometry(res: EngineResult, geo: Any) -> None:
+    """The model-structure fields of a GGUF/HF geometry (`exporter.geometry.ModelGeometry`)."""
+    for attr, name in (
+        ("always_read_bytes", "always_read_bytes"),
+        ("routed_expert_bytes", "routed_expert_bytes"),
+        ("experts", "expert_count"),
+        ("experts_used", "expert_used_count"),
+        ("token_embedding_row_bytes", "token_embedding_row_bytes"),
+    ):
+        value = getattr(geo, name, None)
+        if value is not None and getattr(res, attr) is None:
+            setattr(res, attr, float(value))
+
+
 # --- engine facts from its own endpoints -----------------------------------------------------
 
 
@@ -663,6 +693,7 @@ class Diagnoser:
         if self.model_path is None and facts.get("model_path"):
             self.model_path = Path(facts["model_path"])
         # One GGUF reader for the whole project: the exporter's.
+        # diagnose --url: the GGUF that /props names, when it is readable here.
         if self.model_path is not None and self.model_path.suffix == ".gguf":
             with contextlib.suppress(OSError, ValueError):
                 geo = await asyncio.to_thread(geometry_from_gguf, self.model_path)
@@ -672,6 +703,7 @@ class Diagnoser:
                 res.layers_total = res.layers_total or float(geo.n_layer + 1)
                 if res.weights_bytes is None and geo.weight_bytes:
                     res.weights_bytes = float(geo.weight_bytes)
+                structure_from_geometry(res, geo)
         await self._gpu_facts()
 
     async def _gpu_facts(self) -> None:
@@ -684,6 +716,10 @@ class Diagnoser:
             e = mon.exporter_engine
             res.gpu_total_bytes = _first(series, "llmb_gpu_memory_total_bytes")
             res.bandwidth_bytes_per_s = _first(series, "llmb_gpu_memory_bandwidth_bytes_per_second")
+            # The engine's GPUs as the rules see them (tensor parallel: their bandwidths add).
+            values = mon.rule_values(time.time())
+            if values is not None and values.bandwidth_bytes_per_second:
+                res.bandwidth_bytes_per_s = values.bandwidth_bytes_per_second
             res.bandwidth_source = "exporter" if res.bandwidth_bytes_per_s else None
             for attr, name in (
                 ("process_gpu_bytes", "llmb_engine_process_gpu_memory_bytes"),
@@ -692,6 +728,7 @@ class Diagnoser:
                 ("layers_offloaded", "llmb_engine_gpu_layers_offloaded"),
                 ("layers_total", "llmb_engine_gpu_layers_total"),
                 ("kv_bytes_per_token", "llmb_model_kv_bytes_per_token_estimated"),
+                *STRUCTURE_SERIES.items(),
             ):
                 value = _first(series, name, engine=e)
                 if value is not None:
@@ -950,14 +987,14 @@ class Diagnoser:
         if count_events:
             self.kv_events_total += row.kv_exhausted + max(row.truncated, row.kv_events)
         eff = None
-        if row.per_seq_tok_s and res.weights_bytes:
+        if row.per_seq_tok_s and res.structure() is not None:
             kv_tokens = None
             if row.prompt_tokens is not None:
                 kv_tokens = row.concurrency * (row.prompt_tokens + row.max_tokens / 2)
-            per_step = core.decode_bytes_per_step(
-                res.weights_bytes, kv_tokens, res.kv_bytes_per_token
+            per_step, _ = bytes_per_step(res, kv_tokens, float(row.concurrency))
+            roof = core.roofline_tokens_per_second(
+                res.bandwidth_bytes_per_s, per_step, res.spec_accept_length
             )
-            roof = core.roofline_tokens_per_second(res.bandwidth_bytes_per_s, per_step)
             eff = core.decode_efficiency(row.per_seq_tok_s, roof)
         return core.Signals(
             **self._own_residency_signals(),
@@ -980,12 +1017,7 @@ class Diagnoser:
             answer = f"{row.per_seq_tok_s:.1f} tok/s per sequence ({row.per_token_ms:.1f} ms/token)"
             roof = res.roofline
             if roof.limit_tok_s and roof.efficiency is not None:
-                answer += (
-                    f", {roof.efficiency * 100:.0f} % of the card's limit "
-                    f"{roof.limit_tok_s:.1f} tok/s (bandwidth "
-                    f"{(roof.bandwidth_bytes_per_s or 0) / 1e9:.0f} GB/s ÷ "
-                    f"{(roof.bytes_per_step or 0) / 2**30:.2f} GiB per step)"
-                )
+                answer += roofline_text(roof)
             else:
                 answer += "; roofline unknown: pass --bandwidth-gbs (no GPU bandwidth known)"
         self.steps["single"] = Step(
@@ -997,6 +1029,10 @@ class Diagnoser:
                 "per_seq_tok_s": row.per_seq_tok_s,
                 "roofline_tok_s": res.roofline.limit_tok_s,
                 "efficiency": res.roofline.efficiency,
+                "bytes_per_step": res.roofline.bytes_per_step,
+                "active_weights_bytes": res.roofline.active_weights_bytes,
+                "accepted_tokens_per_step": res.roofline.accepted_tokens_per_step,
+                "misfit": res.roofline.misfit,
                 "rounds": row.per_seq_rounds,
             },
         )
@@ -1213,6 +1249,11 @@ class Diagnoser:
         if self.opts.exporter_url and not self.monitor.scrapes:
             res.missing.append(f"exporter: no scrape of {self.opts.exporter_url} succeeded")
         res.roofline = roofline(res)
+        roof = res.roofline
+        if roof.misfit is not None and roof.efficiency is not None:
+            self._note(
+                "roofline: " + core.misfit_text(roof.efficiency, core.MISFIT_BY_NAME[roof.misfit])
+            )
         verdict, signals = combine(self.step_verdicts)
         if verdict is not None:
             res.verdict, res.action = engine_verdict(res, signals)
@@ -1511,9 +1552,26 @@ def print_answer(engines: list[EngineResult], decision: Decision, out: Path) -> 
     for e in engines:
         roof = e.roofline
         if roof.efficiency is not None and roof.limit_tok_s:
+            if roof.misfit is not None:
+                lines.append(
+                    f"{'roofline':<{width}}{e.name}: does not fit ({roof.misfit}): "
+                    f"{roof.efficiency * 100:.0f} % of {roof.limit_tok_s:.1f} tok/s is beyond "
+                    "physics, so no decode verdict"
+                )
+            else:
+                lines.append(
+                    f"{'roofline':<{width}}{e.name}: {roof.efficiency * 100:.0f} % of "
+                    f"{roof.limit_tok_s:.1f} tok/s"
+                )
+        if e.spec_accept_length is not None:
             lines.append(
-                f"{'roofline':<{width}}{e.name}: {roof.efficiency * 100:.0f} % of "
-                f"{roof.limit_tok_s:.1f} tok/s"
+                f"{'acceptance':<{width}}{e.name}: {e.spec_accept_length:.2f} tokens per "
+                "model step (speculative decoding)"
+            )
+        if e.experts_host_layers:
+            lines.append(
+                f"{'expert offload':<{width}}{e.name}: experts of {e.experts_host_layers:.0f} "
+                f"layers in host memory ({_gib(e.experts_host_bytes)})"
             )
     for est in decision.estimates:
         lines.append(f"{'estimate':<{width}}{est.basis} ≈ {est.tok_s:.1f} tok/s")
