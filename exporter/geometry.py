@@ -308,6 +308,7 @@ def _swa_mask(
 # Beyond these a header is corrupt, not a model: refuse it before sizing per-layer tables.
 MAX_LAYERS = 10_000
 MAX_HEAD_SIZE = 1 << 20
+MAX_EXPERTS = 1 << 16
 
 
 def _check_shape(n_layer: int, n_head_kv: int, head_k: int, head_v: int) -> None:
@@ -550,11 +551,16 @@ def _gguf_moe(key: Callable[[str], Any], tensors: list[GGUFTensor]) -> dict[str,
     if experts is None and split.routed_expert_bytes:
         # A 3-D expert tensor is [.., .., n_expert].
         experts = next((t.shape[-1] for t in tensors if len(t.shape) == 3), None)
+    used = _as_int(key("expert_used_count")) or None
+    if experts is not None and not 0 < experts <= MAX_EXPERTS:
+        experts = used = None  # a corrupt header, not a model
+    if used is not None and (experts is None or not 0 < used <= experts):
+        used = None
     return {
         "always_read_bytes": split.always_read_bytes,
         "routed_expert_bytes": split.routed_expert_bytes,
         "expert_count": experts,
-        "expert_used_count": _as_int(key("expert_used_count")) or None,
+        "expert_used_count": used,
         "expert_shared_count": (_as_int(key("expert_shared_count")) or 0) if experts else None,
         "leading_dense_block_count": (_as_int(key("leading_dense_block_count")) or 0)
         if experts

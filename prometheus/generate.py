@@ -717,7 +717,9 @@ def condition_text(verdict: str) -> str:
         return (
             "everything else. An engine with no roofline (no GPU process attributed to it, "
             "e.g. CPU-only, or no decode finished yet in `rate_window`) lands here: being at "
-            "the card's limit needs evidence"
+            "the card's limit needs evidence. So does one whose decode efficiency is above "
+            "`decode_efficiency_physical_max`: beyond physics the roofline does not fit, no "
+            "decode claim is made and `llmb:engine_roofline:misfit{reason}` says why"
         )
     c = CONDITION_BY_NAME[cond]
     text = ", or ".join(e.text for e in c.alternatives)
