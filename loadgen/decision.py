@@ -99,6 +99,12 @@ class Row:
     kv_usage_max: float | None = None
     waiting_avg: float | None = None
     error: str | None = None
+    # The card's limit at this step's batch (`row_roofline`): bytes one decode step reads,
+    # the per-sequence limit, measured per-sequence tok/s / limit, the physics reason.
+    bytes_per_step: float | None = None
+    limit_tok_s: float | None = None
+    efficiency: float | None = None
+    misfit: str | None = None
 
     @property
     def spread(self) -> float | None:
@@ -319,18 +325,28 @@ def facts(engine: EngineResult) -> core.RooflineFacts:
     return core.roofline_facts(model if model is not None else 0.0, engine.spec_accept_length)
 
 
+def row_batch(engine: EngineResult, row: Row) -> int:
+    """Sequences one decode step of `row` holds: its concurrency, at most the slots."""
+    return max(1, min(row.concurrency, engine.slots or row.concurrency))
+
+
 def roofline(engine: EngineResult) -> Roofline:
     """Single-request decode against the card's limit (bytes read per step, physics-gated)."""
-    single = engine.single()
+    return row_roofline(engine, engine.single())
+
+
+def row_roofline(engine: EngineResult, row: Row | None) -> Roofline:
+    """One step's per-sequence decode against the card's limit at that step's batch."""
     kv_tokens = None
-    if single is not None and single.prompt_tokens is not None:
-        # One sequence holds its prompt plus, on average, half of its output in the KV.
-        kv_tokens = single.prompt_tokens + single.max_tokens / 2
+    batch = row_batch(engine, row) if row is not None else 1
+    if row is not None and row.prompt_tokens is not None:
+        # Each sequence holds its prompt plus, on average, half of its output in the KV.
+        kv_tokens = batch * (row.prompt_tokens + row.max_tokens / 2)
     bw = engine.bandwidth_bytes_per_s
-    per_step, active = bytes_per_step(engine, kv_tokens)
+    per_step, active = bytes_per_step(engine, kv_tokens, float(batch))
     accept = engine.spec_accept_length
     limit = core.roofline_tokens_per_second(bw, per_step, accept)
-    measured = single.per_seq_tok_s if single else None
+    measured = row.per_seq_tok_s if row else None
     eff = measured / limit if measured and limit else None
     reason = core.roofline_misfit(eff, facts(engine))
     return Roofline(
@@ -369,6 +385,20 @@ def roofline_text(roof: Roofline) -> str:
         f", {roof.efficiency * 100:.0f} % of the card's limit {roof.limit_tok_s:.1f} tok/s "
         f"({basis})"
     )
+
+
+def row_roofline_text(engine: EngineResult, row: Row) -> str:
+    """`; per sequence X tok/s = N % of the limit L tok/s at B sequences (G GiB per step)`."""
+    if row.per_seq_tok_s is None or row.limit_tok_s is None or row.efficiency is None:
+        return ""
+    head = (
+        f"; per sequence {row.per_seq_tok_s:.1f} tok/s against the limit "
+        f"{row.limit_tok_s:.1f} tok/s at {row_batch(engine, row)} sequences "
+        f"({(row.bytes_per_step or 0) / 2**30:.2f} GiB per step)"
+    )
+    if row.misfit is not None:
+        return head + f": beyond physics ({row.misfit}), no decode claim"
+    return head + f" = {row.efficiency * 100:.0f} %"
 
 
 def engine_verdict(engine: EngineResult, signals: core.Signals) -> tuple[str, str]:

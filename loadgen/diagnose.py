@@ -52,6 +52,9 @@ from loadgen.decision import (
     results_to_dict,
     roofline,
     roofline_text,
+    row_batch,
+    row_roofline,
+    row_roofline_text,
     utc_now,
 )
 from loadgen.launcher import (
@@ -771,7 +774,10 @@ class Diagnoser:
         """The residency part of `Signals` from diagnose's own readings (no exporter)."""
         res = self.result
         has_gpu = self.monitor.source == "gpu"
-        out: dict[str, Any] = {"host_has_gpu": has_gpu}
+        out: dict[str, Any] = {
+            "host_has_gpu": has_gpu,
+            "experts_host_layers": res.experts_host_layers,
+        }
         if res.layers_total:
             out["layers_ratio"] = (res.layers_offloaded or 0.0) / res.layers_total
         if res.weights_bytes and res.gpu_buffer_bytes is not None and has_gpu:
@@ -795,10 +801,16 @@ class Diagnoser:
             f"{_gib(res.weights_bytes)}, GPU weight buffers {_gib(res.gpu_buffer_bytes)}, "
             f"process GPU memory {_gib(res.process_gpu_bytes)}"
         )
+        if res.experts_host_layers:
+            facts += (
+                f", routed experts of {res.experts_host_layers:.0f} layers in host memory "
+                f"({_gib(res.experts_host_bytes)}: expert offload)"
+            )
         numbers = {
             "layers_ratio": sig.layers_ratio,
             "weights_buffers_ratio": sig.weights_buffers_ratio,
             "weights_memory_ratio": sig.weights_memory_ratio,
+            "experts_host_layers": sig.experts_host_layers,
             "host_has_gpu": sig.host_has_gpu,
         }
         if not sig.host_has_gpu:
@@ -899,6 +911,8 @@ class Diagnoser:
         await asyncio.sleep(self.opts.sample_interval)
         await self.monitor.sample()
         t1 = time.time()
+        # Series that appear only once requests finished (the speculative accept length).
+        self._structure_facts()
         ok = row.requests - row.requests_failed
         row.tokens_ok = (
             ok > 0
@@ -920,6 +934,9 @@ class Diagnoser:
             row.error = f"{row.requests_failed}/{row.requests} requests failed: " + ", ".join(
                 f"{k} {n}" for k, n in sorted(row.errors.items())
             )
+        roof = row_roofline(self.result, row)
+        row.bytes_per_step, row.limit_tok_s = roof.bytes_per_step, roof.limit_tok_s
+        row.efficiency, row.misfit = roof.efficiency, roof.misfit
         self._step_evidence(row, t0, t1)
         self.result.rows.append(row)
         return row
@@ -933,7 +950,7 @@ class Diagnoser:
         mon = self.monitor
         values = mon.rule_values(t1, since=t0)
         if values is not None:
-            sig = self._complete(values.signals, row)
+            sig = self._complete(values.signals, row, values)
             window = [s for t, s in mon.scrapes if t0 <= t <= t1]
             kv = [
                 v
@@ -952,8 +969,46 @@ class Diagnoser:
         verdict = core.evaluate(sig)
         self.step_verdicts.append((row.step, verdict.name, sig))
 
-    def _complete(self, sig: core.Signals, row: Row) -> core.Signals:
+    def _structure_facts(self) -> None:
+        """The model-structure series of the newest scrape (exporter or embedded collectors)."""
+        series = self.monitor.latest()
+        for attr, name in STRUCTURE_SERIES.items():
+            value = _first(series, name, engine=self.monitor.exporter_engine)
+            if value is not None:
+                setattr(self.result, attr, value)
+
+    def _complete(
+        self, sig: core.Signals, row: Row, values: core.RuleValues | None = None
+    ) -> core.Signals:
         """Add what the client measured and the rules cannot see, and say so."""
+        model = self.result.structure()
+        batch = float(row_batch(self.result, row))
+        moe = model is not None and model.experts_known and bool(model.routed_expert_bytes)
+        if (
+            values is not None
+            and moe
+            and values.decode_batch is not None
+            and values.decode_batch < batch
+            and values.decode_tokens_per_second is not None
+            and values.bandwidth_bytes_per_second is not None
+        ):
+            # A short step's edges dilute the running average the rules take as the batch;
+            # an MoE step's bytes grow with it, so use the sequences the step kept running.
+            kv_tokens = None
+            if row.prompt_tokens is not None:
+                kv_tokens = batch * (row.prompt_tokens + row.max_tokens / 2)
+            per_step, _ = bytes_per_step(self.result, kv_tokens, batch)
+            roof = core.roofline_tokens_per_second(
+                values.bandwidth_bytes_per_second, per_step, self.result.spec_accept_length
+            )
+            sig = replace(
+                sig, decode_efficiency=core.decode_efficiency(values.decode_tokens_per_second, roof)
+            )
+            self._note(
+                f"{row.step}: the mixture-of-experts roofline uses the {batch:.0f} sequences the "
+                f"step kept running (the rules' running average over the step gave "
+                f"{values.decode_batch:.0f})"
+            )
         client_kv = row.kv_exhausted + row.truncated
         if client_kv and not (sig.kv_pressure_increase or 0) > 0:
             sig = replace(sig, kv_pressure_increase=float(client_kv))
@@ -986,16 +1041,7 @@ class Diagnoser:
             row.waiting_avg = 0.0
         if count_events:
             self.kv_events_total += row.kv_exhausted + max(row.truncated, row.kv_events)
-        eff = None
-        if row.per_seq_tok_s and res.structure() is not None:
-            kv_tokens = None
-            if row.prompt_tokens is not None:
-                kv_tokens = row.concurrency * (row.prompt_tokens + row.max_tokens / 2)
-            per_step, _ = bytes_per_step(res, kv_tokens, float(row.concurrency))
-            roof = core.roofline_tokens_per_second(
-                res.bandwidth_bytes_per_s, per_step, res.spec_accept_length
-            )
-            eff = core.decode_efficiency(row.per_seq_tok_s, roof)
+        eff = row_roofline(res, row).efficiency if row.per_seq_tok_s else None
         return core.Signals(
             **self._own_residency_signals(),
             waiting_avg=row.waiting_avg,
@@ -1061,7 +1107,7 @@ class Diagnoser:
             queue = f", {row.waiting_avg:.1f} waiting on average" if row.waiting_avg else ""
             parts.append(
                 f"c={c}: {row.aggregate_tok_s or 0:.1f} tok/s aggregate{scale}, TTFT p50 "
-                f"{row.ttft_s or 0:.3f} s{queue}"
+                f"{row.ttft_s or 0:.3f} s{queue}{row_roofline_text(self.result, row)}"
             )
             self._say("concurrency", parts[-1])
         queued = any(
@@ -1248,6 +1294,7 @@ class Diagnoser:
             res.missing.append("roofline: no GPU bandwidth known (pass --bandwidth-gbs)")
         if self.opts.exporter_url and not self.monitor.scrapes:
             res.missing.append(f"exporter: no scrape of {self.opts.exporter_url} succeeded")
+        self._structure_facts()
         res.roofline = roofline(res)
         roof = res.roofline
         if roof.misfit is not None and roof.efficiency is not None:

@@ -125,6 +125,11 @@ SPECS: dict[str, ArchSpec] = {
         "qwen2", "qwen", 80, 8192, 64, 8, 128, 29568, 152064, 32768, 1e6, 1e-6,
         qkv_bias=True, tied_output=False,
     ),
+    # The small Qwen 3 with the family's 151936-token vocabulary: a draft model for the others.
+    "qwen3-0.6b": ArchSpec(
+        "qwen3", "qwen", 28, 1024, 16, 8, 128, 3072, 151936, 40960, 1e6, 1e-6,
+        qk_norm=True, tied_output=True,
+    ),
     "qwen3-8b": ArchSpec(
         "qwen3", "qwen", 36, 4096, 32, 8, 128, 12288, 151936, 40960, 1e6, 1e-6,
         qk_norm=True, tied_output=False,

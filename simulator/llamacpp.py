@@ -195,8 +195,15 @@ class LlamaCppSim(SimBase):
         self.log("I", "load_tensors: offloading output layer to GPU") if gpu_layers else None
         self.log("I", f"load_tensors: offloading {max(0, gpu_layers - 1)} repeating layers to GPU")
         self.log("I", f"load_tensors: offloaded {gpu_layers}/{total} layers to GPU")
+        if e.host_expert_layers:
+            self.log(
+                "W",
+                "llama_model_loader: tensor overrides to CPU are used with mmap enabled - "
+                "consider using --load-mode none for better performance",
+            )
         if e.weights_cpu:
-            cpu = e.weights_cpu + e.model.output_bytes  # token embedding stays on the host
+            # the token embedding stays on the host (tied: the output projection's copy)
+            cpu = e.weights_cpu + (e.model.token_embd_bytes or e.model.output_bytes)
             self.log(
                 "I", f"load_tensors: {'CPU_Mapped':>12s} model buffer size = {cpu / MIB:8.2f} MiB"
             )
@@ -209,12 +216,16 @@ class LlamaCppSim(SimBase):
             f"sched_reserve: {'CUDA0':>10s} compute buffer size = "
             f"{e.params.compute_buffer_bytes / MIB:8.2f} MiB",
         )
+        if e.params.spec_draft_max > 0:
+            self._log_draft_load()
         unified = "true" if e.params.kv_unified else "false"
         self.log(
             "I",
             f"srv    load_model: initializing, n_slots = {len(e.slots)}, "
             f"n_ctx_slot = {e.n_ctx_slot}, kv_unified = '{unified}'",
         )
+        if e.params.spec_draft_max > 0:
+            self.log("I", "srv    load_model: speculative decoding context initialized")
         self.log("I", "srv  llama_server: model loaded")
         self.log("I", f"srv  llama_server: listening on http://{self.opts.host}:{self.opts.port}")
 
@@ -223,11 +234,16 @@ class LlamaCppSim(SimBase):
         if m.expert_count:
             self.log("I", f"print_info: n_expert              = {m.expert_count}")
             self.log("I", f"print_info: n_expert_used         = {m.expert_used}")
-        if self.engine.params.spec_draft_max > 0:
-            self.log(
-                "I",
-                f"common_speculative_init_result: loading draft model '{self.model_path}-draft'",
-            )
+
+    def _log_draft_load(self) -> None:
+        """The draft model loads after the target's context, with buffers of its own."""
+        p = self.engine.params
+        draft = f"{self.model_path}-draft"
+        self.log("I", f"common_speculative_init_result: loading draft model '{draft}'")
+        weights = p.draft_bytes / MIB
+        self.log("I", f"load_tensors: {'CUDA0':>12s} model buffer size = {weights:8.2f} MiB")
+        draft_kv = p.ctx_total * p.draft_kv_bytes_per_token
+        self.log("I", f"llama_kv_cache: {'CUDA0':>10s} KV buffer size = {draft_kv / MIB:8.2f} MiB")
 
     def _log_kv_cache(self) -> None:
         """The KV cache lines of llama_kv_cache's constructor (types as -ctk/-ctv set them)."""
@@ -257,8 +273,6 @@ class LlamaCppSim(SimBase):
             f"K ({p.cache_type_k}): {k_mib:7.2f} MiB, V ({p.cache_type_v}): "
             f"{kv / MIB - k_mib:7.2f} MiB",
         )
-        if p.spec_draft_max > 0:
-            self.log("I", "srv    load_model: speculative decoding context initialized")
 
     def _log_release(self, req: Request) -> None:
         prompt_ms, predicted_ms = self._ms(req)
@@ -285,7 +299,7 @@ class LlamaCppSim(SimBase):
             pre + f"      total time = {prompt_ms + predicted_ms:10.2f} ms / "
             f"{n_prompt + n_gen:5d} tokens",
         )
-        if req.n_drafts:
+        if req.draft_accepted:  # the real server prints nothing when no draft token was kept
             acc = req.draft_accepted / req.draft_n if req.draft_n else 0.0
             mean_len = 1 + req.draft_accepted / req.n_drafts
             self.log(
@@ -305,6 +319,8 @@ class LlamaCppSim(SimBase):
         flags = f"-c {p.ctx_total} -np {p.n_slots} -ngl {self.engine.params.n_gpu_layers}"
         if p.kv_unified:
             flags += " --kv-unified"
+        if p.n_cpu_moe:
+            flags += f" --n-cpu-moe {p.n_cpu_moe}"
         if (p.cache_type_k, p.cache_type_v) != ("f16", "f16"):
             flags += f" -ctk {p.cache_type_k} -ctv {p.cache_type_v}"
         if p.spec_draft_max > 0:
@@ -380,7 +396,9 @@ class LlamaCppSim(SimBase):
             prompt_tps,
             pred_tps,
             len(e.running),
-            len(e.waiting),
+            # Deferred: tasks with no free slot. A request that arrived during a step and
+            # takes a free slot at the next one was never parked in the deferred queue.
+            max(0, len(e.waiting) - sum(1 for s in e.slots if s.request is None)),
             busy,
         ]
 

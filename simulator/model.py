@@ -114,6 +114,8 @@ class EngineParams:
     new_token_ratio: float = 0.1  # SGLang: share of max_new_tokens reserved at admission
     # MoE: router, top-k, token sort and one grouped matmul per MoE layer and step.
     moe_layer_overhead_s: float = 0.0
+    # llama.cpp --n-cpu-moe N: the routed experts of the first N layers stay in host memory.
+    n_cpu_moe: int = 0
     # KV cache element types: llama.cpp -ctk/-ctv (ggml type names), SGLang --kv-cache-dtype.
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
@@ -124,6 +126,7 @@ class EngineParams:
     spec_draft_max: int = 0
     spec_accept_p: float = 0.0
     draft_bytes: int = 0  # draft weights read per draft step
+    draft_kv_bytes_per_token: int = 0  # the draft's own KV cache (llama.cpp -md)
     draft_step_overhead_s: float = 0.0
     spec_seed: int = 0
 
@@ -323,6 +326,9 @@ class Engine:
     @property
     def weights_gpu(self) -> int:
         """Weight bytes resident on the GPU (output layer goes first, as llama.cpp does)."""
+        return self._layers_gpu_bytes() - self.host_expert_bytes
+
+    def _layers_gpu_bytes(self) -> int:
         if self.gpu_layers >= self.n_layers_total:
             return self.weights_total
         if self.gpu_layers <= 0:
@@ -334,8 +340,21 @@ class Engine:
         )
 
     @property
+    def host_expert_layers(self) -> int:
+        """Offloaded layers whose routed experts stay in host memory (llama.cpp --n-cpu-moe)."""
+        if self.kind != "llamacpp" or not self.model.expert_count:
+            return 0
+        first_gpu_layer = self.model.n_layer - self.n_layer_gpu()
+        return max(0, min(self.params.n_cpu_moe, self.model.n_layer) - first_gpu_layer)
+
+    @property
+    def host_expert_bytes(self) -> int:
+        """Bytes of the routed experts kept in host memory by --n-cpu-moe."""
+        return self.host_expert_layers * self.model.routed_layer_bytes
+
+    @property
     def weights_cpu(self) -> int:
-        """Weight bytes read from host memory every step."""
+        """Weight bytes in host memory (whole layers under -ngl, experts under --n-cpu-moe)."""
         return self.weights_total - self.weights_gpu
 
     @property
@@ -362,8 +381,12 @@ class Engine:
 
     @property
     def kv_pool_bytes(self) -> int:
-        """KV buffer allocated at start for the whole pool."""
-        return round(self.params.ctx_total * self.kv_bytes_per_token)
+        """KV buffer allocated at start for the whole pool.
+
+        SGLang allocates one page more than `max_total_num_tokens` (a dummy slot for padded
+        tokens; page size 1 here)."""
+        slots = self.params.ctx_total + (1 if self.kind == "sglang" else 0)
+        return round(slots * self.kv_bytes_per_token)
 
     def process_gpu_bytes(self) -> int:
         """What NVML would report as this process's GPU memory."""
@@ -375,6 +398,8 @@ class Engine:
             + self.kv_pool_bytes * self.kv_gpu_share
             + self.params.compute_buffer_bytes
             + self.params.graph_bytes
+            + self.params.draft_bytes
+            + self.params.ctx_total * self.params.draft_kv_bytes_per_token
         )
 
     # -- KV accounting ----------------------------------------------------------------------
@@ -545,7 +570,7 @@ class Engine:
         m, scale = self.model, self.weights_total / self.model.weights_bytes
         share = self.routed_share(tokens)
         self.last_routed_share = share
-        gpu_layers = self.n_layer_gpu()
+        gpu_layers = self.n_layer_gpu() - self.host_expert_layers  # layers with experts on GPU
         unread = m.routed_layer_bytes * scale * (1.0 - share)
         gpu = self.weights_gpu - unread * gpu_layers
         cpu = self.weights_cpu - unread * (m.n_layer - gpu_layers) + n_seq * m.token_row_bytes

@@ -181,9 +181,10 @@ QWEN3_32B_Q8 = ModelSpec(
         "max_window_layers": 64,
     },
 )
-# The draft: Qwen3-0.6B in Q8_0: 0.60 B parameters (0.44 B non-embedding + the tied
-# 151936 x 1024 embedding, read every step as the output projection) x 34/32 bytes.
-QWEN3_06B_Q8_BYTES = 633_000_000
+# The draft: Qwen3-0.6B in Q8_0 (`llmb-synth-model --like qwen3-0.6b --type q8_0`): 0.60 B
+# parameters, the tied 151936 x 1024 embedding read every step as the output projection.
+QWEN3_06B_Q8_BYTES = 633_495_552
+QWEN3_06B_KV_BYTES_PER_TOKEN = 28 * 8 * 128 * 2 * 2
 # SGLang's EAGLE draft for it: one bf16 decoder layer of the 32B (0.6 GB) and its fc; the LM
 # head is the target's.
 EAGLE_32B_BYTES = 700_000_000
@@ -222,6 +223,20 @@ RTX_PRO_5000 = GpuSpec(
     reserved_bytes=515899392,
     idle_power_mw=30000,
     max_power_mw=300000,
+)
+
+
+# A 24 GB card at 1.008e12 B/s (384-bit GDDR6X), as NVML reports an RTX 4090.
+RTX_4090 = GpuSpec(
+    name="NVIDIA GeForce RTX 4090",
+    total_bytes=25757220864,
+    bandwidth=1.008e12,
+    bus_width=384,
+    mem_clock_mhz=10501,
+    uuid="GPU-5e1a0000-11b0-4000-8000-000000004090",
+    reserved_bytes=515899392,
+    idle_power_mw=20000,
+    max_power_mw=450000,
 )
 
 
@@ -350,28 +365,57 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "moe_at_limit",
-            "The same MoE model and card with fused MoE kernels and CUDA graphs: decode near "
-            "the bandwidth limit of the bytes actually read (attention, router, output and the "
-            "experts the batch routes to).",
+            "The same MoE model on a 72 GB card at 1.344e12 B/s, with fused MoE kernels and "
+            "CUDA graphs: decode near the bandwidth limit of the bytes actually read "
+            "(attention, router, output and the experts the batch routes to).",
             QWEN3_30B_A3B_Q8,
-            H200,
+            RTX_PRO_5000,
             EngineParams(
-                n_slots=4,
+                n_slots=8,
                 ctx_total=32768,
-                step_overhead_s=0.00015,
-                per_seq_overhead_s=0.00003,
-                moe_layer_overhead_s=2e-6,
-                prefill_tok_s=6000.0,
+                step_overhead_s=0.0004,
+                per_seq_overhead_s=0.00005,
+                moe_layer_overhead_s=5e-6,
+                prefill_tok_s=12000.0,
             ),
             EngineParams(
                 n_slots=32,
-                ctx_total=200000,
+                ctx_total=60000,
                 context_len=32768,
-                step_overhead_s=0.0002,
+                step_overhead_s=0.0006,
                 per_seq_overhead_s=0.00005,
                 moe_layer_overhead_s=3e-6,
-                prefill_tok_s=12000.0,
+                prefill_tok_s=16000.0,
                 graph_bytes=int(0.6 * GIB),
+                compute_buffer_bytes=0,
+            ),
+        ),
+        Scenario(
+            "moe_experts_on_host",
+            "The MoE model (32.5 GB) on a 24 GB card: llama.cpp --n-cpu-moe 20 keeps the routed "
+            "experts of 20 of its 48 layers in host memory (12.8 GB), so every step reads their "
+            "share from host RAM; SGLang offloads whole layers (--cpu-offload-gb).",
+            QWEN3_30B_A3B_Q8,
+            RTX_4090,
+            EngineParams(
+                n_slots=2,
+                ctx_total=16384,
+                n_cpu_moe=20,
+                step_overhead_s=0.0010,
+                per_seq_overhead_s=0.0003,
+                moe_layer_overhead_s=10e-6,
+                prefill_tok_s=1500.0,
+            ),
+            EngineParams(
+                n_slots=8,
+                ctx_total=16000,
+                context_len=8192,
+                n_gpu_layers=15,
+                step_overhead_s=0.0015,
+                per_seq_overhead_s=0.0002,
+                moe_layer_overhead_s=10e-6,
+                prefill_tok_s=1500.0,
+                graph_bytes=0,
                 compute_buffer_bytes=0,
             ),
         ),
@@ -391,6 +435,7 @@ SCENARIOS: dict[str, Scenario] = {
                 spec_draft_max=4,
                 spec_accept_p=0.75,
                 draft_bytes=QWEN3_06B_Q8_BYTES,
+                draft_kv_bytes_per_token=QWEN3_06B_KV_BYTES_PER_TOKEN,
                 draft_step_overhead_s=0.0005,
             ),
             EngineParams(

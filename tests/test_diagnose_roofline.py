@@ -10,6 +10,7 @@ given with --bandwidth-gbs (this machine has no GPU).
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,14 +21,14 @@ from exporter import verdict as core
 from exporter.geometry import geometry_from_gguf
 from loadgen.__main__ import main as loadgen_main
 from loadgen.decision import engine_from_dict, roofline
+from loadgen.launcher import EngineProcess
+from tests.conftest import get_free_port
 
-pytestmark = pytest.mark.llamaserver
 
-
-def diagnose_url(url: str, out: Path, bandwidth_gbs: str) -> dict[str, Any]:
+def diagnose_url(url: str, out: Path, bandwidth_gbs: str, max_tokens: int = 16) -> dict[str, Any]:
     code = loadgen_main(
         ["diagnose", "--url", url, "--out", str(out), "--concurrency", "1",
-         "--prompt-tokens", "32", "--max-tokens", "16", "--kv-prompt-tokens", "0",
+         "--prompt-tokens", "32", "--max-tokens", str(max_tokens), "--kv-prompt-tokens", "0",
          "--bandwidth-gbs", bandwidth_gbs]
     )  # fmt: skip
     assert code == 0
@@ -35,6 +36,7 @@ def diagnose_url(url: str, out: Path, bandwidth_gbs: str) -> dict[str, Any]:
     return doc
 
 
+@pytest.mark.llamaserver
 def test_url_only_reads_the_structure_from_the_gguf_props_names(
     llama_server: Callable[..., Any],
     gemma_model: Path,
@@ -68,3 +70,28 @@ def test_url_only_reads_the_structure_from_the_gguf_props_names(
     assert roof2["bandwidth_bytes_per_s"] == 10 * roof["bandwidth_bytes_per_s"]
     # KV tokens come from the measured prompt, the weights from the GGUF either way.
     assert roof2["bytes_per_step"] == pytest.approx(roof["bytes_per_step"], rel=0.01)
+
+
+def test_a_speed_beyond_physics_is_no_verdict_on_the_terminal_and_in_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A simulator decoding far faster than a (wrongly) tiny bandwidth allows: no
+    decode_at_card_limit, the misfit named in the answer, results.json and report.md."""
+    port = get_free_port()
+    argv = [sys.executable, "-m", "simulator", "--kind", "llamacpp", "--scenario", "healthy",
+            "--port", str(port)]  # fmt: skip
+    out = tmp_path / "out"
+    with EngineProcess(argv, f"http://127.0.0.1:{port}/health", tmp_path / "sim.log"):
+        # Long enough answers that the step's samples see tokens generated (not idle).
+        doc = diagnose_url(f"http://127.0.0.1:{port}", out, "0.5", max_tokens=256)
+    printed = capsys.readouterr().out
+    ((_, verdict),) = doc["verdict"].items()
+    assert verdict == "decode_below_card_limit"
+    roof = doc["engines"][0]["roofline"]
+    assert roof["efficiency"] > 1.1 and roof["misfit"] == "model_structure_unknown"
+    assert "does not fit (model_structure_unknown)" in printed
+    assert "no decode verdict" in doc["action"] and "Tune the engine" not in doc["action"]
+    assert any("does not fit" in c for c in doc["caveats"])
+    md = (out / "report.md").read_text()
+    assert "does not fit the measurement" in md
+    assert f"{roof['efficiency'] * 100:.0f} % of the card's limit" not in md

@@ -19,7 +19,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporter.geometry import estimate_llamacpp_kv, geometry_from_gguf, geometry_from_hf_config
+from exporter.geometry import (
+    estimate_llamacpp_kv,
+    estimate_sglang_kv,
+    geometry_from_gguf,
+    geometry_from_hf_config,
+)
 from loadgen import synth_model as sm
 from simulator import scenarios
 from simulator.model import Clock, Engine, ModelSpec, Request
@@ -77,6 +82,15 @@ def test_preset_models_are_the_synthetic_gguf_shapes(spec: ModelSpec) -> None:
     assert spec.hf_config["hidden_size"] == shape.n_embd
 
 
+def test_the_draft_is_the_synthetic_qwen3_0_6b() -> None:
+    draft = sm.build_model("qwen3-0.6b", "q8_0", None)
+    assert scenarios.QWEN3_06B_Q8_BYTES == draft.data_bytes
+    assert sm.weight_split(draft).always_read_bytes == draft.data_bytes  # tied: all read
+    shape = draft.spec
+    per_token = shape.n_layer * shape.n_head_kv * shape.head_dim * 2 * 2
+    assert scenarios.QWEN3_06B_KV_BYTES_PER_TOKEN == per_token
+
+
 def test_routing_reads_k_of_e_at_batch_1_and_the_union_at_larger_batches() -> None:
     e = engine("moe_at_limit")
     # One token picks k distinct experts in every layer: exactly k/E of the routed bytes.
@@ -93,19 +107,21 @@ def test_moe_decode_time_is_bytes_actually_read_over_bandwidth() -> None:
     m = scenarios.QWEN3_30B_A3B_Q8
     for preset in ("moe_below_limit", "moe_at_limit"):
         e, p = engine(preset), scenarios.get(preset).params("llamacpp")
+        bandwidth = scenarios.get(preset).gpu.bandwidth
         batch = fake_batch(1)
         step = e.decode_seconds(batch)
         always = m.weights_bytes - m.routed_bytes
         read = always + m.routed_bytes * 8 / 128 + 512 * e.kv_bytes_per_token
         overheads = p.step_overhead_s + p.per_seq_overhead_s + 48 * p.moe_layer_overhead_s
         host = m.token_row_bytes / p.cpu_bandwidth  # the token_embd row, in host memory
-        assert step == pytest.approx(read / 4.8e12 + overheads + host, rel=1e-9)
+        assert step == pytest.approx(read / bandwidth + overheads + host, rel=1e-9)
     # The capture the below-limit preset follows: 238.6 tok/s at batch 1 (llama.cpp, H200).
     below = engine("moe_below_limit").per_seq_tok_s(1)
     assert below == pytest.approx(238.6, rel=0.01)
     at = engine("moe_at_limit").per_seq_tok_s(1)
-    roofline = 4.8e12 / (m.weights_bytes - m.routed_bytes + m.routed_bytes / 16)
-    assert below / roofline < 0.2 and 0.6 < at / roofline < 1.0
+    active = m.weights_bytes - m.routed_bytes + m.routed_bytes / 16
+    assert below / (4.8e12 / active) < 0.2  # H200
+    assert 0.6 < at / (1.344e12 / active) < 1.0  # RTX PRO 5000
 
 
 def test_sglang_moe_reads_bf16_experts_and_the_same_share() -> None:
@@ -116,7 +132,7 @@ def test_sglang_moe_reads_bf16_experts_and_the_same_share() -> None:
     scale = e.weights_total / scenarios.QWEN3_30B_A3B_Q8.weights_bytes
     routed = scenarios.QWEN3_30B_A3B_Q8.routed_bytes * scale
     assert e.last_routed_share == 8 / 128
-    memory = (e.weights_total - routed * (1 - 8 / 128) + e.kv_bytes_per_token) / 4.8e12
+    memory = (e.weights_total - routed * (1 - 8 / 128) + e.kv_bytes_per_token) / e.gpu.bandwidth
     assert step > memory and e.utilization == pytest.approx(memory / step, rel=1e-6)
 
 
@@ -231,6 +247,10 @@ async def test_sglang_fp8_kv_cache_in_server_info(
     memory = info["internal_states"][0]["memory_usage"]
     per_token = scenarios.QWEN3_8B_Q4.kv_bytes_per_token / 2
     assert memory["kvcache"] == round(200000 * per_token / 2**30, 2)
+    # The exporter's estimate from the served config.json and the dtype is the pool.
+    geo = geometry_from_hf_config(Path(info["model_path"]))
+    estimate = estimate_sglang_kv(geo, info["max_total_num_tokens"], kv_cache_dtype="fp8_e5m2")
+    assert estimate.total == h.sim.engine.kv_pool_bytes  # type: ignore[attr-defined]
 
 
 def real_spec_release_lines() -> list[str]:
@@ -298,3 +318,31 @@ async def test_sglang_spec_decode_accept_length(
     assert info["speculative_algorithm"] == "EAGLE"
     assert info["speculative_num_draft_tokens"] == 5
     assert info["internal_states"][0]["avg_spec_accept_length"] == pytest.approx(accept_length)
+
+
+async def test_llamacpp_experts_on_host_memory(
+    sim_server: Callable[..., Awaitable[object]],
+) -> None:
+    m = scenarios.QWEN3_30B_A3B_Q8
+    h = await sim_server("llamacpp", "moe_experts_on_host")
+    e = h.sim.engine  # type: ignore[attr-defined]
+    assert (e.host_expert_layers, e.host_expert_bytes) == (20, 20 * m.routed_layer_bytes)
+    log = h.log_file.read_text()  # type: ignore[attr-defined]
+    # As llama.cpp at -lv 4: every layer offloaded, the experts of 20 stay in host buffers.
+    assert "load_tensors: offloaded 49/49 layers to GPU" in log
+    assert "tensor overrides to CPU are used with mmap enabled" in log
+    buffers = dict(re.findall(r"load_tensors: +(\S+) model buffer size = +([\d.]+) MiB", log))
+    host = (20 * m.routed_layer_bytes + m.token_embd_bytes) / 2**20
+    assert float(buffers["CPU_Mapped"]) == pytest.approx(host, abs=0.01)
+    gpu = (m.weights_bytes - 20 * m.routed_bytes / 48) / 2**20
+    assert float(buffers["CUDA0"]) == pytest.approx(gpu, abs=0.01)
+    assert "--n-cpu-moe 20" in h.sim.cmdline()  # type: ignore[attr-defined]
+    # A step reads the host experts' routed share from host memory.
+    p = scenarios.get("moe_experts_on_host").params("llamacpp")
+    step = e.decode_seconds(fake_batch(1, tokens=1))
+    always = m.weights_bytes - m.routed_bytes
+    gpu_read = always + 28 * m.routed_layer_bytes / 16 + e.kv_bytes_per_token
+    host_read = 20 * m.routed_layer_bytes / 16 + m.token_row_bytes
+    overheads = p.step_overhead_s + p.per_seq_overhead_s + 48 * p.moe_layer_overhead_s
+    expected = gpu_read / 1.008e12 + host_read / p.cpu_bandwidth + overheads
+    assert step == pytest.approx(expected, rel=1e-9)

@@ -208,3 +208,32 @@ def test_moe_shapes_load_generate_and_fit_the_kv_estimate(
     if spec.sliding_window:
         assert estimate.swa_bytes > 0
         assert f"creating     SWA KV cache, size = {estimate.cells_swa} cells" in log
+
+
+@pytest.mark.timeout(240)
+def test_a_synthetic_draft_model_speculates_for_a_synthetic_target(
+    tmp_path: Path, llama_binary: Path
+) -> None:
+    """Qwen 3 shapes share the synthetic 151,936-token vocabulary, so llama-server accepts the
+    small one as the MoE's draft (`-md`); with random weights the draft guesses wrong."""
+    target, draft = tmp_path / "target.gguf", tmp_path / "draft.gguf"
+    synth(target, "--like", "qwen3-30b-a3b", "--layers", "1")
+    synth(draft, "--like", "qwen3-0.6b", "--layers", "2")
+    server = start_llama_server(
+        llama_binary, target, tmp_path, "-md", str(draft), "--spec-type", "draft-simple",
+        ctx=N_CTX, parallel=1,
+    )  # fmt: skip
+    try:
+        result = generate(server, n_predict=8)
+        slots = httpx.get(f"{server.url}/slots", timeout=10).json()
+        metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    finally:
+        server.stop()
+    assert result["tokens_predicted"] == 8
+    timings = result["timings"]
+    assert isinstance(timings, dict) and timings["draft_n"] > 0
+    assert slots[0]["speculative"] is True
+    drafts = re.search(r"^llamacpp:spec_decode_num_drafts_total (\S+)$", metrics, re.MULTILINE)
+    assert drafts and float(drafts.group(1)) > 0
+    log = server.log.read_text(errors="replace")
+    assert f"loading draft model '{draft}'" in log
