@@ -16,6 +16,7 @@ memory a configured context *should* take and compare it with what the engine re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 from collections.abc import Callable, Mapping, Sequence
@@ -515,6 +516,52 @@ def read_gguf_fields(path: str | Path) -> dict[str, GGUFField]:
     return _walk_gguf(path, keep_arrays=True, raw_strings=True)[0]
 
 
+@dataclass(frozen=True)
+class WeightStructure:
+    """ModelGeometry's weight-structure fields, as one typed value (see ModelGeometry)."""
+
+    always_read_bytes: int | None = None
+    routed_expert_bytes: int = 0
+    expert_count: int | None = None
+    expert_used_count: int | None = None
+    expert_shared_count: int | None = None
+    leading_dense_block_count: int | None = None
+    token_embedding_row_bytes: int = 0
+    token_embedding_bytes: int = 0
+    input_embedding_bytes: int = 0
+    tied_embeddings: bool | None = None
+    routed_expert_bytes_by_layer: tuple[int, ...] = ()
+    weights_source: str = ""
+
+    @classmethod
+    def of(
+        cls,
+        split: weights.WeightSplit,
+        moe: tuple[int | None, int | None, int | None, int | None],
+        source: str,
+    ) -> WeightStructure:
+        """From a byte split and (E, k, shared experts, leading dense blocks)."""
+        experts, used, shared, leading = moe
+        return cls(
+            always_read_bytes=split.always_read_bytes,
+            routed_expert_bytes=split.routed_expert_bytes,
+            expert_count=experts,
+            expert_used_count=used,
+            expert_shared_count=shared,
+            leading_dense_block_count=leading,
+            token_embedding_row_bytes=split.token_embedding_row_bytes,
+            token_embedding_bytes=split.token_embedding_bytes,
+            input_embedding_bytes=split.input_table_bytes,
+            tied_embeddings=split.tied_embeddings,
+            routed_expert_bytes_by_layer=split.routed_by_layer,
+            weights_source=source,
+        )
+
+    def fields(self) -> dict[str, Any]:
+        """Keyword arguments for ModelGeometry."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
 def _gguf_kv_shape(
     key: Callable[[str], Any], n_embd: int | None, n_head: int | None
 ) -> tuple[int, int, int, int | None]:
@@ -538,7 +585,7 @@ def _gguf_rows(tensor: GGUFTensor) -> int:
     return tensor.shape[-1] if len(tensor.shape) >= 2 else 1
 
 
-def _gguf_moe(key: Callable[[str], Any], tensors: list[GGUFTensor]) -> dict[str, Any]:
+def _gguf_moe(key: Callable[[str], Any], tensors: list[GGUFTensor]) -> WeightStructure:
     """ModelGeometry's MoE fields from the GGUF keys and tensor infos."""
     nextn = _as_int(key("nextn_predict_layers")) or 0
     n_layer = _as_int(key("block_count")) or 0
@@ -556,22 +603,16 @@ def _gguf_moe(key: Callable[[str], Any], tensors: list[GGUFTensor]) -> dict[str,
         experts = used = None  # a corrupt header, not a model
     if used is not None and (experts is None or not 0 < used <= experts):
         used = None
-    return {
-        "always_read_bytes": split.always_read_bytes,
-        "routed_expert_bytes": split.routed_expert_bytes,
-        "expert_count": experts,
-        "expert_used_count": used,
-        "expert_shared_count": (_as_int(key("expert_shared_count")) or 0) if experts else None,
-        "leading_dense_block_count": (_as_int(key("leading_dense_block_count")) or 0)
-        if experts
-        else None,
-        "token_embedding_row_bytes": split.token_embedding_row_bytes,
-        "token_embedding_bytes": split.token_embedding_bytes,
-        "input_embedding_bytes": split.input_table_bytes,
-        "tied_embeddings": split.tied_embeddings,
-        "routed_expert_bytes_by_layer": split.routed_by_layer,
-        "weights_source": "gguf",
-    }
+    return WeightStructure.of(
+        split,
+        (
+            experts,
+            used,
+            (_as_int(key("expert_shared_count")) or 0) if experts else None,
+            (_as_int(key("leading_dense_block_count")) or 0) if experts else None,
+        ),
+        "gguf",
+    )
 
 
 def geometry_from_gguf(path: str | Path) -> ModelGeometry:
@@ -593,7 +634,7 @@ def geometry_from_gguf(path: str | Path) -> ModelGeometry:
     _check_shape(n_layer, n_head_kv, head_k, head_v)
     sliding_window = _as_int(key("attention.sliding_window")) or None
     mask = _swa_mask(arch, n_layer, sliding_window, key("attention.sliding_window_pattern"))
-    moe = _gguf_moe(key, tensors) if tensors else {}
+    moe = _gguf_moe(key, tensors) if tensors else WeightStructure()
     return ModelGeometry(
         architecture=arch,
         n_layer=n_layer,
@@ -610,7 +651,7 @@ def geometry_from_gguf(path: str | Path) -> ModelGeometry:
         n_head=n_head,
         swa_mask=mask,
         kv_lora_rank=kv_lora,
-        **moe,
+        **moe.fields(),
     )
 
 
@@ -657,34 +698,55 @@ def _safetensors_totals(directory: Path) -> _Safetensors | None:
     return _Safetensors(params, size, tuple(infos))
 
 
+def _hf_structure(
+    config: Mapping[str, Any],
+    text: Mapping[str, Any],
+    dtype: str | None,
+    files: _Safetensors | None,
+) -> WeightStructure:
+    """`_hf_moe_fields`, or nothing (structure unknown) when the config's MoE keys are odd.
+
+    A strange `mlp_only_layers` or `quantization_config` must not cost the KV geometry.
+    """
+    try:
+        return _hf_moe_fields(config, text, dtype, files)
+    except (ValueError, TypeError, ArithmeticError, AttributeError):
+        return WeightStructure()
+
+
 def _hf_moe_fields(
     config: Mapping[str, Any],
     text: Mapping[str, Any],
     dtype: str | None,
     files: _Safetensors | None,
-) -> dict[str, Any]:
+) -> WeightStructure:
     """ModelGeometry's MoE/embedding fields: safetensors sizes when present, else the config."""
     n_layer = int(text["num_hidden_layers"])
     split, counts = weights.config_split(config, text, dtype)
     source = "config"
     if files is not None and files.tensors:
-        split = weights.split_tensors(files.tensors, n_layer, gguf=False)
+        # Layers past num_hidden_layers are multi-token-prediction heads (DeepSeek-V3's 61).
+        split = weights.split_tensors(
+            files.tensors, n_layer, gguf=False, first_skipped_layer=n_layer
+        )
         source = "safetensors"
     moe = counts.moe
-    return {
-        "always_read_bytes": split.always_read_bytes,
-        "routed_expert_bytes": split.routed_expert_bytes,
-        "expert_count": moe.experts or None,
-        "expert_used_count": moe.used or None,
-        "expert_shared_count": moe.shared if moe.experts else None,
-        "leading_dense_block_count": moe.leading_dense if moe.experts else None,
-        "token_embedding_row_bytes": split.token_embedding_row_bytes,
-        "token_embedding_bytes": split.token_embedding_bytes,
-        "input_embedding_bytes": split.input_table_bytes,
-        "tied_embeddings": split.tied_embeddings,
-        "routed_expert_bytes_by_layer": split.routed_by_layer,
-        "weights_source": source,
-    }
+    if moe.experts > MAX_EXPERTS or not 0 <= moe.used <= moe.experts:
+        raise ValueError(f"implausible experts {moe.experts} / used {moe.used}")
+    parts = (split.always_read_bytes, split.routed_expert_bytes, split.token_embedding_bytes)
+    if min(parts) < 0:
+        raise ValueError("negative weight bytes")
+    experts = moe.experts or None
+    return WeightStructure.of(
+        split,
+        (
+            experts,
+            moe.used or None,
+            moe.shared if experts else None,
+            moe.leading_dense if experts else None,
+        ),
+        source,
+    )
 
 
 def geometry_from_hf_config(path_or_mapping: str | Path | Mapping[str, Any]) -> ModelGeometry:
@@ -748,5 +810,5 @@ def geometry_from_hf_config(path_or_mapping: str | Path | Mapping[str, Any]) -> 
         n_head=n_head,
         swa_mask=mask,
         kv_lora_rank=int(text["kv_lora_rank"]) if text.get("kv_lora_rank") else None,
-        **_hf_moe_fields(config, text, str(dtype) if dtype else None, files),
+        **_hf_structure(config, text, str(dtype) if dtype else None, files).fields(),
     )

@@ -152,8 +152,10 @@ def moe_shape(text: Mapping[str, Any], n_layer: int) -> MoEShape:
     first_dense = _int(text, "first_k_dense_replace")
     freq = max(1, _int(text, "moe_layer_freq") or 1)
     step = max(1, _int(text, "decoder_sparse_step") or 1)
-    mlp_only = text.get("mlp_only_layers") or []
-    dense_only = {int(x) for x in mlp_only if isinstance(x, int)}
+    mlp_only = text.get("mlp_only_layers")
+    dense_only = (
+        {x for x in mlp_only if isinstance(x, int)} if isinstance(mlp_only, list) else set()
+    )
     layers = tuple(
         layer >= first_dense
         and layer % freq == 0
@@ -258,6 +260,8 @@ _DTYPE_BYTES = {
     "float8_e4m3fn": 1.0,
     "float8_e5m2": 1.0,
 }
+# A config that describes more than this (1 PiB) is corrupt, not a model.
+MAX_MODEL_BYTES = 1 << 50
 # MXFP4: blocks of 32 four-bit values with one shared 8-bit exponent (gpt-oss experts).
 MXFP4_BYTES = 17 / 32
 
@@ -290,15 +294,16 @@ def config_split(
     embedding = round(counts.embedding_params * base)
     output = round(counts.output_params * base)
     hidden = _int(text, "hidden_size")
+    by_layer = tuple(round(p * expert_bytes) for p in counts.routed_by_layer)
+    if counts.total_params * base > MAX_MODEL_BYTES:
+        raise ValueError(f"implausible model size: {counts.total_params} parameters")
     split = WeightSplit(
         always_read_bytes=round(counts.always_params * linear) + (output or embedding),
-        routed_expert_bytes=round(counts.routed_params * expert_bytes),
+        routed_expert_bytes=sum(by_layer),
         token_embedding_bytes=embedding if output else 0,
         token_embedding_row_bytes=round(hidden * base) if output else 0,
         tied_embeddings=not output,
-        routed_by_layer=tuple(round(p * expert_bytes) for p in counts.routed_by_layer)
-        if counts.routed_params
-        else (),
+        routed_by_layer=by_layer if counts.routed_params else (),
         input_table_bytes=embedding,
     )
     return split, counts

@@ -347,6 +347,36 @@ def test_damaged_moe_header_gives_a_consistent_structure_or_an_error(
         assert geom.expert_count is not None and geom.expert_used_count <= geom.expert_count
 
 
+def _moe_configs() -> list[dict[str, Any]]:
+    from tests.test_weights import DEEPSEEK_V3, GPT_OSS_20B, QWEN3_30B_A3B
+
+    return [QWEN3_30B_A3B, DEEPSEEK_V3, GPT_OSS_20B]
+
+
+@pytest.mark.parametrize("index", [0, 1, 2], ids=["qwen3-30b-a3b", "deepseek-v3", "gpt-oss-20b"])
+@FUZZ
+@given(data=st.data(), value=json_values)
+def test_any_json_value_in_a_real_moe_config(index: int, data: st.DataObject, value: Any) -> None:
+    """The SGLang collector's model config.json (public configs) with one value replaced."""
+    from exporter.geometry import geometry_from_hf_config
+
+    config = json.loads(json.dumps(_moe_configs()[index]))
+    key = data.draw(st.sampled_from(sorted(config)))
+    config[key] = value
+    try:
+        geom = geometry_from_hf_config(config)
+    except (ValueError, TypeError, KeyError, ArithmeticError):
+        return  # a broken layer/head count: no geometry at all, as before issue 17
+    if geom.always_read_bytes is None:
+        assert geom.routed_expert_bytes == 0 and geom.expert_count is None
+        return
+    assert min(geom.always_read_bytes, geom.routed_expert_bytes) >= 0
+    assert geom.token_embedding_row_bytes >= 0
+    assert sum(geom.routed_expert_bytes_by_layer) == geom.routed_expert_bytes
+    if geom.expert_used_count is not None:
+        assert geom.expert_count is not None and geom.expert_used_count <= geom.expert_count
+
+
 # --- The mutators really mutate (otherwise the properties above prove nothing) ---------------
 
 

@@ -229,3 +229,20 @@ async def test_collector_moe_series(tmp_path: Path) -> None:
     assert v(m, "llmb_engine_experts_host_layers") == 1
     assert v(m, "llmb_engine_experts_host_bytes") == geom.routed_expert_bytes_by_layer[0]
     assert v(m, "llmb_model_kv_cache_type_info", type_k="f16", type_v="f16") == 1
+
+
+def test_a_new_process_forgets_the_old_ones_roofline_facts() -> None:
+    import json
+
+    state = log_state(SPEC_Q8 / "server.log")
+    assert state.kv_type_k == "q8_0" and state.spec_requests and state.draft_weights_bytes
+    state.feed("0.00.107.930 I srv  llama_server: initializing ...")
+    assert state.kv_type_k is None and not state.spec_requests
+    assert state.draft_weights_bytes is None and not state.expert_overrides
+    # --log-jsonl carries the same texts in "msg".
+    for line in (OFFLOAD / "server-ncmoe1-lv5.log").read_text().splitlines():
+        state.feed(json.dumps({"type": "log", "level": "D", "msg": line.split(" ", 2)[-1]}))
+    assert set(state.expert_overrides) == {
+        f"blk.0.ffn_{p}_exps.weight" for p in ("gate", "up", "down")
+    }
+    assert (state.kv_type_k, state.kv_type_v) == ("f16", "f16")

@@ -398,6 +398,8 @@ def test_hf_safetensors_names_decide_the_split(tmp_path: Path) -> None:
         "model.layers.0.mlp.experts.0.up_proj.weight": [16, 8],
         "model.layers.0.mlp.experts.1.up_proj.weight": [16, 8],
         "vision_tower.encoder.weight": [64, 64],
+        # A multi-token-prediction layer past num_hidden_layers (DeepSeek-V3 ships one).
+        "model.layers.1.mlp.experts.0.up_proj.weight": [16, 8],
     }
     header: dict[str, object] = {}
     offset = 0
@@ -424,3 +426,34 @@ def test_hf_safetensors_names_decide_the_split(tmp_path: Path) -> None:
     assert g.token_embedding_bytes == 2 * 100 * 8 and g.token_embedding_row_bytes == 16
     # q_proj, router, shared expert, lm_head; the vision tower is not read by decode.
     assert g.always_read_bytes == 2 * (64 + 32 + 128 + 800)
+
+
+def test_gguf_shared_experts_router_and_leading_dense_blocks(tmp_path: Path) -> None:
+    """deepseek2 layout: block 0 dense, then MoE blocks with a shared expert and a router."""
+    n_embd, n_ff, n_ff_exp, n_exp = 64, 256, 32, 16
+    tensors: list[tuple[str, tuple[int, ...], int]] = [
+        ("token_embd.weight", (n_embd, 1000), Q8),
+        ("output.weight", (n_embd, 1000), Q8),
+        ("blk.0.ffn_up.weight", (n_embd, n_ff), Q8),  # the leading dense block's FFN
+    ]
+    for i in (1, 2):
+        b = f"blk.{i}."
+        tensors += [
+            (b + "ffn_gate_inp.weight", (n_embd, n_exp), F32),
+            (b + "exp_probs_b.bias", (n_exp,), F32),
+            (b + "ffn_up_shexp.weight", (n_embd, n_ff_exp), Q8),
+            (b + "ffn_up_exps.weight", (n_embd, n_ff_exp, n_exp), Q8),
+        ]
+    kv = {"block_count": 3, "embedding_length": n_embd, "attention.head_count": 4}
+    kv |= {"expert_count": n_exp, "expert_used_count": 4, "expert_shared_count": 1}
+    kv |= {"leading_dense_block_count": 1}
+    g = geometry_from_gguf(write_header(tmp_path / "ds.gguf", "deepseek2", kv, tensors))
+    assert (g.expert_shared_count, g.leading_dense_block_count) == (1, 1)
+    exps = n_embd * n_ff_exp * n_exp * 34 // 32
+    assert g.routed_expert_bytes_by_layer == (0, exps, exps)
+    dense = n_embd * n_ff * 34 // 32
+    shared = n_embd * n_ff_exp * 34 // 32
+    router = n_embd * n_exp * 4 + n_exp * 4
+    output = n_embd * 1000 * 34 // 32
+    # The dense FFN, the shared experts and the routers are read every step; the output too.
+    assert g.always_read_bytes == dense + 2 * (shared + router) + output

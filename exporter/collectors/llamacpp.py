@@ -314,7 +314,6 @@ class LlamaCppCollector(Collector):
         self._emit_tokens(ms, expo, log_state)
         await self._emit_model(ms, props, meta, slots, log_state)
         self._emit_log(ms, log_state, expo)
-        self._emit_roofline_log(ms, log_state, expo)
         return Scrape.of(ms, up=not errors, errors=errors, problems=problems)
 
     @staticmethod
@@ -569,6 +568,7 @@ class LlamaCppCollector(Collector):
 
     def _emit_log(self, ms: MetricSet, state: LogState | None, expo: Exposition | None) -> None:
         if state is None:
+            self._emit_roofline_log(ms, state, expo)
             return
         labels = self._labels()
         ms.add("llmb_engine_gpu_layers_offloaded", state.layers_offloaded, **labels)
@@ -585,3 +585,4 @@ class LlamaCppCollector(Collector):
                 event=event,
                 **labels,
             )
+        self._emit_roofline_log(ms, state, expo)
