@@ -201,7 +201,7 @@ class LlamaCppSim(SimBase):
                 "llama_model_loader: tensor overrides to CPU are used with mmap enabled - "
                 "consider using --load-mode none for better performance",
             )
-        if e.weights_cpu:
+        if e.weights_cpu or e.model.token_embd_bytes:
             # the token embedding stays on the host (tied: the output projection's copy)
             cpu = e.weights_cpu + (e.model.token_embd_bytes or e.model.output_bytes)
             self.log(
@@ -439,7 +439,7 @@ class LlamaCppSim(SimBase):
         task = req.id if req is not None else slot.last_task
         if task is None:
             return out
-        params = self._params.get(task, sampling_params({}, -1))
+        params = self._params.get(task, self._sampling({}, -1))
         n_tokens = (req.n_tokens - 1) if req is not None else len(slot.tokens)
         out.update(
             {
@@ -459,6 +459,13 @@ class LlamaCppSim(SimBase):
             }
         )
         return out
+
+    def _sampling(self, body: dict[str, Any], n_predict: int, full: bool = False) -> dict[str, Any]:
+        """A request's params; with a draft model they list its speculative type."""
+        params = sampling_params(body, n_predict, full)
+        if self.engine.params.spec_draft_max > 0:
+            params["speculative.types"] = "none,draft-simple"
+        return params
 
     @staticmethod
     def _remain(req: Request | None) -> int:
@@ -486,7 +493,7 @@ class LlamaCppSim(SimBase):
         return json_response(
             {
                 "default_generation_settings": {
-                    "params": sampling_params({}, -1),
+                    "params": self._sampling({}, -1),
                     "n_ctx": self.engine.n_ctx_slot,
                 },
                 "total_slots": len(self.engine.slots),
@@ -644,7 +651,7 @@ class LlamaCppSim(SimBase):
             )
         except RequestError as exc:
             return _error(400, str(exc), "exceed_context_size_error")
-        self._params[req.id] = sampling_params(body, n_predict)
+        self._params[req.id] = self._sampling(body, n_predict)
         # bound the memory of old params: keep the last few hundred tasks
         for old in [k for k in self._params if k < req.id - 512]:
             del self._params[old]
@@ -716,7 +723,7 @@ class LlamaCppSim(SimBase):
             "model": self.model_name,
             "tokens_predicted": len(req.generated),
             "tokens_evaluated": len(req.prompt),
-            "generation_settings": sampling_params(body, n_predict, full=True),
+            "generation_settings": self._sampling(body, n_predict, full=True),
             "prompt": text,
             "has_new_line": False,
             "truncated": req.truncated,

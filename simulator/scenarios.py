@@ -226,20 +226,6 @@ RTX_PRO_5000 = GpuSpec(
 )
 
 
-# A 24 GB card at 1.008e12 B/s (384-bit GDDR6X), as NVML reports an RTX 4090.
-RTX_4090 = GpuSpec(
-    name="NVIDIA GeForce RTX 4090",
-    total_bytes=25757220864,
-    bandwidth=1.008e12,
-    bus_width=384,
-    mem_clock_mhz=10501,
-    uuid="GPU-5e1a0000-11b0-4000-8000-000000004090",
-    reserved_bytes=515899392,
-    idle_power_mw=20000,
-    max_power_mw=450000,
-)
-
-
 @dataclass(frozen=True)
 class Scenario:
     """A preset: model, card, and engine parameters for each engine kind."""
@@ -392,14 +378,15 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "moe_experts_on_host",
-            "The MoE model (32.5 GB) on a 24 GB card: llama.cpp --n-cpu-moe 20 keeps the routed "
-            "experts of 20 of its 48 layers in host memory (12.8 GB), so every step reads their "
-            "share from host RAM; SGLang offloads whole layers (--cpu-offload-gb).",
+            "The MoE model (32.5 GB) on a 48 GB L40S with a 131072-token KV cache: llama.cpp "
+            "--n-cpu-moe 20 keeps the routed experts of 20 of its 48 layers in host memory "
+            "(12.8 GB) to make room, so every step reads their share from host RAM; SGLang "
+            "offloads whole layers of its bf16 weights (--cpu-offload-gb).",
             QWEN3_30B_A3B_Q8,
-            RTX_4090,
+            L40S,
             EngineParams(
-                n_slots=2,
-                ctx_total=16384,
+                n_slots=4,
+                ctx_total=131072,
                 n_cpu_moe=20,
                 step_overhead_s=0.0010,
                 per_seq_overhead_s=0.0003,

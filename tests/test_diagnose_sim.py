@@ -263,10 +263,11 @@ def test_diagnose_roofline_of_moe_spec_and_kv_presets(
     tmp_path: Path, kind: str, scenario: str, expected: str
 ) -> None:
     engine, gpu = sim_engine(tmp_path, scenario, kind)
-    # At the limit an MoE model's bytes per step depend on the batch; one sequence keeps the
-    # rules' batch and the measured speed in the same window.
-    concurrency = [1] if scenario == "moe_at_limit" else [1, 4]
-    opts = options(gpu, concurrency=concurrency, kv_prompt_tokens=0)
+    # At the limit an MoE model's bytes per step depend on the batch; one sequence (decoding
+    # long enough for the rules' windows) keeps their batch and the measured speed together.
+    at_limit_moe = scenario == "moe_at_limit"
+    extra: dict[str, Any] = {"concurrency": [1], "max_tokens": 256} if at_limit_moe else {}
+    opts = options(gpu, **{"concurrency": [1, 4], "kv_prompt_tokens": 0, **extra})
     result, decision = asyncio.run(diagnose(engine, opts, tmp_path / "out"))
     assert decision.verdict == {"e": expected}, [s.answer for s in decision.steps]
     if expected == "weights_not_resident":

@@ -282,6 +282,8 @@ async def test_llamacpp_spec_decode_reports_as_the_real_server(
     # Every verification step keeps its accepted drafts plus one token of its own.
     assert drafts + timings["draft_n_accepted"] == 96 - 1
     assert slots[0]["speculative"] is True
+    real_slots = json.loads((SPEC_FIXTURE / "slots.json").read_text())
+    assert slots[0]["params"]["speculative.types"] == real_slots[0]["params"]["speculative.types"]
     per_pos = re.findall(
         r'^llamacpp:spec_decode_num_accepted_tokens_per_pos_total\{position="(\d)"\} (\S+)$',
         metrics_text,
@@ -344,5 +346,5 @@ async def test_llamacpp_experts_on_host_memory(
     gpu_read = always + 28 * m.routed_layer_bytes / 16 + e.kv_bytes_per_token
     host_read = 20 * m.routed_layer_bytes / 16 + m.token_row_bytes
     overheads = p.step_overhead_s + p.per_seq_overhead_s + 48 * p.moe_layer_overhead_s
-    expected = gpu_read / 1.008e12 + host_read / p.cpu_bandwidth + overheads
+    expected = gpu_read / 864e9 + host_read / p.cpu_bandwidth + overheads
     assert step == pytest.approx(expected, rel=1e-9)

@@ -338,3 +338,18 @@ def test_expert_type_flag(capsys: pytest.CaptureFixture[str]) -> None:
             sm.main(args)
         assert exit_info.value.code == 2
         assert message in capsys.readouterr().err
+
+
+def test_header_only_file_carries_the_geometry_without_the_data(tmp_path: Path) -> None:
+    from exporter.geometry import geometry_from_gguf
+
+    model = sm.build_model("qwen3-30b-a3b", "q8_0", None)
+    out = tmp_path / "header.gguf"
+    size = sm.write_header_only(model, out)
+    assert size == out.stat().st_size < 100_000  # the 32.5 GB model's index only
+    geo = geometry_from_gguf(out)
+    assert (geo.n_params, geo.weight_bytes) == (model.n_params, model.data_bytes)
+    split = sm.weight_split(model)
+    assert geo.always_read_bytes == split.always_read_bytes
+    assert geo.routed_expert_bytes == split.routed_expert_bytes
+    assert (geo.expert_count, geo.expert_used_count) == (128, 8)
