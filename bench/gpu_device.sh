@@ -25,7 +25,7 @@ set -euo pipefail
 if [ -z "${LLMB_GPU_WORK:-}" ]; then
   # The roomiest of the usual places: a 32 GB model and a second one must fit.
   LLMB_GPU_WORK=$(for d in "$HOME" /tmp /data /mnt /workspace; do
-    [ -d "$d" ] && df -P -B1 "$d" | awk -v d="$d" 'NR==2 {print $4, d}'; done |
+    if [ -d "$d" ]; then df -P -B1 "$d" | awk -v d="$d" 'NR==2 {print $4, d}'; fi; done |
     sort -nr | head -1 | cut -d" " -f2-)/llmb-gpu
 fi
 W=$LLMB_GPU_WORK
