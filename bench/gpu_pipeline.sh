@@ -12,6 +12,8 @@
 #   sglang-vs-llama   Qwen2-0.5B shape, the same bf16 weights on SGLang 0.5.11 and llama-server
 #   gptoss-diagnose   gpt-oss-20b shape (MXFP4 experts): diagnose at concurrency 1, 4, 16
 #   dense-spec        Gemma-3-27B shape Q4_0 with a Gemma-3-270M-shape draft (-md)
+#   seed-27b-bf16     Gemma-3-27B shape in 16 bits: SGLang (bf16, dummy weights) vs llama.cpp (f16)
+# LLMB_RUNS picks some (default: all but seed-27b-bf16).
 set -uo pipefail
 W=${LLMB_GPU_WORK:?}
 R=$PWD
@@ -141,10 +143,13 @@ HFG=$M/qwen2-0.5b-bf16.gguf
 log "work $W, llama.cpp $LLAMA_SRC, runs: $ONLY"
 df -h "$W" | tail -1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-(
-  $PY "${SYNTH[@]}" --like qwen3-30b-a3b --type q8_0 --out "$MOE" && log "MoE model written"
-) >"$W/model-moe.log" 2>&1 &
-MOE_PID=$!
+MOE_PID=
+if wanted moe-diagnose || wanted moe-ncpumoe; then
+  (
+    $PY "${SYNTH[@]}" --like qwen3-30b-a3b --type q8_0 --out "$MOE" && log "MoE model written"
+  ) >"$W/model-moe.log" 2>&1 &
+  MOE_PID=$!
+fi
 write_dense() {
   $PY "${SYNTH[@]}" --like gemma3-27b --type q4_0 --tokenizer-from .gpu/gemma3-tokenizer.gguf \
     --out "$DENSE" &&
@@ -154,7 +159,9 @@ write_dense() {
 # The MoE (32.5 GB) and the dense pair (15.5 GB) at once only where the disk holds both.
 AVAIL=$(df -P -B1 "$W" | awk 'NR==2 {print $4}')
 DENSE_PID=
-if [ "$AVAIL" -gt 56000000000 ]; then
+NEED_DENSE=
+if wanted dense-kvq8 || wanted dense-spec; then NEED_DENSE=1; fi
+if [ -n "$NEED_DENSE" ] && [ "$AVAIL" -gt 56000000000 ]; then
   write_dense >"$W/model-dense.log" 2>&1 &
   DENSE_PID=$!
 fi
@@ -215,8 +222,7 @@ log "llama-server built"
 ) >>"$W/pipeline.log" 2>&1 &
 
 # --- 1. MoE at concurrency 1, 4, 16 ----------------------------------------------------------------
-wait $MOE_PID
-log "$(tail -2 "$W/model-moe.log" | tr '\n' ' ')"
+[ -n "$MOE_PID" ] && wait $MOE_PID && log "$(tail -2 "$W/model-moe.log" | tr '\n' ' ')"
 if wanted moe-diagnose; then
   D=$RES/moe-diagnose && mkdir -p "$D"
   $PY bench/gguf_header.py "$MOE" "$D/qwen3-30b-a3b-q8_0.header.gguf"
@@ -238,15 +244,18 @@ if wanted moe-ncpumoe; then
 fi
 rm -f "$MOE"
 # gpt-oss (and the dense pair if it had to wait) now that the disk has room again.
-[ -n "$DENSE_PID" ] || write_dense >"$W/model-dense.log" 2>&1
-(
-  $PY "${SYNTH[@]}" --like gpt-oss-20b --type q8_0 --out "$OSS" && log "gpt-oss model written"
-) >"$W/model-oss.log" 2>&1 &
-OSS_PID=$!
+[ -n "$DENSE_PID" ] || [ -z "$NEED_DENSE" ] || write_dense >"$W/model-dense.log" 2>&1
+OSS_PID=
+if wanted gptoss-diagnose; then
+  (
+    $PY "${SYNTH[@]}" --like gpt-oss-20b --type q8_0 --out "$OSS" && log "gpt-oss model written"
+  ) >"$W/model-oss.log" 2>&1 &
+  OSS_PID=$!
+fi
 
 # --- 3. quantized KV on a dense model ----------------------------------------------------------------
 [ -n "$DENSE_PID" ] && wait $DENSE_PID
-log "$(tail -1 "$W/model-dense.log")"
+[ -n "$NEED_DENSE" ] && log "$(tail -1 "$W/model-dense.log")"
 if wanted dense-kvq8; then
   D=$RES/dense-kvq8 && mkdir -p "$D"
   $PY bench/gguf_header.py "$DENSE" "$D/gemma3-27b-q4_0.header.gguf"
@@ -295,8 +304,7 @@ YAML
 fi
 
 # --- 5. gpt-oss-20b at concurrency 1, 4, 16 -----------------------------------------------------------
-wait $OSS_PID
-log "$(tail -1 "$W/model-oss.log")"
+[ -n "$OSS_PID" ] && wait $OSS_PID && log "$(tail -1 "$W/model-oss.log")"
 if wanted gptoss-diagnose; then
   D=$RES/gptoss-diagnose && mkdir -p "$D"
   $PY bench/gguf_header.py "$OSS" "$D/gpt-oss-20b.header.gguf"
@@ -316,6 +324,46 @@ if wanted dense-spec; then
     --out "$D/report" --concurrency 1,4 --prompt-tokens 425 --max-tokens 128 --rounds 1 \
     --contexts 8192 --kv-prompt-tokens 0 --settle 5
   pack dense-spec
+fi
+# --- 7. the seed's case: a 27B-class model in 16 bits on both engines -----------------------------------
+if wanted seed-27b-bf16; then
+  D=$RES/seed-27b-bf16 && mkdir -p "$D"
+  G16=$M/gemma3-27b-f16.gguf
+  HF27=$M/gemma3-27b-bf16-config
+  rm -f "$OSS" "$DENSE" "$DRAFT"
+  # The same tokenizer on both engines (the bench BPE, from the same-weights GGUF), so that
+  # both count the same prompt tokens; llama.cpp pads its vocabulary to the shape's 262144 rows.
+  $PY "${SYNTH[@]}" --like gemma3-27b --type f16 --tokenizer-from .gpu/qwen2-0.5b-bf16.header.gguf \
+    --out "$G16" >"$W/model-g16.log" 2>&1 && log "$(tail -1 "$W/model-g16.log")"
+  $PY bench/gguf_header.py "$G16" "$D/gemma3-27b-f16.header.gguf"
+  $PY bench/hf_gemma3_config.py "$HF27" .gpu/tiny-tokenizer && cp "$HF27/config.json" "$D/hf-config.json"
+  for _ in $(seq 1 600); do [ -f "$W/site/.sglang" ] && break; sleep 1; done
+  sglang_env
+  cat >"$D/config.yaml" <<YAML
+engines:
+  - name: sglang
+    kind: sglang
+    url: "http://127.0.0.1:30000"
+    model_path: "$HF27"
+    launch:
+      command: "$PY -m sglang.launch_server --model-path {model} --load-format dummy --host 127.0.0.1 --port {port} --enable-metrics --attention-backend triton --sampling-backend pytorch --grammar-backend none --cuda-graph-max-bs 64 --disable-piecewise-cuda-graph --mem-fraction-static 0.85 --context-length {ctx} --log-level info"
+      settle_seconds: 10
+      ready_timeout_seconds: 600
+  - name: llama
+    kind: llamacpp
+    url: "http://127.0.0.1:8091"
+    model_path: "$G16"
+    launch:
+      command: "$SERVER -m {model} -c {ctx} -np {parallel} -ngl 999 --port {port} --metrics -lv 4 --log-file {log}"
+      settle_seconds: 5
+      ready_timeout_seconds: 600
+gpu: {sample_interval_seconds: 0.1, peak_window_seconds: 10}
+YAML
+  run_loadgen seed-27b-bf16 560 "30000 8091" -- compare --config "$D/config.yaml" \
+    --engine sglang --engine llama --out "$D/report" --concurrency 1,4,16,64 \
+    --prompt-tokens 256 --max-tokens 96 --rounds 1 --contexts 131072 \
+    --kv-prompt-tokens 0 --parallel 64 --settle 10
+  pack seed-27b-bf16
 fi
 log "pipeline done"
 touch "$W/pipeline.done"

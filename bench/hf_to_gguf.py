@@ -1,6 +1,7 @@
 """Convert an HF model folder to GGUF with llama.cpp's own convert_hf_to_gguf.py.
 
-usage: python bench/hf_to_gguf.py LLAMA_CPP_DIR --pre gpt-2 -- MODEL_DIR --outtype bf16 --outfile X.gguf
+usage: python bench/hf_to_gguf.py LLAMA_CPP_DIR [--pre gpt-2] -- MODEL_DIR --outtype bf16 \
+           --outfile X.gguf
 
 llama.cpp's converter refuses a BPE tokenizer whose hash it does not know ("BPE pre-tokenizer
 was not recognized"). The SGLang bench tokenizer (a byte-level BPE trained for the tests, GPT-2
@@ -24,8 +25,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("usage: hf_to_gguf.py LLAMA_CPP_DIR --pre NAME -- CONVERTER_ARGS...")
     split = args.index("--")
     ap = argparse.ArgumentParser(prog="hf_to_gguf.py")
-    ap.add_argument("llama_cpp", type=Path, help="llama.cpp source folder (holds convert_hf_to_gguf.py)")
-    ap.add_argument("--pre", default="gpt-2", help="pre-tokenizer when llama.cpp does not know the hash")
+    ap.add_argument(
+        "llama_cpp", type=Path, help="llama.cpp source folder (holds convert_hf_to_gguf.py)"
+    )
+    ap.add_argument(
+        "--pre", default="gpt-2", help="pre-tokenizer when llama.cpp does not know the hash"
+    )
     ns = ap.parse_args(args[:split])
     script = ns.llama_cpp / "convert_hf_to_gguf.py"
     if not script.is_file():
@@ -37,12 +42,12 @@ def main(argv: list[str] | None = None) -> None:
 
     def vocab_pre(self: object, tokenizer: object) -> str:
         try:
-            return str(original(self, tokenizer))  # type: ignore[arg-type]
+            return str(original(self, tokenizer))
         except NotImplementedError:
             print(f"hf_to_gguf.py: pre-tokenizer not recognized by llama.cpp; using {ns.pre!r}")
             return str(ns.pre)
 
-    base.TextModel.get_vocab_base_pre = vocab_pre  # type: ignore[method-assign]
+    base.TextModel.get_vocab_base_pre = vocab_pre
     sys.argv = [str(script), *args[split + 1 :]]
     runpy.run_path(str(script), run_name="__main__")
 
