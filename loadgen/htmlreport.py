@@ -796,6 +796,15 @@ def facts_table(engines: list[EngineResult]) -> tuple[tuple[str, ...], list[list
     return head, rows
 
 
+def _share_of_limit(r: Row) -> str:
+    """A row's per-sequence decode as a share of its limit; never beyond physics."""
+    if r.efficiency is None:
+        return "—"
+    if r.misfit is not None:
+        return f"does not fit ({r.misfit})"
+    return f"{r.efficiency * 100:.0f} %"
+
+
 @dataclass(frozen=True)
 class Column:
     """One column of the measurement table and why it can be empty."""
@@ -833,6 +842,8 @@ COLUMNS = (
     ),
     Column("per-seq tok/s", lambda r: _fmt(r.per_seq_tok_s), "no tokens"),
     Column("aggregate tok/s", lambda r: _fmt(r.aggregate_tok_s), "no tokens"),
+    Column("limit tok/s", lambda r: _fmt(r.limit_tok_s), "no roofline (bandwidth unknown)"),
+    Column("of limit", lambda r: _share_of_limit(r), "no roofline (bandwidth unknown)"),
     Column(
         "spread",
         lambda r: _pct_or_dash(r.spread),
