@@ -303,6 +303,9 @@ class Engine:
         self._route_rng = random.Random(params.spec_seed)
         self._spec_rng = random.Random(params.spec_seed + 1)
         self.last_routed_share = 0.0  # share of routed experts the last decode step read
+        # Requests the scheduler could not admit when it last built a batch (SGLang's
+        # num_queue_reqs: arrivals during a forward join at the next batch, not the queue).
+        self.queued_after_admit = 0
 
     # -- memory ---------------------------------------------------------------------------
     @property
@@ -611,6 +614,7 @@ class Engine:
         while True:
             await self.clock.sleep(max(0.0, self.loaded_at - self.clock.now()))
             self._admit()
+            self.queued_after_admit = len(self.waiting)
             if not self.running:
                 self._wake.clear()
                 self.utilization = 0.0

@@ -85,7 +85,7 @@ class SglangMetrics:
                 (e.gpu.total_bytes - e.gpu.driver_bytes - e.weights_gpu) / GIB, 2
             ),
             "sglang:num_running_reqs": len(e.running),
-            "sglang:num_queue_reqs": len(e.waiting),
+            "sglang:num_queue_reqs": min(len(e.waiting), e.queued_after_admit),
             "sglang:gen_throughput": e.gen_throughput(),
             "sglang:cache_hit_rate": e.stats.last_cache_hit_rate,
             "sglang:decode_sum_seq_lens": used,
