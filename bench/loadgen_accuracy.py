@@ -20,7 +20,7 @@ clients' errors alike; "excess" = llmb-loadgen - bare, paired per round (median 
 the per-round differences), so the machine's noise cancels as far as it can.
 
     .venv/bin/python bench/loadgen_accuracy.py [--concurrency 16,64,256] [--rounds 4]
-        [--json OUT]
+        [--baseline OTHER_CHECKOUT] [--json OUT]
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,31 +111,34 @@ def run_bare(url: str, concurrency: int, requests: int) -> list[dict[str, Any]]:
     return records
 
 
-def run_loadgen(url: str, concurrency: int, requests: int) -> list[dict[str, Any]]:
-    """`llmb-loadgen run` in its own process; the records of its requests.jsonl."""
+def run_loadgen(
+    url: str, concurrency: int, requests: int, root: Path = ROOT
+) -> list[dict[str, Any]]:
+    """`llmb-loadgen run` (of the checkout `root`) in its own process; its requests.jsonl."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "loadgen", "run", "--url", url,
                "--concurrency", str(concurrency), "--requests", str(requests), "--warmup", "0",
                "--max-tokens", str(MAX_TOKENS), "--out", tmp,
                "--metrics-port", str(free_port())]  # fmt: skip
-        env = os.environ | {"PYTHONPATH": str(ROOT)}
+        env = os.environ | {"PYTHONPATH": str(root)}
         subprocess.run(
-            cmd, check=True, timeout=600, env=env, stdout=subprocess.DEVNULL, cwd=ROOT,
+            cmd, check=True, timeout=600, env=env, stdout=subprocess.DEVNULL, cwd=root,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
         lines = (Path(tmp) / "requests.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["error"] is None]
 
 
-CLIENTS = {"bare": run_bare, "llmb-loadgen": run_loadgen}
+Client = Callable[[str, int, int], list[dict[str, Any]]]
+CLIENTS: dict[str, Client] = {"bare": run_bare, "llmb-loadgen": run_loadgen}
 
 
 def one_concurrency(url: str, concurrency: int, rounds: int) -> dict[str, Any]:
-    """Alternate both clients (ABBA) for `rounds` rounds at one concurrency."""
+    """Alternate the clients (ABBA: the order reverses every round) at one concurrency."""
     requests = 3 * concurrency
     rows: list[dict[str, Any]] = []
     for number in range(rounds):
-        order = ("bare", "llmb-loadgen") if number % 2 == 0 else ("llmb-loadgen", "bare")
+        order = list(CLIENTS) if number % 2 == 0 else list(reversed(CLIENTS))
         for name in order:
             load = os.getloadavg()[0]
             records = CLIENTS[name](url, concurrency, requests)
@@ -156,18 +160,22 @@ def paired(rows: list[dict[str, Any]]) -> dict[str, Any]:
     by_round: dict[int, dict[str, dict[str, Any]]] = {}
     for row in rows:
         by_round.setdefault(row["round"], {})[row["client"]] = row
-    diffs = {key: sorted(r["llmb-loadgen"][key] - r["bare"][key] for r in by_round.values())
-             for key in KEYS}  # fmt: skip
     median = {
         name: {key: sorted(r[key] for r in rows if r["client"] == name)[len(by_round) // 2]
                for key in KEYS}
         for name in CLIENTS
     }  # fmt: skip
-    return {
-        "median": median,
-        "excess_median_ms": {k: round(v[len(v) // 2], 3) for k, v in diffs.items()},
-        "excess_worst_ms": {k: round(v[-1], 3) for k, v in diffs.items()},
-    }
+    out: dict[str, Any] = {"median": median}
+    for name in CLIENTS:
+        if name == "bare":
+            continue
+        diffs = {key: sorted(r[name][key] - r["bare"][key] for r in by_round.values())
+                 for key in KEYS}  # fmt: skip
+        out[name] = {
+            "excess_median_ms": {k: round(v[len(v) // 2], 3) for k, v in diffs.items()},
+            "excess_worst_ms": {k: round(v[-1], 3) for k, v in diffs.items()},
+        }
+    return out
 
 
 def main() -> None:
@@ -178,11 +186,17 @@ def main() -> None:
     parser.add_argument("--requests", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--bare", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--baseline", type=Path, help="also run the load generator of this checkout (before/after)"
+    )
     args = parser.parse_args()
     if args.bare:
         records = asyncio.run(bare_client(args.bare, int(args.concurrency), args.requests))
         args.json.write_text(json.dumps(records))
         return
+    if args.baseline:
+        base = args.baseline.resolve()
+        CLIENTS["baseline"] = lambda u, c, n: run_loadgen(u, c, n, base)
     port = free_port()
     stub = start_stub(port, "--ttft", str(TTFT), "--itl", str(ITL))
     url = f"http://127.0.0.1:{port}"
