@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,14 @@ TTFT = 0.2
 ITL = 0.02
 MAX_TOKENS = 20
 PROMPT_WORDS = 512
-KEYS = ("itl_p99_err_p50_ms", "itl_p99_err_p99_ms", "ttft_err_p50_ms", "ttft_err_p99_ms")
+KEYS = (
+    "itl_p99_err_p50_ms",
+    "itl_p99_err_p99_ms",
+    "ttft_err_p50_ms",
+    "ttft_err_p99_ms",
+    "stub_late_p50_ms",
+    "stub_late_p99_ms",
+)
 
 
 def errors_ms(records: list[dict[str, Any]]) -> dict[str, float]:
@@ -58,7 +66,7 @@ def errors_ms(records: list[dict[str, Any]]) -> dict[str, float]:
     values = (itl, itl, ttft, ttft)
     return {
         key: round(percentile(vals, 50 if "_p50_" in key else 99) or 0.0, 3)
-        for key, vals in zip(KEYS, values, strict=True)
+        for key, vals in zip(KEYS, values, strict=False)
     }
 
 
@@ -133,25 +141,41 @@ Client = Callable[[str, int, int], list[dict[str, Any]]]
 CLIENTS: dict[str, Client] = {"bare": run_bare, "llmb-loadgen": run_loadgen}
 
 
-def one_concurrency(url: str, concurrency: int, rounds: int) -> dict[str, Any]:
+def one_run(name: str, concurrency: int, number: int) -> dict[str, Any]:
+    """One client's run against a fresh stub, whose /stats then give its own lateness."""
+    port = free_port()
+    stub = start_stub(port, "--ttft", str(TTFT), "--itl", str(ITL))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        load = os.getloadavg()[0]
+        records = CLIENTS[name](url, concurrency, 3 * concurrency)
+        with urllib.request.urlopen(url + "/stats", timeout=10) as resp:
+            stats = json.load(resp)
+    finally:
+        stub.terminate()
+        stub.wait(10)
+    return {
+        "concurrency": concurrency,
+        "round": number,
+        "client": name,
+        "requests": len(records),
+        "load_1m": round(load, 2),
+        **errors_ms(records),
+        # How late the stub itself woke up for its chunks (the same for both clients on an
+        # idle machine; a client that takes the stub's CPU makes it larger).
+        "stub_late_p50_ms": round(stats["lateness_p50_s"] * 1000, 3),
+        "stub_late_p99_ms": round(stats["lateness_p99_s"] * 1000, 3),
+    }
+
+
+def one_concurrency(concurrency: int, rounds: int) -> dict[str, Any]:
     """Alternate the clients (ABBA: the order reverses every round) at one concurrency."""
-    requests = 3 * concurrency
     rows: list[dict[str, Any]] = []
     for number in range(rounds):
         order = list(CLIENTS) if number % 2 == 0 else list(reversed(CLIENTS))
         for name in order:
-            load = os.getloadavg()[0]
-            records = CLIENTS[name](url, concurrency, requests)
-            row = {
-                "concurrency": concurrency,
-                "round": number,
-                "client": name,
-                "requests": len(records),
-                "load_1m": round(load, 2),
-                **errors_ms(records),
-            }
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            rows.append(one_run(name, concurrency, number))
+            print(json.dumps(rows[-1]), flush=True)
     return {"concurrency": concurrency, "rounds": rows, **paired(rows)}
 
 
@@ -197,17 +221,10 @@ def main() -> None:
     if args.baseline:
         base = args.baseline.resolve()
         CLIENTS["baseline"] = lambda u, c, n: run_loadgen(u, c, n, base)
-    port = free_port()
-    stub = start_stub(port, "--ttft", str(TTFT), "--itl", str(ITL))
-    url = f"http://127.0.0.1:{port}"
     results = []
-    try:
-        for concurrency in (int(c) for c in args.concurrency.split(",")):
-            results.append(one_concurrency(url, concurrency, args.rounds))
-            print(json.dumps({k: v for k, v in results[-1].items() if k != "rounds"}), flush=True)
-    finally:
-        stub.terminate()
-        stub.wait(10)
+    for concurrency in (int(c) for c in args.concurrency.split(",")):
+        results.append(one_concurrency(concurrency, args.rounds))
+        print(json.dumps({k: v for k, v in results[-1].items() if k != "rounds"}), flush=True)
     summary = {"cpus": len(os.sched_getaffinity(0)), "load_avg": os.getloadavg(),
                "results": results}  # fmt: skip
     if args.json:
