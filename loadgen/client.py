@@ -347,7 +347,9 @@ class StreamClient:
         parts = result.parts
         stamps = result.stamps
         perf = time.perf_counter
-        async for data in resp.content.iter_any():
+        # readany() directly: `async for` over iter_any() adds a coroutine frame per read.
+        read = resp.content.readany
+        while data := await read():
             now = perf()
             stamps.append(now)
             parts.append(data)

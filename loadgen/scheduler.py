@@ -359,6 +359,10 @@ MAX_DEFER_S = 0.25
 # Settling work per event-loop turn in a quiet gap: a read that arrives meanwhile waits for
 # the slice to end (a request costs ~0.1 ms), then the quiet is checked again.
 SETTLE_SLICE_S = 0.0005
+# Request bodies kept built ahead, per connection of the pool (a closed loop's next wave),
+# within a memory budget (long prompts: fewer ahead; the rest are built when sent).
+PREBUILT_PER_SLOT = 2
+PREBUILT_BYTES = 16 * 2**20
 
 
 @contextlib.contextmanager
@@ -428,6 +432,14 @@ class _Phase:
         self._wake = asyncio.Event()
         self.build = client.body_builder(spec.request_params())
         self.wall_offset = time.time() - time.perf_counter()
+        # Resolved once: labels() takes a lock and builds a key on every call.
+        self.gauge = ctx.metrics.in_flight.labels(self.engine) if ctx.metrics else None
+        # Request bodies built ahead (index -> body), so sending one costs no prompt or JSON
+        # work; topped up in the gaps between reads, like the records.
+        self._bodies: dict[int, bytes] = {}
+        self._built_to = 0
+        self._body_size = 0
+        self.prebuild()
 
     def claim(self) -> int | None:
         """Index of the next request to send, or None when the phase is over."""
@@ -441,11 +453,29 @@ class _Phase:
         self.next_index += 1
         return index
 
-    async def one(self, index: int) -> None:
-        index = self.spec.index_start + index * self.spec.index_step
+    def _body(self, index: int) -> bytes:
+        """The request body of (global) prompt index `index`."""
         text = self.prompts.text(index) if self.measured else self.prompts.warmup_text(index)
-        body = self.build(text)
-        gauge = self.ctx.metrics.in_flight.labels(self.engine) if self.ctx.metrics else None
+        return self.build(text)
+
+    def prebuild(self) -> None:
+        """Build ahead the bodies of the next requests to send (see PREBUILT_PER_SLOT)."""
+        stop = self.next_index + PREBUILT_PER_SLOT * self.spec.pool_size()
+        if self.limit is not None:
+            stop = min(stop, self.limit)
+        start, step = self.spec.index_start, self.spec.index_step
+        number = max(self._built_to, self.next_index)
+        while number < stop and len(self._bodies) * self._body_size < PREBUILT_BYTES:
+            body = self._body(start + number * step)
+            self._bodies[number] = body
+            self._body_size = max(self._body_size, len(body))
+            number += 1
+        self._built_to = max(self._built_to, number)
+
+    async def one(self, number: int) -> None:
+        index = self.spec.index_start + number * self.spec.index_step
+        body = self._bodies.pop(number, None) or self._body(index)
+        gauge = self.gauge
         if gauge is not None:
             gauge.inc()
         result: StreamResult | None = None
@@ -536,6 +566,8 @@ class _Phase:
                 await asyncio.sleep(min(wait, overdue_in))
                 continue
             self._settle_slice(now + SETTLE_SLICE_S if wait == 0 else now)
+            if wait == 0 and self.quiet_in(perf()) == 0:
+                self.prebuild()
             await asyncio.sleep(0)
 
     def _drain(self) -> None:

@@ -155,3 +155,23 @@ async def test_a_due_collection_waits_for_quiet_reads(monkeypatch: pytest.Monkey
     finally:
         gc.callbacks.remove(note)
     assert young and young[0] >= busy_until  # not while the reads were busy
+
+
+def test_bodies_are_built_ahead_within_a_memory_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = RunSpec([Target("e", "http://127.0.0.1:9")], concurrency=4, requests=100)
+    client = StreamClient(spec.targets[0], pool_size=4)
+    prompts = fixed_prompt("a prompt " * 50)
+    phase = scheduler._Phase(RunContext(tmp_path), spec, client, prompts, 0, measured=True)
+    # Two waves of the closed loop ahead, each exactly the body it would build when sent.
+    assert sorted(phase._bodies) == list(range(8))
+    assert all(phase._bodies[n] == phase._body(n) for n in range(8))
+    phase.next_index = 5
+    del phase._bodies[0]
+    phase.prebuild()
+    assert max(phase._bodies) == 12
+    size = len(phase._body(0))
+    monkeypatch.setattr(scheduler, "PREBUILT_BYTES", 3 * size)
+    small = scheduler._Phase(RunContext(tmp_path), spec, client, prompts, 0, measured=True)
+    assert sorted(small._bodies) == [0, 1, 2]  # long prompts: fewer ahead
