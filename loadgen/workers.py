@@ -202,10 +202,10 @@ class _Merger:
                 )
         elif kind == "records":
             _, _, batch, in_flight = message
+            if self.writer is not None:
+                self.writer.write_many(batch)
             for record in batch:
                 self.records.setdefault(record.engine, []).append(record)
-                if self.writer is not None:
-                    self.writer.write(record)
                 self.metrics.observe(record)
             for engine, value in in_flight.items():
                 self.in_flight[(worker, engine)] = value
