@@ -458,14 +458,20 @@ class _Phase:
         text = self.prompts.text(index) if self.measured else self.prompts.warmup_text(index)
         return self.build(text)
 
-    def prebuild(self) -> None:
-        """Build ahead the bodies of the next requests to send (see PREBUILT_PER_SLOT)."""
+    def prebuild(self, until: float | None = None) -> None:
+        """Build ahead the bodies of the next requests to send (see PREBUILT_PER_SLOT).
+
+        With `until` (a perf_counter time) it stops there: a slice of a gap between reads.
+        """
         stop = self.next_index + PREBUILT_PER_SLOT * self.spec.pool_size()
         if self.limit is not None:
             stop = min(stop, self.limit)
         start, step = self.spec.index_start, self.spec.index_step
         number = max(self._built_to, self.next_index)
+        perf = time.perf_counter
         while number < stop and len(self._bodies) * self._body_size < PREBUILT_BYTES:
+            if until is not None and perf() >= until:
+                break
             body = self._body(start + number * step)
             self._bodies[number] = body
             self._body_size = max(self._body_size, len(body))
@@ -513,7 +519,13 @@ class _Phase:
                 )
         else:
             self.timeouts = 0
-        if self.measured:
+        if not self.measured:
+            return
+        if result.error is not None:
+            # A failure is settled at once: the error-share rule must stop a failing step
+            # promptly, and a failing step has no timing left to protect.
+            self._keep_many([self._settle(index, result)])
+        else:
             self._pending.append((index, result))
             self._wake.set()
 
@@ -567,7 +579,7 @@ class _Phase:
                 continue
             self._settle_slice(now + SETTLE_SLICE_S if wait == 0 else now)
             if wait == 0 and self.quiet_in(perf()) == 0:
-                self.prebuild()
+                self.prebuild(perf() + SETTLE_SLICE_S)
             await asyncio.sleep(0)
 
     def _drain(self) -> None:
