@@ -141,10 +141,21 @@ Client = Callable[[str, int, int], list[dict[str, Any]]]
 CLIENTS: dict[str, Client] = {"bare": run_bare, "llmb-loadgen": run_loadgen}
 
 
+# `--stub-uvloop`: the stub on uvloop's event loop. At concurrency 256 the single-threaded
+# stub on asyncio's loop needs most of a core (12 800 chunks/s) and its own lateness then
+# swamps any client's; uvloop roughly halves its cost per chunk.
+STUB_UVLOOP: list[str] = []
+_UVLOOP_STUB = (
+    "import sys, uvloop, asyncio; asyncio.set_event_loop_policy(uvloop.EventLoopPolicy()); "
+    "from loadgen.stub import main; main(sys.argv[1:])"
+)
+
+
 def one_run(name: str, concurrency: int, number: int) -> dict[str, Any]:
     """One client's run against a fresh stub, whose /stats then give its own lateness."""
     port = free_port()
-    stub = start_stub(port, "--ttft", str(TTFT), "--itl", str(ITL))
+    args = ("--ttft", str(TTFT), "--itl", str(ITL))
+    stub = start_stub(port, *args, module=["-c", _UVLOOP_STUB] if STUB_UVLOOP else None)
     url = f"http://127.0.0.1:{port}"
     try:
         load = os.getloadavg()[0]
@@ -211,6 +222,9 @@ def main() -> None:
     parser.add_argument("--bare", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path)
     parser.add_argument(
+        "--stub-uvloop", action="store_true", help="run the stub on uvloop (for c=256)"
+    )
+    parser.add_argument(
         "--baseline", type=Path, help="also run the load generator of this checkout (before/after)"
     )
     args = parser.parse_args()
@@ -218,6 +232,8 @@ def main() -> None:
         records = asyncio.run(bare_client(args.bare, int(args.concurrency), args.requests))
         args.json.write_text(json.dumps(records))
         return
+    if args.stub_uvloop:
+        STUB_UVLOOP.append("uvloop")
     if args.baseline:
         base = args.baseline.resolve()
         CLIENTS["baseline"] = lambda u, c, n: run_loadgen(u, c, n, base)

@@ -48,10 +48,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_stub(port: int, *extra: str) -> subprocess.Popen[bytes]:
-    """Start the stub in its own process and wait until it answers."""
+def start_stub(port: int, *extra: str, module: list[str] | None = None) -> subprocess.Popen[bytes]:
+    """Start the stub in its own process and wait until it answers.
+
+    `module`: how to start it instead of `-m loadgen.stub` (e.g. `-c CODE`).
+    """
+    start = module or ["-m", "loadgen.stub"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "loadgen.stub", "--port", str(port), "--no-keep", *extra],
+        [sys.executable, *start, "--port", str(port), "--no-keep", *extra],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
     )
