@@ -1,28 +1,26 @@
-"""Timing accuracy of the load generator at concurrency 64 against a stub with known delays.
+"""Timing accuracy of `llmb-loadgen run` as a user sees it, against a bare aiohttp client.
 
-The stub (`python -m loadgen.stub --ttft 0.2 --itl 0.02 --report-sends`, its own process)
-sends token k of each request at arrival + 200 ms + k * 20 ms and writes, into the usage
-chunk, the request's arrival and the moment each token really left (`perf_counter`, which is
-CLOCK_MONOTONIC on Linux and so one clock for both processes). The true TTFT of a request is
-then `sent[0] - arrival` and its true gaps `sent[k] - sent[k-1]`, whatever the stub's own
-lateness on a busy machine; a client's error is what it measured minus that truth:
+The stub (`python -m loadgen.stub --ttft 0.2 --itl 0.02`, its own process) sends the first
+token of each request 200 ms after it arrived and then one every 20 ms, on an absolute
+schedule. Per concurrency (default 16, 64, 256; requests = 3 x concurrency, 20 tokens each),
+rounds alternate, in an ABBA order so neither client always goes first, between
 
-* TTFT error per request (p50 and p99 over the requests);
-* ITL error: each request's p99 inter-token gap minus the true one, p50 and p99 over the
-  requests (the figure issue 11 states), and every single gap's error (p50/p99).
+* **llmb-loadgen**: the real command line in its own process, `python -m loadgen run --url
+  URL --concurrency C --requests N --warmup 0 --max-tokens 20 --out DIR` (default 512-token
+  prompt calibrated on the stub, requests.jsonl, live /metrics, progress lines); its numbers
+  are read from requests.jsonl (`ttft_s`, `itl_p99_s`): exactly what a user reads;
+* **bare**: a minimal aiohttp client in its own process (one `ClientSession`, a semaphore of
+  C, one `perf_counter()` per `data:` line, JSON parsed after the stream ended) sending the
+  same 512-word prompt, so both processes cost the stub the same.
 
-In the same run, alternating rounds of
+Per request: *ITL-p99 error* = |p99 of its inter-token gaps - 20 ms| (linear-interpolated,
+the same `percentile` as requests.jsonl) and *TTFT error* = TTFT - 200 ms. Reported per client
+and round: their p50 and p99 over the requests (ms). The stub's own lateness is in both
+clients' errors alike; "excess" = llmb-loadgen - bare, paired per round (median and worst of
+the per-round differences), so the machine's noise cancels as far as it can.
 
-* the load generator (`execute`, the CLI's code path: live metrics server, requests.jsonl,
-  progress accounting), and
-* a minimal reference client (a bare aiohttp streaming loop, pre-opened connections, one
-  `perf_counter()` per network read)
-
-are measured, so the comparison shares the machine's noise. The load generator's raw
-per-request results are captured by a subclass of its client that only keeps a reference to
-each result (no work per chunk).
-
-    .venv/bin/python bench/loadgen_accuracy.py [--rounds 5] [--workers N] [--json OUT]
+    .venv/bin/python bench/loadgen_accuracy.py [--concurrency 16,64,256] [--rounds 4]
+        [--baseline OTHER_CHECKOUT] [--json OUT]
 """
 
 from __future__ import annotations
@@ -32,215 +30,219 @@ import asyncio
 import itertools
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
-
-import aiohttp
-import orjson
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.loadgen_throughput import free_port, start_stub  # noqa: E402
-from loadgen import scheduler  # noqa: E402
-from loadgen.client import StreamClient, StreamResult, Target  # noqa: E402
 from loadgen.results import percentile  # noqa: E402
-from loadgen.scheduler import RunSpec  # noqa: E402
-from loadgen.session import SessionOptions, execute  # noqa: E402
 
 TTFT = 0.2
 ITL = 0.02
+MAX_TOKENS = 20
+PROMPT_WORDS = 512
 KEYS = (
-    "ttft_err_p50_ms",
-    "ttft_err_p99_ms",
     "itl_p99_err_p50_ms",
     "itl_p99_err_p99_ms",
-    "gap_err_p50_ms",
-    "gap_err_p99_ms",
+    "ttft_err_p50_ms",
+    "ttft_err_p99_ms",
+    "stub_late_p50_ms",
+    "stub_late_p99_ms",
 )
 
 
-class Sample:
-    """One request: the client's send time and chunk stamps, the stub's truth."""
-
-    def __init__(self, t_send: float, stamps: list[float], arrival: float, sent: list[float]):
-        self.t_send, self.stamps, self.arrival, self.sent = t_send, stamps, arrival, sent
-
-
-def errors_ms(samples: list[Sample]) -> dict[str, float]:
-    """p50/p99 of measured minus true TTFT, per-request ITL p99 and single gaps (ms)."""
-    ttft_err: list[float] = []
-    p99_err: list[float] = []
-    gap_err: list[float] = []
-    for s in samples:
-        if not s.stamps or len(s.stamps) != len(s.sent):
-            continue
-        ttft_err.append(((s.stamps[0] - s.t_send) - (s.sent[0] - s.arrival)) * 1000)
-        measured = [b - a for a, b in itertools.pairwise(s.stamps)]
-        true = [b - a for a, b in itertools.pairwise(s.sent)]
-        if measured:
-            p99_err.append(((percentile(measured, 99) or 0) - (percentile(true, 99) or 0)) * 1000)
-            gap_err += [(m - t) * 1000 for m, t in zip(measured, true, strict=True)]
-    values = (ttft_err, ttft_err, p99_err, p99_err, gap_err, gap_err)
+def errors_ms(records: list[dict[str, Any]]) -> dict[str, float]:
+    """p50/p99 over the requests of |ITL-p99 - nominal| and of TTFT - nominal (ms)."""
+    itl = [abs(r["itl_p99_s"] - ITL) * 1000 for r in records if r["itl_p99_s"] is not None]
+    ttft = [(r["ttft_s"] - TTFT) * 1000 for r in records if r["ttft_s"] is not None]
+    values = (itl, itl, ttft, ttft)
     return {
-        key: round(percentile(vals, 50 if key.endswith("p50_ms") else 99) or 0.0, 3)
-        for key, vals in zip(KEYS, values, strict=True)
+        key: round(percentile(vals, 50 if "_p50_" in key else 99) or 0.0, 3)
+        for key, vals in zip(KEYS, values, strict=False)
     }
 
 
-def _truth(body: bytes) -> tuple[float, list[float]]:
-    """The stub's arrival and send times from the last `timings` of a stream body."""
-    at = body.rfind(b'"timings":')
-    start = body.rfind(b"data: ", 0, at) + len(b"data: ")
-    end = body.find(b"\n\n", at)
-    timings = orjson.loads(body[start:end])["timings"]
-    return float(timings["arrival"]), [float(t) for t in timings["sent"]]
+async def bare_client(url: str, concurrency: int, requests: int) -> list[dict[str, Any]]:
+    """The reference: a bare aiohttp loop, one timestamp per `data:` line."""
+    import aiohttp
 
-
-def _body(max_tokens: int) -> bytes:
-    return json.dumps(
+    prompt = " ".join(f"w{i}" for i in range(PROMPT_WORDS))
+    body = json.dumps(
         {
             "model": "m",
-            "messages": [{"role": "user", "content": "Explain the memory hierarchy of a GPU."}],
-            "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": MAX_TOKENS,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
     ).encode()
+    sem = asyncio.Semaphore(concurrency)
+    out: list[dict[str, Any]] = []
+    perf = time.perf_counter
 
+    async def one(session: aiohttp.ClientSession) -> None:
+        async with sem:
+            lines: list[tuple[float, bytes]] = []
+            t0 = perf()
+            async with session.post(url + "/v1/chat/completions", data=body) as resp:
+                async for line in resp.content:
+                    if line.startswith(b"data:"):
+                        lines.append((perf(), line))
+        stamps = [t for t, line in lines if b'"content":"' in line]
+        gaps = [b - a for a, b in itertools.pairwise(stamps)]
+        out.append(
+            {"ttft_s": stamps[0] - t0 if stamps else None, "itl_p99_s": percentile(gaps, 99)}
+        )
 
-async def reference(url: str, requests: int, max_tokens: int, concurrency: int) -> dict[str, Any]:
-    """A bare aiohttp streaming loop: stamp each network read that holds a token event."""
-    body = _body(max_tokens)
-    samples: list[Sample] = []
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
-
-        async def one() -> None:
-            t0 = time.perf_counter()
-            stamps: list[float] = []
-            parts: list[bytes] = []
-            async with session.post(url + "/v1/chat/completions", data=body) as resp:
-                async for data in resp.content.iter_any():
-                    now = time.perf_counter()
-                    stamps += [now] * data.count(b'"content":" t')
-                    parts.append(data)
-            arrival, sent = _truth(b"".join(parts))
-            samples.append(Sample(t0, stamps, arrival, sent))
-
-        # Pre-open the connections, as the load generator does.
-        await asyncio.gather(*(session.get(url + "/v1/models") for _ in range(concurrency)))
-        left = [requests]
-
-        async def worker() -> None:
-            while left[0] > 0:
-                left[0] -= 1
-                await one()
-
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return {"client": "reference", "requests": len(samples), **errors_ms(samples)}
+        await asyncio.gather(*(one(session) for _ in range(requests)))
+    return out
 
 
-class CapturingClient(StreamClient):
-    """The load generator's client, keeping each raw result for the comparison."""
-
-    results: ClassVar[list[StreamResult]] = []
-
-    async def stream(self, body: bytes, timeout: float, parse: bool = True) -> StreamResult:
-        result = await super().stream(body, timeout, parse)
-        CapturingClient.results.append(result)
-        return result
-
-
-async def ours(url: str, requests: int, max_tokens: int, concurrency: int) -> dict[str, Any]:
-    """The load generator through `execute`, exactly as `llmb-loadgen run` drives it."""
-    CapturingClient.results = []
-    original = scheduler.StreamClient
-    scheduler.StreamClient = CapturingClient  # type: ignore[misc]
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            spec = RunSpec(
-                targets=[Target("stub", url)],
-                max_tokens=max_tokens,
-                concurrency=concurrency,
-                requests=requests,
-                prompt_text="Explain the memory hierarchy of a GPU.",
-            )
-            options = SessionOptions(
-                out_dir=Path(tmp), metrics_port=free_port(), metrics_host="127.0.0.1",
-                progress=False, print_table=False,
-            )  # fmt: skip
-            await execute([spec], options)
-    finally:
-        scheduler.StreamClient = original  # type: ignore[misc]
-    samples = []
-    for r in CapturingClient.results:
-        if r.error is None and r.timings and "sent" in r.timings:
-            samples.append(Sample(r.t_send, r.chunk_times, r.timings["arrival"], r.timings["sent"]))
-    return {"client": "llmb-loadgen", "requests": len(samples), **errors_ms(samples)}
+def run_bare(url: str, concurrency: int, requests: int) -> list[dict[str, Any]]:
+    """The bare client in its own process (as the load generator runs in its own)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bare.json"
+        cmd = [sys.executable, __file__, "--bare", url, "--concurrency", str(concurrency),
+               "--requests", str(requests), "--json", str(out)]  # fmt: skip
+        subprocess.run(cmd, check=True, timeout=600)
+        records: list[dict[str, Any]] = json.loads(out.read_text())
+    return records
 
 
-def stub_stats(url: str) -> dict[str, Any]:
-    """The stub's own lateness figures (seconds)."""
-    with urllib.request.urlopen(url + "/stats", timeout=5) as resp:
-        data: dict[str, Any] = json.load(resp)
-    return data
+def run_loadgen(
+    url: str, concurrency: int, requests: int, root: Path = ROOT
+) -> list[dict[str, Any]]:
+    """`llmb-loadgen run` (of the checkout `root`) in its own process; its requests.jsonl."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "loadgen", "run", "--url", url,
+               "--concurrency", str(concurrency), "--requests", str(requests), "--warmup", "0",
+               "--max-tokens", str(MAX_TOKENS), "--out", tmp,
+               "--metrics-port", str(free_port())]  # fmt: skip
+        env = os.environ | {"PYTHONPATH": str(root)}
+        subprocess.run(
+            cmd, check=True, timeout=600, env=env, stdout=subprocess.DEVNULL, cwd=root,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        lines = (Path(tmp) / "requests.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["error"] is None]
 
 
-def main() -> None:
-    """Alternate rounds of both clients and print the per-round and median errors."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--requests", type=int, default=192, help="per round and client")
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+Client = Callable[[str, int, int], list[dict[str, Any]]]
+CLIENTS: dict[str, Client] = {"bare": run_bare, "llmb-loadgen": run_loadgen}
+
+
+# `--stub-uvloop`: the stub on uvloop's event loop. At concurrency 256 the single-threaded
+# stub on asyncio's loop needs most of a core (12 800 chunks/s) and its own lateness then
+# swamps any client's; uvloop roughly halves its cost per chunk.
+STUB_UVLOOP: list[str] = []
+_UVLOOP_STUB = (
+    "import sys, uvloop, asyncio; asyncio.set_event_loop_policy(uvloop.EventLoopPolicy()); "
+    "from loadgen.stub import main; main(sys.argv[1:])"
+)
+
+
+def one_run(name: str, concurrency: int, number: int) -> dict[str, Any]:
+    """One client's run against a fresh stub, whose /stats then give its own lateness."""
     port = free_port()
-    stub = start_stub(port, "--ttft", str(TTFT), "--itl", str(ITL), "--report-sends")
+    args = ("--ttft", str(TTFT), "--itl", str(ITL))
+    stub = start_stub(port, *args, module=["-c", _UVLOOP_STUB] if STUB_UVLOOP else None)
     url = f"http://127.0.0.1:{port}"
-    rows: list[dict[str, Any]] = []
     try:
-        for number in range(args.rounds):
-            for client in (reference, ours):
-                row = asyncio.run(client(url, args.requests, args.max_tokens, args.concurrency))
-                row["round"] = number
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-        stats = stub_stats(url)
+        load = os.getloadavg()[0]
+        records = CLIENTS[name](url, concurrency, 3 * concurrency)
+        with urllib.request.urlopen(url + "/stats", timeout=10) as resp:
+            stats = json.load(resp)
     finally:
         stub.terminate()
         stub.wait(10)
-    summary: dict[str, Any] = {"stub": stats, "rounds": rows, "median": {}}
-    for name in ("reference", "llmb-loadgen"):
-        mine = [r for r in rows if r["client"] == name]
-        summary["median"][name] = {
-            key: sorted(r[key] for r in mine)[len(mine) // 2] for key in KEYS
-        }
-    ref, own = summary["median"]["reference"], summary["median"]["llmb-loadgen"]
-    summary["excess_ms"] = {key: round(own[key] - ref[key], 3) for key in KEYS}
-    # Paired per round (both clients ran back to back), the median of the differences.
-    pairs = list(zip(rows[0::2], rows[1::2], strict=True))
-    summary["paired_excess_ms"] = {
-        key: sorted(round(o[key] - r[key], 3) for r, o in pairs)[len(pairs) // 2] for key in KEYS
+    return {
+        "concurrency": concurrency,
+        "round": number,
+        "client": name,
+        "requests": len(records),
+        "load_1m": round(load, 2),
+        **errors_ms(records),
+        # How late the stub itself woke up for its chunks (the same for both clients on an
+        # idle machine; a client that takes the stub's CPU makes it larger).
+        "stub_late_p50_ms": round(stats["lateness_p50_s"] * 1000, 3),
+        "stub_late_p99_ms": round(stats["lateness_p99_s"] * 1000, 3),
     }
-    summary["cpus"] = len(os.sched_getaffinity(0))
-    summary["load_avg"] = os.getloadavg()
-    print(
-        json.dumps(
-            {
-                "stub": stats,
-                "median": summary["median"],
-                "excess_ms": summary["excess_ms"],
-                "paired_excess_ms": summary["paired_excess_ms"],
-                "load_avg": summary["load_avg"],
-            }
-        )
+
+
+def one_concurrency(concurrency: int, rounds: int) -> dict[str, Any]:
+    """Alternate the clients (ABBA: the order reverses every round) at one concurrency."""
+    rows: list[dict[str, Any]] = []
+    for number in range(rounds):
+        order = list(CLIENTS) if number % 2 == 0 else list(reversed(CLIENTS))
+        for name in order:
+            rows.append(one_run(name, concurrency, number))
+            print(json.dumps(rows[-1]), flush=True)
+    return {"concurrency": concurrency, "rounds": rows, **paired(rows)}
+
+
+def paired(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians per client and the per-round excess of llmb-loadgen over bare."""
+    by_round: dict[int, dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        by_round.setdefault(row["round"], {})[row["client"]] = row
+    median = {
+        name: {key: sorted(r[key] for r in rows if r["client"] == name)[len(by_round) // 2]
+               for key in KEYS}
+        for name in CLIENTS
+    }  # fmt: skip
+    out: dict[str, Any] = {"median": median}
+    for name in CLIENTS:
+        if name == "bare":
+            continue
+        diffs = {key: sorted(r[name][key] - r["bare"][key] for r in by_round.values())
+                 for key in KEYS}  # fmt: skip
+        out[name] = {
+            "excess_median_ms": {k: round(v[len(v) // 2], 3) for k, v in diffs.items()},
+            "excess_worst_ms": {k: round(v[-1], 3) for k, v in diffs.items()},
+        }
+    return out
+
+
+def main() -> None:
+    """Run the rounds at each concurrency and print (and optionally save) the results."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", default="16,64,256", help="comma list")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per client")
+    parser.add_argument("--requests", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--bare", metavar="URL", help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--stub-uvloop", action="store_true", help="run the stub on uvloop (for c=256)"
     )
+    parser.add_argument(
+        "--baseline", type=Path, help="also run the load generator of this checkout (before/after)"
+    )
+    args = parser.parse_args()
+    if args.bare:
+        records = asyncio.run(bare_client(args.bare, int(args.concurrency), args.requests))
+        args.json.write_text(json.dumps(records))
+        return
+    if args.stub_uvloop:
+        STUB_UVLOOP.append("uvloop")
+    if args.baseline:
+        base = args.baseline.resolve()
+        CLIENTS["baseline"] = lambda u, c, n: run_loadgen(u, c, n, base)
+    results = []
+    for concurrency in (int(c) for c in args.concurrency.split(",")):
+        results.append(one_concurrency(concurrency, args.rounds))
+        print(json.dumps({k: v for k, v in results[-1].items() if k != "rounds"}), flush=True)
+    summary = {"cpus": len(os.sched_getaffinity(0)), "load_avg": os.getloadavg(),
+               "results": results}  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
 

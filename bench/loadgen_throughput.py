@@ -20,7 +20,6 @@ stub in the same run, alternating with the load generator.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import resource
@@ -38,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from loadgen.client import Target  # noqa: E402
 from loadgen.scheduler import RunSpec  # noqa: E402
-from loadgen.session import SessionOptions, execute  # noqa: E402
+from loadgen.session import SessionOptions, execute, run  # noqa: E402
 from loadgen.workers import execute_workers  # noqa: E402
 
 
@@ -49,10 +48,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_stub(port: int, *extra: str) -> subprocess.Popen[bytes]:
-    """Start the stub in its own process and wait until it answers."""
+def start_stub(port: int, *extra: str, module: list[str] | None = None) -> subprocess.Popen[bytes]:
+    """Start the stub in its own process and wait until it answers.
+
+    `module`: how to start it instead of `-m loadgen.stub` (e.g. `-c CODE`).
+    """
+    start = module or ["-m", "loadgen.stub"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "loadgen.stub", "--port", str(port), "--no-keep", *extra],
+        [sys.executable, *start, "--port", str(port), "--no-keep", *extra],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
     )
@@ -181,7 +184,7 @@ def main() -> None:
             runs: dict[str, list[dict[str, Any]]] = {}
             for _ in range(args.repeat):
                 # Alternate the tools so a change in machine load hits both alike.
-                row = asyncio.run(measure(url, requests, tokens, args.concurrency, args.workers))
+                row = run(measure(url, requests, tokens, args.concurrency, args.workers))
                 runs.setdefault(row["tool"], []).append(row)
                 if args.sglang_python:
                     row = measure_sglang(

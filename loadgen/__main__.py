@@ -7,7 +7,6 @@ options come from `loadgen.options`, so a flag means the same in every subcomman
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
@@ -42,6 +41,7 @@ from loadgen.options import (
 from loadgen.prompts import CACHE_MODES
 from loadgen.scheduler import RunSpec
 from loadgen.session import MetricsPortBusy, SessionOptions, execute
+from loadgen.session import run as run_loop
 from loadgen.sweep import model_label, plan_steps, probe_factory
 
 __all__ = ["Command", "UsageError", "build_parser", "default_commands", "main"]
@@ -305,7 +305,7 @@ def _execute(args: argparse.Namespace, specs: list[RunSpec], command: str) -> in
         problem = worker_count_error(specs[0], workers)
         if problem is not None:
             raise UsageError(problem)
-        result = asyncio.run(
+        result = run_loop(
             execute_workers(
                 specs[0],
                 options,
@@ -315,7 +315,7 @@ def _execute(args: argparse.Namespace, specs: list[RunSpec], command: str) -> in
             )
         )
     else:
-        result = asyncio.run(execute(specs, options))
+        result = run_loop(execute(specs, options))
     if result.error:
         print(f"llmb-loadgen: {result.error}", file=sys.stderr)
     if options.out_dir is not None and (result.steps or result.summary.get("aborted")):

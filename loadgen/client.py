@@ -165,6 +165,9 @@ class StreamClient:
         self._post_url = target.url + self._path
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._session: aiohttp.ClientSession | None = None
+        # perf_counter() of the latest network read of any of this client's streams: the
+        # scheduler does its own work (records, metrics, files) when reads are quiet.
+        self.last_read = 0.0
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if target.api_key:
             self._headers["Authorization"] = f"Bearer {target.api_key}"
@@ -344,9 +347,13 @@ class StreamClient:
         parts = result.parts
         stamps = result.stamps
         perf = time.perf_counter
-        async for data in resp.content.iter_any():
-            stamps.append(perf())
+        # readany() directly: `async for` over iter_any() adds a coroutine frame per read.
+        read = resp.content.readany
+        while data := await read():
+            now = perf()
+            stamps.append(now)
             parts.append(data)
+            self.last_read = now
 
 
 def finish(result: StreamResult) -> StreamResult:

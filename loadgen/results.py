@@ -150,7 +150,7 @@ def build_record(
 
 
 class JsonlWriter:
-    """Appends one JSON line per request and flushes it at once (nothing lost on Ctrl-C)."""
+    """Appends one JSON line per request, flushed with its batch (nothing lost on Ctrl-C)."""
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -159,8 +159,12 @@ class JsonlWriter:
 
     def write(self, record: RequestRecord) -> None:
         """Write and flush one record."""
-        if self._fh is not None:
-            self._fh.write(record.to_json() + "\n")
+        self.write_many((record,))
+
+    def write_many(self, records: Sequence[RequestRecord]) -> None:
+        """Write several records with one flush (one system call for a batch)."""
+        if self._fh is not None and records:
+            self._fh.write("".join([record.to_json() + "\n" for record in records]))
             self._fh.flush()
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ import logging
 import random
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -252,11 +252,16 @@ class RunContext:
 
     def record(self, record: RequestRecord) -> None:
         """Persist and publish one finished request."""
+        self.record_many((record,))
+
+    def record_many(self, records: Sequence[RequestRecord]) -> None:
+        """Persist (one write and flush) and publish a batch of finished requests."""
         if self.writer is not None:
-            self.writer.write(record)
-        if self.metrics is not None:
-            self.metrics.observe(record)
-        self.progress.update(record)
+            self.writer.write_many(records)
+        for record in records:
+            if self.metrics is not None:
+                self.metrics.observe(record)
+            self.progress.update(record)
 
     def close(self) -> None:
         """Flush and close the outputs."""
@@ -339,11 +344,34 @@ async def _wait_or_stop(awaitable: Awaitable[Any], stop: asyncio.Event) -> bool:
 # collection, about a millisecond): a full collection in the middle of a phase stalls the
 # event loop for several milliseconds and lands in the inter-token gaps of every stream.
 GC_INTERVAL_S = 5.0
+# A due collection waits for quiet reads (see QUIET_S), but at most this long.
+GC_MAX_DELAY_S = 1.0
+
+# Finished requests are settled (parsed, recorded, written to requests.jsonl, published to
+# the live metrics and the progress) by a recorder task, off the read path: only once no
+# stream has read anything for QUIET_S. Streams of a batch get their tokens together (an
+# engine decodes one step for all of them; the stub's clock ticks for all), so the reads
+# come in bursts with quiet gaps between them, and work done in a gap delays no timestamp.
+QUIET_S = 0.002
+# ... but a finished request never waits longer than this for its record: reads that never
+# pause (a zero-delay server, many unaligned streams) get one record per event-loop turn.
+MAX_DEFER_S = 0.25
+# Settling work per event-loop turn in a quiet gap: a read that arrives meanwhile waits for
+# the slice to end (a request costs ~0.1 ms), then the quiet is checked again.
+SETTLE_SLICE_S = 0.0005
+# Request bodies kept built ahead, per connection of the pool (a closed loop's next wave),
+# within a memory budget (long prompts: fewer ahead; the rest are built when sent).
+PREBUILT_PER_SLOT = 2
+PREBUILT_BYTES = 16 * 2**20
 
 
 @contextlib.contextmanager
-def _quiet_gc(enabled: bool) -> Iterator[None]:
-    """Freeze what exists, pause automatic collections, collect young objects on a timer."""
+def _quiet_gc(enabled: bool, quiet: Callable[[], float] | None = None) -> Iterator[None]:
+    """Freeze what exists, pause automatic collections, collect young objects on a timer.
+
+    `quiet()` (seconds until the reads are quiet, 0 when they are) delays a due
+    collection into a gap between reads, by at most GC_MAX_DELAY_S.
+    """
     if not enabled or not gc.isenabled():
         yield
         return
@@ -352,12 +380,20 @@ def _quiet_gc(enabled: bool) -> Iterator[None]:
     gc.disable()
     loop = asyncio.get_running_loop()
     handle: asyncio.TimerHandle | None = None
+    due = 0.0
 
     def young() -> None:
-        nonlocal handle
+        nonlocal handle, due
+        now = time.perf_counter()
+        wait = quiet() if quiet is not None else 0.0
+        if wait > 0 and now - due < GC_MAX_DELAY_S:
+            handle = loop.call_later(wait, young)
+            return
         gc.collect(1)
+        due = time.perf_counter() + GC_INTERVAL_S
         handle = loop.call_later(GC_INTERVAL_S, young)
 
+    due = time.perf_counter() + GC_INTERVAL_S
     handle = loop.call_later(GC_INTERVAL_S, young)
     try:
         yield
@@ -396,6 +432,14 @@ class _Phase:
         self._wake = asyncio.Event()
         self.build = client.body_builder(spec.request_params())
         self.wall_offset = time.time() - time.perf_counter()
+        # Resolved once: labels() takes a lock and builds a key on every call.
+        self.gauge = ctx.metrics.in_flight.labels(self.engine) if ctx.metrics else None
+        # Request bodies built ahead (index -> body), so sending one costs no prompt or JSON
+        # work; topped up in the gaps between reads, like the records.
+        self._bodies: dict[int, bytes] = {}
+        self._built_to = 0
+        self._body_size = 0
+        self.prebuild()
 
     def claim(self) -> int | None:
         """Index of the next request to send, or None when the phase is over."""
@@ -409,11 +453,35 @@ class _Phase:
         self.next_index += 1
         return index
 
-    async def one(self, index: int) -> None:
-        index = self.spec.index_start + index * self.spec.index_step
+    def _body(self, index: int) -> bytes:
+        """The request body of (global) prompt index `index`."""
         text = self.prompts.text(index) if self.measured else self.prompts.warmup_text(index)
-        body = self.build(text)
-        gauge = self.ctx.metrics.in_flight.labels(self.engine) if self.ctx.metrics else None
+        return self.build(text)
+
+    def prebuild(self, until: float | None = None) -> None:
+        """Build ahead the bodies of the next requests to send (see PREBUILT_PER_SLOT).
+
+        With `until` (a perf_counter time) it stops there: a slice of a gap between reads.
+        """
+        stop = self.next_index + PREBUILT_PER_SLOT * self.spec.pool_size()
+        if self.limit is not None:
+            stop = min(stop, self.limit)
+        start, step = self.spec.index_start, self.spec.index_step
+        number = max(self._built_to, self.next_index)
+        perf = time.perf_counter
+        while number < stop and len(self._bodies) * self._body_size < PREBUILT_BYTES:
+            if until is not None and perf() >= until:
+                break
+            body = self._body(start + number * step)
+            self._bodies[number] = body
+            self._body_size = max(self._body_size, len(body))
+            number += 1
+        self._built_to = max(self._built_to, number)
+
+    async def one(self, number: int) -> None:
+        index = self.spec.index_start + number * self.spec.index_step
+        body = self._bodies.pop(number, None) or self._body(index)
+        gauge = self.gauge
         if gauge is not None:
             gauge.inc()
         result: StreamResult | None = None
@@ -451,14 +519,19 @@ class _Phase:
                 )
         else:
             self.timeouts = 0
-        if self.measured:
+        if not self.measured:
+            return
+        if result.error is not None:
+            # A failure is settled at once: the error-share rule must stop a failing step
+            # promptly, and a failing step has no timing left to protect.
+            self._keep_many([self._settle(index, result)])
+        else:
             self._pending.append((index, result))
             self._wake.set()
 
-    def _settle(self, index: int, result: StreamResult) -> None:
-        """Parse one finished request, record it and apply the error-share rule."""
+    def _settle(self, index: int, result: StreamResult) -> RequestRecord:
+        """Parse one finished request into its record and apply the error-share rule."""
         record = build_record(finish(result), **self._meta(index))
-        self._keep(record)
         self.finished += 1
         if record.error is not None and record.error not in (EARLY_STOP, INTERRUPTED):
             self.failures += 1
@@ -471,24 +544,49 @@ class _Phase:
                     f"{self.finished} requests failed (limit {share:.0%}); last: "
                     f"{record.error} {record.error_detail or ''}".rstrip()
                 )
+        return record
+
+    def quiet_in(self, now: float) -> float:
+        """Seconds until the reads have been quiet for QUIET_S (0: quiet now)."""
+        return max(0.0, self.client.last_read + QUIET_S - now)
+
+    def _settle_slice(self, until: float) -> None:
+        """Settle pending requests until `until` (at least one) or until a read arrives."""
+        perf = time.perf_counter
+        mark = self.client.last_read
+        batch = [self._settle(*self._pending.popleft())]
+        while self._pending and perf() < until and self.client.last_read == mark:
+            batch.append(self._settle(*self._pending.popleft()))
+        self._keep_many(batch)
 
     async def _recorder(self) -> None:
-        """Settle finished requests one per event-loop turn.
+        """Settle finished requests in the gaps between reads (see QUIET_S).
 
-        Streams of a closed loop tend to end together; settling them all at once would
-        hold back every other stream's reads (and so their timestamps) for the whole burst.
-        Yielding after each one lets the loop poll the sockets in between.
+        Once the oldest one has waited MAX_DEFER_S, one is settled per event-loop turn
+        whatever the reads do, so the sockets are polled between any two of them.
         """
+        perf = time.perf_counter
         while True:
-            while self._pending:
-                self._settle(*self._pending.popleft())
-                await asyncio.sleep(0)
-            self._wake.clear()
-            await self._wake.wait()
+            if not self._pending:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            now = perf()
+            wait = self.quiet_in(now)
+            overdue_in = self._pending[0][1].t_end + MAX_DEFER_S - now
+            if wait > 0 and overdue_in > 0:
+                await asyncio.sleep(min(wait, overdue_in))
+                continue
+            self._settle_slice(now + SETTLE_SLICE_S if wait == 0 else now)
+            if wait == 0 and self.quiet_in(perf()) == 0:
+                self.prebuild(perf() + SETTLE_SLICE_S)
+            await asyncio.sleep(0)
 
     def _drain(self) -> None:
+        batch = []
         while self._pending:
-            self._settle(*self._pending.popleft())
+            batch.append(self._settle(*self._pending.popleft()))
+        self._keep_many(batch)
 
     def _count_connect_error(self) -> None:
         self.connect_errors += 1
@@ -515,8 +613,12 @@ class _Phase:
         }
 
     def _keep(self, record: RequestRecord) -> None:
-        self.records.append(record)
-        self.ctx.record(record)
+        self._keep_many([record])
+
+    def _keep_many(self, records: list[RequestRecord]) -> None:
+        if records:
+            self.records.extend(records)
+            self.ctx.record_many(records)
 
     async def run(self) -> float:
         """Run the phase within its hard deadline; return its wall time in seconds.
@@ -535,7 +637,7 @@ class _Phase:
             body = self._open_loop(self.spec.rate)
         recorder = asyncio.create_task(self._recorder())
         try:
-            with _quiet_gc(self.measured):
+            with _quiet_gc(self.measured, lambda: self.quiet_in(time.perf_counter())):
                 await asyncio.wait_for(body, timeout=limit)
         except asyncio.TimeoutError:
             self.abort(f"{ABORT_DEADLINE}: {self.engine}: phase not finished within {limit:.0f} s")

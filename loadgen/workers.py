@@ -34,6 +34,7 @@ from loadgen.session import (
     SessionResult,
     execute,
     exit_code,
+    run,
     serve_metrics,
 )
 
@@ -163,7 +164,7 @@ def _worker_main(
         except threading.BrokenBarrierError:
             logging.getLogger(__name__).warning("worker %d: starting without the others", worker)
     try:
-        result = asyncio.run(execute([spec], options))
+        result = run(execute([spec], options))
         metrics.flush()
         for summary in result.summary["steps"]:
             if summary.get("server") is not None:
@@ -201,10 +202,10 @@ class _Merger:
                 )
         elif kind == "records":
             _, _, batch, in_flight = message
+            if self.writer is not None:
+                self.writer.write_many(batch)
             for record in batch:
                 self.records.setdefault(record.engine, []).append(record)
-                if self.writer is not None:
-                    self.writer.write(record)
                 self.metrics.observe(record)
             for engine, value in in_flight.items():
                 self.in_flight[(worker, engine)] = value
