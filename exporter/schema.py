@@ -81,7 +81,10 @@ SCHEMA: dict[str, Spec] = {
         "1 when the engine serves (llama.cpp: /health 200; SGLang: /metrics or /v1/models "
         "answered, /health only when both fail), else 0."
     ),
-    "llmb_engine_loading": _g("1 while the engine reports that it is loading the model."),
+    "llmb_engine_loading": _g(
+        "1 while the engine reports that it is loading the model (SGLang: also while it "
+        "answers HTTP but /server_info does not yet)."
+    ),
     "llmb_engine_info": Spec(
         "info",
         "Engine identity: model, version/build, quantization; simulated=true for simulators.",
@@ -168,6 +171,16 @@ SCHEMA: dict[str, Spec] = {
     "llmb_model_kv_cache_bytes_estimated": _g(
         "KV cache bytes the engine should allocate for its configured context, from the "
         "architecture (sliding-window layers capped at the window)."
+    ),
+    # --- SGLang versions, warm-up and decoding (issue 18; roofline contract) -----------------
+    "llmb_engine_spec_accept_length": _g(
+        "Mean tokens produced per target-model decode step with speculative decoding (>= 1); "
+        "absent without it."
+    ),
+    "llmb_model_kv_cache_type_info": Spec(
+        "info",
+        "KV cache element types the engine uses (SGLang kv_cache_dtype; auto = the model dtype).",
+        (*ENGINE, "type_k", "type_v"),
     ),
     # --- Exporter self-metrics --------------------------------------------------------------
     "llmb_source_up": _g("1 when the source was read successfully in this scrape.", ("source",)),
@@ -343,7 +356,8 @@ SOURCES: dict[str, tuple[str, str]] = {
     ),
     "llmb_engine_loading": (
         "`/health` 503 `Loading model`",
-        "`/health` 503 (asked only when `/metrics` and `/v1/models` fail)",
+        "`/health` 503 (asked when `/metrics` and `/v1/models` fail, or while `/server_info` "
+        "has not answered yet: 503 or no answer within 0.4 s)",
     ),
     "llmb_engine_info": (
         "`/v1/models` id, `/props` build_info, `meta.ftype`",
@@ -375,16 +389,17 @@ SOURCES: dict[str, tuple[str, str]] = {
     ),
     "llmb_engine_kv_cache_usage_ratio": (
         "used / capacity (old builds: `kv_cache_usage_ratio`)",
-        "`sglang:token_usage`",
+        "max(`sglang:full_token_usage`, `swa_token_usage`) (unrounded), else `token_usage`",
     ),
     "llmb_engine_slot_context_usage_max_ratio": ("`/slots` max `n_prompt_tokens/n_ctx`", ""),
     "llmb_engine_kv_pressure_events_total": (
         "log: KV full, context exceeded, context shift, `truncated = 1`",
-        "`sglang:num_retracted_requests_total` (event=retracted)",
+        "`sglang:num_retracted_requests_total` (event=retracted; 0 while only declared)",
     ),
     "llmb_engine_kv_cache_bytes": (
         "log `KV buffer size` (-lv 4)",
-        "`sglang:kv_cache_memory_usage_gb` × 2^30",
+        "`sglang:kv_cache_memory_usage_gb` × 2^30, else `/server_info` "
+        "`internal_states[0].memory_usage.kvcache`, else log `KV Cache is allocated` K + V",
     ),
     "llmb_engine_prompt_tokens_total": (
         "`prompt_tokens_total` + `prompt_tokens_cached_total`",
@@ -417,7 +432,9 @@ SOURCES: dict[str, tuple[str, str]] = {
     "llmb_engine_process_gpu_memory_peak_bytes": ("NVML background sampler", "same"),
     "llmb_engine_model_buffer_bytes": (
         "log `model buffer size` per device (-lv 4)",
-        "`sglang:weight_memory_usage_gb` × 2^30 (gpu); `/server_info` `cpu_offload_gb` (cpu)",
+        "`sglang:weight_memory_usage_gb` × 2^30, else `/server_info` "
+        "`internal_states[0].memory_usage.weight`, else log `Load weight end … mem usage=` (gpu); "
+        "`/server_info` `cpu_offload_gb` (cpu)",
     ),
     "llmb_engine_gpu_layers_offloaded": ("log `offloaded N/M layers to GPU` (-lv 4)", ""),
     "llmb_engine_gpu_layers_total": ("log `offloaded N/M layers to GPU` (-lv 4)", ""),
@@ -439,6 +456,33 @@ SOURCES: dict[str, tuple[str, str]] = {
         "GGUF header + slots × n_ctx (SWA layers capped)",
         "HF `config.json` × `max_total_num_tokens`",
     ),
+    "llmb_engine_spec_accept_length": (
+        "",
+        "`sglang:spec_accept_length` when `/server_info` `speculative_algorithm` is set",
+    ),
+    "llmb_model_kv_cache_type_info": (
+        "",
+        "`/server_info` `kv_cache_dtype` (`auto`: `dtype`, else `config.json` `torch_dtype`)",
+    ),
+}
+
+# What each series comes from on SGLang 0.5.11 (54 families: no weight/KV memory or startup
+# series, retractions only as a gauge) where it differs from the SGLang column;
+# "" = the series is absent on 0.5.11. Series not listed come from the same source.
+SGLANG_0_5_11: dict[str, str] = {
+    "llmb_engine_kv_cache_used_tokens": "`sglang:kv_used_tokens`",
+    "llmb_engine_kv_cache_usage_ratio": "max(`sglang:full_token_usage`, `swa_token_usage`)",
+    "llmb_engine_kv_pressure_events_total": "",
+    "llmb_engine_kv_cache_bytes": (
+        "`/server_info` `internal_states[0].memory_usage.kvcache`, else log "
+        "`KV Cache is allocated` K + V"
+    ),
+    "llmb_engine_model_buffer_bytes": (
+        "`/server_info` `internal_states[0].memory_usage.weight`, else log "
+        "`Load weight end … mem usage=` (gpu); `cpu_offload_gb` (cpu)"
+    ),
+    "llmb_engine_load_seconds": "",
+    "llmb_model_weights_bytes": "`memory_usage.weight` + `cpu_offload_gb` (else safetensors)",
 }
 
 _UNITS = (
@@ -465,8 +509,9 @@ def _unit(name: str) -> str:
 def markdown_table() -> str:
     """The exporter's schema as a Markdown table (docs/metrics.md embeds it)."""
     rows = [
-        "| name | type | unit | labels | llama.cpp source | SGLang source | meaning |",
-        "|---|---|---|---|---|---|---|",
+        "| name | type | unit | labels | llama.cpp source | SGLang source "
+        "| SGLang 0.5.11 source | meaning |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, spec in SCHEMA.items():
         if (
@@ -478,9 +523,10 @@ def markdown_table() -> str:
         else:
             llama, sglang = SOURCES.get(name, ("", ""))
         labels = ", ".join(f"`{label}`" for label in spec.labels) or "—"
+        old = sglang and SGLANG_0_5_11.get(name, "same")
         rows.append(
             f"| `{name}` | {spec.type} | {_unit(name)} | {labels} | {llama or '— (absent)'} "
-            f"| {sglang or '— (absent)'} | {spec.help} |"
+            f"| {sglang or '— (absent)'} | {old or '— (absent)'} | {spec.help} |"
         )
     return "\n".join(rows) + "\n"
 
