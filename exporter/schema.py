@@ -81,10 +81,7 @@ SCHEMA: dict[str, Spec] = {
         "1 when the engine serves (llama.cpp: /health 200; SGLang: /metrics or /v1/models "
         "answered, /health only when both fail), else 0."
     ),
-    "llmb_engine_loading": _g(
-        "1 while the engine reports that it is loading the model (SGLang: also while it "
-        "answers HTTP but /server_info does not yet)."
-    ),
+    "llmb_engine_loading": _g("1 while the engine reports that it is loading the model."),
     "llmb_engine_info": Spec(
         "info",
         "Engine identity: model, version/build, quantization; simulated=true for simulators.",

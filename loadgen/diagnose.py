@@ -962,6 +962,8 @@ class Diagnoser:
             kv_pressure_increase=float(self.kv_events_total),
             running=float(row.concurrency),
             waiting=row.waiting_avg,
+            # A closed loop runs min(concurrency, slots) at once.
+            running_slots_ratio=min(row.concurrency, slots) / slots if slots else None,
             generation_tokens_per_second=row.aggregate_tok_s,
             decode_efficiency=eff,
         )
