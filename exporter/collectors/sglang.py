@@ -42,9 +42,14 @@ from exporter.attribution import Attribution
 from exporter.collectors import Body, Collector, Scrape, SourceError, fetch, off_loop, parse_json
 from exporter.config import EngineConfig
 from exporter.fields import Fields
-from exporter.geometry import ModelGeometry, estimate_sglang_kv, geometry_from_hf_config
+from exporter.geometry import (
+    ModelGeometry,
+    estimate_sglang_kv,
+    geometry_from_hf_config,
+    kv_type_bytes,
+)
 from exporter.promtext import Exposition, Sample, parse_exposition
-from exporter.schema import MetricSet, sanitize_label
+from exporter.schema import MetricSet, add_kv_cache_type, add_model_structure, sanitize_label
 
 log = logging.getLogger(__name__)
 
@@ -105,18 +110,6 @@ FAMILIES = (
     "startup_time_seconds",
     *(name for _, names in HISTOGRAMS for name in names),
 )
-
-# kv_cache_dtype values of SGLang mapped to bytes per element ("auto" = model dtype).
-KV_DTYPE_BYTES = {
-    "fp8_e4m3": 1.0,
-    "fp8_e5m2": 1.0,
-    "fp4_e2m1": 0.5,
-    "bfloat16": 2.0,
-    "bf16": 2.0,
-    "float16": 2.0,
-    "fp16": 2.0,
-    "float32": 4.0,
-}
 
 
 def _finite(samples: Iterable[Sample]) -> list[Sample]:
@@ -802,7 +795,7 @@ class SGLangCollector(Collector):
             )
         kv_type = self._kv_dtype(server_info)
         if kv_type is not None:
-            ms.info("llmb_model_kv_cache_type_info", type_k=kv_type, type_v=kv_type, **labels)
+            add_kv_cache_type(ms, type_k=kv_type, type_v=kv_type, **labels)
 
     def _kv_dtype(self, server_info: Fields) -> str | None:
         """The KV cache element type: `kv_cache_dtype`, `auto` read as the model's dtype."""
@@ -816,7 +809,8 @@ class SGLangCollector(Collector):
             return dtype
         geom = self._geometry.value if self._geometry is not None else None
         if isinstance(geom, ModelGeometry) and geom.file_type:
-            return geom.file_type
+            # SGLang serves a float32 checkpoint in float16 ("auto" follows the served dtype).
+            return "float16" if geom.file_type in ("float32", "fp32") else geom.file_type
         return None
 
     def _map_weights(
@@ -853,8 +847,13 @@ class SGLangCollector(Collector):
         labels = self._labels
         ms.add("llmb_model_parameters", geom.n_params, **labels)
         ms.add("llmb_model_layers", float(geom.n_layer), **labels)
-        kv_dtype = server_info.text("kv_cache_dtype") or "auto"
-        dtype_bytes = KV_DTYPE_BYTES.get(kv_dtype, 2.0)
+        add_model_structure(ms, geom, **labels)
+        kv_dtype = self._kv_dtype(server_info) or server_info.text("kv_cache_dtype") or "auto"
+        try:
+            dtype_bytes = kv_type_bytes(kv_dtype)
+        except ValueError:
+            ms.problems.append(f"/server_info.kv_cache_dtype: unknown type {kv_dtype!r}")
+            return  # bytes per element unknown: no KV estimate rather than a wrong one
         ms.add(
             "llmb_model_kv_bytes_per_token_estimated",
             geom.kv_bytes_per_token(dtype_bytes),
@@ -872,7 +871,7 @@ class SGLangCollector(Collector):
         est = estimate_sglang_kv(
             geom,
             int(tokens),
-            kv_dtype_bytes=dtype_bytes,
+            kv_cache_dtype=kv_dtype,
             hybrid_swa=swa_tokens is not None,
             page_size=max(1, int(page)),
             max_total_num_tokens_swa=None if swa_tokens is None else int(swa_tokens),
