@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,7 +67,7 @@ def scrapes(*engines: dict[Key, list[float]]) -> list[tuple[float, dict[Key, flo
     return [(i * STEP, {k: v[i] for k, v in merged.items()}) for i in range(STEPS)]
 
 
-CASES = {
+CASES: dict[str, dict[str, Any]] = {
     # One 1500-token request holds most of a 2048-token pool: 3 wait, usage 0.76 < 0.9,
     # running 1 of 48.
     "pool": dict(
