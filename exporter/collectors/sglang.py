@@ -270,11 +270,12 @@ class SGLangLog:
     def feed(self, line: str) -> None:
         """One log line; a later instance's lines replace an earlier one's."""
         if (m := _LOG_WEIGHTS.search(line)) is not None:
-            self.state = SGLangLogState(weights_bytes=float(m.group(1)) * GIB)
+            weights = float(m.group(1)) * GIB
+            self.state = SGLangLogState(weights_bytes=weights if math.isfinite(weights) else None)
         elif (m := _LOG_KV.search(line)) is not None:
             gib = float(m.group(4)) if m.group(4) else float(m.group(2)) + float(m.group(3))
-            self.state.kv_bytes = gib * GIB
-            self.state.kv_tokens = int(m.group(1))
+            self.state.kv_bytes = gib * GIB if math.isfinite(gib * GIB) else None
+            self.state.kv_tokens = int(m.group(1)) if len(m.group(1)) < 16 else None
 
 
 @dataclass
