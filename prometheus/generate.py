@@ -384,7 +384,11 @@ def verdict_rules() -> list[dict[str, Any]]:
 
 def fleet_rules() -> list[dict[str, Any]]:
     """Many hosts on one Prometheus: a severity per engine and verdict counts per host."""
-    down = 'label_replace(engine:llmb_engine_up:max == 0, "verdict", "engine_down", "", "")'
+    # A loading engine (SGLang warming up, llama.cpp loading the model) is not down.
+    down = (
+        "label_replace(engine:llmb_engine_up:max == 0 unless on (host, engine, kind) "
+        'max by (host, engine, kind) (llmb_engine_loading) == 1, "verdict", "engine_down", "", "")'
+    )
     parts = [f"{down} + {SEVERITY['engine_down']}"] + [
         f'(llmb:engine_bottleneck:verdict{{verdict="{v}"}} == 1) * {SEVERITY[v]}' for v in VERDICTS
     ]
