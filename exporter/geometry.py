@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exporter import ggml_types
+from exporter import ggml_types, weights
 
 # llama.cpp pads contexts and the SWA cache to this many cells.
 LLAMACPP_PAD = 256
@@ -40,6 +40,35 @@ LLAMACPP_KV_TYPE_BYTES: dict[str, float] = {
     "q5_0": 22 / 32,
     "q5_1": 24 / 32,
 }
+
+# SGLang `--kv-cache-dtype` values; "auto" is the model's dtype (16-bit for the checkpoints
+# this tool sees; SGLang keeps fp32 models' KV in fp32, which `kv_type_bytes` cannot know).
+SGLANG_KV_DTYPE_BYTES: dict[str, float] = {
+    "auto": 2.0,
+    "bf16": 2.0,
+    "bfloat16": 2.0,
+    "float16": 2.0,
+    "fp16": 2.0,
+    "float32": 4.0,
+    "fp8_e4m3": 1.0,
+    "fp8_e5m2": 1.0,
+    "fp4_e2m1": 0.5,
+}
+
+
+def kv_type_bytes(name: str) -> float:
+    """Bytes per element of a KV cache type: llama.cpp `-ctk/-ctv` or SGLang `--kv-cache-dtype`.
+
+    Quantized llama.cpp types store blocks (q8_0: 34 bytes per 32 values). ValueError when
+    the name is not a KV type either engine knows.
+    """
+    key = name.strip().lower()
+    if key in LLAMACPP_KV_TYPE_BYTES:
+        return LLAMACPP_KV_TYPE_BYTES[key]
+    if key in SGLANG_KV_DTYPE_BYTES:
+        return SGLANG_KV_DTYPE_BYTES[key]
+    raise ValueError(f"unknown KV cache type {name!r}")
+
 
 # Sliding-window layout of architectures whose GGUF does not carry
 # `<arch>.attention.sliding_window_pattern`: every n-th layer is full attention,
@@ -73,6 +102,25 @@ class ModelGeometry:
     n_head: int | None = None
     # Per layer: True when the layer uses the sliding window; () when unknown.
     swa_mask: tuple[bool, ...] = ()
+    # What a decode step reads of the weights (exporter/weights.py; CONTRACT-roofline.md).
+    # always_read_bytes is None when the structure is unknown (then assume every weight).
+    always_read_bytes: int | None = None
+    routed_expert_bytes: int = 0
+    expert_count: int | None = None  # E (None for a dense model)
+    expert_used_count: int | None = None  # k
+    expert_shared_count: int | None = None
+    leading_dense_block_count: int | None = None
+    token_embedding_row_bytes: int = 0  # one row of an untied token embedding (0 when tied)
+    token_embedding_bytes: int = 0  # the untied token-embedding table (0 when tied)
+    tied_embeddings: bool | None = None
+    routed_expert_bytes_by_layer: tuple[int, ...] = ()  # () for a dense model
+    kv_lora_rank: int | None = None  # MLA: the cache holds this latent + the rope key
+    weights_source: str = ""  # gguf | safetensors | config
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the model has routed experts."""
+        return self.routed_expert_bytes > 0 or bool(self.expert_count)
 
     @property
     def full_layers(self) -> int:
@@ -93,13 +141,17 @@ class ModelGeometry:
         """K+V bytes one layer stores for one token."""
         return self.n_head_kv * (self.head_dim_k * type_k_bytes + self.head_dim_v * type_v_bytes)
 
-    def kv_bytes_per_token(self, kv_dtype_bytes: float = 2.0) -> float:
+    def kv_bytes_per_token(
+        self, kv_dtype_bytes: float = 2.0, type_v_bytes: float | None = None
+    ) -> float:
         """KV bytes per token of context over the full-attention layers only.
 
         Sliding-window layers stop growing at the window, so this is what each extra
-        token of context costs once a sequence is longer than the window.
+        token of context costs once a sequence is longer than the window. `kv_dtype_bytes`
+        is the K element size (and V's unless `type_v_bytes` is given); see `kv_type_bytes`.
         """
-        return self.full_layers * self.kv_bytes_per_layer_token(kv_dtype_bytes, kv_dtype_bytes)
+        v_bytes = kv_dtype_bytes if type_v_bytes is None else type_v_bytes
+        return self.full_layers * self.kv_bytes_per_layer_token(kv_dtype_bytes, v_bytes)
 
 
 @dataclass(frozen=True)
@@ -142,12 +194,19 @@ def estimate_llamacpp_kv(
     type_v_bytes: float = 2.0,
     swa_full: bool = False,
     n_gpu_layers: int | None = None,
+    type_k: str | None = None,
+    type_v: str | None = None,
 ) -> KVEstimate:
     """KV cache llama-server allocates for `-c n_ctx -np n_seq [-kvu] [-ub n_ubatch]`.
 
     `n_ctx` 0 means the training context, as in llama.cpp. `n_gpu_layers` is `-ngl`
     (None: all layers on the GPU); it only moves bytes between `cpu_bytes` and the GPU.
+    `type_k`/`type_v` are `-ctk`/`-ctv` names (f16, q8_0, ...); they override the byte sizes.
     """
+    if type_k is not None:
+        type_k_bytes = kv_type_bytes(type_k)
+    if type_v is not None:
+        type_v_bytes = kv_type_bytes(type_v)
     if n_ctx <= 0:
         if not geom.n_ctx_train:
             raise ValueError("n_ctx is 0 and the model has no training context")
@@ -191,14 +250,20 @@ def estimate_sglang_kv(
     page_size: int = 1,
     max_total_num_tokens_swa: int | None = None,
     tp_size: int = 1,
+    kv_cache_dtype: str | None = None,
 ) -> KVEstimate:
     """KV pool SGLang allocates for `max_total_num_tokens` token slots (per GPU).
+
+    `kv_cache_dtype` is SGLang's `--kv-cache-dtype` (auto, bf16, fp8_e5m2, ...); it
+    overrides `kv_dtype_bytes`.
 
     Without hybrid SWA (SGLang's default for most models, Gemma 3 included in 0.5.23) every
     layer gets the full pool. With it the sliding-window layers get
     `max_total_num_tokens_swa` slots (the full count when that is unknown: an upper bound).
     KV heads are split over `tp_size` GPUs (at least one head each).
     """
+    if kv_cache_dtype is not None:
+        kv_dtype_bytes = kv_type_bytes(kv_cache_dtype)
     heads = max(1, geom.n_head_kv // max(1, tp_size))
     per_layer_token = heads * (geom.head_dim_k + geom.head_dim_v) * kv_dtype_bytes
     slots = max_total_num_tokens + page_size
@@ -366,9 +431,31 @@ class _GGUFHeader:
         return [self.value(itype) for _ in range(count)]
 
 
+@dataclass(frozen=True)
+class GGUFTensor:
+    """One tensor info of a GGUF header: name, dimensions (ne0 first) and ggml type id."""
+
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: int
+
+    @property
+    def n_elements(self) -> int:
+        """Elements of the tensor."""
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor's data (ValueError for an unknown ggml type)."""
+        return ggml_types.tensor_bytes(self.n_elements, self.ggml_type)
+
+
 def _walk_gguf(
     path: str | Path, keep_arrays: bool = False, raw_strings: bool = False
-) -> tuple[dict[str, GGUFField], list[tuple[str, int, int]]]:
+) -> tuple[dict[str, GGUFField], list[GGUFTensor]]:
     import mmap
 
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
@@ -390,12 +477,13 @@ def _walk_gguf(
         tensors = []
         for _ in range(n_tensors):
             name = hdr.string()
-            n_elements = 1
-            for _ in range(hdr.scalar("I")):
-                n_elements *= hdr.scalar("Q")
+            n_dims = hdr.scalar("I")
+            if n_dims > 8:  # GGML_MAX_DIMS is 4; a corrupt header, not a tensor
+                raise ValueError(f"{path}: tensor {name!r} has {n_dims} dimensions")
+            shape = tuple(hdr.scalar("Q") for _ in range(n_dims))
             ggml_type = hdr.scalar("I")
             hdr.pos += 8  # data offset
-            tensors.append((name, n_elements, ggml_type))
+            tensors.append(GGUFTensor(name, shape, ggml_type))
     return meta, tensors
 
 
@@ -404,6 +492,15 @@ def read_gguf_header(path: str | Path) -> tuple[dict[str, Any], list[tuple[str, 
 
     Arrays longer than 65536 items (tokenizer vocabularies) are skipped, as `None`.
     """
+    meta, tensors = _walk_gguf(path)
+    return (
+        {key: f.value for key, f in meta.items()},
+        [(t.name, t.n_elements, t.ggml_type) for t in tensors],
+    )
+
+
+def read_gguf_tensors(path: str | Path) -> tuple[dict[str, Any], list[GGUFTensor]]:
+    """Metadata and the tensor infos (name, shape, type) of a GGUF, from the header only."""
     meta, tensors = _walk_gguf(path)
     return {key: f.value for key, f in meta.items()}, tensors
 
@@ -416,9 +513,62 @@ def read_gguf_fields(path: str | Path) -> dict[str, GGUFField]:
     return _walk_gguf(path, keep_arrays=True, raw_strings=True)[0]
 
 
+def _gguf_kv_shape(
+    key: Callable[[str], Any], n_embd: int | None, n_head: int | None
+) -> tuple[int, int, int, int | None]:
+    """(n_head_kv, head_dim_k, head_dim_v, kv_lora_rank) as llama.cpp sizes its KV cache.
+
+    MLA models (DeepSeek-V2/V3, `attention.kv_lora_rank`) cache one latent of kv_lora_rank
+    plus the rope key per token and layer, in K only (llama.cpp's V-less cache, PR #19067).
+    """
+    kv_lora = _as_int(key("attention.kv_lora_rank")) or None
+    if kv_lora:
+        return 1, kv_lora + (_as_int(key("rope.dimension_count")) or 0), 0, kv_lora
+    n_head_kv = _as_int(key("attention.head_count_kv")) or n_head or 0
+    default_head_dim = n_embd // n_head if n_embd and n_head else 0
+    head_k = _as_int(key("attention.key_length")) or default_head_dim
+    head_v = _as_int(key("attention.value_length")) or default_head_dim
+    return n_head_kv, head_k, head_v, None
+
+
+def _gguf_rows(tensor: GGUFTensor) -> int:
+    # GGUF dims run ne0 first: an embedding table is [n_embd, n_vocab].
+    return tensor.shape[-1] if len(tensor.shape) >= 2 else 1
+
+
+def _gguf_moe(key: Callable[[str], Any], tensors: list[GGUFTensor]) -> dict[str, Any]:
+    """ModelGeometry's MoE fields from the GGUF keys and tensor infos."""
+    nextn = _as_int(key("nextn_predict_layers")) or 0
+    n_layer = _as_int(key("block_count")) or 0
+    split = weights.split_tensors(
+        (weights.TensorInfo(t.name, t.nbytes, _gguf_rows(t)) for t in tensors),
+        n_layer,
+        first_skipped_layer=n_layer - nextn if nextn else None,
+    )
+    experts = _as_int(key("expert_count")) or None
+    if experts is None and split.routed_expert_bytes:
+        # A 3-D expert tensor is [.., .., n_expert].
+        experts = next((t.shape[-1] for t in tensors if len(t.shape) == 3), None)
+    return {
+        "always_read_bytes": split.always_read_bytes,
+        "routed_expert_bytes": split.routed_expert_bytes,
+        "expert_count": experts,
+        "expert_used_count": _as_int(key("expert_used_count")) or None,
+        "expert_shared_count": (_as_int(key("expert_shared_count")) or 0) if experts else None,
+        "leading_dense_block_count": (_as_int(key("leading_dense_block_count")) or 0)
+        if experts
+        else None,
+        "token_embedding_row_bytes": split.token_embedding_row_bytes,
+        "token_embedding_bytes": split.token_embedding_bytes,
+        "tied_embeddings": split.tied_embeddings,
+        "routed_expert_bytes_by_layer": split.routed_by_layer,
+        "weights_source": "gguf",
+    }
+
+
 def geometry_from_gguf(path: str | Path) -> ModelGeometry:
     """Read the geometry from a GGUF file's header (tensor data is not read)."""
-    meta, tensors = read_gguf_header(path)
+    meta, tensors = read_gguf_tensors(path)
     arch = str(meta.get("general.architecture") or "")
     if not arch:
         raise ValueError(f"{path}: no general.architecture")
@@ -431,15 +581,11 @@ def geometry_from_gguf(path: str | Path) -> ModelGeometry:
         raise ValueError(f"{path}: no {arch}.block_count")
     n_embd = _as_int(key("embedding_length"))
     n_head = _as_int(key("attention.head_count"))
-    n_head_kv = _as_int(key("attention.head_count_kv")) or n_head or 0
-    default_head_dim = n_embd // n_head if n_embd and n_head else 0
-    head_k = _as_int(key("attention.key_length")) or default_head_dim
-    head_v = _as_int(key("attention.value_length")) or default_head_dim
+    n_head_kv, head_k, head_v, kv_lora = _gguf_kv_shape(key, n_embd, n_head)
     _check_shape(n_layer, n_head_kv, head_k, head_v)
     sliding_window = _as_int(key("attention.sliding_window")) or None
     mask = _swa_mask(arch, n_layer, sliding_window, key("attention.sliding_window_pattern"))
-    n_params = sum(n for _, n, _ in tensors) if tensors else None
-    weight_bytes = sum(ggml_types.tensor_bytes(n, t) for _, n, t in tensors) if tensors else None
+    moe = _gguf_moe(key, tensors) if tensors else {}
     return ModelGeometry(
         architecture=arch,
         n_layer=n_layer,
@@ -448,13 +594,15 @@ def geometry_from_gguf(path: str | Path) -> ModelGeometry:
         head_dim_v=head_v,
         sliding_window=sliding_window,
         swa_layers=sum(mask),
-        n_params=n_params,
-        weight_bytes=weight_bytes,
+        n_params=sum(t.n_elements for t in tensors) if tensors else None,
+        weight_bytes=sum(t.nbytes for t in tensors) if tensors else None,
         n_ctx_train=_as_int(key("context_length")),
         file_type=_file_type_name(meta.get("general.file_type")),
         n_embd=n_embd,
         n_head=n_head,
         swa_mask=mask,
+        kv_lora_rank=kv_lora,
+        **moe,
     )
 
 
@@ -462,31 +610,72 @@ def geometry_from_gguf(path: str | Path) -> ModelGeometry:
 _MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
 
 
-def _safetensors_totals(directory: Path) -> tuple[int | None, int | None]:
-    """Parameter count and bytes of all `*.safetensors` in `directory`, from headers only."""
+@dataclass(frozen=True)
+class _Safetensors:
+    params: int
+    size: int
+    tensors: tuple[weights.TensorInfo, ...]
+
+
+def _safetensors_totals(directory: Path) -> _Safetensors | None:
+    """Parameters, bytes and tensor infos of all `*.safetensors` in `directory` (headers only)."""
     params = size = 0
+    infos: list[weights.TensorInfo] = []
     files = sorted(directory.glob("*.safetensors"))
     if not files:
-        return None, None
+        return None
     for file in files:
         with file.open("rb") as fh:
             raw = fh.read(8)
             if len(raw) != 8:
-                return None, None
+                return None
             (length,) = struct.unpack("<Q", raw)
             if length > _MAX_SAFETENSORS_HEADER:
-                return None, None
+                return None
             header = json.loads(fh.read(length))
         for name, info in header.items():
             if name == "__metadata__" or not isinstance(info, dict):
                 continue
+            shape = [int(dim) for dim in info.get("shape", [])]
             count = 1
-            for dim in info.get("shape", []):
-                count *= int(dim)
+            for dim in shape:
+                count *= dim
             params += count
             start, end = info.get("data_offsets", (0, 0))
-            size += int(end) - int(start)
-    return params, size
+            nbytes = int(end) - int(start)
+            size += nbytes
+            # HF tables are [n_vocab, hidden].
+            infos.append(weights.TensorInfo(name, nbytes, shape[0] if len(shape) >= 2 else 1))
+    return _Safetensors(params, size, tuple(infos))
+
+
+def _hf_moe_fields(
+    config: Mapping[str, Any],
+    text: Mapping[str, Any],
+    dtype: str | None,
+    files: _Safetensors | None,
+) -> dict[str, Any]:
+    """ModelGeometry's MoE/embedding fields: safetensors sizes when present, else the config."""
+    n_layer = int(text["num_hidden_layers"])
+    split, counts = weights.config_split(config, text, dtype)
+    source = "config"
+    if files is not None and files.tensors:
+        split = weights.split_tensors(files.tensors, n_layer, gguf=False)
+        source = "safetensors"
+    moe = counts.moe
+    return {
+        "always_read_bytes": split.always_read_bytes,
+        "routed_expert_bytes": split.routed_expert_bytes,
+        "expert_count": moe.experts or None,
+        "expert_used_count": moe.used or None,
+        "expert_shared_count": moe.shared if moe.experts else None,
+        "leading_dense_block_count": moe.leading_dense if moe.experts else None,
+        "token_embedding_row_bytes": split.token_embedding_row_bytes,
+        "token_embedding_bytes": split.token_embedding_bytes,
+        "tied_embeddings": split.tied_embeddings,
+        "routed_expert_bytes_by_layer": split.routed_by_layer,
+        "weights_source": source,
+    }
 
 
 def geometry_from_hf_config(path_or_mapping: str | Path | Mapping[str, Any]) -> ModelGeometry:
@@ -495,7 +684,7 @@ def geometry_from_hf_config(path_or_mapping: str | Path | Mapping[str, Any]) -> 
     Multimodal configs (Gemma 3) keep the language model under `text_config`. For a
     directory, parameters and weight bytes come from the safetensors headers.
     """
-    n_params = weight_bytes = None
+    files: _Safetensors | None = None
     if isinstance(path_or_mapping, Mapping):
         config: Mapping[str, Any] = path_or_mapping
     else:
@@ -503,7 +692,7 @@ def geometry_from_hf_config(path_or_mapping: str | Path | Mapping[str, Any]) -> 
         directory = path if path.is_dir() else path.parent
         file = path / "config.json" if path.is_dir() else path
         config = json.loads(file.read_text(encoding="utf-8"))
-        n_params, weight_bytes = _safetensors_totals(directory)
+        files = _safetensors_totals(directory)
     text = config.get("text_config") or config
     arch_list = config.get("architectures") or []
     model_type = str(text.get("model_type") or config.get("model_type") or "")
@@ -542,11 +731,13 @@ def geometry_from_hf_config(path_or_mapping: str | Path | Mapping[str, Any]) -> 
         head_dim_v=head_v,
         sliding_window=sliding_window,
         swa_layers=sum(mask),
-        n_params=n_params,
-        weight_bytes=weight_bytes,
+        n_params=files.params if files else None,
+        weight_bytes=files.size if files else None,
         n_ctx_train=_as_int(text.get("max_position_embeddings")),
         file_type=str(dtype) if dtype else None,
         n_embd=n_embd,
         n_head=n_head,
         swa_mask=mask,
+        kv_lora_rank=int(text["kv_lora_rank"]) if text.get("kv_lora_rank") else None,
+        **_hf_moe_fields(config, text, str(dtype) if dtype else None, files),
     )

@@ -14,7 +14,7 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -23,6 +23,9 @@ from prometheus_client.core import (
     InfoMetricFamily,
 )
 from prometheus_client.metrics_core import Metric
+
+if TYPE_CHECKING:
+    from exporter.geometry import ModelGeometry
 
 ENGINE = ("engine", "kind")
 GPU = ("gpu",)
@@ -158,6 +161,18 @@ SCHEMA: dict[str, Spec] = {
     "llmb_engine_load_seconds": _g(
         "Time the engine took to load the model (log / SGLang startup)."
     ),
+    "llmb_engine_experts_host_layers": _g(
+        "Layers whose routed experts live in host memory (llama.cpp --n-cpu-moe, --cpu-moe, "
+        "-ot exps=CPU)."
+    ),
+    "llmb_engine_experts_host_bytes": _g(
+        "Bytes of the routed-expert tensors kept in host memory; decode reads its share of them "
+        "over host memory / PCIe."
+    ),
+    "llmb_engine_spec_accept_length": _g(
+        "Speculative decoding: mean tokens produced per target-model decode step (>= 1); absent "
+        "without speculative decoding."
+    ),
     # --- Model geometry ---------------------------------------------------------------------
     "llmb_model_weights_bytes": _g("Size of the model weights."),
     "llmb_model_parameters": _g("Parameter count of the model."),
@@ -168,6 +183,29 @@ SCHEMA: dict[str, Spec] = {
     "llmb_model_kv_cache_bytes_estimated": _g(
         "KV cache bytes the engine should allocate for its configured context, from the "
         "architecture (sliding-window layers capped at the window)."
+    ),
+    "llmb_model_weights_always_read_bytes": _g(
+        "Weight bytes every decode step reads whatever the batch: attention, norms, dense FFN "
+        "layers, shared experts, router, output projection (a tied embedding in full)."
+    ),
+    "llmb_model_weights_routed_experts_bytes": _g(
+        "Bytes of all routed-expert tensors (0 for a dense model); a step reads the experts its "
+        "batch is routed to."
+    ),
+    "llmb_model_experts": _g("Routed experts per MoE layer (E); absent for a dense model."),
+    "llmb_model_experts_used": _g("Routed experts used per token (k); absent for a dense model."),
+    "llmb_model_token_embedding_row_bytes": _g(
+        "Bytes of one row of an untied token embedding (a step reads one per sequence); 0 when "
+        "tied."
+    ),
+    "llmb_model_kv_cache_type_info": Spec(
+        "info",
+        "KV cache element types the engine stores (llama.cpp -ctk/-ctv; SGLang "
+        "--kv-cache-dtype); the KV estimates use them.",
+        (*ENGINE, "type_k", "type_v"),
+    ),
+    "llmb_model_draft_weights_bytes": _g(
+        "Weight bytes of the speculative-decoding draft model (llama.cpp -md)."
     ),
     # --- Exporter self-metrics --------------------------------------------------------------
     "llmb_source_up": _g("1 when the source was read successfully in this scrape.", ("source",)),
@@ -335,6 +373,28 @@ class MetricSet:
         return [fam for fam in self._families.values() if fam.samples]
 
 
+def add_model_structure(ms: MetricSet, geom: ModelGeometry, **labels: str) -> None:
+    """The llmb_model_* series of what a decode step reads (CONTRACT-roofline.md).
+
+    Every collector that knows a model's geometry calls this, so the series mean the same for
+    both engines. The geometry is static per model (computed once); this only adds samples.
+    Nothing is added when the structure is unknown (`always_read_bytes` None).
+    """
+    if geom.always_read_bytes is None:
+        return
+    ms.add("llmb_model_weights_always_read_bytes", geom.always_read_bytes, **labels)
+    ms.add("llmb_model_weights_routed_experts_bytes", geom.routed_expert_bytes, **labels)
+    ms.add("llmb_model_token_embedding_row_bytes", geom.token_embedding_row_bytes, **labels)
+    if geom.is_moe:
+        ms.add("llmb_model_experts", geom.expert_count, **labels)
+        ms.add("llmb_model_experts_used", geom.expert_used_count, **labels)
+
+
+def add_kv_cache_type(ms: MetricSet, type_k: str, type_v: str, **labels: str) -> None:
+    """`llmb_model_kv_cache_type_info{type_k,type_v}`: the KV element types the engine stores."""
+    ms.info("llmb_model_kv_cache_type_info", type_k=type_k, type_v=type_v, **labels)
+
+
 # Where each series comes from, per engine kind ("" = not provided: the series is absent).
 SOURCES: dict[str, tuple[str, str]] = {
     "llmb_engine_up": (
@@ -343,7 +403,8 @@ SOURCES: dict[str, tuple[str, str]] = {
     ),
     "llmb_engine_loading": (
         "`/health` 503 `Loading model`",
-        "`/health` 503 (asked only when `/metrics` and `/v1/models` fail)",
+        "`/health` 503 (asked when `/metrics` and `/v1/models` fail, or while `/server_info` "
+        "has not answered yet: 503 or no answer within 0.4 s)",
     ),
     "llmb_engine_info": (
         "`/v1/models` id, `/props` build_info, `meta.ftype`",
@@ -375,16 +436,17 @@ SOURCES: dict[str, tuple[str, str]] = {
     ),
     "llmb_engine_kv_cache_usage_ratio": (
         "used / capacity (old builds: `kv_cache_usage_ratio`)",
-        "`sglang:token_usage`",
+        "max(`sglang:full_token_usage`, `swa_token_usage`) (unrounded), else `token_usage`",
     ),
     "llmb_engine_slot_context_usage_max_ratio": ("`/slots` max `n_prompt_tokens/n_ctx`", ""),
     "llmb_engine_kv_pressure_events_total": (
         "log: KV full, context exceeded, context shift, `truncated = 1`",
-        "`sglang:num_retracted_requests_total` (event=retracted)",
+        "`sglang:num_retracted_requests_total` (event=retracted; 0 while only declared)",
     ),
     "llmb_engine_kv_cache_bytes": (
         "log `KV buffer size` (-lv 4)",
-        "`sglang:kv_cache_memory_usage_gb` × 2^30",
+        "`sglang:kv_cache_memory_usage_gb` × 2^30, else `/server_info` "
+        "`internal_states[0].memory_usage.kvcache`, else log `KV Cache is allocated` K + V",
     ),
     "llmb_engine_prompt_tokens_total": (
         "`prompt_tokens_total` + `prompt_tokens_cached_total`",
@@ -417,13 +479,30 @@ SOURCES: dict[str, tuple[str, str]] = {
     "llmb_engine_process_gpu_memory_peak_bytes": ("NVML background sampler", "same"),
     "llmb_engine_model_buffer_bytes": (
         "log `model buffer size` per device (-lv 4)",
-        "`sglang:weight_memory_usage_gb` × 2^30 (gpu); `/server_info` `cpu_offload_gb` (cpu)",
+        "`sglang:weight_memory_usage_gb` × 2^30, else `/server_info` "
+        "`internal_states[0].memory_usage.weight`, else log `Load weight end … mem usage=` (gpu); "
+        "`/server_info` `cpu_offload_gb` (cpu)",
     ),
     "llmb_engine_gpu_layers_offloaded": ("log `offloaded N/M layers to GPU` (-lv 4)", ""),
     "llmb_engine_gpu_layers_total": ("log `offloaded N/M layers to GPU` (-lv 4)", ""),
     "llmb_engine_load_seconds": (
         "log `loading model` → `model loaded`",
         "`sglang:startup_time_seconds{phase=load_weight}`",
+    ),
+    "llmb_engine_experts_host_layers": (
+        "log `tensor blk.N.ffn_*_exps.weight (...) buffer type overridden to CPU` (-lv 5), else "
+        "host model buffers − token embedding (-lv 4) over per-layer expert bytes",
+        "",
+    ),
+    "llmb_engine_experts_host_bytes": (
+        "expert bytes of those layers (GGUF tensor infos; else the override lines' MiB)",
+        "",
+    ),
+    "llmb_engine_spec_accept_length": (
+        "log `draft acceptance rate = R (A accepted / G generated)` with the request's "
+        "`eval time` tokens: Σ(n−1) / (Σ(n−1) − ΣA); else `spec_decode_num_accepted_tokens_total`"
+        " / `spec_decode_num_drafts_total` + 1",
+        "`sglang:spec_accept_length`",
     ),
     "llmb_model_weights_bytes": (
         "`/v1/models` `meta.size`",
@@ -439,6 +518,51 @@ SOURCES: dict[str, tuple[str, str]] = {
         "GGUF header + slots × n_ctx (SWA layers capped)",
         "HF `config.json` × `max_total_num_tokens`",
     ),
+    "llmb_model_weights_always_read_bytes": (
+        "GGUF tensor infos: all but `*_exps` and an untied `token_embd.weight`",
+        "safetensors headers (all but `.experts.`, untied `embed_tokens`), else HF config × dtype",
+    ),
+    "llmb_model_weights_routed_experts_bytes": (
+        "GGUF tensor infos `blk.N.ffn_*_exps.*`",
+        "safetensors `mlp.experts.*`, else `num_experts`/`num_local_experts`/`n_routed_experts` "
+        "× `moe_intermediate_size`",
+    ),
+    "llmb_model_experts": (
+        "GGUF `{arch}.expert_count`",
+        "HF `num_experts` / `num_local_experts` / `n_routed_experts`",
+    ),
+    "llmb_model_experts_used": ("GGUF `{arch}.expert_used_count`", "HF `num_experts_per_tok`"),
+    "llmb_model_token_embedding_row_bytes": (
+        "GGUF `token_embd.weight` bytes / rows when `output.weight` exists",
+        "`embed_tokens` row × dtype unless `tie_word_embeddings`",
+    ),
+    "llmb_model_kv_cache_type_info": (
+        "log `llama_kv_cache: size = … K (q8_0): …, V (q8_0): …` (-lv 4)",
+        "`/server_info` `kv_cache_dtype` (`auto`: `dtype`, else `config.json` `torch_dtype`)",
+    ),
+    "llmb_model_draft_weights_bytes": (
+        "log: model buffers of the second (draft) model load (-lv 4)",
+        "",
+    ),
+}
+
+# What each series comes from on SGLang 0.5.11 (54 families: no weight/KV memory or startup
+# series, retractions only as a gauge) where it differs from the SGLang column;
+# "" = the series is absent on 0.5.11. Series not listed come from the same source.
+SGLANG_0_5_11: dict[str, str] = {
+    "llmb_engine_kv_cache_used_tokens": "`sglang:kv_used_tokens`",
+    "llmb_engine_kv_cache_usage_ratio": "max(`sglang:full_token_usage`, `swa_token_usage`)",
+    "llmb_engine_kv_pressure_events_total": "",
+    "llmb_engine_kv_cache_bytes": (
+        "`/server_info` `internal_states[0].memory_usage.kvcache`, else log "
+        "`KV Cache is allocated` K + V"
+    ),
+    "llmb_engine_model_buffer_bytes": (
+        "`/server_info` `internal_states[0].memory_usage.weight`, else log "
+        "`Load weight end … mem usage=` (gpu); `cpu_offload_gb` (cpu)"
+    ),
+    "llmb_engine_load_seconds": "",
+    "llmb_model_weights_bytes": "`memory_usage.weight` + `cpu_offload_gb` (else safetensors)",
 }
 
 _UNITS = (
@@ -465,8 +589,9 @@ def _unit(name: str) -> str:
 def markdown_table() -> str:
     """The exporter's schema as a Markdown table (docs/metrics.md embeds it)."""
     rows = [
-        "| name | type | unit | labels | llama.cpp source | SGLang source | meaning |",
-        "|---|---|---|---|---|---|---|",
+        "| name | type | unit | labels | llama.cpp source | SGLang source "
+        "| SGLang 0.5.11 source | meaning |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, spec in SCHEMA.items():
         if (
@@ -478,9 +603,10 @@ def markdown_table() -> str:
         else:
             llama, sglang = SOURCES.get(name, ("", ""))
         labels = ", ".join(f"`{label}`" for label in spec.labels) or "—"
+        old = sglang and SGLANG_0_5_11.get(name, "same")
         rows.append(
             f"| `{name}` | {spec.type} | {_unit(name)} | {labels} | {llama or '— (absent)'} "
-            f"| {sglang or '— (absent)'} | {spec.help} |"
+            f"| {sglang or '— (absent)'} | {old or '— (absent)'} | {spec.help} |"
         )
     return "\n".join(rows) + "\n"
 

@@ -134,7 +134,8 @@ async def test_busy_fixture_maps_to_schema(fake: FakeSGLang, client: httpx.Async
     assert val(scrape, "llmb_engine_context_tokens") == 8192
     assert val(scrape, "llmb_engine_kv_cache_capacity_tokens") == 463552
     assert val(scrape, "llmb_engine_kv_cache_used_tokens") == 431112
-    assert val(scrape, "llmb_engine_kv_cache_usage_ratio") == 0.93
+    # full_token_usage, unrounded (token_usage reads 0.93).
+    assert val(scrape, "llmb_engine_kv_cache_usage_ratio") == pytest.approx(431112 / 463552)
     assert val(scrape, "llmb_engine_prompt_tokens_total") == 4005498 + 772166
     assert val(scrape, "llmb_engine_prompt_tokens_cached_total") == 1905996
     assert val(scrape, "llmb_engine_requests_finished_total") == 2928 + 555
@@ -260,7 +261,8 @@ async def test_two_dp_ranks_are_summed(fake: FakeSGLang, client: httpx.AsyncClie
     assert val(scrape, "llmb_engine_requests_waiting") == 14
     assert val(scrape, "llmb_engine_kv_cache_capacity_tokens") == 2 * 463552
     assert val(scrape, "llmb_engine_kv_cache_used_tokens") == 2 * 431112
-    assert val(scrape, "llmb_engine_kv_cache_usage_ratio") == 0.93
+    # full_token_usage, unrounded (token_usage reads 0.93).
+    assert val(scrape, "llmb_engine_kv_cache_usage_ratio") == pytest.approx(431112 / 463552)
     assert val(scrape, "llmb_engine_context_tokens") == 8192
     assert val(scrape, "llmb_engine_kv_pressure_events_total", event="retracted") == 18
     # Tokenizer-side counters carry no rank: unchanged.
