@@ -48,7 +48,7 @@ DEST=$("$PROJECT_PY" -m tests.plugins.sglang --venv-dir)
 STAMP="$DEST/llmb-installed.sha256"
 WANT=$(cat "$LOCK" "$STUB_SRC" | sha256sum | cut -d' ' -f1)
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$DEST/bin/python" -c 'import sglang' 2>/dev/null; then
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$DEST/bin/python" -c 'import importlib.util as u; assert u.find_spec("sglang")' 2>/dev/null; then
   echo "==> SGLang venv up to date: $DEST"
   exit 0
 fi
