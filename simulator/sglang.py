@@ -482,7 +482,8 @@ class SglangSim(SimBase):
         end = req.last_token or first
         m.inc("sglang:prompt_tokens", streaming, len(req.prompt))
         m.inc("sglang:generation_tokens", streaming, n_gen)
-        m.inc("sglang:cached_tokens", ("device",), req.cached)
+        if req.cached:  # SGLang counts cache hits only (the family appears at the first one)
+            m.inc("sglang:cached_tokens", ("device",), req.cached)
         m.inc("sglang:num_requests", streaming)
         m.observe("sglang:time_to_first_token_seconds", first - req.arrival, streaming)
         m.observe("sglang:e2e_request_latency_seconds", end - req.arrival, streaming)

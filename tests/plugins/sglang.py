@@ -8,7 +8,7 @@ Fixtures (each server starts once per test session, on 127.0.0.1 and a free port
   the venv is missing or incomplete.
 * `sglang_server` (session): the main server, `--max-running-requests 8` with a 16384-token
   pool (`SGLANG_SERVER`); ready (`/health` 200, warm-up done) when the fixture returns.
-* `sglang_pool_server` (session): a second server whose tiny KV pool (`POOL_SERVER`: 1024
+* `sglang_pool_server` (session): a second server whose tiny KV pool (`POOL_SERVER`: 512
   tokens) admits one long prompt at a time, so requests wait while the running count stays far
   below `--max-running-requests`; a burst of short prompts with long outputs makes it retract.
 * `sglang_launcher` (function): a factory `sglang_launcher(spec, wait=True)` for servers a test
@@ -17,19 +17,23 @@ Fixtures (each server starts once per test session, on 127.0.0.1 and a free port
 Requests to these servers need `"ignore_eos": true` with `max_tokens`: the weights are random.
 
 `python -m tests.plugins.sglang --venv-dir` prints where the venv lives (install-sglang.sh uses
-it); `--describe` prints what was found.
+it); `--describe` prints what was found; `--capture DIR` writes a server's answers (the fixture
+tests/fixtures/sglang-0.5.11-cpu).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -58,7 +62,15 @@ class ServerSpec:
 
 
 SGLANG_SERVER = ServerSpec(max_total_tokens=16384, max_running_requests=8, context_length=2048)
-POOL_SERVER = ServerSpec(max_total_tokens=1024, max_running_requests=16, context_length=1024)
+# Admission reserves prompt + max_tokens x new_token_ratio x conservativeness: at 0.05 short
+# prompts with long answers are all admitted and then outgrow the pool (SGLang retracts), while a
+# 350-token prompt still takes most of it (the next one waits).
+POOL_SERVER = ServerSpec(
+    max_total_tokens=512,
+    max_running_requests=16,
+    context_length=512,
+    extra=("--schedule-conservativeness", "0.05"),
+)
 
 
 class SglangMissing(RuntimeError):
@@ -190,11 +202,20 @@ class SglangServer:
 
 
 def _free_port() -> int:
+    """A free port SGLang accepts: it derives its gRPC port as port + 10000, which must stay a
+    valid port, so ephemeral ports above 55535 are refused."""
+    import random
     import socket
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    for _ in range(200):
+        port = random.randrange(20000, 55000)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port in 20000-55000")
 
 
 def start_sglang_server(
@@ -219,6 +240,45 @@ def start_sglang_server(
     if wait:
         server.wait_ready()
     return server
+
+
+# -- requests to the test servers ----------------------------------------------------------------
+def prompt_ids(n: int, seed: int) -> list[int]:
+    """`n` token ids, different per seed (no radix-cache hits between requests), no specials."""
+    return [3 + (seed * 7919 + k * 104729) % 31990 for k in range(n)]
+
+
+def complete(url: str, ids: list[int], max_tokens: int, stream: bool = False) -> dict[str, Any]:
+    """One /v1/completions request by token ids; returns its `usage` (and the text)."""
+    body = {
+        "model": SERVED_MODEL_NAME,
+        "prompt": ids,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": stream,
+        **({"stream_options": {"include_usage": True}} if stream else {}),
+    }
+    with httpx.Client(timeout=300) as client:
+        if not stream:
+            resp = client.post(url + "/v1/completions", json=body)
+            resp.raise_for_status()
+            doc: dict[str, Any] = resp.json()
+            return {**doc["usage"], "finish_reason": doc["choices"][0]["finish_reason"]}
+        usage: dict[str, Any] = {}
+        with client.stream("POST", url + "/v1/completions", json=body) as resp:
+            resp.raise_for_status()
+            for line in resp.iter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    usage = chunk.get("usage") or usage
+        return usage
+
+
+def burst(url: str, prompts: list[list[int]], max_tokens: int) -> list[dict[str, Any]]:
+    """All `prompts` at once (one thread each); their usages in order."""
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(lambda ids: complete(url, ids, max_tokens), prompts))
 
 
 @pytest.fixture(scope="session")
@@ -267,7 +327,41 @@ def sglang_launcher(sglang_python: Path, tmp_path: Path) -> Iterator[Callable[..
         server.stop()
 
 
+def capture(out: Path) -> None:
+    """Start SGLANG_SERVER, load it, and write its answers into `out` (the fixture
+    tests/fixtures/sglang-0.5.11-cpu): metrics-idle.txt (after SGLang's own warm-up request),
+    metrics-after-load.txt (8 plain + 4 streamed requests of 32 tokens, then the first prompt
+    again: a radix-cache hit), server_info.json, get_model_info.json, v1_models.json and
+    server.log. Paths of this machine are written as $REPO (the checkout), $SGLANG_VENV and
+    $WORKDIR (the server's working folder)."""
+    import tempfile
+
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        server = start_sglang_server(find_sglang_python(), Path(tmp))
+        try:
+            answers = {"metrics-idle.txt": httpx.get(server.url + "/metrics").text}
+            burst(server.url, [prompt_ids(24, seed=i) for i in range(8)], 32)
+            for i in range(4):
+                complete(server.url, prompt_ids(24, seed=50 + i), 32, stream=True)
+            complete(server.url, prompt_ids(24, seed=0), 32)  # a radix-cache hit
+            answers["metrics-after-load.txt"] = httpx.get(server.url + "/metrics").text
+            for path in ("server_info", "get_model_info", "v1/models"):
+                doc = httpx.get(f"{server.url}/{path}", timeout=30).json()
+                answers[path.replace("/", "_") + ".json"] = json.dumps(doc, indent=1) + "\n"
+        finally:
+            server.stop()
+        answers["server.log"] = server.log_text()
+        for name, text in answers.items():
+            for path, alias in ((venv_dir(), "$SGLANG_VENV"), (ROOT, "$REPO"), (tmp, "$WORKDIR")):
+                text = text.replace(str(path), alias)
+            (out / name).write_text(text)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--capture":
+        capture(Path(sys.argv[2]))
+        sys.exit(0)
     if "--venv-dir" in sys.argv:
         print(venv_dir())
         sys.exit(0)
