@@ -78,7 +78,8 @@ def shape_differences(actual: dict[str, Shape], expected: dict[str, Shape]) -> l
 
 
 async def _load(url: str) -> None:
-    """A streamed chat, a plain completion and a /generate: every lazy family appears."""
+    """A streamed chat, a plain completion twice (a cache hit) and a /generate: the lazy families
+    a load without retraction, eviction or abort writes appear."""
     async with httpx.AsyncClient(timeout=30) as client:
         chat = {"model": "m", "messages": [{"role": "user", "content": "hello there"}],
                 "max_tokens": 8, "stream": True, "ignore_eos": True}  # fmt: skip
@@ -86,7 +87,8 @@ async def _load(url: str) -> None:
             async for _ in resp.aiter_lines():
                 pass
         plain = {"model": "m", "prompt": "hello there", "max_tokens": 8, "ignore_eos": True}
-        (await client.post(url + "/v1/completions", json=plain)).raise_for_status()
+        for _ in range(2):  # the second one hits the prefix cache
+            (await client.post(url + "/v1/completions", json=plain)).raise_for_status()
         gen = {"text": "hi", "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}
         (await client.post(url + "/generate", json=gen)).raise_for_status()
 
