@@ -253,6 +253,7 @@ def admission_rules() -> list[dict[str, Any]]:
     """
     rw, qw = t("rate_window"), t("queue_window")
     running = f"engine:llmb_requests_running:avg{qw}"
+    peak = f"engine:llmb_requests_running:peak{qw}"
     capacity = "engine:llmb_kv_cache_capacity_tokens:max"
     tokens = f"engine:llmb_request_tokens:mean{rw}"
 
@@ -262,9 +263,10 @@ def admission_rules() -> list[dict[str, Any]]:
     sglang = 'kind="sglang"'
     return [
         rec(running, mx(f"avg_over_time(llmb_engine_requests_running[{qw}])")),
+        rec(peak, mx(f"max_over_time(llmb_engine_requests_running[{qw}])")),
         rec("engine:llmb_slots:max", mx("llmb_engine_slots")),
         rec(capacity, mx("llmb_engine_kv_cache_capacity_tokens")),
-        rec("engine:llmb_requests_running_slots:ratio", f"{running} / (engine:llmb_slots:max > 0)"),
+        rec("engine:llmb_requests_running_slots:ratio", f"{peak} / (engine:llmb_slots:max > 0)"),
         rec(
             # The KV the running requests hold, plus one more request of their average size.
             "engine:llmb_kv_demand_held:ratio",
