@@ -199,6 +199,19 @@ def _histogram(expo: Exposition, base: str) -> tuple[list[tuple[str, float]], fl
     return [by_le[k] for k in sorted(by_le)], total
 
 
+def checkpoint_weight_bytes(geom: ModelGeometry) -> float | None:
+    """The checkpoint's weight bytes: safetensors headers, else the HF config's shapes x dtype.
+
+    `--load-format dummy` (and a checkpoint not on this host) leaves only config.json: the
+    byte split from it (always-read + routed experts + an untied embedding) is the weights.
+    """
+    if geom.weight_bytes:
+        return float(geom.weight_bytes)
+    if geom.always_read_bytes is None:
+        return None
+    return float(geom.always_read_bytes + geom.routed_expert_bytes + geom.token_embedding_bytes)
+
+
 def _version(text: str | None) -> tuple[int, ...] | None:
     """`0.5.23` / `0.5.11.post1` as (0, 5, 23) / (0, 5, 11); None when unreadable."""
     match = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", text or "")
@@ -874,7 +887,7 @@ class SGLangCollector(Collector):
                 ms.add("llmb_engine_model_buffer_bytes", cpu, device="cpu", **labels)
             ms.add("llmb_model_weights_bytes", gpu + cpu, **labels)
         elif geom is not None:
-            ms.add("llmb_model_weights_bytes", geom.weight_bytes, **labels)
+            ms.add("llmb_model_weights_bytes", checkpoint_weight_bytes(geom), **labels)
 
     def _map_geometry(
         self, ms: MetricSet, expo: Exposition, server_info: Fields, geom: ModelGeometry
