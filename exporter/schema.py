@@ -403,8 +403,9 @@ SOURCES: dict[str, tuple[str, str]] = {
     ),
     "llmb_engine_loading": (
         "`/health` 503 `Loading model`",
-        "`/health` 503 (asked when `/metrics` and `/v1/models` fail, or while `/server_info` "
-        "has not answered yet: 503 or no answer within 0.4 s)",
+        "`/health` 503 (asked in the background for each new instance until its first other "
+        "answer, and when `/metrics` and `/v1/models` fail; while `/server_info` has not "
+        "answered yet, also no answer within 0.4 s)",
     ),
     "llmb_engine_info": (
         "`/v1/models` id, `/props` build_info, `meta.ftype`",
@@ -506,7 +507,7 @@ SOURCES: dict[str, tuple[str, str]] = {
     ),
     "llmb_model_weights_bytes": (
         "`/v1/models` `meta.size`",
-        "GPU + CPU-offloaded weights (else safetensors headers)",
+        "GPU + CPU-offloaded weights (else safetensors headers, else `config.json` shapes × dtype)",
     ),
     "llmb_model_parameters": (
         "`/v1/models` `meta.n_params`",
@@ -562,7 +563,9 @@ SGLANG_0_5_11: dict[str, str] = {
         "`Load weight end … mem usage=` (gpu); `cpu_offload_gb` (cpu)"
     ),
     "llmb_engine_load_seconds": "",
-    "llmb_model_weights_bytes": "`memory_usage.weight` + `cpu_offload_gb` (else safetensors)",
+    "llmb_model_weights_bytes": (
+        "`memory_usage.weight` + `cpu_offload_gb` (else safetensors, else `config.json`)"
+    ),
 }
 
 _UNITS = (

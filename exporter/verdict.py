@@ -101,10 +101,11 @@ THRESHOLDS: dict[str, Threshold] = {
     "slots_full_ratio": Threshold(
         "0.9",
         "ratio",
-        "Average running requests / the engine's cap (llama.cpp `-np`, SGLang "
-        "`max_running_requests`) over `queue_window` at or above which the cap is what "
-        "requests wait for. Below it requests wait for something else (KV pool, prefill): "
-        "raising the cap would change nothing.",
+        "Peak running requests over `queue_window` / the engine's cap (llama.cpp `-np`, "
+        "SGLang `max_running_requests`) at or above which the cap is what requests wait "
+        "for. The peak, not the average: between two requests the count dips while the "
+        "queue refills the slot. Below it requests wait for something else (KV pool, "
+        "prefill): raising the cap would change nothing.",
     ),
     "kv_demand_full": Threshold(
         "1",
@@ -240,11 +241,13 @@ class Signals:
     running: float | None = None
     waiting: float | None = None
     # --- admission and SGLang residency (issue 18) ---
-    # engine:llmb_requests_running_slots:ratio: avg running <queue_window> / the running cap
+    # engine:llmb_requests_running_slots:ratio: peak running <queue_window> / the running cap
     running_slots_ratio: float | None = None
-    # engine:llmb_kv_demand_held:ratio: KV held (avg) x (running + 1) / running / capacity
+    # engine:llmb_kv_demand_held:ratio: peak KV held x (peak running + 1) / peak running
+    # / capacity (<queue_window>)
     kv_demand_held_ratio: float | None = None
-    # engine:llmb_kv_demand_finished:ratio: (running + 1) x tokens per finished request / capacity
+    # engine:llmb_kv_demand_finished:ratio: (peak running + 1) x tokens per finished request
+    # / capacity
     kv_demand_finished_ratio: float | None = None
     # engine:llmb_weights_gpu_memory_beyond_kv:ratio (SGLang): (process GPU memory - KV pool)
     # / weight bytes
@@ -464,16 +467,17 @@ CONDITIONS: tuple[Condition, ...] = (
             Evidence(
                 "pool_held",
                 _waiting_below_cap(Compare("kv_demand_held_ratio", ">=", "kv_demand_full")),
-                ">= `queue_min` requests waiting while running stays below `slots_full_ratio` "
-                "of its cap, and the KV the running requests hold plus one more of their size "
+                ">= `queue_min` requests waiting while running peaks below `slots_full_ratio` "
+                "of its cap, and the KV the running requests hold at the pool's fullest plus one "
+                "more of their size "
                 "reaches `kv_demand_full` x the pool",
                 POOL_ACTION,
             ),
             Evidence(
                 "pool_reserved",
                 _waiting_below_cap(Compare("kv_demand_finished_ratio", ">=", "kv_demand_full")),
-                ">= `queue_min` requests waiting while running stays below `slots_full_ratio` "
-                "of its cap, and (running + 1) x the tokens of a finished request (prompt + "
+                ">= `queue_min` requests waiting while running peaks below `slots_full_ratio` "
+                "of its cap, and (peak running + 1) x the tokens of a finished request (prompt + "
                 "answer, `rate_window`) reaches `kv_demand_full` x the pool",
                 POOL_ACTION,
             ),
@@ -495,14 +499,14 @@ CONDITIONS: tuple[Condition, ...] = (
                         Compare("running_slots_ratio", ">=", "slots_full_ratio"),
                     )
                 ),
-                "with running at `slots_full_ratio` or more of its cap",
+                "with running peaking at `slots_full_ratio` or more of its cap (`queue_window`)",
                 SLOTS_FULL_ACTION,
             ),
             Evidence(
                 "prefill",
                 _waiting_below_cap(),
-                "with running below `slots_full_ratio` of its cap (and the KV pool not the "
-                "limit: then `kv_saturated` holds first)",
+                "with running peaking below `slots_full_ratio` of its cap (and the KV pool not "
+                "the limit: then `kv_saturated` holds first)",
                 PREFILL_ACTION,
             ),
         ),
@@ -903,9 +907,18 @@ def _instant_max(
     return _max_by((_key(lab), v) for lab, v in d.instant(name, match))
 
 
-def _avg_max(d: _Data, name: str, window: float) -> dict[EngineKey, float]:
-    """`max by (...) (avg_over_time(name[window]))`."""
-    return _max_by((_key(lab), _avg_over_time(pts)) for lab, pts in d.range(name, window))
+def _max_over_time(points: list[tuple[int, float]]) -> float:
+    # Prometheus' max_over_time: NaN only when every sample is NaN.
+    out = points[0][1]
+    for _, v in points[1:]:
+        if math.isnan(out) or v > out:
+            out = v
+    return out
+
+
+def _peak_max(d: _Data, name: str, window: float) -> dict[EngineKey, float]:
+    """`max by (...) (max_over_time(name[window]))`."""
+    return _max_by((_key(lab), _max_over_time(pts)) for lab, pts in d.range(name, window))
 
 
 def _rate_max(d: _Data, name: str, window: float) -> dict[EngineKey, float]:
@@ -947,23 +960,25 @@ def admission_values(d: _Data) -> dict[str, dict[EngineKey, float]]:
 
     The same arithmetic, in the same order, as their recording rules (prometheus/generate.py
     `admission_rules`): running against its cap, the KV the running requests plus one more
-    would need against the pool, and SGLang's process GPU memory beyond its KV pool.
+    would need against the pool, and SGLang's process GPU memory beyond its KV pool. Peaks
+    over `queue_window`, not averages: the pool binds at its fullest moment, and averages
+    count the gaps between one request's end and the next one's admission.
     """
     qw, rw = seconds("queue_window"), seconds("rate_window")
-    running = _avg_max(d, "llmb_engine_requests_running", qw)
+    peak = _peak_max(d, "llmb_engine_requests_running", qw)
     slots = _instant_max(d, "llmb_engine_slots")
     capacity = _instant_max(d, "llmb_engine_kv_cache_capacity_tokens")
-    held = _avg_max(d, "llmb_engine_kv_cache_used_tokens", qw)
+    held = _peak_max(d, "llmb_engine_kv_cache_used_tokens", qw)
     prompt = _rate_max(d, "llmb_engine_prompt_tokens_total", rw)
     generated = _rate_max(d, "llmb_engine_generation_tokens_total", rw)
     finished = _rate_max(d, "llmb_engine_requests_finished_total", rw)
     out: dict[str, dict[EngineKey, float]] = {
-        "running_slots_ratio": _divide(running, slots),
+        "running_slots_ratio": _divide(peak, slots),
         "kv_demand_held_ratio": {},
         "kv_demand_finished_ratio": {},
         "weights_memory_beyond_kv_ratio": {},
     }
-    for key, r in running.items():
+    for key, r in peak.items():
         c = capacity.get(key)
         if c is None or not c > 0:
             continue

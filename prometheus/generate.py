@@ -252,7 +252,7 @@ def admission_rules() -> list[dict[str, Any]]:
     `exporter.verdict.admission_values` computes the same, in the same order.
     """
     rw, qw = t("rate_window"), t("queue_window")
-    running = f"engine:llmb_requests_running:avg{qw}"
+    peak = f"engine:llmb_requests_running:peak{qw}"
     capacity = "engine:llmb_kv_cache_capacity_tokens:max"
     tokens = f"engine:llmb_request_tokens:mean{rw}"
 
@@ -261,16 +261,17 @@ def admission_rules() -> list[dict[str, Any]]:
 
     sglang = 'kind="sglang"'
     return [
-        rec(running, mx(f"avg_over_time(llmb_engine_requests_running[{qw}])")),
+        rec(peak, mx(f"max_over_time(llmb_engine_requests_running[{qw}])")),
         rec("engine:llmb_slots:max", mx("llmb_engine_slots")),
         rec(capacity, mx("llmb_engine_kv_cache_capacity_tokens")),
-        rec("engine:llmb_requests_running_slots:ratio", f"{running} / (engine:llmb_slots:max > 0)"),
+        rec("engine:llmb_requests_running_slots:ratio", f"{peak} / (engine:llmb_slots:max > 0)"),
         rec(
-            # The KV the running requests hold, plus one more request of their average size.
+            # The KV the running requests hold at the pool's fullest, plus one more request
+            # of their size (peaks: averages count the gaps between requests).
             "engine:llmb_kv_demand_held:ratio",
             f"""
-            {mx(f"avg_over_time(llmb_engine_kv_cache_used_tokens[{qw}])")}
-              * ({running} + 1) / ({running} > 0) / ({capacity} > 0)
+            {mx(f"max_over_time(llmb_engine_kv_cache_used_tokens[{qw}])")}
+              * ({peak} + 1) / ({peak} > 0) / ({capacity} > 0)
             """,
         ),
         rec(
@@ -286,7 +287,7 @@ def admission_rules() -> list[dict[str, Any]]:
         ),
         rec(
             "engine:llmb_kv_demand_finished:ratio",
-            f"({running} + 1) * {tokens} / ({capacity} > 0)",
+            f"({peak} + 1) * {tokens} / ({capacity} > 0)",
         ),
         rec(
             # SGLang's process holds its weights and its preallocated KV pool (plus CUDA

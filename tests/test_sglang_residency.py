@@ -33,7 +33,7 @@ def capture_value(name: str) -> float:
     raise KeyError(name)
 
 
-def h200_gpu_file(path: Path, process_bytes: float) -> Path:
+def h200_gpu_file(path: Path, process_bytes: float, pid: int = 750) -> Path:
     total = capture_value("llmb_gpu_memory_total_bytes")
     reserved = capture_value("llmb_gpu_memory_reserved_bytes")
     used = (
@@ -64,7 +64,7 @@ def h200_gpu_file(path: Path, process_bytes: float) -> Path:
                 "max_mem_clock_mhz": 3201,
                 "mem_clock_mhz": 3201,
                 "sm_clock_mhz": 1980,
-                "procs": [{"pid": 750, "used": int(process_bytes), "cmdline": "sglang::scheduler"}],
+                "procs": [{"pid": pid, "used": int(process_bytes), "cmdline": "sglang::scheduler"}],
                 "memoryinfo_call_us": 6.0,
                 "procs_call_us": 30.0,
             }

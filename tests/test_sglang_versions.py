@@ -209,6 +209,9 @@ class WarmingSGLang:
         self.ready = asyncio.Event()
         self.blocked = 0
         self.health_blocks = False
+        self.info_blocks = True  # the H200 run; on a CPU /server_info answers while warming
+        self.health_hits = 0
+        self.health_seconds = 0.0  # a ready server's /health generates one token
 
     @property
     def url(self) -> str:
@@ -221,12 +224,16 @@ class WarmingSGLang:
         if path == "/v1/models":
             return web.Response(text=(V0511 / "v1_models.json").read_text())
         if path == "/health":
+            self.health_hits += 1
             if self.health_blocks:
                 await self.ready.wait()
+            if self.ready.is_set():
+                await asyncio.sleep(self.health_seconds)
             return web.Response(status=200 if self.ready.is_set() else 503)
         if path in ("/server_info", "/get_server_info"):
             self.blocked += 1
-            await self.ready.wait()
+            if self.info_blocks:
+                await self.ready.wait()
             return web.Response(text=(V0511 / "server_info.json").read_text())
         if path in ("/model_info", "/get_model_info"):
             return web.Response(text=(V0511 / "get_model_info.json").read_text())
@@ -304,4 +311,30 @@ async def test_health_without_answer_while_pending_is_loading(
     assert val(scrape, "llmb_engine_loading") == 1.0
     assert val(scrape, "llmb_engine_up") == 0.0
     assert scrape.errors == []
+    await collector.close()
+
+
+async def test_warm_up_seen_through_health_when_server_info_answers(
+    warming: WarmingSGLang, client: httpx.AsyncClient
+) -> None:
+    # The real CPU server: /server_info answers during the warm-up, /health says 503; once
+    # ready, /health generates a token (slower than the scrape waits): loading until it says 200.
+    warming.info_blocks = False
+    warming.health_seconds = 1.5
+    collector, _ = make(warming.url, client, timeout=5.0)
+    for _ in range(2):
+        scrape = await collector.collect()
+        assert val(scrape, "llmb_engine_loading") == 1.0 and val(scrape, "llmb_engine_up") == 0.0
+    warming.ready.set()
+    started = time.perf_counter()
+    scrape = await collector.collect()  # /health now takes 1.5 s: still loading, fast answer
+    assert time.perf_counter() - started < 1.0
+    assert val(scrape, "llmb_engine_loading") == 1.0
+    await asyncio.sleep(1.6)
+    scrape = await collector.collect()
+    assert val(scrape, "llmb_engine_up") == 1.0 and val(scrape, "llmb_engine_loading") == 0.0
+    hits = warming.health_hits
+    for _ in range(3):
+        await collector.collect()
+    assert warming.health_hits == hits  # ready: the generating /health is not asked again
     await collector.close()

@@ -7,6 +7,13 @@ already proves the server serves; when `/metrics` fails with an HTTP error, `/v1
 (served by the tokenizer manager, no generation) is asked; only when that fails too is
 `/health` consulted, to tell "loading" (503) from "broken".
 
+Warm-up: SGLang answers HTTP, `/metrics` included, before it is ready (40 s on an H200, where
+`/server_info` blocks until then; a few seconds on a CPU, where it answers). Its `/health`
+says 503 without generating while it starts, so each new instance is asked `/health` until
+its first other answer (one 1-token generation per instance), in the background: a scrape
+waits at most STATIC_WAIT_SECONDS for it and for the static endpoints, and says
+`llmb_engine_loading 1`, `llmb_engine_up 0` while the instance is starting.
+
 Only the normalized `llmb_*` schema is exported; raw `sglang:*` series are not
 re-exposed, because names with colons are reserved for Prometheus recording rules
 (and Prometheus can scrape SGLang directly when someone wants them).
@@ -192,6 +199,19 @@ def _histogram(expo: Exposition, base: str) -> tuple[list[tuple[str, float]], fl
     return [by_le[k] for k in sorted(by_le)], total
 
 
+def checkpoint_weight_bytes(geom: ModelGeometry) -> float | None:
+    """The checkpoint's weight bytes: safetensors headers, else the HF config's shapes x dtype.
+
+    `--load-format dummy` (and a checkpoint not on this host) leaves only config.json: the
+    byte split from it (always-read + routed experts + an untied embedding) is the weights.
+    """
+    if geom.weight_bytes:
+        return float(geom.weight_bytes)
+    if geom.always_read_bytes is None:
+        return None
+    return float(geom.always_read_bytes + geom.routed_expert_bytes + geom.token_embedding_bytes)
+
+
 def _version(text: str | None) -> tuple[int, ...] | None:
     """`0.5.23` / `0.5.11.post1` as (0, 5, 23) / (0, 5, 11); None when unreadable."""
     match = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", text or "")
@@ -311,6 +331,11 @@ class SGLangCollector(Collector):
         self._seen = False
         self.restarts = 0
         self._statics_task: asyncio.Task[list[tuple[Any, SourceError | None]]] | None = None
+        # Warm-up: whether this instance was seen ready (/health other than 503) and whether
+        # it answered /health 503 since it appeared.
+        self._health_task: asyncio.Task[int | SourceError] | None = None
+        self._ready = False
+        self._health_503 = False
         self._log = SGLangLog(engine.log_file) if engine.log_file is not None else None
 
     # --- HTTP -----------------------------------------------------------------------------
@@ -418,9 +443,10 @@ class SGLangCollector(Collector):
         return out
 
     async def close(self) -> None:
-        """Stop a static read still in flight."""
-        task, self._statics_task = self._statics_task, None
-        if task is not None:
+        """Stop the background reads still in flight."""
+        tasks = [t for t in (self._statics_task, self._health_task) if t is not None]
+        self._statics_task = self._health_task = None
+        for task in tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
@@ -490,12 +516,10 @@ class SGLangCollector(Collector):
         assert not isinstance(statics, BaseException)
         assert not isinstance(metrics_resp, BaseException)
         up, loading, expo, metrics_ok = await self._read_metrics(metrics_resp, errors, problems)
-        if up and _info_pending(statics) and self._static.get("server_info") is None:
-            # /server_info has never answered for this instance and does not now: warming up
-            # unless /health (asked only now, with the short wait) says it serves.
-            up, loading = await self._health_while_pending(errors)
         if loading:
-            self._gone = True  # a starting server is a new instance
+            self._gone = True  # every endpoint 503: a starting server is a new instance
+        elif up and not self._ready:
+            up, loading = await self._readiness(statics)
         ms.add("llmb_engine_up", 1.0 if up else 0.0, **labels)
         ms.add("llmb_engine_loading", 1.0 if loading else 0.0, **labels)
         if not up:
@@ -546,21 +570,43 @@ class SGLangCollector(Collector):
         problems.extend(expo.problems)
         return True, False, expo, True
 
-    async def _health_while_pending(self, errors: list[SourceError]) -> tuple[bool, bool]:
-        """(up, loading) while /server_info has not answered yet: /health decides."""
+    async def _health_status(self) -> int | SourceError:
         try:
-            status = (await self._get("/health", wait=STATIC_WAIT_SECONDS)).status
+            return (await self._get("/health")).status
         except SourceError as err:
-            if err.reason == "timeout":
-                return False, True  # it accepts connections and answers nothing yet
-            errors.append(err)
-            return False, False
-        if 200 <= status < 300:
-            return True, False
-        if status == 503:
-            return False, True
-        errors.append(SourceError("http", f"GET /health: HTTP {status}"))
-        return False, False
+            return err
+
+    async def _readiness(
+        self, statics: list[tuple[Any, SourceError | None]] | None
+    ) -> tuple[bool, bool]:
+        """(up, loading) of an instance that has not been seen ready yet.
+
+        SGLang answers HTTP (and /metrics) while it warms up; only /health knows: 503 while
+        starting, without generating. So it is asked, in the background and waited for at
+        most STATIC_WAIT_SECONDS, until its first other answer; then (the 1-token health
+        generation of a ready server, once per instance) never again for this instance.
+        """
+        task = self._health_task
+        if task is None:
+            task = self._health_task = asyncio.ensure_future(self._health_status())
+        done, _ = await asyncio.wait({task}, timeout=min(STATIC_WAIT_SECONDS, self.timeout))
+        if done:
+            self._health_task = None
+            result = task.result()
+            if result == 503:
+                self._health_503 = True
+                return False, True
+            if not (isinstance(result, SourceError) and result.reason == "timeout"):
+                self._ready = True  # 2xx; any other answer: /metrics already proved it serves
+                return True, False
+            if not self._health_503:
+                self._ready = True  # no answer in the whole timeout and never a 503: serving
+                return True, False
+        # Pending: still loading after a 503, or while /server_info has not answered either.
+        loading = self._health_503 or (
+            _info_pending(statics) and self._static.get("server_info") is None
+        )
+        return not loading, loading
 
     async def _instance_statics(
         self, expo: Exposition, statics: list[tuple[Any, SourceError | None]] | None
@@ -581,6 +627,7 @@ class SGLangCollector(Collector):
         """Drop every cached fact of the previous instance."""
         self._static.clear()
         self._geometry = None
+        self._ready = self._health_503 = False
 
     def _new_instance(self, expo: Exposition, server_info: Any) -> bool:
         """Whether the answering server is another instance than the one whose facts we hold.
@@ -840,7 +887,7 @@ class SGLangCollector(Collector):
                 ms.add("llmb_engine_model_buffer_bytes", cpu, device="cpu", **labels)
             ms.add("llmb_model_weights_bytes", gpu + cpu, **labels)
         elif geom is not None:
-            ms.add("llmb_model_weights_bytes", geom.weight_bytes, **labels)
+            ms.add("llmb_model_weights_bytes", checkpoint_weight_bytes(geom), **labels)
 
     def _map_geometry(
         self, ms: MetricSet, expo: Exposition, server_info: Fields, geom: ModelGeometry
