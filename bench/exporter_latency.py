@@ -280,6 +280,12 @@ async def main() -> int:
         help="another checkout of the repository (e.g. a `git worktree` of an older commit): "
         "its exporter is measured too, alternating with this one under the same load",
     )
+    parser.add_argument(
+        "--model-path",
+        type=Path,
+        help="a GGUF for the llama.cpp engine (`model_path`): its geometry and model-structure "
+        "series (always-read / routed-expert bytes, E, k) are then part of every scrape",
+    )
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = parser.parse_args()
 
@@ -301,7 +307,9 @@ async def main() -> int:
             # Only when set, so that the bench also runs against exporters without the key.
             + (f"min_interval: {args.min_interval}\n" if args.min_interval else "")
             + "engines:\n"
-            f'  - {{name: llama, kind: llamacpp, url: "http://127.0.0.1:{lp}"}}\n'
+            f'  - {{name: llama, kind: llamacpp, url: "http://127.0.0.1:{lp}"'
+            + (f', model_path: "{args.model_path.resolve()}"' if args.model_path else "")
+            + "}\n"
             + (
                 f'  - {{name: sgl, kind: sglang, url: "http://127.0.0.1:{sp}"}}\n'
                 if args.sglang != "none"

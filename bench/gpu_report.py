@@ -219,7 +219,10 @@ def group_order() -> list[str]:
 
 
 # The recorded series the parity checks compare: every verdict and every condition.
-PARITY_EXPR = '{__name__=~"llmb:engine_bottleneck:verdict|engine:llmb_[a-z_]+:bool"}'
+PARITY_EXPR = (
+    '{__name__=~"llmb:engine_bottleneck:verdict|engine:llmb_[a-z_]+:bool'
+    '|llmb:engine_roofline:misfit"}'
+)
 # The recorded inputs of the verdict and the roofline, compared value for value.
 VALUE_RECORDS: dict[str, str] = {
     **SIGNAL_RECORDS,
@@ -228,6 +231,12 @@ VALUE_RECORDS: dict[str, str] = {
     "decode_bytes_per_step": f"engine:llmb_decode_bytes_per_step:avg{t('rate_window')}",
     "roofline_tokens_per_second": (
         f"engine:llmb_decode_roofline_tokens_per_second:avg{t('rate_window')}"
+    ),
+    "decode_batch": f"engine:llmb_decode_batch:avg{t('rate_window')}",
+    "active_weights_bytes": f"engine:llmb_decode_weights_bytes_per_step:avg{t('rate_window')}",
+    "accepted_tokens_per_step": "engine:llmb_decode_accepted_tokens_per_step:max",
+    "experts_host_bound_tokens_per_second": (
+        f"engine:llmb_experts_host_bound_tokens_per_second:avg{t('rate_window')}"
     ),
 }
 VALUES_EXPR = '{__name__=~"' + "|".join(sorted(VALUE_RECORDS.values())) + '"}'
@@ -288,6 +297,10 @@ def expected_samples(values: Mapping[EngineKey, RuleValues]) -> list[dict[str, A
         for v in VERDICTS:
             labels = _labels("llmb:engine_bottleneck:verdict", {**base, "verdict": v})
             out.append({"labels": labels, "value": int(v == verdict.name)})
+        if rv.misfit is not None:
+            # The physics gate: the unphysical efficiency, labelled with its reason.
+            labels = _labels("llmb:engine_roofline:misfit", {**base, "reason": rv.misfit})
+            out.append({"labels": labels, "value": rv.signals.decode_efficiency})
     return out
 
 

@@ -112,6 +112,7 @@ class ModelGeometry:
     leading_dense_block_count: int | None = None
     token_embedding_row_bytes: int = 0  # one row of an untied token embedding (0 when tied)
     token_embedding_bytes: int = 0  # the untied token-embedding table (0 when tied)
+    input_embedding_bytes: int = 0  # the token-embedding table, tied or not (llama.cpp: host)
     tied_embeddings: bool | None = None
     routed_expert_bytes_by_layer: tuple[int, ...] = ()  # () for a dense model
     kv_lora_rank: int | None = None  # MLA: the cache holds this latent + the rope key
@@ -307,6 +308,7 @@ def _swa_mask(
 # Beyond these a header is corrupt, not a model: refuse it before sizing per-layer tables.
 MAX_LAYERS = 10_000
 MAX_HEAD_SIZE = 1 << 20
+MAX_EXPERTS = 1 << 16
 
 
 def _check_shape(n_layer: int, n_head_kv: int, head_k: int, head_v: int) -> None:
@@ -549,17 +551,23 @@ def _gguf_moe(key: Callable[[str], Any], tensors: list[GGUFTensor]) -> dict[str,
     if experts is None and split.routed_expert_bytes:
         # A 3-D expert tensor is [.., .., n_expert].
         experts = next((t.shape[-1] for t in tensors if len(t.shape) == 3), None)
+    used = _as_int(key("expert_used_count")) or None
+    if experts is not None and not 0 < experts <= MAX_EXPERTS:
+        experts = used = None  # a corrupt header, not a model
+    if used is not None and (experts is None or not 0 < used <= experts):
+        used = None
     return {
         "always_read_bytes": split.always_read_bytes,
         "routed_expert_bytes": split.routed_expert_bytes,
         "expert_count": experts,
-        "expert_used_count": _as_int(key("expert_used_count")) or None,
+        "expert_used_count": used,
         "expert_shared_count": (_as_int(key("expert_shared_count")) or 0) if experts else None,
         "leading_dense_block_count": (_as_int(key("leading_dense_block_count")) or 0)
         if experts
         else None,
         "token_embedding_row_bytes": split.token_embedding_row_bytes,
         "token_embedding_bytes": split.token_embedding_bytes,
+        "input_embedding_bytes": split.input_table_bytes,
         "tied_embeddings": split.tied_embeddings,
         "routed_expert_bytes_by_layer": split.routed_by_layer,
         "weights_source": "gguf",
@@ -672,6 +680,7 @@ def _hf_moe_fields(
         "leading_dense_block_count": moe.leading_dense if moe.experts else None,
         "token_embedding_row_bytes": split.token_embedding_row_bytes,
         "token_embedding_bytes": split.token_embedding_bytes,
+        "input_embedding_bytes": split.input_table_bytes,
         "tied_embeddings": split.tied_embeddings,
         "routed_expert_bytes_by_layer": split.routed_by_layer,
         "weights_source": source,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -45,6 +45,35 @@ _PRESSURE = {
 }
 # A new server process writing to the same file starts over.
 _RESTART = ("llama_server: initializing", "srv  llama_server: initializing")
+# `llama_kv_cache: size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs), K (%s): %7.2f MiB,
+# V (%s): %7.2f MiB` (src/llama-kv-cache.cpp); an MLA model's V-less cache may omit V.
+_KV_TYPES = re.compile(r"llama_kv_cache: size = .*?K \((\w{1,16})\):(?:.*?V \((\w{1,16})\):)?")
+# `tensor %s (%zu MiB %s) buffer type overridden to %s` (llama-model-loader.cpp, debug: -lv 5),
+# printed for --n-cpu-moe / --cpu-moe / -ot ...=CPU, once per load pass.
+_OVERRIDE = re.compile(
+    r"tensor (blk\.(\d{1,6})\.\S{1,96}_(?:ch)?exps\.\S{1,16}) \((\d{1,12}) MiB \w{1,16}\) "
+    r"buffer type overridden to (\S{1,64})"
+)
+# From `common_speculative_init_result: loading draft model '...'` until the server is set up,
+# the load lines describe the draft model, not the target.
+_DRAFT_START = "loading draft model"
+_DRAFT_END = ("speculative decoding context initialized", "load_model: initializing, n_slots")
+# Per request (server-context.cpp print_timings): `draft acceptance = %0.5f (%5d accepted /
+# %5d generated), mean len = %5.2f`; older builds say `draft acceptance rate = ...`.
+_DRAFT_ACCEPT = re.compile(
+    r"draft acceptance(?: rate)? = [\d.]{1,12} \(\s*(\d{1,12}) accepted /\s*(\d{1,12}) generated\)"
+)
+_TASK = re.compile(r"\| task (-?\d{1,12}) \|")
+# Requests whose acceptance the accept length averages over; per-task eval lines kept waiting.
+SPEC_WINDOW = 64
+MAX_PENDING_TASKS = 64
+# Tensors of host-memory expert overrides kept (DeepSeek-V3: 58 layers x 3 tensors).
+MAX_OVERRIDES = 4096
+
+
+def is_host_buffer(name: str) -> bool:
+    """Whether a llama.cpp buffer type lives in host memory (CPU, CPU_Mapped, CUDA_Host, ...)."""
+    return name.startswith("CPU") or name.endswith("_Host")
 
 
 def _log_seconds(line: str) -> float | None:
@@ -80,9 +109,42 @@ class LogState:
     # Server processes that started writing to this file since the follower began (the
     # collector counts an increase as a restart). Survives the reset at each new process.
     instances: int = 0
+    # KV element types of the target's cache (`K (q8_0)` ...); None until the KV lines.
+    kv_type_k: str | None = None
+    kv_type_v: str | None = None
+    # Routed-expert tensors overridden to a host buffer: tensor name -> (layer, MiB as logged).
+    expert_overrides: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # A draft model (-md): its weight buffers per device, its KV buffers, kept apart.
+    draft_model_buffer_bytes: dict[str, float] = field(default_factory=dict)
+    draft_kv_buffer_bytes: dict[str, float] = field(default_factory=dict)
+    # Speculative decoding, per finished request: (decode intervals, accepted draft tokens).
+    spec_requests: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=SPEC_WINDOW))
+    spec_accepted_total: int = 0
+    spec_drafted_total: int = 0
     _load_started: float | None = None
     # KV buffers are logged once per cache (SWA and non-SWA); sum them per device.
     _seen_kv_lines: int = 0
+    _in_draft: bool = False
+    # Decode intervals of requests whose `draft acceptance` line has not come yet, per task.
+    _pending_eval: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def spec_accept_length(self) -> float | None:
+        """Mean tokens per target decode step over the last requests with a draft; None if none.
+
+        Every target step yields its own token plus the draft tokens it accepted, so over the
+        decode intervals I and accepted tokens A of those requests it is I / (I - A).
+        """
+        intervals = sum(i for i, _ in self.spec_requests)
+        accepted = sum(a for _, a in self.spec_requests)
+        if not self.spec_requests or intervals <= 0:
+            return None
+        return intervals / max(1, intervals - accepted)
+
+    @property
+    def draft_weights_bytes(self) -> float | None:
+        """Bytes of the draft model's weight buffers, when the log showed a draft load."""
+        return sum(self.draft_model_buffer_bytes.values()) or None
 
     def feed(self, raw: str) -> None:
         """Update the state from one log line; a line it cannot read is skipped."""
@@ -105,17 +167,9 @@ class LogState:
             done = _log_seconds(line)
             if done is not None:
                 self.load_seconds = max(0.0, done - self._load_started)
-        if match := _OFFLOADED.search(line):
-            self.layers_offloaded, self.layers_total = int(match[1]), int(match[2])
-        elif match := _MODEL_BUF.search(line):
-            if match[1] in self.model_buffer_bytes or len(self.model_buffer_bytes) < MAX_DEVICES:
-                self.model_buffer_bytes[match[1]] = float(match[2]) * MIB
-        elif match := _KV_BUF.search(line):
-            dev = match[1]
-            if dev not in self.kv_buffer_bytes and len(self.kv_buffer_bytes) >= MAX_DEVICES:
-                return
-            self.kv_buffer_bytes[dev] = self.kv_buffer_bytes.get(dev, 0.0) + float(match[2]) * MIB
-        elif match := _INIT.search(line):
+        if self._feed_load(line):
+            return
+        if match := _INIT.search(line):
             self.n_slots, self.n_ctx_slot = int(match[1]), int(match[2])
             self.kv_unified = match[3] == "true"
         elif match := _PROMPT_EVAL.search(line):
@@ -125,6 +179,9 @@ class LogState:
             self.eval_seconds += float(match[1]) / 1e3
             self.eval_tokens += int(match[2])
             self.eval_intervals += max(0, int(match[2]) - 1)
+            self._remember_eval(line, max(0, int(match[2]) - 1))
+        elif match := _DRAFT_ACCEPT.search(line):
+            self._feed_acceptance(line, int(match[1]), int(match[2]))
         elif match := _RELEASE.search(line):
             self.requests_finished += 1
             if match[1] == "1":
@@ -133,6 +190,54 @@ class LogState:
             for event, text in _PRESSURE.items():
                 if text in line:
                     self.events[event] += 1
+
+    def _feed_load(self, line: str) -> bool:
+        """Load-time lines (layers, buffers, KV types, expert overrides); True when consumed."""
+        if _DRAFT_START in line:
+            self._in_draft = True
+            return True
+        if self._in_draft and any(marker in line for marker in _DRAFT_END):
+            self._in_draft = False
+        if match := _OFFLOADED.search(line):
+            if not self._in_draft:
+                self.layers_offloaded, self.layers_total = int(match[1]), int(match[2])
+        elif match := _MODEL_BUF.search(line):
+            buffers = self.draft_model_buffer_bytes if self._in_draft else self.model_buffer_bytes
+            if match[1] in buffers or len(buffers) < MAX_DEVICES:
+                buffers[match[1]] = float(match[2]) * MIB
+        elif match := _KV_BUF.search(line):
+            buffers = self.draft_kv_buffer_bytes if self._in_draft else self.kv_buffer_bytes
+            dev = match[1]
+            if dev in buffers or len(buffers) < MAX_DEVICES:
+                buffers[dev] = buffers.get(dev, 0.0) + float(match[2]) * MIB
+        elif match := _KV_TYPES.search(line):
+            if not self._in_draft:
+                self.kv_type_k, self.kv_type_v = match[1], match[2] or "none"
+        elif match := _OVERRIDE.search(line):
+            known = match[1] in self.expert_overrides
+            if not self._in_draft and is_host_buffer(match[4]):
+                if known or len(self.expert_overrides) < MAX_OVERRIDES:
+                    self.expert_overrides[match[1]] = (int(match[2]), int(match[3]))
+        else:
+            return False
+        return True
+
+    def _remember_eval(self, line: str, intervals: int) -> None:
+        """Keep a request's decode intervals until its `draft acceptance` line (same task)."""
+        task = _TASK.search(line)
+        if task is None:
+            return
+        if len(self._pending_eval) >= MAX_PENDING_TASKS:
+            self._pending_eval.clear()  # acceptance lines that never came (no speculation)
+        self._pending_eval[task[1]] = intervals
+
+    def _feed_acceptance(self, line: str, accepted: int, drafted: int) -> None:
+        self.spec_accepted_total += accepted
+        self.spec_drafted_total += drafted
+        task = _TASK.search(line)
+        intervals = self._pending_eval.pop(task[1], None) if task else None
+        if intervals is not None and intervals >= accepted:
+            self.spec_requests.append((intervals, accepted))
 
 
 class LogFollower:

@@ -148,6 +148,27 @@ THRESHOLDS: dict[str, Threshold] = {
         "half of it the card is the limit, below it the engine or its settings leave speed "
         "unused (llama.cpp Q4_0 on an H200 measured 0.30: 94.8 tok/s against 316).",
     ),
+    "decode_efficiency_physical_max": Threshold(
+        "1.1",
+        "ratio",
+        "Decode efficiency above which the bytes-per-step model does not fit the measurement: "
+        "no engine decodes faster than its memory-bandwidth bound, so a higher figure means "
+        "the roofline counts bytes the engine does not read (a mixture-of-experts model "
+        "without expert metadata, speculative decoding not detected) or a wrong bandwidth. "
+        "10 % covers the bandwidth table's rounding, L2-cache hits and timer resolution. "
+        "Above it no decode verdict is claimed and `llmb:engine_roofline:misfit` names the "
+        "likely cause.",
+    ),
+    "host_memory_bandwidth_bytes_per_second": Threshold(
+        "1e+11",
+        "bytes/s",
+        "Host memory bandwidth for the bound of expert offload (llama.cpp `--n-cpu-moe`, "
+        "`-ot exps=CPU`). At decode batch sizes below 32 llama.cpp computes the experts that "
+        "live in host memory on the CPU, which reads them from host DRAM (PCIe carries them "
+        "only for larger batches, `op_offload`); 100 GB/s is a server socket's DDR5 in "
+        "practice (8 x DDR5-4800 peaks at 307 GB/s, desktops reach 60-90 GB/s). Nothing "
+        "measures it: the bound is a ceiling for the advice, never a verdict.",
+    ),
     "gpu_headroom_min_bytes": Threshold(
         "536870912",
         "bytes",
@@ -172,6 +193,11 @@ THRESHOLDS: dict[str, Threshold] = {
     ),
     "for_decode_below_card_limit": Threshold(
         "10m", "duration", "`for:` of LLMDecodeBelowCardLimit (informational; steady state only)."
+    ),
+    "for_roofline_misfit": Threshold(
+        "10m",
+        "duration",
+        "`for:` of LLMRooflineMisfit (steady state only, as LLMDecodeBelowCardLimit).",
     ),
     "for_engine_down": Threshold(
         "1m", "duration", "`for:` of LLMEngineDown (not while the engine reports loading)."
@@ -256,6 +282,8 @@ class Signals:
     generation_tokens_per_second: float | None = None
     # engine:llmb_decode_efficiency:ratio<rate_window>: per-sequence decode tok/s / roofline
     decode_efficiency: float | None = None
+    # engine:llmb_experts_host_layers:max: layers whose routed experts live in host memory
+    experts_host_layers: float | None = None
 
 
 SIGNAL_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Signals))
@@ -278,6 +306,7 @@ def _records() -> dict[str, str]:
         "weights_memory_beyond_kv_ratio": "engine:llmb_weights_gpu_memory_beyond_kv:ratio",
         "generation_tokens_per_second": f"engine:llmb_generation_tokens_per_second:rate{rw}",
         "decode_efficiency": f"engine:llmb_decode_efficiency:ratio{rw}",
+        "experts_host_layers": "engine:llmb_experts_host_layers:max",
     }
 
 
@@ -441,6 +470,12 @@ CONDITIONS: tuple[Condition, ...] = (
                 Compare("weights_memory_ratio", "<", "weights_memory_ratio_min"),
                 "engine process GPU memory below `weights_memory_ratio_min` x weight bytes",
             ),
+            Evidence(
+                "experts_host",
+                Compare("experts_host_layers", ">", "0"),
+                "routed experts of some layers kept in host memory (llama.cpp `--n-cpu-moe`, "
+                "`--cpu-moe`, `-ot exps=CPU`)",
+            ),
         ),
         needs_gpu=True,
     ),
@@ -532,9 +567,17 @@ CONDITIONS: tuple[Condition, ...] = (
         (
             Evidence(
                 "efficiency",
-                Compare("decode_efficiency", ">=", "decode_efficiency_at_limit"),
+                AllOf(
+                    (
+                        Compare("decode_efficiency", ">=", "decode_efficiency_at_limit"),
+                        # No answer beyond physics: above this the roofline does not fit.
+                        Compare("decode_efficiency", "<=", "decode_efficiency_physical_max"),
+                    )
+                ),
                 "decode efficiency (per-sequence decode tok/s / roofline) >= "
-                "`decode_efficiency_at_limit`",
+                "`decode_efficiency_at_limit` and <= `decode_efficiency_physical_max` "
+                "(above it the bytes-per-step model does not fit the measurement: "
+                "`llmb:engine_roofline:misfit` says why, and no decode claim is made)",
             ),
         ),
     ),
@@ -623,8 +666,9 @@ VERDICT_INFO: dict[str, VerdictInfo] = {
             "decode_below_card_limit",
             None,
             f"Decode runs below {t('decode_efficiency_at_limit')} of the card's roofline (or "
-            "no roofline is known) with no queue and no memory problem: the engine or its "
-            "settings set the speed.",
+            "no roofline is known, or it does not fit the measurement: efficiency above "
+            f"{t('decode_efficiency_physical_max')}, see `llmb:engine_roofline:misfit`) with no "
+            "queue and no memory problem: the engine or its settings set the speed.",
             "Tune the engine: flash attention (llama.cpp `-fa on`), CUDA graphs, batch sizes "
             "(`-b`, `-ub`), a faster kernel for this quantization; or compare another engine "
             "on the same weights (`llmb-loadgen compare`).",
@@ -696,32 +740,174 @@ def evaluate(signals: Signals) -> Verdict:
 # ------------------------------------------------------------------------------ roofline
 
 
+@dataclass(frozen=True)
+class ModelStructure:
+    """What the roofline knows about the bytes a model reads per decode step.
+
+    `weights_bytes` is every weight in the file. With `always_read_bytes` known, a step
+    reads those, the expected share of the routed experts (`routed_expert_bytes`, E =
+    `experts`, k = `experts_used`) that the batch touches, and one row of an untied token
+    embedding per sequence; without it every weight counts as read (a dense model). A draft
+    model (speculative decoding) adds `draft_weights_bytes` per proposed token.
+    """
+
+    weights_bytes: float | None = None
+    always_read_bytes: float | None = None
+    routed_expert_bytes: float | None = None
+    experts: float | None = None
+    experts_used: float | None = None
+    token_embedding_row_bytes: float | None = None
+    draft_weights_bytes: float | None = None
+
+    @property
+    def structure_known(self) -> bool:
+        """Whether the always-read and routed-expert bytes are known (else: all weights)."""
+        return self.always_read_bytes is not None and self.routed_expert_bytes is not None
+
+    @property
+    def experts_known(self) -> bool:
+        """Whether the routed-expert share is known: no routed experts, or E and k."""
+        if not self.structure_known:
+            return False
+        if not self.routed_expert_bytes:
+            return True
+        return self.experts_used is not None and self.experts is not None and self.experts > 0
+
+
+def go_pow(x: float, y: float) -> float:
+    """`x ^ y` as PromQL computes it (Go's math.Pow) for an integer `y`, bit for bit.
+
+    Go multiplies normalized mantissas by repeated squaring and scales once at the end;
+    C's pow (Python's `**`) rounds differently in the last bit, which the parity test sees.
+    """
+    if y == 0 or x == 1:
+        return 1.0
+    if y == 1:
+        return x
+    if math.isnan(x) or math.isnan(y):
+        return math.nan
+    if y != int(y) or math.isinf(y) or math.isinf(x) or x == 0:
+        return float(x**y)
+    a1, ae = 1.0, 0
+    x1, xe = math.frexp(x)
+    i = int(abs(y))
+    while i != 0:
+        if xe < -(1 << 12) or (1 << 12) < xe:
+            ae += xe
+            break
+        if i & 1 == 1:
+            a1 *= x1
+            ae += xe
+        x1 *= x1
+        xe <<= 1
+        if x1 < 0.5:
+            x1 += x1
+            xe -= 1
+        i >>= 1
+    if y < 0:
+        a1 = 1 / a1
+        ae = -ae
+    return math.ldexp(a1, ae)
+
+
+def decode_batch(running_avg: float | None) -> float:
+    """Sequences per decode step for the roofline: the average running, rounded, at least 1.
+
+    PromQL `clamp_min(round(x), 1)` (round: floor(x + 0.5)); 1 when unknown. Whole
+    sequences keep the expert share `1 - (1 - k/E)^B` exact in PromQL and Python alike.
+    """
+    if running_avg is None or math.isnan(running_avg):
+        return 1.0
+    return max(float(math.floor(running_avg + 0.5)), 1.0)
+
+
+def expert_share(experts: float, experts_used: float, batch: float) -> float:
+    """Expected share of the E routed experts that B sequences touch with k experts each.
+
+    Under uniform routing one expert is missed by one token with probability 1 - k/E, so
+    by all B with (1 - k/E)^B: an expectation, not a measurement (real routers are skewed,
+    which lowers it).
+    """
+    return 1 - go_pow(1 - experts_used / experts, batch)
+
+
+def active_weights_bytes(model: float | ModelStructure, batch: float = 1.0) -> float:
+    """Weight bytes one decode step of `batch` sequences reads (the draft model excluded).
+
+    always-read + routed x (1 - (1 - k/E)^B) + B x token-embedding row; all weights when
+    the structure is unknown, all routed experts when E or k is. Same order of operations
+    as the recording rule `engine:llmb_decode_weights_bytes_per_step:avg5m`.
+    """
+    if not isinstance(model, ModelStructure):
+        return float(model)
+    if not model.structure_known:
+        if model.weights_bytes is None:
+            raise ValueError("neither the weight bytes nor the model structure is known")
+        return float(model.weights_bytes)
+    assert model.always_read_bytes is not None and model.routed_expert_bytes is not None
+    routed = float(model.routed_expert_bytes)
+    if model.experts_known and model.routed_expert_bytes:
+        assert model.experts is not None and model.experts_used is not None
+        routed = routed * expert_share(model.experts, model.experts_used, batch)
+    total = float(model.always_read_bytes) + routed
+    if model.token_embedding_row_bytes is not None:
+        total = total + model.token_embedding_row_bytes * batch
+    return total
+
+
+def accepted_tokens(accept_length: float | None) -> float:
+    """Tokens per target-model step: the speculative accept length (at least 1), else 1.
+
+    PromQL `clamp_min(x, 1)`, NaN included (Go's math.Max keeps a NaN).
+    """
+    if accept_length is None:
+        return 1.0
+    if math.isnan(accept_length):
+        return math.nan
+    return max(float(accept_length), 1.0)
+
+
 def decode_bytes_per_step(
-    weights_bytes: float,
+    model: float | ModelStructure,
     kv_tokens: float | None = None,
     kv_bytes_per_token: float | None = None,
+    batch: float = 1.0,
+    accept_length: float | None = None,
 ) -> float:
-    """Bytes one decode step reads: all weights once plus the KV of every running sequence.
+    """Bytes one decode step reads, the one formula every surface uses:
 
-    `kv_tokens` is the number of KV cache tokens in use (all running sequences together);
-    without it or the KV bytes per token only the weights count (as the rules do).
+        active_weights_bytes(model, B) + kv_tokens x kv_bytes_per_token
+                                       + draft_weights x accepted tokens per step
+
+    `model` is a `ModelStructure` or (a dense model) its weight bytes. `kv_tokens` is the KV
+    cache tokens in use (all running sequences together); without it or the KV bytes per
+    token the KV term is 0, as in the rules. The draft model runs once per token it
+    proposes: the accepted ones and the rejected one that ends the step, about the accept
+    length.
     """
-    if kv_tokens is None or kv_bytes_per_token is None:
-        return weights_bytes
-    return weights_bytes + kv_tokens * kv_bytes_per_token
+    weights = active_weights_bytes(model, batch)
+    total = weights
+    if kv_tokens is not None and kv_bytes_per_token is not None:
+        total = total + kv_tokens * kv_bytes_per_token
+    draft = model.draft_weights_bytes if isinstance(model, ModelStructure) else None
+    if draft is not None:
+        total = total + draft * accepted_tokens(accept_length)
+    return total
 
 
 def roofline_tokens_per_second(
-    bandwidth_bytes_per_second: float | None, bytes_per_step: float | None
+    bandwidth_bytes_per_second: float | None,
+    bytes_per_step: float | None,
+    accept_length: float | None = None,
 ) -> float | None:
-    """Upper bound on per-sequence decode tok/s: bandwidth / bytes read per step.
+    """Upper bound on per-sequence decode tok/s: bandwidth x accepted tokens / bytes per step.
 
-    Each step yields one token per running sequence, so per-sequence speed cannot exceed
-    this. None without a bandwidth or with no bytes.
+    Each step yields one token per running sequence (`accept_length` with speculative
+    decoding), so per-sequence speed cannot exceed this. None without a bandwidth or bytes.
     """
     if bandwidth_bytes_per_second is None or bytes_per_step is None or not bytes_per_step > 0:
         return None
-    return bandwidth_bytes_per_second / bytes_per_step
+    return bandwidth_bytes_per_second * accepted_tokens(accept_length) / bytes_per_step
 
 
 def decode_efficiency(
@@ -731,6 +917,180 @@ def decode_efficiency(
     if decode_tokens_per_second is None or roofline is None or not roofline > 0:
         return None
     return decode_tokens_per_second / roofline
+
+
+def tp_bandwidth(
+    gpus: Iterable[tuple[float, float]],
+) -> float | None:
+    """Bandwidth of the GPUs one engine holds, from (bandwidth, engine memory) per GPU.
+
+    Each GPU reads its share of the bytes of a step (the share of the engine's GPU memory on
+    it: weights and KV split alike) and the step lasts as long as the slowest: the engine's
+    bandwidth is min(bandwidth_i / share_i), the sum of the bandwidths for an even split and
+    exactly the one GPU's bandwidth on one GPU. None when no GPU holds memory.
+    """
+    items = list(gpus)
+    held = 0.0
+    for _, mem in items:
+        held += mem
+    best: float | None = None
+    for bw, mem in items:
+        share = mem / held if held else math.nan
+        if not share > 0 or math.isnan(bw):
+            continue
+        value = bw / share
+        if best is None or value < best:
+            best = value
+    return best
+
+
+# ---------------------------------------------------------------------- physics gate
+
+
+@dataclass(frozen=True)
+class MisfitReason:
+    """Why a decode efficiency above `decode_efficiency_physical_max` is possible: the fact
+    the bytes-per-step model lacks (the first that applies wins)."""
+
+    name: str
+    lacks: str
+    cause: str
+
+
+MISFIT_REASONS: tuple[MisfitReason, ...] = (
+    MisfitReason(
+        "model_structure_unknown",
+        "the model's structure (llmb_model_weights_always_read_bytes, "
+        "llmb_model_weights_routed_experts_bytes): every weight counts as read per step",
+        "a mixture-of-experts model whose expert metadata is unknown reads only its active "
+        "experts; give the exporter/diagnose the model file (GGUF or HF config)",
+    ),
+    MisfitReason(
+        "expert_counts_unknown",
+        "the expert counts (llmb_model_experts, llmb_model_experts_used): every routed expert "
+        "counts as read per step",
+        "a mixture-of-experts model reads only k of its E experts per token; the model file "
+        "lacks `expert_count` / `expert_used_count`",
+    ),
+    MisfitReason(
+        "speculative_decoding_not_detected",
+        "the speculative accept length (llmb_engine_spec_accept_length): one token per "
+        "model step is assumed",
+        "speculative decoding (llama.cpp `-md`, SGLang `--speculative-algorithm`) makes "
+        "several tokens per weight read; its acceptance was not seen",
+    ),
+    MisfitReason(
+        "bandwidth_too_low",
+        "a right GPU memory bandwidth: the model, experts and acceptance are all known",
+        "the bandwidth (NVML table, the config's `gpu.bandwidth_bytes_per_second` or "
+        "--bandwidth-gbs) is lower than the card's; check the GPU model and the value given",
+    ),
+)
+MISFIT_BY_NAME: dict[str, MisfitReason] = {r.name: r for r in MISFIT_REASONS}
+
+
+@dataclass(frozen=True)
+class RooflineFacts:
+    """What the bytes-per-step model knew when it was computed."""
+
+    structure_known: bool
+    experts_known: bool
+    accept_known: bool
+
+
+def roofline_facts(model: float | ModelStructure, accept_length: float | None) -> RooflineFacts:
+    """The facts of `model` (a bare weight count knows no structure) and the acceptance."""
+    if isinstance(model, ModelStructure):
+        return RooflineFacts(model.structure_known, model.experts_known, accept_length is not None)
+    return RooflineFacts(False, False, accept_length is not None)
+
+
+def physical(efficiency: float | None) -> bool:
+    """Whether a decode efficiency is within physics (absent counts as no claim, fine)."""
+    return efficiency is None or efficiency <= number("decode_efficiency_physical_max")
+
+
+def roofline_misfit(efficiency: float | None, facts: RooflineFacts) -> MisfitReason | None:
+    """The reason the roofline does not fit the measurement, None when it does."""
+    if physical(efficiency):
+        return None
+    if not facts.structure_known:
+        return MISFIT_BY_NAME["model_structure_unknown"]
+    if not facts.experts_known:
+        return MISFIT_BY_NAME["expert_counts_unknown"]
+    if not facts.accept_known:
+        return MISFIT_BY_NAME["speculative_decoding_not_detected"]
+    return MISFIT_BY_NAME["bandwidth_too_low"]
+
+
+def misfit_text(efficiency: float, reason: MisfitReason) -> str:
+    """One sentence for every surface: no decode verdict, the likely cause, what is lacking."""
+    return (
+        f"no decode verdict: the bytes-per-step model does not fit the measurement "
+        f"(decode at {efficiency * 100:.0f} % of the roofline, above "
+        f"{number('decode_efficiency_physical_max') * 100:.0f} %: beyond physics). Likely "
+        f"cause: {reason.cause}. Lacking: {reason.lacks}"
+    )
+
+
+# -------------------------------------------------------------------- expert offload
+
+
+def experts_host_bound(
+    host_bytes: float | None,
+    experts: float | None,
+    experts_used: float | None,
+    batch: float = 1.0,
+    host_bandwidth: float | None = None,
+) -> float | None:
+    """Per-sequence decode tok/s that experts in host memory allow: host memory bandwidth /
+    (host expert bytes x the share of experts a step touches; all of them without E/k).
+
+    Same arithmetic as `engine:llmb_experts_host_bound_tokens_per_second:avg5m`.
+    """
+    if host_bytes is None:
+        return None
+    share = 1.0
+    if experts_used is not None and experts is not None and experts > 0:
+        share = expert_share(experts, experts_used, batch)
+    read = host_bytes * share
+    if not read > 0:
+        return None
+    bw = (
+        number("host_memory_bandwidth_bytes_per_second")
+        if host_bandwidth is None
+        else host_bandwidth
+    )
+    return bw / read
+
+
+def expert_offload_action(
+    host_layers: float | None,
+    host_bytes: float | None,
+    expert_share_: float = 1.0,
+    host_bandwidth: float | None = None,
+) -> str:
+    """The residency action for experts kept in host memory, with the host-side bound.
+
+    Decode reads `host_bytes x expert_share_` from host memory per step; at
+    `host_bandwidth` (default: the `host_memory_bandwidth_bytes_per_second` threshold)
+    that bounds decode at bandwidth / those bytes tok/s per sequence.
+    """
+    bw = host_bandwidth or number("host_memory_bandwidth_bytes_per_second")
+    layers = f"{host_layers:.0f} layers'" if host_layers is not None else "some layers'"
+    text = f"Expert offload: the routed experts of {layers} live in host memory"
+    if host_bytes:
+        per_step = host_bytes * expert_share_
+        text += (
+            f" ({host_bytes / 2**30:.2f} GiB; {per_step / 2**30:.2f} GiB read per step), so "
+            f"decode is bound near {bw / per_step:.1f} tok/s per sequence by host memory "
+            f"({bw / 1e9:.0f} GB/s, `host_memory_bandwidth_bytes_per_second`: the CPU "
+            "computes host-resident experts at batch sizes below 32)"
+        )
+    return (
+        text + ". Keep fewer experts on the host (a lower llama.cpp `--n-cpu-moe`, or no "
+        "`-ot exps=CPU`) if VRAM allows, or use a smaller quantization so they fit on the GPU."
+    )
 
 
 # ------------------------------------------------------------- signals from raw samples
@@ -762,6 +1122,13 @@ class RuleValues:
     bandwidth_bytes_per_second: float | None
     decode_bytes_per_step: float | None
     roofline_tokens_per_second: float | None
+    decode_batch: float | None = None
+    active_weights_bytes: float | None = None
+    accepted_tokens_per_step: float | None = None
+    # The physics gate: why the roofline does not fit (None: it fits or is unknown).
+    misfit: str | None = None
+    # Expert offload: per-sequence decode bound by host memory (None: no experts on host).
+    experts_host_bound_tokens_per_second: float | None = None
 
 
 def series_from_scrapes(
@@ -1067,7 +1434,8 @@ def rule_values_at(series: Mapping[SeriesKey, Points], at: float) -> dict[Engine
     )
     gpu_hosts = {lab.get("host", "") for lab, _ in d.instant("llmb_gpu_memory_total_bytes")}
 
-    # Bandwidth: through the GPU processes attributed to the engine, max over its GPUs.
+    # Bandwidth: each GPU the engine's processes hold reads its share of a step (the share
+    # of the engine's GPU memory on it); the slowest GPU sets the pace (`tp_bandwidth`).
     gpu_bw: dict[tuple[str, str], float] = {}
     for lab, v in d.instant("llmb_gpu_memory_bandwidth_bytes_per_second"):
         gk = (lab.get("host", ""), lab.get("gpu", ""))
@@ -1077,17 +1445,31 @@ def rule_values_at(series: Mapping[SeriesKey, Points], at: float) -> dict[Engine
     kinds: dict[tuple[str, str], set[str]] = defaultdict(set)
     for lab, _ in d.instant("llmb_engine_up"):
         kinds[(lab.get("host", ""), lab.get("engine", ""))].add(lab.get("kind", ""))
-    bw_items = []
-    for lab, _ in d.instant(
+    per_pid: dict[tuple[str, str, str, str], float] = {}
+    for lab, v in d.instant(
         "llmb_gpu_process_memory_used_bytes", lambda lab: lab.get("engine", "") != ""
     ):
-        host, engine = lab.get("host", ""), lab.get("engine", "")
-        bw = gpu_bw.get((host, lab.get("gpu", "")))
-        if bw is None:
+        pk = (lab.get("host", ""), lab.get("engine", ""), lab.get("gpu", ""), lab.get("pid", ""))
+        old = per_pid.get(pk)
+        if old is None or math.isnan(old) or (not math.isnan(v) and v > old):
+            per_pid[pk] = v
+    per_gpu: dict[tuple[str, str, str], float] = {}
+    for (host, engine, gpu, _), v in sorted(per_pid.items()):
+        gk3 = (host, engine, gpu)
+        per_gpu[gk3] = per_gpu[gk3] + v if gk3 in per_gpu else v
+    held: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+    for (host, engine, gpu), mem in sorted(per_gpu.items()):
+        bw = gpu_bw.get((host, gpu))
+        held[(host, engine)].append((math.nan if bw is None else bw, mem))
+    bandwidth: dict[EngineKey, float] = {}
+    for (host, engine), items in held.items():
+        if all(math.isnan(bw) for bw, _ in items):
+            continue  # no bandwidth known for any of its GPUs: absent, as the join drops it
+        value = tp_bandwidth(items)
+        if value is None:
             continue
         for kind in kinds.get((host, engine), ()):
-            bw_items.append((EngineKey(host, engine, kind), bw))
-    bandwidth = _max_by(bw_items)
+            bandwidth[EngineKey(host, engine, kind)] = value
 
     kv_tokens = _max_by(
         (_key(lab), _avg_over_time(pts))
@@ -1095,13 +1477,40 @@ def rule_values_at(series: Mapping[SeriesKey, Points], at: float) -> dict[Engine
     )
     kv_bpt = mx("llmb_model_kv_bytes_per_token_estimated")
     admission = admission_values(d)
+    running_avg = _max_by(
+        (_key(lab), _avg_over_time(pts)) for lab, pts in d.range("llmb_engine_requests_running", rw)
+    )
+    always = mx("llmb_model_weights_always_read_bytes")
+    routed = mx("llmb_model_weights_routed_experts_bytes")
+    n_experts = mx("llmb_model_experts")
+    n_used = mx("llmb_model_experts_used")
+    embd_row = mx("llmb_model_token_embedding_row_bytes")
+    draft = mx("llmb_model_draft_weights_bytes")
+    accept = mx("llmb_engine_spec_accept_length")
+    host_layers = mx("llmb_engine_experts_host_layers")
+    host_bytes = mx("llmb_engine_experts_host_bytes")
 
     out: dict[EngineKey, RuleValues] = {}
     for key in sorted(up):
-        bytes_step = None
-        if key in weights:
-            bytes_step = decode_bytes_per_step(weights[key], kv_tokens.get(key), kv_bpt.get(key))
-        roofline = roofline_tokens_per_second(bandwidth.get(key), bytes_step)
+        batch = decode_batch(running_avg.get(key))
+        model = ModelStructure(
+            weights_bytes=weights.get(key),
+            always_read_bytes=always.get(key),
+            routed_expert_bytes=routed.get(key),
+            experts=n_experts.get(key),
+            experts_used=n_used.get(key),
+            token_embedding_row_bytes=embd_row.get(key),
+            draft_weights_bytes=draft.get(key),
+        )
+        active = bytes_step = None
+        if model.structure_known or model.weights_bytes is not None:
+            active = active_weights_bytes(model, batch)
+            bytes_step = decode_bytes_per_step(
+                model, kv_tokens.get(key), kv_bpt.get(key), batch, accept.get(key)
+            )
+        roofline = roofline_tokens_per_second(bandwidth.get(key), bytes_step, accept.get(key))
+        efficiency = decode_efficiency(decode_rate.get(key), roofline)
+        reason = roofline_misfit(efficiency, roofline_facts(model, accept.get(key)))
         signals = Signals(
             layers_ratio=layers_ratio.get(key),
             weights_buffers_ratio=buffers_ratio.get(key),
@@ -1114,10 +1523,22 @@ def rule_values_at(series: Mapping[SeriesKey, Points], at: float) -> dict[Engine
             waiting=waiting.get(key),
             **{name: values.get(key) for name, values in admission.items()},
             generation_tokens_per_second=gen_rate.get(key),
-            decode_efficiency=decode_efficiency(decode_rate.get(key), roofline),
+            decode_efficiency=efficiency,
+            experts_host_layers=host_layers.get(key),
         )
         out[key] = RuleValues(
-            signals, decode_rate.get(key), bandwidth.get(key), bytes_step, roofline
+            signals,
+            decode_rate.get(key),
+            bandwidth.get(key),
+            bytes_step,
+            roofline,
+            decode_batch=batch,
+            active_weights_bytes=active,
+            accepted_tokens_per_step=accepted_tokens(accept.get(key)),
+            misfit=reason.name if reason is not None else None,
+            experts_host_bound_tokens_per_second=experts_host_bound(
+                host_bytes.get(key), n_experts.get(key), n_used.get(key), batch
+            ),
         )
     return out
 

@@ -52,6 +52,7 @@ class WeightSplit:
     tied_embeddings: bool
     routed_by_layer: tuple[int, ...] = ()  # routed-expert bytes of each layer
     skipped_bytes: int = 0  # multi-token-prediction layers a plain decode step never reads
+    input_table_bytes: int = 0  # the token-embedding table(s), tied or not
 
 
 def split_tensors(
@@ -69,19 +70,28 @@ def split_tensors(
     routed_re, block_re = (GGUF_ROUTED, GGUF_BLOCK) if gguf else (HF_ROUTED, HF_BLOCK)
     lookup_names, output_name = (GGUF_LOOKUP, GGUF_OUTPUT) if gguf else (HF_LOOKUP, HF_OUTPUT)
     items = [t for t in tensors if gguf or not HF_NOT_DECODE.search(t.name)]
-    tied = not any(t.name.endswith(output_name) for t in items)
-    always = routed = lookup = row = skipped = 0
+
+    # GGUF names are exact ("blk.N.attn_output.weight" also ends in "output.weight"); HF
+    # names carry a module prefix ("model.", "language_model.").
+    def named(name: str, targets: tuple[str, ...]) -> bool:
+        return name in targets if gguf else name.endswith(targets)
+
+    tied = not any(named(t.name, (output_name,)) for t in items)
+    always = routed = lookup = row = skipped = table = 0
     by_layer = [0] * n_layer
     for t in items:
         match = block_re.search(t.name)
         layer = int(match[1]) if match else None
         if layer is not None and first_skipped_layer is not None and layer >= first_skipped_layer:
             skipped += t.nbytes
-        elif routed_re.search(t.name):
+            continue
+        is_table = named(t.name, lookup_names)
+        table += t.nbytes if is_table else 0
+        if routed_re.search(t.name):
             routed += t.nbytes
             if layer is not None and layer < n_layer:
                 by_layer[layer] += t.nbytes
-        elif not tied and any(t.name.endswith(name) for name in lookup_names):
+        elif is_table and not tied:
             lookup += t.nbytes
             row += t.nbytes // max(1, t.rows)
         else:
@@ -95,6 +105,7 @@ def split_tensors(
         tied_embeddings=tied,
         routed_by_layer=tuple(by_layer) if routed else (),
         skipped_bytes=skipped,
+        input_table_bytes=table,
     )
 
 
@@ -288,5 +299,6 @@ def config_split(
         routed_by_layer=tuple(round(p * expert_bytes) for p in counts.routed_by_layer)
         if counts.routed_params
         else (),
+        input_table_bytes=embedding,
     )
     return split, counts

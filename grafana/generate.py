@@ -183,6 +183,46 @@ def check(title: str, expr: str, description: str) -> Panel:
     )
 
 
+# Engines whose roofline does not fit their measured decode (the physics gate).
+MISFIT = f"llmb:engine_roofline:misfit{{{SEL}}}"
+UNLESS_MISFIT = f"unless on (host, engine, kind) {MISFIT}"
+DECODE_MAPPING = [
+    {
+        "type": "value",
+        "options": {
+            **BOOL_MAPPING[0]["options"],
+            "2": {"text": "NO VERDICT: roofline does not fit", "color": "orange", "index": 2},
+        },
+    }
+]
+
+
+def decode_check() -> Panel:
+    """Decode at the card's limit: YES / no, or no verdict with the misfit reason."""
+    return stat(
+        "Decode at card limit",
+        Target(
+            f"engine:llmb_decode_at_card_limit:bool{{{SEL}}} {UNLESS_MISFIT}", "{{host}}/{{engine}}"
+        ),
+        Target(f"0 * {MISFIT} + 2", "{{host}}/{{engine}} ({{reason}})"),
+        unit="none",
+        width=6,
+        description=(
+            "YES when per-sequence decode is at least "
+            f"{t('decode_efficiency_at_limit')} x the roofline (bandwidth x accepted tokens / "
+            "bytes per step): the card is the limit. NO means the engine leaves speed unused. "
+            "NO VERDICT when decode is above "
+            f"{t('decode_efficiency_physical_max')} x the roofline (beyond physics): the "
+            "bytes-per-step model does not fit and the name says why "
+            "(`llmb:engine_roofline:misfit{reason}`: model_structure_unknown, "
+            "expert_counts_unknown, speculative_decoding_not_detected, bandwidth_too_low). "
+            f"{RUNBOOK}#llmdecodebelowcardlimit, {RUNBOOK}#llmrooflinemisfit"
+        ),
+        defaults={"mappings": DECODE_MAPPING, "color": {"mode": "thresholds"}},
+        options={"colorMode": "background", "graphMode": "none", "textMode": "value_and_name"},
+    )
+
+
 def pct(name: str) -> str:
     """A ratio threshold as a percentage for descriptions (0.9 -> 90 %)."""
     return f"{threshold(name) * 100:g} %"
@@ -447,18 +487,13 @@ def overview() -> Dashboard:
         Row(
             "5. Is decode at the card's memory-bandwidth limit?",
             [
-                check(
-                    "Decode at card limit",
-                    f"engine:llmb_decode_at_card_limit:bool{{{SEL}}}",
-                    "YES when per-sequence decode is at least "
-                    f"{t('decode_efficiency_at_limit')} x the roofline (bandwidth / bytes per "
-                    "step): the card is the limit. NO means the engine leaves speed unused. "
-                    f"{RUNBOOK}#llmdecodebelowcardlimit",
-                ),
+                decode_check(),
                 ts(
                     "Decode efficiency (measured / roofline)",
                     Target(
-                        f"engine:llmb_decode_efficiency:ratio5m{{{SEL}}}", "{{host}}/{{engine}}"
+                        # No number beyond physics: a misfit shows in the check, not here.
+                        f"engine:llmb_decode_efficiency:ratio5m{{{SEL}}} {UNLESS_MISFIT}",
+                        "{{host}}/{{engine}}",
                     ),
                     unit="percentunit",
                     width=9,
@@ -469,7 +504,10 @@ def overview() -> Dashboard:
                         "(`decode_efficiency_at_limit` = "
                         f"{t('decode_efficiency_at_limit')}) decode is at the card's memory "
                         "bandwidth limit; tuned kernels reach 0.6-0.9. Below it, look at the "
-                        "engine build, batch size and attention kernels."
+                        "engine build, batch size and attention kernels. Above "
+                        f"`decode_efficiency_physical_max` ({t('decode_efficiency_physical_max')})"
+                        " the bytes-per-step model does not fit: the line stops and the check "
+                        "beside it names the reason (`llmb:engine_roofline:misfit`)."
                     ),
                 ),
                 decode_vs_roofline(9),

@@ -99,6 +99,12 @@ class Row:
     kv_usage_max: float | None = None
     waiting_avg: float | None = None
     error: str | None = None
+    # The card's limit at this step's batch (`row_roofline`): bytes one decode step reads,
+    # the per-sequence limit, measured per-sequence tok/s / limit, the physics reason.
+    bytes_per_step: float | None = None
+    limit_tok_s: float | None = None
+    efficiency: float | None = None
+    misfit: str | None = None
 
     @property
     def spread(self) -> float | None:
@@ -108,7 +114,14 @@ class Row:
 
 @dataclass
 class Roofline:
-    """The card's decode limit for one engine and how much of it single-request decode uses."""
+    """The card's decode limit for one engine and how much of it single-request decode uses.
+
+    `bytes_per_step` = `active_weights_bytes` (weights one step reads: the always-read part,
+    the routed experts a step touches, untied embedding rows) + KV in use x
+    `kv_bytes_per_token` (+ a draft model's weights per proposed token); `limit_tok_s` =
+    bandwidth x `accepted_tokens_per_step` / bytes per step. `misfit` is the physics gate:
+    the reason (`exporter.verdict.MISFIT_REASONS`) when `efficiency` is beyond physics.
+    """
 
     bandwidth_bytes_per_s: float | None = None
     bandwidth_source: str | None = None
@@ -116,6 +129,15 @@ class Roofline:
     limit_tok_s: float | None = None
     measured_tok_s: float | None = None
     efficiency: float | None = None
+    active_weights_bytes: float | None = None
+    kv_bytes_per_token: float | None = None
+    accepted_tokens_per_step: float | None = None
+    misfit: str | None = None
+
+    @property
+    def physical(self) -> bool:
+        """Whether the efficiency may be shown as a share of the card's limit."""
+        return self.misfit is None
 
 
 @dataclass
@@ -140,6 +162,18 @@ class EngineResult:
     bandwidth_bytes_per_s: float | None = None
     bandwidth_source: str | None = None
     kv_bytes_per_token: float | None = None
+    # The model's structure for the roofline (exporter series or the GGUF; None: unknown).
+    always_read_bytes: float | None = None
+    routed_expert_bytes: float | None = None
+    experts: float | None = None
+    experts_used: float | None = None
+    token_embedding_row_bytes: float | None = None
+    draft_weights_bytes: float | None = None
+    # Speculative decoding: mean tokens per target-model step (None: not seen).
+    spec_accept_length: float | None = None
+    # Expert offload: layers whose routed experts live in host memory, and their bytes.
+    experts_host_layers: float | None = None
+    experts_host_bytes: float | None = None
     trained_context: int | None = None
     slot_context: int | None = None
     memory_source: str | None = None
@@ -178,6 +212,21 @@ class EngineResult:
                 if r.concurrency == concurrency and r.aggregate_tok_s:
                     return r
         return None
+
+    def structure(self) -> core.ModelStructure | None:
+        """What the roofline knows about this model (None without weights or structure)."""
+        model = core.ModelStructure(
+            weights_bytes=self.weights_bytes,
+            always_read_bytes=self.always_read_bytes,
+            routed_expert_bytes=self.routed_expert_bytes,
+            experts=self.experts,
+            experts_used=self.experts_used,
+            token_embedding_row_bytes=self.token_embedding_row_bytes,
+            draft_weights_bytes=self.draft_weights_bytes,
+        )
+        if not self.weights_bytes and not model.structure_known:
+            return None
+        return model
 
     def bytes_per_parameter(self) -> float | None:
         """Weight bytes per parameter (the precision actually served)."""
@@ -256,29 +305,126 @@ def _gib(value: float | None) -> str:
 # --- the verdict of one engine, through the decision core ---------------------------------
 
 
-def roofline(engine: EngineResult) -> Roofline:
-    """Single-request decode against the card's limit (weights + KV read per step)."""
-    single = engine.single()
-    kv_tokens = None
-    if single is not None and single.prompt_tokens is not None:
-        # One sequence holds its prompt plus, on average, half of its output in the KV.
-        kv_tokens = single.prompt_tokens + single.max_tokens / 2
-    bw = engine.bandwidth_bytes_per_s
-    per_step = (
-        core.decode_bytes_per_step(engine.weights_bytes, kv_tokens, engine.kv_bytes_per_token)
-        if engine.weights_bytes
-        else None
+def bytes_per_step(
+    engine: EngineResult, kv_tokens: float | None, batch: float = 1.0
+) -> tuple[float | None, float | None]:
+    """(bytes per decode step, active weight bytes) of `engine` at `batch` sequences holding
+    `kv_tokens` KV tokens: the decision core's formula, whatever the bandwidth's source."""
+    model = engine.structure()
+    if model is None:
+        return None, None
+    per_step = core.decode_bytes_per_step(
+        model, kv_tokens, engine.kv_bytes_per_token, batch, engine.spec_accept_length
     )
-    limit = core.roofline_tokens_per_second(bw, per_step)
-    measured = single.per_seq_tok_s if single else None
+    return per_step, core.active_weights_bytes(model, batch)
+
+
+def facts(engine: EngineResult) -> core.RooflineFacts:
+    """What the bytes-per-step model of `engine` knows (for the physics gate)."""
+    model = engine.structure()
+    return core.roofline_facts(model if model is not None else 0.0, engine.spec_accept_length)
+
+
+def row_batch(engine: EngineResult, row: Row) -> int:
+    """Sequences one decode step of `row` holds: its concurrency, at most the slots."""
+    return max(1, min(row.concurrency, engine.slots or row.concurrency))
+
+
+def roofline(engine: EngineResult) -> Roofline:
+    """Single-request decode against the card's limit (bytes read per step, physics-gated)."""
+    return row_roofline(engine, engine.single())
+
+
+def row_roofline(engine: EngineResult, row: Row | None) -> Roofline:
+    """One step's per-sequence decode against the card's limit at that step's batch."""
+    kv_tokens = None
+    batch = row_batch(engine, row) if row is not None else 1
+    if row is not None and row.prompt_tokens is not None:
+        # Each sequence holds its prompt plus, on average, half of its output in the KV.
+        kv_tokens = batch * (row.prompt_tokens + row.max_tokens / 2)
+    bw = engine.bandwidth_bytes_per_s
+    per_step, active = bytes_per_step(engine, kv_tokens, float(batch))
+    accept = engine.spec_accept_length
+    limit = core.roofline_tokens_per_second(bw, per_step, accept)
+    measured = row.per_seq_tok_s if row else None
     eff = measured / limit if measured and limit else None
-    return Roofline(bw, engine.bandwidth_source, per_step, limit, measured, eff)
+    reason = core.roofline_misfit(eff, facts(engine))
+    return Roofline(
+        bw,
+        engine.bandwidth_source,
+        per_step,
+        limit,
+        measured,
+        eff,
+        active_weights_bytes=active,
+        kv_bytes_per_token=engine.kv_bytes_per_token,
+        accepted_tokens_per_step=core.accepted_tokens(accept) if per_step else None,
+        misfit=reason.name if reason is not None else None,
+    )
+
+
+def roofline_text(roof: Roofline) -> str:
+    """`, N % of the card's limit ... (bandwidth ÷ bytes per step)`, or why it does not fit."""
+    if roof.efficiency is None or not roof.limit_tok_s:
+        return ""
+    accepted = roof.accepted_tokens_per_step or 1.0
+    spec = f" × {accepted:.2f} accepted tokens per step" if accepted != 1.0 else ""
+    basis = (
+        f"bandwidth {(roof.bandwidth_bytes_per_s or 0) / 1e9:.0f} GB/s{spec} ÷ "
+        f"{(roof.bytes_per_step or 0) / 2**30:.2f} GiB per step"
+    )
+    if roof.active_weights_bytes is not None:
+        basis += f", {roof.active_weights_bytes / 2**30:.2f} GiB of it weights"
+    if roof.misfit is not None:
+        reason = core.MISFIT_BY_NAME[roof.misfit]
+        return (
+            f"; {core.misfit_text(roof.efficiency, reason)} (limit {roof.limit_tok_s:.1f} "
+            f"tok/s from {basis})"
+        )
+    return (
+        f", {roof.efficiency * 100:.0f} % of the card's limit {roof.limit_tok_s:.1f} tok/s "
+        f"({basis})"
+    )
+
+
+def row_roofline_text(engine: EngineResult, row: Row) -> str:
+    """`; per sequence X tok/s = N % of the limit L tok/s at B sequences (G GiB per step)`."""
+    if row.per_seq_tok_s is None or row.limit_tok_s is None or row.efficiency is None:
+        return ""
+    head = (
+        f"; per sequence {row.per_seq_tok_s:.1f} tok/s against the limit "
+        f"{row.limit_tok_s:.1f} tok/s at {row_batch(engine, row)} sequences "
+        f"({(row.bytes_per_step or 0) / 2**30:.2f} GiB per step)"
+    )
+    if row.misfit is not None:
+        return head + f": beyond physics ({row.misfit}), no decode claim"
+    return head + f" = {row.efficiency * 100:.0f} %"
 
 
 def engine_verdict(engine: EngineResult, signals: core.Signals) -> tuple[str, str]:
-    """(verdict, action) of the decision core for what was measured on `engine`."""
+    """(verdict, action) of the decision core for what was measured on `engine`.
+
+    The physics gate: when the decode efficiency behind the verdict is beyond physics, the
+    core claims no decode verdict (the fallback) and the action says why the roofline does
+    not fit instead of how to tune decode. Expert offload names its layers, bytes and bound.
+    """
     decided = core.evaluate(signals)
-    return str(decided.name), str(decided.action)
+    action = str(decided.action)
+    eff = signals.decode_efficiency
+    reason = core.roofline_misfit(eff, facts(engine))
+    if reason is not None and eff is not None and decided.name == "decode_below_card_limit":
+        action = core.misfit_text(eff, reason) + "."
+    if decided.name == "weights_not_resident" and "experts_host" in decided.evidence:
+        model = engine.structure()
+        share = 1.0
+        if model is not None and model.experts_known and model.experts and model.experts_used:
+            share = core.expert_share(model.experts, model.experts_used, 1.0)
+        action = (
+            core.expert_offload_action(engine.experts_host_layers, engine.experts_host_bytes, share)
+            + " "
+            + action
+        )
+    return str(decided.name), action
 
 
 def roofline_fraction(engine: EngineResult) -> float | None:
@@ -410,6 +556,9 @@ def estimates(a: EngineResult, b: EngineResult) -> list[Estimate]:
     """Each engine at the other's precision, assuming it keeps its share of the roofline."""
     out = []
     for x, y in ((a, b), (b, a)):
+        # A share beyond physics estimates nothing (the physics gate).
+        if not (x.roofline.physical and y.roofline.physical):
+            continue
         if x.roofline.efficiency is not None and y.roofline.limit_tok_s is not None:
             out.append(
                 Estimate(
@@ -461,7 +610,9 @@ def decide_compare(a: EngineResult, b: EngineResult) -> Decision:
     if not comparable:
         caveats.append(why)
         effs = ", ".join(
-            f"{e.name} {_pct(e.roofline.efficiency)}"
+            f"{e.name} beyond physics ({e.roofline.misfit}: the roofline does not fit)"
+            if e.roofline.misfit is not None
+            else f"{e.name} {_pct(e.roofline.efficiency)}"
             if e.roofline.efficiency is not None
             else f"{e.name} unknown (pass --bandwidth-gbs)"
             for e in (a, b)
@@ -480,6 +631,7 @@ def decide_compare(a: EngineResult, b: EngineResult) -> Decision:
                     "weights_bytes": e.weights_bytes,
                     "roofline_efficiency": e.roofline.efficiency,
                     "roofline_tok_s": e.roofline.limit_tok_s,
+                    "roofline_misfit": e.roofline.misfit,
                 }
                 for e in (a, b)
             },

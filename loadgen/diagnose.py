@@ -46,10 +46,15 @@ from loadgen.decision import (
     Row,
     RunInfo,
     Step,
+    bytes_per_step,
     decide_single,
     engine_verdict,
     results_to_dict,
     roofline,
+    roofline_text,
+    row_batch,
+    row_roofline,
+    row_roofline_text,
     utc_now,
 )
 from loadgen.launcher import (
@@ -390,6 +395,34 @@ class Monitor:
         return self.scrapes[-1][1] if self.scrapes else {}
 
 
+# EngineResult field -> the exporter series of the model's structure (issue 17).
+STRUCTURE_SERIES = {
+    "always_read_bytes": "llmb_model_weights_always_read_bytes",
+    "routed_expert_bytes": "llmb_model_weights_routed_experts_bytes",
+    "experts": "llmb_model_experts",
+    "experts_used": "llmb_model_experts_used",
+    "token_embedding_row_bytes": "llmb_model_token_embedding_row_bytes",
+    "draft_weights_bytes": "llmb_model_draft_weights_bytes",
+    "spec_accept_length": "llmb_engine_spec_accept_length",
+    "experts_host_layers": "llmb_engine_experts_host_layers",
+    "experts_host_bytes": "llmb_engine_experts_host_bytes",
+}
+
+
+def structure_from_geometry(res: EngineResult, geo: Any) -> None:
+    """The model-structure fields of a GGUF/HF geometry (`exporter.geometry.ModelGeometry`)."""
+    for attr, name in (
+        ("always_read_bytes", "always_read_bytes"),
+        ("routed_expert_bytes", "routed_expert_bytes"),
+        ("experts", "expert_count"),
+        ("experts_used", "expert_used_count"),
+        ("token_embedding_row_bytes", "token_embedding_row_bytes"),
+    ):
+        value = getattr(geo, name, None)
+        if value is not None and getattr(res, attr) is None:
+            setattr(res, attr, float(value))
+
+
 # --- engine facts from its own endpoints -----------------------------------------------------
 
 
@@ -663,6 +696,7 @@ class Diagnoser:
         if self.model_path is None and facts.get("model_path"):
             self.model_path = Path(facts["model_path"])
         # One GGUF reader for the whole project: the exporter's.
+        # diagnose --url: the GGUF that /props names, when it is readable here.
         if self.model_path is not None and self.model_path.suffix == ".gguf":
             with contextlib.suppress(OSError, ValueError):
                 geo = await asyncio.to_thread(geometry_from_gguf, self.model_path)
@@ -672,6 +706,7 @@ class Diagnoser:
                 res.layers_total = res.layers_total or float(geo.n_layer + 1)
                 if res.weights_bytes is None and geo.weight_bytes:
                     res.weights_bytes = float(geo.weight_bytes)
+                structure_from_geometry(res, geo)
         await self._gpu_facts()
 
     async def _gpu_facts(self) -> None:
@@ -684,6 +719,10 @@ class Diagnoser:
             e = mon.exporter_engine
             res.gpu_total_bytes = _first(series, "llmb_gpu_memory_total_bytes")
             res.bandwidth_bytes_per_s = _first(series, "llmb_gpu_memory_bandwidth_bytes_per_second")
+            # The engine's GPUs as the rules see them (tensor parallel: their bandwidths add).
+            values = mon.rule_values(time.time())
+            if values is not None and values.bandwidth_bytes_per_second:
+                res.bandwidth_bytes_per_s = values.bandwidth_bytes_per_second
             res.bandwidth_source = "exporter" if res.bandwidth_bytes_per_s else None
             for attr, name in (
                 ("process_gpu_bytes", "llmb_engine_process_gpu_memory_bytes"),
@@ -692,6 +731,7 @@ class Diagnoser:
                 ("layers_offloaded", "llmb_engine_gpu_layers_offloaded"),
                 ("layers_total", "llmb_engine_gpu_layers_total"),
                 ("kv_bytes_per_token", "llmb_model_kv_bytes_per_token_estimated"),
+                *STRUCTURE_SERIES.items(),
             ):
                 value = _first(series, name, engine=e)
                 if value is not None:
@@ -734,7 +774,10 @@ class Diagnoser:
         """The residency part of `Signals` from diagnose's own readings (no exporter)."""
         res = self.result
         has_gpu = self.monitor.source == "gpu"
-        out: dict[str, Any] = {"host_has_gpu": has_gpu}
+        out: dict[str, Any] = {
+            "host_has_gpu": has_gpu,
+            "experts_host_layers": res.experts_host_layers,
+        }
         if res.layers_total:
             out["layers_ratio"] = (res.layers_offloaded or 0.0) / res.layers_total
         if res.weights_bytes and res.gpu_buffer_bytes is not None and has_gpu:
@@ -758,6 +801,11 @@ class Diagnoser:
             f"{_gib(res.weights_bytes)}, GPU weight buffers {_gib(res.gpu_buffer_bytes)}, "
             f"process GPU memory {_gib(res.process_gpu_bytes)}"
         )
+        if res.experts_host_layers:
+            facts += (
+                f", routed experts of {res.experts_host_layers:.0f} layers in host memory "
+                f"({_gib(res.experts_host_bytes)}: expert offload)"
+            )
         numbers: dict[str, Any] = {name: getattr(sig, name) for name, _ in RESIDENCY_SOURCES}
         numbers["host_has_gpu"] = sig.host_has_gpu
         if not sig.host_has_gpu:
@@ -859,6 +907,8 @@ class Diagnoser:
         await asyncio.sleep(self.opts.sample_interval)
         await self.monitor.sample()
         t1 = time.time()
+        # Series that appear only once requests finished (the speculative accept length).
+        self._structure_facts()
         ok = row.requests - row.requests_failed
         row.tokens_ok = (
             ok > 0
@@ -880,6 +930,9 @@ class Diagnoser:
             row.error = f"{row.requests_failed}/{row.requests} requests failed: " + ", ".join(
                 f"{k} {n}" for k, n in sorted(row.errors.items())
             )
+        roof = row_roofline(self.result, row)
+        row.bytes_per_step, row.limit_tok_s = roof.bytes_per_step, roof.limit_tok_s
+        row.efficiency, row.misfit = roof.efficiency, roof.misfit
         self._step_evidence(row, t0, t1)
         self.result.rows.append(row)
         return row
@@ -893,7 +946,7 @@ class Diagnoser:
         mon = self.monitor
         values = mon.rule_values(t1, since=t0)
         if values is not None:
-            sig = self._complete(values.signals, row)
+            sig = self._complete(values.signals, row, values)
             window = [s for t, s in mon.scrapes if t0 <= t <= t1]
             kv = [
                 v
@@ -912,8 +965,46 @@ class Diagnoser:
         verdict = core.evaluate(sig)
         self.step_verdicts.append((row.step, verdict.name, sig))
 
-    def _complete(self, sig: core.Signals, row: Row) -> core.Signals:
+    def _structure_facts(self) -> None:
+        """The model-structure series of the newest scrape (exporter or embedded collectors)."""
+        series = self.monitor.latest()
+        for attr, name in STRUCTURE_SERIES.items():
+            value = _first(series, name, engine=self.monitor.exporter_engine)
+            if value is not None:
+                setattr(self.result, attr, value)
+
+    def _complete(
+        self, sig: core.Signals, row: Row, values: core.RuleValues | None = None
+    ) -> core.Signals:
         """Add what the client measured and the rules cannot see, and say so."""
+        model = self.result.structure()
+        batch = float(row_batch(self.result, row))
+        moe = model is not None and model.experts_known and bool(model.routed_expert_bytes)
+        if (
+            values is not None
+            and moe
+            and values.decode_batch is not None
+            and values.decode_batch < batch
+            and values.decode_tokens_per_second is not None
+            and values.bandwidth_bytes_per_second is not None
+        ):
+            # A short step's edges dilute the running average the rules take as the batch;
+            # an MoE step's bytes grow with it, so use the sequences the step kept running.
+            kv_tokens = None
+            if row.prompt_tokens is not None:
+                kv_tokens = batch * (row.prompt_tokens + row.max_tokens / 2)
+            per_step, _ = bytes_per_step(self.result, kv_tokens, batch)
+            roof = core.roofline_tokens_per_second(
+                values.bandwidth_bytes_per_second, per_step, self.result.spec_accept_length
+            )
+            sig = replace(
+                sig, decode_efficiency=core.decode_efficiency(values.decode_tokens_per_second, roof)
+            )
+            self._note(
+                f"{row.step}: the mixture-of-experts roofline uses the {batch:.0f} sequences the "
+                f"step kept running (the rules' running average over the step gave "
+                f"{values.decode_batch:.0f})"
+            )
         client_kv = row.kv_exhausted + row.truncated
         if client_kv and not (sig.kv_pressure_increase or 0) > 0:
             sig = replace(sig, kv_pressure_increase=float(client_kv))
@@ -946,16 +1037,7 @@ class Diagnoser:
             row.waiting_avg = 0.0
         if count_events:
             self.kv_events_total += row.kv_exhausted + max(row.truncated, row.kv_events)
-        eff = None
-        if row.per_seq_tok_s and res.weights_bytes:
-            kv_tokens = None
-            if row.prompt_tokens is not None:
-                kv_tokens = row.concurrency * (row.prompt_tokens + row.max_tokens / 2)
-            per_step = core.decode_bytes_per_step(
-                res.weights_bytes, kv_tokens, res.kv_bytes_per_token
-            )
-            roof = core.roofline_tokens_per_second(res.bandwidth_bytes_per_s, per_step)
-            eff = core.decode_efficiency(row.per_seq_tok_s, roof)
+        eff = row_roofline(res, row).efficiency if row.per_seq_tok_s else None
         return core.Signals(
             **self._own_residency_signals(),
             waiting_avg=row.waiting_avg,
@@ -979,12 +1061,7 @@ class Diagnoser:
             answer = f"{row.per_seq_tok_s:.1f} tok/s per sequence ({row.per_token_ms:.1f} ms/token)"
             roof = res.roofline
             if roof.limit_tok_s and roof.efficiency is not None:
-                answer += (
-                    f", {roof.efficiency * 100:.0f} % of the card's limit "
-                    f"{roof.limit_tok_s:.1f} tok/s (bandwidth "
-                    f"{(roof.bandwidth_bytes_per_s or 0) / 1e9:.0f} GB/s ÷ "
-                    f"{(roof.bytes_per_step or 0) / 2**30:.2f} GiB per step)"
-                )
+                answer += roofline_text(roof)
             else:
                 answer += "; roofline unknown: pass --bandwidth-gbs (no GPU bandwidth known)"
         self.steps["single"] = Step(
@@ -996,6 +1073,10 @@ class Diagnoser:
                 "per_seq_tok_s": row.per_seq_tok_s,
                 "roofline_tok_s": res.roofline.limit_tok_s,
                 "efficiency": res.roofline.efficiency,
+                "bytes_per_step": res.roofline.bytes_per_step,
+                "active_weights_bytes": res.roofline.active_weights_bytes,
+                "accepted_tokens_per_step": res.roofline.accepted_tokens_per_step,
+                "misfit": res.roofline.misfit,
                 "rounds": row.per_seq_rounds,
             },
         )
@@ -1024,7 +1105,7 @@ class Diagnoser:
             queue = f", {row.waiting_avg:.1f} waiting on average" if row.waiting_avg else ""
             parts.append(
                 f"c={c}: {row.aggregate_tok_s or 0:.1f} tok/s aggregate{scale}, TTFT p50 "
-                f"{row.ttft_s or 0:.3f} s{queue}"
+                f"{row.ttft_s or 0:.3f} s{queue}{row_roofline_text(self.result, row)}"
             )
             self._say("concurrency", parts[-1])
         queued = any(
@@ -1211,7 +1292,13 @@ class Diagnoser:
             res.missing.append("roofline: no GPU bandwidth known (pass --bandwidth-gbs)")
         if self.opts.exporter_url and not self.monitor.scrapes:
             res.missing.append(f"exporter: no scrape of {self.opts.exporter_url} succeeded")
+        self._structure_facts()
         res.roofline = roofline(res)
+        roof = res.roofline
+        if roof.misfit is not None and roof.efficiency is not None:
+            self._note(
+                "roofline: " + core.misfit_text(roof.efficiency, core.MISFIT_BY_NAME[roof.misfit])
+            )
         verdict, signals = combine(self.step_verdicts)
         if verdict is not None:
             res.verdict, res.action = engine_verdict(res, signals)
@@ -1265,6 +1352,7 @@ RESIDENCY_SOURCES: tuple[tuple[str, str], ...] = (
         "process GPU memory (NVML) minus the KV pool SGLang reports, against the weights",
     ),
     ("weights_memory_ratio", "process GPU memory (NVML) against the weights"),
+    ("experts_host_layers", "layers whose routed experts stay in host memory (llama.cpp log)"),
 )
 
 
@@ -1573,9 +1661,26 @@ def print_answer(engines: list[EngineResult], decision: Decision, out: Path) -> 
     for e in engines:
         roof = e.roofline
         if roof.efficiency is not None and roof.limit_tok_s:
+            if roof.misfit is not None:
+                lines.append(
+                    f"{'roofline':<{width}}{e.name}: does not fit ({roof.misfit}): "
+                    f"{roof.efficiency * 100:.0f} % of {roof.limit_tok_s:.1f} tok/s is beyond "
+                    "physics, so no decode verdict"
+                )
+            else:
+                lines.append(
+                    f"{'roofline':<{width}}{e.name}: {roof.efficiency * 100:.0f} % of "
+                    f"{roof.limit_tok_s:.1f} tok/s"
+                )
+        if e.spec_accept_length is not None:
             lines.append(
-                f"{'roofline':<{width}}{e.name}: {roof.efficiency * 100:.0f} % of "
-                f"{roof.limit_tok_s:.1f} tok/s"
+                f"{'acceptance':<{width}}{e.name}: {e.spec_accept_length:.2f} tokens per "
+                "model step (speculative decoding)"
+            )
+        if e.experts_host_layers:
+            lines.append(
+                f"{'expert offload':<{width}}{e.name}: experts of {e.experts_host_layers:.0f} "
+                f"layers in host memory ({_gib(e.experts_host_bytes)})"
             )
     for est in decision.estimates:
         lines.append(f"{'estimate':<{width}}{est.basis} ≈ {est.tok_s:.1f} tok/s")

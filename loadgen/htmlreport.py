@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from exporter import __version__
+from exporter import verdict as core
 from exporter.verdict import VERDICT_INFO
 from loadgen.decision import Decision, EngineResult, Row, RunInfo, results_to_dict
 
@@ -439,7 +440,12 @@ def plot_decode_per_sequence(engines: list[EngineResult]) -> Plot:
             label=_label(f"{e.name} per sequence"),
         )
         roof = e.roofline.limit_tok_s
-        if roof:
+        if roof and e.roofline.misfit is not None:
+            plot.notes.append(
+                f"No card limit drawn for {e.name}: the bytes-per-step model does not fit the "
+                f"measurement ({e.roofline.misfit})."
+            )
+        elif roof:
             line = ax.axhline(
                 roof,
                 color=color,
@@ -690,7 +696,42 @@ def _decode_share(e: EngineResult) -> str:
     speed = f"{roof.measured_tok_s:.1f} tok/s"
     if roof.efficiency is None:
         return f"{speed}; share of the card's limit unknown: {roofline_unknown(e)}"
+    if roof.misfit is not None:
+        # The physics gate: never a share above the limit, the reason instead.
+        return f"{speed}: " + core.misfit_text(roof.efficiency, core.MISFIT_BY_NAME[roof.misfit])
     return f"{speed} = {roof.efficiency * 100:.0f} % of the card's limit"
+
+
+def _bytes_per_step(e: EngineResult) -> str:
+    roof = e.roofline
+    if roof.bytes_per_step is None:
+        return _unknown("model weight size unknown: " + FIX_EXPORTER)
+    text = f"{roof.bytes_per_step / 2**30:.2f} GiB"
+    if roof.active_weights_bytes is not None:
+        text += f" (weights {roof.active_weights_bytes / 2**30:.2f} GiB"
+        if e.experts and e.experts_used:
+            text += f", {e.experts_used:.0f} of {e.experts:.0f} experts per token"
+        elif (model := e.structure()) is None or not model.structure_known:
+            text += ", every weight counted: model structure unknown"
+        if roof.kv_bytes_per_token:
+            text += f"; KV {roof.kv_bytes_per_token / 1024:.0f} KiB per token"
+        text += ")"
+    return text
+
+
+def _acceptance(e: EngineResult) -> str:
+    if e.spec_accept_length is None:
+        return "none seen (no speculative decoding reported)"
+    return f"{e.spec_accept_length:.2f} tokens per model step"
+
+
+def _expert_offload(e: EngineResult) -> str:
+    if not e.experts_host_layers:
+        return "none" if e.experts else "not a mixture-of-experts model (or unknown)"
+    return (
+        f"experts of {e.experts_host_layers:.0f} layers in host memory "
+        f"({_gib_or(e.experts_host_bytes, FIX_EXPORTER)})"
+    )
 
 
 def _bandwidth(e: EngineResult) -> str:
@@ -732,6 +773,9 @@ def engine_facts(e: EngineResult) -> list[tuple[str, str]]:
             "card's decode limit per sequence",
             f"{limit:.1f} tok/s" if limit else _unknown(roofline_unknown(e)),
         ),
+        ("bytes per decode step", _bytes_per_step(e)),
+        ("speculative acceptance", _acceptance(e)),
+        ("expert offload", _expert_offload(e)),
         ("single-request decode", _decode_share(e)),
         (
             "load time",
@@ -750,6 +794,15 @@ def facts_table(engines: list[EngineResult]) -> tuple[tuple[str, ...], list[list
         [name, *(facts[i][1] for facts in per_engine)] for i, (name, _) in enumerate(per_engine[0])
     ]
     return head, rows
+
+
+def _share_of_limit(r: Row) -> str:
+    """A row's per-sequence decode as a share of its limit; never beyond physics."""
+    if r.efficiency is None:
+        return "—"
+    if r.misfit is not None:
+        return f"does not fit ({r.misfit})"
+    return f"{r.efficiency * 100:.0f} %"
 
 
 @dataclass(frozen=True)
@@ -789,6 +842,8 @@ COLUMNS = (
     ),
     Column("per-seq tok/s", lambda r: _fmt(r.per_seq_tok_s), "no tokens"),
     Column("aggregate tok/s", lambda r: _fmt(r.aggregate_tok_s), "no tokens"),
+    Column("limit tok/s", lambda r: _fmt(r.limit_tok_s), "no roofline (bandwidth unknown)"),
+    Column("of limit", lambda r: _share_of_limit(r), "no roofline (bandwidth unknown)"),
     Column(
         "spread",
         lambda r: _pct_or_dash(r.spread),

@@ -26,6 +26,8 @@ from gguf.constants import MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS, TENSOR
 from tqdm import tqdm
 
 from exporter.geometry import read_gguf_fields
+from exporter.verdict import ModelStructure, active_weights_bytes
+from exporter.weights import TensorInfo, WeightSplit, split_tensors
 
 QType = gguf.GGMLQuantizationType
 
@@ -34,6 +36,11 @@ WEIGHT_TYPES: dict[str, tuple[QType, gguf.LlamaFileType]] = {
     "q4_0": (QType.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
     "q8_0": (QType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
     "f16": (QType.F16, gguf.LlamaFileType.MOSTLY_F16),
+}
+# Routed experts may also be MXFP4 (gpt-oss ships them so; the file type then says MXFP4_MOE).
+EXPERT_TYPES: dict[str, QType] = {
+    **{name: qtype for name, (qtype, _) in WEIGHT_TYPES.items()},
+    "mxfp4": QType.MXFP4,
 }
 
 # Bytes of random data generated per step: large enough for numpy to run at memory speed,
@@ -63,6 +70,20 @@ class ArchSpec:
     qkv_bias: bool = False  # biases on Q, K and V (Qwen 2)
     post_norms: bool = False  # Gemma's extra norms after attention and after the FFN
     tied_output: bool = True  # output projection shares token_embd (no `output` tensor)
+    # Mixture of experts (0: dense). Every block is an MoE block in the shapes below.
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0  # FFN width of one routed expert
+    expert_type: str | None = None  # weight type of the routed experts (None: --type)
+    rope_orig_ctx: int = 0  # YaRN: context the RoPE was trained at before scaling
+    attn_bias: bool = False  # biases on Q, K, V and the attention output (gpt-oss)
+    attn_sinks: bool = False  # one learned sink logit per head (gpt-oss)
+    expert_bias: bool = False  # biases on the router and on every expert matrix (gpt-oss)
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the FFN of every block is a set of routed experts."""
+        return self.n_expert > 0
 
 
 # Published configurations (config.json of each model). llama.cpp derives the Gemma 3
@@ -104,6 +125,11 @@ SPECS: dict[str, ArchSpec] = {
         "qwen2", "qwen", 80, 8192, 64, 8, 128, 29568, 152064, 32768, 1e6, 1e-6,
         qkv_bias=True, tied_output=False,
     ),
+    # The small Qwen 3 with the family's 151936-token vocabulary: a draft model for the others.
+    "qwen3-0.6b": ArchSpec(
+        "qwen3", "qwen", 28, 1024, 16, 8, 128, 3072, 151936, 40960, 1e6, 1e-6,
+        qk_norm=True, tied_output=True,
+    ),
     "qwen3-8b": ArchSpec(
         "qwen3", "qwen", 36, 4096, 32, 8, 128, 12288, 151936, 40960, 1e6, 1e-6,
         qk_norm=True, tied_output=False,
@@ -111,6 +137,24 @@ SPECS: dict[str, ArchSpec] = {
     "qwen3-32b": ArchSpec(
         "qwen3", "qwen", 64, 5120, 64, 8, 128, 25600, 151936, 40960, 1e6, 1e-6,
         qk_norm=True, tied_output=False,
+    ),
+    # Qwen3MoeForCausalLM: decoder_sparse_step 1 and no mlp_only_layers, so every block is MoE;
+    # intermediate_size (the unused dense width) is still written as feed_forward_length.
+    "qwen3-30b-a3b": ArchSpec(
+        "qwen3moe", "qwen", 48, 2048, 32, 4, 128, 6144, 151936, 40960, 1e6, 1e-6,
+        qk_norm=True, tied_output=False, n_expert=128, n_expert_used=8, n_ff_exp=768,
+    ),
+    "qwen3-235b-a22b": ArchSpec(
+        "qwen3moe", "qwen", 94, 4096, 64, 4, 128, 12288, 151936, 40960, 1e6, 1e-6,
+        qk_norm=True, tied_output=False, n_expert=128, n_expert_used=8, n_ff_exp=1536,
+    ),
+    # GptOssForCausalLM: sliding window 128 on every other layer (llama.cpp derives the
+    # pattern), YaRN x32 from 4096, attention sinks, biases everywhere, MXFP4 experts.
+    "gpt-oss-20b": ArchSpec(
+        "gpt-oss", "gpt-oss", 24, 2880, 64, 8, 64, 2880, 201088, 131072, 150000.0, 1e-5,
+        sliding_window=128, rope_scaling=("yarn", 32.0), rope_orig_ctx=4096,
+        tied_output=False, n_expert=32, n_expert_used=4, n_ff_exp=2880, expert_type="mxfp4",
+        attn_bias=True, attn_sinks=True, expert_bias=True,
     ),
 }  # fmt: skip
 
@@ -147,57 +191,108 @@ def _arch_enum(arch: str) -> gguf.MODEL_ARCH:
     raise SynthError(f"gguf does not know the architecture {arch!r}")
 
 
-def plan_tensors(spec: ArchSpec, wtype: QType) -> list[TensorPlan]:
-    """Every tensor llama.cpp loads for this architecture, with its exact shape and type."""
-    allowed = MODEL_TENSORS[_arch_enum(spec.arch)]
+class _Namer:
+    """GGUF tensor names from gguf's own tables: a typo cannot make a file llama.cpp rejects."""
 
-    def name(kind: MODEL_TENSOR, bid: int | None = None, suffix: str = "weight") -> str:
-        # Names come from gguf's own tables so that a typo cannot produce a file llama.cpp rejects.
-        if kind not in allowed:
-            raise SynthError(f"{spec.arch} has no tensor {kind.name}")
+    def __init__(self, arch: str) -> None:
+        self.arch = arch
+        self.allowed = MODEL_TENSORS[_arch_enum(arch)]
+
+    def __call__(self, kind: MODEL_TENSOR, bid: int | None = None, suffix: str = "weight") -> str:
+        if kind not in self.allowed:
+            raise SynthError(f"{self.arch} has no tensor {kind.name}")
         base = TENSOR_NAMES[kind].format(bid=bid) if bid is not None else TENSOR_NAMES[kind]
         return f"{base}.{suffix}"
 
+
+def _attention_tensors(spec: ArchSpec, bid: int, wtype: QType, name: _Namer) -> list[TensorPlan]:
     e, q_dim, kv_dim = spec.n_embd, spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
-    f32 = QType.F32
-    # Gemma calls the pre-FFN norm FFN_PRE_NORM; both map to `blk.N.ffn_norm`.
-    ffn_norm = MODEL_TENSOR.FFN_PRE_NORM if spec.post_norms else MODEL_TENSOR.FFN_NORM
+    f32, T = QType.F32, MODEL_TENSOR
+    out = [
+        TensorPlan(name(T.ATTN_NORM, bid), (e,), f32, "ones"),
+        TensorPlan(name(T.ATTN_Q, bid), (e, q_dim), wtype, "random"),
+        TensorPlan(name(T.ATTN_K, bid), (e, kv_dim), wtype, "random"),
+        TensorPlan(name(T.ATTN_V, bid), (e, kv_dim), wtype, "random"),
+        TensorPlan(name(T.ATTN_OUT, bid), (q_dim, e), wtype, "random"),
+    ]
+    if spec.qkv_bias or spec.attn_bias:
+        out += [
+            TensorPlan(name(T.ATTN_Q, bid, "bias"), (q_dim,), f32, "zeros"),
+            TensorPlan(name(T.ATTN_K, bid, "bias"), (kv_dim,), f32, "zeros"),
+            TensorPlan(name(T.ATTN_V, bid, "bias"), (kv_dim,), f32, "zeros"),
+        ]
+    if spec.attn_bias:
+        out.append(TensorPlan(name(T.ATTN_OUT, bid, "bias"), (e,), f32, "zeros"))
+    if spec.attn_sinks:
+        # A sink logit of 0 next to unit-scale scores: a small, constant share of attention.
+        out.append(TensorPlan(name(T.ATTN_SINKS, bid), (spec.n_head,), f32, "zeros"))
+    if spec.qk_norm:
+        out += [
+            TensorPlan(name(T.ATTN_Q_NORM, bid), (spec.head_dim,), f32, "ones"),
+            TensorPlan(name(T.ATTN_K_NORM, bid), (spec.head_dim,), f32, "ones"),
+        ]
+    if spec.post_norms:
+        out.append(TensorPlan(name(T.ATTN_POST_NORM, bid), (e,), f32, "ones"))
+    return out
+
+
+def _ffn_tensors(spec: ArchSpec, bid: int, wtype: QType, name: _Namer) -> list[TensorPlan]:
+    e, ff, f32, T = spec.n_embd, spec.n_ff, QType.F32, MODEL_TENSOR
+    if spec.post_norms:
+        norm = T.FFN_PRE_NORM  # Gemma's name; both map to `blk.N.ffn_norm`
+    elif spec.arch == "gpt-oss":
+        norm = T.ATTN_POST_NORM  # gpt-oss's pre-FFN norm is `blk.N.post_attention_norm`
+    else:
+        norm = T.FFN_NORM
+    out = [TensorPlan(name(norm, bid), (e,), f32, "ones")]
+    if not spec.is_moe:
+        out += [
+            TensorPlan(name(T.FFN_GATE, bid), (e, ff), wtype, "random"),
+            TensorPlan(name(T.FFN_UP, bid), (e, ff), wtype, "random"),
+            TensorPlan(name(T.FFN_DOWN, bid), (ff, e), wtype, "random"),
+        ]
+    else:
+        out += _expert_tensors(spec, bid, wtype, name)
+    if spec.post_norms:
+        out.append(TensorPlan(name(T.FFN_POST_NORM, bid), (e,), f32, "ones"))
+    return out
+
+
+def _expert_tensors(spec: ArchSpec, bid: int, wtype: QType, name: _Namer) -> list[TensorPlan]:
+    """Router and routed experts: 3-D tensors (ne0, ne1, n_expert), as llama.cpp loads them."""
+    e, ff, n, f32, T = spec.n_embd, spec.n_ff_exp, spec.n_expert, QType.F32, MODEL_TENSOR
+    xtype = EXPERT_TYPES[spec.expert_type] if spec.expert_type else wtype
+    # The router stays F32, as llama.cpp's converter and llama-quantize leave it.
+    out = [
+        TensorPlan(name(T.FFN_GATE_INP, bid), (e, n), f32, "random"),
+        TensorPlan(name(T.FFN_GATE_EXP, bid), (e, ff, n), xtype, "random"),
+        TensorPlan(name(T.FFN_UP_EXP, bid), (e, ff, n), xtype, "random"),
+        TensorPlan(name(T.FFN_DOWN_EXP, bid), (ff, e, n), xtype, "random"),
+    ]
+    if spec.expert_bias:
+        out += [
+            TensorPlan(name(T.FFN_GATE_INP, bid, "bias"), (n,), f32, "zeros"),
+            TensorPlan(name(T.FFN_GATE_EXP, bid, "bias"), (ff, n), f32, "zeros"),
+            TensorPlan(name(T.FFN_UP_EXP, bid, "bias"), (ff, n), f32, "zeros"),
+            TensorPlan(name(T.FFN_DOWN_EXP, bid, "bias"), (e, n), f32, "zeros"),
+        ]
+    return out
+
+
+def plan_tensors(spec: ArchSpec, wtype: QType) -> list[TensorPlan]:
+    """Every tensor llama.cpp loads for this architecture, with its exact shape and type."""
+    name = _Namer(spec.arch)
+    e, f32 = spec.n_embd, QType.F32
     plans = [TensorPlan(name(MODEL_TENSOR.TOKEN_EMBD), (e, spec.n_vocab), wtype, "random")]
     for bid in range(spec.n_layer):
-        layer = [
-            TensorPlan(name(MODEL_TENSOR.ATTN_NORM, bid), (e,), f32, "ones"),
-            TensorPlan(name(MODEL_TENSOR.ATTN_Q, bid), (e, q_dim), wtype, "random"),
-            TensorPlan(name(MODEL_TENSOR.ATTN_K, bid), (e, kv_dim), wtype, "random"),
-            TensorPlan(name(MODEL_TENSOR.ATTN_V, bid), (e, kv_dim), wtype, "random"),
-            TensorPlan(name(MODEL_TENSOR.ATTN_OUT, bid), (q_dim, e), wtype, "random"),
-            TensorPlan(name(ffn_norm, bid), (e,), f32, "ones"),
-            TensorPlan(name(MODEL_TENSOR.FFN_GATE, bid), (e, spec.n_ff), wtype, "random"),
-            TensorPlan(name(MODEL_TENSOR.FFN_UP, bid), (e, spec.n_ff), wtype, "random"),
-            TensorPlan(name(MODEL_TENSOR.FFN_DOWN, bid), (spec.n_ff, e), wtype, "random"),
-        ]
-        if spec.qkv_bias:
-            layer += [
-                TensorPlan(name(MODEL_TENSOR.ATTN_Q, bid, "bias"), (q_dim,), f32, "zeros"),
-                TensorPlan(name(MODEL_TENSOR.ATTN_K, bid, "bias"), (kv_dim,), f32, "zeros"),
-                TensorPlan(name(MODEL_TENSOR.ATTN_V, bid, "bias"), (kv_dim,), f32, "zeros"),
-            ]
-        if spec.qk_norm:
-            layer += [
-                TensorPlan(name(MODEL_TENSOR.ATTN_Q_NORM, bid), (spec.head_dim,), f32, "ones"),
-                TensorPlan(name(MODEL_TENSOR.ATTN_K_NORM, bid), (spec.head_dim,), f32, "ones"),
-            ]
-        if spec.post_norms:
-            layer += [
-                TensorPlan(name(MODEL_TENSOR.ATTN_POST_NORM, bid), (e,), f32, "ones"),
-                TensorPlan(name(MODEL_TENSOR.FFN_POST_NORM, bid), (e,), f32, "ones"),
-            ]
-        plans += layer
+        plans += _attention_tensors(spec, bid, wtype, name)
+        plans += _ffn_tensors(spec, bid, wtype, name)
     plans.append(TensorPlan(name(MODEL_TENSOR.OUTPUT_NORM), (e,), f32, "ones"))
     if not spec.tied_output:
         plans.append(TensorPlan(name(MODEL_TENSOR.OUTPUT), (e, spec.n_vocab), wtype, "random"))
-    block = gguf.GGML_QUANT_SIZES[wtype][0]
     for t in plans:
-        if t.ne[0] % gguf.GGML_QUANT_SIZES[t.qtype][0]:
+        block = gguf.GGML_QUANT_SIZES[t.qtype][0]
+        if t.ne[0] % block:
             raise SynthError(f"{t.name}: rows of {t.ne[0]} do not split into {block}-weight blocks")
     return plans
 
@@ -216,8 +311,13 @@ def model_metadata(spec: ArchSpec, like: str, wname: str) -> dict[str, KV]:
     u32, f32, s = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.STRING
     a = spec.arch
     ftype = WEIGHT_TYPES[wname][1]
+    types = wname
+    if spec.is_moe and spec.expert_type and spec.expert_type != wname:
+        types = f"{wname}, {spec.expert_type} experts"
+        if spec.expert_type == "mxfp4":
+            ftype = gguf.LlamaFileType.MOSTLY_MXFP4_MOE
     kv: dict[str, KV] = {
-        Keys.General.NAME: KV(f"synthetic {like} ({wname}, random weights)", s),
+        Keys.General.NAME: KV(f"synthetic {like} ({types}, random weights)", s),
         Keys.General.FILE_TYPE: KV(int(ftype), u32),
         Keys.LLM.CONTEXT_LENGTH.format(arch=a): KV(spec.ctx_train, u32),
         Keys.LLM.EMBEDDING_LENGTH.format(arch=a): KV(spec.n_embd, u32),
@@ -238,6 +338,12 @@ def model_metadata(spec: ArchSpec, like: str, wname: str) -> dict[str, KV]:
     if spec.rope_scaling is not None:
         kv[Keys.Rope.SCALING_TYPE.format(arch=a)] = KV(spec.rope_scaling[0], s)
         kv[Keys.Rope.SCALING_FACTOR.format(arch=a)] = KV(spec.rope_scaling[1], f32)
+    if spec.rope_orig_ctx:
+        kv[Keys.Rope.SCALING_ORIG_CTX_LEN.format(arch=a)] = KV(spec.rope_orig_ctx, u32)
+    if spec.is_moe:
+        kv[Keys.LLM.EXPERT_COUNT.format(arch=a)] = KV(spec.n_expert, u32)
+        kv[Keys.LLM.EXPERT_USED_COUNT.format(arch=a)] = KV(spec.n_expert_used, u32)
+        kv[Keys.LLM.EXPERT_FEED_FORWARD_LENGTH.format(arch=a)] = KV(spec.n_ff_exp, u32)
     if ftype != gguf.LlamaFileType.MOSTLY_F16:
         kv[Keys.General.QUANTIZATION_VERSION] = KV(gguf.GGML_QUANT_VERSION, u32)
     return kv
@@ -344,18 +450,34 @@ def _random_bytes(gen: np.random.Generator, n: int) -> np.ndarray:
     return np.asarray(words, dtype=np.uint64).view(np.uint8)[:n]
 
 
+def _block_scale(qtype: QType, std: float) -> np.ndarray:
+    """The leading scale bytes of every block of `qtype` whose weights have RMS `std`."""
+    if qtype == QType.Q4_0:
+        # Nibbles uniform in 0..15 stand for -8..7: RMS ≈ 4.64 units of the fp16 scale.
+        return np.frombuffer(np.float16(std / 4.64).tobytes(), dtype=np.uint8)
+    if qtype == QType.Q8_0:
+        # int8 uniform in -128..127: RMS ≈ 73.9 units of the fp16 scale.
+        return np.frombuffer(np.float16(std / 73.9).tobytes(), dtype=np.uint8)
+    if qtype == QType.MXFP4:
+        # Nibbles index the e2m1 values (doubled) 0, ±1, ±2, ±3, ±4, ±6, ±8, ±12: RMS 5.85 units
+        # of the E8M0 scale byte e, which stands for 2^(e - 128) (ggml's "half" conversion).
+        return np.array([round(math.log2(std / 5.852)) + 128], dtype=np.uint8)
+    raise SynthError(f"no random blocks for {qtype.name}")
+
+
 def _random_chunks(plan: TensorPlan, gen: np.random.Generator) -> Iterator[np.ndarray]:
     """The tensor's bytes in bounded chunks: valid blocks of the weight type with small scales."""
     block, size = gguf.GGML_QUANT_SIZES[plan.qtype]
     n_blocks = plan.n_elements // block
     per_chunk = max(1, CHUNK_BYTES // size)
     std = _weight_std(plan)
-    if plan.qtype == QType.Q4_0:
-        # Nibbles uniform in 0..15 stand for -8..7: RMS ≈ 4.64 units of the block scale.
-        scale = np.frombuffer(np.float16(std / 4.64).tobytes(), dtype=np.uint8)
-    elif plan.qtype == QType.Q8_0:
-        # int8 uniform in -128..127: RMS ≈ 73.9 units of the block scale.
-        scale = np.frombuffer(np.float16(std / 73.9).tobytes(), dtype=np.uint8)
+    if plan.qtype == QType.F32:
+        # Small tensors only (MoE routers): plain normal floats.
+        for start in range(0, n_blocks, per_chunk):
+            count = min(per_chunk, n_blocks - start)
+            yield (gen.standard_normal(count, dtype=np.float32) * np.float32(std)).view(np.uint8)
+        return
+    scale = b"" if plan.qtype == QType.F16 else _block_scale(plan.qtype, std)
     for start in range(0, n_blocks, per_chunk):
         count = min(per_chunk, n_blocks - start)
         raw = _random_bytes(gen, count * size)
@@ -363,7 +485,7 @@ def _random_chunks(plan: TensorPlan, gen: np.random.Generator) -> Iterator[np.nd
             yield _f16_from_bits(raw.view(np.uint16), std)
             continue
         blocks = raw.reshape(count, size)
-        blocks[:, 0:2] = scale  # every block starts with its fp16 scale `d`
+        blocks[:, 0 : len(scale)] = scale  # every block starts with its scale
         yield raw
 
 
@@ -403,6 +525,30 @@ class Model:
         return sum(t.nbytes for t in self.tensors)
 
 
+def weight_split(model: Model) -> WeightSplit:
+    """The planned tensors split as the exporter splits a GGUF's (exporter.weights)."""
+    tensors = [
+        TensorInfo(t.name, t.nbytes, model.spec.n_vocab if t.name == "token_embd.weight" else 1)
+        for t in model.tensors
+    ]
+    return split_tensors(tensors, model.spec.n_layer)
+
+
+def weights_step_bytes(model: Model, batch: int = 1) -> float:
+    """Expected weight bytes a decode step of `batch` sequences reads: the decision core's
+    formula (always-read + routed x (1 - (1 - k/E)^B) + B x embedding row)."""
+    split, s = weight_split(model), model.spec
+    structure = ModelStructure(
+        weights_bytes=model.data_bytes,
+        always_read_bytes=split.always_read_bytes,
+        routed_expert_bytes=split.routed_expert_bytes,
+        experts=s.n_expert or None,
+        experts_used=s.n_expert_used or None,
+        token_embedding_row_bytes=split.token_embedding_row_bytes,
+    )
+    return active_weights_bytes(structure, batch)
+
+
 def make_model(spec: ArchSpec, like: str, wname: str, tokenizer: dict[str, KV] | None) -> Model:
     """Plan a model of any shape, with a tokenizer fitted to its vocabulary."""
     metadata = model_metadata(spec, like, wname)
@@ -418,13 +564,27 @@ def build_model(
     tokenizer: dict[str, KV] | None,
     layers: int | None = None,
     ctx_train: int | None = None,
+    expert_type: str | None = None,
 ) -> Model:
-    """Plan a model: the named shape, optionally shallower, with a tokenizer fitted to it."""
+    """Plan a model: the named shape, optionally shallower, with a tokenizer fitted to it.
+
+    `expert_type` sets the weight type of routed experts (default: the shape's own, e.g. MXFP4
+    for gpt-oss, else `wname`).
+    """
     if like not in SPECS:
         raise SynthError(f"unknown --like {like!r}; known: {', '.join(SPECS)}")
     if wname not in WEIGHT_TYPES:
         raise SynthError(f"unknown --type {wname!r}; known: {', '.join(WEIGHT_TYPES)}")
     spec = SPECS[like]
+    if expert_type is not None:
+        if not spec.is_moe:
+            raise SynthError(f"--expert-type: {like} has no experts")
+        if expert_type not in EXPERT_TYPES:
+            raise SynthError(
+                f"unknown --expert-type {expert_type!r}; known: {', '.join(EXPERT_TYPES)}"
+            )
+    if spec.is_moe:
+        spec = replace(spec, expert_type=expert_type or spec.expert_type or wname)
     if layers is not None:
         if layers < 1:
             raise SynthError("--layers must be at least 1")
@@ -517,6 +677,22 @@ def file_bytes(model: Model) -> int:
     return header_bytes(model) + data
 
 
+def write_header_only(model: Model, out: Path) -> int:
+    """Write the GGUF header, metadata and tensor index without tensor data; returns its size.
+
+    Enough for readers of geometry (tensor names, shapes, types: exporter.geometry); llama.cpp
+    cannot load it. The simulators serve one as their `model_path`.
+    """
+    writer = _writer(model, out)
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+    finally:
+        writer.close()
+    return out.stat().st_size
+
+
 def write_model(
     model: Model, out: Path, seed: int, progress: Callable[[int], None] | None = None
 ) -> int:
@@ -557,7 +733,7 @@ def _human(n: float) -> str:
 
 def describe(model: Model, total: int) -> str:
     """Tensor list and totals, as `--dry-run` prints them."""
-    lines = [f"{'tensor':<32} {'type':<5} {'shape (ne0, ne1)':<20} bytes"]
+    lines = [f"{'tensor':<32} {'type':<5} {'shape (ne0, ne1, ...)':<20} bytes"]
     for t in model.tensors:
         lines.append(f"{t.name:<32} {t.qtype.name:<5} {t.ne!s:<20} {t.nbytes}")
     s = model.spec
@@ -570,7 +746,29 @@ def describe(model: Model, total: int) -> str:
         f"tensor data bytes: {model.data_bytes} ({_human(model.data_bytes)})",
         f"file bytes: {total} ({_human(total)})",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + _describe_reads(model))
+
+
+def _describe_reads(model: Model) -> list[str]:
+    split, s = weight_split(model), model.spec
+    lines = []
+    if s.is_moe:
+        lines.append(
+            f"experts: {s.n_expert}, {s.n_expert_used} used per token, FFN {s.n_ff_exp} each, "
+            f"{s.expert_type}"
+        )
+    lines += [
+        f"routed expert bytes: {split.routed_expert_bytes} ({_human(split.routed_expert_bytes)})",
+        f"always-read bytes: {split.always_read_bytes} ({_human(split.always_read_bytes)})",
+        f"token embedding row bytes: {split.token_embedding_row_bytes}",
+    ]
+    for batch in (1, 4, 16):
+        active = round(weights_step_bytes(model, batch))
+        label = (
+            "active bytes per token" if batch == 1 else f"weight bytes per step at batch {batch}"
+        )
+        lines.append(f"{label}: {active} ({_human(active)})")
+    return lines
 
 
 def save_tokenizer(tok: dict[str, KV], arch: str, out: Path) -> int:
@@ -600,6 +798,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--like", choices=list(SPECS), help="architecture to copy")
     p.add_argument("--type", dest="wtype", default="q4_0", choices=list(WEIGHT_TYPES))
+    p.add_argument(
+        "--expert-type",
+        choices=list(EXPERT_TYPES),
+        help="weight type of the routed experts of an MoE shape (default: the shape's own, "
+        "mxfp4 for gpt-oss, else --type)",
+    )
     p.add_argument(
         "--tokenizer-from",
         type=Path,
@@ -659,7 +863,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             tok = synthetic_tokenizer(SPECS[args.like].n_vocab)
             tok_note = "tokenizer: synthetic (no --tokenizer-from; prompt token counts will differ)"
-        model = build_model(args.like, args.wtype, tok, args.layers, args.ctx_train)
+        model = build_model(
+            args.like, args.wtype, tok, args.layers, args.ctx_train, args.expert_type
+        )
         total = file_bytes(model)
         if args.dry_run:
             print(describe(model, total))

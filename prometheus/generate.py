@@ -26,6 +26,7 @@ if str(HERE.parent) not in sys.path:
 from exporter.verdict import (  # noqa: E402
     CONDITION_BY_NAME,
     CONDITIONS,
+    MISFIT_REASONS,
     SEVERITY,
     SIGNAL_RECORDS,
     THRESHOLDS,
@@ -35,6 +36,7 @@ from exporter.verdict import (  # noqa: E402
     Compare,
     Condition,
     Threshold,
+    number,
     t,
 )
 
@@ -194,40 +196,108 @@ def recording_rules() -> list[dict[str, Any]]:
             """,
         ),
     ]
+    up1 = "0 * engine:llmb_engine_up:max + 1"
+    weights_step = f"engine:llmb_decode_weights_bytes_per_step:avg{rw}"
+    batch = f"engine:llmb_decode_batch:avg{rw}"
+    accepted = "engine:llmb_decode_accepted_tokens_per_step:max"
     roofline = [
         rec(
-            # The engine -> GPU join goes through the GPU processes attributed to the engine;
-            # a CPU-only engine has none, so its bandwidth and roofline are absent.
+            # Each GPU the engine's processes hold reads its share of a step (its share of
+            # the engine's GPU memory) and the slowest sets the pace: min(bandwidth / share),
+            # the sum of the bandwidths for an even split (tensor parallel), the GPU's own on
+            # one GPU. A CPU-only engine holds no GPU: its bandwidth and roofline are absent.
             "engine:llmb_gpu_memory_bandwidth_bytes_per_second:max",
             f"""
-            max by ({E}) (
+            min by ({E}) (
                 (
-                    group by (host, engine, gpu) (llmb_gpu_process_memory_used_bytes{{engine!=""}})
-                  * on (host, gpu) group_left ()
                     max by (host, gpu) (llmb_gpu_memory_bandwidth_bytes_per_second)
+                  / on (host, gpu) group_right ()
+                    (
+                        engine_gpu:llmb_gpu_process_memory_used_bytes:sum
+                      / on (host, engine) group_left ()
+                        sum by (host, engine) (engine_gpu:llmb_gpu_process_memory_used_bytes:sum)
+                      > 0
+                    )
                 )
               * on (host, engine) group_left (kind) group by ({E}) (llmb_engine_up)
             )
             """,
         ),
         rec(
-            # Each decode step reads all weights once plus the KV of every running sequence
-            # and yields one token per sequence, so per-sequence tok/s <= bandwidth / this.
+            # Sequences per decode step: whole ones, so (1 - k/E)^B is exact in PromQL and
+            # Python alike; 1 when nothing ran.
+            batch,
+            f"""
+              clamp_min(round({mx(f"avg_over_time(llmb_engine_requests_running[{rw}])")}), 1)
+            or
+              {up1}
+            """,
+        ),
+        rec(
+            # Tokens per target-model step: the speculative accept length, else 1.
+            accepted,
+            f"""
+              clamp_min({mx("llmb_engine_spec_accept_length")}, 1)
+            or
+              {up1}
+            """,
+        ),
+        rec(
+            # Weights one step reads: always-read + routed experts x the expected share of
+            # distinct experts B sequences touch (uniform routing) + B rows of an untied
+            # token embedding. Without the structure series every weight counts (dense);
+            # without E or k every routed expert does.
+            weights_step,
+            f"""
+              (
+                  {mx("llmb_model_weights_always_read_bytes")}
+                + (
+                      {mx("llmb_model_weights_routed_experts_bytes")}
+                    * (
+                        1
+                      - (
+                          1
+                        - {mx("llmb_model_experts_used")} / ({mx("llmb_model_experts")} > 0)
+                      ) ^ {batch}
+                    )
+                  or
+                    {mx("llmb_model_weights_routed_experts_bytes")}
+                )
+                + (
+                    {mx("llmb_model_token_embedding_row_bytes")} * {batch}
+                  or
+                    0 * {mx("llmb_model_weights_always_read_bytes")}
+                )
+              )
+            or
+              {mx("llmb_model_weights_bytes")}
+            """,
+        ),
+        rec(
+            # Each decode step reads those weights, the KV of every running sequence and,
+            # with speculative decoding, the draft model once per proposed token; it yields
+            # one token (the accept length) per sequence, so per-sequence tok/s <=
+            # bandwidth x accepted / this.
             f"engine:llmb_decode_bytes_per_step:avg{rw}",
             f"""
-              {mx("llmb_model_weights_bytes")}
+              {weights_step}
             + (
                   {mx(f"avg_over_time(llmb_engine_kv_cache_used_tokens[{rw}])")}
                 * {mx("llmb_model_kv_bytes_per_token_estimated")}
               or
-                0 * {mx("llmb_model_weights_bytes")}
+                0 * {weights_step}
+            )
+            + (
+                {mx("llmb_model_draft_weights_bytes")} * {accepted}
+              or
+                0 * {weights_step}
             )
             """,
         ),
         rec(
             f"engine:llmb_decode_roofline_tokens_per_second:avg{rw}",
             f"""
-            engine:llmb_gpu_memory_bandwidth_bytes_per_second:max
+            engine:llmb_gpu_memory_bandwidth_bytes_per_second:max * {accepted}
               / (engine:llmb_decode_bytes_per_step:avg{rw} > 0)
             """,
         ),
@@ -238,6 +308,36 @@ def recording_rules() -> list[dict[str, Any]]:
               / (engine:llmb_decode_roofline_tokens_per_second:avg{rw} > 0)
             """,
         ),
+        rec(
+            "engine:llmb_experts_host_layers:max",
+            mx("llmb_engine_experts_host_layers"),
+        ),
+        rec(
+            "engine:llmb_experts_host_bytes:max",
+            mx("llmb_engine_experts_host_bytes"),
+        ),
+        rec(
+            # Expert offload: host memory bandwidth / host expert bytes a step reads (the
+            # share of experts the batch touches): the host side's decode bound.
+            f"engine:llmb_experts_host_bound_tokens_per_second:avg{rw}",
+            f"""
+            {t("host_memory_bandwidth_bytes_per_second")}
+              / (
+                    engine:llmb_experts_host_bytes:max
+                  * (
+                        1
+                      - (
+                          1
+                        - {mx("llmb_model_experts_used")} / ({mx("llmb_model_experts")} > 0)
+                      ) ^ {batch}
+                    or
+                      0 * engine:llmb_experts_host_bytes:max + 1
+                  )
+                > 0
+              )
+            """,
+        ),
+        rec(MISFIT_RECORD, misfit_expr()),
     ]
     return [
         {"name": "llmb-engine", "rules": engine + admission_rules()},
@@ -310,6 +410,50 @@ def admission_rules() -> list[dict[str, Any]]:
             """,
         ),
     ]
+
+
+MISFIT_RECORD = "llmb:engine_roofline:misfit"
+
+
+def misfit_known() -> dict[str, str]:
+    """Per misfit reason: PromQL of the engines that HAVE the fact the reason lacks.
+
+    The Python side is `exporter.verdict.roofline_facts`; the parity test ties them.
+    """
+    structure = (
+        f"{_mx('llmb_model_weights_always_read_bytes')}"
+        f" and on ({E}) {_mx('llmb_model_weights_routed_experts_bytes')}"
+    )
+    experts = (
+        f"({structure}) and on ({E}) ("
+        f"{_mx('llmb_model_weights_routed_experts_bytes')} == 0"
+        f" or on ({E}) ({_mx('llmb_model_experts_used')}"
+        f" and on ({E}) {_mx('llmb_model_experts')} > 0))"
+    )
+    return {
+        "model_structure_unknown": structure,
+        "expert_counts_unknown": experts,
+        "speculative_decoding_not_detected": _mx("llmb_engine_spec_accept_length"),
+    }
+
+
+def _mx(metric: str) -> str:
+    return f"max by ({E}) ({metric})"
+
+
+def misfit_expr() -> str:
+    """`llmb:engine_roofline:misfit{reason}`: the decode efficiency of engines beyond physics
+    (above `decode_efficiency_physical_max`), labelled with the first reason that applies."""
+    rw = t("rate_window")
+    beyond = f"engine:llmb_decode_efficiency:ratio{rw} > {t('decode_efficiency_physical_max')}"
+    known = misfit_known()
+    parts = []
+    for reason in MISFIT_REASONS:
+        cond = beyond
+        if reason.name in known:
+            cond = f"{beyond}\n    unless on ({E}) ({known[reason.name]})"
+        parts.append(f'label_replace(\n    {cond},\n    "reason", "{reason.name}", "", ""\n  )')
+    return "  " + f"\nor on ({E})\n  ".join(parts) + "\n"
 
 
 def _indent(lines: list[str], n: int) -> list[str]:
@@ -456,7 +600,7 @@ def alert_rules() -> list[dict[str, Any]]:
             "{{ $labels.kind }} engine {{ $labels.engine }} has fewer layers or weight buffers "
             "on the GPU than the model has, or less GPU memory than the weights need "
             f"(below {t('weights_memory_ratio_min')} of the weight bytes). Every decode step "
-            "waits for the part in host memory.",
+            "waits for the part in host memory." + expert_offload_annotation(),
         ),
         alert(
             "LLMGPUMemoryNearFull",
@@ -493,6 +637,18 @@ def alert_rules() -> list[dict[str, Any]]:
             "{{ $value | humanizePercentage }} of the roofline (GPU memory bandwidth / bytes "
             "read per decode step) with no queue and no memory problem: the engine or its "
             "settings, not the card, set the speed.",
+        ),
+        alert(
+            "LLMRooflineMisfit",
+            MISFIT_RECORD,
+            "for_roofline_misfit",
+            "info",
+            "The decode roofline of {{ $labels.engine }} does not fit its measured speed",
+            "{{ $labels.kind }} engine {{ $labels.engine }} decodes at "
+            "{{ $value | humanizePercentage }} of its roofline, above "
+            f"{t('decode_efficiency_physical_max')}: beyond physics, so the bytes-per-step "
+            "model does not fit and no decode verdict is given (reason {{ $labels.reason }}). "
+            + misfit_annotation(),
         ),
         alert(
             "LLMEngineDown",
@@ -541,6 +697,39 @@ def alert_rules() -> list[dict[str, Any]]:
         ),
     ]
     return [{"name": "llmb-alerts", "rules": rules}]
+
+
+def misfit_annotation() -> str:
+    """Likely cause and lacking fact per misfit reason, as an alert template."""
+    parts = []
+    for i, r in enumerate(MISFIT_REASONS):
+        head = "{{ if" if i == 0 else "{{ else if"
+        parts.append(
+            f'{head} eq $labels.reason "{r.name}" }}}}Likely cause: {r.cause}. Lacking: {r.lacks}.'
+        )
+    return "".join(parts) + "{{ end }}"
+
+
+def expert_offload_annotation() -> str:
+    """The expert-offload sentence of LLMWeightsNotResident (empty without host experts)."""
+    rw = t("rate_window")
+    sel = "{host=%q,engine=%q,kind=%q}"
+    args = "$labels.host $labels.engine $labels.kind"
+    return (
+        f'{{{{ with printf "engine:llmb_experts_host_layers:max{sel} > 0" {args} | query }}}}'
+        ' Expert offload: the routed experts of {{ . | first | value | printf "%.0f" }} '
+        "layers live in host memory"
+        f'{{{{ with printf "engine:llmb_experts_host_bytes:max{sel}" {args} | query }}}}'
+        " ({{ . | first | value | humanize1024 }}B){{ end }}"
+        f'{{{{ with printf "engine:llmb_experts_host_bound_tokens_per_second:avg{rw}{sel}" '
+        f"{args} | query }}}}"
+        ', which bounds decode near {{ . | first | value | printf "%.1f" }} tok/s per '
+        "sequence at "
+        f"{number('host_memory_bandwidth_bytes_per_second') / 1e9:.0f} GB/s of host memory "
+        "bandwidth (`host_memory_bandwidth_bytes_per_second`){{ end }}. Keep fewer experts on "
+        "the host (a lower `--n-cpu-moe`, no `-ot exps=CPU`) if VRAM allows, or use a smaller "
+        "quantization.{{ end }}"
+    )
 
 
 class _Dumper(yaml.SafeDumper):
@@ -598,7 +787,9 @@ def condition_text(verdict: str) -> str:
         return (
             "everything else. An engine with no roofline (no GPU process attributed to it, "
             "e.g. CPU-only, or no decode finished yet in `rate_window`) lands here: being at "
-            "the card's limit needs evidence"
+            "the card's limit needs evidence. So does one whose decode efficiency is above "
+            "`decode_efficiency_physical_max`: beyond physics the roofline does not fit, no "
+            "decode claim is made and `llmb:engine_roofline:misfit{reason}` says why"
         )
     c = CONDITION_BY_NAME[cond]
     text = ", or ".join(e.text for e in c.alternatives)

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from simulator import scenarios
 from simulator.common import Faults, SimBase, SimOptions
+from simulator.model import LLAMACPP_KV_TYPES, SGLANG_KV_BYTES
 from simulator.sglang_spec import DEFAULT_VERSION, VERSIONS
 from simulator.tokenizer import NAMES as TOKENIZERS
 
@@ -39,6 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context-length", type=int, default=None, help="SGLang context_len")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=None)
     p.add_argument("--kv-unified", action="store_true")
+    p.add_argument(
+        "-ncmoe", "--n-cpu-moe", type=int, default=None, help="llama.cpp: N layers' experts on CPU"
+    )
+    kv_types = sorted(LLAMACPP_KV_TYPES)
+    p.add_argument("-ctk", "--cache-type-k", choices=kv_types, default=None, help="llama.cpp")
+    p.add_argument("-ctv", "--cache-type-v", choices=kv_types, default=None, help="llama.cpp")
+    p.add_argument("--kv-cache-dtype", choices=sorted(SGLANG_KV_BYTES), default=None, help="SGLang")
     p.add_argument(
         "--gpu-state-file",
         type=Path,
@@ -90,6 +98,9 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
         changes["kv_unified"] = True
     if args.load_seconds is not None:
         changes["load_seconds"] = args.load_seconds
+    for flag in ("cache_type_k", "cache_type_v", "kv_cache_dtype", "n_cpu_moe"):
+        if getattr(args, flag) is not None:
+            changes[flag] = getattr(args, flag)
     return SimOptions(
         kind=args.kind,
         scenario=scenario,

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from simulator import gpu_state
 from simulator.model import Clock, Engine, EngineParams
+from simulator.model_files import ModelFiles
 from simulator.scenarios import Scenario
 from simulator.tokenizer import Tokenizer
 
@@ -102,6 +103,12 @@ class SimBase:
             self.log,
         )
         self._tasks: list[asyncio.Task[None]] = []
+        self.model_files = ModelFiles(opts.kind, opts.scenario.model)
+
+    @property
+    def model_path(self) -> str:
+        """Path of the model the engine serves (`/props` / `/server_info` `model_path`)."""
+        return self.model_files.path
 
     def log(self, level: str, text: str) -> None:
         """Write one engine log line (no-op unless a subclass has a log file)."""
@@ -150,6 +157,7 @@ class SimBase:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.engine.stop()
+        self.model_files.close()
 
     async def _write_gpu_state(self) -> None:
         assert self.opts.gpu_state_file is not None

@@ -191,17 +191,69 @@ class LlamaCppSim(SimBase):
         gpu_layers = e.gpu_layers
         total = e.n_layers_total
         self.log("I", f"srv    load_model: loading model '{self.model_name}'")
+        self._log_model_info()
         self.log("I", "load_tensors: offloading output layer to GPU") if gpu_layers else None
         self.log("I", f"load_tensors: offloading {max(0, gpu_layers - 1)} repeating layers to GPU")
         self.log("I", f"load_tensors: offloaded {gpu_layers}/{total} layers to GPU")
+        if e.host_expert_layers:
+            self.log(
+                "W",
+                "llama_model_loader: tensor overrides to CPU are used with mmap enabled - "
+                "consider using --load-mode none for better performance",
+            )
         if e.weights_cpu:
-            cpu = e.weights_cpu + e.model.output_bytes  # token embedding stays on the host
+            # the token embedding stays on the host (tied: the output projection's copy)
+            cpu = e.weights_cpu + (e.model.token_embd_bytes or e.model.output_bytes)
             self.log(
                 "I", f"load_tensors: {'CPU_Mapped':>12s} model buffer size = {cpu / MIB:8.2f} MiB"
             )
         self.log(
             "I", f"load_tensors: {'CUDA0':>12s} model buffer size = {e.weights_gpu / MIB:8.2f} MiB"
         )
+        self._log_kv_cache()
+        self.log(
+            "I",
+            f"sched_reserve: {'CUDA0':>10s} compute buffer size = "
+            f"{e.params.compute_buffer_bytes / MIB:8.2f} MiB",
+        )
+        if e.params.spec_draft_max > 0:
+            self._log_draft_load()
+        unified = "true" if e.params.kv_unified else "false"
+        self.log(
+            "I",
+            f"srv    load_model: initializing, n_slots = {len(e.slots)}, "
+            f"n_ctx_slot = {e.n_ctx_slot}, kv_unified = '{unified}'",
+        )
+        if e.params.spec_draft_max > 0:
+            self.log("I", "srv    load_model: speculative decoding context initialized")
+        self.log("I", "srv  llama_server: model loaded")
+        self.log("I", f"srv  llama_server: listening on http://{self.opts.host}:{self.opts.port}")
+
+    def _log_model_info(self) -> None:
+        m = self.opts.scenario.model
+        if m.expert_count:
+            self.log("I", f"print_info: n_expert              = {m.expert_count}")
+            self.log("I", f"print_info: n_expert_used         = {m.expert_used}")
+
+    def _log_draft_load(self) -> None:
+        """The draft model loads after the target's context, with buffers of its own."""
+        p = self.engine.params
+        draft = f"{self.model_path}-draft"
+        self.log("I", f"common_speculative_init_result: loading draft model '{draft}'")
+        weights = p.draft_bytes / MIB
+        self.log("I", f"load_tensors: {'CUDA0':>12s} model buffer size = {weights:8.2f} MiB")
+        draft_kv = p.ctx_total * p.draft_kv_bytes_per_token
+        self.log("I", f"llama_kv_cache: {'CUDA0':>10s} KV buffer size = {draft_kv / MIB:8.2f} MiB")
+
+    def _log_kv_cache(self) -> None:
+        """The KV cache lines of llama_kv_cache's constructor (types as -ctk/-ctv set them)."""
+        e, p = self.engine, self.engine.params
+        if "q" in p.cache_type_v:
+            self.log(
+                "I",
+                "llama_init_from_model: enabling flash_attn since it is required for quantized "
+                "V cache",
+            )
         kv = e.kv_pool_bytes
         if e.kv_gpu_share < 1:
             kv_cpu = kv * (1 - e.kv_gpu_share) / MIB
@@ -210,19 +262,17 @@ class LlamaCppSim(SimBase):
             "I",
             f"llama_kv_cache: {'CUDA0':>10s} KV buffer size = {kv * e.kv_gpu_share / MIB:8.2f} MiB",
         )
+        k_bytes, v_bytes = e.kv_type_bytes
+        k_mib = kv * k_bytes / (k_bytes + v_bytes) / MIB
+        n_stream = 1 if p.kv_unified else p.n_slots
+        cells = p.ctx_total // n_stream
         self.log(
             "I",
-            f"sched_reserve: {'CUDA0':>10s} compute buffer size = "
-            f"{e.params.compute_buffer_bytes / MIB:8.2f} MiB",
+            f"llama_kv_cache: size = {kv / MIB:7.2f} MiB ({cells:6d} cells, "
+            f"{e.model.n_layer:3d} layers, {n_stream:2d}/{n_stream} seqs), "
+            f"K ({p.cache_type_k}): {k_mib:7.2f} MiB, V ({p.cache_type_v}): "
+            f"{kv / MIB - k_mib:7.2f} MiB",
         )
-        unified = "true" if e.params.kv_unified else "false"
-        self.log(
-            "I",
-            f"srv    load_model: initializing, n_slots = {len(e.slots)}, "
-            f"n_ctx_slot = {e.n_ctx_slot}, kv_unified = '{unified}'",
-        )
-        self.log("I", "srv  llama_server: model loaded")
-        self.log("I", f"srv  llama_server: listening on http://{self.opts.host}:{self.opts.port}")
 
     def _log_release(self, req: Request) -> None:
         prompt_ms, predicted_ms = self._ms(req)
@@ -249,6 +299,14 @@ class LlamaCppSim(SimBase):
             pre + f"      total time = {prompt_ms + predicted_ms:10.2f} ms / "
             f"{n_prompt + n_gen:5d} tokens",
         )
+        if req.draft_accepted:  # the real server prints nothing when no draft token was kept
+            acc = req.draft_accepted / req.draft_n if req.draft_n else 0.0
+            mean_len = 1 + req.draft_accepted / req.n_drafts
+            self.log(
+                "I",
+                pre + f"draft acceptance = {acc:.5f} ({req.draft_accepted:5d} accepted / "
+                f"{req.draft_n:5d} generated), mean len = {mean_len:5.2f}",
+            )
         self.log(
             "I",
             f"slot      release: id {slot:2d} | task {task} | stop processing: "
@@ -261,8 +319,15 @@ class LlamaCppSim(SimBase):
         flags = f"-c {p.ctx_total} -np {p.n_slots} -ngl {self.engine.params.n_gpu_layers}"
         if p.kv_unified:
             flags += " --kv-unified"
+        if p.n_cpu_moe:
+            flags += f" --n-cpu-moe {p.n_cpu_moe}"
+        if (p.cache_type_k, p.cache_type_v) != ("f16", "f16"):
+            flags += f" -ctk {p.cache_type_k} -ctv {p.cache_type_v}"
+        if p.spec_draft_max > 0:
+            flags += f" -md {self.model_path}-draft --spec-type draft-simple"
+            flags += f" --spec-draft-n-max {p.spec_draft_max}"
         return (
-            f"llama-server -m {self.opts.scenario.model.name} --host {self.opts.host} "
+            f"llama-server -m {self.model_path} --host {self.opts.host} "
             f"--port {self.opts.port} --metrics {flags} (llmb-sim)"
         )
 
@@ -325,13 +390,15 @@ class LlamaCppSim(SimBase):
             st.predicted_seconds,
             st.n_decode,
             st.n_tokens_max,
-            0,
-            0,
-            0,
+            st.spec_draft_tokens,
+            st.spec_accepted,
+            st.spec_drafts,
             prompt_tps,
             pred_tps,
             len(e.running),
-            len(e.waiting),
+            # Deferred: tasks with no free slot. A request that arrived during a step and
+            # takes a free slot at the next one was never parked in the deferred queue.
+            max(0, len(e.waiting) - sum(1 for s in e.slots if s.request is None)),
             busy,
         ]
 
@@ -348,6 +415,12 @@ class LlamaCppSim(SimBase):
             lines.append(f"# HELP llamacpp:{name} {help_text}")
             lines.append(f"# TYPE llamacpp:{name} {mtype}")
             lines.append(f"llamacpp:{name} {fmt(value)}")
+        per_pos = self.engine.stats.spec_accepted_per_pos
+        if per_pos and self.engine.stats.spec_drafts:
+            name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+            lines.append(f"# HELP {name} Accepted tokens per draft position")
+            lines.append(f"# TYPE {name} counter")
+            lines += [f'{name}{{position="{i}"}} {fmt(n)}' for i, n in enumerate(per_pos)]
         resp = web.Response(text="\n".join(lines) + "\n")
         resp.headers["Content-Type"] = "text/plain; version=0.0.4"
         resp.headers["Process-Start-Time-Unix"] = str(self.t_start_us)
@@ -359,7 +432,7 @@ class LlamaCppSim(SimBase):
         out: dict[str, Any] = {
             "id": slot.id,
             "n_ctx": e.n_ctx_slot,
-            "speculative": False,
+            "speculative": e.params.spec_draft_max > 0,
             "is_processing": slot.request is not None,
         }
         req = slot.request
@@ -419,7 +492,7 @@ class LlamaCppSim(SimBase):
                 "total_slots": len(self.engine.slots),
                 "model_alias": name,
                 "model_ftype": self.opts.scenario.model.ftype,
-                "model_path": self.opts.scenario.model.name,
+                "model_path": self.model_path,
                 "modalities": {"vision": False, "video": False, "audio": False},
                 "media_marker": "<__media_llmbsim__>",
                 "endpoint_slots": self.opts.slots,
@@ -536,6 +609,11 @@ class LlamaCppSim(SimBase):
             "predicted_ms": predicted_ms,
             "predicted_per_token_ms": predicted_ms / (n_gen - 1) if n_gen > 1 else 0.0,
             "predicted_per_second": (n_gen - 1) / predicted_ms * 1e3 if n_gen > 1 else 0.0,
+            **(
+                {"draft_n": req.draft_n, "draft_n_accepted": req.draft_accepted}
+                if self.engine.params.spec_draft_max > 0
+                else {}
+            ),
         }
 
     @staticmethod

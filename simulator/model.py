@@ -19,12 +19,20 @@ import random
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from exporter.ggml_types import GGML_TYPES
 from simulator.tokenizer import GENERATION_WORDS, Tokenizer
 
 MIB = 1024 * 1024
+# Layers whose routing is drawn each step; the others are taken to touch as many experts.
+ROUTING_PROBE_LAYERS = 4
+# Bytes per KV element: ggml block bytes / block elements (llama.cpp), SGLang dtypes.
+LLAMACPP_KV_BYTES = {name.lower(): size / block for name, block, size in GGML_TYPES.values()}
+# The types llama.cpp accepts for -ctk/-ctv.
+LLAMACPP_KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+SGLANG_KV_BYTES = {"auto": 2.0, "bf16": 2.0, "float16": 2.0, "fp8_e5m2": 1.0, "fp8_e4m3": 1.0}
 
 
 @dataclass(frozen=True)
@@ -43,11 +51,30 @@ class ModelSpec:
     n_vocab: int = 262144
     ftype: str = "Q4_0"
     sglang_weight_bytes: int | None = None  # SGLang serves unquantized weights
+    # Mixture of experts: every repeating layer holds `expert_count` routed experts of which
+    # each token runs `expert_used`; `routed_layer_bytes` of `layer_bytes` are those experts.
+    expert_count: int = 0
+    expert_used: int = 0
+    routed_layer_bytes: int = 0
+    # An untied token embedding: llama.cpp keeps the table in host memory and reads one row
+    # per sequence and step. 0: tied (the output projection is the table, in `output_bytes`).
+    token_embd_bytes: int = 0
+    token_row_bytes: int = 0
+    # The file the engine serves: a `llmb-synth-model` shape (like, weight type) written as a
+    # header-only GGUF (llama.cpp), and an HF config.json (SGLang), so that readers of
+    # `model_path` see this model's real geometry. None: a path that does not exist.
+    gguf_like: tuple[str, str] | None = None
+    hf_config: Mapping[str, object] | None = None
 
     @property
     def weights_bytes(self) -> int:
-        """Bytes read per decode step when every layer sits on the GPU."""
+        """Bytes of every weight a decode step may read (the untied embedding table excluded)."""
         return self.n_layer * self.layer_bytes + self.output_bytes
+
+    @property
+    def routed_bytes(self) -> int:
+        """Bytes of all routed experts (0 for a dense model)."""
+        return self.n_layer * self.routed_layer_bytes
 
 
 @dataclass(frozen=True)
@@ -85,6 +112,23 @@ class EngineParams:
     load_seconds: float = 0.0
     natural_len: tuple[int, int] = (24, 400)  # EOS position range when ignore_eos is false
     new_token_ratio: float = 0.1  # SGLang: share of max_new_tokens reserved at admission
+    # MoE: router, top-k, token sort and one grouped matmul per MoE layer and step.
+    moe_layer_overhead_s: float = 0.0
+    # llama.cpp --n-cpu-moe N: the routed experts of the first N layers stay in host memory.
+    n_cpu_moe: int = 0
+    # KV cache element types: llama.cpp -ctk/-ctv (ggml type names), SGLang --kv-cache-dtype.
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    kv_cache_dtype: str = "auto"
+    # Speculative decoding: a draft model proposes `spec_draft_max` tokens per step, each
+    # accepted with `spec_accept_p` given the previous one was; the target verifies all of
+    # them in one forward. llama.cpp: -md + --spec-type draft-simple; SGLang: EAGLE.
+    spec_draft_max: int = 0
+    spec_accept_p: float = 0.0
+    draft_bytes: int = 0  # draft weights read per draft step
+    draft_kv_bytes_per_token: int = 0  # the draft's own KV cache (llama.cpp -md)
+    draft_step_overhead_s: float = 0.0
+    spec_seed: int = 0
 
     def slot_ctx(self, n_ctx_train: int) -> int:
         """Per-slot context as llama.cpp computes it (pool when unified, else split + 256 pad)."""
@@ -145,6 +189,9 @@ class Request:
     retractions: int = 0
     observed: bool = False  # per-request metrics recorded (SGLang)
     recompute: int = 0  # generated tokens to recompute after a retraction
+    draft_n: int = 0  # speculative decoding: tokens drafted for this request
+    draft_accepted: int = 0
+    n_drafts: int = 0  # verification steps with a draft
     events: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -198,6 +245,11 @@ class Stats:
     retracted_in: int = 0
     retracted_out: int = 0
     last_cache_hit_rate: float = 0.0
+    # speculative decoding (llama.cpp spec_decode_* counters)
+    spec_draft_tokens: int = 0
+    spec_accepted: int = 0
+    spec_drafts: int = 0
+    spec_accepted_per_pos: list[int] = field(default_factory=list)
     decode_window: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=40))
 
 
@@ -247,6 +299,10 @@ class Engine:
         # observers the SGLang metrics use (tokens evicted; a request retracted)
         self.on_evict: Callable[[int], None] | None = None
         self.on_retract: Callable[[Request], None] | None = None
+        # the router's and the draft acceptance's dice (seeded: reproducible runs)
+        self._route_rng = random.Random(params.spec_seed)
+        self._spec_rng = random.Random(params.spec_seed + 1)
+        self.last_routed_share = 0.0  # share of routed experts the last decode step read
 
     # -- memory ---------------------------------------------------------------------------
     @property
@@ -270,6 +326,9 @@ class Engine:
     @property
     def weights_gpu(self) -> int:
         """Weight bytes resident on the GPU (output layer goes first, as llama.cpp does)."""
+        return self._layers_gpu_bytes() - self.host_expert_bytes
+
+    def _layers_gpu_bytes(self) -> int:
         if self.gpu_layers >= self.n_layers_total:
             return self.weights_total
         if self.gpu_layers <= 0:
@@ -281,8 +340,21 @@ class Engine:
         )
 
     @property
+    def host_expert_layers(self) -> int:
+        """Offloaded layers whose routed experts stay in host memory (llama.cpp --n-cpu-moe)."""
+        if self.kind != "llamacpp" or not self.model.expert_count:
+            return 0
+        first_gpu_layer = self.model.n_layer - self.n_layer_gpu()
+        return max(0, min(self.params.n_cpu_moe, self.model.n_layer) - first_gpu_layer)
+
+    @property
+    def host_expert_bytes(self) -> int:
+        """Bytes of the routed experts kept in host memory by --n-cpu-moe."""
+        return self.host_expert_layers * self.model.routed_layer_bytes
+
+    @property
     def weights_cpu(self) -> int:
-        """Weight bytes read from host memory every step."""
+        """Weight bytes in host memory (whole layers under -ngl, experts under --n-cpu-moe)."""
         return self.weights_total - self.weights_gpu
 
     @property
@@ -293,9 +365,28 @@ class Engine:
         return max(0, self.gpu_layers - 1) / self.model.n_layer
 
     @property
+    def kv_type_bytes(self) -> tuple[float, float]:
+        """Bytes per K and per V element of the cache (the model's figure is for 16-bit)."""
+        p = self.params
+        if self.kind == "sglang":
+            size = SGLANG_KV_BYTES[p.kv_cache_dtype]
+            return size, size
+        return LLAMACPP_KV_BYTES[p.cache_type_k], LLAMACPP_KV_BYTES[p.cache_type_v]
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """KV bytes one token of context takes in this engine's cache element types."""
+        k, v = self.kv_type_bytes
+        return self.model.kv_bytes_per_token * (k + v) / 4.0
+
+    @property
     def kv_pool_bytes(self) -> int:
-        """KV buffer allocated at start for the whole pool."""
-        return self.params.ctx_total * self.model.kv_bytes_per_token
+        """KV buffer allocated at start for the whole pool.
+
+        SGLang allocates one page more than `max_total_num_tokens` (a dummy slot for padded
+        tokens; page size 1 here)."""
+        slots = self.params.ctx_total + (1 if self.kind == "sglang" else 0)
+        return round(slots * self.kv_bytes_per_token)
 
     def process_gpu_bytes(self) -> int:
         """What NVML would report as this process's GPU memory."""
@@ -307,6 +398,8 @@ class Engine:
             + self.kv_pool_bytes * self.kv_gpu_share
             + self.params.compute_buffer_bytes
             + self.params.graph_bytes
+            + self.params.draft_bytes
+            + self.params.ctx_total * self.params.draft_kv_bytes_per_token
         )
 
     # -- KV accounting ----------------------------------------------------------------------
@@ -451,20 +544,65 @@ class Engine:
             tokens / self.params.prefill_tok_s + tokens * cpu_share / self.params.cpu_prefill_tok_s
         )
 
+    def routed_share(self, tokens: int) -> float:
+        """Share of the routed experts a forward over `tokens` tokens reads.
+
+        Drawn as the router picks: every token runs `expert_used` distinct experts, chosen
+        uniformly; a layer reads each expert any of its tokens picked once.
+        """
+        m = self.model
+        if not m.expert_count or tokens <= 0:
+            return 0.0
+        experts = range(m.expert_count)
+        layers = min(m.n_layer, ROUTING_PROBE_LAYERS)
+        touched = 0
+        for _ in range(layers):
+            seen: set[int] = set()
+            for _ in range(tokens):
+                seen.update(self._route_rng.sample(experts, m.expert_used))
+                if len(seen) == m.expert_count:
+                    break
+            touched += len(seen)
+        return touched / (layers * m.expert_count)
+
+    def _weights_read(self, tokens: int, n_seq: int) -> tuple[float, float]:
+        """Weight bytes one forward reads from GPU and from host memory."""
+        m, scale = self.model, self.weights_total / self.model.weights_bytes
+        share = self.routed_share(tokens)
+        self.last_routed_share = share
+        gpu_layers = self.n_layer_gpu() - self.host_expert_layers  # layers with experts on GPU
+        unread = m.routed_layer_bytes * scale * (1.0 - share)
+        gpu = self.weights_gpu - unread * gpu_layers
+        cpu = self.weights_cpu - unread * (m.n_layer - gpu_layers) + n_seq * m.token_row_bytes
+        return gpu, cpu
+
+    def n_layer_gpu(self) -> int:
+        """Repeating layers on the GPU (the output layer is offloaded first)."""
+        if self.gpu_layers >= self.n_layers_total:
+            return self.model.n_layer
+        return max(0, self.gpu_layers - 1)
+
     def decode_seconds(self, batch: list[Request]) -> float:
-        """Time of one decode step over `batch`."""
+        """Time of one decode step over `batch` (with speculative decoding: draft + verify)."""
         if not batch:
             return 0.0
-        kv_bytes = sum(r.n_tokens for r in batch) * self.model.kv_bytes_per_token
+        p = self.params
+        width = 1 + p.spec_draft_max  # tokens per sequence the target computes this step
+        kv_bytes = sum(r.n_tokens for r in batch) * self.kv_bytes_per_token
         share = self.kv_gpu_share
-        gpu_bytes = self.weights_gpu + kv_bytes * share
-        cpu_bytes = self.weights_cpu + kv_bytes * (1 - share)
+        weights_gpu, weights_cpu = self._weights_read(len(batch) * width, len(batch))
+        gpu_bytes = weights_gpu + kv_bytes * share
+        cpu_bytes = weights_cpu + kv_bytes * (1 - share)
         memory_s = gpu_bytes / self.gpu.bandwidth
+        moe_s = p.moe_layer_overhead_s * self.model.n_layer if self.model.expert_count else 0.0
+        draft_s = p.spec_draft_max * (p.draft_bytes / self.gpu.bandwidth + p.draft_step_overhead_s)
         total = (
             memory_s
-            + cpu_bytes / self.params.cpu_bandwidth
-            + self.params.step_overhead_s
-            + self.params.per_seq_overhead_s * len(batch)
+            + cpu_bytes / p.cpu_bandwidth
+            + moe_s
+            + draft_s
+            + p.step_overhead_s
+            + p.per_seq_overhead_s * len(batch)
         )
         self.utilization = memory_s / total
         return total
@@ -520,11 +658,10 @@ class Engine:
                 req.prefilled = True
                 req.prompt_done = now
                 self._emit(req, now)  # the first token comes from the prompt logits
-        for req in decode:
-            self._emit(req, now)
+        emitted = sum(self._emit_step(req, now) for req in decode)
         if decode:
-            st.decode_tokens += len(decode)
-            st.decode_window.append((now, len(decode)))
+            st.decode_tokens += emitted
+            st.decode_window.append((now, emitted))
         for req in list(self.running):
             self._check_stop(req)
 
@@ -549,6 +686,32 @@ class Engine:
             victim.prefilled = False
             victim.cached = 0
             self.waiting.appendleft(victim)
+
+    def _emit_step(self, req: Request, now: float) -> int:
+        """The tokens one decode step gives `req`: one, or with a draft 1 + accepted drafts."""
+        n_draft = self.params.spec_draft_max
+        if n_draft <= 0:
+            self._emit(req, now)
+            return 1
+        accepted = 0
+        while accepted < n_draft and self._spec_rng.random() < self.params.spec_accept_p:
+            accepted += 1
+        room = req.max_tokens - len(req.generated) if req.max_tokens >= 0 else accepted + 1
+        accepted = max(0, min(accepted, room - 1))
+        st = self.stats
+        st.spec_draft_tokens += n_draft
+        st.spec_accepted += accepted
+        st.spec_drafts += 1
+        per_pos = st.spec_accepted_per_pos
+        per_pos.extend([0] * (n_draft - len(per_pos)))
+        for pos in range(accepted):
+            per_pos[pos] += 1
+        req.draft_n += n_draft
+        req.draft_accepted += accepted
+        req.n_drafts += 1
+        for _ in range(accepted + 1):
+            self._emit(req, now)
+        return accepted + 1
 
     def _emit(self, req: Request, now: float) -> None:
         token = self.tokenizer.piece_id(req.rng.choice(GENERATION_WORDS))
@@ -618,12 +781,17 @@ class Engine:
         span = win[-1][0] - win[0][0]
         return sum(n for _, n in list(win)[1:]) / span if span > 0 else 0.0
 
+    def tokens_per_step(self) -> float:
+        """Expected tokens one decode step gives a sequence (1 + accepted drafts)."""
+        p = self.params
+        return sum(p.spec_accept_p**i for i in range(p.spec_draft_max + 1))
+
     def per_seq_tok_s(self, batch: int) -> float:
         """Steady-state decode speed of one sequence at `batch` (documentation, tests)."""
         fake = [Request(-1, [0] * 512, 0, True, random.Random(0), 0) for _ in range(batch)]
-        util = self.utilization
-        speed = 1.0 / self.decode_seconds(fake)
-        self.utilization = util
+        util, share = self.utilization, self.last_routed_share
+        speed = self.tokens_per_step() / self.decode_seconds(fake)
+        self.utilization, self.last_routed_share = util, share
         return speed
 
     def ready(self) -> bool:

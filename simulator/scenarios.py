@@ -57,6 +57,138 @@ BIG_32B = ModelSpec(
     ftype="Q8_0",
 )
 
+# Shapes written by `llmb-synth-model` (numbers from its plan; tests/test_sim_moe.py checks them
+# against loadgen.synth_model): per-layer bytes, routed experts, output layer, embedding table.
+QWEN3_30B_A3B_HF: dict[str, object] = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "attention_bias": False,
+    "bos_token_id": 151643,
+    "decoder_sparse_step": 1,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 48,
+    "mlp_only_layers": [],
+    "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": True,
+    "num_attention_heads": 32,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+QWEN3_30B_A3B_Q8 = ModelSpec(
+    name="/models/qwen3-30b-a3b-synthetic-q8_0.gguf",
+    n_params=30532122624,
+    file_bytes=32477962240,  # tensor data, llama-server's `size`
+    n_layer=48,
+    layer_bytes=662848512,
+    output_bytes=330620928,
+    kv_bytes_per_token=98304,  # 48 layers x 4 KV heads x 128 x (K+V) x 2 bytes
+    n_ctx_train=40960,
+    n_embd=2048,
+    n_vocab=151936,
+    ftype="Q8_0",
+    # bf16 weights a step may read (the 0.62 GB embedding table is only read by rows)
+    sglang_weight_bytes=2 * (30532122624 - 151936 * 2048),
+    expert_count=128,
+    expert_used=8,
+    routed_layer_bytes=641728512,
+    token_embd_bytes=330612736,
+    token_row_bytes=2176,
+    gguf_like=("qwen3-30b-a3b", "q8_0"),
+    hf_config=QWEN3_30B_A3B_HF,
+)
+
+QWEN3_DENSE_HF: dict[str, object] = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "attention_bias": False,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "max_position_embeddings": 40960,
+    "model_type": "qwen3",
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+QWEN3_8B_Q4 = ModelSpec(
+    name="/models/qwen3-8b-synthetic-q4_0.gguf",
+    n_params=8190735360,
+    file_bytes=4608348160,
+    n_layer=36,
+    layer_bytes=108561408,
+    output_bytes=350076928,
+    kv_bytes_per_token=147456,  # 36 x 8 x 128 x 2 x 2
+    n_ctx_train=40960,
+    n_embd=4096,
+    n_vocab=151936,
+    ftype="Q4_0",
+    sglang_weight_bytes=2 * (8190735360 - 151936 * 4096),
+    token_embd_bytes=350060544,
+    token_row_bytes=2304,
+    gguf_like=("qwen3-8b", "q4_0"),
+    hf_config={
+        **QWEN3_DENSE_HF,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 36,
+        "max_window_layers": 36,
+    },
+)
+
+QWEN3_32B_Q8 = ModelSpec(
+    name="/models/qwen3-32b-synthetic-q8_0.gguf",
+    n_params=32762123264,
+    file_bytes=34811744256,
+    n_layer=64,
+    layer_bytes=518104064,
+    output_bytes=826552320,
+    kv_bytes_per_token=262144,  # 64 x 8 x 128 x 2 x 2
+    n_ctx_train=40960,
+    n_embd=5120,
+    n_vocab=151936,
+    ftype="Q8_0",
+    sglang_weight_bytes=2 * (32762123264 - 151936 * 5120),
+    token_embd_bytes=826531840,
+    token_row_bytes=5440,
+    gguf_like=("qwen3-32b", "q8_0"),
+    hf_config={
+        **QWEN3_DENSE_HF,
+        "hidden_size": 5120,
+        "intermediate_size": 25600,
+        "num_attention_heads": 64,
+        "num_hidden_layers": 64,
+        "max_window_layers": 64,
+    },
+)
+# The draft: Qwen3-0.6B in Q8_0 (`llmb-synth-model --like qwen3-0.6b --type q8_0`): 0.60 B
+# parameters, the tied 151936 x 1024 embedding read every step as the output projection.
+QWEN3_06B_Q8_BYTES = 633_495_552
+QWEN3_06B_KV_BYTES_PER_TOKEN = 28 * 8 * 128 * 2 * 2
+# SGLang's EAGLE draft for it: one bf16 decoder layer of the 32B (0.6 GB) and its fc; the LM
+# head is the target's.
+EAGLE_32B_BYTES = 700_000_000
+
 H200 = GpuSpec(
     name="NVIDIA H200",
     total_bytes=150754820096,
@@ -91,6 +223,20 @@ RTX_PRO_5000 = GpuSpec(
     reserved_bytes=515899392,
     idle_power_mw=30000,
     max_power_mw=300000,
+)
+
+
+# A 24 GB card at 1.008e12 B/s (384-bit GDDR6X), as NVML reports an RTX 4090.
+RTX_4090 = GpuSpec(
+    name="NVIDIA GeForce RTX 4090",
+    total_bytes=25757220864,
+    bandwidth=1.008e12,
+    bus_width=384,
+    mem_clock_mhz=10501,
+    uuid="GPU-5e1a0000-11b0-4000-8000-000000004090",
+    reserved_bytes=515899392,
+    idle_power_mw=20000,
+    max_power_mw=450000,
 )
 
 
@@ -189,6 +335,132 @@ SCENARIOS: dict[str, Scenario] = {
                 graph_bytes=int(0.5 * GIB),
                 compute_buffer_bytes=0,
             ),
+        ),
+        Scenario(
+            "moe_below_limit",
+            "Qwen3-30B-A3B shapes (128 experts, 8 used) in Q8_0 on an H200, MoE kernels with "
+            "the per-layer cost llama.cpp showed on the real card (238.6 tok/s at batch 1): "
+            "about 16 % of the active-weight roofline.",
+            QWEN3_30B_A3B_Q8,
+            H200,
+            EngineParams(
+                n_slots=4,
+                ctx_total=32768,
+                step_overhead_s=0.0010,
+                per_seq_overhead_s=0.00035,
+                moe_layer_overhead_s=45e-6,
+                prefill_tok_s=6000.0,
+            ),
+            EngineParams(
+                n_slots=32,
+                ctx_total=200000,
+                context_len=32768,
+                step_overhead_s=0.0015,
+                per_seq_overhead_s=0.0002,
+                moe_layer_overhead_s=60e-6,
+                prefill_tok_s=12000.0,
+                graph_bytes=0,
+                compute_buffer_bytes=0,
+            ),
+        ),
+        Scenario(
+            "moe_at_limit",
+            "The same MoE model on a 72 GB card at 1.344e12 B/s, with fused MoE kernels and "
+            "CUDA graphs: decode near the bandwidth limit of the bytes actually read "
+            "(attention, router, output and the experts the batch routes to).",
+            QWEN3_30B_A3B_Q8,
+            RTX_PRO_5000,
+            EngineParams(
+                n_slots=8,
+                ctx_total=32768,
+                step_overhead_s=0.0004,
+                per_seq_overhead_s=0.00005,
+                moe_layer_overhead_s=5e-6,
+                prefill_tok_s=12000.0,
+            ),
+            EngineParams(
+                n_slots=32,
+                ctx_total=60000,
+                context_len=32768,
+                step_overhead_s=0.0006,
+                per_seq_overhead_s=0.00005,
+                moe_layer_overhead_s=3e-6,
+                prefill_tok_s=16000.0,
+                graph_bytes=int(0.6 * GIB),
+                compute_buffer_bytes=0,
+            ),
+        ),
+        Scenario(
+            "moe_experts_on_host",
+            "The MoE model (32.5 GB) on a 24 GB card: llama.cpp --n-cpu-moe 20 keeps the routed "
+            "experts of 20 of its 48 layers in host memory (12.8 GB), so every step reads their "
+            "share from host RAM; SGLang offloads whole layers (--cpu-offload-gb).",
+            QWEN3_30B_A3B_Q8,
+            RTX_4090,
+            EngineParams(
+                n_slots=2,
+                ctx_total=16384,
+                n_cpu_moe=20,
+                step_overhead_s=0.0010,
+                per_seq_overhead_s=0.0003,
+                moe_layer_overhead_s=10e-6,
+                prefill_tok_s=1500.0,
+            ),
+            EngineParams(
+                n_slots=8,
+                ctx_total=16000,
+                context_len=8192,
+                n_gpu_layers=15,
+                step_overhead_s=0.0015,
+                per_seq_overhead_s=0.0002,
+                moe_layer_overhead_s=10e-6,
+                prefill_tok_s=1500.0,
+                graph_bytes=0,
+                compute_buffer_bytes=0,
+            ),
+        ),
+        Scenario(
+            "spec_decode",
+            "Qwen3-32B shapes in Q8_0 on an H200 with a draft (llama.cpp: Qwen3-0.6B Q8_0; "
+            "SGLang: an EAGLE head) proposing 4 tokens per step, each accepted with p = 0.75: "
+            "about 3 tokens per weight read, so per-sequence speed is above weights / bandwidth "
+            "while each target step runs near the card's limit.",
+            QWEN3_32B_Q8,
+            H200,
+            EngineParams(
+                n_slots=4,
+                ctx_total=16384,
+                step_overhead_s=0.0015,
+                per_seq_overhead_s=0.0003,
+                spec_draft_max=4,
+                spec_accept_p=0.75,
+                draft_bytes=QWEN3_06B_Q8_BYTES,
+                draft_kv_bytes_per_token=QWEN3_06B_KV_BYTES_PER_TOKEN,
+                draft_step_overhead_s=0.0005,
+            ),
+            EngineParams(
+                n_slots=16,
+                ctx_total=200000,
+                context_len=8192,
+                step_overhead_s=0.0008,
+                per_seq_overhead_s=0.0001,
+                spec_draft_max=4,
+                spec_accept_p=0.75,
+                draft_bytes=EAGLE_32B_BYTES,
+                draft_step_overhead_s=0.0003,
+                graph_bytes=int(0.8 * GIB),
+                compute_buffer_bytes=0,
+            ),
+        ),
+        Scenario(
+            "kv_quantized",
+            "Qwen3-8B shapes in Q4_0 on an L40S with an 8-bit KV cache (llama.cpp -ctk q8_0 "
+            "-ctv q8_0, SGLang --kv-cache-dtype fp8_e5m2): the KV buffer is about half the "
+            "16-bit estimate.",
+            QWEN3_8B_Q4,
+            L40S,
+            _fast(n_slots=4, ctx_total=32768, cache_type_k="q8_0", cache_type_v="q8_0"),
+            _fast(n_slots=32, ctx_total=200000, context_len=32768, kv_cache_dtype="fp8_e5m2"),
         ),
     )
 }

@@ -130,6 +130,19 @@ class SglangMetrics:
             # 0.5.11 declares these two but never sets them: the real server reads 0.
             "sglang:engine_startup_time": 0.0,
             "sglang:engine_load_weights_time": 0.0,
+            **self._spec_gauges(),
+        }
+
+    def _spec_gauges(self) -> dict[str, float]:
+        """Speculative decoding gauges (EAGLE): tokens per verify step and acceptance."""
+        e, st = self.sim.engine, self.sim.engine.stats
+        if e.params.spec_draft_max <= 0 or not st.spec_drafts:
+            return {}
+        return {
+            "sglang:spec_accept_length": (st.spec_accepted + st.spec_drafts) / st.spec_drafts,
+            "sglang:spec_accept_rate": st.spec_accepted / st.spec_draft_tokens,
+            "sglang:spec_num_steps": float(e.params.spec_draft_max),
+            "sglang:spec_num_draft_tokens": float(e.params.spec_draft_max + 1),
         }
 
     def _values(self, spec: FamilySpec) -> dict[tuple[str, ...], float]:
@@ -258,11 +271,23 @@ class SglangSim(SimBase):
         """An SGLang command line naming this simulator's port."""
         p = self.engine.params
         return (
-            f"python3 -m sglang.launch_server --model-path {self.opts.scenario.model.name} "
+            f"python3 -m sglang.launch_server --model-path {self.model_path} "
             f"--host {self.opts.host} --port {self.opts.port} --enable-metrics "
             f"--max-running-requests {p.n_slots} --max-total-tokens {p.ctx_total} "
-            f"--cpu-offload-gb {round(self.engine.weights_cpu / 1e9)} (llmb-sim)"
+            f"--cpu-offload-gb {round(self.engine.weights_cpu / 1e9)}"
+            f"{self._extra_flags()} (llmb-sim)"
         )
+
+    def _extra_flags(self) -> str:
+        p, flags = self.engine.params, ""
+        if p.kv_cache_dtype != "auto":
+            flags += f" --kv-cache-dtype {p.kv_cache_dtype}"
+        if p.spec_draft_max > 0:
+            flags += (
+                f" --speculative-algorithm EAGLE --speculative-num-steps {p.spec_draft_max} "
+                f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {p.spec_draft_max + 1}"
+            )
+        return flags
 
     def build_app(self) -> web.Application:
         """Routes of SGLang's HTTP server."""
@@ -322,8 +347,8 @@ class SglangSim(SimBase):
         e = self.engine
         p = e.params
         args = {
-            "model_path": self.opts.scenario.model.name,
-            "tokenizer_path": self.opts.scenario.model.name,
+            "model_path": self.model_path,
+            "tokenizer_path": self.model_path,
             "served_model_name": self.model_name,
             "host": self.opts.host,
             "port": self.opts.port,
@@ -339,7 +364,8 @@ class SglangSim(SimBase):
             "schedule_policy": "fcfs",
             "schedule_conservativeness": 1.0,
             "page_size": 1,
-            "kv_cache_dtype": "auto",
+            "kv_cache_dtype": p.kv_cache_dtype,
+            **self._spec_args(),
             "disable_radix_cache": False,
             "attention_backend": "fa3",
             "enable_metrics": True,
@@ -378,6 +404,7 @@ class SglangSim(SimBase):
                         "world_size": 1,
                         "effective_max_running_requests_per_dp": p.n_slots,
                         "last_gen_throughput": e.gen_throughput(),
+                        **self._avg_spec_accept_length(),
                         "memory_usage": memory,
                         "disaggregation_mode": "null",
                     }
@@ -397,14 +424,31 @@ class SglangSim(SimBase):
                 ]
         return json_response(doc)
 
+    def _avg_spec_accept_length(self) -> dict[str, float]:
+        st = self.engine.stats
+        if self.engine.params.spec_draft_max <= 0 or not st.spec_drafts:
+            return {}
+        return {"avg_spec_accept_length": (st.spec_accepted + st.spec_drafts) / st.spec_drafts}
+
+    def _spec_args(self) -> dict[str, Any]:
+        """The speculative-decoding server args (EAGLE with one draft chain when enabled)."""
+        n = self.engine.params.spec_draft_max
+        return {
+            "speculative_algorithm": "EAGLE" if n > 0 else None,
+            "speculative_draft_model_path": f"{self.model_path}-eagle" if n > 0 else None,
+            "speculative_num_steps": n if n > 0 else None,
+            "speculative_eagle_topk": 1 if n > 0 else None,
+            "speculative_num_draft_tokens": n + 1 if n > 0 else None,
+        }
+
     async def model_info(self, request: web.Request) -> web.Response:
         """GET /model_info."""
         return self._versioned(
             "model_info",
             {
-                "model_path": self.opts.scenario.model.name,
+                "model_path": self.model_path,
                 "served_model_name": self.model_name,
-                "tokenizer_path": self.opts.scenario.model.name,
+                "tokenizer_path": self.model_path,
                 "is_generation": True,
                 "preferred_sampling_params": None,
                 "weight_version": "default",

@@ -22,6 +22,7 @@ from loadgen.decision import (
     decide_compare,
     decide_single,
     engine_from_dict,
+    engine_verdict,
     recommendation_for,
     relative_spread,
     results_to_dict,
@@ -203,3 +204,111 @@ def test_results_json_fields_and_round_trip() -> None:
     assert doc["recommendation"] == STAY_AND_TUNE and doc["comparable"] is True
     back = engine_from_dict(doc["engines"][0])
     assert back.rows == e.rows and back.roofline == e.roofline
+
+
+# --- issue 17: the roofline knows the model, and no answer beyond physics -----------------
+
+# Qwen3-30B-A3B Q8_0 as its GGUF splits (exporter.geometry / exporter.weights): always-read,
+# routed experts, one untied embedding row; f16 KV of 48 layers x 4 heads x 128 x 2.
+QWEN3 = {
+    "weights_bytes": 32_477_962_240.0,
+    "always_read_bytes": 1_344_380_928.0,
+    "routed_expert_bytes": 30_802_968_576.0,
+    "experts": 128.0,
+    "experts_used": 8.0,
+    "token_embedding_row_bytes": 2176.0,
+}
+
+
+def moe_engine(structure: bool, tok_s: float = 238.6, **extra: float) -> EngineResult:
+    """Issue 17's H200 run: 238.6 tok/s per sequence at 4.8 TB/s."""
+    e = engine("moe", single=[tok_s] * 3, weights=QWEN3["weights_bytes"], bandwidth=4.8e12)
+    e.kv_bytes_per_token = 98304.0
+    if structure:
+        for key, value in QWEN3.items():
+            setattr(e, key, value)
+    for key, value in extra.items():
+        setattr(e, key, value)
+    e.roofline = roofline(e)
+    return e
+
+
+def test_issue_capture_as_dense_is_beyond_physics_and_never_at_the_card_limit() -> None:
+    e = moe_engine(structure=False)
+    roof = e.roofline
+    assert roof.bytes_per_step == pytest.approx(32.47e9, rel=0.002)
+    assert roof.limit_tok_s == pytest.approx(147.8, abs=0.2)
+    assert roof.efficiency == pytest.approx(1.61, abs=0.01)
+    assert roof.misfit == "model_structure_unknown" and not roof.physical
+    # The rules' signal at this efficiency: no decode claim, the misfit named instead.
+    signals = core.Signals(decode_efficiency=roof.efficiency, host_has_gpu=True)
+    verdict, action = engine_verdict(e, signals)
+    assert verdict != "decode_at_card_limit"
+    assert "does not fit" in action and "mixture-of-experts" in action
+    assert "Tune the engine" not in action
+    doc = json.loads(json.dumps(results_to_dict([e], decide_single(e, []))))
+    assert doc["engines"][0]["roofline"]["misfit"] == "model_structure_unknown"
+
+
+def test_issue_capture_with_the_moe_structure_is_below_the_card_limit() -> None:
+    e = moe_engine(structure=True)
+    roof = e.roofline
+    assert roof.active_weights_bytes == pytest.approx(3.27e9, rel=0.005)
+    assert roof.bytes_per_step == pytest.approx(3.24e9, rel=0.02)
+    assert roof.limit_tok_s == pytest.approx(1480, rel=0.02)
+    assert roof.efficiency == pytest.approx(0.16, abs=0.01)
+    assert roof.misfit is None and roof.accepted_tokens_per_step == 1.0
+    verdict, action = engine_verdict(e, core.Signals(decode_efficiency=roof.efficiency))
+    assert verdict == "decode_below_card_limit"
+    assert action == core.VERDICT_INFO["decode_below_card_limit"].action
+    # results.json: the new fields beside the old ones, which keep their names.
+    doc = json.loads(json.dumps(results_to_dict([e], decide_single(e, []))))
+    fields = doc["engines"][0]["roofline"]
+    for key in ("bytes_per_step", "limit_tok_s", "measured_tok_s", "efficiency",
+                "active_weights_bytes", "kv_bytes_per_token", "accepted_tokens_per_step",
+                "misfit"):  # fmt: skip
+        assert key in fields, key
+    assert engine_from_dict(doc["engines"][0]).roofline == roof
+
+
+def test_the_bandwidth_source_does_not_change_the_bytes_per_step() -> None:
+    steps = set()
+    for source in ("exporter", "config", "--bandwidth-gbs"):
+        e = moe_engine(structure=True)
+        e.bandwidth_source = source
+        steps.add(roofline(e).bytes_per_step)
+    assert len(steps) == 1
+
+
+def test_speculative_acceptance_raises_the_limit_and_a_missing_one_is_named() -> None:
+    # Dense 8 GB model decoding 1.5x faster than one token per weight read allows.
+    fast = 4.8e12 / 8e9 * 1.5
+    e = engine("spec", single=[fast] * 3, weights=8e9, bandwidth=4.8e12)
+    e.always_read_bytes, e.routed_expert_bytes = 8e9, 0.0
+    e.roofline = roofline(e)
+    assert e.roofline.misfit == "speculative_decoding_not_detected"
+    e.spec_accept_length, e.draft_weights_bytes = 2.5, 0.5e9
+    e.roofline = roofline(e)
+    assert e.roofline.accepted_tokens_per_step == 2.5
+    assert e.roofline.bytes_per_step == pytest.approx(8e9 + 2.5 * 0.5e9, rel=1e-3)
+    # 900 tok/s against 4.8 TB/s x 2.5 tokens / 9.25 GB (draft included): 69 %.
+    assert e.roofline.misfit is None
+    assert e.roofline.efficiency == pytest.approx(fast / (4.8e12 * 2.5 / 9.25e9), rel=1e-3)
+
+
+def test_beyond_physics_gives_no_estimate_in_compare() -> None:
+    a = moe_engine(structure=False)
+    b = engine("dense", weights=16e9, single=[50.0, 50.5, 51.0], quant="bf16", bandwidth=4.8e12)
+    d = decide_compare(a, b)
+    assert d.estimates == [] and "beyond physics" in d.steps[1].answer
+
+
+def test_expert_offload_names_layers_bytes_and_the_host_bound() -> None:
+    e = moe_engine(structure=True, experts_host_layers=20.0, experts_host_bytes=12.8e9)
+    signals = core.Signals(layers_ratio=1.0, experts_host_layers=20.0, host_has_gpu=True)
+    verdict, action = engine_verdict(e, signals)
+    assert verdict == "weights_not_resident"
+    assert core.evaluate(signals).evidence == ("experts_host",)
+    assert "20 layers'" in action and "11.92 GiB" in action and "--n-cpu-moe" in action
+    # 12.8 GB x 8/128 read per step from 100 GB/s host memory: 125 tok/s at most.
+    assert "125.0 tok/s" in action

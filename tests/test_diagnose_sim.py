@@ -238,3 +238,51 @@ def test_verdict_equals_the_prometheus_rule_on_the_same_run(
             exporter.wait(timeout=30)
     assert [v["metric"]["verdict"] for v in now] == [scenario]
     assert decision.verdict == {"e": scenario}
+
+
+@pytest.mark.parametrize(
+    ("kind", "scenario", "expected"),
+    [
+        # Qwen3-30B-A3B shapes on an H200. All weights (32.5 GB) against 4.8 TB/s would make
+        # llama.cpp's 238 tok/s 161 % of the card; against the 3.27 GB it reads it is 16 %.
+        ("llamacpp", "moe_below_limit", "decode_below_card_limit"),
+        ("llamacpp", "moe_at_limit", "decode_at_card_limit"),
+        ("sglang", "moe_below_limit", "decode_below_card_limit"),
+        ("sglang", "moe_at_limit", "decode_at_card_limit"),
+        # About 3 tokens per target step: per weight read the card is at its limit.
+        ("llamacpp", "spec_decode", "decode_at_card_limit"),
+        ("sglang", "spec_decode", "decode_at_card_limit"),
+        # 20 of 48 layers' experts in host memory (llama.cpp --n-cpu-moe 20), layers (SGLang).
+        ("llamacpp", "moe_experts_on_host", "weights_not_resident"),
+        ("sglang", "moe_experts_on_host", "weights_not_resident"),
+        # 8-bit KV caches: the estimate follows the engine's element type.
+        ("llamacpp", "kv_quantized", "decode_at_card_limit"),
+        ("sglang", "kv_quantized", "decode_at_card_limit"),
+    ],
+)
+def test_diagnose_roofline_of_moe_spec_and_kv_presets(
+    tmp_path: Path, kind: str, scenario: str, expected: str
+) -> None:
+    engine, gpu = sim_engine(tmp_path, scenario, kind)
+    # At the limit an MoE model's bytes per step depend on the batch; one sequence keeps the
+    # rules' batch and the measured speed in the same window.
+    concurrency = [1] if scenario == "moe_at_limit" else [1, 4]
+    opts = options(gpu, concurrency=concurrency, kv_prompt_tokens=0)
+    result, decision = asyncio.run(diagnose(engine, opts, tmp_path / "out"))
+    assert decision.verdict == {"e": expected}, [s.answer for s in decision.steps]
+    if expected == "weights_not_resident":
+        if kind == "llamacpp":  # the action names the layers and bytes in host memory
+            assert "20" in decision.action and "--n-cpu-moe" in decision.action, decision.action
+        return
+    # Never beyond physics, and the bytes per step are those of the preset's model.
+    efficiency = result.signals["decode_efficiency"]
+    assert efficiency is not None and efficiency <= core.number("decode_efficiency_physical_max")
+    roof = result.roofline
+    assert roof is not None and roof.misfit is None
+    assert roof.efficiency is not None and roof.efficiency < 1.0
+    if scenario.startswith("moe"):
+        # Batch 1 reads k/E of the experts: within 10 % of the model's active bytes.
+        active = 3.27e9 if kind == "llamacpp" else 6.08e9
+        assert roof.active_weights_bytes == pytest.approx(active, rel=0.10)
+    if scenario == "spec_decode":
+        assert roof.accepted_tokens_per_step == pytest.approx(3.05, rel=0.2)

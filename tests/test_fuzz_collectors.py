@@ -41,7 +41,7 @@ from bench.fuzz_collectors import (
 )
 from exporter.attribution import Attribution
 from exporter.collectors import Collector, Scrape
-from exporter.collectors.llamacpp import LlamaCppCollector
+from exporter.collectors.llamacpp import LlamaCppCollector, host_experts
 from exporter.collectors.sglang import SGLangCollector
 from exporter.config import EngineConfig
 from exporter.geometry import geometry_from_gguf
@@ -224,6 +224,127 @@ def test_damaged_gguf_header_fails_fast_and_cleanly(
     if geom is not None:
         assert 0 < geom.n_layer <= 10_000
         assert 0 <= geom.kv_bytes_per_token() < 2**62
+
+
+# --- The roofline's llama.cpp facts: KV types, expert overrides, draft acceptance -------------
+
+FIX = Path(__file__).parent / "fixtures"
+ROOFLINE_LOGS = [
+    FIX / "llamacpp-cpu-gemma3-270m-kv-q8_0" / "server.log",
+    FIX / "llamacpp-cpu-gemma3-270m-spec-draft" / "server.log",
+    FIX / "llamacpp-cpu-gemma3-270m-spec-q8_0" / "server.log",
+    FIX / "llamacpp-cpu-qwen3moe-synth-expert-offload" / "server-ncmoe1-lv5.log",
+    FIX / "llamacpp-cpu-qwen3moe-synth-expert-offload" / "server-ot-lv4.log",
+]
+
+
+def _check_roofline_state(state: LogState) -> None:
+    accept = state.spec_accept_length
+    assert accept is None or (math.isfinite(accept) and accept >= 1.0)
+    assert len(state.spec_requests) <= 64 and len(state.expert_overrides) <= 4096
+    for value in (*state.draft_model_buffer_bytes.values(), *state.draft_kv_buffer_bytes.values()):
+        assert math.isfinite(value)
+    experts = host_experts(state, None)
+    assert experts is None or (experts[0] >= 0 and math.isfinite(experts[1]))
+
+
+@pytest.mark.parametrize("log_path", ROOFLINE_LOGS, ids=lambda p: f"{p.parent.name}/{p.name}")
+@FUZZ
+@given(rng=st.randoms(use_true_random=False))
+def test_mutated_roofline_logs_never_break_the_scrape(
+    tmp_path_factory: Any, log_path: Path, rng: random.Random
+) -> None:
+    text = mutate_log(log_path.read_text(), rng)
+    state = LogState()
+    for line in text.split("\n"):
+        state.feed(line)
+    _check_roofline_state(state)
+    log = tmp_path_factory.mktemp("log") / "server.log"
+    log.write_text(text, errors="surrogateescape")
+    _check(_scrape("llamacpp", dict(REAL["llamacpp"]), log))
+
+
+_count = st.integers(min_value=-5, max_value=10**15)
+_name = st.text(alphabet=st.characters(codec="ascii"), min_size=0, max_size=20)
+
+
+@FUZZ
+@given(
+    task=_count,
+    n_tokens=_count,
+    accepted=_count,
+    drafted=_count,
+    layer=_count,
+    mib=_count,
+    kv_type=_name,
+    buffer=st.sampled_from(["CPU", "CUDA_Host", "CUDA0", "CPU_Mapped", "Vulkan_Host", ""]),
+)
+def test_roofline_lines_with_any_numbers(
+    task: int,
+    n_tokens: int,
+    accepted: int,
+    drafted: int,
+    layer: int,
+    mib: int,
+    kv_type: str,
+    buffer: str,
+) -> None:
+    """The exact formats (real lines of the fixtures) with any numbers and names in them."""
+    state = LogState()
+    prefix = f"1.15.304.682 I slot print_timing: id  0 | task {task} |"
+    for line in (
+        f"0.05.587.350 I llama_kv_cache: size =    3.19 MiB (  2048 cells,   3 layers,  1/1 seqs), "
+        f"K ({kv_type}):    1.59 MiB, V ({kv_type}):    1.59 MiB",
+        f"0.00.726.811 D tensor blk.{layer}.ffn_gate_exps.weight ({mib} MiB q4_0) buffer type "
+        f"overridden to {buffer}",
+        f"{prefix}        eval time =   49002.57 ms / {n_tokens:5d} tokens (1.0 ms per token)",
+        f"{prefix} draft acceptance = 0.94444 ({accepted:5d} accepted / {drafted:5d} generated), "
+        "mean len =  3.83",
+        "0.07.199.174 I common_speculative_init_result: loading draft model '/models/x.gguf'",
+        "0.09.362.334 I load_tensors:   CPU_Mapped model buffer size =   235.16 MiB",
+    ):
+        state.feed(line)
+    _check_roofline_state(state)
+    assert state.model_buffer_bytes == {}  # the last buffer line belongs to the draft
+    if state.expert_overrides:
+        assert buffer.startswith("CPU") or buffer.endswith("_Host")
+
+
+@pytest.fixture(scope="module")
+def moe_header(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """A real-layout qwen3moe GGUF header (3 layers, 8 experts) with tensor infos, no data."""
+    from tests.test_weights import qwen3moe_tensors, write_header
+
+    kv = {"block_count": 3, "embedding_length": 64, "attention.head_count": 2}
+    kv |= {"attention.head_count_kv": 1, "expert_count": 8, "expert_used_count": 2}
+    path = tmp_path_factory.mktemp("moe") / "moe.gguf"
+    write_header(path, "qwen3moe", kv, qwen3moe_tensors(3, 64, 2, 1, 32, 32, 8))
+    assert geometry_from_gguf(path).routed_expert_bytes > 0
+    return path.read_bytes()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(rng=st.randoms(use_true_random=False))
+def test_damaged_moe_header_gives_a_consistent_structure_or_an_error(
+    moe_header: bytes, tmp_path_factory: Any, rng: random.Random
+) -> None:
+    data = bytearray(moe_header)
+    for _ in range(rng.randrange(1, 6)):
+        pos = rng.randrange(4, len(data))
+        data[pos : pos + 8] = rng.randbytes(rng.randrange(1, 9))
+    path = tmp_path_factory.mktemp("badmoe") / "bad.gguf"
+    path.write_bytes(bytes(data))
+    try:
+        geom = geometry_from_gguf(path)
+    except Exception:  # noqa: BLE001 - the collector turns any of these into one warning
+        return
+    assert geom.always_read_bytes is None or geom.always_read_bytes >= 0
+    assert geom.routed_expert_bytes >= 0 and geom.token_embedding_row_bytes >= 0
+    assert sum(geom.routed_expert_bytes_by_layer) <= geom.routed_expert_bytes
+    if geom.expert_count is not None:
+        assert 0 < geom.expert_count <= 1 << 16
+    if geom.expert_used_count is not None:
+        assert geom.expert_count is not None and geom.expert_used_count <= geom.expert_count
 
 
 # --- The mutators really mutate (otherwise the properties above prove nothing) ---------------

@@ -369,3 +369,7 @@ def test_real_gemma3_270m_gguf(gemma_model: Path) -> None:
     assert (g.n_layer, g.n_head_kv, g.head_dim_k, g.sliding_window) == (18, 1, 256, 512)
     assert (g.full_layers, g.swa_layers) == (3, 15)
     assert g.file_type == "Q4_K_M"
+    # No output.weight: the Q8_0 token embedding is the output projection, read in full.
+    assert g.tied_embeddings is True and g.token_embedding_row_bytes == 0
+    assert g.always_read_bytes == g.weight_bytes and g.routed_expert_bytes == 0
+    assert g.input_embedding_bytes == 262144 * 640 * 34 // 32

@@ -428,3 +428,28 @@ def test_configmaps_follow_the_sidecar_contract() -> None:
         doc = json.loads(body)
         assert "${DS_" not in json.dumps([doc["panels"], doc["annotations"]]), key
     assert sorted(keys) == sorted(f"llmb-{name}" for name in files)
+
+
+def test_no_panel_shows_a_decode_efficiency_beyond_physics() -> None:
+    """Every efficiency query drops engines whose roofline does not fit (issue 17), and the
+    decode check names the misfit reason instead of a verdict."""
+    seen = 0
+    for doc in dashboards().values():
+        for panel in visible(doc):
+            for target in panel.get("targets", []):
+                if "engine:llmb_decode_efficiency:ratio5m" in target["expr"]:
+                    assert (
+                        "unless on (host, engine, kind) llmb:engine_roofline:misfit"
+                        in (target["expr"])
+                    ), panel["title"]
+                    seen += 1
+    assert seen
+    (check,) = [p for p in visible(by_uid("llmb-overview")) if p["title"] == "Decode at card limit"]
+    exprs = [tg["expr"] for tg in check["targets"]]
+    assert any("llmb:engine_roofline:misfit" in e and "unless" in e for e in exprs)
+    misfit = next(
+        tg for tg in check["targets"] if tg["expr"].startswith("0 * llmb:engine_roofline")
+    )
+    assert "{{reason}}" in misfit["legendFormat"]
+    mapping = check["fieldConfig"]["defaults"]["mappings"][0]["options"]
+    assert "does not fit" in mapping["2"]["text"]

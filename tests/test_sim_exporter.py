@@ -132,3 +132,61 @@ async def test_weights_not_resident_via_exporter(sim_server, exporter) -> None:
     assert proc is not None and weights is not None
     assert proc < weights
     assert 'simulated="true"' in text
+
+
+def labelled(text: str, name: str, engine: str) -> list[tuple[str, float]]:
+    """(label text, value) of every sample of `name` for `engine`."""
+    pattern = rf'^{name}{{([^}}]*engine="{engine}"[^}}]*)}} (\S+)$'
+    return [(labels, float(v)) for labels, v in re.findall(pattern, text, re.M)]
+
+
+async def test_moe_kv_and_spec_presets_via_exporter(sim_server, exporter) -> None:
+    """The exporter reads the model structure from the GGUF the simulator serves, the KV type
+    from its log, and the accept length of its draft; the numbers are the presets'."""
+    from simulator import scenarios
+
+    handles = {
+        "moe": await sim_server("llamacpp", "moe_below_limit", time_scale=0.2),
+        "kvq": await sim_server("llamacpp", "kv_quantized", time_scale=0.2),
+        "spec": await sim_server("llamacpp", "spec_decode", time_scale=0.2),
+        "host": await sim_server("llamacpp", "moe_experts_on_host", time_scale=0.2),
+    }
+    url = await exporter(handles)
+    async with httpx.AsyncClient(base_url=handles["spec"].url, timeout=60) as c:
+        [reply] = await asyncio.gather(*llama_load(c, 1, 64, 96))
+    timings = reply.json()["timings"]
+    accept = 1 + timings["draft_n_accepted"] / handles["spec"].sim.engine.stats.spec_drafts
+
+    async with httpx.AsyncClient(timeout=30) as c:
+
+        async def ready() -> bool:
+            text = (await c.get(url)).text
+            return series(text, "llmb_engine_spec_accept_length", "spec") is not None and (
+                series(text, "llmb_model_weights_routed_experts_bytes", "moe") is not None
+            )
+
+        assert await poll(ready, tries=500)
+        text = (await c.get(url)).text
+    m = scenarios.QWEN3_30B_A3B_Q8
+    assert series(text, "llmb_model_weights_routed_experts_bytes", "moe") == m.routed_bytes
+    always = m.weights_bytes - m.routed_bytes
+    assert series(text, "llmb_model_weights_always_read_bytes", "moe") == always
+    assert series(text, "llmb_model_experts", "moe") == 128
+    assert series(text, "llmb_model_experts_used", "moe") == 8
+    assert series(text, "llmb_model_token_embedding_row_bytes", "moe") == m.token_row_bytes
+    # The 8-bit KV cache: the exporter's estimate from the logged types is the buffer.
+    [(labels, _)] = labelled(text, "llmb_model_kv_cache_type_info", "kvq")
+    assert 'type_k="q8_0"' in labels and 'type_v="q8_0"' in labels
+    kvq = handles["kvq"].sim.engine
+    estimated = series(text, "llmb_model_kv_cache_bytes_estimated", "kvq")
+    assert estimated == pytest.approx(kvq.kv_pool_bytes, abs=1)
+    per_token = series(text, "llmb_model_kv_bytes_per_token_estimated", "kvq")
+    assert per_token == pytest.approx(kvq.kv_bytes_per_token)
+    # Speculative decoding: tokens per target step, and the draft's weights apart.
+    assert series(text, "llmb_engine_spec_accept_length", "spec") == pytest.approx(accept)
+    draft = series(text, "llmb_model_draft_weights_bytes", "spec")
+    assert draft == pytest.approx(scenarios.QWEN3_06B_Q8_BYTES, rel=1e-4)
+    # --n-cpu-moe 20: the experts of 20 layers in host memory, found from the host buffers.
+    assert series(text, "llmb_engine_experts_host_layers", "host") == 20
+    assert series(text, "llmb_engine_experts_host_bytes", "host") == 20 * m.routed_layer_bytes
+    assert series(text, "llmb_engine_experts_host_layers", "moe") in (None, 0)

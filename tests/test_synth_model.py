@@ -209,3 +209,132 @@ def test_saved_tokenizer_round_trips(tmp_path: Path) -> None:
     assert [int(reference.parts[i][0]) for i in reference.data] == back[
         "tokenizer.ggml.token_type"
     ].value
+
+
+@pytest.mark.parametrize(
+    ("like", "n_params", "n_tensors"),
+    [
+        # llama.cpp's `model params` for these shapes (published totals: 30.5B, 235B, 20.9B).
+        ("qwen3-30b-a3b", 30_532_122_624, 1 + 48 * 12 + 2),
+        ("qwen3-235b-a22b", 235_093_634_560, 1 + 94 * 12 + 2),
+        ("gpt-oss-20b", 20_914_757_184, 1 + 24 * 19 + 2),
+    ],
+)
+def test_dry_run_moe_shapes(like: str, n_params: int, n_tensors: int) -> None:
+    proc = run_cli("--like", like, "--type", "q8_0", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    got = dry_run_numbers(proc.stdout)
+    assert (got["n_params"], got["tensors"]) == (n_params, n_tensors)
+    spec = sm.SPECS[like]
+    # Experts are 3-D (ne0, ne1, n_expert); the router is F32 (E rows of n_embd).
+    e, ff, n = spec.n_embd, spec.n_ff_exp, spec.n_expert
+    xtype = "MXFP4" if like == "gpt-oss-20b" else "Q8_0"
+    for kind, shape in (("gate", (e, ff, n)), ("up", (e, ff, n)), ("down", (ff, e, n))):
+        pattern = rf"^blk\.0\.ffn_{kind}_exps\.weight +{xtype} +\({', '.join(map(str, shape))}\) "
+        assert re.search(pattern, proc.stdout, re.MULTILINE), kind
+    assert re.search(rf"^blk\.0\.ffn_gate_inp\.weight +F32 +\({e}, {n}\) ", proc.stdout, re.M)
+    assert f"experts: {n}, {spec.n_expert_used} used per token" in proc.stdout
+
+
+def moe_bytes(stdout: str) -> dict[str, int]:
+    """The bytes-per-step lines `--dry-run` prints for any shape."""
+    keys = (
+        "routed expert bytes",
+        "always-read bytes",
+        "token embedding row bytes",
+        "active bytes per token",
+        "weight bytes per step at batch 16",
+    )
+    out = {}
+    for key in keys:
+        match = re.search(rf"^{key}: (\d+)", stdout, re.MULTILINE)
+        assert match, f"{key} missing from dry-run output"
+        out[key] = int(match.group(1))
+    return out
+
+
+def test_dry_run_active_bytes_of_qwen3_30b_a3b_q8_0() -> None:
+    proc = run_cli("--like", "qwen3-30b-a3b", "--type", "q8_0", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    got, total = moe_bytes(proc.stdout), dry_run_numbers(proc.stdout)["tensor data bytes"]
+    # By hand from the published shape: Q8_0 is 34 bytes per 32 weights.
+    q8 = 34 / 32
+    expert_matrix = 2048 * 768 * q8
+    assert got["routed expert bytes"] == 48 * 128 * 3 * expert_matrix
+    attention = (2048 * 4096 * 2 + 2048 * 512 * 2) * q8
+    router, norms = 2048 * 128 * 4, (2048 * 2 + 128 * 2) * 4
+    output = 2048 * 151936 * q8
+    assert got["always-read bytes"] == 48 * (attention + router + norms) + 2048 * 4 + output
+    assert got["token embedding row bytes"] == 2048 * q8
+    # The untied embedding table is in the file but only its rows are read.
+    assert got["routed expert bytes"] + got["always-read bytes"] + 151936 * 2048 * q8 == total
+    # Batch 1 reads k/E of the experts: the issue's "about 3.24 GB read per token".
+    expected = got["always-read bytes"] + got["routed expert bytes"] * 8 / 128 + 2048 * q8
+    assert got["active bytes per token"] == round(expected)
+    assert 3.2e9 < got["active bytes per token"] < 3.3e9
+    # 16 sequences touch 1 - (1 - 8/128)^16 = 64 % of the experts.
+    share16 = 1 - (1 - 8 / 128) ** 16
+    b16 = got["always-read bytes"] + got["routed expert bytes"] * share16 + 16 * 2048 * q8
+    assert got["weight bytes per step at batch 16"] == round(b16)
+
+
+def test_dense_shapes_read_every_weight_but_the_untied_embedding() -> None:
+    for like in ("gemma3-270m", "llama3-8b"):
+        proc = run_cli("--like", like, "--dry-run")
+        got, total = moe_bytes(proc.stdout), dry_run_numbers(proc.stdout)["tensor data bytes"]
+        assert got["routed expert bytes"] == 0
+        spec = sm.SPECS[like]
+        if spec.tied_output:  # the table is the output projection: read whole every step
+            assert got["always-read bytes"] == total
+            assert got["token embedding row bytes"] == 0
+        else:
+            row = got["token embedding row bytes"]
+            assert got["always-read bytes"] == total - spec.n_vocab * row
+        assert (
+            got["active bytes per token"]
+            == got["always-read bytes"] + got["token embedding row bytes"]
+        )
+
+
+@pytest.mark.parametrize(("like", "xtype"), [("gpt-oss-20b", "mxfp4"), ("qwen3-30b-a3b", "q8_0")])
+def test_written_moe_experts_are_finite_and_small(tmp_path: Path, like: str, xtype: str) -> None:
+    # The real widths, one block deep and with 4 experts, to keep the file small.
+    spec = replace(sm.SPECS[like], n_layer=1, n_expert=4, n_expert_used=2, n_vocab=4096)
+    spec = replace(spec, expert_type=xtype)
+    model = sm.make_model(spec, like, "q8_0", sm.synthetic_tokenizer(4096))
+    out = tmp_path / "moe.gguf"
+    assert sm.write_model(model, out, seed=3) == sm.file_bytes(model)
+    reader = gguf.GGUFReader(out)
+    by_name = {t.name: t for t in reader.tensors}
+    up = by_name["blk.0.ffn_up_exps.weight"]
+    assert up.tensor_type == gguf.GGMLQuantizationType[xtype.upper()]
+    assert [int(x) for x in up.shape] == [spec.n_embd, spec.n_ff_exp, 4]
+    values = gguf.quants.dequantize(np.asarray(up.data), up.tensor_type)
+    assert np.isfinite(values).all()
+    assert 0.5 / np.sqrt(spec.n_embd) < values.std() < 2.0 / np.sqrt(spec.n_embd)
+    router = np.asarray(by_name["blk.0.ffn_gate_inp.weight"].data)
+    assert router.dtype == np.float32 and np.isfinite(router).all()
+    assert 0.5 / np.sqrt(spec.n_embd) < router.std() < 2.0 / np.sqrt(spec.n_embd)
+    fields = reader.fields
+    arch = spec.arch
+    assert int(fields[f"{arch}.expert_count"].parts[-1][0]) == 4
+    assert int(fields[f"{arch}.expert_used_count"].parts[-1][0]) == 2
+    assert int(fields[f"{arch}.expert_feed_forward_length"].parts[-1][0]) == spec.n_ff_exp
+    file_type = int(fields["general.file_type"].parts[-1][0])
+    mxfp4_moe = int(gguf.LlamaFileType.MOSTLY_MXFP4_MOE)
+    assert (file_type == mxfp4_moe) == (xtype == "mxfp4")
+
+
+def test_expert_type_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert sm.main(["--like", "qwen3-30b-a3b", "--expert-type", "mxfp4", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^blk\.0\.ffn_down_exps\.weight +MXFP4 ", out, re.MULTILINE)
+    assert re.search(r"^blk\.0\.attn_q\.weight +Q4_0 ", out, re.MULTILINE)
+    for args, message in (
+        (["--like", "qwen3-8b", "--expert-type", "mxfp4", "--dry-run"], "has no experts"),
+        (["--like", "gpt-oss-20b", "--expert-type", "q2_k", "--dry-run"], "invalid choice"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            sm.main(args)
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err

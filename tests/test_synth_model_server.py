@@ -170,3 +170,70 @@ def test_other_shapes_and_types_load_and_generate(
         assert re.search(rf"n_head_kv += {spec.n_head_kv}$", log, re.MULTILINE)
         assert re.search(rf"n_embd_head_k += {spec.head_dim}$", log, re.MULTILINE)
         assert abs(log_mib(log, "KV") * MIB - kv_bytes(spec, N_CTX)) < MIB
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("like", "wtype", "layers", "file_type"),
+    [
+        # Qwen3-30B-A3B's own block (128 experts of 768, 8 used, F32 router), one block deep.
+        ("qwen3-30b-a3b", "q4_0", 1, "Q4_0"),
+        # gpt-oss-20b: MXFP4 experts with biases, attention sinks, one SWA and one full layer.
+        ("gpt-oss-20b", "q8_0", 2, "MXFP4 MoE"),
+    ],
+)
+def test_moe_shapes_load_generate_and_fit_the_kv_estimate(
+    tmp_path: Path, llama_binary: Path, like: str, wtype: str, layers: int, file_type: str
+) -> None:
+    from exporter.geometry import estimate_llamacpp_kv, geometry_from_gguf
+
+    model_path = tmp_path / f"{like}-{wtype}.gguf"
+    synth(model_path, "--like", like, "--type", wtype, "--layers", str(layers))
+    model = sm.build_model(like, wtype, None, layers=layers)
+    spec = model.spec
+    with serve(llama_binary, model_path, tmp_path) as server:
+        meta = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]["meta"]
+        assert (meta["n_params"], meta["size"]) == (model.n_params, model.data_bytes)
+        result = generate(server, n_predict=4)
+        assert result["tokens_predicted"] == 4
+        log = server.log.read_text(errors="replace")
+    assert re.search(rf"print_info: n_expert += {spec.n_expert}$", log, re.MULTILINE)
+    assert re.search(rf"print_info: n_expert_used += {spec.n_expert_used}$", log, re.MULTILINE)
+    assert re.search(rf"print_info: n_ff_exp += {spec.n_ff_exp}$", log, re.MULTILINE)
+    assert re.search(rf"print_info: file type += {file_type}$", log, re.MULTILINE)
+    assert abs(log_mib(log, "CPU_Mapped model") * MIB - model.data_bytes) < 0.01 * MIB
+    # The exporter's KV estimate (SWA layers included) is what llama.cpp allocated.
+    estimate = estimate_llamacpp_kv(geometry_from_gguf(model_path), N_CTX)
+    assert abs(log_mib(log, "KV") * MIB - estimate.total) < 0.01 * MIB
+    if spec.sliding_window:
+        assert estimate.swa_bytes > 0
+        assert f"creating     SWA KV cache, size = {estimate.cells_swa} cells" in log
+
+
+@pytest.mark.timeout(240)
+def test_a_synthetic_draft_model_speculates_for_a_synthetic_target(
+    tmp_path: Path, llama_binary: Path
+) -> None:
+    """Qwen 3 shapes share the synthetic 151,936-token vocabulary, so llama-server accepts the
+    small one as the MoE's draft (`-md`); with random weights the draft guesses wrong."""
+    target, draft = tmp_path / "target.gguf", tmp_path / "draft.gguf"
+    synth(target, "--like", "qwen3-30b-a3b", "--layers", "1")
+    synth(draft, "--like", "qwen3-0.6b", "--layers", "2")
+    server = start_llama_server(
+        llama_binary, target, tmp_path, "-md", str(draft), "--spec-type", "draft-simple",
+        ctx=N_CTX, parallel=1,
+    )  # fmt: skip
+    try:
+        result = generate(server, n_predict=8)
+        slots = httpx.get(f"{server.url}/slots", timeout=10).json()
+        metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    finally:
+        server.stop()
+    assert result["tokens_predicted"] == 8
+    timings = result["timings"]
+    assert isinstance(timings, dict) and timings["draft_n"] > 0
+    assert slots[0]["speculative"] is True
+    drafts = re.search(r"^llamacpp:spec_decode_num_drafts_total (\S+)$", metrics, re.MULTILINE)
+    assert drafts and float(drafts.group(1)) > 0
+    log = server.log.read_text(errors="replace")
+    assert f"loading draft model '{draft}'" in log

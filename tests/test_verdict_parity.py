@@ -53,20 +53,30 @@ from bench.gpu_report import (
 )
 from exporter.verdict import (
     CONDITIONS,
+    MISFIT_REASONS,
     SIGNAL_FIELDS,
     SIGNAL_RECORDS,
     THRESHOLDS,
     VERDICT_INFO,
     VERDICTS,
     EngineKey,
+    ModelStructure,
+    RooflineFacts,
     Signals,
+    active_weights_bytes,
+    decode_batch,
     decode_bytes_per_step,
     decode_efficiency,
     evaluate,
+    expert_share,
+    go_pow,
     number,
+    roofline_facts,
+    roofline_misfit,
     roofline_tokens_per_second,
     rule_values_at,
     seconds,
+    tp_bandwidth,
     verdicts_at,
 )
 from simulator.scenarios import SCENARIOS
@@ -188,6 +198,135 @@ def test_roofline_counts_weights_and_kv_bytes() -> None:
     assert decode_efficiency(None, 300.0) is None and decode_efficiency(10.0, None) is None
 
 
+# Qwen3-30B-A3B at Q8_0 (the shape of issue 17's H200 run), tensor by tensor: 48 layers,
+# hidden 2048, 32 query heads and 4 KV heads of 128, 128 experts of 768 (8 used), vocabulary
+# 151936 with an untied embedding; Q8_0 = 34 bytes per 32 weights, norms and router F32.
+Q8 = 34 / 32
+QWEN3_ATTN = (2048 * 4096 + 2 * 2048 * 512 + 4096 * 2048) * Q8 + (2048 + 2048 + 128 + 128) * 4
+QWEN3_ROUTER = 2048 * 128 * 4
+QWEN3_ALWAYS = 48 * (QWEN3_ATTN + QWEN3_ROUTER) + 151936 * 2048 * Q8 + 2048 * 4
+QWEN3_ROUTED = 48 * 3 * 128 * 2048 * 768 * Q8
+QWEN3_EMBD = 151936 * 2048 * Q8
+QWEN3_KV_PER_TOKEN = 48 * 4 * 128 * 2 * 2  # f16 K and V
+QWEN3 = ModelStructure(
+    weights_bytes=QWEN3_ALWAYS + QWEN3_ROUTED + QWEN3_EMBD,
+    always_read_bytes=QWEN3_ALWAYS,
+    routed_expert_bytes=QWEN3_ROUTED,
+    experts=128,
+    experts_used=8,
+    token_embedding_row_bytes=2048 * Q8,
+)
+
+
+def test_the_issue_capture_is_beyond_physics_as_dense_and_below_the_limit_as_moe() -> None:
+    """Issue 17: 238.6 tok/s measured on an H200 (4.8 TB/s) with Qwen3-30B-A3B Q8_0."""
+    assert QWEN3.weights_bytes == pytest.approx(32.48e9, rel=0.001)
+    kv_tokens = 128 + 64  # a 128-token prompt and half of 128 output tokens
+    dense = decode_bytes_per_step(QWEN3.weights_bytes or 0, kv_tokens, QWEN3_KV_PER_TOKEN)
+    assert dense == pytest.approx(32.47e9, rel=0.002)
+    eff = decode_efficiency(238.6, roofline_tokens_per_second(4.8e12, dense))
+    assert eff is not None and eff == pytest.approx(1.61, abs=0.01)
+    v = evaluate(Signals(decode_efficiency=eff))
+    assert v.name != "decode_at_card_limit" and not v.held("decode_at_card_limit")
+    reason = roofline_misfit(eff, roofline_facts(QWEN3.weights_bytes or 0, None))
+    assert reason is not None and reason.name == "model_structure_unknown"
+    # The same capture against the bytes actually read: about 3.24 GB per token.
+    moe = decode_bytes_per_step(QWEN3, kv_tokens, QWEN3_KV_PER_TOKEN)
+    assert moe == pytest.approx(3.24e9, rel=0.02)
+    limit = roofline_tokens_per_second(4.8e12, moe)
+    assert limit == pytest.approx(1480, rel=0.02)
+    eff = decode_efficiency(238.6, limit)
+    assert eff == pytest.approx(0.16, abs=0.01)
+    assert roofline_misfit(eff, roofline_facts(QWEN3, None)) is None
+    assert evaluate(Signals(decode_efficiency=eff)).name == "decode_below_card_limit"
+
+
+def test_moe_weights_per_step_grow_with_the_distinct_experts_of_the_batch() -> None:
+    # 1 - (1 - k/E)^B: 8 of 128 at B=1 is 1/16; 16 sequences touch about 64.4 %.
+    assert expert_share(128, 8, 1) == 8 / 128
+    assert expert_share(128, 8, 16) == pytest.approx(1 - (120 / 128) ** 16)
+    one = active_weights_bytes(QWEN3, 1)
+    sixteen = active_weights_bytes(QWEN3, 16)
+    assert one == QWEN3_ALWAYS + QWEN3_ROUTED * (8 / 128) + 2048 * Q8
+    assert sixteen == pytest.approx(QWEN3_ALWAYS + 0.6439 * QWEN3_ROUTED + 16 * 2048 * Q8, rel=1e-3)
+    # Experts known but not E/k: every routed expert counts; no structure: all weights.
+    no_counts = ModelStructure(1e9, always_read_bytes=4e8, routed_expert_bytes=5e8)
+    assert active_weights_bytes(no_counts) == 9e8
+    assert not no_counts.experts_known
+    assert active_weights_bytes(ModelStructure(1e9)) == 1e9
+    # A dense model with an untied embedding reads B of its rows.
+    dense = ModelStructure(1e9, 9e8, 0.0, token_embedding_row_bytes=1000.0)
+    assert dense.experts_known and active_weights_bytes(dense, 4) == 9e8 + 4000.0
+    # Whole sequences per step, at least one.
+    assert [decode_batch(x) for x in (None, 0.0, 0.4, 1.5, 3.49)] == [1.0, 1.0, 1.0, 2.0, 3.0]
+
+
+def test_go_pow_is_repeated_squaring_for_whole_exponents() -> None:
+    for x in (0.9375, 0.5, 1 - 8 / 128, 1 - 4 / 32, 0.999, 0.0, 1.0):
+        for n in (0, 1, 2, 3, 7, 16, 64, 255, 1024):
+            got = go_pow(x, float(n))
+            assert got == pytest.approx(x**n, rel=1e-14, abs=1e-300)
+    # Go's math.Pow multiplies in this order; C's pow may differ in the last bit.
+    x, want = 0.9375, 1.0
+    base = x
+    n = 16
+    while n:
+        if n & 1:
+            want *= base
+        base *= base
+        n >>= 1
+    assert go_pow(x, 16.0) == want
+
+
+def test_speculative_decoding_multiplies_the_roofline_and_counts_the_draft() -> None:
+    model = ModelStructure(8e9, 8e9, 0.0, draft_weights_bytes=1e9)
+    step = decode_bytes_per_step(model, batch=1, accept_length=3.0)
+    assert step == 8e9 + 3e9  # the draft runs once per proposed token
+    roof = roofline_tokens_per_second(4.8e12, step, 3.0)
+    assert roof == pytest.approx(4.8e12 * 3 / 11e9)
+    # An accept length below 1 (idle SGLang) counts as one token per step.
+    assert roofline_tokens_per_second(4.8e12, 8e9, 0.0) == 4.8e12 / 8e9
+    fast = decode_efficiency(4.8e12 / 8e9 * 2.5, roofline_tokens_per_second(4.8e12, 8e9))
+    facts = roofline_facts(ModelStructure(8e9, 8e9, 0.0), None)
+    reason = roofline_misfit(fast, facts)
+    assert reason is not None and reason.name == "speculative_decoding_not_detected"
+    facts = RooflineFacts(True, True, True)
+    assert roofline_misfit(fast, facts).name == "bandwidth_too_low"  # type: ignore[union-attr]
+    assert roofline_misfit(1.1, facts) is None and roofline_misfit(None, facts) is None
+    assert [r.name for r in MISFIT_REASONS][-1] == "bandwidth_too_low"
+
+
+def test_tensor_parallel_bandwidth_is_the_sum_for_an_even_split() -> None:
+    assert tp_bandwidth([(4.8e12, 10.0)]) == 4.8e12
+    assert tp_bandwidth([(4.8e12, 10.0), (4.8e12, 10.0)]) == 9.6e12
+    # The slowest share sets the pace; a stray context on a third GPU cannot add to it.
+    assert tp_bandwidth([(4.8e12, 12.0), (4.8e12, 8.0)]) == pytest.approx(4.8e12 / 0.6)
+    three = tp_bandwidth([(4.8e12, 10.0), (4.8e12, 10.0), (4.8e12, 0.5)])
+    assert three == pytest.approx(4.8e12 / (10 / 20.5))
+    assert tp_bandwidth([]) is None and tp_bandwidth([(4.8e12, 0.0)]) is None
+
+
+def test_the_2_gpu_capture_uses_both_gpus_bandwidth() -> None:
+    scrapes = _fixture_scrapes("h200x2-validation-2026-11-30", "split2_layer")
+    series = {}
+    for at, samples in scrapes:
+        for key, v in samples.items():
+            series.setdefault(key, []).append((at, v))
+    ((key, values),) = rule_values_at(series, scrapes[-1][0]).items()
+    gpus = {
+        dict(k[1])["gpu"] for k in scrapes[-1][1] if k[0] == "llmb_gpu_process_memory_used_bytes"
+    }
+    assert gpus == {"0", "1"}
+    # -ts 1,1: about half of the engine's memory on each H200, so nearly 2 x 4.8 TB/s.
+    assert values.bandwidth_bytes_per_second is not None
+    assert 9.0e12 < values.bandwidth_bytes_per_second <= 9.6e12
+    assert values.decode_bytes_per_step is not None
+    assert values.roofline_tokens_per_second == pytest.approx(
+        values.bandwidth_bytes_per_second / values.decode_bytes_per_step
+    )
+    assert evaluate(values.signals).name == "decode_below_card_limit" and values.misfit is None
+
+
 def test_signals_from_samples_follow_promql_windows() -> None:
     """Counters and gauges of one engine, evaluated like the rules at t = 300 s."""
     lab = (("engine", "e"), ("kind", "llamacpp"))
@@ -248,6 +387,20 @@ TIME_SCALE = "1"
 # Presets whose name is no bottleneck (sized like the real captures): a modest load and
 # parity only.
 EXTRA_LOAD = Load(1, 256, 64)
+# Issue 17's presets (simulator/scenarios.py, synth-sim): the model's structure served by the
+# simulator itself (a header-only GGUF / an HF folder), and the verdict the roofline must give.
+ROOFLINE_PRESETS = {
+    "moe_below_limit": "decode_below_card_limit",
+    "moe_at_limit": "decode_at_card_limit",
+    "moe_experts_on_host": "weights_not_resident",
+    "spec_decode": "decode_at_card_limit",
+    "kv_quantized": "decode_at_card_limit",
+}
+# The kinds whose collector exports that structure on this branch (SGLang's comes with issue
+# 18's collector): for the others, parity only.
+ROOFLINE_KINDS = ("llamacpp",)
+# The at-limit presets decode at 300+ tok/s: one client keeps a 2-core machine in step.
+ROOFLINE_LOAD = Load(1, 64, 128)
 # Gemma 3 27B shape as an HF config.json, for SGLang's KV estimate.
 HF_CONFIGS_27B = {
     "num_hidden_layers": 62,
@@ -284,7 +437,11 @@ def sim_runs() -> list[SimRun]:
                 )
             )
     for preset in SCENARIOS:
-        if preset not in PRESET.values():
+        if preset in ROOFLINE_PRESETS:
+            for kind in KINDS:
+                intended = ROOFLINE_PRESETS[preset] if kind in ROOFLINE_KINDS else None
+                runs.append(SimRun(f"{kind}-{preset}", kind, preset, ROOFLINE_LOAD, intended))
+        elif preset not in PRESET.values():
             runs += [SimRun(f"{k}-{preset}", k, preset, EXTRA_LOAD, None) for k in KINDS]
     return runs
 
@@ -390,7 +547,7 @@ def sim_capture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Capture]:
                 log = workdir / f"{run.name}.llama-server.log"
                 argv += ["--log-file", str(log)]
                 engine["log_file"] = str(log)
-            else:
+            elif run.preset not in ROOFLINE_PRESETS:  # those serve their own model folder
                 model = SCENARIOS[run.preset].model
                 size = "32b" if model.n_layer == 64 else "27b" if model.n_layer == 62 else "8b"
                 engine["model_path"] = str(model_dirs[size])
@@ -440,7 +597,8 @@ FUZZ_SCALES = {
     "llmb_engine_gpu_layers_offloaded": [1.0, 1.0, 1.0, 0.99],
     "llmb_engine_process_gpu_memory_bytes": [1.0, 1.0, 1.0, 0.8],
     "llmb_engine_model_buffer_bytes": [1.0, 1.0, 1.0, 0.85],
-    "llmb_engine_decode_seconds_total": [1.0, 0.2, 0.3, 0.6, 2.0],
+    "llmb_engine_decode_seconds_total": [1.0, 0.2, 0.3, 0.6, 2.0, 0.05],
+    "llmb_gpu_memory_bandwidth_bytes_per_second": [1.0, 1.0, 0.3],
 }
 # Series a fuzzed capture may lose entirely: the evaluator must treat absence as PromQL does.
 FUZZ_DROPPABLE = (
@@ -458,7 +616,65 @@ FUZZ_DROPPABLE = (
     "llmb_gpu_memory_total_bytes",
     "llmb_gpu_memory_bandwidth_bytes_per_second",
     "llmb_gpu_process_memory_used_bytes",
+    "llmb_model_experts",
+    "llmb_model_weights_routed_experts_bytes",
+    "llmb_engine_spec_accept_length",
 )
+
+
+def with_series(
+    scrapes: list[tuple[float, dict[Key, float]]], extra: dict[str, float]
+) -> list[tuple[float, dict[Key, float]]]:
+    """The capture with per-engine series added (labels of its `llmb_engine_up`) to every
+    scrape; a value is a fraction of the capture's weight bytes when the name says bytes."""
+    out = []
+    for at, samples in scrapes:
+        new = dict(samples)
+        for key in samples:
+            if key[0] != "llmb_engine_up":
+                continue
+            weights = samples.get(("llmb_model_weights_bytes", key[1]), 1.0)
+            for name, v in extra.items():
+                new[(name, key[1])] = v * weights if name.endswith("_bytes") else v
+        out.append((at, new))
+    return out
+
+
+# Model structures over a capture's weight bytes (fractions), speculative decoding and
+# expert offload: the new arithmetic of the roofline under the same promtool parity.
+STRUCTURES: dict[str, dict[str, float]] = {
+    "none": {},
+    "moe": {
+        "llmb_model_weights_always_read_bytes": 0.04,
+        "llmb_model_weights_routed_experts_bytes": 0.95,
+        "llmb_model_experts": 128,
+        "llmb_model_experts_used": 8,
+        "llmb_model_token_embedding_row_bytes": 1e-7,
+    },
+    "moe_no_counts": {
+        "llmb_model_weights_always_read_bytes": 0.04,
+        "llmb_model_weights_routed_experts_bytes": 0.95,
+    },
+    "dense_untied": {
+        "llmb_model_weights_always_read_bytes": 0.97,
+        "llmb_model_weights_routed_experts_bytes": 0.0,
+        "llmb_model_token_embedding_row_bytes": 3e-7,
+    },
+    "speculative": {
+        "llmb_model_weights_always_read_bytes": 1.0,
+        "llmb_model_weights_routed_experts_bytes": 0.0,
+        "llmb_model_draft_weights_bytes": 0.05,
+        "llmb_engine_spec_accept_length": 2.4,
+    },
+    "expert_offload": {
+        "llmb_model_weights_always_read_bytes": 0.04,
+        "llmb_model_weights_routed_experts_bytes": 0.95,
+        "llmb_model_experts": 128,
+        "llmb_model_experts_used": 8,
+        "llmb_engine_experts_host_layers": 20,
+        "llmb_engine_experts_host_bytes": 0.4,
+    },
+}
 
 
 @st.composite
@@ -468,6 +684,7 @@ def fuzzed_capture(draw: st.DrawFn) -> list[tuple[float, dict[Key, float]]]:
     run = draw(st.sampled_from(GPU_RUNS))
     names = sorted(n for n in GPU_EXPECTED if (FIXTURES / run / n).exists())
     scrapes = _fixture_scrapes(run, draw(st.sampled_from(names)))
+    scrapes = with_series(scrapes, STRUCTURES[draw(st.sampled_from(sorted(STRUCTURES)))])
     scale = {name: draw(st.sampled_from(f)) for name, f in FUZZ_SCALES.items()}
     dropped = draw(st.sets(st.sampled_from(FUZZ_DROPPABLE), max_size=3))
     missing = draw(st.sets(st.integers(1, len(scrapes) - 2), max_size=4))
@@ -533,6 +750,94 @@ def test_fuzzed_real_captures_give_the_same_verdict(
     assert steps >= 10
 
 
+def issue_capture(structure: bool) -> list[tuple[float, dict[Key, float]]]:
+    """The real H200 single-request capture at issue 17's numbers: Qwen3-30B-A3B Q8_0 weights
+    (32.48 GB), decode at ~238 tok/s; with or without the model's expert structure."""
+    scrapes = _fixture_scrapes("h200-validation-2026-11-30", "resident_c1")
+    # Memory and weight buffers grow with the weights: still all resident.
+    grow = ("llmb_engine_process_gpu_memory_bytes", "llmb_engine_model_buffer_bytes")
+    out = []
+    for at, samples in scrapes:
+        new = {}
+        old = next(v for k, v in samples.items() if k[0] == "llmb_model_weights_bytes")
+        for key, v in samples.items():
+            if key[0] == "llmb_model_weights_bytes":
+                v = QWEN3.weights_bytes or 0.0
+            elif key[0] in grow:
+                v = v * (QWEN3.weights_bytes or 0.0) / old
+            elif key[0] == "llmb_engine_decode_seconds_total":
+                v = v * 94.8 / 238.6  # the capture's 94.8 tok/s -> 238.6
+            new[key] = v
+        out.append((at, new))
+    if not structure:
+        return out
+    return with_series(
+        out,
+        {
+            "llmb_model_weights_always_read_bytes": QWEN3_ALWAYS / (QWEN3.weights_bytes or 1),
+            "llmb_model_weights_routed_experts_bytes": QWEN3_ROUTED / (QWEN3.weights_bytes or 1),
+            "llmb_model_experts": 128,
+            "llmb_model_experts_used": 8,
+            "llmb_model_token_embedding_row_bytes": 2048 * Q8 / (QWEN3.weights_bytes or 1),
+        },
+    )
+
+
+@pytest.mark.prometheus
+def test_promtool_gates_the_issue_capture_like_python(tmp_path: Path) -> None:
+    cases = [("dense assumption", issue_capture(False), 1.0), ("moe", issue_capture(True), 1.0)]
+    final, _, result = promtool_test(cases, tmp_path)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert list(final["dense assumption"].values()) == ["decode_below_card_limit"]
+    assert list(final["moe"].values()) == ["decode_below_card_limit"]
+    series: dict[Key, list[tuple[float, float]]] = {}
+    for at, samples in issue_capture(False):
+        for key, v in samples.items():
+            series.setdefault(key, []).append((at, v))
+    last = max(p[-1][0] for p in series.values())
+    ((_, dense),) = rule_values_at(series, last).items()
+    assert dense.misfit == "model_structure_unknown"
+    assert dense.signals.decode_efficiency is not None and dense.signals.decode_efficiency > 1.1
+    series = {}
+    for at, samples in issue_capture(True):
+        for key, v in samples.items():
+            series.setdefault(key, []).append((at, v))
+    ((_, moe),) = rule_values_at(series, last).items()
+    assert moe.misfit is None and moe.active_weights_bytes is not None
+    assert moe.active_weights_bytes == pytest.approx(3.27e9, rel=0.01)
+    assert moe.signals.decode_efficiency == pytest.approx(0.16, abs=0.02)
+
+
+@pytest.mark.prometheus
+def test_promtool_computes_every_structure_like_python(tmp_path: Path) -> None:
+    """Each structure on each real capture, unscaled and with decode 5x faster (beyond
+    physics for the dense assumption), checked at every step."""
+    cases = []
+    for run in GPU_RUNS:
+        for name in ("resident_c1", "split2_layer"):
+            if not (FIXTURES / run / name).exists():
+                continue
+            base = _fixture_scrapes(run, name)
+            fast = [
+                (
+                    at,
+                    {
+                        k: v * (0.2 if k[0] == "llmb_engine_decode_seconds_total" else 1.0)
+                        for k, v in s.items()
+                    },
+                )
+                for at, s in base
+            ]
+            for label, struct in STRUCTURES.items():
+                cases.append((f"{run} {name} {label}", with_series(base, struct), 1.0))
+                cases.append((f"{run} {name} {label} fast", with_series(fast, struct), 1.0))
+    final, steps, result = promtool_test(cases, tmp_path)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert len(final) == 2 * 2 * len(STRUCTURES) and steps > 100
+    offload = [v for n, v in final.items() if "expert_offload" in n and "ngl" not in n]
+    assert all(list(v.values()) == ["weights_not_resident"] for v in offload)
+
+
 # ------------------------------------------------------------------------ the parity run
 
 
@@ -562,9 +867,10 @@ def parity(sim_capture: Capture, tmp_path_factory: pytest.TempPathFactory) -> Pa
 def test_promtool_agrees_with_python_at_every_step_of_every_capture(parity: ParityRun) -> None:
     out = parity.result.stdout + parity.result.stderr
     assert parity.result.returncode == 0, out[-6000:]
-    # 3 simulated cards and 6 GPU scenarios, every step of each.
-    assert len(parity.final) == 3 + 6
-    assert parity.steps_checked >= 3 * STEPS + 6 * 15
+    # One exporter per simulated card and 6 GPU scenarios, every step of each.
+    cards = len({_slug(s.gpu.name) for s in SCENARIOS.values()})
+    assert len(parity.final) == cards + 6
+    assert parity.steps_checked >= cards * STEPS + 6 * 15
 
 
 @pytest.mark.prometheus

@@ -325,6 +325,8 @@ def test_gguf_gpt_oss_mxfp4_and_tied_detection(tmp_path: Path) -> None:
         b = f"blk.{i}."
         tensors += [
             (b + "attn_q.weight", (n_embd, 64 * 64), Q8),
+            # Ends in "output.weight" too: tied-ness goes by the exact name output.weight.
+            (b + "attn_output.weight", (64 * 64, n_embd), Q8),
             (b + "ffn_gate_inp.weight", (n_embd, n_exp), F32),
             (b + "ffn_gate_inp.bias", (n_exp,), F32),
             (b + "ffn_gate_exps.weight", (n_embd, n_ff, n_exp), MXFP4),

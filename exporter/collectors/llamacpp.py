@@ -31,9 +31,15 @@ from exporter.attribution import Attribution
 from exporter.collectors import Body, Collector, Scrape, SourceError, fetch, off_loop, parse_json
 from exporter.config import EngineConfig
 from exporter.fields import Fields, objects
-from exporter.llamacpp_log import LogFollower, LogState
+from exporter.geometry import (
+    ModelGeometry,
+    estimate_llamacpp_kv,
+    geometry_from_gguf,
+    kv_type_bytes,
+)
+from exporter.llamacpp_log import MIB, LogFollower, LogState, is_host_buffer
 from exporter.promtext import Exposition, parse_exposition
-from exporter.schema import MetricSet
+from exporter.schema import MetricSet, add_kv_cache_type, add_model_structure
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +53,43 @@ class _NotEnabled(Exception):
     """The endpoint answered 501: the server runs without the flag that enables it."""
 
 
-def _geometry(model_path: Path) -> Any:
-    """Read the model header; geometry support is optional at import time."""
-    from exporter.geometry import geometry_from_gguf
-
+def _geometry(model_path: Path) -> ModelGeometry:
+    """Read the model header (once per model: the structure is static)."""
     return geometry_from_gguf(model_path)
+
+
+def host_experts(state: LogState, geom: ModelGeometry | None) -> tuple[int, float] | None:
+    """(layers, bytes) of routed experts that llama.cpp keeps in host memory; None: unknown.
+
+    From the `buffer type overridden to CPU` lines (-lv 5) when the log has them: their layers,
+    with each layer's expert bytes from the GGUF (else the MiB the lines print). Without them
+    (-lv 4), when every layer is offloaded to a GPU: the host model buffers minus the token
+    embedding (llama.cpp keeps the input layer on the CPU) are expert bytes, counted in whole
+    layers from layer 0 as `--n-cpu-moe N` places them.
+    """
+    if state.expert_overrides:
+        host = {layer for layer, _ in state.expert_overrides.values()}
+        by_layer = geom.routed_expert_bytes_by_layer if geom else ()
+        if by_layer and all(layer < len(by_layer) for layer in host):
+            return len(host), float(sum(by_layer[layer] for layer in host))
+        return len(host), float(sum(mib for _, mib in state.expert_overrides.values()) * MIB)
+    if geom is None or not geom.routed_expert_bytes_by_layer:
+        return None
+    buffers = state.model_buffer_bytes
+    on_device = sum(v for dev, v in buffers.items() if not is_host_buffer(dev))
+    all_offloaded = state.layers_total and state.layers_offloaded == state.layers_total
+    if not on_device or not all_offloaded:
+        return None  # CPU-only build, or whole layers on the CPU (-ngl): other signals say so
+    excess = sum(v for dev, v in buffers.items() if is_host_buffer(dev))
+    excess -= geom.input_embedding_bytes
+    layers, total = 0, 0
+    for layer_bytes in geom.routed_expert_bytes_by_layer:
+        # Half a layer of slack: buffer sizes are rounded and hold small extras.
+        if layer_bytes and total + layer_bytes <= excess + layer_bytes / 2:
+            layers, total = layers + 1, total + layer_bytes
+        elif layer_bytes:
+            break
+    return layers, float(total)
 
 
 @dataclass(frozen=True)
@@ -85,7 +123,7 @@ class LlamaCppCollector(Collector):
         # The first /v1/models card, as read (it is re-read when older than the refresh).
         self._model: dict[str, Any] | None = None
         self._model_at = -1e18
-        self._geometry: Any = None
+        self._geometry: ModelGeometry | None = None
         self._geometry_path: Path | None = None
         self._announced: set[str] = set()
         # Restart detection: the last instance seen, and whether it went away since.
@@ -276,6 +314,7 @@ class LlamaCppCollector(Collector):
         self._emit_tokens(ms, expo, log_state)
         await self._emit_model(ms, props, meta, slots, log_state)
         self._emit_log(ms, log_state, expo)
+        self._emit_roofline_log(ms, log_state, expo)
         return Scrape.of(ms, up=not errors, errors=errors, problems=problems)
 
     @staticmethod
@@ -454,24 +493,79 @@ class LlamaCppCollector(Collector):
                 # "offloaded N/M layers" counts the output layer as one more.
                 ms.add("llmb_model_layers", log_state.layers_total - 1, **labels)
             return
-        from exporter.geometry import estimate_llamacpp_kv
-
         ms.add("llmb_model_layers", geom.n_layer, **labels)
         if not n_params:
             ms.add("llmb_model_parameters", geom.n_params, **labels)
         if not size:
             ms.add("llmb_model_weights_bytes", geom.weight_bytes, **labels)
-        ms.add("llmb_model_kv_bytes_per_token_estimated", geom.kv_bytes_per_token(), **labels)
+        add_model_structure(ms, geom, **labels)
+        self._emit_kv_estimate(ms, geom, props, slots, log_state)
+
+    def _kv_types(self, ms: MetricSet, log_state: LogState | None) -> tuple[str, str]:
+        """The cache's element types from the log's KV lines; llama.cpp's default f16 else."""
+        type_k = (log_state.kv_type_k if log_state else None) or "f16"
+        type_v = (log_state.kv_type_v if log_state else None) or type_k
+        for name in (type_k, type_v):
+            try:
+                kv_type_bytes("f16" if name == "none" else name)
+            except ValueError:
+                ms.problems.append(f"KV estimate: unknown KV cache type {name!r}, assumed f16")
+                return "f16", "f16"
+        return type_k, type_v
+
+    def _emit_kv_estimate(
+        self,
+        ms: MetricSet,
+        geom: ModelGeometry,
+        props: Fields,
+        slots: list[Fields] | None,
+        log_state: LogState | None,
+    ) -> None:
+        labels = self._labels()
+        type_k, type_v = self._kv_types(ms, log_state)
+        # An MLA model's V-less cache ("none") stores no V; its head_dim_v is 0 anyway.
+        type_v = type_k if type_v == "none" else type_v
+        per_token = geom.kv_bytes_per_token(kv_type_bytes(type_k), kv_type_bytes(type_v))
+        ms.add("llmb_model_kv_bytes_per_token_estimated", per_token, **labels)
         n_slots, n_ctx_slot = self._slot_shape(props, slots)
         if n_ctx_slot and n_slots:
             unified = self._kv_unified(log_state)
             n_ctx = n_ctx_slot if unified else n_ctx_slot * n_slots
             try:
-                est = estimate_llamacpp_kv(geom, n_ctx=n_ctx, n_seq=n_slots, kv_unified=unified)
+                est = estimate_llamacpp_kv(
+                    geom,
+                    n_ctx=n_ctx,
+                    n_seq=n_slots,
+                    kv_unified=unified,
+                    type_k=type_k,
+                    type_v=type_v,
+                )
             except (ValueError, ArithmeticError) as exc:  # e.g. an absurd n_ctx
                 ms.problems.append(f"KV estimate: {exc}")
                 return
             ms.add("llmb_model_kv_cache_bytes_estimated", est.total, **labels)
+
+    def _emit_roofline_log(
+        self, ms: MetricSet, state: LogState | None, expo: Exposition | None
+    ) -> None:
+        """Experts in host memory, speculative decoding's accept length, the draft's weights."""
+        labels = self._labels()
+        if state is not None and state.kv_type_k:
+            add_kv_cache_type(ms, state.kv_type_k, state.kv_type_v or state.kv_type_k, **labels)
+        experts = host_experts(state, self._geometry) if state else None
+        if experts is not None:
+            ms.add("llmb_engine_experts_host_layers", experts[0], **labels)
+            ms.add("llmb_engine_experts_host_bytes", experts[1], **labels)
+        accept = state.spec_accept_length if state else None
+        if accept is None and expo is not None:
+            drafts = expo.first(PREFIX + "spec_decode_num_drafts_total")
+            accepted = expo.first(PREFIX + "spec_decode_num_accepted_tokens_total")
+            if drafts and accepted is not None:
+                # Over verification steps only (llama.cpp's own "mean len").
+                accept = 1.0 + accepted / drafts
+        ms.add("llmb_engine_spec_accept_length", accept, **labels)
+        if state is not None:
+            ms.add("llmb_model_draft_weights_bytes", state.draft_weights_bytes, **labels)
 
     def _emit_log(self, ms: MetricSet, state: LogState | None, expo: Exposition | None) -> None:
         if state is None:
