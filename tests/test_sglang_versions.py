@@ -364,3 +364,22 @@ async def test_0511_cpu_capture_weights_from_config_when_the_engine_says_zero(
     assert val(scrape, "llmb_model_kv_bytes_per_token_estimated") == 2048
     assert val(scrape, "llmb_model_kv_cache_bytes_estimated") == 2048 * 16385
     assert val(scrape, "llmb_engine_slots") == 8
+
+
+async def test_model_structure_only_where_it_describes_the_placed_weights(
+    fake: FakeSGLang, client: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    # The H200 model's config gives 0.72 GiB against the 0.78 GiB SGLang placed: exported.
+    routes_0511(fake)
+    collector, _ = make(fake.url, client, model_path=MODEL)
+    scrape = await collector.collect()
+    assert val(scrape, "llmb_model_weights_always_read_bytes") == 773226240
+    # A config without FFN or vocabulary sizes says far less than what was placed: the
+    # split would undercount every step, so it is not exported (the weights still are).
+    (tmp_path / "config.json").write_text(
+        json.dumps({"num_hidden_layers": 24, "hidden_size": 896, "num_attention_heads": 14})
+    )
+    collector, _ = make(fake.url, client, model_path=tmp_path)
+    scrape = await collector.collect()
+    assert "llmb_model_weights_always_read_bytes" not in names(scrape)
+    assert val(scrape, "llmb_model_weights_bytes") == 0.78 * GIB

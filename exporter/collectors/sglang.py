@@ -212,6 +212,24 @@ def checkpoint_weight_bytes(geom: ModelGeometry) -> float | None:
     return float(geom.always_read_bytes + geom.routed_expert_bytes + geom.token_embedding_bytes)
 
 
+# How far the model structure's bytes may be from what the engine placed (its own weight
+# figure is rounded to 0.01 GiB and counts buffers SGLang adds, 0.78 vs 0.72 GiB on the H200).
+STRUCTURE_TOLERANCE = 0.10
+
+
+def structure_fits(geom: ModelGeometry, placed: float | None) -> bool:
+    """Whether the config's byte split describes the weights the engine placed.
+
+    A config missing sizes (no `intermediate_size`, no vocabulary) or a model quantized while
+    loading (`--quantization fp8` of a bf16 checkpoint) gives a split that is not what a step
+    reads: then no structure is exported and the roofline counts the placed weights.
+    """
+    total = checkpoint_weight_bytes(geom)
+    if placed is None or total is None:
+        return True
+    return abs(total - placed) <= STRUCTURE_TOLERANCE * placed
+
+
 def _version(text: str | None) -> tuple[int, ...] | None:
     """`0.5.23` / `0.5.11.post1` as (0, 5, 23) / (0, 5, 11); None when unreadable."""
     match = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", text or "")
@@ -538,9 +556,9 @@ class SGLangCollector(Collector):
         reported = self._reported_memory(server_info)
         geom = await self._geometry_for(server_info)
         self._map_memory(ms, expo, server_info, reported[1])
-        self._map_weights(ms, expo, server_info, geom, reported[0])
+        placed = self._map_weights(ms, expo, server_info, geom, reported[0])
         if geom is not None:
-            self._map_geometry(ms, expo, server_info, geom)
+            self._map_geometry(ms, expo, server_info, geom, placed)
         self._report_pids(expo)
         return Scrape.of(ms, up=metrics_ok, errors=errors, problems=problems)
 
@@ -870,7 +888,7 @@ class SGLangCollector(Collector):
         server_info: Fields,
         geom: ModelGeometry | None,
         reported_weights: float | None = None,
-    ) -> None:
+    ) -> float | None:
         """Weights on the GPU and in host memory (`--cpu-offload-gb`), and the model's size.
 
         The size is what SGLang placed (GPU + CPU offload), so weights quantized while
@@ -888,16 +906,24 @@ class SGLangCollector(Collector):
             if cpu:
                 ms.add("llmb_engine_model_buffer_bytes", cpu, device="cpu", **labels)
             ms.add("llmb_model_weights_bytes", gpu + cpu, **labels)
-        elif geom is not None:
+            return gpu + cpu  # what the engine placed
+        if geom is not None:
             ms.add("llmb_model_weights_bytes", checkpoint_weight_bytes(geom), **labels)
+        return None
 
     def _map_geometry(
-        self, ms: MetricSet, expo: Exposition, server_info: Fields, geom: ModelGeometry
+        self,
+        ms: MetricSet,
+        expo: Exposition,
+        server_info: Fields,
+        geom: ModelGeometry,
+        placed: float | None = None,
     ) -> None:
         labels = self._labels
         ms.add("llmb_model_parameters", geom.n_params, **labels)
         ms.add("llmb_model_layers", float(geom.n_layer), **labels)
-        add_model_structure(ms, geom, **labels)
+        if structure_fits(geom, placed):
+            add_model_structure(ms, geom, **labels)
         kv_dtype = self._kv_dtype(server_info) or server_info.text("kv_cache_dtype") or "auto"
         try:
             dtype_bytes = kv_type_bytes(kv_dtype)
