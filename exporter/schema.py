@@ -403,7 +403,9 @@ SOURCES: dict[str, tuple[str, str]] = {
     ),
     "llmb_engine_loading": (
         "`/health` 503 `Loading model`",
-        "`/health` 503 (asked only when `/metrics` and `/v1/models` fail)",
+        "`/health` 503 (asked in the background for each new instance until its first other "
+        "answer, and when `/metrics` and `/v1/models` fail; while `/server_info` has not "
+        "answered yet, also no answer within 0.4 s)",
     ),
     "llmb_engine_info": (
         "`/v1/models` id, `/props` build_info, `meta.ftype`",
@@ -435,16 +437,17 @@ SOURCES: dict[str, tuple[str, str]] = {
     ),
     "llmb_engine_kv_cache_usage_ratio": (
         "used / capacity (old builds: `kv_cache_usage_ratio`)",
-        "`sglang:token_usage`",
+        "max(`sglang:full_token_usage`, `swa_token_usage`) (unrounded), else `token_usage`",
     ),
     "llmb_engine_slot_context_usage_max_ratio": ("`/slots` max `n_prompt_tokens/n_ctx`", ""),
     "llmb_engine_kv_pressure_events_total": (
         "log: KV full, context exceeded, context shift, `truncated = 1`",
-        "`sglang:num_retracted_requests_total` (event=retracted)",
+        "`sglang:num_retracted_requests_total` (event=retracted; 0 while only declared)",
     ),
     "llmb_engine_kv_cache_bytes": (
         "log `KV buffer size` (-lv 4)",
-        "`sglang:kv_cache_memory_usage_gb` × 2^30",
+        "`sglang:kv_cache_memory_usage_gb` × 2^30, else `/server_info` "
+        "`internal_states[0].memory_usage.kvcache`, else log `KV Cache is allocated` K + V",
     ),
     "llmb_engine_prompt_tokens_total": (
         "`prompt_tokens_total` + `prompt_tokens_cached_total`",
@@ -477,7 +480,9 @@ SOURCES: dict[str, tuple[str, str]] = {
     "llmb_engine_process_gpu_memory_peak_bytes": ("NVML background sampler", "same"),
     "llmb_engine_model_buffer_bytes": (
         "log `model buffer size` per device (-lv 4)",
-        "`sglang:weight_memory_usage_gb` × 2^30 (gpu); `/server_info` `cpu_offload_gb` (cpu)",
+        "`sglang:weight_memory_usage_gb` × 2^30, else `/server_info` "
+        "`internal_states[0].memory_usage.weight`, else log `Load weight end … mem usage=` (gpu); "
+        "`/server_info` `cpu_offload_gb` (cpu)",
     ),
     "llmb_engine_gpu_layers_offloaded": ("log `offloaded N/M layers to GPU` (-lv 4)", ""),
     "llmb_engine_gpu_layers_total": ("log `offloaded N/M layers to GPU` (-lv 4)", ""),
@@ -502,7 +507,7 @@ SOURCES: dict[str, tuple[str, str]] = {
     ),
     "llmb_model_weights_bytes": (
         "`/v1/models` `meta.size`",
-        "GPU + CPU-offloaded weights (else safetensors headers)",
+        "GPU + CPU-offloaded weights (else safetensors headers, else `config.json` shapes × dtype)",
     ),
     "llmb_model_parameters": (
         "`/v1/models` `meta.n_params`",
@@ -534,11 +539,32 @@ SOURCES: dict[str, tuple[str, str]] = {
     ),
     "llmb_model_kv_cache_type_info": (
         "log `llama_kv_cache: size = … K (q8_0): …, V (q8_0): …` (-lv 4)",
-        "`/server_info` `kv_cache_dtype`",
+        "`/server_info` `kv_cache_dtype` (`auto`: `dtype`, else `config.json` `torch_dtype`)",
     ),
     "llmb_model_draft_weights_bytes": (
         "log: model buffers of the second (draft) model load (-lv 4)",
         "",
+    ),
+}
+
+# What each series comes from on SGLang 0.5.11 (54 families: no weight/KV memory or startup
+# series, retractions only as a gauge) where it differs from the SGLang column;
+# "" = the series is absent on 0.5.11. Series not listed come from the same source.
+SGLANG_0_5_11: dict[str, str] = {
+    "llmb_engine_kv_cache_used_tokens": "`sglang:kv_used_tokens`",
+    "llmb_engine_kv_cache_usage_ratio": "max(`sglang:full_token_usage`, `swa_token_usage`)",
+    "llmb_engine_kv_pressure_events_total": "",
+    "llmb_engine_kv_cache_bytes": (
+        "`/server_info` `internal_states[0].memory_usage.kvcache`, else log "
+        "`KV Cache is allocated` K + V"
+    ),
+    "llmb_engine_model_buffer_bytes": (
+        "`/server_info` `internal_states[0].memory_usage.weight`, else log "
+        "`Load weight end … mem usage=` (gpu); `cpu_offload_gb` (cpu)"
+    ),
+    "llmb_engine_load_seconds": "",
+    "llmb_model_weights_bytes": (
+        "`memory_usage.weight` + `cpu_offload_gb` (else safetensors, else `config.json`)"
     ),
 }
 
@@ -566,8 +592,9 @@ def _unit(name: str) -> str:
 def markdown_table() -> str:
     """The exporter's schema as a Markdown table (docs/metrics.md embeds it)."""
     rows = [
-        "| name | type | unit | labels | llama.cpp source | SGLang source | meaning |",
-        "|---|---|---|---|---|---|---|",
+        "| name | type | unit | labels | llama.cpp source | SGLang source "
+        "| SGLang 0.5.11 source | meaning |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, spec in SCHEMA.items():
         if (
@@ -579,9 +606,10 @@ def markdown_table() -> str:
         else:
             llama, sglang = SOURCES.get(name, ("", ""))
         labels = ", ".join(f"`{label}`" for label in spec.labels) or "—"
+        old = sglang and SGLANG_0_5_11.get(name, "same")
         rows.append(
             f"| `{name}` | {spec.type} | {_unit(name)} | {labels} | {llama or '— (absent)'} "
-            f"| {sglang or '— (absent)'} | {spec.help} |"
+            f"| {sglang or '— (absent)'} | {old or '— (absent)'} | {spec.help} |"
         )
     return "\n".join(rows) + "\n"
 

@@ -97,6 +97,25 @@ THRESHOLDS: dict[str, Threshold] = {
         "Average number of waiting requests over `queue_window` at or above which requests "
         "count as queueing: a request waits at least half of the time.",
     ),
+    # --- admission on SGLang: which limit binds while requests wait (issue 18) ------------
+    "slots_full_ratio": Threshold(
+        "0.9",
+        "ratio",
+        "Peak running requests over `queue_window` / the engine's cap (llama.cpp `-np`, "
+        "SGLang `max_running_requests`) at or above which the cap is what requests wait "
+        "for. The peak, not the average: between two requests the count dips while the "
+        "queue refills the slot. Below it requests wait for something else (KV pool, "
+        "prefill): raising the cap would change nothing.",
+    ),
+    "kv_demand_full": Threshold(
+        "1",
+        "ratio",
+        "KV tokens the running requests plus one more would need / the pool's capacity at or "
+        "above which the pool cannot admit the next request: SGLang admits only what its "
+        "token pool can hold (prompt plus a reserve for the answer), so requests wait while "
+        "running stays below the cap and `token_usage` below `kv_usage_high` (one long "
+        "request can take most of a small pool).",
+    ),
     "weights_memory_ratio_min": Threshold(
         "0.9",
         "ratio",
@@ -247,6 +266,18 @@ class Signals:
     # engine:llmb_requests_running:max / engine:llmb_requests_waiting:max (now)
     running: float | None = None
     waiting: float | None = None
+    # --- admission and SGLang residency (issue 18) ---
+    # engine:llmb_requests_running_slots:ratio: peak running <queue_window> / the running cap
+    running_slots_ratio: float | None = None
+    # engine:llmb_kv_demand_held:ratio: peak KV held x (peak running + 1) / peak running
+    # / capacity (<queue_window>)
+    kv_demand_held_ratio: float | None = None
+    # engine:llmb_kv_demand_finished:ratio: (peak running + 1) x tokens per finished request
+    # / capacity
+    kv_demand_finished_ratio: float | None = None
+    # engine:llmb_weights_gpu_memory_beyond_kv:ratio (SGLang): (process GPU memory - KV pool)
+    # / weight bytes
+    weights_memory_beyond_kv_ratio: float | None = None
     # engine:llmb_generation_tokens_per_second:rate<rate_window>
     generation_tokens_per_second: float | None = None
     # engine:llmb_decode_efficiency:ratio<rate_window>: per-sequence decode tok/s / roofline
@@ -269,6 +300,10 @@ def _records() -> dict[str, str]:
         "kv_pressure_increase": f"engine:llmb_kv_pressure_events:increase{rw}",
         "running": "engine:llmb_requests_running:max",
         "waiting": "engine:llmb_requests_waiting:max",
+        "running_slots_ratio": "engine:llmb_requests_running_slots:ratio",
+        "kv_demand_held_ratio": "engine:llmb_kv_demand_held:ratio",
+        "kv_demand_finished_ratio": "engine:llmb_kv_demand_finished:ratio",
+        "weights_memory_beyond_kv_ratio": "engine:llmb_weights_gpu_memory_beyond_kv:ratio",
         "generation_tokens_per_second": f"engine:llmb_generation_tokens_per_second:rate{rw}",
         "decode_efficiency": f"engine:llmb_decode_efficiency:ratio{rw}",
         "experts_host_layers": "engine:llmb_experts_host_layers:max",
@@ -342,6 +377,8 @@ class Evidence:
     label: str
     test: Compare | AllOf
     text: str
+    # What to do when this alternative holds, where it says more than the verdict's action.
+    action: str | None = None
 
 
 @dataclass(frozen=True)
@@ -377,6 +414,36 @@ class ConditionResult:
     evidence: tuple[str, ...]
 
 
+# --- admission on SGLang (issue 18): the limit that binds while requests wait -------------
+POOL_ACTION = (
+    "The KV pool, not the running-request cap, limits admission: give it more tokens (SGLang "
+    "a higher `--mem-fraction-static`, or a larger or no `--max-total-tokens`; llama.cpp a "
+    "larger `-c`), store it smaller (`--kv-cache-dtype fp8_e5m2`, `-ctk q8_0 -ctv q8_0`), "
+    "or send shorter requests (prompt + max_tokens)."
+)
+SLOTS_FULL_ACTION = (
+    "Running requests sit at their cap: let more run at once (SGLang "
+    "`--max-running-requests`, llama.cpp `-np` with `-c` raised so each slot keeps its "
+    "context); check the KV cache still has room afterwards."
+)
+PREFILL_ACTION = (
+    "Requests wait for prefill while running stays below its cap and the KV pool has room: "
+    "prefill more per step (SGLang a larger `--chunked-prefill-size` or "
+    "`--max-prefill-tokens`, llama.cpp larger `-b`/`-ub`) or send shorter prompts."
+)
+
+
+def _waiting_below_cap(*more: Compare) -> AllOf:
+    """Requests queue while running stays below its cap, and `more`."""
+    return AllOf(
+        (
+            Compare("waiting_avg", ">=", "queue_min"),
+            Compare("running_slots_ratio", "<", "slots_full_ratio"),
+            *more,
+        )
+    )
+
+
 CONDITIONS: tuple[Condition, ...] = (
     Condition(
         "weights_not_resident",
@@ -390,6 +457,13 @@ CONDITIONS: tuple[Condition, ...] = (
                 "buffers",
                 Compare("weights_buffers_ratio", "<", "weights_buffer_ratio_min"),
                 "GPU weight buffers below `weights_buffer_ratio_min` x weight bytes",
+            ),
+            Evidence(
+                "memory_beyond_kv",
+                Compare("weights_memory_beyond_kv_ratio", "<", "weights_memory_ratio_min"),
+                "SGLang: engine process GPU memory minus its KV pool (reported, else "
+                "`max_total_num_tokens` x KV bytes per token) below `weights_memory_ratio_min` "
+                "x weight bytes",
             ),
             Evidence(
                 "memory",
@@ -425,6 +499,23 @@ CONDITIONS: tuple[Condition, ...] = (
                 "any KV-pressure event (KV full, context shift/exceeded, truncation, "
                 "retraction) in `rate_window`",
             ),
+            Evidence(
+                "pool_held",
+                _waiting_below_cap(Compare("kv_demand_held_ratio", ">=", "kv_demand_full")),
+                ">= `queue_min` requests waiting while running peaks below `slots_full_ratio` "
+                "of its cap, and the KV the running requests hold at the pool's fullest plus one "
+                "more of their size "
+                "reaches `kv_demand_full` x the pool",
+                POOL_ACTION,
+            ),
+            Evidence(
+                "pool_reserved",
+                _waiting_below_cap(Compare("kv_demand_finished_ratio", ">=", "kv_demand_full")),
+                ">= `queue_min` requests waiting while running peaks below `slots_full_ratio` "
+                "of its cap, and (peak running + 1) x the tokens of a finished request (prompt + "
+                "answer, `rate_window`) reaches `kv_demand_full` x the pool",
+                POOL_ACTION,
+            ),
         ),
     ),
     Condition(
@@ -434,6 +525,24 @@ CONDITIONS: tuple[Condition, ...] = (
                 "queue",
                 Compare("waiting_avg", ">=", "queue_min"),
                 ">= `queue_min` requests waiting (average over `queue_window`)",
+            ),
+            Evidence(
+                "slots_full",
+                AllOf(
+                    (
+                        Compare("waiting_avg", ">=", "queue_min"),
+                        Compare("running_slots_ratio", ">=", "slots_full_ratio"),
+                    )
+                ),
+                "with running peaking at `slots_full_ratio` or more of its cap (`queue_window`)",
+                SLOTS_FULL_ACTION,
+            ),
+            Evidence(
+                "prefill",
+                _waiting_below_cap(),
+                "with running peaking below `slots_full_ratio` of its cap (and the KV pool not "
+                "the limit: then `kv_saturated` holds first)",
+                PREFILL_ACTION,
             ),
         ),
     ),
@@ -529,10 +638,11 @@ VERDICT_INFO: dict[str, VerdictInfo] = {
             "scheduling_bound",
             "requests_queueing",
             "Requests queue while the KV cache has room: the number of slots or running "
-            "requests is the limit, not memory.",
-            "Let more requests run at once: llama.cpp `-np` (raise `-c` with it so each slot "
-            "keeps its context), SGLang `--max-running-requests`; check the KV cache still "
-            "has room afterwards.",
+            "requests, or prefill, is the limit, not memory.",
+            "Find the limit that binds: with running requests at their cap let more run at "
+            "once (llama.cpp `-np` with `-c` raised so each slot keeps its context, SGLang "
+            "`--max-running-requests`); below the cap prefill is the limit (SGLang "
+            "`--chunked-prefill-size`, llama.cpp `-b`/`-ub`).",
             4,
         ),
         VerdictInfo(
@@ -586,7 +696,12 @@ class Verdict:
 
     @property
     def action(self) -> str:
-        """What to do."""
+        """What to do: the first held evidence's own action, else the verdict's."""
+        cond = self.info.condition
+        if cond is not None:
+            for alt in CONDITION_BY_NAME[cond].alternatives:
+                if alt.action is not None and alt.label in self.evidence:
+                    return alt.action
         return self.info.action
 
     @property
@@ -1149,6 +1264,111 @@ def _divide(
     return {k: v / den[k] for k, v in num.items() if k in den and den[k] > 0}
 
 
+# --- admission and SGLang residency (issue 18): the recording rules' arithmetic ----------
+
+
+def _instant_max(
+    d: _Data, name: str, match: Callable[[dict[str, str]], bool] | None = None
+) -> dict[EngineKey, float]:
+    """`max by (host, engine, kind) (name)` at `d.at`."""
+    return _max_by((_key(lab), v) for lab, v in d.instant(name, match))
+
+
+def _max_over_time(points: list[tuple[int, float]]) -> float:
+    # Prometheus' max_over_time: NaN only when every sample is NaN.
+    out = points[0][1]
+    for _, v in points[1:]:
+        if math.isnan(out) or v > out:
+            out = v
+    return out
+
+
+def _peak_max(d: _Data, name: str, window: float) -> dict[EngineKey, float]:
+    """`max by (...) (max_over_time(name[window]))`."""
+    return _max_by((_key(lab), _max_over_time(pts)) for lab, pts in d.range(name, window))
+
+
+def _rate_max(d: _Data, name: str, window: float) -> dict[EngineKey, float]:
+    """`max by (...) (rate(name[window]))`."""
+    vals = []
+    for lab, pts in d.range(name, window):
+        r = _extrapolated(pts, d.at, window, rate=True)
+        if r is not None:
+            vals.append((_key(lab), r))
+    return _max_by(vals)
+
+
+def _is_sglang(lab: Mapping[str, str]) -> bool:
+    return lab.get("kind", "") == "sglang"
+
+
+def _not_cpu(lab: Mapping[str, str]) -> bool:
+    return re.fullmatch(r"(?i)cpu.*", lab.get("device", "")) is None
+
+
+def _sum_of_device_max(
+    d: _Data, name: str, match: Callable[[dict[str, str]], bool]
+) -> dict[EngineKey, float]:
+    """`sum by (...) (max by (..., device) (name{match}))`."""
+    per_device: dict[tuple[EngineKey, str], float] = {}
+    for lab, v in d.instant(name, match):
+        dk = (_key(lab), lab.get("device", ""))
+        old = per_device.get(dk)
+        if old is None or math.isnan(old) or (not math.isnan(v) and v > old):
+            per_device[dk] = v
+    out: dict[EngineKey, float] = {}
+    for (key, _), v in per_device.items():
+        out[key] = out.get(key, 0.0) + v
+    return out
+
+
+def admission_values(d: _Data) -> dict[str, dict[EngineKey, float]]:
+    """The admission and SGLang-residency signals per engine (Signals field -> values).
+
+    The same arithmetic, in the same order, as their recording rules (prometheus/generate.py
+    `admission_rules`): running against its cap, the KV the running requests plus one more
+    would need against the pool, and SGLang's process GPU memory beyond its KV pool. Peaks
+    over `queue_window`, not averages: the pool binds at its fullest moment, and averages
+    count the gaps between one request's end and the next one's admission.
+    """
+    qw, rw = seconds("queue_window"), seconds("rate_window")
+    peak = _peak_max(d, "llmb_engine_requests_running", qw)
+    slots = _instant_max(d, "llmb_engine_slots")
+    capacity = _instant_max(d, "llmb_engine_kv_cache_capacity_tokens")
+    held = _peak_max(d, "llmb_engine_kv_cache_used_tokens", qw)
+    prompt = _rate_max(d, "llmb_engine_prompt_tokens_total", rw)
+    generated = _rate_max(d, "llmb_engine_generation_tokens_total", rw)
+    finished = _rate_max(d, "llmb_engine_requests_finished_total", rw)
+    out: dict[str, dict[EngineKey, float]] = {
+        "running_slots_ratio": _divide(peak, slots),
+        "kv_demand_held_ratio": {},
+        "kv_demand_finished_ratio": {},
+        "weights_memory_beyond_kv_ratio": {},
+    }
+    for key, r in peak.items():
+        c = capacity.get(key)
+        if c is None or not c > 0:
+            continue
+        if key in held and r > 0:
+            out["kv_demand_held_ratio"][key] = held[key] * (r + 1) / r / c
+        if key in prompt and key in generated and key in finished and finished[key] > 0:
+            per_request = (prompt[key] + generated[key]) / finished[key]
+            out["kv_demand_finished_ratio"][key] = (r + 1) * per_request / c
+    sglang = _is_sglang
+    process = _instant_max(d, "llmb_engine_process_gpu_memory_bytes", sglang)
+    reported = _sum_of_device_max(
+        d, "llmb_engine_kv_cache_bytes", lambda lab: sglang(lab) and _not_cpu(lab)
+    )
+    estimated = _instant_max(d, "llmb_model_kv_cache_bytes_estimated", sglang)
+    weights = _instant_max(d, "llmb_model_weights_bytes")
+    for key, mem in process.items():
+        kv = reported.get(key, estimated.get(key))
+        w = weights.get(key)
+        if kv is not None and w is not None and w > 0:
+            out["weights_memory_beyond_kv_ratio"][key] = (mem - kv) / w
+    return out
+
+
 def rule_values_at(series: Mapping[SeriesKey, Points], at: float) -> dict[EngineKey, RuleValues]:
     """The recording rules' per-engine values at `at` (unix seconds) for every engine up."""
     d = _Data(series, at)
@@ -1256,6 +1476,7 @@ def rule_values_at(series: Mapping[SeriesKey, Points], at: float) -> dict[Engine
         for lab, pts in d.range("llmb_engine_kv_cache_used_tokens", rw)
     )
     kv_bpt = mx("llmb_model_kv_bytes_per_token_estimated")
+    admission = admission_values(d)
     running_avg = _max_by(
         (_key(lab), _avg_over_time(pts)) for lab, pts in d.range("llmb_engine_requests_running", rw)
     )
@@ -1300,6 +1521,7 @@ def rule_values_at(series: Mapping[SeriesKey, Points], at: float) -> dict[Engine
             kv_pressure_increase=pressure.get(key),
             running=running.get(key),
             waiting=waiting.get(key),
+            **{name: values.get(key) for name, values in admission.items()},
             generation_tokens_per_second=gen_rate.get(key),
             decode_efficiency=efficiency,
             experts_host_layers=host_layers.get(key),

@@ -806,13 +806,8 @@ class Diagnoser:
                 f", routed experts of {res.experts_host_layers:.0f} layers in host memory "
                 f"({_gib(res.experts_host_bytes)}: expert offload)"
             )
-        numbers = {
-            "layers_ratio": sig.layers_ratio,
-            "weights_buffers_ratio": sig.weights_buffers_ratio,
-            "weights_memory_ratio": sig.weights_memory_ratio,
-            "experts_host_layers": sig.experts_host_layers,
-            "host_has_gpu": sig.host_has_gpu,
-        }
+        numbers: dict[str, Any] = {name: getattr(sig, name) for name, _ in RESIDENCY_SOURCES}
+        numbers["host_has_gpu"] = sig.host_has_gpu
         if not sig.host_has_gpu:
             self._not_measured(
                 "residency",
@@ -821,14 +816,15 @@ class Diagnoser:
             )
             self.steps["residency"].numbers = numbers
             return
+        measured = residency_sources(sig, self.engine.kind)
         if cond.held:
-            answer = f"no: {', '.join(cond.evidence)} below the threshold ({facts})"
-        elif all(v is None for k, v in numbers.items() if k != "host_has_gpu"):
-            self._not_measured("residency", f"no layer, buffer or process figures ({facts})")
+            answer = f"no: {', '.join(cond.evidence)} below the threshold; {measured} ({facts})"
+        elif not measured:
+            self._not_measured("residency", residency_gap(res, self.engine.kind))
             self.steps["residency"].numbers = numbers
             return
         else:
-            answer = f"yes ({facts})"
+            answer = f"yes, from {measured} ({facts})"
         self.steps["residency"] = Step(
             "residency", STEP_QUESTIONS["residency"], answer, cond.held, numbers
         )
@@ -1048,6 +1044,8 @@ class Diagnoser:
             kv_pressure_increase=float(self.kv_events_total),
             running=float(row.concurrency),
             waiting=row.waiting_avg,
+            # A closed loop runs min(concurrency, slots) at once.
+            running_slots_ratio=min(row.concurrency, slots) / slots if slots else None,
             generation_tokens_per_second=row.aggregate_tok_s,
             decode_efficiency=eff,
         )
@@ -1339,6 +1337,70 @@ def _median(values: list[float]) -> float | None:
     data = sorted(values)
     mid = len(data) // 2
     return data[mid] if len(data) % 2 else (data[mid - 1] + data[mid]) / 2
+
+
+# Residency signals in the order diagnose names them, with where each comes from.
+RESIDENCY_SOURCES: tuple[tuple[str, str], ...] = (
+    ("layers_ratio", "layers on the GPU (llama.cpp log)"),
+    (
+        "weights_buffers_ratio",
+        "GPU weight buffers the engine reports (llama.cpp log `model buffer size`; SGLang "
+        "`weight_memory_usage_gb`, `/server_info` memory_usage or its log `Load weight end`)",
+    ),
+    (
+        "weights_memory_beyond_kv_ratio",
+        "process GPU memory (NVML) minus the KV pool SGLang reports, against the weights",
+    ),
+    ("weights_memory_ratio", "process GPU memory (NVML) against the weights"),
+    ("experts_host_layers", "layers whose routed experts stay in host memory (llama.cpp log)"),
+)
+
+
+def residency_sources(sig: core.Signals, kind: str) -> str:
+    """The residency figures that were measured, each with its ratio and source."""
+    parts = []
+    for name, source in RESIDENCY_SOURCES:
+        value = getattr(sig, name)
+        if value is None:
+            continue
+        if name == "weights_buffers_ratio" and kind == "llamacpp":
+            source = "GPU weight buffers the engine reports (llama.cpp log `model buffer size`)"
+        elif name == "weights_buffers_ratio" and kind == "sglang":
+            source = (
+                "GPU weight buffers SGLang reports (`weight_memory_usage_gb`, `/server_info` "
+                "memory_usage or its log `Load weight end`)"
+            )
+        parts.append(f"{name.removesuffix('_ratio')} {value:.2f}: {source}")
+    return "; ".join(parts)
+
+
+def residency_gap(res: EngineResult, kind: str) -> str:
+    """Why residency could not be decided: which of its inputs is missing."""
+    missing = []
+    if res.weights_bytes is None:
+        where = (
+            "no weight series, /server_info memory_usage, log or safetensors"
+            if kind == "sglang"
+            else "no /v1/models meta.size, GGUF or log"
+        )
+        missing.append(f"the weight size is not known ({where})")
+    if res.process_gpu_bytes is None:
+        missing.append("no process GPU memory (NVML) attributed to the engine")
+    if res.gpu_buffer_bytes is None and res.layers_total is None:
+        missing.append("no layer or weight-buffer figures from the engine")
+    if not missing:
+        missing.append("the exporter has not computed the ratios yet")
+    known = [
+        f"{name} {_gib(value)}"
+        for name, value in (
+            ("weights", res.weights_bytes),
+            ("GPU weight buffers", res.gpu_buffer_bytes),
+            ("process GPU memory", res.process_gpu_bytes),
+        )
+        if value is not None
+    ]
+    have = f" (known: {', '.join(known)})" if known else ""
+    return "; ".join(missing) + have
 
 
 def _gib(value: float | None) -> str:

@@ -340,9 +340,75 @@ def recording_rules() -> list[dict[str, Any]]:
         rec(MISFIT_RECORD, misfit_expr()),
     ]
     return [
-        {"name": "llmb-engine", "rules": engine},
+        {"name": "llmb-engine", "rules": engine + admission_rules()},
         {"name": "llmb-gpu", "rules": gpu},
         {"name": "llmb-roofline", "rules": roofline},
+    ]
+
+
+def admission_rules() -> list[dict[str, Any]]:
+    """Which limit binds while requests wait, and SGLang residency beyond its KV pool (issue 18).
+
+    `exporter.verdict.admission_values` computes the same, in the same order.
+    """
+    rw, qw = t("rate_window"), t("queue_window")
+    peak = f"engine:llmb_requests_running:peak{qw}"
+    capacity = "engine:llmb_kv_cache_capacity_tokens:max"
+    tokens = f"engine:llmb_request_tokens:mean{rw}"
+
+    def mx(metric: str) -> str:
+        return f"max by ({E}) ({metric})"
+
+    sglang = 'kind="sglang"'
+    return [
+        rec(peak, mx(f"max_over_time(llmb_engine_requests_running[{qw}])")),
+        rec("engine:llmb_slots:max", mx("llmb_engine_slots")),
+        rec(capacity, mx("llmb_engine_kv_cache_capacity_tokens")),
+        rec("engine:llmb_requests_running_slots:ratio", f"{peak} / (engine:llmb_slots:max > 0)"),
+        rec(
+            # The KV the running requests hold at the pool's fullest, plus one more request
+            # of their size (peaks: averages count the gaps between requests).
+            "engine:llmb_kv_demand_held:ratio",
+            f"""
+            {mx(f"max_over_time(llmb_engine_kv_cache_used_tokens[{qw}])")}
+              * ({peak} + 1) / ({peak} > 0) / ({capacity} > 0)
+            """,
+        ),
+        rec(
+            # Tokens a request holds by its end (prompt + answer): what SGLang reserves for.
+            tokens,
+            f"""
+            (
+                engine:llmb_prompt_tokens_per_second:rate{rw}
+              + engine:llmb_generation_tokens_per_second:rate{rw}
+            )
+              / (max by ({E}) (rate(llmb_engine_requests_finished_total[{rw}])) > 0)
+            """,
+        ),
+        rec(
+            "engine:llmb_kv_demand_finished:ratio",
+            f"({peak} + 1) * {tokens} / ({capacity} > 0)",
+        ),
+        rec(
+            # SGLang's process holds its weights and its preallocated KV pool (plus CUDA
+            # context and graphs): what is left beyond the pool must hold the weights.
+            "engine:llmb_weights_gpu_memory_beyond_kv:ratio",
+            f"""
+            (
+                {mx(f"llmb_engine_process_gpu_memory_bytes{{{sglang}}}")}
+              - (
+                    sum by ({E}) (
+                      max by ({E}, device) (
+                        llmb_engine_kv_cache_bytes{{{sglang},device!~"(?i)cpu.*"}}
+                      )
+                    )
+                  or
+                    {mx(f"llmb_model_kv_cache_bytes_estimated{{{sglang}}}")}
+                )
+            )
+              / ({mx("llmb_model_weights_bytes")} > 0)
+            """,
+        ),
     ]
 
 
@@ -463,7 +529,11 @@ def verdict_rules() -> list[dict[str, Any]]:
 
 def fleet_rules() -> list[dict[str, Any]]:
     """Many hosts on one Prometheus: a severity per engine and verdict counts per host."""
-    down = 'label_replace(engine:llmb_engine_up:max == 0, "verdict", "engine_down", "", "")'
+    # A loading engine (SGLang warming up, llama.cpp loading the model) is not down.
+    down = (
+        "label_replace(engine:llmb_engine_up:max == 0 unless on (host, engine, kind) "
+        'max by (host, engine, kind) (llmb_engine_loading) == 1, "verdict", "engine_down", "", "")'
+    )
     parts = [f"{down} + {SEVERITY['engine_down']}"] + [
         f'(llmb:engine_bottleneck:verdict{{verdict="{v}"}} == 1) * {SEVERITY[v]}' for v in VERDICTS
     ]

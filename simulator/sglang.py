@@ -1,4 +1,5 @@
-"""Simulated SGLang 0.5.23 server: HTTP API and `/metrics` rendered by prometheus_client."""
+"""Simulated SGLang server (0.5.23 by default, or 0.5.11: `SimOptions.sglang_version`): HTTP API
+and `/metrics` rendered by prometheus_client, in the families and answers of that release."""
 
 from __future__ import annotations
 
@@ -16,10 +17,20 @@ from prometheus_client.exposition import choose_encoder
 from simulator.common import SimBase, SimOptions, chat_prompt, json_response, random_id, sse
 from simulator.model import Request, RequestError
 from simulator.scenarios import GIB
-from simulator.sglang_spec import FAMILIES, FamilySpec
+from simulator.sglang_spec import FAMILIES, FAMILIES_BY_VERSION, FamilySpec
 
-VERSION = "0.5.23"
 ENGINE_TYPE = "unified"
+# What 0.5.11 does not answer yet (the real server's /server_info, its internal_states and
+# /get_model_info in tests/fixtures/sglang-0.5.11-cpu/); its memory_usage has only these keys.
+ABSENT_IN_0_5_11 = {
+    "server_info": frozenset({"launch_command", "frontend", "startup_time"}),
+    "internal_state": frozenset({"world_size", "disaggregation_mode"}),
+    "model_info": frozenset(
+        {"served_model_name", "load_format", "reasoning_parser", "tool_call_parser"}
+        | {"disaggregation_mode"}
+    ),
+}
+MEMORY_KEYS_0_5_11 = ("weight", "kvcache", "token_capacity", "graph")
 # SGLang counts a non-streaming request's output in chunks of this many tokens.
 FORCE_STREAM_INTERVAL = 50
 
@@ -48,7 +59,12 @@ class SglangMetrics:
 
     def __init__(self, sim: SglangSim):
         self.sim = sim
-        self.specs = {f.name: f for f in FAMILIES}
+        self.version = sim.opts.sglang_version
+        self.families = FAMILIES_BY_VERSION[self.version]
+        self.specs = {f.name: f for f in self.families}
+        # Values are fed in 0.5.23's label shape; an older release's children drop the labels it
+        # lacks (0.5.11 counts streaming and non-streaming requests together).
+        self.fed = {f.name: f.extra for f in FAMILIES}
         self.counters: dict[str, dict[tuple[str, ...], float]] = defaultdict(dict)
         self.hists: dict[str, dict[tuple[str, ...], Hist]] = defaultdict(dict)
         self.active: dict[tuple[str, ...], float] = {}
@@ -57,17 +73,29 @@ class SglangMetrics:
 
     def inc(self, name: str, labels: tuple[str, ...] = (), value: float = 1.0) -> None:
         """Add to a counter child."""
+        labels = self._project(name, labels)
         fam = self.counters[name]
         fam[labels] = fam.get(labels, 0.0) + value
 
     def observe(
         self, name: str, value: float, labels: tuple[str, ...] = (), times: int = 1
     ) -> None:
-        """Observe into a histogram child."""
+        """Observe into a histogram child (families this release lacks are not kept)."""
+        if name not in self.specs:
+            return
+        labels = self._project(name, labels)
         fam = self.hists[name]
         if labels not in fam:
             fam[labels] = Hist(self.specs[name].buckets)
         fam[labels].observe(value, times)
+
+    def _project(self, name: str, labels: tuple[str, ...]) -> tuple[str, ...]:
+        spec = self.specs.get(name)
+        fed = self.fed.get(name, ())
+        if spec is None or spec.extra == fed or len(labels) != len(fed):
+            return labels
+        by_name = dict(zip(fed, labels, strict=True))
+        return tuple(by_name[n] for n in spec.extra)
 
     def _gauges(self) -> dict[str, float]:
         e = self.sim.engine
@@ -99,6 +127,9 @@ class SglangMetrics:
             "sglang:is_cuda_graph": 1.0 if e.running else 0.0,
             "sglang:fwd_occupancy": float("nan"),
             "sglang:num_retracted_reqs": sum(1 for r in e.waiting if r.retractions),
+            # 0.5.11 declares these two but never sets them: the real server reads 0.
+            "sglang:engine_startup_time": 0.0,
+            "sglang:engine_load_weights_time": 0.0,
             **self._spec_gauges(),
         }
 
@@ -162,7 +193,7 @@ class SglangMetrics:
     def collect(self) -> Iterator[Metric]:
         """Families in SGLang's shape: sorted labels, `_sum` first, no `_created`."""
         prefix = "sglang_" if self.sim.opts.metric_spelling == "underscore" else "sglang:"
-        for spec in FAMILIES:
+        for spec in self.families:
             name = prefix + spec.name.split(":", 1)[1]
             metric = Metric(name, spec.help, spec.type)
             if spec.type == "histogram":
@@ -345,7 +376,7 @@ class SglangSim(SimBase):
             "cpu_offload_gb": round(e.weights_cpu / 1e9),
             "decode_log_interval": 40,
         }
-        memory = {
+        memory: dict[str, Any] = {
             "weight": round(e.weights_gpu / GIB, 2),
             "kvcache": round(e.kv_pool_bytes * e.kv_gpu_share / GIB, 2),
             "startup_available": round((e.gpu.total_bytes - e.weights_gpu) / GIB, 2),
@@ -353,7 +384,10 @@ class SglangSim(SimBase):
             "token_capacity_swa": None,
             "graph": {"decode": round(p.graph_bytes / GIB, 2)},
         }
-        return json_response(
+        if self.opts.sglang_version == "0.5.11":  # graph memory is one number there: 0
+            memory = {k: memory[k] if k != "graph" else 0 for k in MEMORY_KEYS_0_5_11}
+        return self._versioned(
+            "server_info",
             {
                 **args,
                 "launch_command": self.cmdline(),
@@ -361,7 +395,7 @@ class SglangSim(SimBase):
                 "max_total_num_tokens": p.ctx_total,
                 "max_req_input_len": p.context_len - 1,
                 "startup_time": e.loaded_at,
-                "version": VERSION,
+                "version": self.opts.sglang_version,
                 "frontend": "python",
                 "simulated": True,
                 "internal_states": [
@@ -375,8 +409,20 @@ class SglangSim(SimBase):
                         "disaggregation_mode": "null",
                     }
                 ],
-            }
+            },
         )
+
+    def _versioned(self, endpoint: str, doc: dict[str, Any]) -> web.Response:
+        """`doc` as this release answers it (0.5.11 lacks some keys)."""
+        if self.opts.sglang_version == "0.5.11":
+            doc = {k: v for k, v in doc.items() if k not in ABSENT_IN_0_5_11[endpoint]}
+            inner = ABSENT_IN_0_5_11["internal_state"]
+            if "internal_states" in doc:
+                doc["internal_states"] = [
+                    {k: v for k, v in state.items() if k not in inner}
+                    for state in doc["internal_states"]
+                ]
+        return json_response(doc)
 
     def _avg_spec_accept_length(self) -> dict[str, float]:
         st = self.engine.stats
@@ -397,7 +443,8 @@ class SglangSim(SimBase):
 
     async def model_info(self, request: web.Request) -> web.Response:
         """GET /model_info."""
-        return json_response(
+        return self._versioned(
+            "model_info",
             {
                 "model_path": self.model_path,
                 "served_model_name": self.model_name,
@@ -413,7 +460,7 @@ class SglangSim(SimBase):
                 "has_audio_understanding": False,
                 "model_type": "gemma3",
                 "architectures": ["Gemma3ForCausalLM"],
-            }
+            },
         )
 
     async def models(self, request: web.Request) -> web.Response:
@@ -479,7 +526,8 @@ class SglangSim(SimBase):
         end = req.last_token or first
         m.inc("sglang:prompt_tokens", streaming, len(req.prompt))
         m.inc("sglang:generation_tokens", streaming, n_gen)
-        m.inc("sglang:cached_tokens", ("device",), req.cached)
+        if req.cached:  # SGLang counts cache hits only (the family appears at the first one)
+            m.inc("sglang:cached_tokens", ("device",), req.cached)
         m.inc("sglang:num_requests", streaming)
         m.observe("sglang:time_to_first_token_seconds", first - req.arrival, streaming)
         m.observe("sglang:e2e_request_latency_seconds", end - req.arrival, streaming)

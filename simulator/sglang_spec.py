@@ -9,7 +9,7 @@ its first observation (`lazy`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -1225,3 +1225,138 @@ FAMILIES: tuple[FamilySpec, ...] = (
         lazy=False,
     ),
 )
+
+
+# -- Versions -------------------------------------------------------------------------------------
+# The simulator answers as one SGLang release. 0.5.23 is FAMILIES above; 0.5.11 is what the real
+# 0.5.11 server wrote (tests/fixtures/sglang-0.5.11-cpu/ on the CPU, sglang-0.5.11-h200/ on the
+# H200): 0.5.23's families less ABSENT_IN_0_5_11, plus ONLY_IN_0_5_11, with the label and bucket
+# changes below. tests/test_sim_sglang_versions.py holds each version to its captures.
+# Lazy families are alike in both: 0.5.11 too declares `num_retracted_requests_total` (and the
+# retracted token counters) and `num_aborted_requests_total`, which appear after the first
+# retraction or abort (tests/test_sglang_real.py sees the retraction counter on the real server).
+# Its `evicted_tokens`/`eviction_duration_seconds` exist only as HiCache's GPU-to-CPU series.
+DEFAULT_VERSION = "0.5.23"
+
+ABSENT_IN_0_5_11 = frozenset(
+    {
+        "sglang:dp_attention_pairs",
+        "sglang:dp_attention_steps",
+        "sglang:dp_attention_sync_wait_seconds",
+        "sglang:dp_attention_token_imbalance_ratio",
+        "sglang:dp_attention_tokens",
+        "sglang:evicted_tokens",
+        "sglang:eviction_duration_seconds",
+        "sglang:fwd_occupancy",
+        "sglang:graph_memory_usage_gb",
+        "sglang:kv_cache_memory_usage_gb",
+        "sglang:mamba_available_tokens",
+        "sglang:mamba_evictable_tokens",
+        "sglang:mamba_used_tokens",
+        "sglang:num_decode_deferred_kv_release_reqs",
+        "sglang:num_decode_host_receive_queue_reqs",
+        "sglang:num_prefill_bootstrap_queue_reqs",
+        "sglang:prealloc_full_token_usage",
+        "sglang:prealloc_swa_token_usage",
+        "sglang:prefill_effective_tokens",
+        "sglang:request_time_per_output_token_seconds",
+        "sglang:scheduler_idle_seconds",
+        "sglang:scheduler_process_cpu_seconds",
+        "sglang:scheduler_stage_seconds",
+        "sglang:spec_block_accept_length",
+        "sglang:spec_cap_length",
+        "sglang:spec_num_draft_tokens",
+        "sglang:spec_num_steps",
+        "sglang:startup_cuda_graph_time_seconds",
+        "sglang:startup_time_seconds",
+        "sglang:swa_available_tokens",
+        "sglang:swa_evictable_tokens",
+        "sglang:swa_used_tokens",
+        "sglang:uncached_prompt_tokens_histogram",
+        "sglang:weight_memory_usage_gb",
+    }
+)
+# (family, the 0.5.23 family it comes right before)
+ONLY_IN_0_5_11: tuple[tuple[FamilySpec, str], ...] = (
+    (
+        FamilySpec(
+            "sglang:engine_startup_time",
+            "gauge",
+            "The time taken for the engine to start up.",
+            "rank",
+            (),
+            (),
+            (),
+        ),
+        "sglang:page_size",
+    ),
+    (
+        FamilySpec(
+            "sglang:engine_load_weights_time",
+            "gauge",
+            "The time taken for the engine to load weights.",
+            "rank",
+            (),
+            (),
+            (),
+        ),
+        "sglang:page_size",
+    ),
+    (
+        FamilySpec(
+            "sglang:num_prefill_prealloc_queue_reqs",
+            "gauge",
+            "The number of requests in the prefill prealloc queue.",
+            "rank",
+            (),
+            (),
+            (),
+        ),
+        "sglang:num_prefill_inflight_queue_reqs",
+    ),
+)
+# 0.5.11's request counters and latency histograms have no `is_streaming` label.
+NO_STREAMING_LABEL_IN_0_5_11 = frozenset(
+    {
+        "sglang:e2e_request_latency_seconds",
+        "sglang:generation_tokens",
+        "sglang:num_requests",
+        "sglang:prompt_tokens",
+        "sglang:time_to_first_token_seconds",
+    }
+)
+# 0.5.11's queue-time buckets start 0, 0.1 (the ms-scale bounds came later).
+QUEUE_TIME_BUCKETS_0_5_11 = (
+    0.0, 0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0,
+    80.0, 90.0, 100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0, 800.0, 900.0, 1000.0, 1200.0,
+    1400.0, 1600.0, 1800.0, 2000.0, 2500.0, 3000.0,
+)  # fmt: skip
+
+
+def _as_0_5_11(spec: FamilySpec) -> FamilySpec:
+    if spec.name in NO_STREAMING_LABEL_IN_0_5_11:
+        keep = [i for i, name in enumerate(spec.extra) if name != "is_streaming"]
+        seeds = tuple(dict.fromkeys(tuple(s[i] for i in keep) for s in spec.seeds))
+        return replace(spec, extra=tuple(spec.extra[i] for i in keep), seeds=seeds)
+    if spec.name == "sglang:queue_time_seconds":
+        return replace(spec, buckets=QUEUE_TIME_BUCKETS_0_5_11)
+    return spec
+
+
+def _families_0_5_11() -> tuple[FamilySpec, ...]:
+    before: dict[str, list[FamilySpec]] = {}
+    for spec, anchor in ONLY_IN_0_5_11:
+        before.setdefault(anchor, []).append(spec)
+    out: list[FamilySpec] = []
+    for spec in FAMILIES:
+        out.extend(before.get(spec.name, ()))
+        if spec.name not in ABSENT_IN_0_5_11:
+            out.append(_as_0_5_11(spec))
+    return tuple(out)
+
+
+FAMILIES_BY_VERSION: dict[str, tuple[FamilySpec, ...]] = {
+    "0.5.23": FAMILIES,
+    "0.5.11": _families_0_5_11(),
+}
+VERSIONS = tuple(FAMILIES_BY_VERSION)

@@ -19,6 +19,7 @@ pytest_plugins = [
     "tests.plugins.loadgen",
     "tests.plugins.sim",
     "tests.plugins.prom",
+    "tests.plugins.sglang",
 ]
 
 FIXTURES = Path(__file__).parent / "fixtures"

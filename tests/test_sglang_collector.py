@@ -134,7 +134,8 @@ async def test_busy_fixture_maps_to_schema(fake: FakeSGLang, client: httpx.Async
     assert val(scrape, "llmb_engine_context_tokens") == 8192
     assert val(scrape, "llmb_engine_kv_cache_capacity_tokens") == 463552
     assert val(scrape, "llmb_engine_kv_cache_used_tokens") == 431112
-    assert val(scrape, "llmb_engine_kv_cache_usage_ratio") == 0.93
+    # full_token_usage, unrounded (token_usage reads 0.93).
+    assert val(scrape, "llmb_engine_kv_cache_usage_ratio") == pytest.approx(431112 / 463552)
     assert val(scrape, "llmb_engine_prompt_tokens_total") == 4005498 + 772166
     assert val(scrape, "llmb_engine_prompt_tokens_cached_total") == 1905996
     assert val(scrape, "llmb_engine_requests_finished_total") == 2928 + 555
@@ -260,7 +261,8 @@ async def test_two_dp_ranks_are_summed(fake: FakeSGLang, client: httpx.AsyncClie
     assert val(scrape, "llmb_engine_requests_waiting") == 14
     assert val(scrape, "llmb_engine_kv_cache_capacity_tokens") == 2 * 463552
     assert val(scrape, "llmb_engine_kv_cache_used_tokens") == 2 * 431112
-    assert val(scrape, "llmb_engine_kv_cache_usage_ratio") == 0.93
+    # full_token_usage, unrounded (token_usage reads 0.93).
+    assert val(scrape, "llmb_engine_kv_cache_usage_ratio") == pytest.approx(431112 / 463552)
     assert val(scrape, "llmb_engine_context_tokens") == 8192
     assert val(scrape, "llmb_engine_kv_pressure_events_total", event="retracted") == 18
     # Tokenizer-side counters carry no rank: unchanged.
@@ -348,11 +350,11 @@ async def test_get_server_info_fallback_and_static_cache(
     for _ in range(3):
         now[0] += 20.0
         await collector.collect()
-    # Static endpoints at most every 60 s; /metrics every scrape; the generating /health never
-    # while /metrics answers.
+    # Static endpoints at most every 60 s; /metrics every scrape; the generating /health once
+    # per instance (is it past its warm-up?), never again while /metrics answers.
     assert fake.hits["/get_server_info"] == 2 and fake.hits["/server_info"] == 2
     assert fake.hits["/model_info"] == 2 and fake.hits["/v1/models"] == 2
-    assert fake.hits["/metrics"] == 4 and "/health" not in fake.hits
+    assert fake.hits["/metrics"] == 4 and fake.hits["/health"] == 1
 
 
 async def test_garbage_metrics_is_a_parse_error(
@@ -402,16 +404,19 @@ async def test_health_503_while_starting(fake: FakeSGLang, client: httpx.AsyncCl
 async def test_liveness_never_asks_the_generating_health_check(
     fake: FakeSGLang, client: httpx.AsyncClient
 ) -> None:
-    # /health 500 (it would generate); /metrics answering proves the server serves.
+    # /health 500 (it would generate); /metrics answering proves the server serves. /health
+    # is asked once per instance, to tell SGLang's warm-up (503) from ready, never again.
     fake.set("/health", 500, "")
     collector, _ = make(fake.url, client)
     scrape = await collector.collect()
     assert val(scrape, "llmb_engine_up") == 1.0 and scrape.errors == []
+    assert fake.hits["/health"] == 1
     # Without /metrics, /v1/models (no generation) proves it before /health is asked.
     del fake.routes["/metrics"]
-    scrape = await collector.collect()
-    assert val(scrape, "llmb_engine_up") == 1.0
-    assert "/health" not in fake.hits
+    for _ in range(2):
+        scrape = await collector.collect()
+        assert val(scrape, "llmb_engine_up") == 1.0
+    assert fake.hits["/health"] == 1
 
 
 async def test_api_key_sent_and_never_exported(
