@@ -227,9 +227,11 @@ def test_small_pool_makes_requests_wait_far_below_the_running_cap(
     several seconds of waiting) says the pool binds and names the pool's flags, not
     `--max-running-requests`."""
     url = sglang_pool_server.url
-    with watching(engine_gauges(url), every=0.25) as watch:
-        usages = burst(url, [prompt_ids(350, seed=200 + i) for i in range(3)], 24)
-    assert [(u["prompt_tokens"], u["completion_tokens"]) for u in usages] == [(350, 24)] * 3
+    # 64 tokens: SGLang sets its gauges when it logs a prefill or every 40 decode steps, and a
+    # decode log while the others wait shows them waiting.
+    with watching(engine_gauges(url)) as watch:
+        usages = burst(url, [prompt_ids(350, seed=200 + i) for i in range(4)], 64)
+    assert [(u["prompt_tokens"], u["completion_tokens"]) for u in usages] == [(350, 64)] * 4
     assert watch.peaks["sglang:num_running_reqs"] == 1, watch.peaks
     assert watch.peaks["sglang:num_queue_reqs"] >= 1, watch.peaks
     assert 0.6 < watch.peaks["sglang:token_usage"] < 0.9, watch.peaks
