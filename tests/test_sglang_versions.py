@@ -338,3 +338,29 @@ async def test_warm_up_seen_through_health_when_server_info_answers(
         await collector.collect()
     assert warming.health_hits == hits  # ready: the generating /health is not asked again
     await collector.close()
+
+
+async def test_0511_cpu_capture_weights_from_config_when_the_engine_says_zero(
+    fake: FakeSGLang, client: httpx.AsyncClient
+) -> None:
+    # The real CPU server (tests/fixtures/sglang-0.5.11-cpu): memory_usage.weight -0.0 and
+    # `mem usage=-0.00 GB` in its log (a host-memory delta), KV 0.03 GiB.
+    cpu = FIX / "sglang-0.5.11-cpu"
+    fake.routes.clear()
+    fake.set("/health", 200, "")
+    fake.set("/metrics", 200, (cpu / "metrics-after-load.txt").read_text())
+    fake.set("/server_info", 200, (cpu / "server_info.json").read_text())
+    fake.set("/model_info", 200, (cpu / "get_model_info.json").read_text())
+    fake.set("/v1/models", 200, (cpu / "v1_models.json").read_text())
+    model = FIX / "sglang-tiny-qwen2"
+    collector, _ = make(fake.url, client, model_path=model, log_file=cpu / "server.log")
+    scrape = await collector.collect()
+    assert scrape.up and scrape.errors == [], [str(e) for e in scrape.errors]
+    assert "llmb_engine_model_buffer_bytes" not in names(scrape)
+    # No safetensors (random weights): the config's shapes x bf16.
+    assert val(scrape, "llmb_model_weights_bytes") == 24261120
+    assert val(scrape, "llmb_engine_kv_cache_bytes", device="gpu") == 0.03 * GIB
+    # 4 layers x 2 KV heads x (64 + 64) x 2 B, for 16384 + 1 slots.
+    assert val(scrape, "llmb_model_kv_bytes_per_token_estimated") == 2048
+    assert val(scrape, "llmb_model_kv_cache_bytes_estimated") == 2048 * 16385
+    assert val(scrape, "llmb_engine_slots") == 8

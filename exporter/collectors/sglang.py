@@ -809,11 +809,13 @@ class SGLangCollector(Collector):
         """
         states = server_info.objects("internal_states") or []
         usage = states[0].obj("memory_usage") if states else None
-        if usage is not None and (usage.num("weight") or usage.num("kvcache")):
-            weight, kv = usage.num("weight"), usage.num("kvcache")
+        # Memory deltas: on a CPU they can read -0.00 or below. Not above 0: not known.
+        weight = usage.num("weight", minimum=None) if usage is not None else None
+        kv = usage.num("kvcache", minimum=None) if usage is not None else None
+        if (weight is not None and weight > 0) or (kv is not None and kv > 0):
             return (
-                weight * GIB if weight else None,
-                kv * GIB if kv else None,
+                weight * GIB if weight is not None and weight > 0 else None,
+                kv * GIB if kv is not None and kv > 0 else None,
                 "server_info",
             )
         if self._log is not None:
