@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the project and its tests need on a fresh Debian machine
-# (no GPU needed; Docker's engine and a real SGLang are installed for the system tests). Idempotent: re-running only does what is missing.
+# (no GPU needed; Docker's engine and a real SGLang are installed for the system tests).
+# Idempotent: re-running only does what is missing.
 #
 #   scripts/install.sh          everything below (what `make test` runs)
 #   scripts/install.sh --demo   only what `make demo` needs: python3-venv, prometheus,
