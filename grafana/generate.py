@@ -201,10 +201,13 @@ def decode_check() -> Panel:
     """Decode at the card's limit: YES / no, or no verdict with the misfit reason."""
     return stat(
         "Decode at card limit",
+        # One query, so that it has data whether or not the roofline fits: the verdict where
+        # it does, 2 (NO VERDICT) with the misfit reason where it does not.
         Target(
-            f"engine:llmb_decode_at_card_limit:bool{{{SEL}}} {UNLESS_MISFIT}", "{{host}}/{{engine}}"
+            f"(engine:llmb_decode_at_card_limit:bool{{{SEL}}} {UNLESS_MISFIT})"
+            f" or (0 * {MISFIT} + 2)",
+            "{{host}}/{{engine}} {{reason}}",
         ),
-        Target(f"0 * {MISFIT} + 2", "{{host}}/{{engine}} ({{reason}})"),
         unit="none",
         width=6,
         description=(
