@@ -1077,7 +1077,7 @@ def expert_offload_action(
     that bounds decode at bandwidth / those bytes tok/s per sequence.
     """
     bw = host_bandwidth or number("host_memory_bandwidth_bytes_per_second")
-    layers = f"{host_layers:.0f} layers'" if host_layers is not None else "some layers'"
+    layers = f"{host_layers:.0f} layers" if host_layers is not None else "some layers"
     text = f"Expert offload: the routed experts of {layers} live in host memory"
     if host_bytes:
         per_step = host_bytes * expert_share_

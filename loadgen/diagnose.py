@@ -198,6 +198,31 @@ def _first(series: Series, name: str, **labels: str) -> float | None:
     return max(vals) if vals else None
 
 
+def counters_from_zero(
+    scrapes: list[tuple[float, Series]], engine: str
+) -> list[tuple[float, Series]]:
+    """A window's scrapes, with 0 at its first scrape for each counter the engine began later.
+
+    SGLang creates a metric family at its first observation (the inter-token histogram that
+    gives the decode counters after the first streamed request, the retraction counter at
+    the first retraction): in a step that began before it, the counter is in the step's
+    later scrapes only, and a rate over a single point is none (no decode efficiency, no
+    event). It stood at 0 when the step began: the engine was up and had counted nothing.
+    """
+    start, first = scrapes[0]
+    if _first(first, "llmb_engine_up", engine=engine) != 1:
+        return scrapes  # the engine unread at the start: absent says nothing
+    born = {
+        key
+        for _, later in scrapes[1:]
+        for key in later
+        if key not in first and key[0].endswith("_total") and ("engine", engine) in key[1]
+    }
+    if not born:
+        return scrapes
+    return [(start, {**first, **dict.fromkeys(born, 0.0)}), *scrapes[1:]]
+
+
 class Monitor:
     """Samples, while one engine is measured: the exporter's series, memory and the log.
 
@@ -377,9 +402,15 @@ class Monitor:
         With `since`, only the samples of [since, at] count: what Prometheus would say had
         it watched this load for the whole window, without the earlier steps mixed in.
         """
-        scrapes = [(t, s) for t, s in self.scrapes if since is None or since <= t <= at]
+        # Sorted: the background sampler and a step's own samples may finish out of order.
+        scrapes = sorted(
+            ((t, s) for t, s in self.scrapes if since is None or since <= t <= at),
+            key=lambda scrape: scrape[0],
+        )
         if not scrapes:
             return None
+        if since is not None:
+            scrapes = counters_from_zero(scrapes, self.exporter_engine)
         series = core.series_from_scrapes(scrapes)
         for key, values in core.rule_values_at(series, at).items():
             if key.engine == self.exporter_engine:
@@ -873,6 +904,11 @@ class Diagnoser:
         prompts: list[float] = []
         log0 = self._log_events()
         t0 = time.time()
+        # The step's window opens with a scrape of its own: every counter's value before the
+        # first request (the background sampler's next scrape may come after it finished, and
+        # a step seen by one scrape has no rate: `idle`, no decode efficiency).
+        await self.monitor.sample()
+        started = time.time()
         for _ in range(rounds):
             spec = self._spec(
                 concurrency, prompt_tokens, requests or concurrency * self.opts.requests_per_slot
@@ -901,7 +937,7 @@ class Diagnoser:
             prompts += [float(r.prompt_tokens) for r in records if r.prompt_tokens is not None]
             if result.interrupted:
                 raise KeyboardInterrupt
-        row.wall_s = time.time() - t0
+        row.wall_s = time.time() - started
         # llama.cpp logs a slot's release (and its truncation) after the stream has ended:
         # one more sample interval lets the log and the exporter catch up with the step.
         await asyncio.sleep(self.opts.sample_interval)

@@ -18,9 +18,12 @@ from loadgen.__main__ import main as loadgen_main
 from loadgen.decision import EngineResult, Row, roofline
 from loadgen.diagnose import (
     Diagnoser,
+    Monitor,
     Options,
     PhasePublisher,
+    Series,
     combine,
+    counters_from_zero,
     read_exporter,
     series_from_text,
     sglang_facts,
@@ -187,3 +190,34 @@ def test_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
         in out
     )
     assert "(default: 1,2,4,8)" in out
+
+
+def _sglang_scrape(up: float, decode: tuple[float, float] | None, generated: float) -> Series:
+    """One exporter scrape of an SGLang engine (numbers of the `moe_below_limit` simulator)."""
+    lab = (("engine", "e"), ("host", "h"), ("kind", "sglang"))
+    page = {("llmb_engine_up", lab): up, ("llmb_engine_generation_tokens_total", lab): generated}
+    if decode is not None:
+        page[("llmb_engine_decode_tokens_total", lab)] = decode[0]
+        page[("llmb_engine_decode_seconds_total", lab)] = decode[1]
+    return page
+
+
+def test_a_counter_the_engine_creates_during_a_step_counts_from_zero() -> None:
+    """SGLang's inter-token histogram (the decode counters) appears at the first streamed
+    request: the step's opening scrape lacks it, so without a 0 there the step's only
+    points are after the requests and the decode rate is none."""
+    mon = Monitor("e", Options(concurrency=[1]))
+    mon.scrapes = [
+        (10.0, _sglang_scrape(1, None, 6)),  # the step's opening scrape
+        (10.7, _sglang_scrape(1, (62, 0.3634), 70)),
+        (10.9, _sglang_scrape(1, (62, 0.3634), 70)),
+    ]
+    values = mon.rule_values(10.9, since=10.0)
+    assert values is not None and values.decode_tokens_per_second == pytest.approx(62 / 0.3634)
+    # A counter already there is not touched; an engine that was not up gives no zero.
+    assert counters_from_zero(mon.scrapes[1:], "e") == mon.scrapes[1:]
+    down = [(10.0, _sglang_scrape(0, None, 6)), *mon.scrapes[1:]]
+    assert counters_from_zero(down, "e") == down
+    mon.scrapes = down
+    values = mon.rule_values(10.9, since=10.0)
+    assert values is not None and values.decode_tokens_per_second is None
