@@ -23,9 +23,12 @@ RUN useradd --system --uid 10001 --create-home --home-dir /home/llmb --shell /us
     && python3 -m venv /opt/llmb
 WORKDIR /src
 COPY constraints.txt pyproject.toml README.md /src/
+COPY core /src/core
 COPY exporter /src/exporter
 COPY loadgen /src/loadgen
+COPY diagnose /src/diagnose
 COPY simulator /src/simulator
+COPY tools /src/tools
 
 FROM base AS exporter
 RUN pip install -c /src/constraints.txt /src && rm -rf /src

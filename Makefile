@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 #   make demo DEMO_ARGS="--sglang-scenario kv_saturated"
 DEMO_ARGS ?=
 
-.PHONY: install install-demo test lint typecheck unit rules-check demo run clean
+.PHONY: install install-demo test lint typecheck unit integration system pytest rules-check demo run clean
 
 install:  ## install everything (Debian packages, venv, CPU llama-server, test model)
 	VENV=$(VENV) bash scripts/install.sh
@@ -25,10 +25,19 @@ rules-check:
 	promtool check rules prometheus/rules/*.yml
 	promtool test rules prometheus/tests/*.yml
 
-unit:
+unit:  ## the unit tier: in-process, no child processes (tests/unit)
+	$(VENV)/bin/pytest -q tests/unit
+
+integration:  ## simulators, stubs, the exporter as a process (tests/integration)
+	$(VENV)/bin/pytest -q tests/integration
+
+system:  ## the real llama-server, SGLang, Prometheus/promtool, Docker (tests/system)
+	$(VENV)/bin/pytest -q tests/system
+
+pytest:  ## every tier
 	$(VENV)/bin/pytest -q
 
-test: install lint typecheck rules-check unit  ## install + lint + types + rules + all tests
+test: install lint typecheck rules-check pytest  ## install + lint + types + rules + all tests
 
 CONFIG ?= config.yaml
 run:  ## run the exporter with CONFIG (default config.yaml: copy config.example.yaml and edit it)

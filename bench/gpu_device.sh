@@ -65,10 +65,10 @@ build)
   fi
   ;;
 model)
-  [ -f "$MODEL" ] || python3 -m loadgen.synth_model --like gemma3-27b --type q4_0 \
+  [ -f "$MODEL" ] || python3 -m tools.synth_model --like gemma3-27b --type q4_0 \
     --tokenizer-from .gpu/gemma3-tokenizer.gguf --out "$MODEL"
   if [ "${2:-}" = q8_0 ] && [ ! -f "$MODEL_Q8" ]; then
-    python3 -m loadgen.synth_model --like gemma3-27b --type q8_0 \
+    python3 -m tools.synth_model --like gemma3-27b --type q8_0 \
       --tokenizer-from .gpu/gemma3-tokenizer.gguf --out "$MODEL_Q8"
   fi
   ls -la "$W"/*.gguf

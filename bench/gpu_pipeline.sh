@@ -19,7 +19,7 @@ W=${LLMB_GPU_WORK:?}
 R=$PWD
 SERVER=${LLMB_SERVER:-$W/build/bin/llama-server}
 # Local dry runs of this script: LLMB_SERVER=a CPU llama-server, LLMB_SYNTH_EXTRA="--layers 1".
-SYNTH=(-m loadgen.synth_model ${LLMB_SYNTH_EXTRA:-})
+SYNTH=(-m tools.synth_model ${LLMB_SYNTH_EXTRA:-})
 M=$W/models
 RES=$W/res
 O=$W/out

@@ -5,7 +5,7 @@ keeps ONE exporter (real NVML) running across scenarios, drives load with `llmb-
 scrapes the exporter every `--scrape-interval` seconds into `<out>/<scenario>/scrapes.jsonl`,
 and takes independent readings at the same moments: `nvidia-smi --query-gpu` and
 `--query-compute-apps`, the engine's `timings`, and its `KV buffer size` log lines.
-`summary.json` holds the comparisons; `bench/gpu_report.py` turns the scrapes into promtool
+`summary.json` holds the comparisons; `tools/gpu_report.py` turns the scrapes into promtool
 tests so the verdict rules are evaluated on the real GPU's series.
 
     python3 bench/gpu_validation.py --llama-server BIN --model MODEL.gguf --out DIR

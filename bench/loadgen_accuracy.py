@@ -1,6 +1,6 @@
 """Timing accuracy of `llmb-loadgen run` as a user sees it, against a bare aiohttp client.
 
-The stub (`python -m loadgen.stub --ttft 0.2 --itl 0.02`, its own process) sends the first
+The stub (`python -m simulator.stub --ttft 0.2 --itl 0.02`, its own process) sends the first
 token of each request 200 ms after it arrived and then one every 20 ms, on an absolute
 schedule. Per concurrency (default 16, 64, 256; requests = 3 x concurrency, 20 tokens each),
 rounds alternate, in an ABBA order so neither client always goes first, between
@@ -147,7 +147,7 @@ CLIENTS: dict[str, Client] = {"bare": run_bare, "llmb-loadgen": run_loadgen}
 STUB_UVLOOP: list[str] = []
 _UVLOOP_STUB = (
     "import sys, uvloop, asyncio; asyncio.set_event_loop_policy(uvloop.EventLoopPolicy()); "
-    "from loadgen.stub import main; main(sys.argv[1:])"
+    "from simulator.stub import main; main(sys.argv[1:])"
 )
 
 

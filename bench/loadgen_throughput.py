@@ -1,6 +1,6 @@
 """Throughput of the load generator itself against a zero-delay streaming stub.
 
-The stub (`python -m loadgen.stub`, zero-delay mode: each response pre-rendered and written at
+The stub (`python -m simulator.stub`, zero-delay mode: each response pre-rendered and written at
 once) runs in a separate process; the load generator runs in this one, through the same code
 path as `llmb-loadgen run` (calibration skipped with a fixed prompt, requests.jsonl written and
 flushed per request, live metrics on). Two shapes:
@@ -51,9 +51,9 @@ def free_port() -> int:
 def start_stub(port: int, *extra: str, module: list[str] | None = None) -> subprocess.Popen[bytes]:
     """Start the stub in its own process and wait until it answers.
 
-    `module`: how to start it instead of `-m loadgen.stub` (e.g. `-c CODE`).
+    `module`: how to start it instead of `-m simulator.stub` (e.g. `-c CODE`).
     """
-    start = module or ["-m", "loadgen.stub"]
+    start = module or ["-m", "simulator.stub"]
     proc = subprocess.Popen(
         [sys.executable, *start, "--port", str(port), "--no-keep", *extra],
         cwd=ROOT,

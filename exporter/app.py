@@ -13,9 +13,9 @@ from exporter.runner import Runner
 
 def build_runner(config: Config, client: httpx.AsyncClient | None = None) -> Runner:
     """Create one collector per source (NVML when enabled, one per engine)."""
-    from exporter.collectors.llamacpp import LlamaCppCollector
-    from exporter.collectors.nvml import NvmlCollector
-    from exporter.collectors.sglang import SGLangCollector
+    from exporter.collectors.llamacpp.collector import LlamaCppCollector
+    from exporter.collectors.nvml.collector import NvmlCollector
+    from exporter.collectors.sglang.collector import SGLangCollector
 
     # aiohttp underneath: httpx's own transport costs more CPU than parsing (exporter/http.py).
     http = client or httpx.AsyncClient(follow_redirects=True, transport=AiohttpTransport())

@@ -4,7 +4,7 @@
 support), which made it a third of the exporter's CPU per scrape. Our families use a few
 dozen fixed names, so `render_text` checks each name once (cached) and writes the same
 bytes as `prometheus_client.exposition.generate_latest`, which
-tests/test_exporter_exposition.py checks on real collections and on generated families.
+tests/unit/test_exporter_exposition.py checks on real collections and on generated families.
 
 Anything outside that subset (a name that is not a legacy Prometheus name, timestamps,
 exemplars, native histograms, OpenMetrics-only `_created`/`_gsum`/`_gcount` samples)

@@ -12,7 +12,7 @@ only reads sample lines (`name{labels} value [timestamp] [# exemplar]`, also wit
 UTF-8 name) with compiled regular expressions, and only those of the families a collector
 maps. A malformed line costs only itself (it is listed in `Exposition.problems`). A
 hypothesis test checks it against prometheus_client's parser on the real fixtures and their
-mutations (tests/test_fuzz_promtext.py); bench/promtext_parse.py measures both.
+mutations (tests/unit/test_fuzz_promtext.py); bench/promtext_parse.py measures both.
 """
 
 from __future__ import annotations

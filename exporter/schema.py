@@ -25,7 +25,7 @@ from prometheus_client.core import (
 from prometheus_client.metrics_core import Metric
 
 if TYPE_CHECKING:
-    from exporter.geometry import ModelGeometry
+    from exporter.model.geometry import ModelGeometry
 
 ENGINE = ("engine", "kind")
 GPU = ("gpu",)

@@ -4,7 +4,7 @@ The JSON is normalized (sorted keys, fixed ids, no UI-export fields) so a change
 small diff. Run `python grafana/generate.py` after editing; `--check` exits 1 when a
 committed dashboard is stale (CI runs it). Every query names only series that the exporter,
 the load generator or a recording rule produces, and every threshold line is read from the
-rules' THRESHOLDS table (tests/test_grafana.py checks both).
+rules' THRESHOLDS table (tests/integration/test_grafana.py checks both).
 
 The dashboards import anywhere: every panel, query, variable and annotation uses the
 `${datasource}` variable (type datasource, Prometheus). `__inputs` lets Grafana's import
@@ -14,7 +14,7 @@ skip `__inputs`, fall back to the Prometheus datasource of that Grafana.
 Why plain dicts and not grafana-foundation-sdk's builders: the helpers below (`ts`, `stat`,
 `check`) already say a panel in one call, and the builders' output would carry every
 default field, which turns each edit into a large diff. The SDK's models still read every
-dashboard back in tests/test_grafana.py, so the JSON stays what Grafana's schema expects.
+dashboard back in tests/integration/test_grafana.py, so the JSON stays what Grafana expects.
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from diagnose import compare
+from diagnose import procedure as diagnose
 from exporter.config import Config, ConfigError, load_config
-from loadgen import compare, diagnose
 from loadgen.client import Target
 from loadgen.options import (
     EXIT_USAGE,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Docker for the system test of the real stack (tests/test_docker_stack.py) and for trying
+# Docker for the system test of the real stack (tests/system/test_docker_stack.py) and for trying
 # the compose stack on a CPU-only Debian machine without any image registry:
 #
 #  - Debian packages docker.io (the engine), docker-compose (1.29) and debootstrap;

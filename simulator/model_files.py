@@ -39,7 +39,7 @@ class ModelFiles:
     def _write_gguf(self, model: ModelSpec) -> str | None:
         assert model.gguf_like is not None
         try:  # the GGUF writer is an extra (llm-bottleneck[synth]: gguf, numpy)
-            from loadgen import synth_model
+            from tools import synth_model
         except ImportError as exc:
             LOG.warning("no GGUF for %s (%s): install llm-bottleneck[synth]", model.name, exc)
             return None

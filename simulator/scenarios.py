@@ -1,7 +1,7 @@
 """Scenario presets: one model, one card and the engine flags for each bottleneck.
 
-docs/simulators.md lists the numbers each preset should produce; tests/test_sim_scenarios.py
-checks the signatures.
+docs/simulators.md lists the numbers each preset should produce;
+tests/integration/test_sim_scenarios.py checks the signatures.
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ BIG_32B = ModelSpec(
     ftype="Q8_0",
 )
 
-# Shapes written by `llmb-synth-model` (numbers from its plan; tests/test_sim_moe.py checks them
-# against loadgen.synth_model): per-layer bytes, routed experts, output layer, embedding table.
+# Shapes written by `llmb-synth-model` (numbers from its plan;
+# tests/integration/test_sim_moe.py checks them against tools.synth_model): per-layer
+# bytes, routed experts, output layer, embedding table.
 QWEN3_30B_A3B_HF: dict[str, object] = {
     "architectures": ["Qwen3MoeForCausalLM"],
     "attention_bias": False,

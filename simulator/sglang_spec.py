@@ -1234,7 +1234,7 @@ FAMILIES: tuple[FamilySpec, ...] = (
 # changes below. tests/test_sim_sglang_versions.py holds each version to its captures.
 # Lazy families are alike in both: 0.5.11 too declares `num_retracted_requests_total` (and the
 # retracted token counters) and `num_aborted_requests_total`, which appear after the first
-# retraction or abort (tests/test_sglang_real.py sees the retraction counter on the real server).
+# retraction or abort (tests/system/test_sglang_real.py sees the retraction counter on the real server).
 # Its `evicted_tokens`/`eviction_duration_seconds` exist only as HiCache's GPU-to-CPU series.
 DEFAULT_VERSION = "0.5.23"
 

@@ -1,4 +1,10 @@
-"""Shared pytest configuration. Area-specific fixtures live in tests/plugins/*.py."""
+"""Shared pytest configuration. Area-specific fixtures live in tests/plugins/*.py.
+
+Tests are grouped by tier, one folder each, and every test gets its tier's marker:
+`unit` (in-process, no child processes: `make unit`), `integration` (simulators, stubs,
+the exporter as a process) and `system` (the real llama-server, SGLang, Prometheus and
+promtool, Docker, pip installs).
+"""
 
 from __future__ import annotations
 
@@ -23,6 +29,16 @@ pytest_plugins = [
 ]
 
 FIXTURES = Path(__file__).parent / "fixtures"
+TIERS = ("unit", "integration", "system")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its tier, from its folder; a test outside a tier folder fails."""
+    for item in items:
+        tier = next((t for t in TIERS if f"tests/{t}/" in item.path.as_posix()), None)
+        if tier is None:
+            raise pytest.UsageError(f"{item.nodeid}: tests live in tests/unit|integration|system")
+        item.add_marker(getattr(pytest.mark, tier))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

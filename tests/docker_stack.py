@@ -1,6 +1,6 @@
 """The project's docker-compose.yml on a real Docker daemon, with no image registry.
 
-Used by tests/test_docker_stack.py. What it substitutes, and nothing else:
+Used by tests/system/test_docker_stack.py. What it substitutes, and nothing else:
 
 * images: prom/prometheus and prom/alertmanager by Debian's packages in an image
   (tests/docker/prometheus.Dockerfile), ghcr.io/ggml-org/llama.cpp by the CPU llama-server
@@ -15,7 +15,7 @@ Used by tests/test_docker_stack.py. What it substitutes, and nothing else:
   the network);
 * Grafana is left out: no Grafana image or binary is reachable here (its dashboards are
   checked by grafana-foundation-sdk and by every query running on the real Prometheus,
-  tests/test_grafana.py and tests/test_stack_integration.py).
+  tests/integration/test_grafana.py and tests/system/test_stack_integration.py).
 """
 
 from __future__ import annotations

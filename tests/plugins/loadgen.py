@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from loadgen.__main__ import main
-from loadgen.stub import StubOptions, ThreadedStub
+from simulator.stub import StubOptions, ThreadedStub
 
 StubFactory = Callable[..., ThreadedStub]
 

@@ -1,0 +1,171 @@
+"""The decision core: thresholds, verdicts and their conditions, and the decode roofline.
+
+Modules: `thresholds`, `signals`, `conditions` (the condition table and `evaluate`, the one
+evaluator), `roofline` (bytes per step, the physics gate), `rules` (the recording rules'
+arithmetic over raw samples). This package re-exports their public names except the
+condition table, which only the evaluator and the rule generator read.
+
+Every surface that names a bottleneck takes it from here: the Prometheus rules
+(`python -m mixin` renders them from `CONDITIONS`, `VERDICTS` and `THRESHOLDS`),
+`prometheus/thresholds.md`, the verdict table in `docs/diagnose.md`, and `llmb-loadgen
+diagnose` / `compare` (which call `evaluate`). `tests/test_verdict_parity.py` feeds the same
+samples to `evaluate` and to promtool and requires the same verdict.
+
+Public API
+----------
+Thresholds
+    `Threshold`, `THRESHOLDS` (name -> value as PromQL text, unit, why), `t(name)` (the
+    PromQL text), `number(name)` (a ratio/requests/bytes threshold as a float),
+    `seconds(name)` (a range/duration threshold in seconds).
+Verdicts
+    `VERDICTS` (names in decision order), `VERDICT_INFO` (name -> `VerdictInfo`: the
+    condition that decides it, summary, action, fleet severity), `SEVERITY`.
+Conditions
+    `CONDITIONS` (in decision order, each a `Condition` built from `Evidence` alternatives
+    of `Compare` / `AllOf` tests on `Signals` fields). `SIGNAL_RECORDS` maps each
+    `Signals` field to the recorded series the rules read it from.
+Evaluation
+    `Signals` (the recording-rule-level inputs; `None` = the series is absent),
+    `evaluate(signals) -> Verdict` (`.name`, `.conditions`, `.evidence`, `.info`),
+    `ConditionResult`.
+Roofline
+    `decode_bytes_per_step(weights, kv_tokens, kv_bytes_per_token)`,
+    `roofline_tokens_per_second(bandwidth, bytes_per_step)`,
+    `decode_efficiency(decode_tokens_per_second, roofline)`.
+From raw samples
+    `SeriesKey` (metric name, sorted label pairs), `EngineKey` (host, engine, kind),
+    `series_from_scrapes(scrapes)`, `signals_at(series, at) -> {EngineKey: Signals}`,
+    `verdicts_at(series, at) -> {EngineKey: Verdict}` and
+    `rule_values_at(series, at) -> {EngineKey: RuleValues}` (also the decode rate,
+    bandwidth, bytes per step and roofline): the same arithmetic as the recording rules
+    (rate/increase with Prometheus' extrapolation, avg_over_time, max by engine, the GPU
+    joins) at time `at`, with Prometheus 2.x window semantics (a range `[w]` holds the
+    samples in `[at - w, at]`, an instant lookup takes the newest sample of the last 5
+    minutes). This is what promtool computes when the rule groups run in file order
+    (`group_eval_order`); a running Prometheus evaluates its groups independently, so
+    there the verdict may trail the raw series by up to one evaluation interval per group.
+
+Absence mirrors PromQL: a comparison on an absent signal is absent, `AllOf` is absent when
+one part is, an `Evidence` alternative that is absent does not count, and a condition with
+every alternative absent is false (the rules' `or 0 * up`).
+"""
+
+from core.conditions import (
+    POOL_ACTION,
+    PREFILL_ACTION,
+    SEVERITY,
+    SLOTS_FULL_ACTION,
+    VERDICT_INFO,
+    VERDICTS,
+    AllOf,
+    Compare,
+    Condition,
+    ConditionResult,
+    Evidence,
+    Verdict,
+    VerdictInfo,
+    evaluate,
+)
+from core.roofline import (
+    MISFIT_BY_NAME,
+    MISFIT_REASONS,
+    MisfitReason,
+    ModelStructure,
+    RooflineFacts,
+    accepted_tokens,
+    active_weights_bytes,
+    decode_batch,
+    decode_bytes_per_step,
+    decode_efficiency,
+    expert_offload_action,
+    expert_share,
+    experts_host_bound,
+    go_pow,
+    misfit_text,
+    physical,
+    roofline_facts,
+    roofline_misfit,
+    roofline_tokens_per_second,
+    tp_bandwidth,
+)
+from core.rules import (
+    LOOKBACK_SECONDS,
+    EngineKey,
+    Labels,
+    Points,
+    RuleValues,
+    SeriesKey,
+    admission_values,
+    rule_values_at,
+    series_from_scrapes,
+    signals_at,
+    verdicts_at,
+)
+from core.signals import (
+    SIGNAL_FIELDS,
+    SIGNAL_RECORDS,
+    Signals,
+)
+from core.thresholds import (
+    THRESHOLDS,
+    Threshold,
+    number,
+    seconds,
+    t,
+)
+
+__all__ = [
+    "LOOKBACK_SECONDS",
+    "MISFIT_BY_NAME",
+    "MISFIT_REASONS",
+    "POOL_ACTION",
+    "PREFILL_ACTION",
+    "SEVERITY",
+    "SIGNAL_FIELDS",
+    "SIGNAL_RECORDS",
+    "SLOTS_FULL_ACTION",
+    "THRESHOLDS",
+    "VERDICTS",
+    "VERDICT_INFO",
+    "AllOf",
+    "Compare",
+    "Condition",
+    "ConditionResult",
+    "EngineKey",
+    "Evidence",
+    "Labels",
+    "MisfitReason",
+    "ModelStructure",
+    "Points",
+    "RooflineFacts",
+    "RuleValues",
+    "SeriesKey",
+    "Signals",
+    "Threshold",
+    "Verdict",
+    "VerdictInfo",
+    "accepted_tokens",
+    "active_weights_bytes",
+    "admission_values",
+    "decode_batch",
+    "decode_bytes_per_step",
+    "decode_efficiency",
+    "evaluate",
+    "expert_offload_action",
+    "expert_share",
+    "experts_host_bound",
+    "go_pow",
+    "misfit_text",
+    "number",
+    "physical",
+    "roofline_facts",
+    "roofline_misfit",
+    "roofline_tokens_per_second",
+    "rule_values_at",
+    "seconds",
+    "series_from_scrapes",
+    "signals_at",
+    "t",
+    "tp_bandwidth",
+    "verdicts_at",
+]

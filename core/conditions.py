@@ -1,0 +1,447 @@
+"""The conditions and verdicts as data, and `evaluate`: the one function that decides the verdict.
+
+The Prometheus rules are generated from the same `CONDITIONS` (mixin); nothing else
+evaluates them. Absence mirrors PromQL: a comparison on an absent signal is absent, `AllOf`
+is absent when one part is, an `Evidence` alternative that is absent does not count, and a
+condition with every alternative absent is false (the rules' `or 0 * up`).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from core.signals import Signals
+from core.thresholds import THRESHOLDS, number, t
+
+# ---------------------------------------------------------------------------- conditions
+
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
+
+
+@dataclass(frozen=True)
+class Compare:
+    """`signal OP threshold` (PromQL `record OP bool threshold`).
+
+    `threshold` names a `THRESHOLDS` entry or is a number literal. `absent_holds`: an
+    absent signal counts as the comparison holding (PromQL `(x OP bool v or up)`).
+    """
+
+    signal: str
+    op: str
+    threshold: str
+    absent_holds: bool = False
+
+    @property
+    def value(self) -> float:
+        """The threshold as a float."""
+        return number(self.threshold) if self.threshold in THRESHOLDS else float(self.threshold)
+
+    @property
+    def promql_threshold(self) -> str:
+        """The threshold as PromQL text."""
+        return t(self.threshold) if self.threshold in THRESHOLDS else self.threshold
+
+    def test(self, signals: Signals) -> bool | None:
+        """True/False, or None when the signal is absent."""
+        value = getattr(signals, self.signal)
+        if value is None:
+            return True if self.absent_holds else None
+        return _OPS[self.op](float(value), self.value)
+
+
+@dataclass(frozen=True)
+class AllOf:
+    """Every comparison holds (PromQL: the `bool` results multiplied); absent if one is."""
+
+    parts: tuple[Compare, ...]
+
+    def test(self, signals: Signals) -> bool | None:
+        results = [p.test(signals) for p in self.parts]
+        if any(r is None for r in results):
+            return None
+        return all(results)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One alternative way a condition can hold, named by its `evidence` label."""
+
+    label: str
+    test: Compare | AllOf
+    text: str
+    # What to do when this alternative holds, where it says more than the verdict's action.
+    action: str | None = None
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A 0/1 decision input, recorded as `engine:llmb_<name>:bool` for every engine up.
+
+    It holds when any `alternatives` entry holds (absent ones do not count) and, with
+    `needs_gpu`, only on a host that has a GPU.
+    """
+
+    name: str
+    alternatives: tuple[Evidence, ...]
+    needs_gpu: bool = False
+
+    @property
+    def record(self) -> str:
+        """The recorded series name."""
+        return f"engine:llmb_{self.name}:bool"
+
+    def evaluate(self, signals: Signals) -> ConditionResult:
+        """Which alternatives hold, and whether the condition does."""
+        held = tuple(e.label for e in self.alternatives if e.test.test(signals))
+        ok = bool(held) and (signals.host_has_gpu or not self.needs_gpu)
+        return ConditionResult(self.name, ok, held if ok else ())
+
+
+@dataclass(frozen=True)
+class ConditionResult:
+    """One condition evaluated: whether it held and the evidence labels that did."""
+
+    name: str
+    held: bool
+    evidence: tuple[str, ...]
+
+    @property
+    def record(self) -> str:
+        """The recorded series name (as `Condition.record`)."""
+        return f"engine:llmb_{self.name}:bool"
+
+
+# --- admission on SGLang (issue 18): the limit that binds while requests wait -------------
+POOL_ACTION = (
+    "The KV pool, not the running-request cap, limits admission: give it more tokens (SGLang "
+    "a higher `--mem-fraction-static`, or a larger or no `--max-total-tokens`; llama.cpp a "
+    "larger `-c`), store it smaller (`--kv-cache-dtype fp8_e5m2`, `-ctk q8_0 -ctv q8_0`), "
+    "or send shorter requests (prompt + max_tokens)."
+)
+SLOTS_FULL_ACTION = (
+    "Running requests sit at their cap: let more run at once (SGLang "
+    "`--max-running-requests`, llama.cpp `-np` with `-c` raised so each slot keeps its "
+    "context); check the KV cache still has room afterwards."
+)
+PREFILL_ACTION = (
+    "Requests wait for prefill while running stays below its cap and the KV pool has room: "
+    "prefill more per step (SGLang a larger `--chunked-prefill-size` or "
+    "`--max-prefill-tokens`, llama.cpp larger `-b`/`-ub`) or send shorter prompts."
+)
+
+
+def _waiting_below_cap(*more: Compare) -> AllOf:
+    """Requests queue while running stays below its cap, and `more`."""
+    return AllOf(
+        (
+            Compare("waiting_avg", ">=", "queue_min"),
+            Compare("running_slots_ratio", "<", "slots_full_ratio"),
+            *more,
+        )
+    )
+
+
+CONDITIONS: tuple[Condition, ...] = (
+    Condition(
+        "weights_not_resident",
+        (
+            Evidence(
+                "layers",
+                Compare("layers_ratio", "<", "layers_ratio_min"),
+                "fewer layers on the GPU than the model has",
+            ),
+            Evidence(
+                "buffers",
+                Compare("weights_buffers_ratio", "<", "weights_buffer_ratio_min"),
+                "GPU weight buffers below `weights_buffer_ratio_min` x weight bytes",
+            ),
+            Evidence(
+                "memory_beyond_kv",
+                Compare("weights_memory_beyond_kv_ratio", "<", "weights_memory_ratio_min"),
+                "SGLang: engine process GPU memory minus its KV pool (reported, else "
+                "`max_total_num_tokens` x KV bytes per token) below `weights_memory_ratio_min` "
+                "x weight bytes",
+            ),
+            Evidence(
+                "memory",
+                Compare("weights_memory_ratio", "<", "weights_memory_ratio_min"),
+                "engine process GPU memory below `weights_memory_ratio_min` x weight bytes",
+            ),
+            Evidence(
+                "experts_host",
+                Compare("experts_host_layers", ">", "0"),
+                "routed experts of some layers kept in host memory (llama.cpp `--n-cpu-moe`, "
+                "`--cpu-moe`, `-ot exps=CPU`)",
+            ),
+        ),
+        needs_gpu=True,
+    ),
+    Condition(
+        "kv_saturated",
+        (
+            Evidence(
+                "usage_and_queue",
+                AllOf(
+                    (
+                        Compare("kv_usage_avg", ">=", "kv_usage_high"),
+                        Compare("waiting_avg", ">=", "queue_min"),
+                    )
+                ),
+                "KV usage >= `kv_usage_high` with >= `queue_min` requests waiting "
+                "(averages over `queue_window`)",
+            ),
+            Evidence(
+                "pressure_events",
+                Compare("kv_pressure_increase", ">", "0"),
+                "any KV-pressure event (KV full, context shift/exceeded, truncation, "
+                "retraction) in `rate_window`",
+            ),
+            Evidence(
+                "pool_held",
+                _waiting_below_cap(Compare("kv_demand_held_ratio", ">=", "kv_demand_full")),
+                ">= `queue_min` requests waiting while running peaks below `slots_full_ratio` "
+                "of its cap, and the KV the running requests hold at the pool's fullest plus one "
+                "more of their size "
+                "reaches `kv_demand_full` x the pool",
+                POOL_ACTION,
+            ),
+            Evidence(
+                "pool_reserved",
+                _waiting_below_cap(Compare("kv_demand_finished_ratio", ">=", "kv_demand_full")),
+                ">= `queue_min` requests waiting while running peaks below `slots_full_ratio` "
+                "of its cap, and (peak running + 1) x the tokens of a finished request (prompt + "
+                "answer, `rate_window`) reaches `kv_demand_full` x the pool",
+                POOL_ACTION,
+            ),
+        ),
+    ),
+    Condition(
+        "requests_queueing",
+        (
+            Evidence(
+                "queue",
+                Compare("waiting_avg", ">=", "queue_min"),
+                ">= `queue_min` requests waiting (average over `queue_window`)",
+            ),
+            Evidence(
+                "slots_full",
+                AllOf(
+                    (
+                        Compare("waiting_avg", ">=", "queue_min"),
+                        Compare("running_slots_ratio", ">=", "slots_full_ratio"),
+                    )
+                ),
+                "with running peaking at `slots_full_ratio` or more of its cap (`queue_window`)",
+                SLOTS_FULL_ACTION,
+            ),
+            Evidence(
+                "prefill",
+                _waiting_below_cap(),
+                "with running peaking below `slots_full_ratio` of its cap (and the KV pool not "
+                "the limit: then `kv_saturated` holds first)",
+                PREFILL_ACTION,
+            ),
+        ),
+    ),
+    Condition(
+        "idle",
+        (
+            Evidence(
+                "no_work",
+                AllOf(
+                    (
+                        Compare("running", "==", "0"),
+                        Compare("waiting", "==", "0"),
+                        Compare("generation_tokens_per_second", "==", "0", absent_holds=True),
+                    )
+                ),
+                "nothing running, nothing waiting, no tokens generated in `rate_window`",
+            ),
+        ),
+    ),
+    Condition(
+        "decode_at_card_limit",
+        (
+            Evidence(
+                "efficiency",
+                AllOf(
+                    (
+                        Compare("decode_efficiency", ">=", "decode_efficiency_at_limit"),
+                        # No answer beyond physics: above this the roofline does not fit.
+                        Compare("decode_efficiency", "<=", "decode_efficiency_physical_max"),
+                    )
+                ),
+                "decode efficiency (per-sequence decode tok/s / roofline) >= "
+                "`decode_efficiency_at_limit` and <= `decode_efficiency_physical_max` "
+                "(above it the bytes-per-step model does not fit the measurement: "
+                "`llmb:engine_roofline:misfit` says why, and no decode claim is made)",
+            ),
+        ),
+    ),
+)
+CONDITION_BY_NAME: dict[str, Condition] = {c.name: c for c in CONDITIONS}
+
+# ------------------------------------------------------------------------------ verdicts
+
+
+@dataclass(frozen=True)
+class VerdictInfo:
+    """One verdict: the condition that decides it (None: the fallback), what it means,
+    what to do, and its fleet severity (higher is worse)."""
+
+    name: str
+    condition: str | None
+    summary: str
+    action: str
+    severity: int
+
+
+# Decision order: the first verdict whose condition holds wins.
+VERDICTS: tuple[str, ...] = (
+    "weights_not_resident",
+    "kv_saturated",
+    "scheduling_bound",
+    "idle",
+    "decode_at_card_limit",
+    "decode_below_card_limit",
+)
+
+VERDICT_INFO: dict[str, VerdictInfo] = {
+    v.name: v
+    for v in (
+        VerdictInfo(
+            "weights_not_resident",
+            "weights_not_resident",
+            "Part of the model's weights is not on the GPU: every decode step waits for the "
+            "part in host memory.",
+            "Put every layer on the GPU: llama.cpp `-ngl 999` (and `--fit off` if the automatic "
+            "fit lowered `-ngl`), SGLang without `--cpu-offload-gb`. If the weights do not fit, "
+            "free memory for them with a shorter context (`-c`, `--context-length`), a "
+            "quantized KV cache (`-ctk q8_0 -ctv q8_0`) or a smaller quantization.",
+            6,
+        ),
+        VerdictInfo(
+            "kv_saturated",
+            "kv_saturated",
+            "The KV cache is full: requests wait for KV space or are cut (context shift, "
+            "truncation, context exceeded, retraction).",
+            "Give the KV cache room: a larger context per slot (llama.cpp `-c` with `-np`, "
+            "or `--kv-unified`; SGLang `--mem-fraction-static`), a quantized KV cache "
+            "(llama.cpp `-ctk q8_0 -ctv q8_0`, SGLang `--kv-cache-dtype fp8_e5m2`), or fewer "
+            "or shorter requests at once.",
+            5,
+        ),
+        VerdictInfo(
+            "scheduling_bound",
+            "requests_queueing",
+            "Requests queue while the KV cache has room: the number of slots or running "
+            "requests, or prefill, is the limit, not memory.",
+            "Find the limit that binds: with running requests at their cap let more run at "
+            "once (llama.cpp `-np` with `-c` raised so each slot keeps its context, SGLang "
+            "`--max-running-requests`); below the cap prefill is the limit (SGLang "
+            "`--chunked-prefill-size`, llama.cpp `-b`/`-ub`).",
+            4,
+        ),
+        VerdictInfo(
+            "idle",
+            "idle",
+            "Nothing running, nothing waiting and no tokens generated in the rate window.",
+            "Nothing to fix: send load (`llmb-loadgen run`) to see where it slows down.",
+            1,
+        ),
+        VerdictInfo(
+            "decode_at_card_limit",
+            "decode_at_card_limit",
+            f"Decode runs at {t('decode_efficiency_at_limit')} or more of the card's "
+            "memory-bandwidth roofline: the card is the limit.",
+            "Read fewer bytes per token (a smaller quantization, a quantized KV cache, shorter "
+            "contexts), batch more requests per step, or use a card with more memory "
+            "bandwidth; another engine gains little on decode.",
+            2,
+        ),
+        VerdictInfo(
+            "decode_below_card_limit",
+            None,
+            f"Decode runs below {t('decode_efficiency_at_limit')} of the card's roofline (or "
+            "no roofline is known, or it does not fit the measurement: efficiency above "
+            f"{t('decode_efficiency_physical_max')}, see `llmb:engine_roofline:misfit`) with no "
+            "queue and no memory problem: the engine or its settings set the speed.",
+            "Tune the engine: flash attention (llama.cpp `-fa on`), CUDA graphs, batch sizes "
+            "(`-b`, `-ub`), a faster kernel for this quantization; or compare another engine "
+            "on the same weights (`llmb-loadgen compare`).",
+            3,
+        ),
+    )
+}
+
+# Worst first, for fleet views: an engine that is down ranks above every verdict.
+SEVERITY: dict[str, int] = {"engine_down": 7} | {v: VERDICT_INFO[v].severity for v in VERDICTS}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The decision for one engine: the verdict, every condition's result, the evidence."""
+
+    name: str
+    conditions: tuple[ConditionResult, ...]
+    evidence: tuple[str, ...]
+
+    @property
+    def info(self) -> VerdictInfo:
+        """Summary, action and severity of this verdict."""
+        return VERDICT_INFO[self.name]
+
+    @property
+    def action(self) -> str:
+        """What to do: the first held evidence's own action, else the verdict's."""
+        cond = self.info.condition
+        if cond is not None:
+            for alt in CONDITION_BY_NAME[cond].alternatives:
+                if alt.action is not None and alt.label in self.evidence:
+                    return alt.action
+        return self.info.action
+
+    @property
+    def summary(self) -> str:
+        """What the verdict means, in one sentence."""
+        return self.info.summary
+
+    def held(self, condition: str) -> bool:
+        """Whether the named condition held."""
+        return any(c.held for c in self.conditions if c.name == condition)
+
+    def condition(self, name: str) -> ConditionResult:
+        """The named condition's result."""
+        return next(c for c in self.conditions if c.name == name)
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready: verdict, evidence, every condition (held or not), summary, action."""
+        return {
+            "verdict": self.name,
+            "evidence": list(self.evidence),
+            "conditions": {c.name: c.held for c in self.conditions},
+            "summary": self.summary,
+            "action": self.action,
+        }
+
+
+def evaluate(signals: Signals) -> Verdict:
+    """The verdict the rules give an engine that is up with these signals."""
+    results = tuple(c.evaluate(signals) for c in CONDITIONS)
+    by_name = {r.name: r for r in results}
+    for name in VERDICTS:
+        cond = VERDICT_INFO[name].condition
+        if cond is None:
+            return Verdict(name, results, ())
+        if by_name[cond].held:
+            return Verdict(name, results, by_name[cond].evidence)
+    raise AssertionError("VERDICTS must end with a fallback verdict")  # pragma: no cover

@@ -1,0 +1,82 @@
+"""Signals: the recording-rule-level inputs of the verdict, and the series each is read from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from core.thresholds import t
+
+# ------------------------------------------------------------------------------ signals
+
+
+@dataclass(frozen=True)
+class Signals:
+    """The recording-rule-level inputs of the verdict for one engine that is up.
+
+    `None` means the series is absent (as in PromQL: no data, or a zero denominator).
+    """
+
+    # engine:llmb_gpu_layers_offloaded:ratio: layers on the GPU / layers of the model
+    layers_ratio: float | None = None
+    # engine:llmb_weights_gpu_buffers:ratio: weight buffers on a GPU / weight bytes
+    weights_buffers_ratio: float | None = None
+    # engine:llmb_weights_gpu_memory:ratio: engine process GPU memory / weight bytes
+    weights_memory_ratio: float | None = None
+    # the engine's host exports llmb_gpu_memory_total_bytes (it has a GPU at all)
+    host_has_gpu: bool = False
+    # engine:llmb_kv_cache_usage:avg<queue_window>
+    kv_usage_avg: float | None = None
+    # engine:llmb_requests_waiting:avg<queue_window>
+    waiting_avg: float | None = None
+    # engine:llmb_kv_pressure_events:increase<rate_window> (all event kinds summed)
+    kv_pressure_increase: float | None = None
+    # engine:llmb_requests_running:max / engine:llmb_requests_waiting:max (now)
+    running: float | None = None
+    waiting: float | None = None
+    # --- admission and SGLang residency (issue 18) ---
+    # engine:llmb_requests_running_slots:ratio: peak running <queue_window> / the running cap
+    running_slots_ratio: float | None = None
+    # engine:llmb_kv_demand_held:ratio: peak KV held x (peak running + 1) / peak running
+    # / capacity (<queue_window>)
+    kv_demand_held_ratio: float | None = None
+    # engine:llmb_kv_demand_finished:ratio: (peak running + 1) x tokens per finished request
+    # / capacity
+    kv_demand_finished_ratio: float | None = None
+    # engine:llmb_weights_gpu_memory_beyond_kv:ratio (SGLang): (process GPU memory - KV pool)
+    # / weight bytes
+    weights_memory_beyond_kv_ratio: float | None = None
+    # engine:llmb_generation_tokens_per_second:rate<rate_window>
+    generation_tokens_per_second: float | None = None
+    # engine:llmb_decode_efficiency:ratio<rate_window>: per-sequence decode tok/s / roofline
+    decode_efficiency: float | None = None
+    # engine:llmb_experts_host_layers:max: layers whose routed experts live in host memory
+    experts_host_layers: float | None = None
+
+
+SIGNAL_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Signals))
+
+
+def _records() -> dict[str, str]:
+    rw, qw = t("rate_window"), t("queue_window")
+    return {
+        "layers_ratio": "engine:llmb_gpu_layers_offloaded:ratio",
+        "weights_buffers_ratio": "engine:llmb_weights_gpu_buffers:ratio",
+        "weights_memory_ratio": "engine:llmb_weights_gpu_memory:ratio",
+        "kv_usage_avg": f"engine:llmb_kv_cache_usage:avg{qw}",
+        "waiting_avg": f"engine:llmb_requests_waiting:avg{qw}",
+        "kv_pressure_increase": f"engine:llmb_kv_pressure_events:increase{rw}",
+        "running": "engine:llmb_requests_running:max",
+        "waiting": "engine:llmb_requests_waiting:max",
+        "running_slots_ratio": "engine:llmb_requests_running_slots:ratio",
+        "kv_demand_held_ratio": "engine:llmb_kv_demand_held:ratio",
+        "kv_demand_finished_ratio": "engine:llmb_kv_demand_finished:ratio",
+        "weights_memory_beyond_kv_ratio": "engine:llmb_weights_gpu_memory_beyond_kv:ratio",
+        "generation_tokens_per_second": f"engine:llmb_generation_tokens_per_second:rate{rw}",
+        "decode_efficiency": f"engine:llmb_decode_efficiency:ratio{rw}",
+        "experts_host_layers": "engine:llmb_experts_host_layers:max",
+    }
+
+
+# Signals field -> the recorded series (prometheus/rules/recording.yml) the rules read it
+# from. `host_has_gpu` has none: the rules test `llmb_gpu_memory_total_bytes` directly.
+SIGNAL_RECORDS: dict[str, str] = _records()

@@ -1,0 +1,190 @@
+"""Thresholds: each value the conditions compare against, as PromQL text, with its unit and why."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# --------------------------------------------------------------------------- thresholds
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """One tunable number of the rules and why it has its value."""
+
+    value: str
+    unit: str
+    why: str
+
+
+THRESHOLDS: dict[str, Threshold] = {
+    "rate_window": Threshold(
+        "5m",
+        "range",
+        "Window of every rate over token/time counters. llama.cpp adds generated tokens and "
+        "decode time only when a request ends, so the window must span several request "
+        "durations (a 512-token answer at 10 tok/s takes ~50 s); 5m also sets how long a "
+        "KV-pressure event keeps `kv_saturated` and how long after the last finished request "
+        "an engine still counts as busy rather than idle.",
+    ),
+    "queue_window": Threshold(
+        "1m",
+        "range",
+        "Window for the average queue length and KV usage behind the verdict. The gauges "
+        "flicker as requests start and end; a minute is long enough to smooth that and short "
+        "enough to follow a load step.",
+    ),
+    "kv_usage_high": Threshold(
+        "0.9",
+        "ratio",
+        "KV cache usage at or above which the KV pool counts as full. SGLang admits new "
+        "requests against a reserve of future tokens (`new_token_ratio`), so a queue with "
+        "usage above 0.9 means admission is blocked by KV; vLLM's KV dashboard turns "
+        "orange at the same figure.",
+    ),
+    "queue_min": Threshold(
+        "0.5",
+        "requests",
+        "Average number of waiting requests over `queue_window` at or above which requests "
+        "count as queueing: a request waits at least half of the time.",
+    ),
+    # --- admission on SGLang: which limit binds while requests wait (issue 18) ------------
+    "slots_full_ratio": Threshold(
+        "0.9",
+        "ratio",
+        "Peak running requests over `queue_window` / the engine's cap (llama.cpp `-np`, "
+        "SGLang `max_running_requests`) at or above which the cap is what requests wait "
+        "for. The peak, not the average: between two requests the count dips while the "
+        "queue refills the slot. Below it requests wait for something else (KV pool, "
+        "prefill): raising the cap would change nothing.",
+    ),
+    "kv_demand_full": Threshold(
+        "1",
+        "ratio",
+        "KV tokens the running requests plus one more would need / the pool's capacity at or "
+        "above which the pool cannot admit the next request: SGLang admits only what its "
+        "token pool can hold (prompt plus a reserve for the answer), so requests wait while "
+        "running stays below the cap and `token_usage` below `kv_usage_high` (one long "
+        "request can take most of a small pool).",
+    ),
+    "weights_memory_ratio_min": Threshold(
+        "0.9",
+        "ratio",
+        "Engine process GPU memory / model weight bytes below which the weights cannot all be "
+        "on the GPU. Measured on an H200 with a 15.2 GB Gemma-3-27B-shaped Q4_0 model: 1.14 "
+        "with all 63 layers on the GPU, 0.57 with 30 of 63; 0.9 leaves room for tensors "
+        "llama.cpp keeps in host memory (token embeddings) while catching any real offload.",
+    ),
+    "weights_buffer_ratio_min": Threshold(
+        "0.9",
+        "ratio",
+        "Weight buffers the engine reports on a GPU (llama.cpp `CUDA0 model buffer size`, "
+        "SGLang `weight_memory_usage_gb`) / model weight bytes below which weights sit in host "
+        "memory. Unlike process memory this is not inflated by the KV pool, so it also catches "
+        "a small offload next to a large KV cache. H200 capture: 14,493 MiB of 15.2 GB on "
+        "CUDA0 with all layers (1.00), 7,182 MiB with 30 of 63 (0.49).",
+    ),
+    "layers_ratio_min": Threshold(
+        "1",
+        "ratio",
+        "Layers on the GPU / layers of the model (llama.cpp log) below which the weights are "
+        "not resident: one layer on the CPU already makes every decode step wait for it.",
+    ),
+    "decode_efficiency_at_limit": Threshold(
+        "0.5",
+        "ratio",
+        "Measured per-sequence decode tok/s / roofline (GPU memory bandwidth / bytes read per "
+        "decode step) at or above which decode is at the card's limit. The roofline uses the "
+        "theoretical peak bandwidth, which tuned memory-bound kernels reach to 60-90 %; at "
+        "half of it the card is the limit, below it the engine or its settings leave speed "
+        "unused (llama.cpp Q4_0 on an H200 measured 0.30: 94.8 tok/s against 316).",
+    ),
+    "decode_efficiency_physical_max": Threshold(
+        "1.1",
+        "ratio",
+        "Decode efficiency above which the bytes-per-step model does not fit the measurement: "
+        "no engine decodes faster than its memory-bandwidth bound, so a higher figure means "
+        "the roofline counts bytes the engine does not read (a mixture-of-experts model "
+        "without expert metadata, speculative decoding not detected) or a wrong bandwidth. "
+        "10 % covers the bandwidth table's rounding, L2-cache hits and timer resolution. "
+        "Above it no decode verdict is claimed and `llmb:engine_roofline:misfit` names the "
+        "likely cause.",
+    ),
+    "host_memory_bandwidth_bytes_per_second": Threshold(
+        "1e+11",
+        "bytes/s",
+        "Host memory bandwidth for the bound of expert offload (llama.cpp `--n-cpu-moe`, "
+        "`-ot exps=CPU`). At decode batch sizes below 32 llama.cpp computes the experts that "
+        "live in host memory on the CPU, which reads them from host DRAM (PCIe carries them "
+        "only for larger batches, `op_offload`); 100 GB/s is a server socket's DDR5 in "
+        "practice (8 x DDR5-4800 peaks at 307 GB/s, desktops reach 60-90 GB/s). Nothing "
+        "measures it: the bound is a ceiling for the advice, never a verdict.",
+    ),
+    "gpu_headroom_min_bytes": Threshold(
+        "536870912",
+        "bytes",
+        "Free GPU memory at the windowed peak (total - reserved - peak used) below which the "
+        "card is near full (512 MiB): less than one compute buffer or CUDA graph of a 27B "
+        "model. Engines preallocate by design (SGLang `--mem-fraction-static`, llama.cpp "
+        "`--fit` leaves 1 GiB), so a ratio of used memory would fire on healthy setups.",
+    ),
+    "for_kv_saturated": Threshold(
+        "1m", "duration", "`for:` of LLMKVCacheSaturated (its signal is already a 1m average)."
+    ),
+    "for_weights_not_resident": Threshold(
+        "2m", "duration", "`for:` of LLMWeightsNotResident (lets process memory settle after load)."
+    ),
+    "for_gpu_memory_near_full": Threshold(
+        "5m",
+        "duration",
+        "`for:` of LLMGPUMemoryNearFull (peak over the sampler window, sustained).",
+    ),
+    "for_requests_queueing": Threshold(
+        "5m", "duration", "`for:` of LLMRequestsQueueing (a short burst queueing is normal)."
+    ),
+    "for_decode_below_card_limit": Threshold(
+        "10m", "duration", "`for:` of LLMDecodeBelowCardLimit (informational; steady state only)."
+    ),
+    "for_roofline_misfit": Threshold(
+        "10m",
+        "duration",
+        "`for:` of LLMRooflineMisfit (steady state only, as LLMDecodeBelowCardLimit).",
+    ),
+    "for_engine_down": Threshold(
+        "1m", "duration", "`for:` of LLMEngineDown (not while the engine reports loading)."
+    ),
+    "for_exporter_down": Threshold(
+        "1m", "duration", "`for:` of LLMExporterDown (every other alert is blind without it)."
+    ),
+    "for_source_failing": Threshold(
+        "5m", "duration", "`for:` of LLMExporterSourceFailing (one bad scrape is not a failure)."
+    ),
+    "for_token_count_mismatch": Threshold(
+        "1m", "duration", "`for:` of LLMTokenCountMismatch (the load generator's verdict is final)."
+    ),
+}
+
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def t(name: str) -> str:
+    """The value of one threshold as it appears in PromQL."""
+    return THRESHOLDS[name].value
+
+
+def number(name: str) -> float:
+    """A ratio, request-count or byte threshold as a float (as PromQL parses it)."""
+    th = THRESHOLDS[name]
+    if th.unit in ("range", "duration"):
+        raise ValueError(f"threshold {name!r} is a {th.unit}; use seconds()")
+    return float(th.value)
+
+
+def seconds(name: str) -> float:
+    """A range or duration threshold (`5m`, `1h30m`) in seconds."""
+    text = t(name)
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"threshold {name!r} = {text!r} is not a duration")
+    return sum(int(n) * _UNIT_SECONDS[u] for n, u in parts)

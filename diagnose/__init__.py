@@ -1,0 +1,1 @@
+"""`llmb-loadgen diagnose` and `compare`: the procedure, its decision, the reports."""

@@ -1,0 +1,157 @@
+"""`llmb-loadgen compare --engine A --engine B`: the same requests against two engines.
+
+The engines are measured one after the other (on one GPU they cannot both hold their
+weights), each through the whole `diagnose` procedure, with the same prompt text
+(calibrated once, on the first engine), the same max tokens, temperature 0 and ignore_eos,
+the same concurrencies and `--rounds` rounds of every load step. Then, in the seed's order:
+residency, comparability (weight bytes per parameter within 20 %, else the per-roofline
+comparison and a labelled estimate at the other's precision), single-request decode,
+batching at every measured concurrency (aggregate tok/s and TTFT at equal load), and where
+each engine's memory gives out. A difference is called only when it exceeds the spread
+between rounds. A is the engine in use; the recommendation is `stay_and_tune`,
+`switch_to:B`, `fix_memory_first` or `inconclusive`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from diagnose.decision import Decision, EngineResult, Row, decide_compare
+from diagnose.procedure import (
+    STEPS,
+    Diagnoser,
+    Options,
+    PhasePublisher,
+    add_measure_arguments,
+    engines_from_args,
+    load_config_or_usage,
+    options_from_args,
+    print_answer,
+    quiet_libraries,
+    run_info,
+    say,
+    serve_metrics,
+    write_outputs,
+)
+from exporter.config import EngineConfig
+from loadgen.client import TargetUnreachable
+from loadgen.options import (
+    Command,
+    HelpFormatter,
+    UsageError,
+    add_target_options,
+    add_timeout_options,
+)
+from loadgen.scheduler import RunContext
+
+DEFAULT_ROUNDS = 3
+
+
+def token_caveats(a: EngineResult, b: EngineResult) -> list[str]:
+    """Differences in prompt/completion token counts between rows of the same step."""
+    out = []
+
+    def key(r: Row) -> tuple[str, int, int | None]:
+        # Only the context sweep is matched on context: elsewhere it is each engine's default.
+        return (r.step, r.concurrency, r.context if r.step == "context" else None)
+
+    rows_b = {key(r): r for r in b.ok_rows()}
+    for ra in a.ok_rows():
+        rb = rows_b.get(key(ra))
+        if rb is None or ra.step == "kv_pressure":
+            # The KV step's prompt follows each engine's own slot context.
+            continue
+        if ra.completion_tokens != rb.completion_tokens:
+            out.append(
+                f"{ra.step} c={ra.concurrency}: generated tokens differ "
+                f"({a.name} {ra.completion_tokens}, {b.name} {rb.completion_tokens})"
+            )
+        if ra.prompt_tokens and rb.prompt_tokens and abs(ra.prompt_tokens - rb.prompt_tokens) > 0.5:
+            out.append(
+                f"{ra.step} c={ra.concurrency}: the same prompt is {ra.prompt_tokens:.0f} tokens "
+                f"on {a.name} and {rb.prompt_tokens:.0f} on {b.name} (different tokenizers)"
+            )
+    return out
+
+
+async def compare(
+    engines: tuple[EngineConfig, EngineConfig],
+    opts: Options,
+    out: Path,
+    pub: PhasePublisher | None = None,
+) -> tuple[list[EngineResult], Decision]:
+    """Measure both engines with identical requests and decide."""
+    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
+    pub = pub or PhasePublisher()
+    # One run context: the prompts calibrated on A are sent byte for byte to B.
+    ctx = RunContext(out)
+    try:
+        results = []
+        for engine in engines:
+            results.append(await Diagnoser(engine, opts, out, pub, ctx).run())
+    finally:
+        ctx.close()
+    ra, rb = results
+    decision = decide_compare(ra, rb)
+    decision.caveats += token_caveats(ra, rb)
+    return results, decision
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `llmb-loadgen compare`."""
+    parser.formatter_class = HelpFormatter
+    parser.description = (
+        "Send the same requests to two engines (--engine A --engine B, A in use) and say "
+        "whether to stay and tune, switch, or fix memory first."
+    )
+    add_target_options(parser)
+    add_timeout_options(parser)
+    add_measure_arguments(parser, rounds=DEFAULT_ROUNDS)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`llmb-loadgen compare` from parsed arguments; returns the exit status."""
+    with quiet_libraries():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    info = run_info(getattr(args, "argv", None))
+    if args.url:
+        raise UsageError("compare needs two engines from --config: --engine A --engine B")
+    config = load_config_or_usage(args.config)
+    engines = engines_from_args(args, config)
+    if len(engines) != 2:
+        raise UsageError("compare needs exactly two engines: --engine A --engine B (A in use)")
+    opts = options_from_args(args, config)
+    pub = PhasePublisher()
+    stop_metrics = serve_metrics(pub, args.metrics_listen)
+    a, b = engines
+    say(f"compare {a.name} (in use) with {b.name}: steps {', '.join(STEPS)}, {opts.rounds} rounds")
+    try:
+        results, decision = asyncio.run(compare((a, b), opts, args.out, pub))
+    except TargetUnreachable as exc:
+        sys.stderr.write(f"llmb-loadgen compare: {exc}\n")
+        return 1
+    finally:
+        stop_metrics()
+    write_outputs(args.out, results, decision, info, title=f"compare {a.name} vs {b.name}")
+    print_answer(results, decision, args.out)
+    return 0
+
+
+COMMAND = Command(
+    "compare",
+    "the same requests against two engines: stay_and_tune, switch_to, fix_memory_first "
+    "or inconclusive",
+    configure,
+    run,
+)
+
+
+def command() -> Command:
+    """The `compare` subcommand, registered explicitly by `loadgen.__main__`."""
+    return COMMAND

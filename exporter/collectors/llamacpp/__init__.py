@@ -1,0 +1,1 @@
+"""llama-server: the collector (/metrics, /slots, /props, GGUF) and its log follower and parsers."""

@@ -1,0 +1,1 @@
+"""NVML: the GPU collector and the pynvml backend behind its seam."""

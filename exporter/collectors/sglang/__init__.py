@@ -1,0 +1,1 @@
+"""SGLang: the collector (/metrics, /server_info, its log)."""

