@@ -28,7 +28,7 @@ import httpx
 
 from bench.exporter_latency import FIX, llama_bodies
 from exporter.attribution import Attribution
-from exporter.collectors.llamacpp.collector import collector as llamacpp
+from exporter.collectors.llamacpp import collector as llamacpp
 from exporter.config import EngineConfig
 
 LOG = FIX / "llamacpp-cpu-qwen3moe-synth-expert-offload" / "server-ncmoe1-lv5.log"

@@ -555,7 +555,7 @@ async def test_family_prefilter_loses_nothing(monkeypatch: pytest.MonkeyPatch) -
     import httpx
 
     from exporter.attribution import Attribution
-    from exporter.collectors.sglang.collector import collector as sglang_module
+    from exporter.collectors.sglang import collector as sglang_module
     from exporter.config import EngineConfig
 
     fixtures = FIXTURES
