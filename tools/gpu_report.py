@@ -1,6 +1,6 @@
 """Turn a `bench/gpu_validation.py` run into checks, a promtool test and report tables.
 
-    python tools/gpu_report.py RUN_DIR [--promtool-test prometheus/tests/h200-captured-test.yml]
+    python -m tools.gpu_report RUN_DIR [--promtool-test prometheus/tests/h200-captured-test.yml]
 
 RUN_DIR is the `gv` folder the GPU run wrote (or its copy under tests/fixtures). For every
 scenario it compares, at the same moments:
@@ -34,10 +34,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from core import (  # noqa: E402
+from core import (
     SIGNAL_RECORDS,
     VERDICTS,
     EngineKey,
@@ -46,6 +43,8 @@ from core import (  # noqa: E402
     rule_values_at,
     t,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 RULE_FILES = ("recording.yml", "verdict.yml")
 MIB = 1024 * 1024

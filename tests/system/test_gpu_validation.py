@@ -60,7 +60,7 @@ def test_promtool_test_is_generated_from_the_fixture(run: str) -> None:
     _, cases = analyse(FIX / run)
     path = ROOT / "prometheus" / "tests" / RUNS[run]
     assert path.read_text() == promtool_document(cases, run), (
-        f"regenerate: python tools/gpu_report.py tests/fixtures/{run} --promtool-test {path}"
+        f"regenerate: python -m tools.gpu_report tests/fixtures/{run} --promtool-test {path}"
     )
     promtool = shutil.which("promtool")
     assert promtool, "promtool missing: run scripts/install.sh"
