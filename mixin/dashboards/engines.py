@@ -1,0 +1,190 @@
+"""The engines dashboard: llama.cpp and SGLang side by side under the same labels."""
+
+from __future__ import annotations
+
+from exporter.verdict import t
+from mixin.config import MixinConfig
+from mixin.dashboards.panels import (
+    DATASOURCE,
+    RW,
+    SEL,
+    Dashboard,
+    Limit,
+    Row,
+    Target,
+    decode_vs_roofline,
+    quantiles,
+    ts,
+)
+
+
+def restarts(window: str) -> str:
+    """Engine restarts per host and engine over `window`."""
+    return f"sum by (host, engine) (increase(llmb_engine_restarts_total{{{SEL}}}[{window}]))"
+
+
+def _decode_row(cfg: MixinConfig) -> Row:
+    """Decode against the roofline and aggregate throughput."""
+    return Row(
+        "Decode",
+        [
+            decode_vs_roofline(12),
+            ts(
+                "Aggregate throughput",
+                Target(
+                    f"engine:llmb_generation_tokens_per_second:rate{RW}{{{SEL}}}",
+                    "{{host}}/{{engine}} generated",
+                ),
+                Target(
+                    f"engine:llmb_prompt_tokens_per_second:rate{RW}{{{SEL}}}",
+                    "{{host}}/{{engine}} prompt",
+                ),
+                Target(
+                    f"engine:llmb_prefill_tokens_per_second:rate{RW}{{{SEL}}}",
+                    "{{host}}/{{engine}} prefill speed",
+                ),
+                unit="tok/s",
+                width=12,
+                description=(
+                    "Generated and prompt tokens per second over all sequences "
+                    f"({t('rate_window')} rates of the engine counters), and prefill speed "
+                    "(prompt tokens / prompt time, llama.cpp). Use it to compare engines "
+                    "under the same load; batching raises it above one sequence's speed."
+                ),
+            ),
+        ],
+    )
+
+
+def _latency_row(cfg: MixinConfig) -> Row:
+    """TTFT and ITL, server and load generator side."""
+    return Row(
+        "Latency: server and load generator",
+        [
+            ts(
+                "Time to first token",
+                *quantiles(cfg, "llmb_engine_time_to_first_token_seconds", "engine", "server"),
+                *quantiles(cfg, "llmb_loadgen_time_to_first_token_seconds", "engine", "client"),
+                unit="s",
+                width=12,
+                description=(
+                    f"p50 and p99 over {cfg.dashboard_window} of the time to the first token, "
+                    "as the engine measures it (server) and as llmb-loadgen sees it (client, "
+                    "includes the network and queueing in front of the engine). Client far "
+                    "above server: look at the proxy or the network. TTFT rising with "
+                    "load: requests wait for a slot or KV (steps 2 and 3 of the overview)."
+                ),
+            ),
+            ts(
+                "Inter-token latency",
+                *quantiles(cfg, "llmb_engine_inter_token_latency_seconds", "engine", "server"),
+                *quantiles(cfg, "llmb_loadgen_inter_token_latency_seconds", "engine", "client"),
+                unit="s",
+                width=12,
+                description=(
+                    f"p50 and p99 over {cfg.dashboard_window} of the time between two streamed "
+                    "tokens, server and client side. 1 / ITL is the per-sequence decode "
+                    "speed a user sees; compare it with the roofline above."
+                ),
+            ),
+        ],
+    )
+
+
+def _scheduling_row(cfg: MixinConfig) -> Row:
+    """Running vs waiting, KV usage, prefix cache."""
+    return Row(
+        "Scheduling and memory",
+        [
+            ts(
+                "Running vs waiting",
+                Target(f"engine:llmb_requests_running:max{{{SEL}}}", "{{host}}/{{engine}} running"),
+                Target(f"engine:llmb_requests_waiting:max{{{SEL}}}", "{{host}}/{{engine}} waiting"),
+                unit="requests",
+                width=8,
+                description=(
+                    "Requests the engine runs and the ones it queues, as it reports them. "
+                    "Waiting above zero for minutes while running sits at the slot count: "
+                    "more load than slots (raise them or add a replica)."
+                ),
+            ),
+            ts(
+                "KV cache usage",
+                Target(f"engine:llmb_kv_cache_usage:ratio{{{SEL}}}", "{{host}}/{{engine}}"),
+                unit="percentunit",
+                width=8,
+                limit=Limit("kv_usage_high", "below"),
+                description=(
+                    "KV cache tokens held / KV capacity. At or above the line "
+                    f"(`kv_usage_high` = {t('kv_usage_high')}) with requests waiting, the "
+                    "KV pool limits the batch: more KV memory, a quantized KV cache or "
+                    f"shorter contexts help. {cfg.runbook_url}#llmkvcachesaturated"
+                ),
+            ),
+            ts(
+                "Prefix-cache share of prompt tokens",
+                Target(
+                    f"engine:llmb_prefix_cache_hit:ratio_rate{RW}{{{SEL}}}", "{{host}}/{{engine}}"
+                ),
+                unit="percentunit",
+                width=8,
+                description=(
+                    "Prompt tokens served from the prefix cache / all prompt tokens "
+                    f"({t('rate_window')}). High shares make prefill cheap; a shared system "
+                    "prompt that stays near 0 % means the cache is off or evicted."
+                ),
+            ),
+        ],
+    )
+
+
+def _restarts_row(cfg: MixinConfig) -> Row:
+    """Engine restarts per window."""
+    return Row(
+        "Restarts",
+        [
+            ts(
+                f"Engine restarts per {t('rate_window')}",
+                Target(restarts(t("rate_window")), "{{host}}/{{engine}}"),
+                unit="restarts",
+                width=24,
+                height=6,
+                description=(
+                    "New engine instances the exporter saw (`llmb_engine_restarts_total`, "
+                    f"increase over {t('rate_window')}): the engine was unreachable in "
+                    "between, or its build, model, context, slots or start arguments "
+                    "changed. The red annotations mark them on "
+                    "every panel. Throughput and latency right after a restart include "
+                    "model loading and a cold prefix cache. Repeated restarts: read the "
+                    "engine's log (out of memory, crashes) and LLMEngineDown."
+                ),
+            ),
+        ],
+    )
+
+
+def engines(cfg: MixinConfig) -> Dashboard:
+    """Engines side by side: decode vs roofline, throughput, latency, queue, KV, restarts."""
+
+    annotations = [
+        {
+            "datasource": DATASOURCE,
+            "enable": True,
+            "iconColor": "red",
+            "name": "Engine restarts",
+            "expr": restarts("1m"),
+            "step": "30s",
+            "titleFormat": "{{host}}/{{engine}} restarted",
+            "tagKeys": "host,engine",
+            "useValueForTime": False,
+        }
+    ]
+    rows = [_decode_row(cfg), _latency_row(cfg), _scheduling_row(cfg), _restarts_row(cfg)]
+    return Dashboard(
+        "llmb-engines",
+        "LLM bottleneck: engines side by side",
+        "llama.cpp and SGLang under the same labels: decode against the roofline, latency, "
+        "scheduling, KV and restarts.",
+        rows,
+        annotations,
+    )

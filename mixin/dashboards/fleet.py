@@ -1,0 +1,116 @@
+"""The fleet dashboard: every engine of every host on one Prometheus, worst verdict first."""
+
+from __future__ import annotations
+
+from exporter.verdict import SEVERITY
+from mixin.config import MixinConfig
+from mixin.dashboards.panels import (
+    ACTIVE_MAPPING,
+    HSEL,
+    SEL,
+    Dashboard,
+    Panel,
+    Row,
+    Target,
+    stat,
+    ts,
+)
+
+# Colours of the fleet verdicts; the ranks come from the rules (prometheus/generate.py SEVERITY).
+FLEET_COLORS = {
+    "engine_down": "dark-red",
+    "weights_not_resident": "red",
+    "kv_saturated": "orange",
+    "scheduling_bound": "yellow",
+    "decode_below_card_limit": "blue",
+    "decode_at_card_limit": "green",
+    "idle": "text",
+}
+FLEET_SEVERITY = {
+    verdict: (SEVERITY[verdict], color)
+    for verdict, color in sorted(FLEET_COLORS.items(), key=lambda kv: -SEVERITY[kv[0]])
+}
+
+
+def fleet(cfg: MixinConfig) -> Dashboard:
+    """Many hosts on one Prometheus: every engine's verdict, worst first."""
+    mapping = [
+        {
+            "type": "value",
+            "options": {
+                str(rank): {"text": verdict, "color": color, "index": i}
+                for i, (verdict, (rank, color)) in enumerate(FLEET_SEVERITY.items())
+            },
+        }
+    ]
+    colored = {"mappings": mapping, "color": {"mode": "thresholds"}}
+    ranks = ", ".join(f"{rank} {verdict}" for verdict, (rank, _) in FLEET_SEVERITY.items())
+    table = Panel(
+        "Verdict per host and engine, worst first",
+        [Target(f"sort_desc(llmb:engine_bottleneck:severity{{{SEL}}})", instant=True)],
+        "table",
+        "none",
+        "One row per engine with the severity rank of its verdict "
+        f"(`llmb:engine_bottleneck:severity`: {ranks}). Start at the top: open the overview "
+        "dashboard for that host and engine.",
+        width=14,
+        height=10,
+        options={"showHeader": True, "sortBy": [{"displayName": "Value", "desc": True}]},
+        defaults={"custom": {"align": "auto"}},
+        overrides=[
+            {
+                "matcher": {"id": "byName", "options": "Value"},
+                "properties": [
+                    {"id": "displayName", "value": "Severity"},
+                    {"id": "custom.cellOptions", "value": {"type": "color-background"}},
+                    {"id": "mappings", "value": mapping},
+                ],
+            }
+        ],
+    )
+    worst = stat(
+        "Worst verdict per host",
+        Target(f"sort_desc(host:llmb_engine_bottleneck_severity:max{{{HSEL}}})", "{{host}}"),
+        unit="none",
+        width=10,
+        height=10,
+        description=(
+            "The worst verdict among each host's engines "
+            "(`host:llmb_engine_bottleneck_severity:max`). A host in red or orange has an "
+            "engine whose weights are off the GPU, whose KV cache is full, or that is down."
+        ),
+        defaults=colored,
+        options={"colorMode": "background", "graphMode": "none", "textMode": "value_and_name"},
+    )
+    counts = ts(
+        "Engines per verdict and host",
+        Target(f"host_verdict:llmb_engines:count{{{HSEL}}}", "{{host}} {{verdict}}"),
+        unit="engines",
+        width=12,
+        description=(
+            "How many engines of each host have each verdict over time "
+            "(`host_verdict:llmb_engines:count`). A jump after a deployment or a load change "
+            "dates the start of a problem."
+        ),
+    )
+    history = Panel(
+        "Verdict over time",
+        [
+            Target(
+                f"llmb:engine_bottleneck:verdict{{{SEL}}} == 1", "{{host}}/{{engine}}: {{verdict}}"
+            )
+        ],
+        "state-timeline",
+        "none",
+        "When each verdict was active per host and engine (`llmb:engine_bottleneck:verdict == 1`).",
+        width=12,
+        defaults={"mappings": ACTIVE_MAPPING},
+        options={"showValue": "never", "mergeValues": True},
+    )
+    rows = [Row("Fleet now", [table, worst]), Row("Fleet over time", [counts, history])]
+    return Dashboard(
+        "llmb-fleet",
+        "LLM bottleneck: fleet",
+        "Every engine of every host on one Prometheus, worst verdict first.",
+        rows,
+    )

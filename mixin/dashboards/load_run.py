@@ -1,0 +1,234 @@
+"""The load-run dashboard: one llmb-loadgen run's steps as annotations over its panels."""
+
+from __future__ import annotations
+
+from exporter.verdict import t
+from mixin.config import MixinConfig
+from mixin.dashboards.panels import (
+    DATASOURCE,
+    HSEL,
+    RW,
+    SEL,
+    Dashboard,
+    Limit,
+    Panel,
+    Row,
+    Target,
+    quantiles,
+    ts,
+)
+
+
+def _load_row(cfg: MixinConfig) -> Row:
+    """Requests in flight, outcomes and the current step."""
+    return Row(
+        "Load",
+        [
+            ts(
+                "Requests in flight",
+                Target(
+                    f"max by (host, engine) (llmb_loadgen_requests_in_flight{{{SEL}}})",
+                    "{{host}}/{{engine}}",
+                ),
+                unit="requests",
+                width=8,
+                description=(
+                    "Requests llmb-loadgen has open against each engine: the concurrency "
+                    "of the current step. Below the step's concurrency, the load "
+                    "generator itself is the limit (too few workers or connections)."
+                ),
+            ),
+            ts(
+                "Requests/s by outcome",
+                Target(
+                    "sum by (host, engine, outcome) "
+                    f"(rate(llmb_loadgen_requests_total{{{SEL}}}[{cfg.dashboard_window}]))",
+                    "{{host}}/{{engine}} {{outcome}}",
+                ),
+                unit="reqps",
+                width=8,
+                description=(
+                    "Finished requests per second by outcome (ok, error, timeout, ...), "
+                    f"as llmb-loadgen counts them over {cfg.dashboard_window}. Any outcome other "
+                    "than ok makes the step's numbers suspect: read the run's summary for the "
+                    "errors."
+                ),
+            ),
+            Panel(
+                "Steps",
+                [Target(f"llmb_loadgen_step_info{{{SEL}}}", instant=True)],
+                "table",
+                "none",
+                "The current step of each load generator with its settings "
+                "(concurrency, prompt and output tokens) as labels of "
+                "`llmb_loadgen_step_info`. The purple annotations mark when each step began.",
+                width=8,
+            ),
+        ],
+    )
+
+
+def _throughput_row(cfg: MixinConfig) -> Row:
+    """Client vs server tokens/s, early stops and mismatches."""
+    return Row(
+        "Throughput",
+        [
+            ts(
+                "Completion tokens/s: client vs server",
+                Target(
+                    "sum by (host, engine) "
+                    f"(rate(llmb_loadgen_completion_tokens_total{{{SEL}}}[{cfg.dashboard_window}]))",
+                    "{{host}}/{{engine}} client",
+                ),
+                Target(
+                    f"engine:llmb_generation_tokens_per_second:rate{RW}{{{SEL}}}",
+                    f"{{{{host}}}}/{{{{engine}}}} server ({RW})",
+                ),
+                unit="tok/s",
+                width=12,
+                description=(
+                    "Completion tokens per second the load generator received "
+                    f"({cfg.dashboard_window}) "
+                    f"beside the tokens the engine says it generated ({t('rate_window')}). "
+                    "They should meet once a step runs longer than the window; a lasting "
+                    "gap means other clients share the engine or tokens are miscounted."
+                ),
+            ),
+            ts(
+                "Early stops and token-count mismatch",
+                Target(
+                    "sum by (host, engine) "
+                    f"(increase(llmb_loadgen_early_stop_requests_total{{{SEL}}}[{RW}]))",
+                    f"{{{{host}}}}/{{{{engine}}}} early stops ({RW})",
+                ),
+                Target(
+                    f"max by (host, engine) (llmb_loadgen_token_count_mismatch{{{SEL}}})",
+                    "{{host}}/{{engine}} mismatch",
+                ),
+                unit="requests",
+                width=12,
+                description=(
+                    f"Requests that stopped before their max tokens ({RW}), and 1 when the "
+                    "load generator's token count disagrees with the engine's usage "
+                    "numbers. Early stops shorten the decode phase and inflate tok/s per "
+                    f"request; a mismatch fires LLMTokenCountMismatch. "
+                    f"{cfg.runbook_url}#llmtokencountmismatch"
+                ),
+            ),
+        ],
+    )
+
+
+def _latency_row(cfg: MixinConfig) -> Row:
+    """Client-side TTFT, ITL and end-to-end latency."""
+    return Row(
+        "Latency (client side)",
+        [
+            ts(
+                "Time to first token",
+                *quantiles(cfg, "llmb_loadgen_time_to_first_token_seconds", "engine", "TTFT"),
+                unit="s",
+                width=8,
+                description=(
+                    f"p50 and p99 over {cfg.dashboard_window} of the time from sending a "
+                    "request to its first streamed token, as llmb-loadgen measures it. It grows "
+                    "with prompt length (prefill) and with queueing."
+                ),
+            ),
+            ts(
+                "Inter-token latency",
+                *quantiles(cfg, "llmb_loadgen_inter_token_latency_seconds", "engine", "ITL"),
+                unit="s",
+                width=8,
+                description=(
+                    f"p50 and p99 over {cfg.dashboard_window} of the gap between streamed tokens. "
+                    "It grows with the batch: each decode step serves every running "
+                    "sequence."
+                ),
+            ),
+            ts(
+                "End-to-end latency",
+                *quantiles(cfg, "llmb_loadgen_e2e_request_latency_seconds", "engine", "e2e"),
+                unit="s",
+                width=8,
+                description=(
+                    f"p50 and p99 over {cfg.dashboard_window} of the whole request: TTFT + output "
+                    "tokens x ITL. The number a user waits for."
+                ),
+            ),
+        ],
+    )
+
+
+def _memory_row(cfg: MixinConfig) -> Row:
+    """GPU memory, KV usage and queue during the run."""
+    return Row(
+        "Memory and KV during the run",
+        [
+            ts(
+                "GPU memory used and peak",
+                Target(
+                    f"max by (host, gpu) (llmb_gpu_memory_used_bytes{{{HSEL}}})",
+                    "{{host}} GPU {{gpu}} used",
+                ),
+                Target(
+                    f"max by (host, gpu) (llmb_gpu_memory_used_peak_bytes{{{HSEL}}})",
+                    "{{host}} GPU {{gpu}} peak",
+                ),
+                unit="bytes",
+                width=12,
+                description=(
+                    "GPU memory in use and the sampler's windowed peak during the run "
+                    "(NVML). A peak that climbs with each step shows how close a larger "
+                    "step gets to the card's total (GPU memory dashboard)."
+                ),
+            ),
+            ts(
+                "KV usage",
+                Target(f"engine:llmb_kv_cache_usage:ratio{{{SEL}}}", "{{host}}/{{engine}} KV"),
+                unit="percentunit",
+                width=6,
+                limit=Limit("kv_usage_high", "below"),
+                description=(
+                    "KV cache tokens held / capacity per step. Reaching the line "
+                    f"(`kv_usage_high` = {t('kv_usage_high')}) while requests wait: this "
+                    "step's concurrency or context is more than the KV pool holds."
+                ),
+            ),
+            ts(
+                "Waiting requests",
+                Target(f"engine:llmb_requests_waiting:max{{{SEL}}}", "{{host}}/{{engine}} waiting"),
+                unit="requests",
+                width=6,
+                description=(
+                    "Requests the engine queues during the run. A queue from the first "
+                    "step on: the step's concurrency is above the engine's slots."
+                ),
+            ),
+        ],
+    )
+
+
+def load_run(cfg: MixinConfig) -> Dashboard:
+    """The load generator's steps as annotations over throughput, latency and memory."""
+    annotations = [
+        {
+            "datasource": DATASOURCE,
+            "enable": True,
+            "iconColor": "purple",
+            "name": "Load steps",
+            "expr": f"llmb_loadgen_step_start_timestamp_seconds{{{SEL}}} * 1000",
+            "step": "5s",
+            "titleFormat": "{{host}}/{{engine}} step {{step}}",
+            "tagKeys": "engine,step",
+            "useValueForTime": True,
+        }
+    ]
+    rows = [_load_row(cfg), _throughput_row(cfg), _latency_row(cfg), _memory_row(cfg)]
+    return Dashboard(
+        "llmb-load-run",
+        "LLM bottleneck: load run",
+        "One llmb-loadgen run: its steps as annotations over load, throughput, latency and memory.",
+        rows,
+        annotations,
+    )

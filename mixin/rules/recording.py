@@ -1,0 +1,231 @@
+"""Recording rules: per-engine and per-GPU signals over the normalized llmb_* schema.
+
+`exporter.verdict.rule_values_at` computes the same arithmetic in Python; the parity test
+(tests/test_verdict_parity.py) requires promtool and Python to agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from exporter.verdict import t
+from mixin.rules.common import E, mx, rec
+from mixin.rules.roofline import roofline_rules
+
+
+def recording_rules() -> list[dict[str, Any]]:
+    """The groups of prometheus/rules/recording.yml."""
+    return [
+        {"name": "llmb-engine", "rules": engine_rules() + throughput_rules() + admission_rules()},
+        {"name": "llmb-gpu", "rules": gpu_rules()},
+        {"name": "llmb-roofline", "rules": roofline_rules()},
+    ]
+
+
+def _rate(metric: str) -> str:
+    # max, not sum: the same engine scraped by two exporters must not count twice.
+    return f"max by ({E}) (rate({metric}[{t('rate_window')}]))"
+
+
+def engine_rules() -> list[dict[str, Any]]:
+    """Scheduling and KV signals per engine."""
+    rw, qw = t("rate_window"), t("queue_window")
+    return [
+        rec("engine:llmb_engine_up:max", mx("llmb_engine_up")),
+        rec("engine:llmb_requests_running:max", mx("llmb_engine_requests_running")),
+        rec("engine:llmb_requests_waiting:max", mx("llmb_engine_requests_waiting")),
+        rec(
+            f"engine:llmb_requests_waiting:avg{qw}",
+            mx(f"avg_over_time(llmb_engine_requests_waiting[{qw}])"),
+        ),
+        rec("engine:llmb_kv_cache_usage:ratio", mx("llmb_engine_kv_cache_usage_ratio")),
+        rec(
+            f"engine:llmb_kv_cache_usage:avg{qw}",
+            mx(f"avg_over_time(llmb_engine_kv_cache_usage_ratio[{qw}])"),
+        ),
+        rec(
+            f"engine:llmb_kv_pressure_events:increase{rw}",
+            f"""
+            sum by ({E}) (
+              max by ({E}, event) (increase(llmb_engine_kv_pressure_events_total[{rw}]))
+            )
+            """,
+        ),
+    ]
+
+
+def throughput_rules() -> list[dict[str, Any]]:
+    """Token rates, prefix-cache share and weight residency per engine."""
+    rw = t("rate_window")
+    return [
+        rec(
+            f"engine:llmb_decode_tokens_per_second:rate{rw}",
+            f"""
+            {_rate("llmb_engine_decode_tokens_total")}
+              / ({_rate("llmb_engine_decode_seconds_total")} > 0)
+            """,
+        ),
+        rec(
+            f"engine:llmb_generation_tokens_per_second:rate{rw}",
+            _rate("llmb_engine_generation_tokens_total"),
+        ),
+        rec(
+            f"engine:llmb_prompt_tokens_per_second:rate{rw}",
+            _rate("llmb_engine_prompt_tokens_total"),
+        ),
+        rec(
+            f"engine:llmb_prefill_tokens_per_second:rate{rw}",
+            f"""
+            (
+                {_rate("llmb_engine_prompt_tokens_total")}
+              - ({_rate("llmb_engine_prompt_tokens_cached_total")}
+                 or 0 * {_rate("llmb_engine_prompt_tokens_total")})
+            )
+              / ({_rate("llmb_engine_prompt_seconds_total")} > 0)
+            """,
+        ),
+        rec(
+            f"engine:llmb_prefix_cache_hit:ratio_rate{rw}",
+            f"""
+            {_rate("llmb_engine_prompt_tokens_cached_total")}
+              / ({_rate("llmb_engine_prompt_tokens_total")} > 0)
+            """,
+        ),
+        *residency_rules(),
+    ]
+
+
+def residency_rules() -> list[dict[str, Any]]:
+    """How much of the weights the GPU holds, three ways."""
+    return [
+        rec(
+            "engine:llmb_weights_gpu_memory:ratio",
+            f"""
+            {mx("llmb_engine_process_gpu_memory_bytes")}
+              / ({mx("llmb_model_weights_bytes")} > 0)
+            """,
+        ),
+        rec(
+            # Buffers on any device but the host ones (llama.cpp CPU, CPU_Mapped, ...).
+            "engine:llmb_weights_gpu_buffers:ratio",
+            f"""
+            sum by ({E}) (
+              max by ({E}, device) (llmb_engine_model_buffer_bytes{{device!~"(?i)cpu.*"}})
+            )
+              / ({mx("llmb_model_weights_bytes")} > 0)
+            """,
+        ),
+        rec(
+            "engine:llmb_gpu_layers_offloaded:ratio",
+            f"""
+            {mx("llmb_engine_gpu_layers_offloaded")}
+              / ({mx("llmb_engine_gpu_layers_total")} > 0)
+            """,
+        ),
+    ]
+
+
+def gpu_rules() -> list[dict[str, Any]]:
+    """Per-GPU memory, per-engine process memory on each GPU, and the headroom."""
+    return [
+        rec(
+            "engine_gpu:llmb_gpu_process_memory_used_bytes:sum",
+            """
+            sum by (host, engine, gpu) (
+              max by (host, engine, gpu, pid) (llmb_gpu_process_memory_used_bytes{engine!=""})
+            )
+            """,
+        ),
+        rec(
+            "gpu:llmb_gpu_memory_used:ratio",
+            """
+            max by (host, gpu) (llmb_gpu_memory_used_bytes)
+              / (max by (host, gpu) (llmb_gpu_memory_total_bytes) > 0)
+            """,
+        ),
+        rec(
+            "gpu:llmb_gpu_memory_headroom_bytes:peak",
+            """
+              max by (host, gpu) (llmb_gpu_memory_total_bytes)
+            - (
+                  max by (host, gpu) (llmb_gpu_memory_used_peak_bytes)
+                or
+                  max by (host, gpu) (llmb_gpu_memory_used_bytes)
+              )
+            - (
+                  max by (host, gpu) (llmb_gpu_memory_reserved_bytes)
+                or
+                  0 * max by (host, gpu) (llmb_gpu_memory_total_bytes)
+              )
+            """,
+        ),
+        rec(
+            "gpu:llmb_gpu_memory_headroom:ratio",
+            """
+            gpu:llmb_gpu_memory_headroom_bytes:peak
+              / (max by (host, gpu) (llmb_gpu_memory_total_bytes) > 0)
+            """,
+        ),
+    ]
+
+
+def admission_rules() -> list[dict[str, Any]]:
+    """Which limit binds while requests wait, and SGLang residency beyond its KV pool (issue 18).
+
+    `exporter.verdict.admission_values` computes the same, in the same order.
+    """
+    rw, qw = t("rate_window"), t("queue_window")
+    peak = f"engine:llmb_requests_running:peak{qw}"
+    capacity = "engine:llmb_kv_cache_capacity_tokens:max"
+    tokens = f"engine:llmb_request_tokens:mean{rw}"
+    sglang = 'kind="sglang"'
+    return [
+        rec(peak, mx(f"max_over_time(llmb_engine_requests_running[{qw}])")),
+        rec("engine:llmb_slots:max", mx("llmb_engine_slots")),
+        rec(capacity, mx("llmb_engine_kv_cache_capacity_tokens")),
+        rec("engine:llmb_requests_running_slots:ratio", f"{peak} / (engine:llmb_slots:max > 0)"),
+        rec(
+            # The KV the running requests hold at the pool's fullest, plus one more request
+            # of their size (peaks: averages count the gaps between requests).
+            "engine:llmb_kv_demand_held:ratio",
+            f"""
+            {mx(f"max_over_time(llmb_engine_kv_cache_used_tokens[{qw}])")}
+              * ({peak} + 1) / ({peak} > 0) / ({capacity} > 0)
+            """,
+        ),
+        rec(
+            # Tokens a request holds by its end (prompt + answer): what SGLang reserves for.
+            tokens,
+            f"""
+            (
+                engine:llmb_prompt_tokens_per_second:rate{rw}
+              + engine:llmb_generation_tokens_per_second:rate{rw}
+            )
+              / (max by ({E}) (rate(llmb_engine_requests_finished_total[{rw}])) > 0)
+            """,
+        ),
+        rec(
+            "engine:llmb_kv_demand_finished:ratio",
+            f"({peak} + 1) * {tokens} / ({capacity} > 0)",
+        ),
+        rec(
+            # SGLang's process holds its weights and its preallocated KV pool (plus CUDA
+            # context and graphs): what is left beyond the pool must hold the weights.
+            "engine:llmb_weights_gpu_memory_beyond_kv:ratio",
+            f"""
+            (
+                {mx(f"llmb_engine_process_gpu_memory_bytes{{{sglang}}}")}
+              - (
+                    sum by ({E}) (
+                      max by ({E}, device) (
+                        llmb_engine_kv_cache_bytes{{{sglang},device!~"(?i)cpu.*"}}
+                      )
+                    )
+                  or
+                    {mx(f"llmb_model_kv_cache_bytes_estimated{{{sglang}}}")}
+                )
+            )
+              / ({mx("llmb_model_weights_bytes")} > 0)
+            """,
+        ),
+    ]

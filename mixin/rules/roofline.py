@@ -1,0 +1,230 @@
+"""The decode roofline: bandwidth, bytes per step, tokens per second, and the physics gate.
+
+Python equivalents: `exporter.verdict.decode_bytes_per_step`, `roofline_tokens_per_second`,
+`tp_bandwidth`, `experts_host_bound` and `roofline_facts`; the parity test ties them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from exporter.verdict import MISFIT_REASONS, t
+from mixin.rules.common import E, mx, rec
+
+MISFIT_RECORD = "llmb:engine_roofline:misfit"
+UP1 = "0 * engine:llmb_engine_up:max + 1"
+
+
+def _names() -> tuple[str, str, str]:
+    rw = t("rate_window")
+    return (
+        f"engine:llmb_decode_weights_bytes_per_step:avg{rw}",
+        f"engine:llmb_decode_batch:avg{rw}",
+        "engine:llmb_decode_accepted_tokens_per_step:max",
+    )
+
+
+def roofline_rules() -> list[dict[str, Any]]:
+    """The groups' rules in evaluation order (each reads only earlier records)."""
+    return [
+        bandwidth_rule(),
+        *step_rules(),
+        *speed_rules(),
+        *expert_offload_rules(),
+        rec(MISFIT_RECORD, misfit_expr()),
+    ]
+
+
+def bandwidth_rule() -> dict[str, Any]:
+    """The memory bandwidth one engine's decode step can use."""
+    return rec(
+        # Each GPU the engine's processes hold reads its share of a step (its share of
+        # the engine's GPU memory) and the slowest sets the pace: min(bandwidth / share),
+        # the sum of the bandwidths for an even split (tensor parallel), the GPU's own on
+        # one GPU. A CPU-only engine holds no GPU: its bandwidth and roofline are absent.
+        "engine:llmb_gpu_memory_bandwidth_bytes_per_second:max",
+        f"""
+        min by ({E}) (
+            (
+                max by (host, gpu) (llmb_gpu_memory_bandwidth_bytes_per_second)
+              / on (host, gpu) group_right ()
+                (
+                    engine_gpu:llmb_gpu_process_memory_used_bytes:sum
+                  / on (host, engine) group_left ()
+                    sum by (host, engine) (engine_gpu:llmb_gpu_process_memory_used_bytes:sum)
+                  > 0
+                )
+            )
+          * on (host, engine) group_left (kind) group by ({E}) (llmb_engine_up)
+        )
+        """,
+    )
+
+
+def _expert_share(batch: str) -> str:
+    """PromQL of 1 - (1 - k/E)^B: the share of routed experts B sequences touch."""
+    return f"""
+                        1
+                      - (
+                          1
+                        - {mx("llmb_model_experts_used")} / ({mx("llmb_model_experts")} > 0)
+                      ) ^ {batch}"""
+
+
+def step_rules() -> list[dict[str, Any]]:
+    """Batch, accept length and the weight bytes one decode step reads."""
+    rw = t("rate_window")
+    weights_step, batch, accepted = _names()
+    return [
+        rec(
+            # Sequences per decode step: whole ones, so (1 - k/E)^B is exact in PromQL and
+            # Python alike; 1 when nothing ran.
+            batch,
+            f"""
+              clamp_min(round({mx(f"avg_over_time(llmb_engine_requests_running[{rw}])")}), 1)
+            or
+              {UP1}
+            """,
+        ),
+        rec(
+            # Tokens per target-model step: the speculative accept length, else 1.
+            accepted,
+            f"""
+              clamp_min({mx("llmb_engine_spec_accept_length")}, 1)
+            or
+              {UP1}
+            """,
+        ),
+        rec(
+            # Weights one step reads: always-read + routed experts x the expected share of
+            # distinct experts B sequences touch (uniform routing) + B rows of an untied
+            # token embedding. Without the structure series every weight counts (dense);
+            # without E or k every routed expert does.
+            weights_step,
+            f"""
+              (
+                  {mx("llmb_model_weights_always_read_bytes")}
+                + (
+                      {mx("llmb_model_weights_routed_experts_bytes")}
+                    * ({_expert_share(batch)}
+                    )
+                  or
+                    {mx("llmb_model_weights_routed_experts_bytes")}
+                )
+                + (
+                    {mx("llmb_model_token_embedding_row_bytes")} * {batch}
+                  or
+                    0 * {mx("llmb_model_weights_always_read_bytes")}
+                )
+              )
+            or
+              {mx("llmb_model_weights_bytes")}
+            """,
+        ),
+    ]
+
+
+def speed_rules() -> list[dict[str, Any]]:
+    """Bytes per step, the roofline tok/s and the measured share of it."""
+    rw = t("rate_window")
+    weights_step, _, accepted = _names()
+    return [
+        rec(
+            # Each decode step reads those weights, the KV of every running sequence and,
+            # with speculative decoding, the draft model once per proposed token; it yields
+            # one token (the accept length) per sequence, so per-sequence tok/s <=
+            # bandwidth x accepted / this.
+            f"engine:llmb_decode_bytes_per_step:avg{rw}",
+            f"""
+              {weights_step}
+            + (
+                  {mx(f"avg_over_time(llmb_engine_kv_cache_used_tokens[{rw}])")}
+                * {mx("llmb_model_kv_bytes_per_token_estimated")}
+              or
+                0 * {weights_step}
+            )
+            + (
+                {mx("llmb_model_draft_weights_bytes")} * {accepted}
+              or
+                0 * {weights_step}
+            )
+            """,
+        ),
+        rec(
+            f"engine:llmb_decode_roofline_tokens_per_second:avg{rw}",
+            f"""
+            engine:llmb_gpu_memory_bandwidth_bytes_per_second:max * {accepted}
+              / (engine:llmb_decode_bytes_per_step:avg{rw} > 0)
+            """,
+        ),
+        rec(
+            f"engine:llmb_decode_efficiency:ratio{rw}",
+            f"""
+            engine:llmb_decode_tokens_per_second:rate{rw}
+              / (engine:llmb_decode_roofline_tokens_per_second:avg{rw} > 0)
+            """,
+        ),
+    ]
+
+
+def expert_offload_rules() -> list[dict[str, Any]]:
+    """Routed experts kept in host memory and the decode bound that sets."""
+    rw = t("rate_window")
+    _, batch, _ = _names()
+    return [
+        rec("engine:llmb_experts_host_layers:max", mx("llmb_engine_experts_host_layers")),
+        rec("engine:llmb_experts_host_bytes:max", mx("llmb_engine_experts_host_bytes")),
+        rec(
+            # Expert offload: host memory bandwidth / host expert bytes a step reads (the
+            # share of experts the batch touches): the host side's decode bound.
+            f"engine:llmb_experts_host_bound_tokens_per_second:avg{rw}",
+            f"""
+            {t("host_memory_bandwidth_bytes_per_second")}
+              / (
+                    engine:llmb_experts_host_bytes:max
+                  * ({_expert_share(batch)}
+                    or
+                      0 * engine:llmb_experts_host_bytes:max + 1
+                  )
+                > 0
+              )
+            """,
+        ),
+    ]
+
+
+def misfit_known() -> dict[str, str]:
+    """Per misfit reason: PromQL of the engines that HAVE the fact the reason lacks.
+
+    The Python side is `exporter.verdict.roofline_facts`; the parity test ties them.
+    """
+    structure = (
+        f"{mx('llmb_model_weights_always_read_bytes')}"
+        f" and on ({E}) {mx('llmb_model_weights_routed_experts_bytes')}"
+    )
+    experts = (
+        f"({structure}) and on ({E}) ("
+        f"{mx('llmb_model_weights_routed_experts_bytes')} == 0"
+        f" or on ({E}) ({mx('llmb_model_experts_used')}"
+        f" and on ({E}) {mx('llmb_model_experts')} > 0))"
+    )
+    return {
+        "model_structure_unknown": structure,
+        "expert_counts_unknown": experts,
+        "speculative_decoding_not_detected": mx("llmb_engine_spec_accept_length"),
+    }
+
+
+def misfit_expr() -> str:
+    """`llmb:engine_roofline:misfit{reason}`: the decode efficiency of engines beyond physics
+    (above `decode_efficiency_physical_max`), labelled with the first reason that applies."""
+    rw = t("rate_window")
+    beyond = f"engine:llmb_decode_efficiency:ratio{rw} > {t('decode_efficiency_physical_max')}"
+    known = misfit_known()
+    parts = []
+    for reason in MISFIT_REASONS:
+        cond = beyond
+        if reason.name in known:
+            cond = f"{beyond}\n    unless on ({E}) ({known[reason.name]})"
+        parts.append(f'label_replace(\n    {cond},\n    "reason", "{reason.name}", "", ""\n  )')
+    return "  " + f"\nor on ({E})\n  ".join(parts) + "\n"
