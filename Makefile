@@ -20,10 +20,11 @@ lint:
 typecheck:
 	$(VENV)/bin/mypy
 
-rules-check:
+rules-check:  ## generated outputs fresh (python -m mixin --check), rules valid, promtool tests pass
+	$(PY) -m mixin --check
 	promtool check config prometheus/prometheus.yml
 	promtool check rules prometheus/rules/*.yml
-	promtool test rules prometheus/tests/*.yml
+	promtool test rules prometheus/rules/tests/*.yml
 
 unit:  ## the unit tier: in-process, no child processes (tests/unit)
 	$(VENV)/bin/pytest -q tests/unit

@@ -1,6 +1,7 @@
 """Turn a `bench/gpu_validation.py` run into checks, a promtool test and report tables.
 
-    python -m tools.gpu_report RUN_DIR [--promtool-test prometheus/tests/h200-captured-test.yml]
+    python -m tools.gpu_report RUN_DIR \
+        [--promtool-test prometheus/rules/tests/h200-captured-test.yml]
 
 RUN_DIR is the `gv` folder the GPU run wrote (or its copy under tests/fixtures). For every
 scenario it compares, at the same moments:
@@ -420,7 +421,8 @@ def promtool_document(cases: list[dict[str, Any]], run: str = "h200-validation-2
     import yaml
 
     doc = {
-        "rule_files": [f"../rules/{f}" for f in RULE_FILES],
+        # The test lives beside the rules it tests: prometheus/rules/tests/.
+        "rule_files": [f"../{f}" for f in RULE_FILES],
         "evaluation_interval": "1s",
         "group_eval_order": group_order(),
         "tests": cases,
@@ -439,7 +441,13 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("run", type=Path)
-    parser.add_argument("--promtool-test", type=Path)
+    parser.add_argument(
+        "--promtool-test",
+        type=Path,
+        metavar="FILE",
+        help="also write the promtool test of the run's scrapes to FILE; it names the rules "
+        "as ../*.yml, so FILE belongs in prometheus/rules/tests/",
+    )
     args = parser.parse_args()
     report, cases = analyse(args.run)
     print(json.dumps(report, indent=1))

@@ -132,7 +132,7 @@ def quantiles(cfg: MixinConfig, metric: str, by: str, label: str) -> list[Target
     ]
 
 
-BOOL_MAPPING = [
+BOOL_MAPPING: list[dict[str, Any]] = [
     {
         "type": "value",
         "options": {

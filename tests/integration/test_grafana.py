@@ -23,7 +23,7 @@ from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models import dashboard as sdk
 from grafana_foundation_sdk.models import prometheus as sdk_prometheus
 
-from prometheus.generate import THRESHOLDS
+from exporter.verdict import THRESHOLDS
 from tests.plugins.prom import ROOT, known_series, promql_metric_names, rule_groups
 
 GRAFANA = ROOT / "grafana"
@@ -149,7 +149,7 @@ def lost_in_round_trip(before: Any, after: Any, path: str = "") -> list[str]:
 
 def test_dashboards_are_fresh() -> None:
     result = subprocess.run(
-        [sys.executable, "grafana/generate.py", "--check"],
+        [sys.executable, "-m", "mixin", "--check"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -24,6 +24,8 @@ from exporter.schema import SCHEMA
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = ROOT / "prometheus"
+# `promtool test rules` files live beside the rules they test.
+PROMTOOL_TESTS = PROMETHEUS_DIR / "rules" / "tests"
 RULE_FILES = ("recording.yml", "verdict.yml", "alerts.yml")
 
 # The load generator's series (issue 4; loadgen/metrics.py), as Prometheus stores them.

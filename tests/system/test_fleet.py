@@ -11,7 +11,6 @@ must name gpu-b only.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import shutil
 import socket
@@ -32,6 +31,9 @@ from exporter.collectors import Collector, Scrape
 from exporter.config import ConfigError, parse_config
 from exporter.runner import Runner
 from exporter.schema import MetricSet
+from exporter.verdict import SEVERITY, VERDICTS
+from mixin.dashboards.fleet import FLEET_SEVERITY
+from mixin.rules.verdict import verdict_rules
 from tests.plugins.prom import (
     ROOT,
     RULE_FILES,
@@ -227,23 +229,16 @@ async def test_two_hosts_with_one_engine_name_stay_apart(fleet: PrometheusServer
             assert hosts == set(HOSTS), (panel["title"], expr, hosts)
 
 
-def load_generator(path: Path, name: str) -> Any:
-    """Import a generate.py script under a unique module name."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_dashboard_severity_ranks_match_the_rules() -> None:
-    rules = load_generator(ROOT / "prometheus/generate.py", "llmb_prometheus_generate")
-    dashboards = load_generator(ROOT / "grafana/generate.py", "llmb_grafana_generate")
-    ranks = {verdict: rank for verdict, (rank, _) in dashboards.FLEET_SEVERITY.items()}
-    assert ranks == rules.SEVERITY
-    assert set(rules.SEVERITY) == set(rules.VERDICTS) | {"engine_down"}
+    ranks = {verdict: rank for verdict, (rank, _) in FLEET_SEVERITY.items()}
+    assert ranks == SEVERITY
+    assert set(SEVERITY) == set(VERDICTS) | {"engine_down"}
     assert len(set(ranks.values())) == len(ranks)
+    # The fleet rules rank with the same table.
+    (fleet_group,) = [g for g in verdict_rules() if g["name"] == "llmb-fleet"]
+    severity = fleet_group["rules"][0]["expr"]
+    for verdict in VERDICTS:
+        assert f'verdict="{verdict}"}} == 1) * {SEVERITY[verdict]}' in severity, verdict
 
 
 def test_every_dashboard_has_host_and_engine_variables() -> None:

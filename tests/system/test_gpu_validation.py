@@ -1,6 +1,6 @@
 """The real GPU runs (issues 7 and 8), kept as fixtures: their numbers must stay within the
 targets, and the promtool tests generated from their scrapes must be the ones in
-prometheus/tests/ (so the verdict rules keep giving the right answer on real GPU data)."""
+prometheus/rules/tests/ (so the verdict rules keep giving the right answer on real GPU data)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_split_model_memory_is_on_both_gpus() -> None:
 @pytest.mark.parametrize("run", sorted(RUNS))
 def test_promtool_test_is_generated_from_the_fixture(run: str) -> None:
     _, cases = analyse(FIX / run)
-    path = ROOT / "prometheus" / "tests" / RUNS[run]
+    path = ROOT / "prometheus" / "rules" / "tests" / RUNS[run]
     assert path.read_text() == promtool_document(cases, run), (
         f"regenerate: python -m tools.gpu_report tests/fixtures/{run} --promtool-test {path}"
     )

@@ -18,6 +18,7 @@ from core.conditions import CONDITIONS
 from tests.plugins.prom import (
     BUILTIN_SERIES,
     PROMETHEUS_DIR,
+    PROMTOOL_TESTS,
     ROOT,
     known_series,
     promql_metric_names,
@@ -57,7 +58,7 @@ def alerts() -> list[dict]:
 
 
 def test_generated_rule_files_are_fresh() -> None:
-    result = run(sys.executable, "prometheus/generate.py", "--check")
+    result = run(sys.executable, "-m", "mixin", "--check")
     assert result.returncode == 0, result.stderr
 
 
@@ -75,7 +76,7 @@ def test_promtool_check_rules() -> None:
 
 
 def test_promtool_unit_tests_pass() -> None:
-    files = sorted(str(p.relative_to(ROOT)) for p in (PROMETHEUS_DIR / "tests").glob("*.yml"))
+    files = sorted(str(p.relative_to(ROOT)) for p in PROMTOOL_TESTS.glob("*.yml"))
     assert files, "no promtool tests"
     result = run("promtool", "test", "rules", *files)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -208,7 +209,7 @@ def test_diagnose_doc_carries_the_generated_verdict_table() -> None:
 def test_every_promtool_test_evaluates_the_rule_groups_in_file_order() -> None:
     # Without group_eval_order promtool runs the groups in a random order, so a verdict
     # could read the previous step's conditions and a test pass or fail by chance.
-    for path in sorted((PROMETHEUS_DIR / "tests").glob("*.yml")):
+    for path in sorted(PROMTOOL_TESTS.glob("*.yml")):
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
         groups = []
         for rel in doc["rule_files"]:
@@ -218,7 +219,7 @@ def test_every_promtool_test_evaluates_the_rule_groups_in_file_order() -> None:
 
 
 def test_every_verdict_value_is_tested_by_promtool() -> None:
-    text = "\n".join(p.read_text() for p in (PROMETHEUS_DIR / "tests").glob("*.yml"))
+    text = "\n".join(p.read_text() for p in PROMTOOL_TESTS.glob("*.yml"))
     for value in VERDICTS:
         assert f'verdict="{value}"' in text, value
 
@@ -243,7 +244,7 @@ def test_alerts_have_summary_description_and_a_runbook_entry() -> None:
 
 
 def test_every_alert_is_tested_before_and_after_its_for() -> None:
-    text = (PROMETHEUS_DIR / "tests" / "alerts-test.yml").read_text(encoding="utf-8")
+    text = (PROMTOOL_TESTS / "alerts-test.yml").read_text(encoding="utf-8")
     doc = yaml.safe_load(text)
     seen: dict[str, list[bool]] = {}
     for test in doc["tests"]:
@@ -256,7 +257,7 @@ def test_every_alert_is_tested_before_and_after_its_for() -> None:
 
 
 def test_per_engine_alerts_fire_for_both_engine_kinds() -> None:
-    doc = yaml.safe_load((PROMETHEUS_DIR / "tests" / "alerts-test.yml").read_text())
+    doc = yaml.safe_load((PROMTOOL_TESTS / "alerts-test.yml").read_text())
     kinds: dict[str, set[str]] = {}
     for test in doc["tests"]:
         for case in test.get("alert_rule_test", []):

@@ -19,22 +19,12 @@ import pytest
 import yaml
 
 from exporter.config import load_config
+from core import VERDICTS
 from tests.conftest import get_free_port
 from tests.paths import ROOT
 
 ROOT = ROOT
 README = ROOT / "README.md"
-
-
-def _verdicts() -> tuple[str, ...]:
-    """The verdict vocabulary, from the generator of the rules (its source of truth)."""
-    from tests.system.test_fleet import load_generator
-
-    module = load_generator(ROOT / "prometheus" / "generate.py", "llmb_prometheus_generate")
-    return tuple(module.VERDICTS)
-
-
-VERDICTS = _verdicts()
 
 
 def readme_commands() -> list[str]:
