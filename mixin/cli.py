@@ -17,28 +17,28 @@ from mixin.dashboards import DASHBOARDS_DIR, dashboard_files
 from mixin.kubernetes import manifest_files
 from mixin.rules import rule_files
 
-# The checkout this package lives in: where the outputs are committed.
+# The checkout this package lives in: where the outputs are committed. An installed wheel
+# has no checkout around it; there --out is required.
 REPO = Path(__file__).resolve().parent.parent
+IN_CHECKOUT = (REPO / "pyproject.toml").is_file() and (REPO / "mixin").is_dir()
 
 
 def outputs(cfg: config.MixinConfig, root: Path = REPO) -> dict[str, str]:
     """Path relative to `root` -> content of every generated file.
 
     docs/diagnose.md is hand-written around its generated block: the copy under `root`
-    is the base, or the repository's when `root` has none.
+    is the base, else the repository's; with neither (an installed wheel writing into an
+    empty folder) it is not an output.
     """
     rules = rule_files(cfg)
     dashboards = dashboard_files(cfg)
-    doc = root / docs.DIAGNOSE_DOC
-    if not doc.exists():
-        doc = REPO / docs.DIAGNOSE_DOC
-    return {
-        **rules,
-        docs.THRESHOLDS_DOC: docs.render_thresholds(),
-        docs.DIAGNOSE_DOC: docs.render_diagnose_doc(doc.read_text(encoding="utf-8")),
-        **dashboards,
-        **manifest_files(cfg, rules, dashboards),
-    }
+    files = {**rules, docs.THRESHOLDS_DOC: docs.render_thresholds()}
+    for base in (root / docs.DIAGNOSE_DOC, REPO / docs.DIAGNOSE_DOC):
+        if base.is_file():
+            current = base.read_text(encoding="utf-8")
+            files[docs.DIAGNOSE_DOC] = docs.render_diagnose_doc(current)
+            break
+    return {**files, **dashboards, **manifest_files(cfg, rules, dashboards)}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,8 +63,9 @@ def _parser() -> argparse.ArgumentParser:
         "--out",
         type=Path,
         metavar="DIR",
-        default=REPO,
-        help="root the outputs are written to or checked in (default: the repository)",
+        default=REPO if IN_CHECKOUT else None,
+        help="root the outputs are written to or checked in (default: the repository "
+        "checkout this package is in; required outside one)",
     )
     return parser
 
@@ -72,7 +73,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Write (or check) every output; 0 when all are fresh or written, 1 when stale, 2 on
     a bad config."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.out is None:
+        parser.error("not run from a checkout of llm-bottleneck: give --out DIR")
     try:
         cfg = config.load(args.config)
         files = outputs(cfg, args.out)
@@ -88,8 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.check:
             stale.append(rel)
         else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(content, encoding="utf-8")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(content, encoding="utf-8")
+            except OSError as exc:
+                print(f"python -m mixin: cannot write {path}: {exc.strerror}", file=sys.stderr)
+                return 2
             print(f"wrote {rel}")
     extra = sorted(
         f"{DASHBOARDS_DIR}/{p.name}"

@@ -16,7 +16,7 @@ from mixin.dashboards.panels import (
     ts,
 )
 
-# Colours of the fleet verdicts; the ranks come from the rules (prometheus/generate.py SEVERITY).
+# Colours of the fleet verdicts; the ranks come from the core (SEVERITY), as in the fleet rules.
 FLEET_COLORS = {
     "engine_down": "dark-red",
     "weights_not_resident": "red",
@@ -32,8 +32,8 @@ FLEET_SEVERITY = {
 }
 
 
-def fleet(cfg: MixinConfig) -> Dashboard:
-    """Many hosts on one Prometheus: every engine's verdict, worst first."""
+def _now_row() -> Row:
+    """Every engine's severity, worst first, and the worst verdict per host."""
     mapping = [
         {
             "type": "value",
@@ -82,6 +82,11 @@ def fleet(cfg: MixinConfig) -> Dashboard:
         defaults=colored,
         options={"colorMode": "background", "graphMode": "none", "textMode": "value_and_name"},
     )
+    return Row("Fleet now", [table, worst])
+
+
+def _history_row() -> Row:
+    """Verdict counts per host and each engine's verdict over time."""
     counts = ts(
         "Engines per verdict and host",
         Target(f"host_verdict:llmb_engines:count{{{HSEL}}}", "{{host}} {{verdict}}"),
@@ -107,7 +112,12 @@ def fleet(cfg: MixinConfig) -> Dashboard:
         defaults={"mappings": ACTIVE_MAPPING},
         options={"showValue": "never", "mergeValues": True},
     )
-    rows = [Row("Fleet now", [table, worst]), Row("Fleet over time", [counts, history])]
+    return Row("Fleet over time", [counts, history])
+
+
+def fleet(cfg: MixinConfig) -> Dashboard:
+    """Many hosts on one Prometheus: every engine's verdict, worst first."""
+    rows = [_now_row(), _history_row()]
     return Dashboard(
         "llmb-fleet",
         "LLM bottleneck: fleet",
