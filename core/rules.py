@@ -271,7 +271,7 @@ def _sum_of_device_max(
 def admission_values(d: _Data) -> dict[str, dict[EngineKey, float]]:
     """The admission and SGLang-residency signals per engine (Signals field -> values).
 
-    The same arithmetic, in the same order, as their recording rules (prometheus/generate.py
+    The same arithmetic, in the same order, as their recording rules (mixin/rules/recording.py
     `admission_rules`): running against its cap, the KV the running requests plus one more
     would need against the pool, and SGLang's process GPU memory beyond its KV pool. Peaks
     over `queue_window`, not averages: the pool binds at its fullest moment, and averages

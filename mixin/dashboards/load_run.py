@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporter.verdict import t
+from core import t
 from mixin.config import MixinConfig
 from mixin.dashboards.panels import (
     DATASOURCE,

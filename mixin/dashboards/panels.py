@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from exporter.verdict import t
+from core import t
 from mixin.config import MixinConfig
 
 # The datasource variable; its value is a datasource uid (or name) chosen per dashboard.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporter.verdict import MISFIT_REASONS, number, t
+from core import MISFIT_REASONS, number, t
 from mixin.config import MixinConfig
 from mixin.rules.common import E, q
 from mixin.rules.roofline import MISFIT_RECORD

@@ -1,6 +1,6 @@
 """Recording rules: per-engine and per-GPU signals over the normalized llmb_* schema.
 
-`exporter.verdict.rule_values_at` computes the same arithmetic in Python; the parity test
+`core.rule_values_at` computes the same arithmetic in Python; the parity test
 (tests/test_verdict_parity.py) requires promtool and Python to agree.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporter.verdict import t
+from core import t
 from mixin.rules.common import E, mx, rec
 from mixin.rules.roofline import roofline_rules
 
@@ -172,7 +172,7 @@ def gpu_rules() -> list[dict[str, Any]]:
 def admission_rules() -> list[dict[str, Any]]:
     """Which limit binds while requests wait, and SGLang residency beyond its KV pool (issue 18).
 
-    `exporter.verdict.admission_values` computes the same, in the same order.
+    `core.rules.admission_values` computes the same, in the same order.
     """
     rw, qw = t("rate_window"), t("queue_window")
     peak = f"engine:llmb_requests_running:peak{qw}"

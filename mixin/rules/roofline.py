@@ -1,6 +1,6 @@
 """The decode roofline: bandwidth, bytes per step, tokens per second, and the physics gate.
 
-Python equivalents: `exporter.verdict.decode_bytes_per_step`, `roofline_tokens_per_second`,
+Python equivalents (core/roofline.py): `decode_bytes_per_step`, `roofline_tokens_per_second`,
 `tp_bandwidth`, `experts_host_bound` and `roofline_facts`; the parity test ties them.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporter.verdict import MISFIT_REASONS, t
+from core import MISFIT_REASONS, t
 from mixin.rules.common import E, mx, rec
 
 MISFIT_RECORD = "llmb:engine_roofline:misfit"
@@ -196,7 +196,7 @@ def expert_offload_rules() -> list[dict[str, Any]]:
 def misfit_known() -> dict[str, str]:
     """Per misfit reason: PromQL of the engines that HAVE the fact the reason lacks.
 
-    The Python side is `exporter.verdict.roofline_facts`; the parity test ties them.
+    The Python side is `core.roofline_facts`; the parity test ties them.
     """
     structure = (
         f"{mx('llmb_model_weights_always_read_bytes')}"

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporter.verdict import (
-    CONDITION_BY_NAME,
-    CONDITIONS,
+from core import (
     SEVERITY,
     SIGNAL_RECORDS,
     VERDICT_INFO,
@@ -16,6 +14,7 @@ from exporter.verdict import (
     Compare,
     Condition,
 )
+from core.conditions import CONDITION_BY_NAME, CONDITIONS
 from mixin.rules.common import UP, E, rec
 
 

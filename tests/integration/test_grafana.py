@@ -23,7 +23,7 @@ from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models import dashboard as sdk
 from grafana_foundation_sdk.models import prometheus as sdk_prometheus
 
-from exporter.verdict import THRESHOLDS
+from core import THRESHOLDS
 from tests.plugins.prom import ROOT, known_series, promql_metric_names, rule_groups
 
 GRAFANA = ROOT / "grafana"

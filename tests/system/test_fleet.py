@@ -26,12 +26,12 @@ import pytest
 import yaml
 from prometheus_client.metrics_core import Metric
 
+from core import SEVERITY, VERDICTS
 from exporter.app import build_runner
 from exporter.collectors import Collector, Scrape
 from exporter.config import ConfigError, parse_config
 from exporter.runner import Runner
 from exporter.schema import MetricSet
-from exporter.verdict import SEVERITY, VERDICTS
 from mixin.dashboards.fleet import FLEET_SEVERITY
 from mixin.rules.verdict import verdict_rules
 from tests.plugins.prom import (

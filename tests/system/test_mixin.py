@@ -65,7 +65,7 @@ def test_default_config_generates_the_committed_files() -> None:
 
 
 def test_the_thresholds_are_the_cores_not_a_copy() -> None:
-    from exporter.verdict import THRESHOLDS
+    from core import THRESHOLDS
 
     assert config.load().thresholds is THRESHOLDS
     assert "thresholds" not in yaml.safe_load(config.DEFAULT_CONFIG.read_text(encoding="utf-8"))
