@@ -5,13 +5,13 @@ from __future__ import annotations
 from core import t
 from mixin.config import MixinConfig
 from mixin.dashboards.panels import (
-    DATASOURCE,
     RW,
     SEL,
     Dashboard,
     Limit,
     Row,
     Target,
+    annotation,
     decode_vs_roofline,
     quantiles,
     ts,
@@ -167,17 +167,15 @@ def engines(cfg: MixinConfig) -> Dashboard:
     """Engines side by side: decode vs roofline, throughput, latency, queue, KV, restarts."""
 
     annotations = [
-        {
-            "datasource": DATASOURCE,
-            "enable": True,
-            "iconColor": "red",
-            "name": "Engine restarts",
-            "expr": restarts("1m"),
-            "step": "30s",
-            "titleFormat": "{{host}}/{{engine}} restarted",
-            "tagKeys": "host,engine",
-            "useValueForTime": False,
-        }
+        annotation(
+            "Engine restarts",
+            restarts("1m"),
+            "red",
+            "30s",
+            "{{host}}/{{engine}} restarted",
+            "host,engine",
+            value_is_time=False,
+        )
     ]
     rows = [_decode_row(cfg), _latency_row(cfg), _scheduling_row(cfg), _restarts_row(cfg)]
     return Dashboard(

@@ -10,6 +10,7 @@ from mixin.dashboards.panels import (
     Limit,
     Row,
     Target,
+    gpu_used_and_peak,
     mib,
     ts,
 )
@@ -22,14 +23,7 @@ def _device_row(cfg: MixinConfig) -> Row:
         [
             ts(
                 "Used, windowed peak and total",
-                Target(
-                    f"max by (host, gpu) (llmb_gpu_memory_used_bytes{{{HSEL}}})",
-                    "{{host}} GPU {{gpu}} used",
-                ),
-                Target(
-                    f"max by (host, gpu) (llmb_gpu_memory_used_peak_bytes{{{HSEL}}})",
-                    "{{host}} GPU {{gpu}} peak",
-                ),
+                *gpu_used_and_peak(),
                 Target(
                     f"max by (host, gpu) (llmb_gpu_memory_total_bytes{{{HSEL}}})",
                     "{{host}} GPU {{gpu}} total",

@@ -5,8 +5,6 @@ from __future__ import annotations
 from core import t
 from mixin.config import MixinConfig
 from mixin.dashboards.panels import (
-    DATASOURCE,
-    HSEL,
     RW,
     SEL,
     Dashboard,
@@ -14,6 +12,8 @@ from mixin.dashboards.panels import (
     Panel,
     Row,
     Target,
+    annotation,
+    gpu_used_and_peak,
     quantiles,
     ts,
 )
@@ -167,14 +167,7 @@ def _memory_row(cfg: MixinConfig) -> Row:
         [
             ts(
                 "GPU memory used and peak",
-                Target(
-                    f"max by (host, gpu) (llmb_gpu_memory_used_bytes{{{HSEL}}})",
-                    "{{host}} GPU {{gpu}} used",
-                ),
-                Target(
-                    f"max by (host, gpu) (llmb_gpu_memory_used_peak_bytes{{{HSEL}}})",
-                    "{{host}} GPU {{gpu}} peak",
-                ),
+                *gpu_used_and_peak(),
                 unit="bytes",
                 width=12,
                 description=(
@@ -212,17 +205,15 @@ def _memory_row(cfg: MixinConfig) -> Row:
 def load_run(cfg: MixinConfig) -> Dashboard:
     """The load generator's steps as annotations over throughput, latency and memory."""
     annotations = [
-        {
-            "datasource": DATASOURCE,
-            "enable": True,
-            "iconColor": "purple",
-            "name": "Load steps",
-            "expr": f"llmb_loadgen_step_start_timestamp_seconds{{{SEL}}} * 1000",
-            "step": "5s",
-            "titleFormat": "{{host}}/{{engine}} step {{step}}",
-            "tagKeys": "engine,step",
-            "useValueForTime": True,
-        }
+        annotation(
+            "Load steps",
+            f"llmb_loadgen_step_start_timestamp_seconds{{{SEL}}} * 1000",
+            "purple",
+            "5s",
+            "{{host}}/{{engine}} step {{step}}",
+            "engine,step",
+            value_is_time=True,
+        )
     ]
     rows = [_load_row(cfg), _throughput_row(cfg), _latency_row(cfg), _memory_row(cfg)]
     return Dashboard(

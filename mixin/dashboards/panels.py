@@ -120,6 +120,37 @@ def stat(title: str, *targets: Target, unit: str, description: str, **kw: Any) -
     return Panel(title, list(targets), "stat", unit, description, **kw)
 
 
+def annotation(
+    name: str, expr: str, color: str, step: str, title: str, tags: str, value_is_time: bool
+) -> dict[str, Any]:
+    """An annotation query drawn on every panel; `value_is_time`: the value is the moment."""
+    return {
+        "datasource": DATASOURCE,
+        "enable": True,
+        "iconColor": color,
+        "name": name,
+        "expr": expr,
+        "step": step,
+        "titleFormat": title,
+        "tagKeys": tags,
+        "useValueForTime": value_is_time,
+    }
+
+
+def gpu_used_and_peak() -> list[Target]:
+    """GPU memory in use per card and the exporter sampler's windowed peak."""
+    return [
+        Target(
+            f"max by (host, gpu) (llmb_gpu_memory_used_bytes{{{HSEL}}})",
+            "{{host}} GPU {{gpu}} used",
+        ),
+        Target(
+            f"max by (host, gpu) (llmb_gpu_memory_used_peak_bytes{{{HSEL}}})",
+            "{{host}} GPU {{gpu}} peak",
+        ),
+    ]
+
+
 def quantiles(cfg: MixinConfig, metric: str, by: str, label: str) -> list[Target]:
     """p50 and p99 of a histogram per `by` label over the dashboards' window."""
     return [
