@@ -93,7 +93,8 @@ def test_make_test_is_what_ci_runs() -> None:
         "lint",
         "typecheck",
         "rules-check",
-        "unit",
+        # every tier (make unit runs only tests/unit)
+        "pytest",
     ]
 
 
