@@ -1,6 +1,6 @@
 """Turn a `bench/gpu_validation.py` run into checks, a promtool test and report tables.
 
-    python -m tools.gpu_report RUN_DIR \
+    python -m tools.gpu_report RUN_DIR \\
         [--promtool-test prometheus/rules/tests/h200-captured-test.yml]
 
 RUN_DIR is the `gv` folder the GPU run wrote (or its copy under tests/fixtures). For every
