@@ -4,7 +4,7 @@ A decode step reads every weight of attention, norms, dense FFN layers, shared e
 router, and the output projection, whatever the batch. Of a mixture-of-experts layer it reads
 only the experts the batch's tokens were routed to, and of an untied token-embedding table only
 one row per sequence. `WeightSplit` holds those parts of one model; the decision core turns them
-into bytes per step (core.py). The split comes from tensor names and sizes (GGUF
+into bytes per step (core/). The split comes from tensor names and sizes (GGUF
 tensor infos, safetensors headers) or, without weights at hand, from an HF `config.json`.
 """
 

@@ -1,4 +1,4 @@
-"""Parity: the Python decision core (`core.py`) and the Prometheus rules give the
+"""Parity: the Python decision core (`core/`) and the Prometheus rules give the
 same verdict on the same samples.
 
 Unit tests check the evaluator's PromQL absence semantics and the roofline on their own.
