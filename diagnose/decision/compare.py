@@ -1,0 +1,361 @@
+"""What `compare` says: comparability, batching at equal load, long context, spread over
+rounds, and the recommendation. The engines' verdicts come from `core.evaluate` (through
+`diagnose.decision.single`); only what the rules cannot see is decided here.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+
+import core
+from diagnose.decision.model import (
+    FIX_MEMORY_FIRST,
+    INCONCLUSIVE,
+    NOT_MEASURED,
+    STAY_AND_TUNE,
+    Decision,
+    EngineResult,
+    Estimate,
+    Step,
+    relative_spread,
+    switch_to,
+)
+from diagnose.decision.single import token_caveats
+
+# Weight bytes per parameter differing by more than this: the raw speeds are not comparable.
+PRECISION_TOLERANCE = 0.20
+
+# A difference is called when the rounds' ranges do not overlap and the medians differ by
+# more than this: on a shared host, back-to-back runs of one engine differ by a few percent.
+MIN_DIFFERENCE = 0.05
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.0f} %"
+
+
+@dataclass
+class Call:
+    """One measured difference: who is ahead, by how much, and whether it beats the spread."""
+
+    what: str
+    concurrency: int | None
+    a: float
+    b: float
+    spread: float | None
+    winner: str | None  # engine name, None within the spread
+
+    def ratio(self) -> float:
+        return self.b / self.a if self.a else math.inf
+
+
+def _call(
+    what: str,
+    concurrency: int | None,
+    a: EngineResult,
+    b: EngineResult,
+    va: list[float],
+    vb: list[float],
+    higher_is_better: bool = True,
+) -> Call | None:
+    """Median of each engine's rounds; a winner only when the rounds' ranges do not overlap
+    (and the medians differ by more than `MIN_DIFFERENCE`).
+
+    One round has no spread: nothing is called from it.
+    """
+    if not va or not vb:
+        return None
+    ma, mb = statistics.median(va), statistics.median(vb)
+    spreads = [s for s in (relative_spread(va), relative_spread(vb)) if s is not None]
+    spread = max(spreads) if spreads else None
+    winner = None
+    apart = abs(mb - ma) / min(ma, mb) > MIN_DIFFERENCE if min(ma, mb) > 0 else False
+    if len(va) >= 2 and len(vb) >= 2 and apart:
+        if min(vb) > max(va):
+            winner = b.name if higher_is_better else a.name
+        elif min(va) > max(vb):
+            winner = a.name if higher_is_better else b.name
+    return Call(what, concurrency, ma, mb, spread, winner)
+
+
+def comparability(a: EngineResult, b: EngineResult) -> tuple[bool, str]:
+    """Whether the raw speeds compare like with like (weight bytes per parameter within 20 %)."""
+    pa, pb = a.bytes_per_parameter(), b.bytes_per_parameter()
+    basis = "weight bytes per parameter"
+    if pa is None or pb is None:
+        # The same model served twice: the weight sizes alone tell the precision apart.
+        pa, pb, basis = a.weights_bytes, b.weights_bytes, "weight bytes"
+    if pa and pb:
+        diff = abs(pa - pb) / min(pa, pb)
+        qa, qb = a.quantization or "?", b.quantization or "?"
+        if diff > PRECISION_TOLERANCE:
+            unit = "" if basis == "weight bytes" else " B/param"
+            fa = f"{pa / 2**30:.1f} GiB" if basis == "weight bytes" else f"{pa:.2f}{unit}"
+            fb = f"{pb / 2**30:.1f} GiB" if basis == "weight bytes" else f"{pb:.2f}{unit}"
+            return False, (
+                f"different precision: {a.name} serves {qa} ({basis} {fa}), {b.name} {qb} "
+                f"({fb}), {diff * 100:.0f} % apart (> {PRECISION_TOLERANCE * 100:.0f} %): raw "
+                "speeds are not comparable; compare on the same weights"
+            )
+        return True, f"same precision: {basis} within {diff * 100:.0f} % ({qa} vs {qb})"
+    qa, qb = (a.quantization or "").lower(), (b.quantization or "").lower()
+    if qa and qb and qa != qb:
+        return False, (
+            f"different quantization: {a.name} {a.quantization}, {b.name} {b.quantization} "
+            "(weight sizes unknown): raw speeds are not comparable"
+        )
+    return True, "precision unknown for at least one engine: assumed comparable"
+
+
+def estimates(a: EngineResult, b: EngineResult) -> list[Estimate]:
+    """Each engine at the other's precision, assuming it keeps its share of the roofline."""
+    out = []
+    for x, y in ((a, b), (b, a)):
+        # A share beyond physics estimates nothing (the physics gate).
+        if not (x.roofline.physical and y.roofline.physical):
+            continue
+        if x.roofline.efficiency is not None and y.roofline.limit_tok_s is not None:
+            out.append(
+                Estimate(
+                    engine=x.name,
+                    at_precision_of=y.name,
+                    tok_s=x.roofline.efficiency * y.roofline.limit_tok_s,
+                    basis=(
+                        f"estimate: {x.name}'s {_pct(x.roofline.efficiency)} of the roofline "
+                        f"× {y.name}'s limit {y.roofline.limit_tok_s:.1f} tok/s"
+                    ),
+                )
+            )
+    return out
+
+
+def failed_contexts(engine: EngineResult) -> list[int]:
+    """Contexts at which the engine could not start or generate (memory gave out)."""
+    return sorted(r.context for r in engine.rows if r.step == "context" and r.context and r.error)
+
+
+def max_context_loaded(engine: EngineResult) -> int | None:
+    """Largest context at which the engine started and generated, None if no context rows."""
+    ok = [r.context for r in engine.ok_rows("context") if r.context]
+    return max(ok) if ok else None
+
+
+def decide_compare(a: EngineResult, b: EngineResult) -> Decision:
+    """`a` is the engine in use, `b` the candidate; in the seed's order."""
+    caveats = token_caveats(a) + token_caveats(b)
+    caveats += [f"{e.name}: {n}" for e in (a, b) for n in e.notes]
+    verdicts = {e.name: e.verdict or "idle" for e in (a, b)}
+    # 1. Residency: an engine whose weights are not on the GPU measures its PCIe link.
+    not_resident = [e.name for e in (a, b) if e.verdict == "weights_not_resident"]
+    steps = [_residency_step(a, b, not_resident)]
+    # 2. Comparability: the same precision, or compare shares of the roofline.
+    comparable, why = comparability(a, b)
+    ests = estimates(a, b) if not comparable else []
+    if not comparable:
+        caveats.append(why)
+    steps.append(_comparability_step(a, b, comparable, why))
+    # 3. Single-request decode and 4. batching at every common concurrency.
+    single_call = _single_call(a, b)
+    steps.append(_call_step("decode", "Single-request decode: who is faster?", single_call, a, b))
+    batch_calls = _batch_calls(a, b)
+    steps.append(_batching_step(a, b, batch_calls))
+    calls = ([single_call] if single_call else []) + batch_calls
+    # 5. Long context: whose memory gives out first.
+    long_step, ctx_winner = _long_context_step(a, b)
+    steps.append(long_step)
+    rec, action = _recommend(a, b, not_resident, comparable, calls, ctx_winner, ests)
+    return Decision(verdicts, rec, action, comparable, steps, caveats, ests)
+
+
+def _residency_step(a: EngineResult, b: EngineResult, not_resident: list[str]) -> Step:
+    return Step(
+        "residency",
+        "Do the weights fit and stay resident?",
+        ("no: " + ", ".join(not_resident)) if not_resident else "yes, on both engines",
+        bool(not_resident),
+        {e.name: {"verdict": e.verdict, "weights_bytes": e.weights_bytes} for e in (a, b)},
+    )
+
+
+def _share_text(e: EngineResult) -> str:
+    """`name N %` of the card's decode limit, or why that share is not known."""
+    if e.roofline.misfit is not None:
+        return f"{e.name} beyond physics ({e.roofline.misfit}: the roofline does not fit)"
+    if e.roofline.efficiency is not None:
+        return f"{e.name} {_pct(e.roofline.efficiency)}"
+    return f"{e.name} unknown (pass --bandwidth-gbs)"
+
+
+def _comparability_step(a: EngineResult, b: EngineResult, comparable: bool, why: str) -> Step:
+    if not comparable:
+        why += ". Share of the card's decode limit: " + ", ".join(_share_text(e) for e in (a, b))
+    return Step(
+        "comparability",
+        "Same precision (weight bytes per parameter within 20 %)?",
+        why,
+        not comparable,
+        {
+            e.name: {
+                "quantization": e.quantization,
+                "bytes_per_parameter": e.bytes_per_parameter(),
+                "weights_bytes": e.weights_bytes,
+                "roofline_efficiency": e.roofline.efficiency,
+                "roofline_tok_s": e.roofline.limit_tok_s,
+                "roofline_misfit": e.roofline.misfit,
+            }
+            for e in (a, b)
+        },
+    )
+
+
+def _single_call(a: EngineResult, b: EngineResult) -> Call | None:
+    sa, sb = a.single(), b.single()
+    if not (sa and sb):
+        return None
+    va = sa.per_seq_rounds or [sa.per_seq_tok_s or 0]
+    vb = sb.per_seq_rounds or [sb.per_seq_tok_s or 0]
+    return _call("single-request decode tok/s", 1, a, b, va, vb)
+
+
+def _batch_calls(a: EngineResult, b: EngineResult) -> list[Call]:
+    """Aggregate tok/s and TTFT at every concurrency both engines ran."""
+    common = sorted(
+        {r.concurrency for r in a.ok_rows("concurrency")}
+        & {r.concurrency for r in b.ok_rows("concurrency")}
+    )
+    calls: list[Call] = []
+    for c in common:
+        ra, rb = a.at_concurrency(c), b.at_concurrency(c)
+        if ra is None or rb is None:
+            continue
+        agg = _call(
+            "aggregate tok/s",
+            c,
+            a,
+            b,
+            ra.aggregate_rounds or [ra.aggregate_tok_s or 0],
+            rb.aggregate_rounds or [rb.aggregate_tok_s or 0],
+        )
+        ttft = _call(
+            "TTFT s",
+            c,
+            a,
+            b,
+            ra.ttft_rounds or [ra.ttft_s or 0],
+            rb.ttft_rounds or [rb.ttft_s or 0],
+            higher_is_better=False,
+        )
+        calls += [x for x in (agg, ttft) if x]
+    return calls
+
+
+def _batching_step(a: EngineResult, b: EngineResult, calls: list[Call]) -> Step:
+    return Step(
+        "batching",
+        "At equal load, which engine gives more aggregate tok/s and a shorter TTFT?",
+        "; ".join(_call_text(x, a, b) for x in calls)
+        if calls
+        else NOT_MEASURED + "no common concurrency > 1 with successful requests",
+        any(x.winner for x in calls),
+        {"calls": [asdict(x) for x in calls]},
+    )
+
+
+def _long_context_step(a: EngineResult, b: EngineResult) -> tuple[Step, str | None]:
+    """The long-context step and the engine whose memory lasts longer (None: neither)."""
+    fa, fb = failed_contexts(a), failed_contexts(b)
+    ma, mb = max_context_loaded(a), max_context_loaded(b)
+    ctx_winner = None
+    if fa and mb and mb >= min(fa) and (not fb or min(fb) > min(fa)):
+        ctx_winner = b.name
+    elif fb and ma and ma >= min(fb) and (not fa or min(fa) > min(fb)):
+        ctx_winner = a.name
+    if ma is None and mb is None and not fa and not fb:
+        ans = NOT_MEASURED + "no context sweep ran (needs launch templates with {ctx})"
+    else:
+        ans = "; ".join(
+            f"{e.name}: largest context loaded {m if m else 'none'}"
+            + (f", memory gave out at {min(f)}" if f else "")
+            for e, f, m in ((a, fa, ma), (b, fb, mb))
+        )
+    step = Step(
+        "long_context",
+        "Long context: whose memory gives out first?",
+        ans,
+        ctx_winner is not None,
+        {a.name: {"max_loaded": ma, "failed": fa}, b.name: {"max_loaded": mb, "failed": fb}},
+    )
+    return step, ctx_winner
+
+
+def _call_text(x: Call, a: EngineResult, b: EngineResult) -> str:
+    where = f" at concurrency {x.concurrency}" if x.concurrency else ""
+    spread = f"spread {_pct(x.spread)}" if x.spread is not None else "one round: no spread"
+    verdict = f"{x.winner} ahead" if x.winner else "no difference beyond the spread"
+    return f"{x.what}{where}: {a.name} {x.a:.3g} vs {b.name} {x.b:.3g} ({spread}; {verdict})"
+
+
+def _call_step(key: str, question: str, x: Call | None, a: EngineResult, b: EngineResult) -> Step:
+    if x is None:
+        return Step(key, question, NOT_MEASURED + "no single-request row on both engines")
+    return Step(key, question, _call_text(x, a, b), x.winner is not None, asdict(x))
+
+
+def _recommend(
+    a: EngineResult,
+    b: EngineResult,
+    not_resident: list[str],
+    comparable: bool,
+    calls: list[Call],
+    ctx_winner: str | None,
+    ests: list[Estimate],
+) -> tuple[str, str]:
+    if not_resident:
+        who = " and ".join(not_resident)
+        return FIX_MEMORY_FIRST, (
+            f"fix memory first: the weights of {who} are not all on the GPU, so its speed "
+            "measures host memory, not the engine. "
+            + core.VERDICT_INFO["weights_not_resident"].action
+        )
+    if not comparable:
+        est = "; ".join(f"{e.basis} ≈ {e.tok_s:.1f} tok/s" for e in ests)
+        return INCONCLUSIVE, (
+            "the engines serve different precisions, so which engine is faster is not "
+            "decided by these numbers: run both on the same weights." + (f" {est}." if est else "")
+        )
+    wins = [x for x in calls if x.winner]
+    if ctx_winner:
+        wins.append(Call("long context", None, 0, 0, None, ctx_winner))
+    if not wins:
+        if not calls:
+            return INCONCLUSIVE, "nothing was measured on both engines under the same load"
+        return INCONCLUSIVE, (
+            "no difference beyond the spread between rounds: "
+            "neither engine is faster under this load; raise --rounds to narrow the spread"
+        )
+    # The highest concurrency decides when the engines win at different loads.
+    load_wins = sorted((x for x in wins if x.concurrency), key=lambda x: x.concurrency or 0)
+    decisive = load_wins[-1] if load_wins else wins[-1]
+    winner = decisive.winner
+    assert winner is not None
+    where = f" at concurrency {decisive.concurrency}" if decisive.concurrency else ""
+    ratio = decisive.b / decisive.a if decisive.a else None
+    ratio_text = (
+        f" ({decisive.what}: {b.name}/{a.name} = {ratio:.2f})"
+        if ratio is not None and decisive.what != "long context"
+        else ""
+    )
+    others = [x for x in wins if x.winner != winner]
+    other_text = (
+        "; but "
+        + ", ".join(f"{x.winner} wins {x.what} at concurrency {x.concurrency}" for x in others)
+        if others
+        else ""
+    )
+    if winner == b.name:
+        return switch_to(b.name), f"switch to {b.name}{where}{ratio_text}{other_text}"
+    return STAY_AND_TUNE, (
+        f"stay on {a.name} and tune{where}{ratio_text}{other_text}. {a.action}".rstrip(". ")
+    )

@@ -1,0 +1,280 @@
+"""The typed results of `diagnose` and `compare`: what was measured, and the answer.
+
+The same objects feed the terminal output, `results.json`, `report.md` and `report.html`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import core
+
+# The recommendation vocabulary of results.json (`switch_to:<engine>` names the engine).
+STAY_AND_TUNE = "stay_and_tune"
+FIX_MEMORY_FIRST = "fix_memory_first"
+INCONCLUSIVE = "inconclusive"
+SWITCH_TO = "switch_to:"
+
+NOT_MEASURED = "not measured: "
+
+
+def switch_to(engine: str) -> str:
+    """The recommendation to switch to `engine`."""
+    return SWITCH_TO + engine
+
+
+def utc_now() -> str:
+    """Now in UTC, ISO 8601 with a `Z`."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+@dataclass
+class Phase:
+    """One timestamped phase of a run (baseline, start, settle, single, ...)."""
+
+    name: str
+    start: float
+    end: float | None = None
+    memory_bytes: float | None = None
+    peak_memory_bytes: float | None = None
+    note: str = ""
+
+
+@dataclass
+class Row:
+    """One measured step: a fixed context, slot count, prompt and concurrency, all else equal.
+
+    With several rounds the headline figures are medians and `*_rounds` keep every round.
+    """
+
+    engine: str
+    step: str  # first | single | concurrency | prompt | context | kv_pressure
+    concurrency: int
+    context: int | None = None
+    parallel: int | None = None
+    prompt_tokens: float | None = None
+    max_tokens: int = 0
+    requests: int = 0
+    requests_failed: int = 0
+    completion_tokens: int = 0
+    tokens_ok: bool = False
+    ttft_s: float | None = None
+    ttft_p99_s: float | None = None
+    per_seq_tok_s: float | None = None
+    per_token_ms: float | None = None
+    server_per_token_ms: float | None = None
+    aggregate_tok_s: float | None = None
+    aggregate_rounds: list[float] = field(default_factory=list)
+    ttft_rounds: list[float] = field(default_factory=list)
+    per_seq_rounds: list[float] = field(default_factory=list)
+    wall_s: float | None = None
+    memory_bytes: float | None = None
+    loaded_memory_bytes: float | None = None
+    kv_bytes: float | None = None
+    load_seconds: float | None = None
+    # Error kinds of the failed requests (kv_exhausted, early_stop, http_error, ...).
+    errors: dict[str, int] = field(default_factory=dict)
+    # KV pressure seen during the step: truncated slots, "context size exceeded" and
+    # "no free KV space" log lines, KV usage and queued requests (exporter or log).
+    truncated: int = 0
+    kv_exhausted: int = 0
+    kv_events: int = 0
+    kv_usage_max: float | None = None
+    waiting_avg: float | None = None
+    error: str | None = None
+    # The card's limit at this step's batch (`row_roofline`): bytes one decode step reads,
+    # the per-sequence limit, measured per-sequence tok/s / limit, the physics reason.
+    bytes_per_step: float | None = None
+    limit_tok_s: float | None = None
+    efficiency: float | None = None
+    misfit: str | None = None
+
+    @property
+    def spread(self) -> float | None:
+        """Relative spread of the aggregate tok/s over rounds ((max - min) / median)."""
+        return relative_spread(self.aggregate_rounds)
+
+
+@dataclass
+class Roofline:
+    """The card's decode limit for one engine and how much of it single-request decode uses.
+
+    `bytes_per_step` = `active_weights_bytes` (weights one step reads: the always-read part,
+    the routed experts a step touches, untied embedding rows) + KV in use x
+    `kv_bytes_per_token` (+ a draft model's weights per proposed token); `limit_tok_s` =
+    bandwidth x `accepted_tokens_per_step` / bytes per step. `misfit` is the physics gate:
+    the reason (`core.MISFIT_REASONS`) when `efficiency` is beyond physics.
+    """
+
+    bandwidth_bytes_per_s: float | None = None
+    bandwidth_source: str | None = None
+    bytes_per_step: float | None = None
+    limit_tok_s: float | None = None
+    measured_tok_s: float | None = None
+    efficiency: float | None = None
+    active_weights_bytes: float | None = None
+    kv_bytes_per_token: float | None = None
+    accepted_tokens_per_step: float | None = None
+    misfit: str | None = None
+
+    @property
+    def physical(self) -> bool:
+        """Whether the efficiency may be shown as a share of the card's limit."""
+        return self.misfit is None
+
+
+@dataclass
+class EngineResult:
+    """Everything measured for one engine, and its verdict."""
+
+    name: str
+    kind: str
+    url: str | None = None
+    model: str | None = None
+    quantization: str | None = None
+    weights_bytes: float | None = None
+    parameters: float | None = None
+    process_gpu_bytes: float | None = None
+    gpu_buffer_bytes: float | None = None
+    layers_offloaded: float | None = None
+    layers_total: float | None = None
+    gpu_total_bytes: float | None = None
+    gpu_name: str | None = None
+    gpu_driver: str | None = None
+    engine_version: str | None = None
+    bandwidth_bytes_per_s: float | None = None
+    bandwidth_source: str | None = None
+    kv_bytes_per_token: float | None = None
+    # The model's structure for the roofline (exporter series or the GGUF; None: unknown).
+    always_read_bytes: float | None = None
+    routed_expert_bytes: float | None = None
+    experts: float | None = None
+    experts_used: float | None = None
+    token_embedding_row_bytes: float | None = None
+    draft_weights_bytes: float | None = None
+    # Speculative decoding: mean tokens per target-model step (None: not seen).
+    spec_accept_length: float | None = None
+    # Expert offload: layers whose routed experts live in host memory, and their bytes.
+    experts_host_layers: float | None = None
+    experts_host_bytes: float | None = None
+    trained_context: int | None = None
+    slot_context: int | None = None
+    memory_source: str | None = None
+    load_seconds: float | None = None
+    launched: bool = False
+    slots: int | None = None
+    phases: list[Phase] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    # Steps that did not run, as "step: why".
+    missing: list[str] = field(default_factory=list)
+    # (unix time, memory bytes) samples taken during the run, for the timeline plot.
+    timeline: list[tuple[float, float]] = field(default_factory=list)
+    roofline: Roofline = field(default_factory=Roofline)
+    # The decision core's inputs as measured by this run, and its answer.
+    signals: dict[str, Any] = field(default_factory=dict)
+    # What the verdict had to take from diagnose's own measurements, and why.
+    notes: list[str] = field(default_factory=list)
+    verdict: str | None = None
+    action: str = ""
+
+    def ok_rows(self, step: str | None = None) -> list[Row]:
+        """Rows without an error, optionally of one step kind."""
+        return [r for r in self.rows if r.error is None and (step is None or r.step == step)]
+
+    def single(self) -> Row | None:
+        """The single-sequence decode row (concurrency 1)."""
+        rows = [r for r in self.ok_rows() if r.concurrency == 1 and r.per_seq_tok_s]
+        preferred = [r for r in rows if r.step == "single"]
+        pick = preferred or rows
+        return pick[0] if pick else None
+
+    def at_concurrency(self, concurrency: int) -> Row | None:
+        """The load row at `concurrency` (the single row for 1)."""
+        for step in ("concurrency", "single"):
+            for r in self.ok_rows(step):
+                if r.concurrency == concurrency and r.aggregate_tok_s:
+                    return r
+        return None
+
+    def structure(self) -> core.ModelStructure | None:
+        """What the roofline knows about this model (None without weights or structure)."""
+        model = core.ModelStructure(
+            weights_bytes=self.weights_bytes,
+            always_read_bytes=self.always_read_bytes,
+            routed_expert_bytes=self.routed_expert_bytes,
+            experts=self.experts,
+            experts_used=self.experts_used,
+            token_embedding_row_bytes=self.token_embedding_row_bytes,
+            draft_weights_bytes=self.draft_weights_bytes,
+        )
+        if not self.weights_bytes and not model.structure_known:
+            return None
+        return model
+
+    def bytes_per_parameter(self) -> float | None:
+        """Weight bytes per parameter (the precision actually served)."""
+        if self.weights_bytes and self.parameters:
+            return self.weights_bytes / self.parameters
+        return None
+
+
+@dataclass
+class Step:
+    """One question of the procedure, its answer (or `not measured: why`) and its numbers."""
+
+    key: str
+    question: str
+    answer: str
+    decisive: bool = False
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def measured(self) -> bool:
+        return not self.answer.startswith(NOT_MEASURED)
+
+
+@dataclass
+class Estimate:
+    """A labelled estimate: what an engine would do at the other engine's precision."""
+
+    engine: str
+    at_precision_of: str
+    tok_s: float
+    basis: str
+
+
+@dataclass
+class Decision:
+    """The answer: a verdict per engine, the recommendation, and why."""
+
+    verdict: dict[str, str]
+    recommendation: str
+    action: str
+    comparable: bool
+    steps: list[Step]
+    caveats: list[str] = field(default_factory=list)
+    estimates: list[Estimate] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RunInfo:
+    """Who ran what, when: the metadata block of every report."""
+
+    command: str
+    tool_version: str
+    started_at: str
+    finished_at: str | None = None
+
+
+def relative_spread(values: list[float]) -> float | None:
+    """(max - min) / median of the rounds; None with fewer than two rounds."""
+    if len(values) < 2:
+        return None
+    med = statistics.median(values)
+    return (max(values) - min(values)) / med if med > 0 else None
