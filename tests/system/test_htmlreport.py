@@ -321,7 +321,7 @@ def test_bare_report_has_no_plot_at_all(tmp_path: Path) -> None:
 
 def test_flags_named_in_the_report_exist() -> None:
     """Every flag and config key the report's hints name is one diagnose, compare and the
-    config accept (read from every string literal of diagnose/report/html.py)."""
+    config accept (read from every string literal of the diagnose/report/ package)."""
     import argparse
     import ast
 
@@ -330,10 +330,12 @@ def test_flags_named_in_the_report_exist() -> None:
     from diagnose.report import html as htmlreport
     from exporter.config import EngineConfig, GpuConfig
 
-    source = Path(htmlreport.__file__).read_text()
+    sources = sorted(Path(htmlreport.__file__).parents[1].rglob("*.py"))
+    assert len(sources) > 3, sources
     literals = [
         n.value
-        for n in ast.walk(ast.parse(source))
+        for source in sources
+        for n in ast.walk(ast.parse(source.read_text()))
         if isinstance(n, ast.Constant) and isinstance(n.value, str)
     ]
     # Flags of llama-server itself, quoted as "(llama-server ...)", are not ours.

@@ -1,4 +1,4 @@
-"""Unit tests of diagnose/decision.py: comparability, spread, recommendation, results.json.
+"""Unit tests of the diagnose/decision package: comparability, spread, recommendation, results.json.
 
 The verdict itself is never decided here (the decision core is); these tables check
 what compare adds on top of it.
