@@ -1,0 +1,195 @@
+"""One evaluator: the verdict is decided by `core.conditions.evaluate` and nowhere else.
+
+The source of every product module is parsed (ast, not grep: a docstring may name the
+table). Only the evaluator's own module and the rule generator, which renders the same
+conditions as PromQL, may read the condition table or look inside a condition; every
+other module reaches the verdict by calling `core.evaluate`. A behavioural check ties
+diagnose's and compare's verdict to that call.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import replace
+
+import pytest
+
+import core
+from diagnose.decision import (
+    EngineResult,
+    Row,
+    decide_compare,
+    decide_single,
+    engine_verdict,
+)
+from tests.paths import ROOT
+
+# The product: what is shipped or run (tests are not scanned; they may read the table).
+PACKAGES = ("core", "exporter", "loadgen", "diagnose", "simulator", "tools", "mixin", "prometheus")
+EVALUATOR = "core/conditions.py"
+# The rule generator renders CONDITIONS as recording rules (moving to mixin/rules.py).
+RULE_GENERATORS = ("prometheus/generate.py", "mixin/rules.py")
+TABLE = {"CONDITIONS", "CONDITION_BY_NAME"}
+
+
+def product_modules() -> dict[str, ast.Module]:
+    """Every product module, by its path relative to the repository."""
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            out[path.relative_to(ROOT).as_posix()] = ast.parse(path.read_text(), str(path))
+    return out
+
+
+MODULES = product_modules()
+
+
+def table_uses(tree: ast.Module) -> list[str]:
+    """Where a module reads the condition table or looks inside a condition."""
+    found = []
+    for node in ast.walk(tree):
+        where = f":{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.ImportFrom):
+            found += [f"import {a.name}{where}" for a in node.names if a.name in TABLE]
+        elif isinstance(node, ast.Name) and node.id in TABLE:
+            found.append(node.id + where)
+        elif isinstance(node, ast.Attribute):
+            if node.attr in TABLE or node.attr == "alternatives":
+                found.append("." + node.attr + where)
+            elif node.attr == "evaluate" and not _is_core(node.value):
+                # `Condition.evaluate`, or `cond.evaluate(signals)` on one condition.
+                found.append(ast.unparse(node) + where)
+    return found
+
+
+def _is_core(node: ast.expr) -> bool:
+    """`core` or `core.conditions`: the evaluator's module."""
+    text = ast.unparse(node)
+    return text in ("core", "core.conditions")
+
+
+def test_the_scan_sees_the_product() -> None:
+    assert EVALUATOR in MODULES
+    assert "diagnose/decision/single.py" in MODULES
+    assert any(g in MODULES for g in RULE_GENERATORS)
+    assert len(MODULES) > 50, sorted(MODULES)
+
+
+def test_only_the_evaluator_and_the_rule_generator_read_the_condition_table() -> None:
+    allowed = {EVALUATOR, *RULE_GENERATORS}
+    offenders = {
+        path: uses
+        for path, tree in MODULES.items()
+        if path not in allowed and (uses := table_uses(tree))
+    }
+    assert offenders == {}
+    # The scan would see a use: the evaluator and the generator do read the table.
+    assert table_uses(MODULES[EVALUATOR])
+    assert all(table_uses(MODULES[g]) for g in RULE_GENERATORS if g in MODULES)
+
+
+def test_the_scan_catches_a_second_evaluator() -> None:
+    """What the scan flags (so that an empty list above means something)."""
+    code = (
+        "from core.conditions import CONDITIONS\n"
+        "import core\n"
+        "ok = core.evaluate(s)\n"
+        "held = [c.evaluate(s) for c in core.conditions.CONDITION_BY_NAME.values()]\n"
+        "texts = [e.text for e in cond.alternatives]\n"
+    )
+    uses = sorted(table_uses(ast.parse(code)))
+    assert uses == [
+        ".CONDITION_BY_NAME:4",
+        ".alternatives:5",
+        "c.evaluate:4",
+        "import CONDITIONS:1",
+    ]
+
+
+def test_evaluate_and_verdicts_are_made_in_core_only() -> None:
+    """No module outside core/ defines an `evaluate` or builds a `Verdict` of its own."""
+    defined, built = [], []
+    for path, tree in MODULES.items():
+        if path.startswith("core/"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in (
+                "evaluate",
+                "decide_verdict",
+            ):
+                defined.append(f"{path}:{node.lineno}")
+            if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "Verdict":
+                built.append(f"{path}:{node.lineno}")
+    assert defined == []
+    assert built == []
+
+
+def _evaluate_calls(tree: ast.Module) -> list[str]:
+    """`core.evaluate(...)` calls, and calls of `evaluate` imported from core."""
+    imported = {
+        a.asname or a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.module in ("core", "core.conditions")
+        for a in n.names
+        if a.name == "evaluate"
+    }
+    return [
+        ast.unparse(n.func)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and (
+            ast.unparse(n.func) in ("core.evaluate", "core.conditions.evaluate")
+            or (isinstance(n.func, ast.Name) and n.func.id in imported)
+        )
+    ]
+
+
+def test_diagnose_and_compare_reach_the_verdict_through_core_evaluate() -> None:
+    """The verdict of diagnose and compare: `engine_verdict` calls core.evaluate; the
+    reports and compare's recommendation only read the verdict it gave."""
+    assert _evaluate_calls(MODULES["diagnose/decision/single.py"]) == ["core.evaluate"]
+    for path in MODULES:
+        if path.startswith(("diagnose/report/", "diagnose/decision/")) and not path.endswith(
+            "single.py"
+        ):
+            assert _evaluate_calls(MODULES[path]) == [], path
+
+
+def _engine(verdict: str | None = None) -> EngineResult:
+    e = EngineResult(name="e", kind="llamacpp", weights_bytes=1e9, bandwidth_bytes_per_s=1e12)
+    e.rows.append(Row("e", "single", 1, per_seq_tok_s=100.0, prompt_tokens=100, max_tokens=64))
+    e.verdict = verdict
+    return e
+
+
+SIGNALS = [
+    core.Signals(),
+    core.Signals(host_has_gpu=True, layers_ratio=0.5),
+    core.Signals(host_has_gpu=True, layers_ratio=1.0, kv_usage_avg=0.99, waiting_avg=3.0),
+    core.Signals(host_has_gpu=True, layers_ratio=1.0, decode_efficiency=0.2, running=1.0),
+    core.Signals(host_has_gpu=True, layers_ratio=1.0, decode_efficiency=0.9, running=1.0),
+]
+
+
+@pytest.mark.parametrize("signals", SIGNALS)
+def test_engine_verdict_is_core_evaluate(signals: core.Signals) -> None:
+    assert engine_verdict(_engine(), signals)[0] == core.evaluate(signals).name
+
+
+def test_the_verdict_follows_core_evaluate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever core.evaluate answers is the verdict diagnose and compare report."""
+    calls: list[core.Signals] = []
+    real = core.evaluate
+
+    def forced(signals: core.Signals) -> core.Verdict:
+        calls.append(signals)
+        return replace(real(signals), name="kv_saturated")
+
+    monkeypatch.setattr(core, "evaluate", forced)
+    e = _engine()
+    e.verdict, e.action = engine_verdict(e, SIGNALS[0])
+    assert calls == [SIGNALS[0]]
+    assert e.verdict == "kv_saturated"
+    assert decide_single(e).verdict == {"e": "kv_saturated"}
+    other = replace(_engine("idle"), name="f")
+    assert decide_compare(e, other).verdict == {"e": "kv_saturated", "f": "idle"}
