@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import core
@@ -201,15 +201,9 @@ class EngineResult:
 
     def structure(self) -> core.ModelStructure | None:
         """What the roofline knows about this model (None without weights or structure)."""
-        model = core.ModelStructure(
-            weights_bytes=self.weights_bytes,
-            always_read_bytes=self.always_read_bytes,
-            routed_expert_bytes=self.routed_expert_bytes,
-            experts=self.experts,
-            experts_used=self.experts_used,
-            token_embedding_row_bytes=self.token_embedding_row_bytes,
-            draft_weights_bytes=self.draft_weights_bytes,
-        )
+        # EngineResult carries every ModelStructure field under the same name (results.json).
+        known = {f.name: getattr(self, f.name) for f in fields(core.ModelStructure)}
+        model = core.ModelStructure(**known)
         if not self.weights_bytes and not model.structure_known:
             return None
         return model

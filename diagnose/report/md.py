@@ -4,14 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from diagnose.report.content import (
-    NO_PHASES,
-    NO_ROWS,
-    PHASE_HEAD,
-    Report,
-    comparable_text,
-    metadata_rows,
-)
+from diagnose.report import content
 
 
 def _md_cell(s: str) -> str:
@@ -24,7 +17,7 @@ def _md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def render_markdown(rep: Report) -> str:
+def render_markdown(rep: content.Report) -> str:
     """report.md: the answer, the metadata, the steps, the tables and what was not measured."""
     a = rep.answer
     parts = [f"# llm-bottleneck {rep.title}", "", "## Answer", ""]
@@ -33,12 +26,12 @@ def render_markdown(rep: Report) -> str:
         "",
     ]
     parts += [f"**Recommendation:** `{a.recommendation}`", "", f"**Action:** {a.action}", ""]
-    parts += [f"**Comparable:** {comparable_text(a)}", ""]
+    parts += [f"**Comparable:** {content.comparable_text(a)}", ""]
     if a.estimates:
         parts += ["**Estimates:**", ""] + [f"- {x}" for x in a.estimates] + [""]
     parts += ["**Caveats:**" + ("" if a.caveats else " none"), ""]
     parts += [f"- {c}" for c in a.caveats] + ([""] if a.caveats else [])
-    parts += ["## Run", "", _md_table(("", ""), metadata_rows(rep.meta)), ""]
+    parts += ["## Run", "", _md_table(("", ""), content.metadata_rows(rep.meta)), ""]
     parts += ["## Steps, in order", ""]
     for n, (question, answer, decisive) in enumerate(rep.steps, 1):
         parts.append(f"{n}. **{question}** {answer}" + (" ← decided" if decisive else ""))
@@ -48,10 +41,12 @@ def render_markdown(rep: Report) -> str:
         parts.append(f"- {p.caption}: " + ("in report.html" if p.svg else p.missing))
     head, rows, notes = rep.table
     parts += ["", "## Measurements", ""]
-    parts += [_md_table(head, rows), ""] if rows else [NO_ROWS, ""]
+    parts += [_md_table(head, rows), ""] if rows else [content.NO_ROWS, ""]
     parts += [f"- {n}" for n in notes] + ([""] if notes else [])
     parts += ["## Phases", ""]
-    parts += [_md_table(PHASE_HEAD, rep.phases), ""] if rep.phases else [NO_PHASES, ""]
+    parts += (
+        [_md_table(content.PHASE_HEAD, rep.phases), ""] if rep.phases else [content.NO_PHASES, ""]
+    )
     parts += ["## Not measured", ""]
     parts += [f"- {m}" for m in rep.missing] or ["- nothing: every step ran"]
     return "\n".join(parts) + "\n"

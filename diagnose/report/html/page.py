@@ -6,14 +6,7 @@ import html
 import re
 from collections.abc import Sequence
 
-from diagnose.report.content import (
-    NO_PHASES,
-    NO_ROWS,
-    PHASE_HEAD,
-    Report,
-    comparable_text,
-    metadata_rows,
-)
+from diagnose.report import content
 from diagnose.report.html.figure import Plot
 
 CSS = """
@@ -75,7 +68,7 @@ def _html_plot(p: Plot) -> str:
     )
 
 
-def render_html(rep: Report) -> str:
+def render_html(rep: content.Report) -> str:
     """The self-contained report.html with every drawn plot inline."""
     a = rep.answer
     verdicts = "".join(
@@ -104,14 +97,17 @@ def render_html(rep: Report) -> str:
     measurements = (
         f'<div class="scroll">{_html_table(head, rows, "rows")}</div>'
         if rows
-        else f"<p>{_esc(NO_ROWS)}</p>"
+        else f"<p>{_esc(content.NO_ROWS)}</p>"
     )
     phases = (
-        _html_table(PHASE_HEAD, rep.phases, "phases") if rep.phases else f"<p>{_esc(NO_PHASES)}</p>"
+        _html_table(content.PHASE_HEAD, rep.phases, "phases")
+        if rep.phases
+        else f"<p>{_esc(content.NO_PHASES)}</p>"
     )
     missing = "".join(f"<li>{_esc(m)}</li>" for m in rep.missing) or (
         "<li>nothing: every step ran</li>"
     )
+    meta = _html_table(("", ""), content.metadata_rows(rep.meta), "meta", True)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>llm-bottleneck {html.escape(rep.title)}</title>
 <style>{CSS}</style></head>
@@ -122,10 +118,10 @@ def render_html(rep: Report) -> str:
 <tbody>{verdicts}</tbody></table>
 <p id="recommendation"><b>Recommendation:</b> <code>{_esc(a.recommendation)}</code></p>
 <p id="action"><b>Action:</b> {_esc_code(a.action)}</p>
-<p id="comparable"><b>Comparable:</b> {_esc(comparable_text(a))}</p>
+<p id="comparable"><b>Comparable:</b> {_esc(content.comparable_text(a))}</p>
 {estimates}<div id="caveats"><b>Caveats:</b>{caveats}</div>
 </section>
-<section id="metadata"><h2>Run</h2>{_html_table(("", ""), metadata_rows(rep.meta), "meta", True)}
+<section id="metadata"><h2>Run</h2>{meta}
 </section>
 <h2>Steps, in order</h2><ol id="steps">{steps}</ol>
 <h2>Engines</h2>{_html_table(*rep.facts, "facts", True)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from diagnose.decision import EngineResult, Row
 from diagnose.report.hints import (
@@ -151,6 +151,13 @@ def _place_phase_labels(
     return dropped
 
 
+# The lines of the memory-vs-context plot: the row's value, its legend, its style.
+_CONTEXT_SERIES: tuple[tuple[Callable[[Row], float | None], str, dict[str, Any]], ...] = (
+    (lambda r: r.loaded_memory_bytes, "memory after loading", {"marker": "o"}),
+    (lambda r: r.kv_bytes, "KV cache", {"marker": "s", "linestyle": ":"}),
+)
+
+
 def plot_memory_vs_context(engines: list[EngineResult]) -> Plot:
     """Memory after loading (and the KV cache where known) against the context length."""
     plot = Plot("memory-vs-context", "Memory and KV cache vs context, per engine")
@@ -170,25 +177,16 @@ def plot_memory_vs_context(engines: list[EngineResult]) -> Plot:
         color = COLORS[i % len(COLORS)]
         rows = sorted(ctx_rows[e.name], key=lambda r: r.context or 0)
         contexts += [r.context for r in rows if r.context]
-        loaded = [r for r in rows if r.loaded_memory_bytes and not r.error]
-        if loaded:
-            ax.plot(
-                [r.context or 0 for r in loaded],
-                [(r.loaded_memory_bytes or 0) / GIB for r in loaded],
-                marker="o",
-                color=color,
-                label=series_label(f"{e.name} memory after loading"),
-            )
-        kv = [r for r in rows if r.kv_bytes and not r.error]
-        if kv:
-            ax.plot(
-                [r.context or 0 for r in kv],
-                [(r.kv_bytes or 0) / GIB for r in kv],
-                marker="s",
-                linestyle=":",
-                color=color,
-                label=series_label(f"{e.name} KV cache"),
-            )
+        for value, what, style in _CONTEXT_SERIES:
+            done = [(r.context or 0, v) for r in rows if (v := value(r)) and not r.error]
+            if done:
+                ax.plot(
+                    [c for c, _ in done],
+                    [v / GIB for _, v in done],
+                    color=color,
+                    label=series_label(f"{e.name} {what}"),
+                    **style,
+                )
         for r in rows:
             if r.error and r.context:
                 ax.axvline(r.context, color=color, linestyle="-.", alpha=0.8)
