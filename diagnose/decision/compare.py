@@ -37,6 +37,46 @@ def _pct(x: float) -> str:
 
 
 @dataclass
+class ResidencyNumbers:
+    """One engine in compare's residency step."""
+
+    verdict: str | None
+    weights_bytes: float | None
+
+
+@dataclass
+class PrecisionNumbers:
+    """One engine in compare's comparability step: its precision and share of the roofline."""
+
+    quantization: str | None
+    bytes_per_parameter: float | None
+    weights_bytes: float | None
+    roofline_efficiency: float | None
+    roofline_tok_s: float | None
+    roofline_misfit: str | None
+
+    @classmethod
+    def of(cls, e: EngineResult) -> PrecisionNumbers:
+        roof = e.roofline
+        return cls(
+            e.quantization,
+            e.bytes_per_parameter(),
+            e.weights_bytes,
+            roof.efficiency,
+            roof.limit_tok_s,
+            roof.misfit,
+        )
+
+
+@dataclass
+class ContextNumbers:
+    """One engine in compare's long-context step."""
+
+    max_loaded: int | None
+    failed: list[int]
+
+
+@dataclass
 class Call:
     """One measured difference: who is ahead, by how much, and whether it beats the spread."""
 
@@ -175,7 +215,7 @@ def _residency_step(a: EngineResult, b: EngineResult, not_resident: list[str]) -
         "Do the weights fit and stay resident?",
         ("no: " + ", ".join(not_resident)) if not_resident else "yes, on both engines",
         bool(not_resident),
-        {e.name: {"verdict": e.verdict, "weights_bytes": e.weights_bytes} for e in (a, b)},
+        {e.name: ResidencyNumbers(e.verdict, e.weights_bytes) for e in (a, b)},
     )
 
 
@@ -196,17 +236,7 @@ def _comparability_step(a: EngineResult, b: EngineResult, comparable: bool, why:
         "Same precision (weight bytes per parameter within 20 %)?",
         why,
         not comparable,
-        {
-            e.name: {
-                "quantization": e.quantization,
-                "bytes_per_parameter": e.bytes_per_parameter(),
-                "weights_bytes": e.weights_bytes,
-                "roofline_efficiency": e.roofline.efficiency,
-                "roofline_tok_s": e.roofline.limit_tok_s,
-                "roofline_misfit": e.roofline.misfit,
-            }
-            for e in (a, b)
-        },
+        {e.name: PrecisionNumbers.of(e) for e in (a, b)},
     )
 
 
@@ -259,7 +289,7 @@ def _batching_step(a: EngineResult, b: EngineResult, calls: list[Call]) -> Step:
         if calls
         else NOT_MEASURED + "no common concurrency > 1 with successful requests",
         any(x.winner for x in calls),
-        {"calls": [asdict(x) for x in calls]},
+        {"calls": list(calls)},
     )
 
 
@@ -285,7 +315,7 @@ def _long_context_step(a: EngineResult, b: EngineResult) -> tuple[Step, str | No
         "Long context: whose memory gives out first?",
         ans,
         ctx_winner is not None,
-        {a.name: {"max_loaded": ma, "failed": fa}, b.name: {"max_loaded": mb, "failed": fb}},
+        {a.name: ContextNumbers(ma, fa), b.name: ContextNumbers(mb, fb)},
     )
     return step, ctx_winner
 

@@ -174,7 +174,7 @@ class EngineResult:
     timeline: list[tuple[float, float]] = field(default_factory=list)
     roofline: Roofline = field(default_factory=Roofline)
     # The decision core's inputs as measured by this run, and its answer.
-    signals: dict[str, Any] = field(default_factory=dict)
+    signals: dict[str, float | bool | None] = field(default_factory=dict)
     # What the verdict had to take from diagnose's own measurements, and why.
     notes: list[str] = field(default_factory=list)
     verdict: str | None = None
@@ -223,7 +223,8 @@ class Step:
     question: str
     answer: str
     decisive: bool = False
-    numbers: dict[str, Any] = field(default_factory=dict)
+    # Plain values, or dataclasses (per-engine groups) that results.json shows as objects.
+    numbers: dict[str, object] = field(default_factory=dict)
 
     @property
     def measured(self) -> bool:
