@@ -152,6 +152,17 @@ def to_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def _latency(section: str, short: str, key: str) -> tuple[str, tuple[tuple[str, str, str], ...]]:
+    """A latency section of the block: mean, median and p99 of `<key>_*_s`, in ms."""
+    return (
+        section,
+        tuple(
+            (f"{stat} {short} (ms)", f"{key}_{suffix}_s", "ms")
+            for stat, suffix in (("Mean", "mean"), ("Median", "p50"), ("P99", "p99"))
+        ),
+    )
+
+
 # The per-step block on the terminal: (section, [(label, summary key, format)]), in the
 # manner of `vllm bench serve` (mean, median and p99 of each latency).
 BLOCK: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
@@ -167,38 +178,10 @@ BLOCK: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
             ("Output token throughput (tok/s)", "output_tok_s", ".1f"),
         ),
     ),
-    (
-        "Time to First Token",
-        (
-            ("Mean TTFT (ms)", "ttft_mean_s", "ms"),
-            ("Median TTFT (ms)", "ttft_p50_s", "ms"),
-            ("P99 TTFT (ms)", "ttft_p99_s", "ms"),
-        ),
-    ),
-    (
-        "Time per Output Token (excl. 1st token)",
-        (
-            ("Mean TPOT (ms)", "tpot_mean_s", "ms"),
-            ("Median TPOT (ms)", "tpot_p50_s", "ms"),
-            ("P99 TPOT (ms)", "tpot_p99_s", "ms"),
-        ),
-    ),
-    (
-        "Inter-token Latency",
-        (
-            ("Mean ITL (ms)", "itl_mean_s", "ms"),
-            ("Median ITL (ms)", "itl_p50_s", "ms"),
-            ("P99 ITL (ms)", "itl_p99_s", "ms"),
-        ),
-    ),
-    (
-        "End-to-end Latency",
-        (
-            ("Mean E2E (ms)", "e2e_mean_s", "ms"),
-            ("Median E2E (ms)", "e2e_p50_s", "ms"),
-            ("P99 E2E (ms)", "e2e_p99_s", "ms"),
-        ),
-    ),
+    _latency("Time to First Token", "TTFT", "ttft"),
+    _latency("Time per Output Token (excl. 1st token)", "TPOT", "tpot"),
+    _latency("Inter-token Latency", "ITL", "itl"),
+    _latency("End-to-end Latency", "E2E", "e2e"),
     (
         "Decode per sequence",
         (
