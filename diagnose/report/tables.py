@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
 
 import core
 from diagnose.decision import EngineResult, Row
@@ -31,7 +30,7 @@ def _pct_or_dash(x: float | None) -> str:
     return "—" if x is None else f"{x * 100:.0f} %"
 
 
-def _fmt(value: Any, digits: int = 1) -> str:
+def _fmt(value: float | str | None, digits: int = 1) -> str:
     if value is None:
         return "—"
     if isinstance(value, bool):
