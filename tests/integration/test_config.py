@@ -11,8 +11,6 @@ import pytest
 from exporter.config import ConfigError, load_config, parse_config
 from tests.paths import ROOT
 
-ROOT = ROOT
-
 MINIMAL = """\
 listen: "127.0.0.1:9490"
 engines:

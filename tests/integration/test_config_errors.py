@@ -17,7 +17,6 @@ import pytest
 from exporter.config import ConfigError, load_config
 from tests.paths import ROOT
 
-ROOT = ROOT
 ENGINE = '  - {name: a, kind: llamacpp, url: "%s"}\n'
 
 

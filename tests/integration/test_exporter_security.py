@@ -29,7 +29,6 @@ from tests.conftest import get_free_port
 from tests.paths import ROOT
 from tests.plugins.prom import start_prometheus, stop_process
 
-ROOT = ROOT
 H200 = ROOT / "tests" / "fixtures" / "llamacpp-h200-gemma3-27b-shape-q4_0"
 PASSWORD = "correct horse battery staple"
 

@@ -16,8 +16,6 @@ import pytest
 from tests.conftest import get_free_port
 from tests.paths import ROOT
 
-ROOT = ROOT
-
 
 def _wait_for(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout

@@ -33,7 +33,6 @@ from loadgen.client import (
 from tests.conftest import get_free_port
 from tests.paths import ROOT
 
-ROOT = ROOT
 CPU = ROOT / "tests" / "fixtures" / "llamacpp-cpu-gemma3-270m"
 
 # -- unit: classification and parsing ---------------------------------------------------------

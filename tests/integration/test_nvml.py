@@ -31,7 +31,6 @@ from exporter.config import EngineConfig, GpuConfig
 from exporter.runner import Runner
 from tests.paths import FIXTURES, ROOT
 
-ROOT = ROOT
 H200 = FIXTURES / "llamacpp-h200-gemma3-27b-shape-q4_0"
 CAPTURES = sorted(H200.glob("nvml_*.json")) + sorted((H200 / "run2").glob("nvml_*.json"))
 MIB = 1024 * 1024

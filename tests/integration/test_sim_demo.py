@@ -28,7 +28,6 @@ from tests.paths import ROOT
 from tests.plugins.prom import rule_groups
 from tests.system.test_readme import VERDICTS as README_VERDICTS
 
-ROOT = ROOT
 VERDICTS = set(README_VERDICTS)
 
 

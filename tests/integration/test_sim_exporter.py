@@ -17,8 +17,6 @@ from tests.conftest import get_free_port
 from tests.integration.test_sim_scenarios import llama_load, poll, sglang_load
 from tests.paths import ROOT
 
-ROOT = ROOT
-
 
 def series(text: str, name: str, engine: str) -> float | None:
     m = re.search(rf'^{name}{{[^}}]*engine="{engine}"[^}}]*}} (\S+)$', text, re.M)

@@ -16,7 +16,6 @@ import yaml
 
 from tests.paths import ROOT
 
-ROOT = ROOT
 COMPOSE = ROOT / "docker-compose.yml"
 SERVICES = {
     "exporter",

@@ -27,7 +27,6 @@ from tests.paths import ROOT
 from tests.plugins.exporter import parse_samples, pick
 from tests.system.test_log_rotation import LOG_COUNTERS
 
-ROOT = ROOT
 CORE = ["exporter", "prometheus", "alertmanager"]
 LLAMA = [*CORE, "llamacpp", "llamacpp-logrotate"]
 DEMO = ["demo", "prometheus", "alertmanager"]

@@ -12,7 +12,6 @@ import pytest
 from tests.paths import FIXTURES, ROOT
 from tools.gpu_report import EXPECTED, analyse, promtool_document
 
-ROOT = ROOT
 FIX = FIXTURES
 RUNS = {
     "h200-validation-2026-11-30": "h200-captured-test.yml",

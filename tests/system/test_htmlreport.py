@@ -50,8 +50,6 @@ from tests.paths import ROOT
 from tests.plugins.llama import LlamaServer
 from tests.report_browser import Page, colored_pixels, dark_pixels, render
 
-ROOT = ROOT
-
 # A plot's axes must hold at least this many clearly coloured pixels (a drawn series).
 MIN_DATA_PIXELS = 150
 

@@ -13,7 +13,6 @@ import yaml
 from exporter.config import Config, load_config
 from tests.paths import ROOT
 
-ROOT = ROOT
 K8S = ROOT / "deploy" / "kubernetes"
 VALIDATOR = Path(sys.executable).parent / "kubernetes-validate"
 

@@ -18,7 +18,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from loadgen.__main__ import main
 from tests.paths import ROOT
 
-ROOT = ROOT
 pytestmark = pytest.mark.llamaserver
 
 

@@ -22,8 +22,14 @@ from exporter.model import ggml_types
 from tests.paths import ROOT
 from tests.system.test_readme import fresh_copy
 
-ROOT = ROOT
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+# The project's own top-level packages (the wheel's).
+PACKAGES = tuple(
+    p.rstrip("*")
+    for p in tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"][
+        "setuptools"
+    ]["packages"]["find"]["include"]
+)
 # Import name -> distribution name, for the third-party packages the code imports.
 DISTRIBUTION = {
     "prometheus_client": "prometheus-client",
@@ -61,7 +67,7 @@ def third_party_imports(package: str) -> set[str]:
                 found |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 found.add(node.module.split(".")[0])
-    ours = {"exporter", "loadgen", "simulator"}
+    ours = set(PACKAGES)
     return {m for m in found if m not in sys.stdlib_module_names and m not in ours}
 
 
@@ -84,7 +90,7 @@ class TestDeclared:
         assert extras["full"] == ["llm-bottleneck[report,synth]"]
         assert "llm-bottleneck[full]" in extras["dev"]
         # Every third-party import of the project is declared somewhere.
-        every = set().union(*(third_party_imports(p) for p in ("exporter", "loadgen", "simulator")))
+        every = set().union(*(third_party_imports(p) for p in PACKAGES))
         declared = base | names(extras["report"]) | names(extras["synth"])
         assert {DISTRIBUTION[m] for m in every} <= declared
 

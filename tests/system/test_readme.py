@@ -23,7 +23,6 @@ from exporter.config import load_config
 from tests.conftest import get_free_port
 from tests.paths import ROOT
 
-ROOT = ROOT
 README = ROOT / "README.md"
 
 

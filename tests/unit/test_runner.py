@@ -17,8 +17,6 @@ from exporter.schema import SCHEMA, MetricSet, markdown_table
 from exporter.server import make_app
 from tests.paths import ROOT
 
-ROOT = ROOT
-
 
 class Fixed(Collector):
     def __init__(
