@@ -24,7 +24,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collectors.sglang.collector import FAMILIES, PREFIX
+from exporter.collectors.sglang.metrics import FAMILIES, PREFIX
 from exporter.promtext import _base_name, _line_name, parse_exposition
 
 BUSY = (

@@ -7,15 +7,17 @@ import httpx
 from exporter.attribution import Attribution
 from exporter.collectors import Collector
 from exporter.config import Config
+from exporter.engines import engine_kind, load
 from exporter.http import AiohttpTransport
 from exporter.runner import Runner
 
 
 def build_runner(config: Config, client: httpx.AsyncClient | None = None) -> Runner:
-    """Create one collector per source (NVML when enabled, one per engine)."""
-    from exporter.collectors.llamacpp.collector import LlamaCppCollector
+    """Create one collector per source (NVML when enabled, one per engine).
+
+    Each engine's collector class comes from its kind's row in exporter/engines.py.
+    """
     from exporter.collectors.nvml.collector import NvmlCollector
-    from exporter.collectors.sglang.collector import SGLangCollector
 
     # aiohttp underneath: httpx's own transport costs more CPU than parsing (exporter/http.py).
     http = client or httpx.AsyncClient(follow_redirects=True, transport=AiohttpTransport())
@@ -25,10 +27,8 @@ def build_runner(config: Config, client: httpx.AsyncClient | None = None) -> Run
         collectors.append(NvmlCollector(config.gpu, attribution))
     for engine in config.engines:
         timeout = engine.timeout_seconds or config.source_timeout_seconds
-        if engine.kind == "llamacpp":
-            collectors.append(LlamaCppCollector(engine, http, timeout, attribution))
-        else:
-            collectors.append(SGLangCollector(engine, http, timeout, attribution))
+        collector = load(engine_kind(engine.kind).collector)
+        collectors.append(collector(engine, http, timeout, attribution))
     runner = Runner(
         collectors,
         default_deadline=config.scrape_timeout_seconds,

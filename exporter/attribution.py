@@ -6,18 +6,20 @@ SGLang scheduler pid carried by its `pid` label); the NVML collector asks
 
 1. a pid the engine reported, or `process.pid` from the config;
 2. `process.cmdline_regex` from the config;
-3. the default rule for the kind: a llama.cpp process whose command line runs
-   `llama-server` with `--port <engine port>`; an SGLang process whose command line
-   mentions `sglang` (and `--port <engine port>` when several SGLang engines exist).
-   The port comes from the engine URL.
+3. the default rule for the kind (`process` in exporter/engines.py): a llama.cpp process
+   whose command line runs `llama-server` with `--port <engine port>`; an SGLang process
+   whose command line mentions `sglang` (and `--port <engine port>` when several SGLang
+   engines exist). The port comes from the engine URL.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from urllib.parse import urlsplit
 
 from exporter.config import EngineConfig
+from exporter.engines import engine_kind
 
 
 def _port(url: str) -> int | None:
@@ -39,6 +41,7 @@ class Attribution:
     def __init__(self, engines: list[EngineConfig]):
         self.engines = list(engines)
         self._reported: dict[str, set[int]] = {e.name: set() for e in engines}
+        self._of_kind = Counter(e.kind for e in engines)
 
     def report_pids(self, engine: str, pids: set[int]) -> None:
         """Record the pids an engine told us about (replaces earlier ones)."""
@@ -58,14 +61,11 @@ class Attribution:
         for engine in self.engines:
             if engine.process and (engine.process.pid or engine.process.cmdline_regex):
                 continue  # explicit rules only
-            port = _port(engine.url)
-            if engine.kind == "llamacpp":
-                if "llama-server" in cmdline and _has_port(cmdline, port):
-                    return engine
-            elif engine.kind == "sglang" and "sglang" in cmdline:
-                n_sglang = sum(1 for e in self.engines if e.kind == "sglang")
-                # SGLang's GPU workers are spawned children whose command line may not carry
-                # the port; with one SGLang engine the name alone is unambiguous.
-                if n_sglang == 1 or _has_port(cmdline, port):
-                    return engine
+            rule = engine_kind(engine.kind).process
+            if rule.marker not in cmdline:
+                continue
+            if _has_port(cmdline, _port(engine.url)):
+                return engine
+            if rule.port == "when_several" and self._of_kind[engine.kind] == 1:
+                return engine
         return None

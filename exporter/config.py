@@ -13,7 +13,7 @@ import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -26,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 
+from exporter.engines import KINDS
+
 ENV_PREFIX = "LLMB__"
 RESERVED_SOURCE_NAMES = {"nvml"}
 
@@ -34,6 +36,13 @@ MAX_SECONDS = 86400.0
 Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
 # Deeper YAML than this is not a config file (PyYAML would recurse until RecursionError).
 MAX_YAML_DEPTH = 100
+
+if TYPE_CHECKING:
+    EngineKindName = str
+else:
+    # `engines[].kind`: one of the registered kinds (exporter/engines.py), checked as a Literal
+    # so a wrong kind is told the valid ones.
+    EngineKindName = Literal[KINDS]
 
 
 class ConfigError(Exception):
@@ -84,7 +93,7 @@ class EngineConfig(_Strict):
     """One inference server, scraped by the exporter and targeted by the load generator."""
 
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")
-    kind: Literal["llamacpp", "sglang"]
+    kind: EngineKindName
     url: str
     api_key_env: str | None = Field(
         default=None, description="environment variable holding the API key (never logged)"

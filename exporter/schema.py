@@ -395,179 +395,6 @@ def add_kv_cache_type(ms: MetricSet, type_k: str, type_v: str, **labels: str) ->
     ms.info("llmb_model_kv_cache_type_info", type_k=type_k, type_v=type_v, **labels)
 
 
-# Where each series comes from, per engine kind ("" = not provided: the series is absent).
-SOURCES: dict[str, tuple[str, str]] = {
-    "llmb_engine_up": (
-        "`/health` 200",
-        "`/metrics` answered, else `/v1/models` 2xx, else `/health` 2xx",
-    ),
-    "llmb_engine_loading": (
-        "`/health` 503 `Loading model`",
-        "`/health` 503 (asked in the background for each new instance until its first other "
-        "answer, and when `/metrics` and `/v1/models` fail; while `/server_info` has not "
-        "answered yet, also no answer within 0.4 s)",
-    ),
-    "llmb_engine_info": (
-        "`/v1/models` id, `/props` build_info, `meta.ftype`",
-        "`/server_info` version, dtype/quantization",
-    ),
-    "llmb_engine_restarts_total": (
-        "unreachable in between, or `/props` build/model/`n_ctx`/`total_slots` changed, or "
-        "a new process in the log",
-        "unreachable in between, or `/server_info` start arguments changed",
-    ),
-    "llmb_engine_endpoint_enabled": ("`/metrics`, `/slots` 501 → 0", ""),
-    "llmb_engine_requests_running": ("`llamacpp:requests_processing`", "`sglang:num_running_reqs`"),
-    "llmb_engine_requests_waiting": ("`llamacpp:requests_deferred`", "`sglang:num_queue_reqs`"),
-    "llmb_engine_slots": (
-        "`/slots` length (`-np`)",
-        "`/server_info` `internal_states[].effective_max_running_requests_per_dp` (Σ DP)",
-    ),
-    "llmb_engine_context_tokens": (
-        "`/slots` `n_ctx` (per slot)",
-        "`sglang:context_len`, else `/v1/models` `max_model_len`",
-    ),
-    "llmb_engine_kv_cache_capacity_tokens": (
-        "slot `n_ctx` × slots (unified KV: one pool)",
-        "`sglang:max_total_num_tokens`",
-    ),
-    "llmb_engine_kv_cache_used_tokens": (
-        "Σ `n_prompt_tokens` of processing slots (old builds: `kv_cache_tokens`)",
-        "`sglang:kv_used_tokens` / `num_used_tokens`",
-    ),
-    "llmb_engine_kv_cache_usage_ratio": (
-        "used / capacity (old builds: `kv_cache_usage_ratio`)",
-        "max(`sglang:full_token_usage`, `swa_token_usage`) (unrounded), else `token_usage`",
-    ),
-    "llmb_engine_slot_context_usage_max_ratio": ("`/slots` max `n_prompt_tokens/n_ctx`", ""),
-    "llmb_engine_kv_pressure_events_total": (
-        "log: KV full, context exceeded, context shift, `truncated = 1`",
-        "`sglang:num_retracted_requests_total` (event=retracted; 0 while only declared)",
-    ),
-    "llmb_engine_kv_cache_bytes": (
-        "log `KV buffer size` (-lv 4)",
-        "`sglang:kv_cache_memory_usage_gb` × 2^30, else `/server_info` "
-        "`internal_states[0].memory_usage.kvcache`, else log `KV Cache is allocated` K + V",
-    ),
-    "llmb_engine_prompt_tokens_total": (
-        "`prompt_tokens_total` + `prompt_tokens_cached_total`",
-        "`sglang:prompt_tokens_total`",
-    ),
-    "llmb_engine_prompt_tokens_cached_total": (
-        "`llamacpp:prompt_tokens_cached_total`",
-        "`sglang:cached_tokens_total`",
-    ),
-    "llmb_engine_prompt_seconds_total": ("`llamacpp:prompt_seconds_total` (or log)", ""),
-    "llmb_engine_generation_tokens_total": (
-        "`llamacpp:tokens_predicted_total` (or log)",
-        "`sglang:generation_tokens_total`",
-    ),
-    "llmb_engine_decode_tokens_total": (
-        "log `eval time` tokens − 1 per request (without a log: `tokens_predicted_total`)",
-        "`sglang:inter_token_latency_seconds_count`",
-    ),
-    "llmb_engine_decode_seconds_total": (
-        "log `eval time` (without a log: `tokens_predicted_seconds_total`)",
-        "`sglang:inter_token_latency_seconds_sum`",
-    ),
-    "llmb_engine_requests_finished_total": ("log `release` lines", "`sglang:num_requests_total`"),
-    "llmb_engine_decode_steps_total": ("`llamacpp:n_decode_total`", ""),
-    "llmb_engine_time_to_first_token_seconds": ("", "`sglang:time_to_first_token_seconds`"),
-    "llmb_engine_inter_token_latency_seconds": ("", "`sglang:inter_token_latency_seconds`"),
-    "llmb_engine_queue_time_seconds": ("", "`sglang:queue_time_seconds`"),
-    "llmb_engine_e2e_request_latency_seconds": ("", "`sglang:e2e_request_latency_seconds`"),
-    "llmb_engine_process_gpu_memory_bytes": ("NVML processes attributed to the engine", "same"),
-    "llmb_engine_process_gpu_memory_peak_bytes": ("NVML background sampler", "same"),
-    "llmb_engine_model_buffer_bytes": (
-        "log `model buffer size` per device (-lv 4)",
-        "`sglang:weight_memory_usage_gb` × 2^30, else `/server_info` "
-        "`internal_states[0].memory_usage.weight`, else log `Load weight end … mem usage=` (gpu); "
-        "`/server_info` `cpu_offload_gb` (cpu)",
-    ),
-    "llmb_engine_gpu_layers_offloaded": ("log `offloaded N/M layers to GPU` (-lv 4)", ""),
-    "llmb_engine_gpu_layers_total": ("log `offloaded N/M layers to GPU` (-lv 4)", ""),
-    "llmb_engine_load_seconds": (
-        "log `loading model` → `model loaded`",
-        "`sglang:startup_time_seconds{phase=load_weight}`",
-    ),
-    "llmb_engine_experts_host_layers": (
-        "log `tensor blk.N.ffn_*_exps.weight (...) buffer type overridden to CPU` (-lv 5), else "
-        "host model buffers − token embedding (-lv 4) over per-layer expert bytes",
-        "",
-    ),
-    "llmb_engine_experts_host_bytes": (
-        "expert bytes of those layers (GGUF tensor infos; else the override lines' MiB)",
-        "",
-    ),
-    "llmb_engine_spec_accept_length": (
-        "log `draft acceptance rate = R (A accepted / G generated)` with the request's "
-        "`eval time` tokens: Σ(n−1) / (Σ(n−1) − ΣA); else `spec_decode_num_accepted_tokens_total`"
-        " / `spec_decode_num_drafts_total` + 1",
-        "`sglang:spec_accept_length`",
-    ),
-    "llmb_model_weights_bytes": (
-        "`/v1/models` `meta.size`",
-        "GPU + CPU-offloaded weights (else safetensors headers, else `config.json` shapes × dtype)",
-    ),
-    "llmb_model_parameters": (
-        "`/v1/models` `meta.n_params`",
-        "safetensors headers in the model dir",
-    ),
-    "llmb_model_layers": ("GGUF header (or log)", "HF `config.json`"),
-    "llmb_model_kv_bytes_per_token_estimated": ("GGUF header", "HF `config.json`"),
-    "llmb_model_kv_cache_bytes_estimated": (
-        "GGUF header + slots × n_ctx (SWA layers capped)",
-        "HF `config.json` × `max_total_num_tokens`",
-    ),
-    "llmb_model_weights_always_read_bytes": (
-        "GGUF tensor infos: all but `*_exps` and an untied `token_embd.weight`",
-        "safetensors headers (all but `.experts.`, untied `embed_tokens`), else HF config × dtype",
-    ),
-    "llmb_model_weights_routed_experts_bytes": (
-        "GGUF tensor infos `blk.N.ffn_*_exps.*`",
-        "safetensors `mlp.experts.*`, else `num_experts`/`num_local_experts`/`n_routed_experts` "
-        "× `moe_intermediate_size`",
-    ),
-    "llmb_model_experts": (
-        "GGUF `{arch}.expert_count`",
-        "HF `num_experts` / `num_local_experts` / `n_routed_experts`",
-    ),
-    "llmb_model_experts_used": ("GGUF `{arch}.expert_used_count`", "HF `num_experts_per_tok`"),
-    "llmb_model_token_embedding_row_bytes": (
-        "GGUF `token_embd.weight` bytes / rows when `output.weight` exists",
-        "`embed_tokens` row × dtype unless `tie_word_embeddings`",
-    ),
-    "llmb_model_kv_cache_type_info": (
-        "log `llama_kv_cache: size = … K (q8_0): …, V (q8_0): …` (-lv 4)",
-        "`/server_info` `kv_cache_dtype` (`auto`: `dtype`, else `config.json` `torch_dtype`)",
-    ),
-    "llmb_model_draft_weights_bytes": (
-        "log: model buffers of the second (draft) model load (-lv 4)",
-        "",
-    ),
-}
-
-# What each series comes from on SGLang 0.5.11 (54 families: no weight/KV memory or startup
-# series, retractions only as a gauge) where it differs from the SGLang column;
-# "" = the series is absent on 0.5.11. Series not listed come from the same source.
-SGLANG_0_5_11: dict[str, str] = {
-    "llmb_engine_kv_cache_used_tokens": "`sglang:kv_used_tokens`",
-    "llmb_engine_kv_cache_usage_ratio": "max(`sglang:full_token_usage`, `swa_token_usage`)",
-    "llmb_engine_kv_pressure_events_total": "",
-    "llmb_engine_kv_cache_bytes": (
-        "`/server_info` `internal_states[0].memory_usage.kvcache`, else log "
-        "`KV Cache is allocated` K + V"
-    ),
-    "llmb_engine_model_buffer_bytes": (
-        "`/server_info` `internal_states[0].memory_usage.weight`, else log "
-        "`Load weight end … mem usage=` (gpu); `cpu_offload_gb` (cpu)"
-    ),
-    "llmb_engine_load_seconds": "",
-    "llmb_model_weights_bytes": (
-        "`memory_usage.weight` + `cpu_offload_gb` (else safetensors, else `config.json`)"
-    ),
-}
-
 _UNITS = (
     ("_bytes_per_second", "bytes/s"),
     ("_bytes", "bytes"),
@@ -589,27 +416,45 @@ def _unit(name: str) -> str:
     return "—"
 
 
+def _source_columns() -> list[tuple[str, dict[str, str], dict[str, str] | None]]:
+    """(header, main table, release table or None) per column, from exporter/engines.py."""
+    from exporter.engines import ENGINES, load
+
+    columns: list[tuple[str, dict[str, str], dict[str, str] | None]] = []
+    for engine in ENGINES:
+        main = load(engine.sources[0].table)
+        columns.append((f"{engine.display} source", main, None))
+        for column in engine.sources[1:]:
+            header = f"{engine.display} {column.release} source"
+            columns.append((header, main, load(column.table)))
+    return columns
+
+
 def markdown_table() -> str:
-    """The exporter's schema as a Markdown table (docs/metrics.md embeds it)."""
+    """The exporter's schema as a Markdown table (docs/metrics.md embeds it).
+
+    One source column per registered engine kind, and one per release column of a kind,
+    which names only what differs from the kind's main column ("same" otherwise).
+    """
+    columns = _source_columns()
     rows = [
-        "| name | type | unit | labels | llama.cpp source | SGLang source "
-        "| SGLang 0.5.11 source | meaning |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| name | type | unit | labels | {' | '.join(h for h, _, _ in columns)} | meaning |",
+        "|---|---|---|---|" + "---|" * len(columns) + "---|",
     ]
     for name, spec in SCHEMA.items():
-        if (
-            name.startswith("llmb_gpu")
-            or name.startswith("llmb_source")
-            or name.startswith("llmb_exporter")
-        ):
-            llama = sglang = "NVML" if name.startswith("llmb_gpu") else "exporter"
-        else:
-            llama, sglang = SOURCES.get(name, ("", ""))
+        # Series no engine provides have one source on every engine.
+        own = "NVML" if name.startswith("llmb_gpu") else ""
+        own = own or ("exporter" if name.startswith(("llmb_source", "llmb_exporter")) else "")
+        cells = []
+        for _, main, release in columns:
+            cell = own or main.get(name, "")
+            if release is not None and cell:
+                cell = release.get(name, "same")
+            cells.append(cell or "— (absent)")
         labels = ", ".join(f"`{label}`" for label in spec.labels) or "—"
-        old = sglang and SGLANG_0_5_11.get(name, "same")
         rows.append(
-            f"| `{name}` | {spec.type} | {_unit(name)} | {labels} | {llama or '— (absent)'} "
-            f"| {sglang or '— (absent)'} | {old or '— (absent)'} | {spec.help} |"
+            f"| `{name}` | {spec.type} | {_unit(name)} | {labels} | {' | '.join(cells)} "
+            f"| {spec.help} |"
         )
     return "\n".join(rows) + "\n"
 

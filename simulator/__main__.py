@@ -9,6 +9,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from exporter.engines import KINDS, engine_kind, load
 from simulator import scenarios
 from simulator.common import Faults, SimBase, SimOptions
 from simulator.model import LLAMACPP_KV_TYPES, SGLANG_KV_BYTES
@@ -23,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Simulated llama-server / SGLang with a performance model (tests, demo). "
         "Run `llmb-sim demo --help` for the all-in-one demo.",
     )
-    p.add_argument("--kind", choices=("llamacpp", "sglang"), required=True)
+    p.add_argument("--kind", choices=KINDS, required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--scenario", default="healthy", choices=sorted(scenarios.SCENARIOS))
@@ -124,14 +125,9 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
 
 
 def make_sim(opts: SimOptions) -> SimBase:
-    """The simulator object for `opts.kind`."""
-    if opts.kind == "llamacpp":
-        from simulator.llamacpp import LlamaCppSim
-
-        return LlamaCppSim(opts)
-    from simulator.sglang import SglangSim
-
-    return SglangSim(opts)
+    """The simulator object for `opts.kind` (its class is named in exporter/engines.py)."""
+    sim: SimBase = load(engine_kind(opts.kind).simulator)(opts)
+    return sim
 
 
 def main(argv: list[str] | None = None) -> int:

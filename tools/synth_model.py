@@ -26,7 +26,7 @@ from gguf.constants import MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS, TENSOR
 from tqdm import tqdm
 
 from core import ModelStructure, active_weights_bytes
-from exporter.model.geometry import read_gguf_fields
+from exporter.model.gguf_header import read_gguf_fields
 from exporter.model.weights import TensorInfo, WeightSplit, split_tensors
 
 QType = gguf.GGMLQuantizationType

@@ -19,12 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporter.model.geometry import (
-    estimate_llamacpp_kv,
-    estimate_sglang_kv,
-    geometry_from_gguf,
-    geometry_from_hf_config,
-)
+from exporter.model.geometry import geometry_from_gguf, geometry_from_hf_config
+from exporter.model.kv_cache import estimate_llamacpp_kv, estimate_sglang_kv
 from simulator import scenarios
 from simulator.model import Clock, Engine, ModelSpec, Request
 from simulator.tokenizer import Tokenizer

@@ -27,7 +27,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 import core
-from exporter.collectors.sglang.collector import checkpoint_weight_bytes
+from exporter.collectors.sglang.memory import checkpoint_weight_bytes
 from exporter.model.geometry import geometry_from_hf_config
 from loadgen.__main__ import main as loadgen_main
 from tests.integration.test_sim_sglang_fidelity import (

@@ -17,7 +17,8 @@ import pytest
 
 from diagnose.procedure import Diagnoser, Options, PhasePublisher
 from exporter.attribution import Attribution
-from exporter.collectors.sglang.collector import SGLangCollector, checkpoint_weight_bytes
+from exporter.collectors.sglang.collector import SGLangCollector
+from exporter.collectors.sglang.memory import checkpoint_weight_bytes
 from exporter.config import EngineConfig, parse_config
 from exporter.model.geometry import geometry_from_hf_config
 from tests.plugins.sglang import MODEL_DIR, SGLANG_SERVER, SglangServer

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collectors.sglang.collector import FAMILIES
+from exporter.collectors.sglang.metrics import FAMILIES
 from exporter.promtext import _base_name, parse_exposition, parse_sample_line
 from tests.paths import FIXTURES
 from tools.fuzz_collectors import mutate_bytes, mutate_exposition

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.collectors.sglang.collector import SGLangLog, SGLangLogState
+from exporter.collectors.sglang.log import SGLangLog, SGLangLogState
 from tests.paths import FIXTURES
 from tests.unit.test_fuzz_collectors import FUZZ, _check, _scrape, json_values
 from tools.fuzz_collectors import mutate_body, mutate_log

@@ -22,7 +22,9 @@ import pytest
 import core
 from diagnose.decision import decide_single, engine_from_dict
 from exporter.collectors.llamacpp.log import LogFollower, LogState
-from exporter.model.geometry import estimate_llamacpp_kv, geometry_from_gguf, read_gguf_tensors
+from exporter.model.geometry import geometry_from_gguf
+from exporter.model.gguf_header import read_gguf_tensors
+from exporter.model.kv_cache import estimate_llamacpp_kv
 from tests.paths import ROOT
 
 RESULTS = ROOT / "docs" / "results" / "h200-moe-2026-12-01"

@@ -14,7 +14,8 @@ import pytest
 
 from exporter.collectors.llamacpp.collector import host_experts
 from exporter.collectors.llamacpp.log import LogState
-from exporter.model.geometry import ModelGeometry, estimate_llamacpp_kv, geometry_from_gguf
+from exporter.model.geometry import ModelGeometry, geometry_from_gguf
+from exporter.model.kv_cache import estimate_llamacpp_kv
 from tests.paths import FIXTURES
 from tests.unit.test_llamacpp_collector import _read, collector, make_transport, v, values
 from tests.unit.test_weights import qwen3moe_tensors, write_header

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from exporter.collectors.sglang.collector import SGLangLog
+from exporter.collectors.sglang.log import SGLangLog
 from tests.conftest import get_free_port
 from tests.integration import test_sglang_collector as base
 from tests.integration.test_sglang_collector import ENDPOINTS, METRICS, FakeSGLang, make, names, val

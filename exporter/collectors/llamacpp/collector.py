@@ -32,12 +32,8 @@ from exporter.collectors import Body, Collector, Scrape, SourceError, fetch, off
 from exporter.collectors.llamacpp.log import MIB, LogFollower, LogState, is_host_buffer
 from exporter.config import EngineConfig
 from exporter.fields import Fields, objects
-from exporter.model.geometry import (
-    ModelGeometry,
-    estimate_llamacpp_kv,
-    geometry_from_gguf,
-    kv_type_bytes,
-)
+from exporter.model.geometry import ModelGeometry, geometry_from_gguf
+from exporter.model.kv_cache import estimate_llamacpp_kv, kv_type_bytes
 from exporter.promtext import Exposition, parse_exposition
 from exporter.schema import MetricSet, add_kv_cache_type, add_model_structure
 
