@@ -29,6 +29,7 @@ import httpx
 from bench.exporter_latency import FIX, llama_bodies
 from exporter.attribution import Attribution
 from exporter.collectors.llamacpp import collector as llamacpp
+from exporter.collectors.llamacpp import memory as llamacpp_memory
 from exporter.config import EngineConfig
 
 LOG = FIX / "llamacpp-cpu-qwen3moe-synth-expert-offload" / "server-ncmoe1-lv5.log"
@@ -105,9 +106,9 @@ def make_collector(header: Path) -> llamacpp.LlamaCppCollector:
 def additions_off() -> Iterator[None]:
     """The collector as it would be without the issue-17 per-scrape work."""
     with (
-        mock.patch.object(llamacpp, "add_model_structure", lambda *a, **k: None),
-        mock.patch.object(llamacpp, "add_kv_cache_type", lambda *a, **k: None),
-        mock.patch.object(llamacpp.LlamaCppCollector, "_emit_roofline_log", lambda *a, **k: None),
+        mock.patch.object(llamacpp_memory, "add_model_structure", lambda *a, **k: None),
+        mock.patch.object(llamacpp_memory, "add_kv_cache_type", lambda *a, **k: None),
+        mock.patch.object(llamacpp_memory, "map_roofline_log", lambda *a, **k: None),
     ):
         yield
 

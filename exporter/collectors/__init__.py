@@ -12,14 +12,19 @@ from __future__ import annotations
 import abc
 import asyncio
 import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import httpx
 from prometheus_client.metrics_core import Metric
 
 from exporter.schema import MetricSet
+
+if TYPE_CHECKING:
+    from exporter.attribution import Attribution
+    from exporter.config import EngineConfig
 
 ErrorReason = Literal["timeout", "connect", "http", "parse", "too_large"]
 REASONS: tuple[ErrorReason, ...] = ("timeout", "connect", "http", "parse", "too_large")
@@ -155,3 +160,48 @@ class Collector(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Stop background work and release resources."""
+
+
+class EngineCollector(Collector):
+    """Reads one inference server; the base of every engine kind's collector.
+
+    The constructor is the one `exporter.app` calls for every kind registered in
+    exporter/engines.py. Every series it adds carries `labels` (`engine`, `kind`).
+    """
+
+    def __init__(
+        self,
+        engine: EngineConfig,
+        client: httpx.AsyncClient,
+        timeout: float,
+        attribution: Attribution,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.engine = engine
+        self.source = engine.name
+        self.client = client
+        self.timeout = timeout
+        self.attribution = attribution
+        self.clock = clock
+        self.labels = {"engine": engine.name, "kind": engine.kind}
+        api_key = engine.api_key()
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    async def get(self, path: str, accept: str | None = None, wait: float | None = None) -> Body:
+        """GET `path` of the engine (body capped at `max_response_bytes`, within the source
+        timeout or `wait` when shorter), failures as classified SourceErrors."""
+        headers = {"Accept": accept, **self._auth} if accept else self._auth
+        return await fetch(
+            self.client,
+            self.engine.url,
+            path,
+            headers,
+            self.timeout if wait is None else min(wait, self.timeout),
+            self.engine.max_response_bytes,
+        )
+
+    def fallback(self) -> list[Metric]:
+        """`llmb_engine_up 0` for this engine."""
+        ms = MetricSet()
+        ms.add("llmb_engine_up", 0, **self.labels)
+        return ms.metrics()

@@ -32,8 +32,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.attribution import Attribution
 from exporter.collectors import Collector, Scrape
-from exporter.collectors.llamacpp.collector import LlamaCppCollector, host_experts
+from exporter.collectors.llamacpp.collector import LlamaCppCollector
 from exporter.collectors.llamacpp.log import LogFollower, LogState
+from exporter.collectors.llamacpp.memory import host_experts
 from exporter.collectors.sglang.collector import SGLangCollector
 from exporter.config import EngineConfig
 from exporter.model.geometry import geometry_from_gguf

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporter.collectors.llamacpp.collector import host_experts
 from exporter.collectors.llamacpp.log import LogState
+from exporter.collectors.llamacpp.memory import host_experts
 from exporter.model.geometry import ModelGeometry, geometry_from_gguf
 from exporter.model.kv_cache import estimate_llamacpp_kv
 from tests.paths import FIXTURES

@@ -28,22 +28,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-from prometheus_client.metrics_core import Metric
-
-from exporter.attribution import Attribution
-from exporter.collectors import Body, Collector, Scrape, SourceError, fetch, off_loop, parse_json
+from exporter.collectors import Body, EngineCollector, Scrape, SourceError, off_loop, parse_json
 from exporter.collectors.sglang.log import SGLangLog
 from exporter.collectors.sglang.memory import map_geometry, map_memory, map_weights
 from exporter.collectors.sglang.metrics import FAMILIES, PREFIX, map_metrics
 from exporter.collectors.sglang.server_info import map_identity, reported_memory, version
-from exporter.config import EngineConfig
 from exporter.fields import Fields
 from exporter.model.geometry import ModelGeometry, geometry_from_hf_config
 from exporter.promtext import Exposition, parse_exposition
@@ -81,26 +74,13 @@ class _Cached:
     value: Any
 
 
-class SGLangCollector(Collector):
+class SGLangCollector(EngineCollector):
     """Reads one SGLang server and maps it onto the normalized schema."""
 
-    def __init__(
-        self,
-        engine: EngineConfig,
-        client: httpx.AsyncClient,
-        timeout: float,
-        attribution: Attribution,
-        clock: Callable[[], float] = time.monotonic,
-    ):
-        self.engine = engine
-        self.client = client
-        self.timeout = timeout
-        self.attribution = attribution
-        self.source = engine.name
-        self._clock = clock
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
         self._static: dict[str, _Cached] = {}
         self._geometry: _Cached | None = None
-        self._labels = {"engine": engine.name, "kind": "sglang"}
         # Restart detection: facts of the instance seen last, and whether it went away.
         self._identity: dict[str, Any] = {}
         self._info_args: str | None = None
@@ -113,34 +93,15 @@ class SGLangCollector(Collector):
         self._health_task: asyncio.Task[int | SourceError] | None = None
         self._ready = False
         self._health_503 = False
-        self._log = SGLangLog(engine.log_file) if engine.log_file is not None else None
+        log_file = self.engine.log_file
+        self._log = SGLangLog(log_file) if log_file is not None else None
 
     # --- HTTP -----------------------------------------------------------------------------
-
-    def _headers(self, accept: str | None = None) -> dict[str, str]:
-        headers = {}
-        if accept:
-            headers["Accept"] = accept
-        key = self.engine.api_key()
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        return headers
-
-    async def _get(self, path: str, accept: str | None = None, wait: float | None = None) -> Body:
-        """GET `path` (body capped), turning transport failures into classified SourceErrors."""
-        return await fetch(
-            self.client,
-            self.engine.url,
-            path,
-            self._headers(accept),
-            self.timeout if wait is None else min(wait, self.timeout),
-            self.engine.max_response_bytes,
-        )
 
     async def _alive_without_metrics(self) -> tuple[bool, bool, SourceError | None]:
         """(up, loading, error) when /metrics did not answer: /v1/models, then /health."""
         try:
-            if 200 <= (await self._get("/v1/models")).status < 300:
+            if 200 <= (await self.get("/v1/models")).status < 300:
                 return True, False, None
         except SourceError as err:
             if err.reason == "too_large":
@@ -149,7 +110,7 @@ class SGLangCollector(Collector):
                 return False, False, err
         try:
             # The generating health check, only now: nothing cheaper proved liveness.
-            status = (await self._get("/health")).status
+            status = (await self.get("/health")).status
         except SourceError as err:
             return False, False, err
         if 200 <= status < 300:
@@ -161,7 +122,7 @@ class SGLangCollector(Collector):
     async def _json(self, *paths: str) -> Any:
         """JSON of the first path that does not answer 404; None when all are 404."""
         for path in paths:
-            resp = await self._get(path)
+            resp = await self.get(path)
             if resp.status == 404:
                 continue
             if resp.status >= 400:
@@ -171,7 +132,7 @@ class SGLangCollector(Collector):
 
     async def _static_json(self, key: str, *paths: str) -> Any:
         """A rarely changing endpoint, fetched at most every STATIC_TTL_SECONDS."""
-        now = self._clock()
+        now = self.clock()
         cached = self._static.get(key)
         if cached is not None and now - cached.at < STATIC_TTL_SECONDS:
             return cached.value
@@ -246,7 +207,7 @@ class SGLangCollector(Collector):
         return None
 
     async def _geometry_for(self, server_info: Fields) -> ModelGeometry | None:
-        now = self._clock()
+        now = self.clock()
         if self._geometry is not None and now - self._geometry.at < STATIC_TTL_SECONDS:
             cached: ModelGeometry | None = self._geometry.value
             return cached
@@ -262,23 +223,17 @@ class SGLangCollector(Collector):
 
     # --- collect --------------------------------------------------------------------------
 
-    def fallback(self) -> list[Metric]:
-        """`llmb_engine_up 0` for this engine."""
-        ms = MetricSet()
-        ms.add("llmb_engine_up", 0.0, **self._labels)
-        return ms.metrics()
-
     async def collect(self) -> Scrape:
         """Read the engine once (within about a second even while SGLang warms up)."""
         ms = MetricSet()
-        labels = self._labels
+        labels = self.labels
         errors: list[SourceError] = []
         problems: list[str] = []
         if self._gone:
             self._forget_instance()  # unreachable since the last answer: re-read every fact
         # Everything concurrently: a scrape costs one round trip, not four.
         metrics_resp, statics = await asyncio.gather(
-            self._get("/metrics", ACCEPT), self._statics_bounded(), return_exceptions=True
+            self.get("/metrics", ACCEPT), self._statics_bounded(), return_exceptions=True
         )
         if isinstance(metrics_resp, SourceError) and metrics_resp.reason == "connect":
             self._gone = self._gone or metrics_resp.unreachable
@@ -287,12 +242,12 @@ class SGLangCollector(Collector):
             return Scrape.of(ms, up=False, errors=[metrics_resp])
         # Too large: it answered, with more than we read. Alive; its /metrics is lost this time.
         too_large = isinstance(metrics_resp, SourceError) and metrics_resp.reason == "too_large"
-        for result in (statics,) if too_large else (metrics_resp, statics):
-            if isinstance(result, BaseException):
-                raise result  # a timeout, or a bug: the runner classifies it
-        assert not isinstance(statics, BaseException)
+        if isinstance(metrics_resp, BaseException) and not too_large:
+            raise metrics_resp  # a timeout, or a bug: the runner classifies it
+        if isinstance(statics, BaseException):
+            raise statics
         # A too-large answer arrives as a SourceError (an exception): _read_metrics records it.
-        assert too_large or not isinstance(metrics_resp, BaseException)
+        assert isinstance(metrics_resp, (Body, SourceError))
         up, loading, expo, metrics_ok = await self._read_metrics(metrics_resp, errors, problems)
         if loading:
             self._gone = True  # every endpoint 503: a starting server is a new instance
@@ -350,7 +305,7 @@ class SGLangCollector(Collector):
 
     async def _health_status(self) -> int | SourceError:
         try:
-            return (await self._get("/health")).status
+            return (await self.get("/health")).status
         except SourceError as err:
             return err
 
