@@ -10,6 +10,7 @@ import socket
 import sys
 
 from exporter import __version__
+from exporter.cli import add_log_level_option, setup_logging
 from exporter.config import Config, ConfigError, load_config
 from exporter.web_config import WebConfig
 
@@ -48,24 +49,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="TLS and basic auth, in the format of Prometheus' exporter-toolkit (env "
         "LLMB_WEB_CONFIG; docs/security.md); default: plain HTTP without auth",
     )
-    parser.add_argument(
-        "--log-level",
-        default=os.environ.get("LLMB_LOG_LEVEL", "INFO"),
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="log verbosity (env LLMB_LOG_LEVEL)",
-    )
+    add_log_level_option(parser, "log verbosity (env LLMB_LOG_LEVEL)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    if args.log_level != "DEBUG":
-        # One line per engine request would drown the collectors' own messages.
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+    setup_logging(args.log_level)
     env = dict(os.environ)
     if args.listen:
         env["LLMB__LISTEN"] = args.listen

@@ -10,7 +10,7 @@ nothing raises.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from exporter.schema import finite_number, sanitize_label
@@ -18,6 +18,10 @@ from exporter.schema import finite_number, sanitize_label
 
 def _kind(value: Any) -> str:
     return type(value).__name__
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool)
 
 
 class Fields:
@@ -74,25 +78,23 @@ class Fields:
             return None
         return int(number)
 
+    def _typed(self, key: str, ok: Callable[[Any], bool], expected: str) -> Any:
+        """The value at `key` when `ok(value)`; None when absent, or (recorded) when not ok."""
+        value = self.doc.get(key)
+        if value is None or ok(value):
+            return value
+        self._bad(key, expected, value)
+        return None
+
     def text(self, key: str) -> str | None:
         """A string (numbers are taken as their text), sanitized for use as a label."""
-        value = self.doc.get(key)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            self._bad(key, "a string", value)
-            return None
-        return sanitize_label(value)
+        value = self._typed(key, _is_text, "a string")
+        return None if value is None else sanitize_label(value)
 
     def flag(self, key: str) -> bool | None:
         """A JSON boolean."""
-        value = self.doc.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, bool):
-            self._bad(key, "a boolean", value)
-            return None
-        return value
+        flag: bool | None = self._typed(key, lambda value: isinstance(value, bool), "a boolean")
+        return flag
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.doc)

@@ -226,32 +226,36 @@ def _hf_kv_shape(text: Mapping[str, Any], n_embd: int | None, n_head: int | None
     return KVShape(n_head_kv, head_dim, head_dim)
 
 
+class _Layers(NamedTuple):
+    architecture: str
+    n_layer: int
+    n_embd: int | None
+    n_head: int | None
+
+
+class _FileFacts(NamedTuple):
+    n_params: int | None
+    weight_bytes: int | None
+    n_ctx_train: int | None
+    file_type: str | None
+
+
 def _geometry(
-    layers: tuple[str, int, int | None, int | None],
+    layers: _Layers,
     kv: KVShape,
     window: tuple[int | None, tuple[bool, ...]],
-    facts: tuple[int | None, int | None, int | None, str | None],
+    facts: _FileFacts,
     structure: WeightStructure,
 ) -> ModelGeometry:
-    """Assemble what a reader found: (architecture, n_layer, n_embd, n_head), the KV
-    shape, (sliding window, per-layer SWA mask), the file's (parameters, weight bytes,
-    training context, file type) and the weight structure."""
-    architecture, n_layer, n_embd, n_head = layers
+    """Assemble what a reader found; `window` is (sliding window, per-layer SWA mask)."""
     sliding_window, mask = window
-    n_params, weight_bytes, n_ctx_train, file_type = facts
     return ModelGeometry(
-        architecture=architecture,
-        n_layer=n_layer,
         sliding_window=sliding_window,
         swa_layers=sum(mask),
-        n_params=n_params,
-        weight_bytes=weight_bytes,
-        n_ctx_train=n_ctx_train,
-        file_type=file_type,
-        n_embd=n_embd,
-        n_head=n_head,
         swa_mask=mask,
+        **layers._asdict(),
         **kv._asdict(),
+        **facts._asdict(),
         **structure.fields(),
     )
 
@@ -314,8 +318,8 @@ def geometry_from_gguf(path: str | Path) -> ModelGeometry:
     params = sum(t.n_elements for t in tensors) if tensors else None
     size = sum(t.nbytes for t in tensors) if tensors else None
     file_type = _file_type_name(meta.get("general.file_type"))
-    facts = (params, size, _as_int(key("context_length")), file_type)
-    return _geometry((arch, n_layer, n_embd, n_head), kv, (window, mask), facts, moe)
+    facts = _FileFacts(params, size, _as_int(key("context_length")), file_type)
+    return _geometry(_Layers(arch, n_layer, n_embd, n_head), kv, (window, mask), facts, moe)
 
 
 def _hf_structure(
@@ -324,23 +328,10 @@ def _hf_structure(
     dtype: str | None,
     files: SafetensorsTotals | None,
 ) -> WeightStructure:
-    """`_hf_moe_fields`, or nothing (structure unknown) when the config's MoE keys are odd.
+    """The weight structure: safetensors sizes when present, else the config's shapes.
 
-    A strange `mlp_only_layers` or `quantization_config` must not cost the KV geometry.
+    ValueError (and the errors of odd values) when the config's MoE keys make no sense.
     """
-    try:
-        return _hf_moe_fields(config, text, dtype, files)
-    except (ValueError, TypeError, ArithmeticError, AttributeError):
-        return WeightStructure()
-
-
-def _hf_moe_fields(
-    config: Mapping[str, Any],
-    text: Mapping[str, Any],
-    dtype: str | None,
-    files: SafetensorsTotals | None,
-) -> WeightStructure:
-    """ModelGeometry's MoE/embedding fields: safetensors sizes when present, else the config."""
     n_layer = int(text["num_hidden_layers"])
     split, counts = weights.config_split(config, text, dtype)
     source = "config"
@@ -407,9 +398,12 @@ def geometry_from_hf_config(path_or_mapping: str | Path | Mapping[str, Any]) -> 
         mask = _swa_mask(model_type, n_layer, sliding_window, text.get("sliding_window_pattern"))
     raw_dtype = text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype")
     dtype = str(raw_dtype) if raw_dtype else None
-    totals = (files.params, files.size) if files else (None, None)
-    facts = (*totals, _as_int(text.get("max_position_embeddings")), dtype)
-    structure = _hf_structure(config, text, dtype, files)
-    return _geometry(
-        (architecture, n_layer, n_embd, n_head), kv, (sliding_window, mask), facts, structure
-    )
+    params, size = (files.params, files.size) if files else (None, None)
+    facts = _FileFacts(params, size, _as_int(text.get("max_position_embeddings")), dtype)
+    try:
+        structure = _hf_structure(config, text, dtype, files)
+    except (ValueError, TypeError, ArithmeticError, AttributeError):
+        # A strange `mlp_only_layers` or `quantization_config` must not cost the KV geometry.
+        structure = WeightStructure()
+    layers = _Layers(architecture, n_layer, n_embd, n_head)
+    return _geometry(layers, kv, (sliding_window, mask), facts, structure)

@@ -179,19 +179,15 @@ def estimate_sglang_kv(
     heads = max(1, geom.n_head_kv // max(1, tp_size))
     per_layer_token = heads * (geom.head_dim_k + geom.head_dim_v) * kv_dtype_bytes
     slots = max_total_num_tokens + page_size
+    full_layers, swa_layers, swa_tokens = geom.n_layer, 0, 0
     if hybrid_swa and geom.swa_layers:
+        full_layers, swa_layers = geom.full_layers, geom.swa_layers
         swa_tokens = (
             max_total_num_tokens if max_total_num_tokens_swa is None else max_total_num_tokens_swa
         )
-        return KVEstimate(
-            full_bytes=round(geom.full_layers * slots * per_layer_token),
-            swa_bytes=round(geom.swa_layers * (swa_tokens + page_size) * per_layer_token),
-            cells_full=max_total_num_tokens,
-            cells_swa=swa_tokens,
-        )
     return KVEstimate(
-        full_bytes=round(geom.n_layer * slots * per_layer_token),
-        swa_bytes=0,
+        full_bytes=round(full_layers * slots * per_layer_token),
+        swa_bytes=round(swa_layers * (swa_tokens + page_size) * per_layer_token),
         cells_full=max_total_num_tokens,
-        cells_swa=0,
+        cells_swa=swa_tokens,
     )

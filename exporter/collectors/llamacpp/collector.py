@@ -17,7 +17,7 @@ from typing import Any
 
 from exporter.collectors import EngineCollector, Scrape, SourceError, off_loop, parse_json
 from exporter.collectors.llamacpp.log import LogFollower, LogState
-from exporter.collectors.llamacpp.memory import kv_unified, map_log, map_model
+from exporter.collectors.llamacpp.memory import kv_unified, map_log, map_model, map_roofline_log
 from exporter.collectors.llamacpp.metrics import PREFIX, map_info, map_scheduling, map_tokens
 from exporter.fields import Fields, objects
 from exporter.model.geometry import ModelGeometry, geometry_from_gguf
@@ -191,7 +191,7 @@ class LlamaCppCollector(EngineCollector):
             self._gone = self._gone or health.unreachable
             ms.add("llmb_engine_up", 0, **labels)
             ms.add("llmb_engine_restarts_total", self.restarts, **labels)
-            map_log(ms, log_state, None, self._geometry, labels)
+            self._map_log(ms, log_state, None)
             return Scrape.of(ms, up=False, errors=[health, *errors])
         if isinstance(health, BaseException):
             raise health
@@ -203,7 +203,7 @@ class LlamaCppCollector(EngineCollector):
             # loading server is a new process: its facts replace the old ones once it answers.
             self._gone = True
             ms.add("llmb_engine_restarts_total", self.restarts, **labels)
-            map_log(ms, log_state, None, self._geometry, labels)
+            self._map_log(ms, log_state, None)
             return Scrape.of(ms, up=True, errors=errors)
         answers = _Answers(*results[1:])
         for res in (answers.metrics, answers.slots, answers.props, answers.models):
@@ -247,7 +247,7 @@ class LlamaCppCollector(EngineCollector):
         ms.add("llmb_model_parameters", sizes[1], **labels)
         geom = await self._load_geometry(props)
         map_model(ms, geom, sizes, (props, slots), log_state, labels)
-        map_log(ms, log_state, expo, geom, labels)
+        self._map_log(ms, log_state, expo)
 
     def _map_enabled(self, ms: MetricSet, answers: _Answers) -> None:
         """`llmb_engine_endpoint_enabled` of /metrics and /slots (501: started without)."""
@@ -266,6 +266,12 @@ class LlamaCppCollector(EngineCollector):
             self._announce("slots", "/slots answers 501 (--no-slots): KV fill cannot be derived")
 
     # -- pieces ------------------------------------------------------------------------------
+    def _map_log(self, ms: MetricSet, state: LogState | None, expo: Exposition | None) -> None:
+        """The log's series (when a log is configured) and the roofline's inputs."""
+        if state is not None:
+            map_log(ms, state, self.labels)
+        map_roofline_log(ms, state, expo, self._geometry, self.labels)
+
     def _poll_log(self, errors: list[SourceError]) -> LogState | None:
         if self.log is None:
             return None

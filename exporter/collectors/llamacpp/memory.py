@@ -144,23 +144,15 @@ def map_roofline_log(
         ms.add("llmb_model_draft_weights_bytes", state.draft_weights_bytes, **labels)
 
 
-def map_log(
-    ms: MetricSet,
-    state: LogState | None,
-    expo: Exposition | None,
-    geom: ModelGeometry | None,
-    labels: dict[str, str],
-) -> None:
-    """Everything the server log says: layers, load time, buffers, KV pressure, roofline."""
-    if state is not None:
-        ms.add("llmb_engine_gpu_layers_offloaded", state.layers_offloaded, **labels)
-        ms.add("llmb_engine_gpu_layers_total", state.layers_total, **labels)
-        ms.add("llmb_engine_load_seconds", state.load_seconds, **labels)
-        for device, value in sorted(state.model_buffer_bytes.items()):
-            ms.add("llmb_engine_model_buffer_bytes", value, device=device, **labels)
-        for device, value in sorted(state.kv_buffer_bytes.items()):
-            ms.add("llmb_engine_kv_cache_bytes", value, device=device, **labels)
-        for event in ("kv_no_space", "context_exceeded", "context_shift", "slot_truncated"):
-            count = state.events.get(event, 0)
-            ms.add("llmb_engine_kv_pressure_events_total", count, event=event, **labels)
-    map_roofline_log(ms, state, expo, geom, labels)
+def map_log(ms: MetricSet, state: LogState, labels: dict[str, str]) -> None:
+    """What the server log says of the process: layers, load time, buffers, KV pressure."""
+    ms.add("llmb_engine_gpu_layers_offloaded", state.layers_offloaded, **labels)
+    ms.add("llmb_engine_gpu_layers_total", state.layers_total, **labels)
+    ms.add("llmb_engine_load_seconds", state.load_seconds, **labels)
+    for device, value in sorted(state.model_buffer_bytes.items()):
+        ms.add("llmb_engine_model_buffer_bytes", value, device=device, **labels)
+    for device, value in sorted(state.kv_buffer_bytes.items()):
+        ms.add("llmb_engine_kv_cache_bytes", value, device=device, **labels)
+    for event in ("kv_no_space", "context_exceeded", "context_shift", "slot_truncated"):
+        count = state.events.get(event, 0)
+        ms.add("llmb_engine_kv_pressure_events_total", count, event=event, **labels)
