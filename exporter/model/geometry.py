@@ -31,6 +31,18 @@ _SWA_PERIOD: dict[str, int] = {
 }
 
 
+# WeightStructure's fields that a WeightSplit carries under the same name.
+_FROM_SPLIT = (
+    "always_read_bytes",
+    "routed_expert_bytes",
+    "token_embedding_row_bytes",
+    "token_embedding_bytes",
+    "input_embedding_bytes",
+    "tied_embeddings",
+    "routed_expert_bytes_by_layer",
+)
+
+
 @dataclass(frozen=True, kw_only=True)
 class WeightStructure:
     """What a decode step reads of the weights (exporter/model/weights.py; CONTRACT-roofline.md).
@@ -61,18 +73,12 @@ class WeightStructure:
         """From a byte split and (E, k, shared experts, leading dense blocks)."""
         experts, used, shared, leading = moe
         return cls(
-            always_read_bytes=split.always_read_bytes,
-            routed_expert_bytes=split.routed_expert_bytes,
             expert_count=experts,
             expert_used_count=used,
             expert_shared_count=shared,
             leading_dense_block_count=leading,
-            token_embedding_row_bytes=split.token_embedding_row_bytes,
-            token_embedding_bytes=split.token_embedding_bytes,
-            input_embedding_bytes=split.input_table_bytes,
-            tied_embeddings=split.tied_embeddings,
-            routed_expert_bytes_by_layer=split.routed_by_layer,
             weights_source=source,
+            **{name: getattr(split, name) for name in _FROM_SPLIT},
         )
 
     def fields(self) -> dict[str, Any]:

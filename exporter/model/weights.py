@@ -50,9 +50,9 @@ class WeightSplit:
     token_embedding_bytes: int  # untied lookup tables (0 when tied)
     token_embedding_row_bytes: int  # one row of each untied lookup table (0 when tied)
     tied_embeddings: bool
-    routed_by_layer: tuple[int, ...] = ()  # routed-expert bytes of each layer
+    routed_expert_bytes_by_layer: tuple[int, ...] = ()  # routed-expert bytes of each layer
     skipped_bytes: int = 0  # multi-token-prediction layers a plain decode step never reads
-    input_table_bytes: int = 0  # the token-embedding table(s), tied or not
+    input_embedding_bytes: int = 0  # the token-embedding table(s), tied or not
 
 
 def split_tensors(
@@ -103,9 +103,9 @@ def split_tensors(
         token_embedding_bytes=lookup,
         token_embedding_row_bytes=row,
         tied_embeddings=tied,
-        routed_by_layer=tuple(by_layer) if routed else (),
+        routed_expert_bytes_by_layer=tuple(by_layer) if routed else (),
         skipped_bytes=skipped,
-        input_table_bytes=table,
+        input_embedding_bytes=table,
     )
 
 
@@ -303,7 +303,7 @@ def config_split(
         token_embedding_bytes=embedding if output else 0,
         token_embedding_row_bytes=round(hidden * base) if output else 0,
         tied_embeddings=not output,
-        routed_by_layer=by_layer if counts.routed_params else (),
-        input_table_bytes=embedding,
+        routed_expert_bytes_by_layer=by_layer if counts.routed_params else (),
+        input_embedding_bytes=embedding,
     )
     return split, counts
