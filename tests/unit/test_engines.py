@@ -69,9 +69,10 @@ def test_build_runner_makes_each_kinds_collector_labelled_with_its_kind() -> Non
     config = parse_config({"engines": engines, "gpu": {"enabled": False}}, environ={})
 
     async def built() -> list[tuple[type, list]]:
-        runner = build_runner(config, httpx.AsyncClient())
-        out = [(type(c), c.fallback()) for c in runner.collectors]
-        await runner.close()
+        async with httpx.AsyncClient() as client:
+            runner = build_runner(config, client)
+            out = [(type(c), c.fallback()) for c in runner.collectors]
+            await runner.close()
         return out
 
     collectors = asyncio.run(built())
