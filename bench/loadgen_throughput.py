@@ -95,7 +95,7 @@ async def measure(
         else:
             result = await execute([spec], options)
         cpu = _cpu_seconds() - cpu0
-        step = result.summary["steps"][0]
+        step = result.summary.steps[0].to_dict()
         lines = (Path(tmp) / "requests.jsonl").read_text().splitlines()
         chunks = sum(json.loads(x)["chunks"] for x in lines)
     wall = step["wall_s"]

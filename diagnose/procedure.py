@@ -915,25 +915,25 @@ class Diagnoser:
             )
             result = await run_step(spec, self.ctx, step=self.step_no)
             self.step_no += 1
-            summary = result.summaries[0] if result.summaries else {}
             records = result.records.get(self.engine.name, [])
             row.requests += len(records)
-            row.requests_failed += int(summary.get("requests_failed") or 0)
-            for kind, n in (summary.get("errors") or {}).items():
-                row.errors[kind] = row.errors.get(kind, 0) + int(n)
-            row.completion_tokens += int(summary.get("output_tokens_total") or 0)
-            if summary.get("output_tok_s") is not None:
-                row.aggregate_rounds.append(float(summary["output_tok_s"]))
-            if summary.get("ttft_p50_s") is not None:
-                ttfts.append(float(summary["ttft_p50_s"]))
-                row.ttft_rounds.append(float(summary["ttft_p50_s"]))
-            if summary.get("ttft_p99_s") is not None:
-                row.ttft_p99_s = max(row.ttft_p99_s or 0.0, float(summary["ttft_p99_s"]))
-            if summary.get("decode_tok_s_mean") is not None:
-                per_seq.append(float(summary["decode_tok_s_mean"]))
-                row.per_seq_rounds.append(float(summary["decode_tok_s_mean"]))
-            if summary.get("server_decode_tok_s_mean"):
-                server_ms.append(1000.0 / float(summary["server_decode_tok_s_mean"]))
+            for summary in result.summaries[:1]:
+                row.requests_failed += summary.requests_failed
+                for kind, n in summary.errors.items():
+                    row.errors[kind] = row.errors.get(kind, 0) + n
+                row.completion_tokens += summary.output_tokens_total
+                if summary.output_tok_s is not None:
+                    row.aggregate_rounds.append(summary.output_tok_s)
+                if summary.ttft_p50_s is not None:
+                    ttfts.append(summary.ttft_p50_s)
+                    row.ttft_rounds.append(summary.ttft_p50_s)
+                if summary.ttft_p99_s is not None:
+                    row.ttft_p99_s = max(row.ttft_p99_s or 0.0, summary.ttft_p99_s)
+                if summary.decode_tok_s_mean is not None:
+                    per_seq.append(summary.decode_tok_s_mean)
+                    row.per_seq_rounds.append(summary.decode_tok_s_mean)
+                if summary.server_decode_tok_s_mean:
+                    server_ms.append(1000.0 / summary.server_decode_tok_s_mean)
             prompts += [float(r.prompt_tokens) for r in records if r.prompt_tokens is not None]
             if result.interrupted:
                 raise KeyboardInterrupt

@@ -319,7 +319,7 @@ def _execute(args: argparse.Namespace, specs: list[RunSpec], command: str) -> in
         result = run_loop(execute(specs, options))
     if result.error:
         print(f"llmb-loadgen: {result.error}", file=sys.stderr)
-    if options.out_dir is not None and (result.steps or result.summary.get("aborted")):
+    if options.out_dir is not None and (result.steps or result.summary.aborted):
         print(f"results in {options.out_dir}", file=sys.stderr)
     return result.exit_code
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 import time
 from bisect import bisect_left
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
@@ -22,6 +22,7 @@ from prometheus_client.utils import floatToGoString
 from loadgen.results import RequestRecord
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", Counter, Gauge, Info)
 
 DEFAULT_PORT = 9491
 
@@ -80,6 +81,16 @@ class BulkHistogram:
         return [family]
 
 
+class StepStart(NamedTuple):
+    """The step one engine starts: what `llmb_loadgen_step` publishes."""
+
+    engine: str
+    step: int
+    concurrency: int | None
+    prompt_tokens: int | None
+    max_tokens: int
+
+
 class LoadgenMetrics:
     """The `llmb_loadgen_*` series of one load-generator run."""
 
@@ -116,61 +127,50 @@ class LoadgenMetrics:
             ["engine", "outcome"],
             registry=r,
         )
-        self.completion_tokens = Counter(
-            "llmb_loadgen_completion_tokens",
-            "Completion tokens reported by the server's usage.",
-            ["engine"],
-            registry=r,
+        # The per-engine series: (name, help) each, labelled `engine` only.
+        counter, gauge = self._per_engine(Counter), self._per_engine(Gauge)
+        self.completion_tokens = counter(
+            "llmb_loadgen_completion_tokens", "Completion tokens reported by the server's usage."
         )
-        self.prompt_tokens = Counter(
+        self.prompt_tokens = counter(
             "llmb_loadgen_prompt_tokens",
             "Prompt tokens reported by the server's usage (cached ones included).",
-            ["engine"],
-            registry=r,
         )
-        self.early_stop = Counter(
+        self.early_stop = counter(
             "llmb_loadgen_early_stop_requests",
             "Requests that ended with fewer completion tokens than max_tokens.",
-            ["engine"],
-            registry=r,
         )
-        self.step = Info(
+        self.step = self._per_engine(Info)(
             "llmb_loadgen_step",
             "The step now running (one per engine): concurrency, prompt tokens, max tokens.",
-            ["engine"],
-            registry=r,
         )
-        self.step_start = Gauge(
+        self.step_start = gauge(
             "llmb_loadgen_step_start_timestamp_seconds",
             "Unix time the current step started (for Grafana annotations).",
-            ["engine"],
-            registry=r,
         )
-        self.mismatch = Gauge(
+        self.mismatch = gauge(
             "llmb_loadgen_token_count_mismatch",
             "1 when this run's token counts differ across engines or from max_tokens.",
-            ["engine"],
-            registry=r,
         )
         self._children: dict[str, tuple[Any, ...]] = {}
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
-    def start_step(
-        self,
-        engine: str,
-        step: int,
-        concurrency: int | None,
-        prompt_tokens: int | None,
-        max_tokens: int,
-    ) -> None:
-        """Publish the step now running for `engine`."""
+    def _per_engine(self, kind: Callable[..., M]) -> Callable[[str, str], M]:
+        """A constructor of `kind` series labelled `engine`, in this run's registry."""
+        return lambda name, documentation: kind(
+            name, documentation, ["engine"], registry=self.registry
+        )
+
+    def start_step(self, start: StepStart) -> None:
+        """Publish the step now running for `start.engine`."""
+        engine = start.engine
         self.step.labels(engine).info(
             {
-                "step": str(step),
-                "concurrency": "" if concurrency is None else str(concurrency),
-                "prompt_tokens": "" if prompt_tokens is None else str(prompt_tokens),
-                "max_tokens": str(max_tokens),
+                "step": str(start.step),
+                "concurrency": "" if start.concurrency is None else str(start.concurrency),
+                "prompt_tokens": "" if start.prompt_tokens is None else str(start.prompt_tokens),
+                "max_tokens": str(start.max_tokens),
             }
         )
         self.step_start.labels(engine).set(time.time())

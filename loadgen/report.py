@@ -11,11 +11,8 @@ import io
 import json
 import os
 from collections.abc import Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
-
-from loadgen.scheduler import StepResult
 
 # (column, summary key, format) of the CSV/Markdown/console tables.
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -58,41 +55,6 @@ def invalid_banner(reasons: Sequence[str]) -> str:
     lines = ["INVALID: failed requests, an aborted run or unequal token counts."]
     lines += [f"  - {reason}" for reason in reasons]
     return "\n".join(lines)
-
-
-def build_summary(
-    steps: Sequence[StepResult],
-    run_info: dict[str, Any],
-    interrupted: bool = False,
-    abort_reason: str | None = None,
-) -> dict[str, Any]:
-    """The summary.json document of a run.
-
-    `aborted` is true when the run stopped before its plan ended (engine gone, too many
-    errors, a deadline, a signal, an unreachable target); `abort_reason` says why. An aborted
-    run is never valid.
-    """
-    reasons = [f"step {s.step}: {r}" for s in steps for r in s.reasons]
-    if abort_reason is not None and not any(s.aborted for s in steps):
-        reasons.append(f"aborted: {abort_reason}")
-    return {
-        "valid": not reasons,
-        "invalid_reasons": reasons,
-        "aborted": abort_reason is not None,
-        "abort_reason": abort_reason,
-        "interrupted": interrupted,
-        "tool_version": tool_version(),
-        "run": run_info,
-        "steps": [summary for s in steps for summary in s.summaries],
-    }
-
-
-def tool_version() -> str:
-    """The installed llm-bottleneck version (\"unknown\" when run from a bare checkout)."""
-    try:
-        return metadata.version("llm-bottleneck")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -1,13 +1,13 @@
-"""Per-request records, the requests.jsonl writer, step summaries and token verification."""
+"""Per-request records, the requests.jsonl writer and token verification."""
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import orjson
 
@@ -15,7 +15,6 @@ from loadgen.client import (
     EARLY_STOP,
     ERROR_KINDS,
     INTERRUPTED,
-    KV_EXHAUSTED,
     StreamResult,
     finish,
 )
@@ -34,7 +33,8 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return data[lo] + (data[hi] - data[lo]) * (pos - lo)
 
 
-def _mean(values: Sequence[float]) -> float | None:
+def mean(values: Sequence[float]) -> float | None:
+    """Arithmetic mean; None when empty."""
     return sum(values) / len(values) if values else None
 
 
@@ -126,7 +126,7 @@ def build_record(
         start_time=result.t_send + wall_offset,
         end_time=result.t_end + wall_offset,
         ttft_s=ttft,
-        itl_mean_s=_mean(itls),
+        itl_mean_s=mean(itls),
         itl_p50_s=percentile(itls, 50),
         itl_p99_s=percentile(itls, 99),
         tpot_s=tpot,
@@ -172,83 +172,6 @@ class JsonlWriter:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
-
-
-def _round(value: float | None, digits: int = 6) -> float | None:
-    return None if value is None else round(value, digits)
-
-
-def summarize(
-    records: Iterable[RequestRecord],
-    *,
-    engine: str,
-    step: int,
-    concurrency: int | None,
-    rate: float | None,
-    prompt_tokens_target: int | None,
-    max_tokens: int,
-    wall_s: float,
-) -> dict[str, Any]:
-    """Summary of one engine in one step; latency statistics use successful requests only."""
-    recs = list(records)
-    ok = [r for r in recs if r.error is None]
-    errors: dict[str, int] = {}
-    for r in recs:
-        if r.error is not None:
-            errors[r.error] = errors.get(r.error, 0) + 1
-    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
-    itls = [g for r in ok for g in r.itls]
-    tpots = [r.tpot_s for r in ok if r.tpot_s is not None]
-    decodes = [r.decode_tok_s for r in ok if r.decode_tok_s is not None]
-    e2es = [r.e2e_s for r in ok]
-    server_decodes = [
-        r.server_predicted_per_second for r in ok if r.server_predicted_per_second is not None
-    ]
-    out_tokens = sum(r.completion_tokens or 0 for r in ok)
-    prompt_counts = sorted({r.prompt_tokens for r in recs if r.prompt_tokens is not None})
-    completion_counts = sorted(
-        {r.completion_tokens for r in recs if r.completion_tokens is not None}
-    )
-    cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
-    return {
-        "engine": engine,
-        "step": step,
-        "concurrency": concurrency,
-        "rate": rate,
-        "prompt_tokens_target": prompt_tokens_target,
-        "max_tokens": max_tokens,
-        "requests": len(recs),
-        "requests_ok": len(ok),
-        "requests_failed": len(recs) - len(ok),
-        "early_stop": errors.get(EARLY_STOP, 0),
-        "kv_exhausted": errors.get(KV_EXHAUSTED, 0),
-        "errors": errors,
-        "wall_s": _round(wall_s),
-        "ttft_p50_s": _round(percentile(ttfts, 50)),
-        "ttft_p90_s": _round(percentile(ttfts, 90)),
-        "ttft_p99_s": _round(percentile(ttfts, 99)),
-        "ttft_mean_s": _round(_mean(ttfts)),
-        "itl_p50_s": _round(percentile(itls, 50)),
-        "itl_p99_s": _round(percentile(itls, 99)),
-        "itl_mean_s": _round(_mean(itls)),
-        "tpot_mean_s": _round(_mean(tpots)),
-        "tpot_p99_s": _round(percentile(tpots, 99)),
-        "tpot_p50_s": _round(percentile(tpots, 50)),
-        "e2e_mean_s": _round(_mean(e2es)),
-        "e2e_p50_s": _round(percentile(e2es, 50)),
-        "e2e_p99_s": _round(percentile(e2es, 99)),
-        "decode_tok_s_mean": _round(_mean(decodes), 3),
-        "decode_tok_s_p50": _round(percentile(decodes, 50), 3),
-        "server_decode_tok_s_mean": _round(_mean(server_decodes), 3),
-        "output_tok_s": _round(out_tokens / wall_s, 3) if wall_s > 0 else None,
-        "requests_per_s": _round(len(ok) / wall_s, 3) if wall_s > 0 else None,
-        "prompt_tokens": prompt_counts[0] if len(prompt_counts) == 1 else prompt_counts,
-        "completion_tokens": (
-            completion_counts[0] if len(completion_counts) == 1 else completion_counts
-        ),
-        "cached_tokens_mean": _round(_mean([float(c) for c in cached]), 2),
-        "output_tokens_total": out_tokens,
-    }
 
 
 def failure_reasons(by_engine: Mapping[str, Sequence[RequestRecord]]) -> list[str]:

@@ -13,32 +13,29 @@ from typing import Any, TypeVar
 
 from loadgen.client import TargetUnreachable
 from loadgen.metrics import LoadgenMetrics
-from loadgen.options import (  # the exit codes live in options; re-exported here
+from loadgen.options import (
     DEFAULT_METRICS_HOST,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_INVALID,
     EXIT_OK,
-    EXIT_USAGE,
 )
 from loadgen.prompts import CalibrationError
-from loadgen.report import build_summary, invalid_banner, to_console, write_reports
+from loadgen.report import invalid_banner, to_console, write_reports
 from loadgen.scheduler import ProbeFactory, Progress, RunContext, RunSpec, StepResult, run_step
+from loadgen.summary import RunSummary, build_summary
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "EXIT_FAILED",
-    "EXIT_INTERRUPTED",
-    "EXIT_INVALID",
-    "EXIT_OK",
-    "EXIT_USAGE",
     "MetricsPortBusy",
     "SessionOptions",
     "SessionResult",
+    "conclude",
     "execute",
     "exit_code",
     "run",
+    "serve_metrics",
 ]
 
 T = TypeVar("T")
@@ -83,7 +80,7 @@ class SessionResult:
     """The steps that ran, the summary document and the process exit code."""
 
     steps: list[StepResult]
-    summary: dict[str, Any]
+    summary: RunSummary
     exit_code: int
     error: str | None = None
 
@@ -138,7 +135,7 @@ async def execute(specs: list[RunSpec], options: SessionOptions) -> SessionResul
             if result.reasons:
                 log.error("step %d: %s", number, invalid_banner(result.reasons))
             if options.out_dir is not None:
-                write_reports(options.out_dir, build_summary(steps, options.run_info))
+                write_reports(options.out_dir, build_summary(steps, options.run_info).to_dict())
             if result.aborted:
                 abort_reason = f"step {number}: {result.abort_reason}"
                 break
@@ -151,21 +148,35 @@ async def execute(specs: list[RunSpec], options: SessionOptions) -> SessionResul
     interrupted = ctx.stop.is_set()
     if interrupted and abort_reason is None:
         abort_reason = "interrupted: stopped by a signal"
-    summary = build_summary(steps, options.run_info, interrupted, abort_reason)
-    if options.out_dir is not None and (steps or abort_reason):
-        write_reports(options.out_dir, summary)
-    if options.print_table and (steps or abort_reason):
-        print(to_console(summary), flush=True)
+    return conclude(steps, options, options.run_info, interrupted, abort_reason, error)
+
+
+def conclude(
+    steps: list[StepResult],
+    options: SessionOptions,
+    run_info: dict[str, Any],
+    interrupted: bool,
+    abort_reason: str | None,
+    error: str | None,
+) -> SessionResult:
+    """The end of every run: the summary, its final reports and console table, the exit code."""
+    summary = build_summary(steps, run_info, interrupted, abort_reason)
+    if steps or abort_reason:
+        document = summary.to_dict()
+        if options.out_dir is not None:
+            write_reports(options.out_dir, document)
+        if options.print_table:
+            print(to_console(document), flush=True)
     return SessionResult(steps, summary, exit_code(summary, error), error)
 
 
-def exit_code(summary: dict[str, Any], error: str | None = None) -> int:
+def exit_code(summary: RunSummary, error: str | None = None) -> int:
     """The process exit code of a finished run (one rule for every way of running steps)."""
-    if summary.get("interrupted"):
+    if summary.interrupted:
         return EXIT_INTERRUPTED
-    if error is not None or summary.get("aborted"):
+    if error is not None or summary.aborted:
         return EXIT_FAILED
-    if not summary["valid"]:
+    if not summary.valid:
         return EXIT_INVALID
     return EXIT_OK
 

@@ -23,20 +23,19 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from loadgen.metrics import LoadgenMetrics
-from loadgen.report import build_summary, to_console, write_reports
-from loadgen.results import JsonlWriter, RequestRecord, step_reasons, summarize
+from loadgen.metrics import LoadgenMetrics, StepStart
+from loadgen.options import EXIT_FAILED, EXIT_INTERRUPTED
+from loadgen.results import JsonlWriter, RequestRecord, step_reasons
 from loadgen.scheduler import RunSpec, StepResult
 from loadgen.session import (
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
     SessionOptions,
     SessionResult,
+    conclude,
     execute,
-    exit_code,
     run,
     serve_metrics,
 )
+from loadgen.summary import ServerFigures, engine_summary, mark_validity
 
 log = logging.getLogger(__name__)
 
@@ -94,17 +93,10 @@ class ForwardingMetrics(LoadgenMetrics):
         self.batch: list[RequestRecord] = []
         self.last_flush = time.monotonic()
 
-    def start_step(
-        self,
-        engine: str,
-        step: int,
-        concurrency: int | None,
-        prompt_tokens: int | None,
-        max_tokens: int,
-    ) -> None:
+    def start_step(self, start: StepStart) -> None:
         """Tell the parent that this worker's step started (the parent publishes it once)."""
-        super().start_step(engine, step, concurrency, prompt_tokens, max_tokens)
-        self.out.put(("start", self.worker, engine, step, prompt_tokens, max_tokens))
+        super().start_step(start)
+        self.out.put(("start", self.worker, start))
 
     def observe(self, record: RequestRecord) -> None:
         """Queue one finished request; forward a batch when it is big or old enough."""
@@ -154,7 +146,7 @@ def _worker_main(
         print_table=False,
         metrics=metrics,
     )
-    servers: dict[str, Any] = {}
+    servers: dict[str, ServerFigures] = {}
     if start is not None:
         # Spawned processes take different times to import; without a common start the
         # first worker can be half done before the last begins, and the shares of the
@@ -166,14 +158,14 @@ def _worker_main(
     try:
         result = run(execute([spec], options))
         metrics.flush()
-        for summary in result.summary["steps"]:
-            if summary.get("server") is not None:
-                servers[summary["engine"]] = summary["server"]
+        for step in result.summary.steps:
+            if step.server is not None:
+                servers[step.engine] = step.server
         # A worker's own abort (engine gone, too many errors) ends the whole run.
         summary = result.summary
         error = result.error
-        if error is None and summary.get("aborted") and not summary.get("interrupted"):
-            error = f"worker {worker}: {summary.get('abort_reason')}"
+        if error is None and summary.aborted and not summary.interrupted:
+            error = f"worker {worker}: {summary.abort_reason}"
         out.put(("done", worker, result.exit_code, error, servers))
     except BaseException as exc:  # the parent must hear about any end of a worker
         out.put(("done", worker, EXIT_FAILED, f"worker {worker}: {exc!r}", servers))
@@ -188,18 +180,17 @@ class _Merger:
         self.records: dict[str, list[RequestRecord]] = {t.name: [] for t in spec.targets}
         self.in_flight: dict[tuple[int, str], float] = {}
         self.started: set[str] = set()
-        self.done: dict[int, tuple[int, str | None, dict[str, Any]]] = {}
+        self.done: dict[int, tuple[int, str | None, dict[str, ServerFigures]]] = {}
 
     def handle(self, message: tuple[Any, ...]) -> None:
         """Apply one message from a worker."""
         kind, worker = message[0], message[1]
         if kind == "start":
-            _, _, engine, step, prompt_tokens, max_tokens = message
-            if engine not in self.started:
-                self.started.add(engine)
-                self.metrics.start_step(
-                    engine, step, self.spec.concurrency, prompt_tokens, max_tokens
-                )
+            start: StepStart = message[2]
+            if start.engine not in self.started:
+                self.started.add(start.engine)
+                # The run's concurrency, not this worker's share of it.
+                self.metrics.start_step(start._replace(concurrency=self.spec.concurrency))
         elif kind == "records":
             _, _, batch, in_flight = message
             if self.writer is not None:
@@ -219,7 +210,7 @@ class _Merger:
 def merge_step(
     spec: RunSpec,
     records: dict[str, list[RequestRecord]],
-    servers: dict[str, Any],
+    servers: dict[str, ServerFigures],
     workers: int,
     interrupted: bool,
 ) -> StepResult:
@@ -233,27 +224,15 @@ def merge_step(
         # The workers' phases overlap but do not start at the same instant: the step's wall
         # time is the span from the first request sent to the last one finished.
         wall = max(r.end_time for r in recs) - min(r.start_time for r in recs)
-        summary = summarize(
-            recs,
-            engine=target.name,
-            step=0,
-            concurrency=spec.concurrency,
-            rate=spec.rate,
-            prompt_tokens_target=spec.prompt_tokens if spec.prompt_text is None else None,
-            max_tokens=spec.max_tokens,
-            wall_s=wall,
-        )
-        summary["kind"] = target.kind
-        summary["endpoint"] = spec.endpoint
-        summary["cache"] = spec.cache
-        summary["workers"] = workers
-        if target.name in servers:
-            summary["server"] = servers[target.name]
-        summaries.append(summary)
+        summaries.append(
+            engine_summary(
+                recs, spec, target, step=0, wall_s=wall, workers=workers,
+                server=servers.get(target.name),
+            )
+        )  # fmt: skip
         by_engine[target.name] = recs
     reasons = step_reasons(by_engine, spec.max_tokens)
-    for summary in summaries:
-        summary["valid"] = not reasons
+    mark_validity(summaries, reasons, per_engine=False)
     return StepResult(0, spec, summaries, by_engine, reasons, interrupted)
 
 
@@ -335,7 +314,7 @@ async def execute_workers(
         errors.append(f"workers {missing} ended without reporting (exit codes "
                       f"{[procs[w].exitcode for w in missing]})")  # fmt: skip
     interrupted = interrupted or any(c == EXIT_INTERRUPTED for c, _, _ in merger.done.values())
-    servers: dict[str, Any] = {}
+    servers: dict[str, ServerFigures] = {}
     for _, _, found in merger.done.values():
         servers.update(found)
     steps: list[StepResult] = []
@@ -350,12 +329,7 @@ async def execute_workers(
         abort_reason = f"step 0: {steps[0].abort_reason}"
     if abort_reason is None and interrupted:
         abort_reason = "interrupted: stopped by a signal"
-    summary = build_summary(steps, run_info, interrupted, abort_reason)
-    if options.out_dir is not None and (steps or abort_reason):
-        write_reports(options.out_dir, summary)
-    if options.print_table and (steps or abort_reason):
-        print(to_console(summary), flush=True)
-    return SessionResult(steps, summary, exit_code(summary, error), error)
+    return conclude(steps, options, run_info, interrupted, abort_reason, error)
 
 
 def worker_count_error(spec: RunSpec, workers: int) -> str | None:

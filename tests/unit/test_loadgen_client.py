@@ -21,7 +21,8 @@ from loadgen.client import (
     Target,
     TargetUnreachable,
 )
-from loadgen.results import build_record, percentile, summarize, verify_tokens
+from loadgen.results import build_record, percentile, verify_tokens
+from loadgen.summary import summarize
 from tests.conftest import get_free_port
 from tests.paths import FIXTURES
 
@@ -204,8 +205,8 @@ async def test_summary_uses_successful_requests(replay) -> None:
         max_tokens=8,
         wall_s=2.0,
     )
-    assert summary["requests_ok"] == 1 and summary["requests_failed"] == 1
-    assert summary["early_stop"] == 1 and summary["errors"] == {"early_stop": 1}
-    assert summary["output_tok_s"] == pytest.approx(4.0)
-    assert summary["decode_tok_s_mean"] == pytest.approx(good.decode_tok_s, rel=1e-3)
-    assert summary["prompt_tokens"] == 34
+    assert summary.requests_ok == 1 and summary.requests_failed == 1
+    assert summary.early_stop == 1 and summary.errors == {"early_stop": 1}
+    assert summary.output_tok_s == pytest.approx(4.0)
+    assert summary.decode_tok_s_mean == pytest.approx(good.decode_tok_s, rel=1e-3)
+    assert summary.prompt_tokens == 34

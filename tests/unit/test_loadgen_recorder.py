@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from loadgen import scheduler
 from loadgen.client import StreamClient, StreamResult, Target
 from loadgen.prompts import fixed_prompt
 from loadgen.results import JsonlWriter, RequestRecord, build_record
-from loadgen.scheduler import RunContext, RunSpec
+from loadgen.scheduler import RunContext, RunSpec, pacing
+from loadgen.scheduler import phase as phase_module
 
 TOKENS = 3
 
@@ -48,11 +48,11 @@ class _Ctx(RunContext):
         super().record_many(records)
 
 
-def _phase(tmp_path: Path) -> tuple[scheduler._Phase, StreamClient, _Ctx]:
+def _phase(tmp_path: Path) -> tuple[phase_module.Phase, StreamClient, _Ctx]:
     ctx = _Ctx(tmp_path)
     spec = RunSpec([Target("e", "http://127.0.0.1:9")], max_tokens=TOKENS, concurrency=4)
     client = StreamClient(spec.targets[0], pool_size=4)
-    phase = scheduler._Phase(ctx, spec, client, fixed_prompt("hi"), 0, measured=True)
+    phase = phase_module.Phase(ctx, spec, client, fixed_prompt("hi"), 0, measured=True)
     return phase, client, ctx
 
 
@@ -67,8 +67,8 @@ async def _reads(client: StreamClient, seconds: float) -> None:
 async def test_records_wait_for_a_gap_between_reads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(scheduler, "QUIET_S", 0.05)
-    monkeypatch.setattr(scheduler, "MAX_DEFER_S", 5.0)
+    monkeypatch.setattr(phase_module, "QUIET_S", 0.05)
+    monkeypatch.setattr(phase_module, "MAX_DEFER_S", 5.0)
     phase, client, ctx = _phase(tmp_path)
     recorder = asyncio.create_task(phase._recorder())
     client.last_read = time.perf_counter()
@@ -92,8 +92,8 @@ async def test_records_wait_for_a_gap_between_reads(
 async def test_records_are_never_held_longer_than_max_defer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(scheduler, "QUIET_S", 0.2)
-    monkeypatch.setattr(scheduler, "MAX_DEFER_S", 0.2)
+    monkeypatch.setattr(phase_module, "QUIET_S", 0.2)
+    monkeypatch.setattr(phase_module, "MAX_DEFER_S", 0.2)
     phase, client, ctx = _phase(tmp_path)
     recorder = asyncio.create_task(phase._recorder())
     finished = time.perf_counter()
@@ -136,8 +136,8 @@ def test_write_many_flushes_each_batch(tmp_path: Path) -> None:
 
 
 async def test_a_due_collection_waits_for_quiet_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(scheduler, "GC_INTERVAL_S", 0.05)
-    monkeypatch.setattr(scheduler, "GC_MAX_DELAY_S", 5.0)
+    monkeypatch.setattr(pacing, "GC_INTERVAL_S", 0.05)
+    monkeypatch.setattr(pacing, "GC_MAX_DELAY_S", 5.0)
     busy_until = time.perf_counter() + 0.4
     young: list[float] = []
 
@@ -150,7 +150,7 @@ async def test_a_due_collection_waits_for_quiet_reads(monkeypatch: pytest.Monkey
 
     gc.callbacks.append(note)
     try:
-        with scheduler._quiet_gc(True, quiet):
+        with pacing.quiet_gc(True, quiet):
             await asyncio.sleep(0.6)
     finally:
         gc.callbacks.remove(note)
@@ -163,7 +163,7 @@ def test_bodies_are_built_ahead_within_a_memory_budget(
     spec = RunSpec([Target("e", "http://127.0.0.1:9")], concurrency=4, requests=100)
     client = StreamClient(spec.targets[0], pool_size=4)
     prompts = fixed_prompt("a prompt " * 50)
-    phase = scheduler._Phase(RunContext(tmp_path), spec, client, prompts, 0, measured=True)
+    phase = phase_module.Phase(RunContext(tmp_path), spec, client, prompts, 0, measured=True)
     # Two waves of the closed loop ahead, each exactly the body it would build when sent.
     assert sorted(phase._bodies) == list(range(8))
     assert all(phase._bodies[n] == phase._body(n) for n in range(8))
@@ -172,6 +172,6 @@ def test_bodies_are_built_ahead_within_a_memory_budget(
     phase.prebuild()
     assert max(phase._bodies) == 12
     size = len(phase._body(0))
-    monkeypatch.setattr(scheduler, "PREBUILT_BYTES", 3 * size)
-    small = scheduler._Phase(RunContext(tmp_path), spec, client, prompts, 0, measured=True)
+    monkeypatch.setattr(phase_module, "PREBUILT_BYTES", 3 * size)
+    small = phase_module.Phase(RunContext(tmp_path), spec, client, prompts, 0, measured=True)
     assert sorted(small._bodies) == [0, 1, 2]  # long prompts: fewer ahead

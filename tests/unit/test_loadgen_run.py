@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.client import Target
-from loadgen.metrics import LoadgenMetrics
+from loadgen.metrics import LoadgenMetrics, StepStart
 from loadgen.prompts import PromptSet, calibrate, filler
 from loadgen.scheduler import RunSpec
 from loadgen.session import SessionOptions, execute
@@ -385,7 +385,7 @@ def test_metrics_doc_lists_every_series() -> None:
     section = doc[doc.index("## Load generator\n") :]
     documented = set(re.findall(r"^\| `(llmb_loadgen_[a-z0-9_]+)`", section, re.M))
     metrics = LoadgenMetrics()
-    metrics.start_step("e", 0, 1, 16, 8)
+    metrics.start_step(StepStart("e", 0, 1, 16, 8))
     exposed = {
         fam.name + ("_total" if fam.type == "counter" else "")
         + ("_info" if fam.type == "info" else "")

@@ -1,0 +1,65 @@
+"""Prompt calibration: the prompt set of a spec, counted once per run on the first target."""
+
+from __future__ import annotations
+
+import asyncio
+
+from loadgen.client import StreamClient, StreamResult
+from loadgen.prompts import CalibrationError, PromptSet, calibrate, fixed_prompt
+from loadgen.scheduler.context import RunContext
+from loadgen.scheduler.spec import RunSpec
+
+
+async def _count_by_probe(client: StreamClient, spec: RunSpec, text: str, attempts: int = 3) -> int:
+    params = spec.request_params() | {"max_tokens": 1}
+    result = StreamResult()
+    # A probe is one request like any other: retry a transient failure before giving up.
+    for _ in range(attempts):
+        result = await client.stream(client.build_body(text, params), spec.timeout)
+        if result.usage is not None and "prompt_tokens" in result.usage:
+            return int(result.usage["prompt_tokens"])
+    raise RuntimeError(
+        f"cannot count prompt tokens on {client.target.name}: "
+        f"{result.error or 'no usage'} {result.error_detail or ''}".strip()
+    )
+
+
+async def _count_by_tokenize(client: StreamClient, text: str) -> int:
+    data = await client.post_json("/tokenize", {"content": text, "add_special": True})
+    return len(data["tokens"])
+
+
+async def prompts_for(ctx: RunContext, spec: RunSpec, client: StreamClient) -> PromptSet:
+    """The prompt set of this spec, calibrated once per run on the first target."""
+    if spec.prompt_text is not None:
+        return fixed_prompt(spec.prompt_text, spec.cache)
+    key = (spec.prompt_tokens, spec.cache, spec.endpoint)
+    if key not in ctx.prompts:
+        if spec.prompt_tokens is None:
+            raise ValueError("either prompt_tokens or prompt_text is required")
+
+        # llama.cpp's /tokenize (with BOS) equals the prompt_tokens of /v1/completions and
+        # costs no prefill; the chat template adds tokens only a real request can count.
+        async def count(text: str) -> int:
+            if client.target.kind == "llamacpp" and spec.endpoint == "completions":
+                return await _count_by_tokenize(client, text)
+            return await _count_by_probe(client, spec, text)
+
+        ctx.prompts[key] = await calibrate(spec.prompt_tokens, count, spec.cache)
+    return ctx.prompts[key]
+
+
+def calibration_deadline(spec: RunSpec) -> float:
+    """Seconds the prompt calibration may take: a few probes' worth of `timeout`."""
+    return 3 * spec.timeout + spec.connect_timeout
+
+
+async def calibrate_within(ctx: RunContext, spec: RunSpec, client: StreamClient) -> PromptSet:
+    limit = calibration_deadline(spec)
+    try:
+        return await asyncio.wait_for(prompts_for(ctx, spec, client), timeout=limit)
+    except asyncio.TimeoutError:
+        raise CalibrationError(
+            f"{client.target.name}: prompt calibration not finished within {limit:g} s "
+            "(the engine does not answer; see --timeout)"
+        ) from None
