@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,6 +36,7 @@ __all__ = [
     "exit_code",
     "run",
     "serve_metrics",
+    "signals_handled",
 ]
 
 T = TypeVar("T")
@@ -97,7 +98,6 @@ async def execute(specs: list[RunSpec], options: SessionOptions) -> SessionResul
         probe_factory=options.probe_factory,
     )
     loop = asyncio.get_running_loop()
-    handled: list[signal.Signals] = []
 
     def on_signal(signum: int) -> None:
         log.warning("signal %d: stopping; finished requests are kept", signum)
@@ -106,45 +106,39 @@ async def execute(specs: list[RunSpec], options: SessionOptions) -> SessionResul
         with contextlib.suppress(ValueError, RuntimeError):
             loop.remove_signal_handler(signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(sig, on_signal, sig)
-            handled.append(sig)
-
     steps: list[StepResult] = []
     error: str | None = None
     abort_reason: str | None = None
-    try:
-        for number, spec in enumerate(specs):
-            if ctx.stop.is_set():
-                break
-            if number and options.pause > 0:
-                log.info("pause %.1f s before step %d", options.pause, number)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(ctx.stop.wait(), options.pause)
+    with signals_handled(on_signal):
+        try:
+            for number, spec in enumerate(specs):
                 if ctx.stop.is_set():
                     break
-            try:
-                result = await run_step(spec, ctx, number)
-            except (TargetUnreachable, CalibrationError, RuntimeError) as exc:
-                error = str(exc)
-                abort_reason = error
-                log.error("%s", error)
-                break
-            steps.append(result)
-            if result.reasons:
-                log.error("step %d: %s", number, invalid_banner(result.reasons))
-            if options.out_dir is not None:
-                write_reports(options.out_dir, build_summary(steps, options.run_info).to_dict())
-            if result.aborted:
-                abort_reason = f"step {number}: {result.abort_reason}"
-                break
-    finally:
-        for sig in handled:
-            with contextlib.suppress(ValueError, RuntimeError):
-                loop.remove_signal_handler(sig)
-        ctx.close()
-        await metrics.close()
+                if number and options.pause > 0:
+                    log.info("pause %.1f s before step %d", options.pause, number)
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(ctx.stop.wait(), options.pause)
+                    if ctx.stop.is_set():
+                        break
+                try:
+                    result = await run_step(spec, ctx, number)
+                except (TargetUnreachable, CalibrationError, RuntimeError) as exc:
+                    error = str(exc)
+                    abort_reason = error
+                    log.error("%s", error)
+                    break
+                steps.append(result)
+                if result.reasons:
+                    log.error("step %d: %s", number, invalid_banner(result.reasons))
+                if options.out_dir is not None:
+                    summary = build_summary(steps, options.run_info)
+                    write_reports(options.out_dir, summary.to_dict())
+                if result.aborted:
+                    abort_reason = f"step {number}: {result.abort_reason}"
+                    break
+        finally:
+            ctx.close()
+            await metrics.close()
     interrupted = ctx.stop.is_set()
     if interrupted and abort_reason is None:
         abort_reason = "interrupted: stopped by a signal"
@@ -168,6 +162,23 @@ def conclude(
         if options.print_table:
             print(to_console(document), flush=True)
     return SessionResult(steps, summary, exit_code(summary, error), error)
+
+
+@contextlib.contextmanager
+def signals_handled(on_signal: Callable[[int], None]) -> Iterator[None]:
+    """Route SIGINT and SIGTERM to `on_signal` on this event loop while the block runs."""
+    loop = asyncio.get_running_loop()
+    handled: list[signal.Signals] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, on_signal, sig)
+            handled.append(sig)
+    try:
+        yield
+    finally:
+        for sig in handled:
+            with contextlib.suppress(ValueError, RuntimeError):
+                loop.remove_signal_handler(sig)
 
 
 def exit_code(summary: RunSummary, error: str | None = None) -> int:

@@ -20,7 +20,10 @@ import queue
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import replace
+from multiprocessing.process import BaseProcess
+from multiprocessing.queues import Queue
 from typing import Any
 
 from loadgen.metrics import LoadgenMetrics, StepStart
@@ -34,6 +37,7 @@ from loadgen.session import (
     execute,
     run,
     serve_metrics,
+    signals_handled,
 )
 from loadgen.summary import ServerFigures, engine_summary, mark_validity
 
@@ -43,6 +47,8 @@ log = logging.getLogger(__name__)
 # queue, not the HTTP work, the cost that limits a worker.
 BATCH_RECORDS = 256
 BATCH_SECONDS = 0.2
+# A message from a worker: (kind, worker, payload...): "start", "records" or "done".
+Message = tuple[Any, ...]
 # How long the parent waits for workers after they all should have stopped.
 JOIN_TIMEOUT_S = 30.0
 
@@ -87,7 +93,7 @@ def split_spec(spec: RunSpec, workers: int) -> list[RunSpec]:
 class ForwardingMetrics(LoadgenMetrics):
     """A worker's metrics: finished requests and step starts go to the parent's queue."""
 
-    def __init__(self, out: Any, worker: int):
+    def __init__(self, out: Queue[Message], worker: int):
         super().__init__()
         self.out, self.worker = out, worker
         self.batch: list[RequestRecord] = []
@@ -124,7 +130,7 @@ START_TIMEOUT_SECONDS = 60.0
 def _worker_main(
     spec: RunSpec,
     worker: int,
-    out: Any,
+    out: Queue[Message],
     exporter_url: str | None,
     prometheus_url: str | None,
     log_level: str,
@@ -182,7 +188,7 @@ class _Merger:
         self.started: set[str] = set()
         self.done: dict[int, tuple[int, str | None, dict[str, ServerFigures]]] = {}
 
-    def handle(self, message: tuple[Any, ...]) -> None:
+    def handle(self, message: Message) -> None:
         """Apply one message from a worker."""
         kind, worker = message[0], message[1]
         if kind == "start":
@@ -236,6 +242,41 @@ def merge_step(
     return StepResult(0, spec, summaries, by_engine, reasons, interrupted)
 
 
+async def _receive(merger: _Merger, procs: Sequence[BaseProcess], inbox: Queue[Message]) -> None:
+    """Start the workers, apply their messages until each reported its end, then join them."""
+    loop = asyncio.get_running_loop()
+    for proc in procs:
+        proc.start()
+    gone_since: float | None = None
+    while len(merger.done) < len(procs):
+        try:
+            message = await loop.run_in_executor(None, inbox.get, True, 0.2)
+        except queue.Empty:
+            # A worker killed hard never sends "done": stop waiting for it after a grace.
+            if all(not p.is_alive() for p in procs):
+                gone_since = gone_since or time.monotonic()
+                if time.monotonic() - gone_since > 2.0:
+                    break
+            continue
+        merger.handle(message)
+    for proc in procs:
+        proc.join(JOIN_TIMEOUT_S)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+
+
+def _worker_errors(merger: _Merger, procs: Sequence[BaseProcess]) -> list[str]:
+    """Each distinct failure the workers reported, and the workers that never reported."""
+    # The same failure (an unreachable target) is usually reported by every worker: once is enough.
+    errors = list(dict.fromkeys(err for _, err, _ in merger.done.values() if err))
+    missing = [w for w in range(len(procs)) if w not in merger.done]
+    if missing:
+        errors.append(f"workers {missing} ended without reporting (exit codes "
+                      f"{[procs[w].exitcode for w in missing]})")  # fmt: skip
+    return errors
+
+
 async def execute_workers(
     spec: RunSpec,
     options: SessionOptions,
@@ -262,7 +303,6 @@ async def execute_workers(
         )
         for w, share in enumerate(shares)
     ]
-    loop = asyncio.get_running_loop()
     interrupted = False
 
     def on_signal(signum: int) -> None:
@@ -275,44 +315,14 @@ async def execute_workers(
                 with contextlib.suppress(OSError):
                     os.kill(proc.pid, signal.SIGINT)
 
-    handled = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(sig, on_signal, sig)
-            handled.append(sig)
-    try:
-        for proc in procs:
-            proc.start()
-        gone_since: float | None = None
-        while len(merger.done) < workers:
-            try:
-                message = await loop.run_in_executor(None, inbox.get, True, 0.2)
-            except queue.Empty:
-                # A worker killed hard never sends "done": stop waiting for it after a grace.
-                if all(not p.is_alive() for p in procs):
-                    gone_since = gone_since or time.monotonic()
-                    if time.monotonic() - gone_since > 2.0:
-                        break
-                continue
-            merger.handle(message)
-        for proc in procs:
-            proc.join(JOIN_TIMEOUT_S)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
-    finally:
-        for sig in handled:
-            with contextlib.suppress(ValueError, RuntimeError):
-                loop.remove_signal_handler(sig)
-        if writer is not None:
-            writer.close()
-        await metrics.close()
-    # The same failure (an unreachable target) is usually reported by every worker: once is enough.
-    errors = list(dict.fromkeys(err for _, err, _ in merger.done.values() if err))
-    missing = [w for w in range(workers) if w not in merger.done]
-    if missing:
-        errors.append(f"workers {missing} ended without reporting (exit codes "
-                      f"{[procs[w].exitcode for w in missing]})")  # fmt: skip
+    with signals_handled(on_signal):
+        try:
+            await _receive(merger, procs, inbox)
+        finally:
+            if writer is not None:
+                writer.close()
+            await metrics.close()
+    errors = _worker_errors(merger, procs)
     interrupted = interrupted or any(c == EXIT_INTERRUPTED for c, _, _ in merger.done.values())
     servers: dict[str, ServerFigures] = {}
     for _, _, found in merger.done.values():
