@@ -14,7 +14,11 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
+
+N = TypeVar("N", int, float)
+# Where an option is added: a parser or one of its argument groups.
+Parser = argparse.ArgumentParser | argparse._ArgumentGroup
 
 # Exit codes of every subcommand.
 EXIT_OK = 0
@@ -66,59 +70,48 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 # -- value parsers ---------------------------------------------------------------------------
 
 
-def positive_int(text: str) -> int:
-    """An integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _checked(
+    convert: Callable[[str], N], invalid: str, ok: Callable[[N], bool], out_of_range: str
+) -> Callable[[str], N]:
+    """A value parser: `convert`, then `ok`; the messages are templates of `text`/`value`."""
+
+    def parse(text: str) -> N:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(invalid.format(text=text)) from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(out_of_range.format(text=text, value=value))
+        return value
+
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    """An integer of 0 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """A finite number above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    """A finite number of 0 or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be 0 or a positive finite number, got {text}")
-    return value
-
-
-def port(text: str) -> int:
-    """A TCP port number (0 allowed: off / any)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port: {text!r}") from None
-    if not 0 <= value < 65536:
-        raise argparse.ArgumentTypeError(f"not a port: {text}")
-    return value
+_INF = float("inf")
+positive_int = _checked(
+    int, "expected an integer, got {text!r}", lambda v: v >= 1, "must be at least 1, got {value}"
+)
+positive_int.__doc__ = "An integer of at least 1."
+non_negative_int = _checked(
+    int, "expected an integer, got {text!r}", lambda v: v >= 0, "must be 0 or more, got {value}"
+)
+non_negative_int.__doc__ = "An integer of 0 or more."
+positive_float = _checked(
+    float,
+    "expected a number, got {text!r}",
+    lambda v: 0 < v < _INF,
+    "must be a positive finite number, got {text}",
+)
+positive_float.__doc__ = "A finite number above 0."
+non_negative_float = _checked(
+    float,
+    "expected a number, got {text!r}",
+    lambda v: 0 <= v < _INF,
+    "must be 0 or a positive finite number, got {text}",
+)
+non_negative_float.__doc__ = "A finite number of 0 or more."
+port = _checked(int, "not a port: {text!r}", lambda v: 0 <= v < 65536, "not a port: {text}")
+port.__doc__ = "A TCP port number (0 allowed: off / any)."
 
 
 def int_list(text: str) -> list[int]:
@@ -190,33 +183,35 @@ def add_target_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--model", help="model name to send (default: first id of /v1/models)")
 
 
+def _add_int_list_option(parser: Parser, flag: str, default: list[int] | None, help: str) -> None:
+    parser.add_argument(flag, type=int_list, default=default, metavar="N[,N...]", help=help)
+
+
 def add_concurrency_option(
-    parser: argparse.ArgumentParser | Any, default: list[int] | None = None, help: str = ""
+    parser: Parser, default: list[int] | None = None, help: str = ""
 ) -> None:
     """--concurrency as a comma list everywhere (`4` is a list of one)."""
-    parser.add_argument(
+    _add_int_list_option(
+        parser,
         "--concurrency",
-        type=int_list,
-        default=default,
-        metavar="N[,N...]",
-        help=help or "closed loop: requests kept in flight; a list runs one step per value",
+        default,
+        help or "closed loop: requests kept in flight; a list runs one step per value",
     )
 
 
 def add_prompt_tokens_option(
-    parser: argparse.ArgumentParser | Any, default: list[int] | None = None, help: str = ""
+    parser: Parser, default: list[int] | None = None, help: str = ""
 ) -> None:
     """--prompt-tokens as a comma list everywhere."""
-    parser.add_argument(
+    _add_int_list_option(
+        parser,
         "--prompt-tokens",
-        type=int_list,
-        default=default,
-        metavar="N[,N...]",
-        help=help or "prompt length in tokens as counted by the server; a list runs one step each",
+        default,
+        help or "prompt length in tokens as counted by the server; a list runs one step each",
     )
 
 
-def add_timeout_options(parser: argparse.ArgumentParser | Any) -> None:
+def add_timeout_options(parser: Parser) -> None:
     """--timeout (per request, whole stream) and --connect-timeout."""
     parser.add_argument(
         "--timeout",
@@ -234,7 +229,7 @@ def add_timeout_options(parser: argparse.ArgumentParser | Any) -> None:
     )
 
 
-def add_max_tokens_option(parser: argparse.ArgumentParser | Any) -> None:
+def add_max_tokens_option(parser: Parser) -> None:
     """--max-tokens: the exact output length asked of every request."""
     parser.add_argument(
         "--max-tokens",
@@ -245,7 +240,7 @@ def add_max_tokens_option(parser: argparse.ArgumentParser | Any) -> None:
     )
 
 
-def add_exporter_option(parser: argparse.ArgumentParser | Any, help: str = "") -> None:
+def add_exporter_option(parser: Parser, help: str = "") -> None:
     """--exporter-url, with or without /metrics."""
     parser.add_argument(
         "--exporter-url",
@@ -256,7 +251,7 @@ def add_exporter_option(parser: argparse.ArgumentParser | Any, help: str = "") -
     )
 
 
-def add_metrics_server_options(parser: argparse.ArgumentParser | Any) -> None:
+def add_metrics_server_options(parser: Parser) -> None:
     """--metrics-port / --metrics-host of the load generator's own /metrics."""
     parser.add_argument(
         "--metrics-port",
@@ -273,7 +268,7 @@ def add_metrics_server_options(parser: argparse.ArgumentParser | Any) -> None:
     )
 
 
-def add_out_option(parser: argparse.ArgumentParser | Any, required: bool = False) -> None:
+def add_out_option(parser: Parser, required: bool = False) -> None:
     """--out: the output folder."""
     parser.add_argument(
         "--out",

@@ -109,6 +109,32 @@ def _one_or_all(counts: Iterable[int | None]) -> int | list[int]:
     return distinct[0] if len(distinct) == 1 else distinct
 
 
+# The statistics columns: (field, series, percentile or None for the mean, digits kept).
+_STATISTICS: tuple[tuple[str, str, float | None, int], ...] = (
+    ("ttft_p50_s", "ttft", 50, 6), ("ttft_p90_s", "ttft", 90, 6), ("ttft_p99_s", "ttft", 99, 6),
+    ("ttft_mean_s", "ttft", None, 6),
+    ("itl_p50_s", "itl", 50, 6), ("itl_p99_s", "itl", 99, 6), ("itl_mean_s", "itl", None, 6),
+    ("tpot_mean_s", "tpot", None, 6), ("tpot_p99_s", "tpot", 99, 6), ("tpot_p50_s", "tpot", 50, 6),
+    ("e2e_mean_s", "e2e", None, 6), ("e2e_p50_s", "e2e", 50, 6), ("e2e_p99_s", "e2e", 99, 6),
+    ("decode_tok_s_mean", "decode", None, 3), ("decode_tok_s_p50", "decode", 50, 3),
+    ("server_decode_tok_s_mean", "server_decode", None, 3),
+)  # fmt: skip
+
+
+def _series(ok: Sequence[RequestRecord]) -> dict[str, list[float]]:
+    """The per-request (per-gap for `itl`) values each statistic is taken over."""
+    return {
+        "ttft": [r.ttft_s for r in ok if r.ttft_s is not None],
+        "itl": [g for r in ok for g in r.itls],
+        "tpot": [r.tpot_s for r in ok if r.tpot_s is not None],
+        "e2e": [r.e2e_s for r in ok],
+        "decode": [r.decode_tok_s for r in ok if r.decode_tok_s is not None],
+        "server_decode": [
+            r.server_predicted_per_second for r in ok if r.server_predicted_per_second is not None
+        ],
+    }
+
+
 def summarize(
     records: Iterable[RequestRecord],
     *,
@@ -127,14 +153,12 @@ def summarize(
     for r in recs:
         if r.error is not None:
             errors[r.error] = errors.get(r.error, 0) + 1
-    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
-    itls = [g for r in ok for g in r.itls]
-    tpots = [r.tpot_s for r in ok if r.tpot_s is not None]
-    decodes = [r.decode_tok_s for r in ok if r.decode_tok_s is not None]
-    e2es = [r.e2e_s for r in ok]
-    server_decodes = [
-        r.server_predicted_per_second for r in ok if r.server_predicted_per_second is not None
-    ]
+    series = _series(ok)
+    # Any: mypy cannot match a mapping's keys to the fields; each is `float | None`.
+    statistics: dict[str, Any] = {
+        name: _round(mean(series[key]) if q is None else percentile(series[key], q), digits)
+        for name, key, q, digits in _STATISTICS
+    }
     out_tokens = sum(r.completion_tokens or 0 for r in ok)
     cached = [float(r.cached_tokens) for r in ok if r.cached_tokens is not None]
     return StepSummary(
@@ -151,28 +175,13 @@ def summarize(
         kv_exhausted=errors.get(KV_EXHAUSTED, 0),
         errors=errors,
         wall_s=_round(wall_s),
-        ttft_p50_s=_round(percentile(ttfts, 50)),
-        ttft_p90_s=_round(percentile(ttfts, 90)),
-        ttft_p99_s=_round(percentile(ttfts, 99)),
-        ttft_mean_s=_round(mean(ttfts)),
-        itl_p50_s=_round(percentile(itls, 50)),
-        itl_p99_s=_round(percentile(itls, 99)),
-        itl_mean_s=_round(mean(itls)),
-        tpot_mean_s=_round(mean(tpots)),
-        tpot_p99_s=_round(percentile(tpots, 99)),
-        tpot_p50_s=_round(percentile(tpots, 50)),
-        e2e_mean_s=_round(mean(e2es)),
-        e2e_p50_s=_round(percentile(e2es, 50)),
-        e2e_p99_s=_round(percentile(e2es, 99)),
-        decode_tok_s_mean=_round(mean(decodes), 3),
-        decode_tok_s_p50=_round(percentile(decodes, 50), 3),
-        server_decode_tok_s_mean=_round(mean(server_decodes), 3),
         output_tok_s=_round(out_tokens / wall_s, 3) if wall_s > 0 else None,
         requests_per_s=_round(len(ok) / wall_s, 3) if wall_s > 0 else None,
         prompt_tokens=_one_or_all(r.prompt_tokens for r in recs),
         completion_tokens=_one_or_all(r.completion_tokens for r in recs),
         cached_tokens_mean=_round(mean(cached), 2),
         output_tokens_total=out_tokens,
+        **statistics,
     )
 
 
