@@ -27,6 +27,8 @@ from pydantic import (
 )
 
 from exporter.engines import KINDS
+# Only the section's model (pydantic alone): the exporter never loads the load generator.
+from loadgen.config import LoadgenSettings
 
 ENV_PREFIX = "LLMB__"
 RESERVED_SOURCE_NAMES = {"nvml"}
@@ -179,8 +181,8 @@ class Config(_Strict):
     )
     engines: list[EngineConfig] = Field(default_factory=list)
     gpu: GpuConfig = Field(default_factory=GpuConfig)
-    loadgen: dict[str, Any] = Field(
-        default_factory=dict, description="load generator defaults (see loadgen docs)"
+    loadgen: LoadgenSettings = Field(
+        default_factory=LoadgenSettings, description="load generator defaults (see loadgen docs)"
     )
 
     @field_validator("host", mode="before")

@@ -204,22 +204,19 @@ def _apply_config_defaults(
         config = load_config(known.config)
     except ConfigError:
         return  # reported with full detail once the command runs
-    if not config.loadgen:
+    given = config.loadgen.given()  # unknown keys were refused when the file was loaded
+    if not given:
         return
     subparsers = next(
         a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
     ).choices
-    every = {a.dest for sub in subparsers.values() for a in sub._actions}
-    unknown = sorted(set(config.loadgen) - every)
-    if unknown:
-        raise UsageError(f"{known.config}: unknown loadgen keys: {', '.join(unknown)}")
     typed = {a.dest: a for a in subparsers[command]._actions}
     defaults: dict[str, Any] = {}
-    for key, value in config.loadgen.items():
+    for key, value in given.items():
         action = typed.get(key)
         if action is None:
             continue
-        if action.type is not None and not isinstance(value, str):
+        if action.type is not None and value is not None and not isinstance(value, str):
             # argparse converts a string default with the option's type (and its checks),
             # so `concurrency: 4` and `concurrency: [1, 2]` become the lists the flag gives.
             value = ",".join(map(str, value)) if isinstance(value, list) else str(value)

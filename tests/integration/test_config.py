@@ -145,3 +145,13 @@ def test_check_only_ok_and_unreadable(tmp_path: Path) -> None:
     broken.write_text("engines: [\n")
     proc = _cli("--config", str(broken), "--check-only")
     assert proc.returncode == 2 and "not valid YAML" in proc.stderr
+
+
+def test_the_exporter_loads_only_the_loadgen_section_model() -> None:
+    # The exporter's image has the base dependencies only: its config must not pull in
+    # the load generator (aiohttp client, orjson, tqdm...).
+    code = "import sys, exporter.config; print(sorted(m for m in sys.modules if 'loadgen' in m))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "['loadgen', 'loadgen.config']"

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from exporter.config import ConfigError, parse_config
 from loadgen.__main__ import build_parser, default_commands, main
+from loadgen.config import LoadgenSettings
 from loadgen.options import (
     DEFAULT_METRICS_HOST,
     HelpFormatter,
@@ -147,6 +149,27 @@ def test_config_defaults_go_through_the_option_types(
     assert code == 0
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert [s["concurrency"] for s in summary["steps"]] == steps
+
+
+def test_loadgen_settings_are_the_flags_of_the_subcommands() -> None:
+    # One key per flag of some subcommand (the config naming itself aside): a new flag
+    # without a key, or a key left behind by a removed flag, fails here.
+    parser = build_parser(default_commands())
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    dests = {a.dest for sub in subparsers.choices.values() for a in sub._actions}
+    assert set(LoadgenSettings.model_fields) == dests - {"help", "config"}
+
+
+def test_loadgen_section_is_typed_in_the_config_file() -> None:
+    config = parse_config({"loadgen": {"max_tokens": 6, "contexts": "1024,2048", "rate": None}})
+    assert config.loadgen.given() == {"max_tokens": 6, "contexts": "1024,2048", "rate": None}
+    assert parse_config({}).loadgen.given() == {}
+    with pytest.raises(ConfigError) as bad:
+        parse_config({"loadgen": {"max_tokenz": 3, "kind": "vllm", "concurrency": {"a": 1}}})
+    errors = "\n".join(bad.value.errors)
+    assert "loadgen.max_tokenz: unknown key" in errors
+    assert "loadgen.kind: Input should be 'llamacpp', 'sglang' or 'openai'" in errors
+    assert "loadgen.concurrency" in errors
 
 
 def test_third_party_loggers_are_quiet(stub: StubFactory, tmp_path: Path) -> None:

@@ -358,7 +358,7 @@ def test_invalid_config_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str
     typo = tmp_path / "typo.yaml"
     typo.write_text("loadgen: {max_tokenz: 3}\n")
     assert run_cli(tmp_path, "--config", str(typo), "--url", "http://127.0.0.1:1") == 2
-    assert "unknown loadgen keys: max_tokenz" in capsys.readouterr().err
+    assert "loadgen.max_tokenz: unknown key" in capsys.readouterr().err
 
 
 async def test_calibration_hits_the_target_with_an_uneven_tokenizer() -> None:

@@ -1,0 +1,79 @@
+"""The config file's `loadgen:` section: defaults for the load generator's flags.
+
+Keys are the flag names with `_` (`max_tokens: 128` for `--max-tokens`). One mapping serves
+every subcommand: a key is applied where the command has that flag and ignored by the others;
+a key that no subcommand knows is an error when the file is loaded (the exporter's
+`loadgen.KEY: unknown key`). Here a value is checked for its shape; when applied it goes
+through the flag's own parser, so it means exactly what the flag would.
+
+Only pydantic is imported: the exporter validates this section without the load generator.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+# A comma-list flag (`--concurrency 1,2,4`): `4`, `[1, 2]` or `'1,2'`.
+IntList = int | list[int] | str
+
+
+class LoadgenSettings(BaseModel):
+    """The `loadgen:` mapping; every field is a flag of `run`, `sweep`, `diagnose` or `compare`."""
+
+    # allow_inf_nan=False: `1e400` is YAML for infinity, never a meant value.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    # target
+    engine: list[str] | None = None
+    url: str | None = None
+    kind: Literal["llamacpp", "sglang", "openai"] | None = None
+    name: str | None = None
+    api_key_env: str | None = None
+    model: str | None = None
+    # load (run, sweep)
+    concurrency: IntList | None = None
+    prompt_tokens: IntList | None = None
+    grid: bool | None = None
+    pause: float | None = None
+    rate: float | None = None
+    arrival: Literal["poisson", "constant"] | None = None
+    requests: int | None = None
+    duration: float | None = None
+    warmup: int | None = None
+    timeout: float | None = None
+    connect_timeout: float | None = None
+    max_errors: float | None = None
+    workers: int | None = None
+    # prompt and request
+    prompt_file: str | None = None
+    max_tokens: int | None = None
+    endpoint: Literal["chat", "completions"] | None = None
+    cache: Literal["unique", "same"] | None = None
+    seed: int | None = None
+    # output
+    out: str | None = None
+    metrics_port: int | None = None
+    metrics_host: str | None = None
+    exporter_url: str | None = None
+    prometheus_url: str | None = None
+    no_progress: bool | None = None
+    # diagnose, compare
+    rounds: int | None = None
+    requests_per_slot: int | None = None
+    contexts: IntList | None = None
+    max_context: int | None = None
+    kv_prompt_tokens: int | None = None
+    settle: float | None = None
+    parallel: int | None = None
+    exporter_engine: str | None = None
+    bandwidth_gbs: float | None = None
+    metrics_listen: str | None = None
+
+    def given(self) -> dict[str, Any]:
+        """The keys the file sets (a null value included), as parsed."""
+        return self.model_dump(exclude_unset=True)
+
+
+__all__ = ["LoadgenSettings"]
