@@ -10,7 +10,7 @@ import logging
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
@@ -152,7 +152,7 @@ class LoadgenMetrics:
             "llmb_loadgen_token_count_mismatch",
             "1 when this run's token counts differ across engines or from max_tokens.",
         )
-        self._children: dict[str, tuple[Any, ...]] = {}
+        self._children: dict[str, tuple[Histogram, Histogram, Counter, Counter]] = {}
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.client import Target
 from loadgen.options import metrics_url
-from loadgen.scheduler import RunSpec
+from loadgen.scheduler import ProbeFactory, RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ def model_label(model: str) -> str:
 
 def probe_factory(
     exporter_url: str | None, prometheus_url: str | None, interval: float = 1.0
-) -> Any:
+) -> ProbeFactory | None:
     """A `ProbeFactory` for the given sources, or None when neither is set."""
     if prometheus_url:
         return lambda target: PrometheusProbe(prometheus_url, target.name)

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from multiprocessing.process import BaseProcess
 from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier
 from typing import Any
 
 from loadgen.metrics import LoadgenMetrics, StepStart
@@ -134,7 +135,7 @@ def _worker_main(
     exporter_url: str | None,
     prometheus_url: str | None,
     log_level: str,
-    start: Any = None,
+    start: Barrier | None = None,
 ) -> None:
     """Entry point of one worker process."""
     from loadgen.sweep import probe_factory

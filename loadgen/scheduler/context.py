@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from loadgen.client import Target
 from loadgen.metrics import LoadgenMetrics
 from loadgen.prompts import PromptSet
 from loadgen.results import JsonlWriter, RequestRecord
 from loadgen.scheduler.progress import Progress
+from loadgen.summary import ServerFigures
 
 
 class Probe(Protocol):
@@ -19,7 +20,7 @@ class Probe(Protocol):
 
     async def start(self) -> None: ...
 
-    async def stop(self) -> dict[str, Any]: ...
+    async def stop(self) -> ServerFigures: ...
 
 
 ProbeFactory = Callable[[Target], Probe]
@@ -41,7 +42,8 @@ class RunContext:
         self.probe_factory = probe_factory
         self.writer = JsonlWriter(out_dir / "requests.jsonl") if out_dir else None
         self.stop = asyncio.Event()
-        self.prompts: dict[tuple[Any, ...], PromptSet] = {}
+        # (prompt_tokens, cache, endpoint) -> the calibrated set.
+        self.prompts: dict[tuple[int | None, str, str], PromptSet] = {}
 
     def record(self, record: RequestRecord) -> None:
         """Persist and publish one finished request."""

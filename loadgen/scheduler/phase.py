@@ -9,7 +9,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, TypedDict
 
 from loadgen.client import (
     CONNECT,
@@ -27,6 +27,17 @@ from loadgen.scheduler.pacing import quiet_gc
 from loadgen.scheduler.spec import RunSpec
 
 log = logging.getLogger(__name__)
+
+
+class _Meta(TypedDict):
+    """What a request's record takes from its phase (`build_record`'s keywords)."""
+
+    engine: str
+    step: int
+    index: int
+    max_tokens: int
+    wall_offset: float
+
 
 # The error share (`max_error_share`) is judged only once this many requests finished, so one
 # early failure does not end a step (except with a share of 0).
@@ -256,7 +267,7 @@ class Phase:
             self.abort_reason = reason
             self.aborted.set()
 
-    def _meta(self, index: int) -> dict[str, Any]:
+    def _meta(self, index: int) -> _Meta:
         return {
             "engine": self.engine,
             "step": self.step,
