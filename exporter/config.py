@@ -27,8 +27,7 @@ from pydantic import (
 )
 
 from exporter.engines import KINDS
-# Only the section's model (pydantic alone): the exporter never loads the load generator.
-from loadgen.config import LoadgenSettings
+from loadgen.config import LoadgenSettings  # pydantic alone: not the load generator itself
 
 ENV_PREFIX = "LLMB__"
 RESERVED_SOURCE_NAMES = {"nvml"}
