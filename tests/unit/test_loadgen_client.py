@@ -22,7 +22,7 @@ from loadgen.client import (
     TargetUnreachable,
 )
 from loadgen.results import build_record, percentile, verify_tokens
-from loadgen.summary import summarize
+from loadgen.summary import ABSENT, RunSummary, summarize
 from tests.conftest import get_free_port
 from tests.paths import FIXTURES
 
@@ -210,3 +210,35 @@ async def test_summary_uses_successful_requests(replay) -> None:
     assert summary.output_tok_s == pytest.approx(4.0)
     assert summary.decode_tok_s_mean == pytest.approx(good.decode_tok_s, rel=1e-3)
     assert summary.prompt_tokens == 34
+
+
+def test_summary_document_keeps_its_keys_and_order() -> None:
+    # summary.json is a contract: the row's keys in this order; context keys that do not
+    # apply (model with --workers, workers without, server without a probe) are left out.
+    row = summarize(
+        [], engine="e", step=0, concurrency=1, rate=None, prompt_tokens_target=8,
+        max_tokens=4, wall_s=0.0,
+    )  # fmt: skip
+    stats = [
+        "engine", "step", "concurrency", "rate", "prompt_tokens_target", "max_tokens",
+        "requests", "requests_ok", "requests_failed", "early_stop", "kv_exhausted", "errors",
+        "wall_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "itl_p50_s",
+        "itl_p99_s", "itl_mean_s", "tpot_mean_s", "tpot_p99_s", "tpot_p50_s", "e2e_mean_s",
+        "e2e_p50_s", "e2e_p99_s", "decode_tok_s_mean", "decode_tok_s_p50",
+        "server_decode_tok_s_mean", "output_tok_s", "requests_per_s", "prompt_tokens",
+        "completion_tokens", "cached_tokens_mean", "output_tokens_total",
+    ]  # fmt: skip
+    context = ["kind", "endpoint", "cache"]
+    assert list(row.to_dict()) == [*stats, *context, "valid"]
+    row.model, row.server, row.invalid_reasons = None, {"source": "exporter"}, []
+    keys = [*stats, *context, "model", "server", "valid", "invalid_reasons"]
+    assert list(row.to_dict()) == keys
+    assert row.to_dict()["model"] is None and row.to_dict()["output_tok_s"] is None
+    row.model, row.workers, row.invalid_reasons = ABSENT, 2, None
+    assert list(row.to_dict()) == [*stats, *context, "workers", "server", "valid"]
+    run = RunSummary(True, [], False, None, False, "v", {"command": "run"}, [row])
+    assert list(run.to_dict()) == [
+        "valid", "invalid_reasons", "aborted", "abort_reason", "interrupted", "tool_version",
+        "run", "steps",
+    ]  # fmt: skip
+    assert run.to_dict()["steps"] == [row.to_dict()]
