@@ -13,7 +13,7 @@ from exporter.engines import KINDS, engine_kind, load
 from simulator import scenarios
 from simulator.common import Faults, SimBase, SimOptions
 from simulator.model import LLAMACPP_KV_TYPES, SGLANG_KV_BYTES
-from simulator.sglang_spec import DEFAULT_VERSION, VERSIONS
+from simulator.sglang.spec import DEFAULT_VERSION, VERSIONS
 from simulator.tokenizer import NAMES as TOKENIZERS
 
 

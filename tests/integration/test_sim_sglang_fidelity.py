@@ -20,7 +20,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from simulator.__main__ import build_parser, make_sim, options_from_args
-from simulator.sglang_spec import VERSIONS
+from simulator.sglang.spec import VERSIONS
 from tests.conftest import get_free_port
 from tests.integration.test_sim_sglang import drive_busy
 from tests.paths import FIXTURES

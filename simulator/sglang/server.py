@@ -17,7 +17,7 @@ from prometheus_client.exposition import choose_encoder
 from simulator.common import SimBase, SimOptions, chat_prompt, json_response, random_id, sse
 from simulator.model import Request, RequestError
 from simulator.scenarios import GIB
-from simulator.sglang_spec import FAMILIES, FAMILIES_BY_VERSION, FamilySpec
+from simulator.sglang.spec import FAMILIES, FAMILIES_BY_VERSION, FamilySpec
 
 ENGINE_TYPE = "unified"
 # What 0.5.11 does not answer yet (the real server's /server_info, its internal_states and
