@@ -9,64 +9,47 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from simulator.model import MIB, EngineParams, GpuSpec, ModelSpec
+from simulator.model import LLAMACPP_KV_BYTES, MIB, EngineParams, GpuSpec, ModelSpec
 
 GIB = 1024 * MIB
+
+# fmt: off
+# -- models ------------------------------------------------------------------------------------
+# Keywords are packed a topic a line: size, layers, KV, context and vocabulary, weight format.
 
 # Gemma 3 27B shapes in Q4_0, sizes from the H200 capture's -lv 4 log (run2 -ngl 30):
 # 29 layers + output = 7181.51 MiB on CUDA0, 33 layers + token embedding = 8067.74 MiB on CPU.
 GEMMA3_27B_Q4 = ModelSpec(
-    name="/models/gemma3-27b-synthetic-q4_0.gguf",
-    n_params=27009002240,
-    file_bytes=15203778848,
-    n_layer=62,
-    layer_bytes=int(221.5575 * MIB),
-    output_bytes=int(756.34 * MIB),
+    name="/models/gemma3-27b-synthetic-q4_0.gguf", n_params=27009002240, file_bytes=15203778848,
+    n_layer=62, layer_bytes=int(221.5575 * MIB), output_bytes=int(756.34 * MIB),
     kv_bytes_per_token=1264 * MIB // 8192,  # "context" 1264 MiB at -c 8192
-    n_ctx_train=131072,
-    n_embd=5376,
-    ftype="Q4_0",
+    n_ctx_train=131072, n_embd=5376, ftype="Q4_0",
     sglang_weight_bytes=int(51.12 * GIB),  # bf16, as SGLang reports it
 )
-
 MID_8B = ModelSpec(
-    name="/models/llmb-sim-8b-q4_k_m.gguf",
-    n_params=8030261248,
-    file_bytes=4920733696,
-    n_layer=32,
-    layer_bytes=140 * MIB,
-    output_bytes=400 * MIB,
-    kv_bytes_per_token=128 * 1024,
-    n_ctx_train=131072,
-    n_embd=4096,
-    n_vocab=128256,
-    ftype="Q4_K - Medium",
+    name="/models/llmb-sim-8b-q4_k_m.gguf", n_params=8030261248, file_bytes=4920733696,
+    n_layer=32, layer_bytes=140 * MIB, output_bytes=400 * MIB, kv_bytes_per_token=128 * 1024,
+    n_ctx_train=131072, n_embd=4096, n_vocab=128256, ftype="Q4_K - Medium",
 )
-
 BIG_32B = ModelSpec(
-    name="/models/llmb-sim-32b-q8_0.gguf",
-    n_params=32763876352,
-    file_bytes=34820000000,
-    n_layer=64,
-    layer_bytes=512 * MIB,
-    output_bytes=1 * GIB,
-    kv_bytes_per_token=256 * 1024,
-    n_ctx_train=131072,
-    n_embd=5120,
-    n_vocab=152064,
-    ftype="Q8_0",
+    name="/models/llmb-sim-32b-q8_0.gguf", n_params=32763876352, file_bytes=34820000000,
+    n_layer=64, layer_bytes=512 * MIB, output_bytes=1 * GIB, kv_bytes_per_token=256 * 1024,
+    n_ctx_train=131072, n_embd=5120, n_vocab=152064, ftype="Q8_0",
 )
+# fmt: on
 
 # Shapes written by `llmb-synth-model` (numbers from its plan;
 # tests/integration/test_sim_moe.py checks them against tools.synth_model): per-layer
 # bytes, routed experts, output layer, embedding table.
+QWEN3_VOCAB = 151936
+QWEN3_HEAD_DIM = 128
 QWEN3_30B_A3B_HF: dict[str, object] = {
     "architectures": ["Qwen3MoeForCausalLM"],
     "attention_bias": False,
     "bos_token_id": 151643,
     "decoder_sparse_step": 1,
     "eos_token_id": 151645,
-    "head_dim": 128,
+    "head_dim": QWEN3_HEAD_DIM,
     "hidden_act": "silu",
     "hidden_size": 2048,
     "intermediate_size": 6144,
@@ -88,36 +71,12 @@ QWEN3_30B_A3B_HF: dict[str, object] = {
     "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
     "use_sliding_window": False,
-    "vocab_size": 151936,
+    "vocab_size": QWEN3_VOCAB,
 }
-
-QWEN3_30B_A3B_Q8 = ModelSpec(
-    name="/models/qwen3-30b-a3b-synthetic-q8_0.gguf",
-    n_params=30532122624,
-    file_bytes=32477962240,  # tensor data, llama-server's `size`
-    n_layer=48,
-    layer_bytes=662848512,
-    output_bytes=330620928,
-    kv_bytes_per_token=98304,  # 48 layers x 4 KV heads x 128 x (K+V) x 2 bytes
-    n_ctx_train=40960,
-    n_embd=2048,
-    n_vocab=151936,
-    ftype="Q8_0",
-    # bf16 weights a step may read (the 0.62 GB embedding table is only read by rows)
-    sglang_weight_bytes=2 * (30532122624 - 151936 * 2048),
-    expert_count=128,
-    expert_used=8,
-    routed_layer_bytes=641728512,
-    token_embd_bytes=330612736,
-    token_row_bytes=2176,
-    gguf_like=("qwen3-30b-a3b", "q8_0"),
-    hf_config=QWEN3_30B_A3B_HF,
-)
-
 QWEN3_DENSE_HF: dict[str, object] = {
     "architectures": ["Qwen3ForCausalLM"],
     "attention_bias": False,
-    "head_dim": 128,
+    "head_dim": QWEN3_HEAD_DIM,
     "hidden_act": "silu",
     "max_position_embeddings": 40960,
     "model_type": "qwen3",
@@ -128,60 +87,58 @@ QWEN3_DENSE_HF: dict[str, object] = {
     "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
     "use_sliding_window": False,
-    "vocab_size": 151936,
+    "vocab_size": QWEN3_VOCAB,
 }
 
-QWEN3_8B_Q4 = ModelSpec(
-    name="/models/qwen3-8b-synthetic-q4_0.gguf",
-    n_params=8190735360,
-    file_bytes=4608348160,
-    n_layer=36,
-    layer_bytes=108561408,
-    output_bytes=350076928,
-    kv_bytes_per_token=147456,  # 36 x 8 x 128 x 2 x 2
-    n_ctx_train=40960,
-    n_embd=4096,
-    n_vocab=151936,
-    ftype="Q4_0",
-    sglang_weight_bytes=2 * (8190735360 - 151936 * 4096),
-    token_embd_bytes=350060544,
-    token_row_bytes=2304,
-    gguf_like=("qwen3-8b", "q4_0"),
-    hf_config={
-        **QWEN3_DENSE_HF,
-        "hidden_size": 4096,
-        "intermediate_size": 12288,
-        "num_attention_heads": 32,
-        "num_hidden_layers": 36,
-        "max_window_layers": 36,
-    },
-)
 
-QWEN3_32B_Q8 = ModelSpec(
-    name="/models/qwen3-32b-synthetic-q8_0.gguf",
-    n_params=32762123264,
-    file_bytes=34811744256,
-    n_layer=64,
-    layer_bytes=518104064,
-    output_bytes=826552320,
-    kv_bytes_per_token=262144,  # 64 x 8 x 128 x 2 x 2
-    n_ctx_train=40960,
-    n_embd=5120,
-    n_vocab=151936,
-    ftype="Q8_0",
-    sglang_weight_bytes=2 * (32762123264 - 151936 * 5120),
-    token_embd_bytes=826531840,
-    token_row_bytes=5440,
-    gguf_like=("qwen3-32b", "q8_0"),
-    hf_config={
-        **QWEN3_DENSE_HF,
-        "hidden_size": 5120,
-        "intermediate_size": 25600,
-        "num_attention_heads": 64,
-        "num_hidden_layers": 64,
-        "max_window_layers": 64,
-    },
+def _qwen3(like: str, wtype: str, hf: dict[str, object], **sizes: Any) -> ModelSpec:
+    """A Qwen3 shape as `llmb-synth-model --like LIKE --type WTYPE` writes it.
+
+    `sizes` are the plan's numbers (n_params, file_bytes, layer_bytes, output_bytes and the MoE
+    fields); the rest follows from the HF config: KV bytes per token (layers x KV heads x head
+    dim x K+V x 16 bits), SGLang's bf16 weights a step may read (all but the embedding table,
+    which it reads by rows), the untied embedding table (the output layer less its f32 norm)
+    and one embedding row in the weight type.
+    """
+    n_layer, n_embd = int(hf["num_hidden_layers"]), int(hf["hidden_size"])  # type: ignore[call-overload]
+    kv_heads = int(hf["num_key_value_heads"])  # type: ignore[call-overload]
+    return ModelSpec(
+        name=f"/models/{like}-synthetic-{wtype}.gguf",
+        n_layer=n_layer,
+        kv_bytes_per_token=n_layer * kv_heads * QWEN3_HEAD_DIM * 2 * 2,
+        n_ctx_train=int(hf["max_position_embeddings"]),  # type: ignore[call-overload]
+        n_embd=n_embd,
+        n_vocab=QWEN3_VOCAB,
+        ftype=wtype.upper(),
+        sglang_weight_bytes=2 * (sizes["n_params"] - QWEN3_VOCAB * n_embd),
+        token_embd_bytes=sizes["output_bytes"] - 4 * n_embd,
+        token_row_bytes=int(n_embd * LLAMACPP_KV_BYTES[wtype]),
+        gguf_like=(like, wtype),
+        hf_config=hf,
+        **sizes,
+    )
+
+
+# fmt: off
+QWEN3_30B_A3B_Q8 = _qwen3(
+    "qwen3-30b-a3b", "q8_0", QWEN3_30B_A3B_HF,
+    n_params=30532122624, file_bytes=32477962240,  # tensor data, llama-server's `size`
+    layer_bytes=662848512, output_bytes=330620928,
+    expert_count=128, expert_used=8, routed_layer_bytes=641728512,
 )
+QWEN3_8B_Q4 = _qwen3(
+    "qwen3-8b", "q4_0",
+    {**QWEN3_DENSE_HF, "hidden_size": 4096, "intermediate_size": 12288,
+     "num_attention_heads": 32, "num_hidden_layers": 36, "max_window_layers": 36},
+    n_params=8190735360, file_bytes=4608348160, layer_bytes=108561408, output_bytes=350076928,
+)
+QWEN3_32B_Q8 = _qwen3(
+    "qwen3-32b", "q8_0",
+    {**QWEN3_DENSE_HF, "hidden_size": 5120, "intermediate_size": 25600,
+     "num_attention_heads": 64, "num_hidden_layers": 64, "max_window_layers": 64},
+    n_params=32762123264, file_bytes=34811744256, layer_bytes=518104064, output_bytes=826552320,
+)
+# fmt: on
 # The draft: Qwen3-0.6B in Q8_0 (`llmb-synth-model --like qwen3-0.6b --type q8_0`): 0.60 B
 # parameters, the tied 151936 x 1024 embedding read every step as the output projection.
 QWEN3_06B_Q8_BYTES = 633_495_552
@@ -190,41 +147,25 @@ QWEN3_06B_KV_BYTES_PER_TOKEN = 28 * 8 * 128 * 2 * 2
 # head is the target's.
 EAGLE_32B_BYTES = 700_000_000
 
+# -- cards -------------------------------------------------------------------------------------
+# fmt: off
 H200 = GpuSpec(
-    name="NVIDIA H200",
-    total_bytes=150754820096,
-    bandwidth=4.8e12,
-    bus_width=6016,
-    mem_clock_mhz=3201,
-    uuid="GPU-5e1a0000-11b0-4000-8000-000000000200",
-    idle_power_mw=75000,
-    max_power_mw=700000,
+    name="NVIDIA H200", total_bytes=150754820096, bandwidth=4.8e12, bus_width=6016,
+    mem_clock_mhz=3201, uuid="GPU-5e1a0000-11b0-4000-8000-000000000200",
+    idle_power_mw=75000, max_power_mw=700000,
 )
-
 L40S = GpuSpec(
-    name="NVIDIA L40S",
-    total_bytes=48305799168,
-    bandwidth=864e9,
-    bus_width=384,
-    mem_clock_mhz=9001,
-    uuid="GPU-5e1a0000-11b0-4000-8000-00000000040a",
-    reserved_bytes=515899392,
-    idle_power_mw=35000,
-    max_power_mw=350000,
+    name="NVIDIA L40S", total_bytes=48305799168, bandwidth=864e9, bus_width=384,
+    mem_clock_mhz=9001, uuid="GPU-5e1a0000-11b0-4000-8000-00000000040a",
+    reserved_bytes=515899392, idle_power_mw=35000, max_power_mw=350000,
 )
-
 # The seed's case: a 72 GB card whose memory bandwidth is 1.344e12 B/s (512-bit bus).
 RTX_PRO_5000 = GpuSpec(
-    name="NVIDIA RTX PRO 5000 Blackwell",
-    total_bytes=72 * GIB,
-    bandwidth=1.344e12,
-    bus_width=512,
-    mem_clock_mhz=10500,
-    uuid="GPU-5e1a0000-11b0-4000-8000-000000005000",
-    reserved_bytes=515899392,
-    idle_power_mw=30000,
-    max_power_mw=300000,
+    name="NVIDIA RTX PRO 5000 Blackwell", total_bytes=72 * GIB, bandwidth=1.344e12, bus_width=512,
+    mem_clock_mhz=10500, uuid="GPU-5e1a0000-11b0-4000-8000-000000005000",
+    reserved_bytes=515899392, idle_power_mw=30000, max_power_mw=300000,
 )
+# fmt: on
 
 
 @dataclass(frozen=True)
@@ -250,46 +191,49 @@ def _fast(**kw: Any) -> EngineParams:
     )
 
 
+def _sglang(**kw: Any) -> EngineParams:
+    """SGLang of the card presets: no llama.cpp compute buffer (its graphs are `graph_bytes`)."""
+    return EngineParams(compute_buffer_bytes=0, **kw)
+
+
+# -- presets -----------------------------------------------------------------------------------
+# Each: name, description, model, card, llama.cpp parameters, SGLang parameters.
+# fmt: off
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
         Scenario(
             "healthy",
             "8B Q4 on an L40S: every layer on the GPU, room in the KV cache and in the slots.",
-            MID_8B,
-            L40S,
+            MID_8B, L40S,
             _fast(n_slots=4, ctx_total=32768),
             _fast(n_slots=32, ctx_total=200000, context_len=8192),
         ),
         Scenario(
             "weights_not_resident",
             "Same model, only 10 of 33 layers on the GPU: host-memory reads dominate decode.",
-            MID_8B,
-            L40S,
+            MID_8B, L40S,
             _fast(n_slots=4, ctx_total=16384, n_gpu_layers=10),
             _fast(n_slots=32, ctx_total=40000, n_gpu_layers=10),
         ),
         Scenario(
             "kv_saturated",
             "Small KV pool: running sequences fill it and new requests wait for space.",
-            MID_8B,
-            L40S,
+            MID_8B, L40S,
             _fast(n_slots=4, ctx_total=4096, kv_unified=True),
             _fast(n_slots=64, ctx_total=8192, context_len=4096),
         ),
         Scenario(
             "scheduling_bound",
             "Two slots / two running requests with a large, mostly empty KV cache.",
-            MID_8B,
-            L40S,
+            MID_8B, L40S,
             _fast(n_slots=2, ctx_total=65536),
             _fast(n_slots=2, ctx_total=200000, context_len=8192),
         ),
         Scenario(
             "decode_bound",
             "32B Q8 on an L40S: fits, no queue, but each step reads 35 GB at 864 GB/s.",
-            BIG_32B,
-            L40S,
+            BIG_32B, L40S,
             _fast(n_slots=4, ctx_total=16384),
             _fast(n_slots=32, ctx_total=16384, context_len=8192),
         ),
@@ -297,85 +241,43 @@ SCENARIOS: dict[str, Scenario] = {
             "h200-gemma3-27b",
             "Gemma 3 27B shapes, Q4_0, on an H200: numbers of the real captures "
             "(use -np/-c/-ngl/--kv-unified as in the capture runs).",
-            GEMMA3_27B_Q4,
-            H200,
+            GEMMA3_27B_Q4, H200,
             EngineParams(n_slots=1, ctx_total=8192, compute_buffer_bytes=177 * MIB),
-            EngineParams(
-                n_slots=48,
-                ctx_total=463552,
-                context_len=8192,
-                graph_bytes=int(0.83 * GIB),
-                compute_buffer_bytes=0,
-            ),
+            _sglang(n_slots=48, ctx_total=463552, context_len=8192, graph_bytes=int(0.83 * GIB)),
         ),
         Scenario(
             "rtx-pro-5000-27b",
             "A 27B model on a 72 GB card at 1.344e12 B/s (the seed's case).",
-            GEMMA3_27B_Q4,
-            RTX_PRO_5000,
+            GEMMA3_27B_Q4, RTX_PRO_5000,
             EngineParams(n_slots=4, ctx_total=32768, prefill_tok_s=1500.0),
-            EngineParams(
-                n_slots=48,
-                ctx_total=61800,
-                context_len=8192,
-                prefill_tok_s=1500.0,
-                graph_bytes=int(0.5 * GIB),
-                compute_buffer_bytes=0,
-            ),
+            _sglang(n_slots=48, ctx_total=61800, context_len=8192, prefill_tok_s=1500.0,
+                    graph_bytes=int(0.5 * GIB)),
         ),
         Scenario(
             "moe_below_limit",
             "Qwen3-30B-A3B shapes (128 experts, 8 used) in Q8_0 on an H200, MoE kernels with "
             "the per-layer cost llama.cpp showed on the real card (238.6 tok/s at batch 1): "
             "about 16 % of the active-weight roofline.",
-            QWEN3_30B_A3B_Q8,
-            H200,
-            EngineParams(
-                n_slots=4,
-                ctx_total=32768,
-                step_overhead_s=0.0010,
-                per_seq_overhead_s=0.00035,
-                moe_layer_overhead_s=45e-6,
-                prefill_tok_s=6000.0,
-            ),
-            EngineParams(
-                n_slots=32,
-                ctx_total=200000,
-                context_len=32768,
-                step_overhead_s=0.0015,
-                per_seq_overhead_s=0.0002,
-                moe_layer_overhead_s=60e-6,
-                prefill_tok_s=12000.0,
-                graph_bytes=0,
-                compute_buffer_bytes=0,
-            ),
+            QWEN3_30B_A3B_Q8, H200,
+            EngineParams(n_slots=4, ctx_total=32768, prefill_tok_s=6000.0,
+                         step_overhead_s=0.0010, per_seq_overhead_s=0.00035,
+                         moe_layer_overhead_s=45e-6),
+            _sglang(n_slots=32, ctx_total=200000, context_len=32768, prefill_tok_s=12000.0,
+                    step_overhead_s=0.0015, per_seq_overhead_s=0.0002,
+                    moe_layer_overhead_s=60e-6, graph_bytes=0),
         ),
         Scenario(
             "moe_at_limit",
             "The same MoE model on a 72 GB card at 1.344e12 B/s, with fused MoE kernels and "
             "CUDA graphs: decode near the bandwidth limit of the bytes actually read "
             "(attention, router, output and the experts the batch routes to).",
-            QWEN3_30B_A3B_Q8,
-            RTX_PRO_5000,
-            EngineParams(
-                n_slots=8,
-                ctx_total=32768,
-                step_overhead_s=0.0004,
-                per_seq_overhead_s=0.00005,
-                moe_layer_overhead_s=5e-6,
-                prefill_tok_s=12000.0,
-            ),
-            EngineParams(
-                n_slots=32,
-                ctx_total=60000,
-                context_len=32768,
-                step_overhead_s=0.0006,
-                per_seq_overhead_s=0.00005,
-                moe_layer_overhead_s=3e-6,
-                prefill_tok_s=16000.0,
-                graph_bytes=int(0.6 * GIB),
-                compute_buffer_bytes=0,
-            ),
+            QWEN3_30B_A3B_Q8, RTX_PRO_5000,
+            EngineParams(n_slots=8, ctx_total=32768, prefill_tok_s=12000.0,
+                         step_overhead_s=0.0004, per_seq_overhead_s=0.00005,
+                         moe_layer_overhead_s=5e-6),
+            _sglang(n_slots=32, ctx_total=60000, context_len=32768, prefill_tok_s=16000.0,
+                    step_overhead_s=0.0006, per_seq_overhead_s=0.00005,
+                    moe_layer_overhead_s=3e-6, graph_bytes=int(0.6 * GIB)),
         ),
         Scenario(
             "moe_experts_on_host",
@@ -383,29 +285,13 @@ SCENARIOS: dict[str, Scenario] = {
             "--n-cpu-moe 20 keeps the routed experts of 20 of its 48 layers in host memory "
             "(12.8 GB) to make room, so every step reads their share from host RAM; SGLang "
             "offloads whole layers of its bf16 weights (--cpu-offload-gb).",
-            QWEN3_30B_A3B_Q8,
-            L40S,
-            EngineParams(
-                n_slots=4,
-                ctx_total=131072,
-                n_cpu_moe=20,
-                step_overhead_s=0.0010,
-                per_seq_overhead_s=0.0003,
-                moe_layer_overhead_s=10e-6,
-                prefill_tok_s=1500.0,
-            ),
-            EngineParams(
-                n_slots=8,
-                ctx_total=16000,
-                context_len=8192,
-                n_gpu_layers=15,
-                step_overhead_s=0.0015,
-                per_seq_overhead_s=0.0002,
-                moe_layer_overhead_s=10e-6,
-                prefill_tok_s=1500.0,
-                graph_bytes=0,
-                compute_buffer_bytes=0,
-            ),
+            QWEN3_30B_A3B_Q8, L40S,
+            EngineParams(n_slots=4, ctx_total=131072, n_cpu_moe=20, prefill_tok_s=1500.0,
+                         step_overhead_s=0.0010, per_seq_overhead_s=0.0003,
+                         moe_layer_overhead_s=10e-6),
+            _sglang(n_slots=8, ctx_total=16000, context_len=8192, n_gpu_layers=15,
+                    prefill_tok_s=1500.0, step_overhead_s=0.0015, per_seq_overhead_s=0.0002,
+                    moe_layer_overhead_s=10e-6, graph_bytes=0),
         ),
         Scenario(
             "spec_decode",
@@ -413,45 +299,28 @@ SCENARIOS: dict[str, Scenario] = {
             "SGLang: an EAGLE head) proposing 4 tokens per step, each accepted with p = 0.75: "
             "about 3 tokens per weight read, so per-sequence speed is above weights / bandwidth "
             "while each target step runs near the card's limit.",
-            QWEN3_32B_Q8,
-            H200,
-            EngineParams(
-                n_slots=4,
-                ctx_total=16384,
-                step_overhead_s=0.0015,
-                per_seq_overhead_s=0.0003,
-                spec_draft_max=4,
-                spec_accept_p=0.75,
-                draft_bytes=QWEN3_06B_Q8_BYTES,
-                draft_kv_bytes_per_token=QWEN3_06B_KV_BYTES_PER_TOKEN,
-                draft_step_overhead_s=0.0005,
-            ),
-            EngineParams(
-                n_slots=16,
-                ctx_total=200000,
-                context_len=8192,
-                step_overhead_s=0.0008,
-                per_seq_overhead_s=0.0001,
-                spec_draft_max=4,
-                spec_accept_p=0.75,
-                draft_bytes=EAGLE_32B_BYTES,
-                draft_step_overhead_s=0.0003,
-                graph_bytes=int(0.8 * GIB),
-                compute_buffer_bytes=0,
-            ),
+            QWEN3_32B_Q8, H200,
+            EngineParams(n_slots=4, ctx_total=16384, step_overhead_s=0.0015,
+                         per_seq_overhead_s=0.0003, spec_draft_max=4, spec_accept_p=0.75,
+                         draft_bytes=QWEN3_06B_Q8_BYTES, draft_step_overhead_s=0.0005,
+                         draft_kv_bytes_per_token=QWEN3_06B_KV_BYTES_PER_TOKEN),
+            _sglang(n_slots=16, ctx_total=200000, context_len=8192, step_overhead_s=0.0008,
+                    per_seq_overhead_s=0.0001, spec_draft_max=4, spec_accept_p=0.75,
+                    draft_bytes=EAGLE_32B_BYTES, draft_step_overhead_s=0.0003,
+                    graph_bytes=int(0.8 * GIB)),
         ),
         Scenario(
             "kv_quantized",
             "Qwen3-8B shapes in Q4_0 on an L40S with an 8-bit KV cache (llama.cpp -ctk q8_0 "
             "-ctv q8_0, SGLang --kv-cache-dtype fp8_e5m2): the KV buffer is about half the "
             "16-bit estimate.",
-            QWEN3_8B_Q4,
-            L40S,
+            QWEN3_8B_Q4, L40S,
             _fast(n_slots=4, ctx_total=32768, cache_type_k="q8_0", cache_type_v="q8_0"),
             _fast(n_slots=32, ctx_total=200000, context_len=32768, kv_cache_dtype="fp8_e5m2"),
         ),
     )
 }
+# fmt: on
 
 
 def get(name: str) -> Scenario:
