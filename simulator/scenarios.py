@@ -43,29 +43,13 @@ BIG_32B = ModelSpec(
 # bytes, routed experts, output layer, embedding table.
 QWEN3_VOCAB = 151936
 QWEN3_HEAD_DIM = 128
-QWEN3_30B_A3B_HF: dict[str, object] = {
-    "architectures": ["Qwen3MoeForCausalLM"],
+# What every Qwen3 config.json says (the files list keys in order).
+_QWEN3_HF: dict[str, object] = {
     "attention_bias": False,
-    "bos_token_id": 151643,
-    "decoder_sparse_step": 1,
-    "eos_token_id": 151645,
     "head_dim": QWEN3_HEAD_DIM,
     "hidden_act": "silu",
-    "hidden_size": 2048,
-    "intermediate_size": 6144,
     "max_position_embeddings": 40960,
-    "max_window_layers": 48,
-    "mlp_only_layers": [],
-    "model_type": "qwen3_moe",
-    "moe_intermediate_size": 768,
-    "norm_topk_prob": True,
-    "num_attention_heads": 32,
-    "num_experts": 128,
-    "num_experts_per_tok": 8,
-    "num_hidden_layers": 48,
-    "num_key_value_heads": 4,
     "rms_norm_eps": 1e-06,
-    "rope_scaling": None,
     "rope_theta": 1000000.0,
     "sliding_window": None,
     "tie_word_embeddings": False,
@@ -73,22 +57,20 @@ QWEN3_30B_A3B_HF: dict[str, object] = {
     "use_sliding_window": False,
     "vocab_size": QWEN3_VOCAB,
 }
-QWEN3_DENSE_HF: dict[str, object] = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "attention_bias": False,
-    "head_dim": QWEN3_HEAD_DIM,
-    "hidden_act": "silu",
-    "max_position_embeddings": 40960,
-    "model_type": "qwen3",
+# fmt: off
+QWEN3_30B_A3B_HF: dict[str, object] = dict(sorted({
+    **_QWEN3_HF, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+    "bos_token_id": 151643, "eos_token_id": 151645, "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+    "num_attention_heads": 32, "num_key_value_heads": 4, "num_hidden_layers": 48,
+    "max_window_layers": 48, "num_experts": 128, "num_experts_per_tok": 8,
+    "norm_topk_prob": True, "rope_scaling": None,
+}.items()))
+QWEN3_DENSE_HF: dict[str, object] = dict(sorted({
+    **_QWEN3_HF, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
     "num_key_value_heads": 8,
-    "rms_norm_eps": 1e-06,
-    "rope_theta": 1000000.0,
-    "sliding_window": None,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-    "use_sliding_window": False,
-    "vocab_size": QWEN3_VOCAB,
-}
+}.items()))
+# fmt: on
 
 
 def _qwen3(like: str, wtype: str, hf: dict[str, object], **sizes: Any) -> ModelSpec:
@@ -196,47 +178,53 @@ def _sglang(**kw: Any) -> EngineParams:
     return EngineParams(compute_buffer_bytes=0, **kw)
 
 
+def _moe(step_s: float, per_seq_s: float, layer_s: float, prefill_tok_s: float) -> dict[str, Any]:
+    """Costs of the MoE presets: per step, per sequence, per MoE layer and step; prefill speed."""
+    return {
+        "step_overhead_s": step_s,
+        "per_seq_overhead_s": per_seq_s,
+        "moe_layer_overhead_s": layer_s,
+        "prefill_tok_s": prefill_tok_s,
+    }
+
+
 # -- presets -----------------------------------------------------------------------------------
-# Each: name, description, model, card, llama.cpp parameters, SGLang parameters.
+# The generic presets: a made-up 8B (decode_bound: 32B) on an L40S with `_fast` costs.
 # fmt: off
+_GENERIC_MODEL = {"healthy": MID_8B, "weights_not_resident": MID_8B, "kv_saturated": MID_8B,
+                  "scheduling_bound": MID_8B, "decode_bound": BIG_32B}
+_GENERIC_ABOUT = {
+    "healthy":
+        "8B Q4 on an L40S: every layer on the GPU, room in the KV cache and in the slots.",
+    "weights_not_resident":
+        "Same model, only 10 of 33 layers on the GPU: host-memory reads dominate decode.",
+    "kv_saturated": "Small KV pool: running sequences fill it and new requests wait for space.",
+    "scheduling_bound": "Two slots / two running requests with a large, mostly empty KV cache.",
+    "decode_bound": "32B Q8 on an L40S: fits, no queue, but each step reads 35 GB at 864 GB/s.",
+}
+_GENERIC_LLAMACPP = {
+    "healthy": _fast(n_slots=4, ctx_total=32768),
+    "weights_not_resident": _fast(n_slots=4, ctx_total=16384, n_gpu_layers=10),
+    "kv_saturated": _fast(n_slots=4, ctx_total=4096, kv_unified=True),
+    "scheduling_bound": _fast(n_slots=2, ctx_total=65536),
+    "decode_bound": _fast(n_slots=4, ctx_total=16384),
+}
+_GENERIC_SGLANG = {
+    "healthy": _fast(n_slots=32, ctx_total=200000, context_len=8192),
+    "weights_not_resident": _fast(n_slots=32, ctx_total=40000, n_gpu_layers=10),
+    "kv_saturated": _fast(n_slots=64, ctx_total=8192, context_len=4096),
+    "scheduling_bound": _fast(n_slots=2, ctx_total=200000, context_len=8192),
+    "decode_bound": _fast(n_slots=32, ctx_total=16384, context_len=8192),
+}
+# The card presets: a real shape on a real card. Each: name, description, model, card,
+# llama.cpp parameters, SGLang parameters.
 SCENARIOS: dict[str, Scenario] = {
-    s.name: s
-    for s in (
-        Scenario(
-            "healthy",
-            "8B Q4 on an L40S: every layer on the GPU, room in the KV cache and in the slots.",
-            MID_8B, L40S,
-            _fast(n_slots=4, ctx_total=32768),
-            _fast(n_slots=32, ctx_total=200000, context_len=8192),
-        ),
-        Scenario(
-            "weights_not_resident",
-            "Same model, only 10 of 33 layers on the GPU: host-memory reads dominate decode.",
-            MID_8B, L40S,
-            _fast(n_slots=4, ctx_total=16384, n_gpu_layers=10),
-            _fast(n_slots=32, ctx_total=40000, n_gpu_layers=10),
-        ),
-        Scenario(
-            "kv_saturated",
-            "Small KV pool: running sequences fill it and new requests wait for space.",
-            MID_8B, L40S,
-            _fast(n_slots=4, ctx_total=4096, kv_unified=True),
-            _fast(n_slots=64, ctx_total=8192, context_len=4096),
-        ),
-        Scenario(
-            "scheduling_bound",
-            "Two slots / two running requests with a large, mostly empty KV cache.",
-            MID_8B, L40S,
-            _fast(n_slots=2, ctx_total=65536),
-            _fast(n_slots=2, ctx_total=200000, context_len=8192),
-        ),
-        Scenario(
-            "decode_bound",
-            "32B Q8 on an L40S: fits, no queue, but each step reads 35 GB at 864 GB/s.",
-            BIG_32B, L40S,
-            _fast(n_slots=4, ctx_total=16384),
-            _fast(n_slots=32, ctx_total=16384, context_len=8192),
-        ),
+    **{
+        name: Scenario(name, _GENERIC_ABOUT[name], model, L40S, _GENERIC_LLAMACPP[name],
+                       _GENERIC_SGLANG[name])
+        for name, model in _GENERIC_MODEL.items()
+    },
+    **{s.name: s for s in (
         Scenario(
             "h200-gemma3-27b",
             "Gemma 3 27B shapes, Q4_0, on an H200: numbers of the real captures "
@@ -259,12 +247,9 @@ SCENARIOS: dict[str, Scenario] = {
             "the per-layer cost llama.cpp showed on the real card (238.6 tok/s at batch 1): "
             "about 16 % of the active-weight roofline.",
             QWEN3_30B_A3B_Q8, H200,
-            EngineParams(n_slots=4, ctx_total=32768, prefill_tok_s=6000.0,
-                         step_overhead_s=0.0010, per_seq_overhead_s=0.00035,
-                         moe_layer_overhead_s=45e-6),
-            _sglang(n_slots=32, ctx_total=200000, context_len=32768, prefill_tok_s=12000.0,
-                    step_overhead_s=0.0015, per_seq_overhead_s=0.0002,
-                    moe_layer_overhead_s=60e-6, graph_bytes=0),
+            EngineParams(n_slots=4, ctx_total=32768, **_moe(0.0010, 0.00035, 45e-6, 6000.0)),
+            _sglang(n_slots=32, ctx_total=200000, context_len=32768, graph_bytes=0,
+                    **_moe(0.0015, 0.0002, 60e-6, 12000.0)),
         ),
         Scenario(
             "moe_at_limit",
@@ -272,12 +257,9 @@ SCENARIOS: dict[str, Scenario] = {
             "CUDA graphs: decode near the bandwidth limit of the bytes actually read "
             "(attention, router, output and the experts the batch routes to).",
             QWEN3_30B_A3B_Q8, RTX_PRO_5000,
-            EngineParams(n_slots=8, ctx_total=32768, prefill_tok_s=12000.0,
-                         step_overhead_s=0.0004, per_seq_overhead_s=0.00005,
-                         moe_layer_overhead_s=5e-6),
-            _sglang(n_slots=32, ctx_total=60000, context_len=32768, prefill_tok_s=16000.0,
-                    step_overhead_s=0.0006, per_seq_overhead_s=0.00005,
-                    moe_layer_overhead_s=3e-6, graph_bytes=int(0.6 * GIB)),
+            EngineParams(n_slots=8, ctx_total=32768, **_moe(0.0004, 0.00005, 5e-6, 12000.0)),
+            _sglang(n_slots=32, ctx_total=60000, context_len=32768, graph_bytes=int(0.6 * GIB),
+                    **_moe(0.0006, 0.00005, 3e-6, 16000.0)),
         ),
         Scenario(
             "moe_experts_on_host",
@@ -286,12 +268,10 @@ SCENARIOS: dict[str, Scenario] = {
             "(12.8 GB) to make room, so every step reads their share from host RAM; SGLang "
             "offloads whole layers of its bf16 weights (--cpu-offload-gb).",
             QWEN3_30B_A3B_Q8, L40S,
-            EngineParams(n_slots=4, ctx_total=131072, n_cpu_moe=20, prefill_tok_s=1500.0,
-                         step_overhead_s=0.0010, per_seq_overhead_s=0.0003,
-                         moe_layer_overhead_s=10e-6),
-            _sglang(n_slots=8, ctx_total=16000, context_len=8192, n_gpu_layers=15,
-                    prefill_tok_s=1500.0, step_overhead_s=0.0015, per_seq_overhead_s=0.0002,
-                    moe_layer_overhead_s=10e-6, graph_bytes=0),
+            EngineParams(n_slots=4, ctx_total=131072, n_cpu_moe=20,
+                         **_moe(0.0010, 0.0003, 10e-6, 1500.0)),
+            _sglang(n_slots=8, ctx_total=16000, context_len=8192, n_gpu_layers=15, graph_bytes=0,
+                    **_moe(0.0015, 0.0002, 10e-6, 1500.0)),
         ),
         Scenario(
             "spec_decode",
@@ -318,7 +298,7 @@ SCENARIOS: dict[str, Scenario] = {
             _fast(n_slots=4, ctx_total=32768, cache_type_k="q8_0", cache_type_v="q8_0"),
             _fast(n_slots=32, ctx_total=200000, context_len=32768, kv_cache_dtype="fp8_e5m2"),
         ),
-    )
+    )},
 }
 # fmt: on
 
