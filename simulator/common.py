@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import random
 import secrets
 import string
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from simulator import gpu_state
-from simulator.model import Clock, Engine, EngineParams
+from simulator.model import Clock, Engine, EngineParams, Request
 from simulator.model_files import ModelFiles
 from simulator.scenarios import Scenario
 from simulator.tokenizer import Tokenizer
@@ -117,13 +119,25 @@ class SimBase:
         """The command line the fake NVML process shows (matched by the exporter)."""
         raise NotImplementedError
 
+    # The engine's HTTP API: (method, path, handler method name), in registration order.
+    ROUTES: tuple[tuple[str, str, str], ...] = ()
+
     def build_app(self) -> web.Application:
-        """The aiohttp application (routes added by the subclass)."""
+        """The aiohttp application: injected faults, the engine's middleware, `ROUTES`."""
         app = web.Application()
         app.middlewares.append(self._fault_middleware)
+        app.middlewares.append(self._middleware)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
+        add = {"GET": app.router.add_get, "POST": app.router.add_post}
+        for method, path, handler in self.ROUTES:
+            add[method](path, getattr(self, handler))
         return app
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """The engine's own checks (loading, API key); none here."""
+        return await handler(request)
 
     @web.middleware
     async def _fault_middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -216,3 +230,36 @@ def chat_prompt(messages: Any, bos: str) -> str:
 def sse(obj: Any) -> bytes:
     """One server-sent event carrying JSON."""
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+
+
+async def sse_start(request: web.Request) -> web.StreamResponse:
+    """Open a server-sent event stream."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    return resp
+
+
+async def read_object(request: web.Request, not_object: str) -> dict[str, Any] | str:
+    """The request's JSON object, or why there is none (each engine words its own error)."""
+    try:
+        body = json.loads(await request.text() or "{}")
+    except json.JSONDecodeError as exc:
+        return f"invalid JSON: {exc}"
+    return body if isinstance(body, dict) else not_object
+
+
+@contextlib.asynccontextmanager
+async def client_stream(abort: Callable[[Request], None], req: Request) -> AsyncIterator[None]:
+    """Around the writes of a stream: a client that goes away ends it quietly, and the request
+    is aborted however the stream ends (a finished one is left as it is)."""
+    try:
+        yield
+    except ConnectionResetError:
+        pass  # the client went away
+    finally:
+        abort(req)
+
+
+def finish_reason(req: Request) -> str:
+    """OpenAI `finish_reason` of a finished request."""
+    return "stop" if req.finish == "stop" else "length"
