@@ -13,7 +13,7 @@ import string
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -23,6 +23,7 @@ from simulator.model_files import ModelFiles
 from simulator.scenarios import Scenario
 from simulator.tokenizer import Tokenizer
 
+Handler = TypeVar("Handler", bound=Callable[..., Any])
 FAULT_NAMES = ("error_rate", "hang_rate", "stream_cut_rate", "metrics_garbage_rate")
 GARBAGE_METRICS = "# HELP broken\nthis is { not prometheus text\n"
 LOG = logging.getLogger("llmb-sim")
@@ -86,10 +87,22 @@ class SimOptions:
     faults: Faults = field(default_factory=Faults)
 
 
+def route(method: str, *paths: str) -> Callable[[Handler], Handler]:
+    """Serve `method` ("GET" or "POST") `paths` with the decorated engine method."""
+
+    def mark(handler: Handler) -> Handler:
+        handler.sim_route = (method, paths)  # type: ignore[attr-defined]
+        return handler
+
+    return mark
+
+
 class SimBase:
     """Engine + clock + GPU state file; subclasses add the HTTP routes."""
 
     kind = ""
+    # JSON documents the engine answers on GET: (function of the simulator, its paths).
+    DOCUMENTS: tuple[tuple[Callable[[Any], Any], tuple[str, ...]], ...] = ()
 
     def __init__(self, opts: SimOptions):
         self.opts = opts
@@ -119,20 +132,28 @@ class SimBase:
         """The command line the fake NVML process shows (matched by the exporter)."""
         raise NotImplementedError
 
-    # The engine's HTTP API: (method, path, handler method name), in registration order.
-    ROUTES: tuple[tuple[str, str, str], ...] = ()
-
     def build_app(self) -> web.Application:
-        """The aiohttp application: injected faults, the engine's middleware, `ROUTES`."""
+        """The aiohttp application: injected faults, the engine's middleware, its `@route`s."""
         app = web.Application()
         app.middlewares.append(self._fault_middleware)
         app.middlewares.append(self._middleware)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         add = {"GET": app.router.add_get, "POST": app.router.add_post}
-        for method, path, handler in self.ROUTES:
-            add[method](path, getattr(self, handler))
+        for name, attr in vars(type(self)).items():
+            method, paths = getattr(attr, "sim_route", ("GET", ()))
+            for path in paths:
+                add[method](path, getattr(self, name))
+        for document, doc_paths in self.DOCUMENTS:
+            for path in doc_paths:
+                app.router.add_get(path, self._document_handler(document))
         return app
+
+    def _document_handler(self, document: Callable[[Any], Any]) -> Callable[..., Any]:
+        async def answer(request: web.Request) -> web.Response:
+            return json_response(document(self))
+
+        return answer
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:

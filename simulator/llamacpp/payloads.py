@@ -106,6 +106,12 @@ def error(status: int, message: str, etype: str) -> web.Response:
     return json_response({"error": {"code": status, "message": message, "type": etype}}, status)
 
 
+def not_supported(endpoint: str, flag: str) -> web.Response:
+    """The 501 of an endpoint the server was started without."""
+    message = f"This server does not support {endpoint} endpoint. Start it with `{flag}`"
+    return error(501, message, "not_supported_error")
+
+
 def request_ms(req: Request) -> tuple[float, float]:
     """Prompt and generation milliseconds of a request (as its `timings` report them)."""
     start = req.admitted if req.admitted is not None else req.arrival

@@ -11,18 +11,8 @@ from typing import Any, TextIO
 
 from aiohttp import web
 
-from simulator.common import (
-    SimBase,
-    SimOptions,
-    chat_prompt,
-    client_stream,
-    finish_reason,
-    json_response,
-    random_id,
-    read_object,
-    sse,
-    sse_start,
-)
+from simulator import common
+from simulator.common import SimBase, SimOptions, route
 from simulator.llamacpp import logs, metrics, payloads
 from simulator.llamacpp.payloads import BOS, BUILD_INFO, error, timings, usage
 from simulator.model import Request, RequestError
@@ -34,21 +24,7 @@ class LlamaCppSim(SimBase):
     """A llama-server stand-in driven by the performance model."""
 
     kind = "llamacpp"
-    ROUTES = (
-        ("GET", "/health", "health"),
-        ("GET", "/v1/health", "health"),
-        ("GET", "/metrics", "metrics"),
-        ("GET", "/slots", "slots"),
-        ("GET", "/props", "props"),
-        ("GET", "/v1/models", "models"),
-        ("GET", "/models", "models"),
-        ("POST", "/tokenize", "tokenize"),
-        ("POST", "/completion", "completion"),
-        ("POST", "/completions", "completion"),
-        ("POST", "/v1/completions", "oai_completions"),
-        ("POST", "/v1/chat/completions", "chat"),
-        ("POST", "/chat/completions", "chat"),
-    )
+    DOCUMENTS = ((payloads.props, ("/props",)), (payloads.models, ("/v1/models", "/models")))
 
     def __init__(self, opts: SimOptions):
         super().__init__(opts)
@@ -96,7 +72,7 @@ class LlamaCppSim(SimBase):
         if not self.engine.ready():
             # key order of the real body differs from other errors (health_503_loading.json)
             body = {"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}
-            return json_response(body, 503)
+            return common.json_response(body, 503)
         key = self.opts.api_key
         if key and request.path not in PUBLIC_PATHS:
             auth = request.headers.get("Authorization", "")
@@ -105,18 +81,16 @@ class LlamaCppSim(SimBase):
                 return error(401, "Invalid API Key", "authentication_error")
         return await handler(request)
 
+    @route("GET", "/health", "/v1/health")
     async def health(self, request: web.Request) -> web.Response:
         """GET /health."""
-        return json_response({"status": "ok"})
+        return common.json_response({"status": "ok"})
 
+    @route("GET", "/metrics")
     async def metrics(self, request: web.Request) -> web.Response:
         """GET /metrics (501 unless metrics are enabled)."""
         if not self.opts.metrics:
-            return error(
-                501,
-                "This server does not support metrics endpoint. Start it with `--metrics`",
-                "not_supported_error",
-            )
+            return payloads.not_supported("metrics", "--metrics")
         resp = web.Response(text=metrics.render(self.engine))
         resp.headers["Content-Type"] = "text/plain; version=0.0.4"
         resp.headers["Process-Start-Time-Unix"] = str(self.t_start_us)
@@ -129,28 +103,20 @@ class LlamaCppSim(SimBase):
             params["speculative.types"] = "none,draft-simple"
         return params
 
+    @route("GET", "/slots")
     async def slots(self, request: web.Request) -> web.Response:
         """GET /slots (501 with --no-slots)."""
         if not self.opts.slots:
-            return error(
-                501,
-                "This server does not support slots endpoint. Start it with `--slots`",
-                "not_supported_error",
-            )
+            return payloads.not_supported("slots", "--slots")
         if request.query.get("fail_on_no_slot") and all(
             s.request is not None for s in self.engine.slots
         ):
             return error(503, "no slot available", "unavailable_error")
-        return json_response([payloads.slot_json(self, i) for i in range(len(self.engine.slots))])
+        return common.json_response(
+            [payloads.slot_json(self, i) for i in range(len(self.engine.slots))]
+        )
 
-    async def props(self, request: web.Request) -> web.Response:
-        """GET /props."""
-        return json_response(payloads.props(self))
-
-    async def models(self, request: web.Request) -> web.Response:
-        """GET /v1/models."""
-        return json_response(payloads.models(self))
-
+    @route("POST", "/tokenize")
     async def tokenize(self, request: web.Request) -> web.Response:
         """POST /tokenize."""
         body = await _json(request)
@@ -159,7 +125,7 @@ class LlamaCppSim(SimBase):
         text = str(body.get("content", ""))
         if body.get("add_special"):
             text = BOS + text
-        return json_response({"tokens": self.tokenizer.encode(text)})
+        return common.json_response({"tokens": self.tokenizer.encode(text)})
 
     # -- generation ------------------------------------------------------------------------------
     def _submit(self, body: dict[str, Any], prompt_text: str) -> Request | web.Response:
@@ -195,6 +161,7 @@ class LlamaCppSim(SimBase):
         if req.finish is not None:
             logs.release(self, req)
 
+    @route("POST", "/completion", "/completions")
     async def completion(self, request: web.Request) -> web.StreamResponse:
         """POST /completion (native API)."""
         body = await _json(request)
@@ -208,8 +175,8 @@ class LlamaCppSim(SimBase):
         if isinstance(req, web.Response):
             return req
         if req.stream:
-            resp = await sse_start(request)
-            async with client_stream(self.engine.abort, req):
+            resp = await common.sse_start(request)
+            async with common.client_stream(self.engine.abort, req):
                 cut = self.opts.faults.stream_cut()
                 while (token := await req.events.get()) is not None:
                     if cut is not None and len(req.generated) > cut:
@@ -223,14 +190,15 @@ class LlamaCppSim(SimBase):
                         "tokens_predicted": len(req.generated),
                         "tokens_evaluated": len(req.prompt),
                     }
-                    await resp.write(sse(chunk))
+                    await resp.write(common.sse(chunk))
                 await self._run(request, req)
                 final = payloads.completion(self, req, body, text, content="")
-                await resp.write(sse(final))
+                await resp.write(common.sse(final))
             return resp
         await self._run(request, req)
-        return json_response(payloads.completion(self, req, body, text))
+        return common.json_response(payloads.completion(self, req, body, text))
 
+    @route("POST", "/v1/completions")
     async def oai_completions(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/completions (OpenAI text completions)."""
         body = await _json(request)
@@ -241,13 +209,14 @@ class LlamaCppSim(SimBase):
             prompt = "".join(str(p) for p in prompt)
         return await self._oai(request, body, BOS + str(prompt), chat=False)
 
+    @route("POST", "/v1/chat/completions", "/chat/completions")
     async def chat(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/chat/completions."""
         body = await _json(request)
         if isinstance(body, web.Response):
             return body
         try:
-            text = chat_prompt(body.get("messages"), BOS)
+            text = common.chat_prompt(body.get("messages"), BOS)
         except (ValueError, AttributeError) as exc:
             return error(400, str(exc), "invalid_request_error")
         return await self._oai(request, body, text, chat=True)
@@ -260,10 +229,10 @@ class LlamaCppSim(SimBase):
         if isinstance(req, web.Response):
             return req
         if chat:
-            cid = "chatcmpl-" + random_id()
+            cid = "chatcmpl-" + common.random_id()
             obj = "chat.completion.chunk" if req.stream else "chat.completion"
         else:
-            cid, obj = "cmpl-" + random_id(), "text_completion"
+            cid, obj = "cmpl-" + common.random_id(), "text_completion"
         created = int(time.time())
 
         def wrap(choices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -279,7 +248,7 @@ class LlamaCppSim(SimBase):
         if req.stream:
             return await self._stream_oai(request, req, body, wrap, chat=chat)
         await self._run(request, req)
-        content, reason = self.tokenizer.decode(req.generated), finish_reason(req)
+        content, reason = self.tokenizer.decode(req.generated), common.finish_reason(req)
         message = {"role": "assistant", "content": content}
         choice: dict[str, Any] = (
             {"finish_reason": reason, "index": 0, "message": message}
@@ -290,22 +259,22 @@ class LlamaCppSim(SimBase):
         out["usage"] = usage(req)
         out["id"] = out.pop("id")
         out["timings"] = timings(req, self.speculative)
-        return json_response(out)
+        return common.json_response(out)
 
     async def _stream_oai(
         self, request: web.Request, req: Request, body: dict[str, Any], wrap: Any, chat: bool
     ) -> web.StreamResponse:
-        resp = await sse_start(request)
+        resp = await common.sse_start(request)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         per_token = bool(body.get("timings_per_token"))
-        async with client_stream(self.engine.abort, req):
+        async with common.client_stream(self.engine.abort, req):
             if chat:
                 first = {
                     "finish_reason": None,
                     "index": 0,
                     "delta": {"role": "assistant", "content": None},
                 }
-                await resp.write(sse(wrap([first])))
+                await resp.write(common.sse(wrap([first])))
             cut = self.opts.faults.stream_cut()
             while (token := await req.events.get()) is not None:
                 if cut is not None and len(req.generated) > cut:
@@ -322,24 +291,24 @@ class LlamaCppSim(SimBase):
                 chunk = wrap([choice])
                 if per_token:
                     chunk["timings"] = timings(req, self.speculative)
-                await resp.write(sse(chunk))
+                await resp.write(common.sse(chunk))
             await self._run(request, req)
-            reason = finish_reason(req)
+            reason = common.finish_reason(req)
             if chat:
                 last: dict[str, Any] = {"finish_reason": reason, "index": 0, "delta": {}}
             else:
                 last = {"text": "", "index": 0, "logprobs": None, "finish_reason": reason}
             chunk = wrap([last])
             if include_usage:
-                await resp.write(sse(chunk))
+                await resp.write(common.sse(chunk))
                 chunk = wrap([])
                 chunk["usage"] = usage(req)
             chunk["timings"] = timings(req, self.speculative)
-            await resp.write(sse(chunk))
+            await resp.write(common.sse(chunk))
             await resp.write(b"data: [DONE]\n\n")
         return resp
 
 
 async def _json(request: web.Request) -> dict[str, Any] | web.Response:
-    body = await read_object(request, "the body must be a JSON object")
+    body = await common.read_object(request, "the body must be a JSON object")
     return error(400, body, "invalid_request_error") if isinstance(body, str) else body

@@ -14,18 +14,8 @@ from aiohttp import web
 from prometheus_client.core import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from simulator.common import (
-    SimBase,
-    SimOptions,
-    chat_prompt,
-    client_stream,
-    finish_reason,
-    json_response,
-    random_id,
-    read_object,
-    sse,
-    sse_start,
-)
+from simulator import common
+from simulator.common import SimBase, SimOptions, route
 from simulator.model import Request, RequestError
 from simulator.sglang import payloads
 from simulator.sglang.metrics import SglangMetrics
@@ -36,18 +26,10 @@ class SglangSim(SimBase):
     """An SGLang stand-in driven by the performance model."""
 
     kind = "sglang"
-    ROUTES = (
-        ("GET", "/health", "health"),
-        ("GET", "/health_generate", "health"),
-        ("GET", "/metrics", "metrics"),
-        ("GET", "/server_info", "server_info"),
-        ("GET", "/get_server_info", "server_info"),
-        ("GET", "/model_info", "model_info"),
-        ("GET", "/get_model_info", "model_info"),
-        ("GET", "/v1/models", "models"),
-        ("POST", "/generate", "generate"),
-        ("POST", "/v1/chat/completions", "chat"),
-        ("POST", "/v1/completions", "completions"),
+    DOCUMENTS = (
+        (payloads.server_info, ("/server_info", "/get_server_info")),
+        (payloads.model_info, ("/model_info", "/get_model_info")),
+        (payloads.models, ("/v1/models",)),
     )
 
     def __init__(self, opts: SimOptions):
@@ -107,7 +89,7 @@ class SglangSim(SimBase):
                 auth = request.headers.get("Authorization", "")
                 if auth != f"Bearer {self.opts.api_key}":
                     status = 401
-                    return json_response({"error": "Unauthorized"}, 401)
+                    return common.json_response({"error": "Unauthorized"}, 401)
             resp = await handler(request)
             status = resp.status
             return resp
@@ -115,27 +97,17 @@ class SglangSim(SimBase):
             m.active[key] -= 1
             m.inc("sglang:http_responses", (*key, str(status)))
 
+    @route("GET", "/health", "/health_generate")
     async def health(self, request: web.Request) -> web.Response:
         """GET /health: empty 200 once ready."""
         return web.Response(status=200)
 
+    @route("GET", "/metrics")
     async def metrics(self, request: web.Request) -> web.Response:
         """GET /metrics in text 0.0.4 or OpenMetrics, as the Accept header asks."""
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
         body = encoder(self.registry)
         return web.Response(body=body, headers={"Content-Type": content_type})
-
-    async def server_info(self, request: web.Request) -> web.Response:
-        """GET /server_info."""
-        return json_response(payloads.server_info(self))
-
-    async def model_info(self, request: web.Request) -> web.Response:
-        """GET /model_info."""
-        return json_response(payloads.model_info(self))
-
-    async def models(self, request: web.Request) -> web.Response:
-        """GET /v1/models."""
-        return json_response(payloads.models(self))
 
     # -- generation ------------------------------------------------------------------------------
     def _submit(
@@ -164,6 +136,7 @@ class SglangSim(SimBase):
                 req.observed = True
                 self.metrics_state.finished(req)
 
+    @route("POST", "/generate")
     async def generate(self, request: web.Request) -> web.StreamResponse:
         """POST /generate (native API) with `meta_info`."""
         body = await _json(request)
@@ -178,20 +151,20 @@ class SglangSim(SimBase):
         if isinstance(req, web.Response):
             return req
         if stream:
-            resp = await sse_start(request)
-            async with client_stream(self._abort, req):
+            resp = await common.sse_start(request)
+            async with common.client_stream(self._abort, req):
                 while (await req.events.get()) is not None:
                     out = {
                         "text": self.tokenizer.decode(req.generated),
                         "output_ids": list(req.generated),
                         "meta_info": payloads.meta_info(req),
                     }
-                    await resp.write(sse(out))
+                    await resp.write(common.sse(out))
                 await self._wait(req)
                 await resp.write(b"data: [DONE]\n\n")
             return resp
         await self._wait(req)
-        return json_response(
+        return common.json_response(
             {
                 "text": self.tokenizer.decode(req.generated),
                 "output_ids": list(req.generated),
@@ -199,17 +172,19 @@ class SglangSim(SimBase):
             }
         )
 
+    @route("POST", "/v1/chat/completions")
     async def chat(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/chat/completions."""
         body = await _json(request)
         if isinstance(body, web.Response):
             return body
         try:
-            text = chat_prompt(body.get("messages"), "<bos>")
+            text = common.chat_prompt(body.get("messages"), "<bos>")
         except (ValueError, AttributeError) as exc:
             return bad_request(str(exc))
         return await self._oai(request, body, text, chat=True)
 
+    @route("POST", "/v1/completions")
     async def completions(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/completions."""
         body = await _json(request)
@@ -230,7 +205,7 @@ class SglangSim(SimBase):
         req = self._submit(self.tokenizer.encode(text), sp, stream)
         if isinstance(req, web.Response):
             return req
-        rid = random_id(32)
+        rid = common.random_id(32)
         created = int(time.time())
         obj = ("chat.completion" if chat else "text_completion") + (
             ".chunk" if stream and chat else ""
@@ -271,29 +246,37 @@ class SglangSim(SimBase):
         if not stream:
             await self._wait(req)
             out = wrap(
-                [choice(self.tokenizer.decode(req.generated), finish_reason(req), first=True)],
+                [
+                    choice(
+                        self.tokenizer.decode(req.generated), common.finish_reason(req), first=True
+                    )
+                ],
                 payloads.usage(req, self.opts.enable_cache_report),
             )
             out["metadata"] = {"weight_version": "default"}
-            return json_response(out)
-        resp = await sse_start(request)
+            return common.json_response(out)
+        resp = await common.sse_start(request)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        async with client_stream(self._abort, req):
+        async with common.client_stream(self._abort, req):
             first = True
             cut = self.opts.faults.stream_cut()
             while (token := await req.events.get()) is not None:
                 if cut is not None and len(req.generated) > cut:
                     return resp  # simulated truncated stream: no [DONE]
-                await resp.write(sse(wrap([choice(self.tokenizer.decode([token]), None, first)])))
+                await resp.write(
+                    common.sse(wrap([choice(self.tokenizer.decode([token]), None, first)]))
+                )
                 first = False
             await self._wait(req)
-            await resp.write(sse(wrap([choice("", finish_reason(req))])))
+            await resp.write(common.sse(wrap([choice("", common.finish_reason(req))])))
             if include_usage:
-                await resp.write(sse(wrap([], payloads.usage(req, self.opts.enable_cache_report))))
+                await resp.write(
+                    common.sse(wrap([], payloads.usage(req, self.opts.enable_cache_report)))
+                )
             await resp.write(b"data: [DONE]\n\n")
         return resp
 
 
 async def _json(request: web.Request) -> dict[str, Any] | web.Response:
-    body = await read_object(request, "body must be an object")
+    body = await common.read_object(request, "body must be an object")
     return bad_request(body) if isinstance(body, str) else body
