@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from simulator import gpu_state
-from simulator.model import Clock, Engine, EngineParams, Request
+from simulator.engine import Engine
+from simulator.model import Clock, EngineParams, Request
 from simulator.model_files import ModelFiles
 from simulator.scenarios import Scenario
 from simulator.tokenizer import Tokenizer

@@ -130,14 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="simulators: wall seconds per simulated second",
     )
-    p.add_argument(
-        "--no-load", action="store_true", help="drive no load (the verdict is then `idle`)"
-    )
-    p.add_argument(
-        "--once",
-        action="store_true",
-        help="exit after printing both verdicts (exit 1 when none came in time)",
-    )
+    for flag, text in (
+        ("--no-load", "drive no load (the verdict is then `idle`)"),
+        ("--once", "exit after printing both verdicts (exit 1 when none came in time)"),
+    ):
+        p.add_argument(flag, action="store_true", help=text)
     p.add_argument(
         "--settle",
         type=float,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from simulator.model import Engine
+    from simulator.engine import Engine
 
 DRIVER = "580.159.04"
 NVML = "13.580.159.04"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from simulator.model import Engine
+    from simulator.engine import Engine
 
 COUNTER, GAUGE = "counter", "gauge"
 PER_POS = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"

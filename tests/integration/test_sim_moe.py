@@ -22,7 +22,8 @@ import pytest
 from exporter.model.geometry import geometry_from_gguf, geometry_from_hf_config
 from exporter.model.kv_cache import estimate_llamacpp_kv, estimate_sglang_kv
 from simulator import scenarios
-from simulator.model import Clock, Engine, ModelSpec, Request
+from simulator.engine import Engine
+from simulator.model import Clock, ModelSpec, Request
 from simulator.tokenizer import Tokenizer
 from tests.integration.test_sim_scenarios import llama_load, llama_metrics, words
 from tests.paths import FIXTURES
