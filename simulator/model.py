@@ -220,6 +220,8 @@ class Stats:
 
     # (time, tokens emitted) of the last decode steps (SGLang's gen_throughput)
     decode_window: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=40))
+    # accepted draft tokens per draft position (llama.cpp spec_decode_..._per_pos_total)
+    spec_accepted_per_pos: list[int] = field(default_factory=list)
     prompt_tokens: int = 0  # computed (uncached)
     prompt_cached: int = 0
     prompt_seconds: float = 0.0
@@ -238,8 +240,7 @@ class Stats:
     retracted_in: int = 0
     retracted_out: int = 0
     last_cache_hit_rate: float = 0.0
-    # speculative decoding (llama.cpp spec_decode_* counters; accepted tokens per draft position)
-    spec_accepted_per_pos: list[int] = field(default_factory=list)
+    # speculative decoding (llama.cpp spec_decode_* counters)
     spec_draft_tokens: int = 0
     spec_accepted: int = 0
     spec_drafts: int = 0
