@@ -224,3 +224,29 @@ def usage(req: Request, cache_report: bool) -> dict[str, Any]:
         "prompt_tokens_details": details,
         "reasoning_tokens": 0,
     }
+
+
+def oai_choice(
+    piece: str | None, reason: str | None, chat: bool, stream: bool, first: bool = False
+) -> dict[str, Any]:
+    """One OpenAI choice: a chat message or delta (`first` carries the role), or a text."""
+    if chat:
+        delta: dict[str, Any] = (
+            {"role": "assistant", "content": piece} if first else {"content": piece}
+        )
+        delta.update(reasoning_content=None, tool_calls=None)
+        key = "delta" if stream else "message"
+        return {
+            "index": 0,
+            key: delta,
+            "logprobs": None,
+            "finish_reason": reason,
+            "matched_stop": None,
+        }
+    return {
+        "index": 0,
+        "text": piece or "",
+        "logprobs": None,
+        "finish_reason": reason,
+        "matched_stop": None,
+    }

@@ -222,26 +222,7 @@ class SglangSim(SimBase):
             }
 
         def choice(piece: str | None, reason: str | None, first: bool = False) -> dict[str, Any]:
-            if chat:
-                delta: dict[str, Any] = (
-                    {"role": "assistant", "content": piece} if first else {"content": piece}
-                )
-                delta.update(reasoning_content=None, tool_calls=None)
-                key = "delta" if stream else "message"
-                return {
-                    "index": 0,
-                    key: delta,
-                    "logprobs": None,
-                    "finish_reason": reason,
-                    "matched_stop": None,
-                }
-            return {
-                "index": 0,
-                "text": piece or "",
-                "logprobs": None,
-                "finish_reason": reason,
-                "matched_stop": None,
-            }
+            return payloads.oai_choice(piece, reason, chat, stream, first)
 
         if not stream:
             await self._wait(req)
