@@ -119,6 +119,59 @@ def _with_sends(event: bytes, arrival: float, sent: list[float]) -> bytes:
     return _chunk(obj)
 
 
+def _prompt_text(body: dict[str, Any], chat: bool) -> str:
+    """The text the stub counts: the chat messages' contents joined, or the prompt."""
+    if chat:
+        return " ".join(str(m.get("content", "")) for m in body.get("messages", []))
+    return str(body.get("prompt", ""))
+
+
+def _cached_tokens(prompt: str, prompt_tokens: int, state: StubState) -> int:
+    """Prompt cache: a prompt whose first words an earlier prompt began with counts as cached."""
+    words = prompt.split()
+    cached = 0
+    if words and state.keep_bodies:
+        key = " ".join(words[:8])
+        cached = prompt_tokens - 1 if key in state.seen_prefixes else 0
+        state.seen_prefixes.add(key)
+    return cached
+
+
+@dataclass
+class _Paced:
+    """Writes a request's events on their deadlines (token k at arrival + ttft + k * itl)."""
+
+    options: StubOptions
+    state: StubState
+    t_arrival: float
+    n_out: int
+    head: int  # events before the first token (a chat stream's role chunk)
+    malformed: bool
+
+    async def write(self, resp: web.StreamResponse, events: list[bytes]) -> bool:
+        """Write `events`; False when a malformed chunk ended the stream early."""
+        options, n_out = self.options, self.n_out
+        delayed = options.ttft > 0 or options.itl > 0
+        sent: list[float] = []
+        for k, event in enumerate(events):
+            token = k - self.head
+            if delayed and 0 <= token < n_out:
+                due = self.t_arrival + options.ttft + token * options.itl
+                wait = due - time.perf_counter()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                self.state.lateness.append(time.perf_counter() - due)
+            if self.malformed and token == n_out // 2:
+                await resp.write(b"data: {not json\n\n")
+                return False
+            if options.report_sends and k == len(events) - 2:
+                event = _with_sends(event, self.t_arrival, sent)
+            await resp.write(event)
+            if 0 <= token < n_out:
+                sent.append(time.perf_counter())
+        return True
+
+
 def make_app(options: StubOptions, state: StubState) -> web.Application:
     """The aiohttp application of the stub."""
     rendered: dict[tuple[bool, int, int, int], bytes] = {}
@@ -154,10 +207,7 @@ def make_app(options: StubOptions, state: StubState) -> web.Application:
         state.requests += 1
         number = state.requests
         chat = request.path.endswith("/chat/completions")
-        if chat:
-            prompt = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
-        else:
-            prompt = str(body.get("prompt", ""))
+        prompt = _prompt_text(body, chat)
         if state.keep_bodies:
             state.prompts.append(prompt)
             state.bodies.append(body)
@@ -166,13 +216,7 @@ def make_app(options: StubOptions, state: StubState) -> web.Application:
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         n_out = max_tokens if options.stop_after is None else min(max_tokens, options.stop_after)
         prompt_tokens = count_tokens(prompt, options) + (options.chat_overhead if chat else 0)
-        # Prompt cache: the words shared with an earlier prompt's start count as cached.
-        words = prompt.split()
-        cached = 0
-        if words and state.keep_bodies:
-            key = " ".join(words[:8])
-            cached = prompt_tokens - 1 if key in state.seen_prefixes else 0
-            state.seen_prefixes.add(key)
+        cached = _cached_tokens(prompt, prompt_tokens, state)
         state.in_flight += 1
         state.max_in_flight = max(state.max_in_flight, state.in_flight)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -192,24 +236,9 @@ def make_app(options: StubOptions, state: StubState) -> web.Application:
                 await resp.write(payload)
             else:
                 events = _events(options, chat, n_out, prompt_tokens, cached)
-                head = 1 if chat else 0
-                sent: list[float] = []
-                for k, event in enumerate(events):
-                    token = k - head
-                    if delayed and 0 <= token < n_out:
-                        due = t_arrival + options.ttft + token * options.itl
-                        wait = due - time.perf_counter()
-                        if wait > 0:
-                            await asyncio.sleep(wait)
-                        state.lateness.append(time.perf_counter() - due)
-                    if malformed and token == n_out // 2:
-                        await resp.write(b"data: {not json\n\n")
-                        return resp
-                    if options.report_sends and k == len(events) - 2:
-                        event = _with_sends(event, t_arrival, sent)
-                    await resp.write(event)
-                    if 0 <= token < n_out:
-                        sent.append(time.perf_counter())
+                paced = _Paced(options, state, t_arrival, n_out, 1 if chat else 0, malformed)
+                if not await paced.write(resp, events):
+                    return resp  # a malformed chunk ends the stream
             await resp.write_eof()
         finally:
             state.in_flight -= 1
