@@ -127,7 +127,7 @@ def _prompt_text(body: dict[str, Any], chat: bool) -> str:
 
 
 def _cached_tokens(prompt: str, prompt_tokens: int, state: StubState) -> int:
-    """Prompt cache: a prompt whose first words an earlier prompt began with counts as cached."""
+    """Prompt cache: a prompt whose first eight words began an earlier one is cached but BOS."""
     words = prompt.split()
     cached = 0
     if words and state.keep_bodies:
