@@ -32,18 +32,9 @@ Roofline
     `decode_bytes_per_step(weights, kv_tokens, kv_bytes_per_token)`,
     `roofline_tokens_per_second(bandwidth, bytes_per_step)`,
     `decode_efficiency(decode_tokens_per_second, roofline)`.
-From raw samples
-    `SeriesKey` (metric name, sorted label pairs), `EngineKey` (host, engine, kind),
-    `series_from_scrapes(scrapes)`, `signals_at(series, at) -> {EngineKey: Signals}`,
-    `verdicts_at(series, at) -> {EngineKey: Verdict}` and
-    `rule_values_at(series, at) -> {EngineKey: RuleValues}` (also the decode rate,
-    bandwidth, bytes per step and roofline): the same arithmetic as the recording rules
-    (rate/increase with Prometheus' extrapolation, avg_over_time, max by engine, the GPU
-    joins) at time `at`, with Prometheus 2.x window semantics (a range `[w]` holds the
-    samples in `[at - w, at]`, an instant lookup takes the newest sample of the last 5
-    minutes). This is what promtool computes when the rule groups run in file order
-    (`group_eval_order`); a running Prometheus evaluates its groups independently, so
-    there the verdict may trail the raw series by up to one evaluation interval per group.
+From raw samples (`core.rules`)
+    `series_from_scrapes`, `signals_at`, `verdicts_at`, `rule_values_at`: the recording
+    rules' arithmetic at a time `at`, as promtool computes it (details in `core.rules`).
 
 Absence mirrors PromQL: a comparison on an absent signal is absent, `AllOf` is absent when
 one part is, an `Evidence` alternative that is absent does not count, and a condition with

@@ -64,6 +64,11 @@ class AllOf:
 
     parts: tuple[Compare, ...]
 
+    @classmethod
+    def of(cls, *parts: Compare) -> AllOf:
+        """All of these comparisons."""
+        return cls(parts)
+
     def test(self, signals: Signals) -> bool | None:
         results = [p.test(signals) for p in self.parts]
         if any(r is None for r in results):
@@ -141,12 +146,10 @@ PREFILL_ACTION = (
 
 def _waiting_below_cap(*more: Compare) -> AllOf:
     """Requests queue while running stays below its cap, and `more`."""
-    return AllOf(
-        (
-            Compare("waiting_avg", ">=", "queue_min"),
-            Compare("running_slots_ratio", "<", "slots_full_ratio"),
-            *more,
-        )
+    return AllOf.of(
+        Compare("waiting_avg", ">=", "queue_min"),
+        Compare("running_slots_ratio", "<", "slots_full_ratio"),
+        *more,
     )
 
 
@@ -190,11 +193,9 @@ CONDITIONS: tuple[Condition, ...] = (
         (
             Evidence(
                 "usage_and_queue",
-                AllOf(
-                    (
-                        Compare("kv_usage_avg", ">=", "kv_usage_high"),
-                        Compare("waiting_avg", ">=", "queue_min"),
-                    )
+                AllOf.of(
+                    Compare("kv_usage_avg", ">=", "kv_usage_high"),
+                    Compare("waiting_avg", ">=", "queue_min"),
                 ),
                 "KV usage >= `kv_usage_high` with >= `queue_min` requests waiting "
                 "(averages over `queue_window`)",
@@ -234,11 +235,9 @@ CONDITIONS: tuple[Condition, ...] = (
             ),
             Evidence(
                 "slots_full",
-                AllOf(
-                    (
-                        Compare("waiting_avg", ">=", "queue_min"),
-                        Compare("running_slots_ratio", ">=", "slots_full_ratio"),
-                    )
+                AllOf.of(
+                    Compare("waiting_avg", ">=", "queue_min"),
+                    Compare("running_slots_ratio", ">=", "slots_full_ratio"),
                 ),
                 "with running peaking at `slots_full_ratio` or more of its cap (`queue_window`)",
                 SLOTS_FULL_ACTION,
@@ -257,12 +256,10 @@ CONDITIONS: tuple[Condition, ...] = (
         (
             Evidence(
                 "no_work",
-                AllOf(
-                    (
-                        Compare("running", "==", "0"),
-                        Compare("waiting", "==", "0"),
-                        Compare("generation_tokens_per_second", "==", "0", absent_holds=True),
-                    )
+                AllOf.of(
+                    Compare("running", "==", "0"),
+                    Compare("waiting", "==", "0"),
+                    Compare("generation_tokens_per_second", "==", "0", absent_holds=True),
                 ),
                 "nothing running, nothing waiting, no tokens generated in `rate_window`",
             ),
@@ -273,12 +270,10 @@ CONDITIONS: tuple[Condition, ...] = (
         (
             Evidence(
                 "efficiency",
-                AllOf(
-                    (
-                        Compare("decode_efficiency", ">=", "decode_efficiency_at_limit"),
-                        # No answer beyond physics: above this the roofline does not fit.
-                        Compare("decode_efficiency", "<=", "decode_efficiency_physical_max"),
-                    )
+                AllOf.of(
+                    Compare("decode_efficiency", ">=", "decode_efficiency_at_limit"),
+                    # No answer beyond physics: above this the roofline does not fit.
+                    Compare("decode_efficiency", "<=", "decode_efficiency_physical_max"),
                 ),
                 "decode efficiency (per-sequence decode tok/s / roofline) >= "
                 "`decode_efficiency_at_limit` and <= `decode_efficiency_physical_max` "

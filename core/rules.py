@@ -256,14 +256,18 @@ def _sum_of_device_max(
     d: _Data, name: str, match: Callable[[dict[str, str]], bool]
 ) -> dict[EngineKey, float]:
     """`sum by (...) (max by (..., device) (name{match}))`."""
-    per_device: dict[tuple[EngineKey, str], float] = {}
-    for lab, v in d.instant(name, match):
-        dk = (_key(lab), lab.get("device", ""))
-        old = per_device.get(dk)
+    return _sum_of_max(((_key(lab), lab.get("device", "")), v) for lab, v in d.instant(name, match))
+
+
+def _sum_of_max(items: Iterable[tuple[tuple[EngineKey, str], float]]) -> dict[EngineKey, float]:
+    """`sum by (engine) (max by (engine, part) (...))`: a number beats NaN, as in PromQL."""
+    per_part: dict[tuple[EngineKey, str], float] = {}
+    for pk, v in items:
+        old = per_part.get(pk)
         if old is None or math.isnan(old) or (not math.isnan(v) and v > old):
-            per_device[dk] = v
+            per_part[pk] = v
     out: dict[EngineKey, float] = {}
-    for (key, _), v in per_device.items():
+    for (key, _), v in per_part.items():
         out[key] = out.get(key, 0.0) + v
     return out
 
@@ -343,18 +347,11 @@ def rule_values_at(series: Mapping[SeriesKey, Points], at: float) -> dict[Engine
     kv_avg = avg("llmb_engine_kv_cache_usage_ratio")
 
     # sum by (engine) (max by (engine, event) (increase(...)))
-    per_event: dict[tuple[EngineKey, str], float] = {}
-    for lab, pts in d.range("llmb_engine_kv_pressure_events_total", rw):
-        inc = _extrapolated(pts, d.at, rw, rate=False)
-        if inc is None:
-            continue
-        ek = (_key(lab), lab.get("event", ""))
-        old = per_event.get(ek)
-        if old is None or math.isnan(old) or (not math.isnan(inc) and inc > old):
-            per_event[ek] = inc
-    pressure: dict[EngineKey, float] = {}
-    for (key, _), inc in per_event.items():
-        pressure[key] = pressure.get(key, 0.0) + inc
+    pressure = _sum_of_max(
+        ((_key(lab), lab.get("event", "")), inc)
+        for lab, pts in d.range("llmb_engine_kv_pressure_events_total", rw)
+        if (inc := _extrapolated(pts, d.at, rw, rate=False)) is not None
+    )
 
     decode_rate = _divide(
         rate("llmb_engine_decode_tokens_total"), rate("llmb_engine_decode_seconds_total")
