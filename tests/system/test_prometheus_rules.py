@@ -28,14 +28,11 @@ from tests.plugins.prom import (
 
 pytestmark = pytest.mark.prometheus
 
-VERDICTS = {
-    "weights_not_resident",
-    "kv_saturated",
-    "scheduling_bound",
-    "idle",
-    "decode_at_card_limit",
-    "decode_below_card_limit",
-}
+# The verdict vocabulary is a contract: spelled out here, not read from the core.
+VERDICTS = set(
+    "weights_not_resident kv_saturated scheduling_bound idle "
+    "decode_at_card_limit decode_below_card_limit".split()
+)
 REQUIRED_ALERTS = {
     "LLMKVCacheSaturated",
     "LLMWeightsNotResident",
