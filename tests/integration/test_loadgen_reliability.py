@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import pytest
 
 from tests.conftest import get_free_port
 from tests.paths import ROOT
+from tests.plugins.loadgen import loadgen_process
 
 
 def _wait_for(predicate, timeout: float, what: str) -> None:
@@ -60,17 +60,9 @@ def stub_process() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
 
 
 def _loadgen(url: str, out: Path, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            sys.executable, "-m", "loadgen", "run", "--url", url, "--out", str(out),
-            "--metrics-port", "0", "--prompt-tokens", "20", "--max-tokens", "20",
-            "--concurrency", "4", *extra,
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=os.environ | {"PYTHONUNBUFFERED": "1"},
+    return loadgen_process(
+        "run", "--url", url, "--out", str(out), "--metrics-port", "0",
+        "--prompt-tokens", "20", "--max-tokens", "20", "--concurrency", "4", *extra,
     )  # fmt: skip
 
 

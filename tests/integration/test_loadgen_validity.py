@@ -9,13 +9,11 @@ llama.cpp stream).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -32,6 +30,7 @@ from loadgen.client import (
 )
 from tests.conftest import get_free_port
 from tests.paths import ROOT
+from tests.plugins.loadgen import loadgen_process, records_so_far, wait_for_records
 
 CPU = ROOT / "tests" / "fixtures" / "llamacpp-cpu-gemma3-270m"
 
@@ -158,24 +157,20 @@ def _start_sim(kind: str, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def _loadgen(out: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            sys.executable, "-m", "loadgen", "run", "--out", str(out), "--metrics-port", "0",
-            "--no-progress", *args,
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=os.environ | {"PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+    return loadgen_process("run", "--out", str(out), "--metrics-port", "0", "--no-progress", *args)
 
 
-def _records(out: Path) -> list[dict[str, Any]]:
-    path = out / "requests.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+def _signal_mid_run(
+    sim: subprocess.Popen[bytes], sig: signal.Signals, out: Path, *args: str
+) -> tuple[subprocess.Popen[str], str, str, float]:
+    """Start a run, send `sig` to the engine once six requests finished, wait for the run:
+    (the run, its stdout, its stderr, seconds from the signal to its end)."""
+    proc = _loadgen(out, *args)
+    wait_for_records(out, 6)
+    sim.send_signal(sig)
+    t_signal = time.monotonic()
+    stdout, stderr = proc.communicate(timeout=60)
+    return proc, stdout, stderr, time.monotonic() - t_signal
 
 
 @pytest.mark.parametrize("kind", ["llamacpp", "sglang"])
@@ -183,19 +178,14 @@ def test_engine_killed_mid_run_exits_non_zero_in_bounded_time(kind: str, tmp_pat
     """The issue's reproduction: 39 requests, the engine dies after a few finished."""
     sim, url = _start_sim(kind, "-np", "4", "--time-scale", "0.2")
     try:
-        proc = _loadgen(
+        proc, out, err, seconds = _signal_mid_run(
+            sim,
+            signal.SIGKILL,
             tmp_path,
             *("--url", url, "--kind", kind, "--concurrency", "4", "--requests", "39"),
             *("--prompt-tokens", "32", "--max-tokens", "24"),
         )
-        deadline = time.monotonic() + 60
-        while len(_records(tmp_path)) < 6 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(_records(tmp_path)) >= 6, "no request finished"
-        sim.send_signal(signal.SIGKILL)
-        t_kill = time.monotonic()
-        out, err = proc.communicate(timeout=60)
-        assert time.monotonic() - t_kill < 20, "the run did not end soon after the engine died"
+        assert seconds < 20, "the run did not end soon after the engine died"
     finally:
         if sim.poll() is None:
             sim.kill()
@@ -229,7 +219,7 @@ def test_kv_exhausted_requests_are_counted(tmp_path: Path) -> None:
         sim.kill()
         sim.wait(10)
     assert proc.returncode == 3, err
-    records = _records(tmp_path / "o")
+    records = records_so_far(tmp_path / "o")
     assert [r["error"] for r in records] == [KV_EXHAUSTED] * 6
     assert all("context size" in r["error_detail"] for r in records)
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
@@ -244,20 +234,15 @@ def test_engine_that_stops_answering_is_aborted_in_bounded_time(tmp_path: Path) 
     """SIGSTOP: the engine's socket still accepts connections but nothing answers."""
     sim, url = _start_sim("llamacpp", "-np", "4", "--time-scale", "0.2")
     try:
-        proc = _loadgen(
+        proc, _out, err, seconds = _signal_mid_run(
+            sim,
+            signal.SIGSTOP,
             tmp_path,
             *("--url", url, "--kind", "llamacpp", "--concurrency", "4", "--requests", "400"),
             *("--prompt-tokens", "32", "--max-tokens", "24", "--timeout", "3"),
         )
-        deadline = time.monotonic() + 60
-        while len(_records(tmp_path)) < 6 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(_records(tmp_path)) >= 6, "no request finished"
-        sim.send_signal(signal.SIGSTOP)
-        t_stop = time.monotonic()
-        _out, err = proc.communicate(timeout=60)
         # One round of 3 s timeouts (plus the requests already in flight), not 400 of them.
-        assert time.monotonic() - t_stop < 15
+        assert seconds < 15
     finally:
         sim.send_signal(signal.SIGCONT)
         sim.kill()

@@ -5,11 +5,18 @@
   teardown.
 * `run_cli(out, *args)`: `llmb-loadgen run` writing into `out`, no metrics port, no progress bar.
 * `request_lines(out)`: the records of `out/requests.jsonl`.
+* `records_so_far(out)`: the complete records of a run still writing them.
+* `wait_for_records(out, n, timeout)`: block until a running run has written `n` records.
+* `loadgen_process(*args)`: `python -m loadgen *args` as a child process (text pipes, unbuffered).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +25,7 @@ import pytest
 
 from loadgen.__main__ import main
 from simulator.stub import StubOptions, ThreadedStub
+from tests.paths import ROOT
 
 StubFactory = Callable[..., ThreadedStub]
 
@@ -44,3 +52,31 @@ def run_cli(out: Path, *args: str) -> int:
 def request_lines(out: Path) -> list[dict[str, Any]]:
     """The per-request records a run wrote."""
     return [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+
+
+def records_so_far(out: Path) -> list[dict[str, Any]]:
+    """The complete records of `out/requests.jsonl` while a run may still be writing it."""
+    path = out / "requests.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def wait_for_records(out: Path, n: int, timeout: float = 60) -> None:
+    """Wait until a running run has written `n` complete records; fail after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while len(records_so_far(out)) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(records_so_far(out)) >= n, "no request finished"
+
+
+def loadgen_process(*args: str) -> subprocess.Popen[str]:
+    """`python -m loadgen *args` from the repository root, its output in text pipes."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "loadgen", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"PYTHONUNBUFFERED": "1"},
+    )

@@ -4,9 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.__main__ import main
 from tests.paths import ROOT
+from tests.plugins.loadgen import loadgen_process, request_lines, run_cli, wait_for_records
 
 pytestmark = pytest.mark.llamaserver
 
@@ -36,10 +34,6 @@ def _counter(url: str, name: str) -> float:
     raise KeyError(name)
 
 
-def _records(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
-
-
 def test_done_when_run_matches_the_server(llama_server: Any, tmp_path: Path) -> None:
     server = llama_server(ctx=4096, parallel=2)
     out = tmp_path / "out"
@@ -51,7 +45,7 @@ def test_done_when_run_matches_the_server(llama_server: Any, tmp_path: Path) -> 
         ]
     )  # fmt: skip
     assert code == 0
-    records = _records(out)
+    records = request_lines(out)
     assert len(records) == 8
     for rec in records:
         assert rec["error"] is None, (rec["error"], rec.get("error_detail"), rec["start_time"])
@@ -86,7 +80,7 @@ def test_completions_counts_match_server_metrics(llama_server: Any, tmp_path: Pa
         ]
     )  # fmt: skip
     assert code == 0
-    records = _records(out)
+    records = request_lines(out)
     assert [r["prompt_tokens"] for r in records] == [128] * 4
     after = _counter(server.url, "llamacpp:tokens_predicted_total")
     assert after - before == sum(r["completion_tokens"] for r in records) == 64
@@ -95,29 +89,18 @@ def test_completions_counts_match_server_metrics(llama_server: Any, tmp_path: Pa
 def test_server_killed_mid_run_still_writes_the_summary(llama_server: Any, tmp_path: Path) -> None:
     server = llama_server(ctx=2048, parallel=2)
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "loadgen", "run", "--url", server.url, "--kind", "llamacpp",
-            "--prompt-tokens", "32", "--max-tokens", "48", "--concurrency", "2",
-            "--requests", "40", "--out", str(out), "--metrics-port", "0",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=os.environ | {"PYTHONUNBUFFERED": "1"},
+    proc = loadgen_process(
+        "run", "--url", server.url, "--kind", "llamacpp",
+        "--prompt-tokens", "32", "--max-tokens", "48", "--concurrency", "2",
+        "--requests", "40", "--out", str(out), "--metrics-port", "0",
     )  # fmt: skip
-    jsonl = out / "requests.jsonl"
-    deadline = time.monotonic() + 240
-    while not (jsonl.exists() and len(jsonl.read_text().splitlines()) >= 2):
-        assert time.monotonic() < deadline, "no request finished"
-        time.sleep(0.05)
+    wait_for_records(out, 2, timeout=240)
     server.proc.kill()  # two requests are in flight now (closed loop)
     t_kill = time.monotonic()
     out_text, err = proc.communicate(timeout=90)
     # Bounded: the step gives up on a dead engine within seconds, whatever --timeout says.
     assert time.monotonic() - t_kill < 30
-    records = _records(out)
+    records = request_lines(out)
     errors = [r["error"] for r in records]
     assert errors.count(None) >= 2
     # A stream cut mid-answer is `disconnected`; one still in prefill (no answer yet) is
@@ -142,25 +125,30 @@ def _long_prompt(tmp_path: Path, words: int) -> Path:
     return path
 
 
+def _failing_run(
+    server: Any, tmp_path: Path, words: int, *args: str
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A run of `words`-word prompts that stops at the first error (exit code 3):
+    its records and its summary."""
+    out = tmp_path / "out"
+    code = run_cli(
+        out, "--url", server.url, "--kind", "llamacpp", "--max-errors", "1",
+        "--prompt-file", str(_long_prompt(tmp_path, words)), *args,
+    )  # fmt: skip
+    assert code == 3
+    return request_lines(out), json.loads((out / "summary.json").read_text())
+
+
 def test_prompt_beyond_the_slot_context_is_kv_exhausted(llama_server: Any, tmp_path: Path) -> None:
     """-c 512 over 4 slots gives 128 tokens per slot; a ~300-token prompt cannot fit."""
     server = llama_server(ctx=512, parallel=4)
-    out = tmp_path / "out"
-    code = main(
-        [
-            "run", "--url", server.url, "--kind", "llamacpp", "--concurrency", "2",
-            "--requests", "4", "--max-tokens", "8", "--max-errors", "1",
-            "--prompt-file", str(_long_prompt(tmp_path, 300)),
-            "--out", str(out), "--metrics-port", "0", "--no-progress",
-        ]
-    )  # fmt: skip
-    assert code == 3
-    records = _records(out)
+    records, summary = _failing_run(
+        server, tmp_path, 300, "--concurrency", "2", "--requests", "4", "--max-tokens", "8"
+    )
     assert [r["error"] for r in records] == ["kv_exhausted"] * 4
     # The real server's own words (HTTP 400, type exceed_context_size_error).
     detail = records[0]["error_detail"]
     assert detail.startswith("HTTP 400") and "exceed" in detail and "context size" in detail
-    summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"][0]["kv_exhausted"] == 4
     assert "4 of 4 requests failed (kv_exhausted 4)" in summary["invalid_reasons"][0]
 
@@ -169,20 +157,11 @@ def test_unified_kv_full_is_kv_exhausted(llama_server: Any, tmp_path: Path) -> N
     """--kv-unified -c 1024 -np 4: each prompt fits, four together with their outputs do
     not, and llama.cpp fails the active slots with "Context size has been exceeded"."""
     server = llama_server("--kv-unified", ctx=1024, parallel=4)
-    out = tmp_path / "out"
-    code = main(
-        [
-            "run", "--url", server.url, "--kind", "llamacpp", "--concurrency", "4",
-            "--requests", "8", "--max-tokens", "200", "--max-errors", "1",
-            "--prompt-file", str(_long_prompt(tmp_path, 150)),
-            "--out", str(out), "--metrics-port", "0", "--no-progress",
-        ]
-    )  # fmt: skip
-    assert code == 3
-    records = _records(out)
+    records, summary = _failing_run(
+        server, tmp_path, 150, "--concurrency", "4", "--requests", "8", "--max-tokens", "200"
+    )
     kv = [r for r in records if r["error"] == "kv_exhausted"]
     assert kv, [(r["error"], r["error_detail"]) for r in records]
     assert all("Context size has been exceeded" in r["error_detail"] for r in kv)
     assert "Context size has been exceeded" in server.log.read_text()
-    summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"][0]["kv_exhausted"] == len(kv)
