@@ -24,8 +24,8 @@ import yaml
 from simulator.demo import KINDS, engine_name
 from tests import docker_stack as ds
 from tests.paths import ROOT
-from tests.plugins.exporter import parse_samples, pick
-from tests.system.test_log_rotation import LOG_COUNTERS
+from tests.plugins.exporter import parse_samples
+from tests.plugins.rotation import assert_rotations_hold, log_counters, rss_bytes
 
 CORE = ["exporter", "prometheus", "alertmanager"]
 LLAMA = [*CORE, "llamacpp", "llamacpp-logrotate"]
@@ -169,23 +169,6 @@ def complete(stack: ds.Stack, tokens: int) -> None:
     )  # fmt: skip
 
 
-def exporter_counters(stack: ds.Stack) -> dict[str, float]:
-    samples = parse_samples(stack.fetch("http://exporter:9490/metrics"))
-    out: dict[str, float] = {}
-    for name in LOG_COUNTERS:
-        values = pick(samples, name, engine="llama")
-        assert values, name
-        out[name] = values[0]
-    return out
-
-
-def rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(pid)
-
-
 def rotate_once(stack: ds.Stack, rendered: dict[str, Any]) -> None:
     """The rotation the llamacpp-logrotate service does, run once in that container."""
     script = rendered["services"]["llamacpp-logrotate"]["command"][2].replace("$$", "$")
@@ -198,20 +181,16 @@ def rotate_once(stack: ds.Stack, rendered: dict[str, Any]) -> None:
 def test_log_rotation_keeps_rss_flat_and_counters_monotonic(stack: ds.Stack) -> None:
     rendered = ds.render(stack.env, stack.base, ["llamacpp"])
     pid = int(stack.inspect("exporter")["State"]["Pid"])
-    previous = exporter_counters(stack)
-    start_rss = rss(pid)
-    for _ in range(5):
+
+    def rotate_and_complete() -> None:
         rotate_once(stack, rendered)
         complete(stack, 8)
-        current = exporter_counters(stack)
-        for name, value in current.items():
-            assert value >= previous[name], (name, previous[name], value)
-        assert (
-            current["llmb_engine_requests_finished_total"]
-            > (previous["llmb_engine_requests_finished_total"])
-        )
-        previous = current
-        assert abs(rss(pid) - start_rss) < 20 * 1024 * 1024
+
+    assert_rotations_hold(
+        rotate_and_complete,
+        lambda: log_counters(parse_samples(stack.fetch("http://exporter:9490/metrics"))),
+        lambda: rss_bytes(pid),
+    )
     # Geometry from the load-time lines survives: the process is the same.
     assert stack.query('llmb_model_layers{engine="llama"}')
     assert stack.query("ALERTS") == []

@@ -21,19 +21,12 @@ from hypothesis import strategies as st
 
 from exporter.collectors.llamacpp.log import MAX_LINE_BYTES, MIB, LogFollower, LogState
 from tests.paths import FIXTURES
-from tests.plugins.exporter import ExporterProcess, pick
+from tests.plugins.exporter import ExporterProcess
 from tests.plugins.llama import LlamaServer
+from tests.plugins.rotation import assert_rotations_hold, log_counters, rss_bytes
 
 CPU = FIXTURES / "llamacpp-cpu-gemma3-270m"
 LINES = (CPU / "server.log").read_bytes().splitlines(keepends=True)
-# The log-derived counters the exporter serves (llmb_engine_* from the log follower).
-LOG_COUNTERS = (
-    "llmb_engine_prompt_seconds_total",
-    "llmb_engine_generation_tokens_total",
-    "llmb_engine_decode_tokens_total",
-    "llmb_engine_decode_seconds_total",
-    "llmb_engine_requests_finished_total",
-)
 
 
 def rotate(log: Path) -> None:
@@ -43,6 +36,16 @@ def rotate(log: Path) -> None:
             dst.write(chunk.replace(b"\0", b""))
     with log.open("r+b") as fh:
         fh.truncate(0)
+
+
+def _poll_peak(follower: LogFollower) -> tuple[LogState, int]:
+    """One poll, and the peak memory it allocated (tracemalloc)."""
+    tracemalloc.start()
+    try:
+        state = follower.poll()
+        return state, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
 
 
 def test_a_hole_after_truncation_is_jumped_and_the_counters_carry_on(tmp_path: Path) -> None:
@@ -58,12 +61,7 @@ def test_a_hole_after_truncation_is_jumped_and_the_counters_carry_on(tmp_path: P
     with log.open("r+b") as fh:
         fh.seek(1024 * MIB)
         fh.write(timing)
-    tracemalloc.start()
-    try:
-        after = follower.poll()
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    after, peak = _poll_peak(follower)
     assert after.eval_tokens > tokens  # counted once more, not started over
     assert after.n_slots == layers  # the load-time facts of the same process stay
     assert peak < 4 * MIB
@@ -75,12 +73,7 @@ def test_real_nul_bytes_are_skipped_within_bounds(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     log.write_bytes(b"\0" * (64 * MIB) + b"".join(LINES))
     follower = LogFollower(log)
-    tracemalloc.start()
-    try:
-        state = follower.poll()
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    state, peak = _poll_peak(follower)
     assert state.eval_tokens > 0 and state.requests_finished > 0
     assert peak < 4 * MIB
     # More NULs than one poll skips: caught up over later polls, still bounded.
@@ -151,24 +144,6 @@ def test_rotations_anywhere_count_every_line_once(
     assert len(follower._partial) <= MAX_LINE_BYTES
 
 
-def rss_bytes(pid: int) -> int:
-    """Resident set size of a process (Linux /proc)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for {pid}")
-
-
-def log_counters(exporter: ExporterProcess) -> dict[str, float]:
-    samples = exporter.scrape()
-    out = {}
-    for name in LOG_COUNTERS:
-        values = pick(samples, name, engine="llama")
-        assert values, f"{name} missing"
-        out[name] = values[0]
-    return out
-
-
 def chat(server: LlamaServer, n: int) -> None:
     for i in range(n):
         body = {"prompt": f"Count to {i + 3}:", "n_predict": 8, "cache_prompt": False}
@@ -185,20 +160,16 @@ def test_five_rotations_of_a_real_llama_server_log(
     engine = {"name": "llama", "kind": "llamacpp", "url": server.url, "log_file": str(server.log)}
     exporter = exporter_process({"engines": [engine]})
     chat(server, 2)
-    previous = log_counters(exporter)
-    start_rss = rss_bytes(exporter.proc.pid)
-    for _ in range(5):
+
+    def rotate_and_chat() -> None:
         rotate(server.log)
         chat(server, 2)
-        current = log_counters(exporter)
-        for name, value in current.items():
-            assert value >= previous[name], (name, previous[name], value)
-        assert (
-            current["llmb_engine_requests_finished_total"]
-            > (previous["llmb_engine_requests_finished_total"])
-        )
-        previous = current
-        assert abs(rss_bytes(exporter.proc.pid) - start_rss) < 20 * MIB
+
+    assert_rotations_hold(
+        rotate_and_chat,
+        lambda: log_counters(exporter.scrape()),
+        lambda: rss_bytes(exporter.proc.pid),
+    )
     rotated = server.log.with_name(server.log.name + ".1").read_bytes()
     assert b"\0" not in rotated and b"release" in rotated
 
