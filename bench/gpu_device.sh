@@ -45,6 +45,23 @@ fi
 [ -d "$W/site" ] && export PYTHONPATH=$W/site:$PWD
 export PYTHONUNBUFFERED=1
 
+GPU_YAML="gpu: {sample_interval_seconds: 0.1, peak_window_seconds: 10}"
+engine_yaml() {
+  # One llama-server engine of a diagnose/compare config.yaml: name, port, model, the -c/-np
+  # flags, and optionally the launch's default context.
+  cat <<YAML
+  - name: $1
+    kind: llamacpp
+    url: "http://127.0.0.1:$2"
+    model_path: "$3"
+    launch:
+      command: "$SERVER -m {model} $4 -ngl 999 --port {port} --metrics -lv 4 --log-file {log}"
+      settle_seconds: 5
+      ready_timeout_seconds: 900
+YAML
+  [ -z "${5:-}" ] || echo "      defaults: {ctx: $5}"
+}
+
 case "${1:-}" in
 build)
   if [ -f .gpu/llama-bin.tar.xz ] && [ ! -x "$W/build/bin/llama-server" ]; then
@@ -93,19 +110,11 @@ diagnose)
   # KV-pressure step, and the context sweep from 8192 doubling up to the model's trained
   # context (131072) or until memory gives out.
   D=$W/diag; rm -rf "$D"; mkdir -p "$D"
-  cat >"$D/config.yaml" <<YAML
-engines:
-  - name: llama
-    kind: llamacpp
-    url: "http://127.0.0.1:8090"
-    model_path: "$MODEL"
-    launch:
-      command: "$SERVER -m {model} -c {ctx} -np {parallel} -ngl 999 --port {port} --metrics -lv 4 --log-file {log}"
-      settle_seconds: 5
-      ready_timeout_seconds: 900
-      defaults: {ctx: 8192}
-gpu: {sample_interval_seconds: 0.1, peak_window_seconds: 10}
-YAML
+  {
+    echo "engines:"
+    engine_yaml llama 8090 "$MODEL" "-c {ctx} -np {parallel}" 8192
+    echo "$GPU_YAML"
+  } >"$D/config.yaml"
   python3 -m loadgen diagnose --config "$D/config.yaml" --engine llama --out "$D/report" \
     --concurrency 1,2,4,8 --prompt-tokens 425 --max-tokens 128 --settle 5 \
     | tee "$D/answer.txt" || echo "diagnose failed: $?"
@@ -114,28 +123,12 @@ YAML
 compare-quant)
   # Two precisions of one shape: comparable false, per-roofline comparison and estimates.
   D=$W/cmp-quant; rm -rf "$D"; mkdir -p "$D"
-  cat >"$D/config.yaml" <<YAML
-engines:
-  - name: q4_0
-    kind: llamacpp
-    url: "http://127.0.0.1:8090"
-    model_path: "$MODEL"
-    launch:
-      command: "$SERVER -m {model} -c {ctx} -np {parallel} -ngl 999 --port {port} --metrics -lv 4 --log-file {log}"
-      settle_seconds: 5
-      ready_timeout_seconds: 900
-      defaults: {ctx: 16384}
-  - name: q8_0
-    kind: llamacpp
-    url: "http://127.0.0.1:8091"
-    model_path: "$MODEL_Q8"
-    launch:
-      command: "$SERVER -m {model} -c {ctx} -np {parallel} -ngl 999 --port {port} --metrics -lv 4 --log-file {log}"
-      settle_seconds: 5
-      ready_timeout_seconds: 900
-      defaults: {ctx: 16384}
-gpu: {sample_interval_seconds: 0.1, peak_window_seconds: 10}
-YAML
+  {
+    echo "engines:"
+    engine_yaml q4_0 8090 "$MODEL" "-c {ctx} -np {parallel}" 16384
+    engine_yaml q8_0 8091 "$MODEL_Q8" "-c {ctx} -np {parallel}" 16384
+    echo "$GPU_YAML"
+  } >"$D/config.yaml"
   python3 -m loadgen compare --config "$D/config.yaml" --engine q4_0 --engine q8_0 \
     --out "$D/report" --concurrency 1,4 --prompt-tokens 425 --max-tokens 128 --rounds 3 \
     --contexts 16384 --settle 5 | tee "$D/answer.txt" || echo "compare failed: $?"
@@ -144,26 +137,12 @@ YAML
 compare-np)
   # One model, one changed flag: -np 1 (in use) against -np 8 at equal load.
   D=$W/cmp-np; rm -rf "$D"; mkdir -p "$D"
-  cat >"$D/config.yaml" <<YAML
-engines:
-  - name: np1
-    kind: llamacpp
-    url: "http://127.0.0.1:8090"
-    model_path: "$MODEL"
-    launch:
-      command: "$SERVER -m {model} -c 8192 -np 1 -ngl 999 --port {port} --metrics -lv 4 --log-file {log}"
-      settle_seconds: 5
-      ready_timeout_seconds: 900
-  - name: np8
-    kind: llamacpp
-    url: "http://127.0.0.1:8091"
-    model_path: "$MODEL"
-    launch:
-      command: "$SERVER -m {model} -c 65536 -np 8 -ngl 999 --port {port} --metrics -lv 4 --log-file {log}"
-      settle_seconds: 5
-      ready_timeout_seconds: 900
-gpu: {sample_interval_seconds: 0.1, peak_window_seconds: 10}
-YAML
+  {
+    echo "engines:"
+    engine_yaml np1 8090 "$MODEL" "-c 8192 -np 1"
+    engine_yaml np8 8091 "$MODEL" "-c 65536 -np 8"
+    echo "$GPU_YAML"
+  } >"$D/config.yaml"
   python3 -m loadgen compare --config "$D/config.yaml" --engine np1 --engine np8 \
     --out "$D/report" --concurrency 1,8 --prompt-tokens 425 --max-tokens 128 --rounds 3 \
     --kv-prompt-tokens 0 --settle 5 | tee "$D/answer.txt" || echo "compare failed: $?"
@@ -174,8 +153,8 @@ start)
   bash "$0" build
   if [ ! -f "$W/pipeline.started" ]; then
     touch "$W/pipeline.started"
-    rm -rf "$W/repo" && mkdir -p "$W/repo" && cp -a bench exporter loadgen simulator prometheus \
-      pyproject.toml "$W/repo/" && cp -a .gpu .sgl "$W/repo/" 2>/dev/null || true
+    rm -rf "$W/repo" && mkdir -p "$W/repo" && cp -a bench core exporter loadgen diagnose simulator tools \
+      prometheus pyproject.toml "$W/repo/" && cp -a .gpu .sgl "$W/repo/" 2>/dev/null || true
     (cd "$W/repo" && LLMB_RUNS=${LLMB_RUNS:-} setsid nohup bash bench/gpu_pipeline.sh \
       >"$W/pipeline.log" 2>&1 </dev/null &)
     echo "pipeline started in $W (log $W/pipeline.log)"

@@ -93,6 +93,19 @@ gpu: {sample_interval_seconds: 0.1, peak_window_seconds: 10}
 YAML
 }
 
+diagnose_1_4_16() {
+  # diagnose_1_4_16 NAME LIMIT_S MODEL HEADER ENGINE: one engine at its default flags through
+  # diagnose at concurrency 1, 4, 16 (3 rounds, 16384 context), its GGUF header beside it.
+  local d=$RES/$1
+  mkdir -p "$d"
+  $PY bench/gguf_header.py "$3" "$d/$4"
+  llama_cfg "$5" "$3" 8090 "" 16384 >"$d/config.yaml"
+  run_loadgen "$1" "$2" 8090 -- diagnose --config "$d/config.yaml" --engine "$5" \
+    --out "$d/report" --concurrency 1,4,16 --prompt-tokens 425 --max-tokens 128 --rounds 3 \
+    --contexts 16384 --settle 5
+  pack "$1"
+}
+
 stop_port() {
   # An engine a killed run left behind would hold the port for the next run: stop it by pid
   # (only processes of this pipeline: their command line names this work folder and the port).
@@ -224,13 +237,7 @@ log "llama-server built"
 # --- 1. MoE at concurrency 1, 4, 16 ----------------------------------------------------------------
 [ -n "$MOE_PID" ] && wait $MOE_PID && log "$(tail -2 "$W/model-moe.log" | tr '\n' ' ')"
 if wanted moe-diagnose; then
-  D=$RES/moe-diagnose && mkdir -p "$D"
-  $PY bench/gguf_header.py "$MOE" "$D/qwen3-30b-a3b-q8_0.header.gguf"
-  llama_cfg moe "$MOE" 8090 "" 16384 >"$D/config.yaml"
-  run_loadgen moe-diagnose 420 8090 -- diagnose --config "$D/config.yaml" --engine moe \
-    --out "$D/report" --concurrency 1,4,16 --prompt-tokens 425 --max-tokens 128 --rounds 3 \
-    --contexts 16384 --settle 5
-  pack moe-diagnose
+  diagnose_1_4_16 moe-diagnose 420 "$MOE" qwen3-30b-a3b-q8_0.header.gguf moe
 fi
 
 # --- 2. expert offload: --n-cpu-moe 24 ---------------------------------------------------------------
@@ -306,13 +313,7 @@ fi
 # --- 5. gpt-oss-20b at concurrency 1, 4, 16 -----------------------------------------------------------
 [ -n "$OSS_PID" ] && wait $OSS_PID && log "$(tail -1 "$W/model-oss.log")"
 if wanted gptoss-diagnose; then
-  D=$RES/gptoss-diagnose && mkdir -p "$D"
-  $PY bench/gguf_header.py "$OSS" "$D/gpt-oss-20b.header.gguf"
-  llama_cfg gptoss "$OSS" 8090 "" 16384 >"$D/config.yaml"
-  run_loadgen gptoss-diagnose 300 8090 -- diagnose --config "$D/config.yaml" --engine gptoss \
-    --out "$D/report" --concurrency 1,4,16 --prompt-tokens 425 --max-tokens 128 --rounds 3 \
-    --contexts 16384 --settle 5
-  pack gptoss-diagnose
+  diagnose_1_4_16 gptoss-diagnose 300 "$OSS" gpt-oss-20b.header.gguf gptoss
 fi
 
 # --- 6. speculative decoding with a draft model --------------------------------------------------------
