@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from exporter.config import ConfigError, load_config, parse_config
 from tests.paths import ROOT
+from tests.plugins.cli import run_module
 
 MINIMAL = """\
 listen: "127.0.0.1:9490"
@@ -114,13 +114,7 @@ def test_api_key_from_env_only() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "exporter", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+    return run_module("exporter", *args)
 
 
 def test_check_only_prints_all_three_mistakes(tmp_path: Path) -> None:

@@ -9,27 +9,20 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from exporter.config import ConfigError, load_config
 from tests.paths import ROOT
+from tests.plugins.cli import run_module
 
 ENGINE = '  - {name: a, kind: llamacpp, url: "%s"}\n'
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("LLMB")}
-    return subprocess.run(
-        [sys.executable, "-m", "exporter", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-        env={**base, "PYTHONPATH": str(ROOT), **(env or {})},
-    )
+    return run_module("exporter", *args, env={**base, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
 BAD_FILES: dict[str, tuple[bytes, str]] = {

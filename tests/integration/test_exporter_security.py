@@ -27,6 +27,7 @@ import yaml
 from exporter.web_config import BasicAuth, load_web_config
 from tests.conftest import get_free_port
 from tests.paths import ROOT
+from tests.plugins.cli import run_module
 from tests.plugins.prom import start_prometheus, stop_process
 
 H200 = ROOT / "tests" / "fixtures" / "llamacpp-h200-gemma3-27b-shape-q4_0"
@@ -73,14 +74,8 @@ def _hash(password: str) -> str:
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "exporter", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "LLMB__GPU__ENABLED": "false"},
-    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LLMB__GPU__ENABLED": "false"}
+    return run_module("exporter", *args, env=env)
 
 
 # --- unit: the web config file ------------------------------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 from tests.paths import FIXTURES, ROOT
+from tests.plugins.cli import run_module
 from tools import synth_model as sm
 
 REPO = ROOT
@@ -24,24 +24,22 @@ H200_FILE_BYTES = 15_203_778_848
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     """The tool as a user runs it: a separate process, real exit code."""
-    return subprocess.run(
-        [sys.executable, "-m", "tools.synth_model", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_module("tools.synth_model", *args, timeout=120)
 
 
-def dry_run_numbers(stdout: str) -> dict[str, int]:
-    """The totals `--dry-run` prints."""
+def dry_run_ints(stdout: str, keys: tuple[str, ...]) -> dict[str, int]:
+    """The `key: N` lines `--dry-run` prints; each must be there."""
     out = {}
-    for key in ("tensors", "n_params", "tensor data bytes", "file bytes"):
+    for key in keys:
         match = re.search(rf"^{key}: (\d+)", stdout, re.MULTILINE)
         assert match, f"{key} missing from dry-run output"
         out[key] = int(match.group(1))
     return out
+
+
+def dry_run_numbers(stdout: str) -> dict[str, int]:
+    """The totals `--dry-run` prints."""
+    return dry_run_ints(stdout, ("tensors", "n_params", "tensor data bytes", "file bytes"))
 
 
 def test_dry_run_gemma3_27b_matches_the_h200_capture() -> None:
@@ -246,12 +244,7 @@ def moe_bytes(stdout: str) -> dict[str, int]:
         "active bytes per token",
         "weight bytes per step at batch 16",
     )
-    out = {}
-    for key in keys:
-        match = re.search(rf"^{key}: (\d+)", stdout, re.MULTILINE)
-        assert match, f"{key} missing from dry-run output"
-        out[key] = int(match.group(1))
-    return out
+    return dry_run_ints(stdout, keys)
 
 
 def test_dry_run_active_bytes_of_qwen3_30b_a3b_q8_0() -> None:

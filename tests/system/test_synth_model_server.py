@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -14,6 +12,7 @@ import httpx
 import pytest
 
 from tests.paths import ROOT
+from tests.plugins.cli import run_module
 from tests.plugins.llama import LlamaServer, start_llama_server
 from tools import synth_model as sm
 
@@ -27,14 +26,7 @@ N_PREDICT = 16
 
 def synth(out: Path, *args: str) -> str:
     """Run llmb-synth-model as a user would; returns its stdout."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "tools.synth_model", *args, "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = run_module("tools.synth_model", *args, "--out", str(out), timeout=120)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
