@@ -93,16 +93,54 @@ gpu: {sample_interval_seconds: 0.1, peak_window_seconds: 10}
 YAML
 }
 
-diagnose_1_4_16() {
-  # diagnose_1_4_16 NAME LIMIT_S MODEL HEADER ENGINE: one engine at its default flags through
+diagnose_llama() {
+  # diagnose_llama NAME LIMIT_S ENGINE ARGS...: diagnose of the engine in $RES/NAME/config.yaml
+  # (425-token prompts, 5 s settle, ARGS for the rest), samplers beside it, then packed.
+  local name=$1 limit=$2 engine=$3 d=$RES/$1
+  shift 3
+  run_loadgen "$name" "$limit" 8090 -- diagnose --config "$d/config.yaml" --engine "$engine" \
+    --out "$d/report" --prompt-tokens 425 --settle 5 "$@"
+  pack "$name"
+}
+
+diagnose_default() {
+  # diagnose_default NAME LIMIT_S ENGINE MODEL HEADER: the model at its default flags through
   # diagnose at concurrency 1, 4, 16 (3 rounds, 16384 context), its GGUF header beside it.
   local d=$RES/$1
   mkdir -p "$d"
-  $PY bench/gguf_header.py "$3" "$d/$4"
-  llama_cfg "$5" "$3" 8090 "" 16384 >"$d/config.yaml"
-  run_loadgen "$1" "$2" 8090 -- diagnose --config "$d/config.yaml" --engine "$5" \
-    --out "$d/report" --concurrency 1,4,16 --prompt-tokens 425 --max-tokens 128 --rounds 3 \
-    --contexts 16384 --settle 5
+  $PY bench/gguf_header.py "$4" "$d/$5"
+  llama_cfg "$3" "$4" 8090 "" 16384 >"$d/config.yaml"
+  diagnose_llama "$1" "$2" "$3" --concurrency 1,4,16 --max-tokens 128 --rounds 3 --contexts 16384
+}
+
+compare_sglang_llama() {
+  # compare_sglang_llama NAME HF_DIR GGUF SGLANG_PRE SGLANG_CUDA_GRAPH MEM_FRACTION ARGS...:
+  # SGLang on HF_DIR (port 30000) against llama-server on GGUF (port 8091), the same 256-token
+  # prompts at concurrency 1, 4, 16, 64 (ARGS for the rest), samplers beside it, then packed.
+  local d=$RES/$1
+  cat >"$d/config.yaml" <<YAML
+engines:
+  - name: sglang
+    kind: sglang
+    url: "http://127.0.0.1:30000"
+    model_path: "$2"
+    launch:
+      command: "$PY -m sglang.launch_server --model-path {model} $4--host 127.0.0.1 --port {port} --enable-metrics --attention-backend triton --sampling-backend pytorch --grammar-backend none $5 --mem-fraction-static $6 --context-length {ctx} --log-level info"
+      settle_seconds: 10
+      ready_timeout_seconds: 600
+  - name: llama
+    kind: llamacpp
+    url: "http://127.0.0.1:8091"
+    model_path: "$3"
+    launch:
+      command: "$SERVER -m {model} -c {ctx} -np {parallel} -ngl 999 --port {port} --metrics -lv 4 --log-file {log}"
+      settle_seconds: 5
+      ready_timeout_seconds: 600
+gpu: {sample_interval_seconds: 0.1, peak_window_seconds: 10}
+YAML
+  run_loadgen "$1" 560 "30000 8091" -- compare --config "$d/config.yaml" \
+    --engine sglang --engine llama --out "$d/report" --concurrency 1,4,16,64 \
+    --prompt-tokens 256 --kv-prompt-tokens 0 --parallel 64 --settle 10 "${@:7}"
   pack "$1"
 }
 
@@ -237,17 +275,15 @@ log "llama-server built"
 # --- 1. MoE at concurrency 1, 4, 16 ----------------------------------------------------------------
 [ -n "$MOE_PID" ] && wait $MOE_PID && log "$(tail -2 "$W/model-moe.log" | tr '\n' ' ')"
 if wanted moe-diagnose; then
-  diagnose_1_4_16 moe-diagnose 420 "$MOE" qwen3-30b-a3b-q8_0.header.gguf moe
+  diagnose_default moe-diagnose 420 moe "$MOE" qwen3-30b-a3b-q8_0.header.gguf
 fi
 
 # --- 2. expert offload: --n-cpu-moe 24 ---------------------------------------------------------------
 if wanted moe-ncpumoe; then
   D=$RES/moe-ncpumoe && mkdir -p "$D"
   llama_cfg moe_ncpumoe24 "$MOE" 8090 "--n-cpu-moe 24" 8192 5 >"$D/config.yaml"
-  run_loadgen moe-ncpumoe 300 8090 -- diagnose --config "$D/config.yaml" --engine moe_ncpumoe24 \
-    --out "$D/report" --concurrency 1,4 --prompt-tokens 425 --max-tokens 64 --rounds 1 \
-    --contexts 8192 --kv-prompt-tokens 0 --settle 5
-  pack moe-ncpumoe
+  diagnose_llama moe-ncpumoe 300 moe_ncpumoe24 --concurrency 1,4 --max-tokens 64 --rounds 1 \
+    --contexts 8192 --kv-prompt-tokens 0
 fi
 rm -f "$MOE"
 # gpt-oss (and the dense pair if it had to wait) now that the disk has room again.
@@ -267,10 +303,8 @@ if wanted dense-kvq8; then
   D=$RES/dense-kvq8 && mkdir -p "$D"
   $PY bench/gguf_header.py "$DENSE" "$D/gemma3-27b-q4_0.header.gguf"
   llama_cfg dense_kvq8 "$DENSE" 8090 "-ctk q8_0 -ctv q8_0 -fa on" 8192 >"$D/config.yaml"
-  run_loadgen dense-kvq8 240 8090 -- diagnose --config "$D/config.yaml" --engine dense_kvq8 \
-    --out "$D/report" --concurrency 1,4 --prompt-tokens 425 --max-tokens 128 --rounds 1 \
-    --contexts 8192,32768 --settle 5
-  pack dense-kvq8
+  diagnose_llama dense-kvq8 240 dense_kvq8 --concurrency 1,4 --max-tokens 128 --rounds 1 \
+    --contexts 8192,32768
 fi
 
 # --- 4. SGLang against llama.cpp on the same bf16 weights --------------------------------------------
@@ -283,37 +317,14 @@ if wanted sglang-vs-llama; then
   $PY bench/gguf_header.py "$HFG" "$D/qwen2-0.5b-bf16.header.gguf"
   cp "$HF/config.json" "$D/hf-config.json"
   sglang_env
-  cat >"$D/config.yaml" <<YAML
-engines:
-  - name: sglang
-    kind: sglang
-    url: "http://127.0.0.1:30000"
-    model_path: "$HF"
-    launch:
-      command: "$PY -m sglang.launch_server --model-path {model} --host 127.0.0.1 --port {port} --enable-metrics --attention-backend triton --sampling-backend pytorch --grammar-backend none $SGL_CG --mem-fraction-static 0.3 --context-length {ctx} --log-level info"
-      settle_seconds: 10
-      ready_timeout_seconds: 600
-  - name: llama
-    kind: llamacpp
-    url: "http://127.0.0.1:8091"
-    model_path: "$HFG"
-    launch:
-      command: "$SERVER -m {model} -c {ctx} -np {parallel} -ngl 999 --port {port} --metrics -lv 4 --log-file {log}"
-      settle_seconds: 5
-      ready_timeout_seconds: 600
-gpu: {sample_interval_seconds: 0.1, peak_window_seconds: 10}
-YAML
-  run_loadgen sglang-vs-llama 560 "30000 8091" -- compare --config "$D/config.yaml" \
-    --engine sglang --engine llama --out "$D/report" --concurrency 1,4,16,64 \
-    --prompt-tokens 256 --max-tokens 128 --rounds 2 --contexts 65536,131072 \
-    --kv-prompt-tokens 0 --parallel 64 --settle 10
-  pack sglang-vs-llama
+  compare_sglang_llama sglang-vs-llama "$HF" "$HFG" "" "${SGL_CG:-}" 0.3 \
+    --max-tokens 128 --rounds 2 --contexts 65536,131072
 fi
 
 # --- 5. gpt-oss-20b at concurrency 1, 4, 16 -----------------------------------------------------------
 [ -n "$OSS_PID" ] && wait $OSS_PID && log "$(tail -1 "$W/model-oss.log")"
 if wanted gptoss-diagnose; then
-  diagnose_1_4_16 gptoss-diagnose 300 "$OSS" gpt-oss-20b.header.gguf gptoss
+  diagnose_default gptoss-diagnose 300 gptoss "$OSS" gpt-oss-20b.header.gguf
 fi
 
 # --- 6. speculative decoding with a draft model --------------------------------------------------------
@@ -321,10 +332,8 @@ if wanted dense-spec; then
   D=$RES/dense-spec && mkdir -p "$D"
   $PY bench/gguf_header.py "$DRAFT" "$D/gemma3-270m-q8_0.header.gguf"
   llama_cfg dense_spec "$DENSE" 8090 "-md $DRAFT --spec-type draft-simple -ngld 999" 8192 >"$D/config.yaml"
-  run_loadgen dense-spec 240 8090 -- diagnose --config "$D/config.yaml" --engine dense_spec \
-    --out "$D/report" --concurrency 1,4 --prompt-tokens 425 --max-tokens 128 --rounds 1 \
-    --contexts 8192 --kv-prompt-tokens 0 --settle 5
-  pack dense-spec
+  diagnose_llama dense-spec 240 dense_spec --concurrency 1,4 --max-tokens 128 --rounds 1 \
+    --contexts 8192 --kv-prompt-tokens 0
 fi
 # --- 7. the seed's case: a 27B-class model in 16 bits on both engines -----------------------------------
 if wanted seed-27b-bf16; then
@@ -340,31 +349,9 @@ if wanted seed-27b-bf16; then
   $PY bench/hf_gemma3_config.py "$HF27" .gpu/tiny-tokenizer && cp "$HF27/config.json" "$D/hf-config.json"
   for _ in $(seq 1 600); do [ -f "$W/site/.sglang" ] && break; sleep 1; done
   sglang_env
-  cat >"$D/config.yaml" <<YAML
-engines:
-  - name: sglang
-    kind: sglang
-    url: "http://127.0.0.1:30000"
-    model_path: "$HF27"
-    launch:
-      command: "$PY -m sglang.launch_server --model-path {model} --load-format dummy --host 127.0.0.1 --port {port} --enable-metrics --attention-backend triton --sampling-backend pytorch --grammar-backend none --cuda-graph-max-bs 64 --disable-piecewise-cuda-graph --mem-fraction-static 0.85 --context-length {ctx} --log-level info"
-      settle_seconds: 10
-      ready_timeout_seconds: 600
-  - name: llama
-    kind: llamacpp
-    url: "http://127.0.0.1:8091"
-    model_path: "$G16"
-    launch:
-      command: "$SERVER -m {model} -c {ctx} -np {parallel} -ngl 999 --port {port} --metrics -lv 4 --log-file {log}"
-      settle_seconds: 5
-      ready_timeout_seconds: 600
-gpu: {sample_interval_seconds: 0.1, peak_window_seconds: 10}
-YAML
-  run_loadgen seed-27b-bf16 560 "30000 8091" -- compare --config "$D/config.yaml" \
-    --engine sglang --engine llama --out "$D/report" --concurrency 1,4,16,64 \
-    --prompt-tokens 256 --max-tokens 96 --rounds 1 --contexts 131072 \
-    --kv-prompt-tokens 0 --parallel 64 --settle 10
-  pack seed-27b-bf16
+  compare_sglang_llama seed-27b-bf16 "$HF27" "$G16" "--load-format dummy " \
+    "--cuda-graph-max-bs 64 --disable-piecewise-cuda-graph" 0.85 \
+    --max-tokens 96 --rounds 1 --contexts 131072
 fi
 log "pipeline done"
 touch "$W/pipeline.done"

@@ -14,12 +14,7 @@ def run_module(
     module: str, *args: str, env: Mapping[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     """`python -m module *args` (environment `env`, else this one's); never raises on exit."""
+    argv = [sys.executable, "-m", module, *args]
     return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=timeout,
-        env=env,
-        check=False,
+        argv, capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=env, check=False
     )
