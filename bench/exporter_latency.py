@@ -268,11 +268,9 @@ async def main() -> int:
     parser.add_argument(
         "--min-interval", type=float, default=0.0, help="the exporter's min_interval config"
     )
+    exposition = "which captured SGLang exposition the second engine serves (none: llama.cpp only)"
     parser.add_argument(
-        "--sglang",
-        choices=["busy", "idle", "none"],
-        default="busy",
-        help="which captured SGLang exposition the second engine serves (none: llama.cpp only)",
+        "--sglang", choices=["busy", "idle", "none"], default="busy", help=exposition
     )
     parser.add_argument(
         "--baseline",

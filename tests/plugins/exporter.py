@@ -20,20 +20,14 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
+
+from tools.gpu_report import Key, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SampleKey = tuple[str, tuple[tuple[str, str], ...]]
-
-
-def parse_samples(text: str) -> dict[SampleKey, float]:
-    """{(name, sorted label pairs): value} of an exposition."""
-    out: dict[SampleKey, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
+# {(name, sorted label pairs): value} of an exposition: the GPU report's reader.
+SampleKey = Key
+parse_samples = parse
 
 
 def pick(samples: dict[SampleKey, float], name: str, **labels: str) -> list[float]:
