@@ -86,67 +86,64 @@ class ArchSpec:
         return self.n_expert > 0
 
 
+# fmt: off
+def _gemma3(
+    n_layer: int, n_embd: int, n_head: int, n_head_kv: int, head_dim: int, n_ff: int,
+    ctx: int, window: int, **extra: Any,
+) -> ArchSpec:
+    """A Gemma 3 shape: 262144-token vocabulary, QK norms, post-norms, sliding window."""
+    return ArchSpec(
+        "gemma3", "gemma", n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, 262144, ctx,
+        1e6, 1e-6, sliding_window=window, qk_norm=True, post_norms=True, **extra,
+    )
+
+
+def _llama3(n_layer: int, n_embd: int, n_head: int, n_ff: int) -> ArchSpec:
+    """A Llama 3 shape: 8 KV heads of 128, 128256-token vocabulary, untied output."""
+    return ArchSpec(
+        "llama", "llama3", n_layer, n_embd, n_head, 8, 128, n_ff, 128256, 8192, 500000.0, 1e-5,
+        tied_output=False,
+    )
+
+
+def _qwen(
+    arch: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int, **extra: Any
+) -> ArchSpec:
+    """A Qwen 2.5 (qkv biases, 32768 context) or Qwen 3 (QK norms, 40960) shape."""
+    qwen3 = arch.startswith("qwen3")
+    vocab, ctx = (151936, 40960) if qwen3 else (152064, 32768)
+    return ArchSpec(
+        arch, "qwen", n_layer, n_embd, n_head, n_head_kv, 128, n_ff, vocab, ctx, 1e6, 1e-6,
+        qk_norm=qwen3, qkv_bias=not qwen3, **extra,
+    )
+
+
 # Published configurations (config.json of each model). llama.cpp derives the Gemma 3
 # sliding-window pattern (5 local layers, then 1 global) from the architecture itself.
+LINEAR_X8 = ("linear", 8.0)
 SPECS: dict[str, ArchSpec] = {
-    "gemma3-27b": ArchSpec(
-        "gemma3", "gemma", 62, 5376, 32, 16, 128, 21504, 262144, 131072, 1e6, 1e-6,
-        sliding_window=1024, rope_scaling=("linear", 8.0), qk_norm=True, post_norms=True,
-    ),
-    "gemma3-12b": ArchSpec(
-        "gemma3", "gemma", 48, 3840, 16, 8, 256, 15360, 262144, 131072, 1e6, 1e-6,
-        sliding_window=1024, rope_scaling=("linear", 8.0), qk_norm=True, post_norms=True,
-    ),
-    "gemma3-4b": ArchSpec(
-        "gemma3", "gemma", 34, 2560, 8, 4, 256, 10240, 262144, 131072, 1e6, 1e-6,
-        sliding_window=1024, rope_scaling=("linear", 8.0), qk_norm=True, post_norms=True,
-    ),
-    "gemma3-1b": ArchSpec(
-        "gemma3", "gemma", 26, 1152, 4, 1, 256, 6912, 262144, 32768, 1e6, 1e-6,
-        sliding_window=512, qk_norm=True, post_norms=True,
-    ),
-    "gemma3-270m": ArchSpec(
-        "gemma3", "gemma", 18, 640, 4, 1, 256, 2048, 262144, 32768, 1e6, 1e-6,
-        sliding_window=512, qk_norm=True, post_norms=True,
-    ),
-    "llama3-8b": ArchSpec(
-        "llama", "llama3", 32, 4096, 32, 8, 128, 14336, 128256, 8192, 500000.0, 1e-5,
-        tied_output=False,
-    ),
-    "llama3-70b": ArchSpec(
-        "llama", "llama3", 80, 8192, 64, 8, 128, 28672, 128256, 8192, 500000.0, 1e-5,
-        tied_output=False,
-    ),
-    "qwen2.5-7b": ArchSpec(
-        "qwen2", "qwen", 28, 3584, 28, 4, 128, 18944, 152064, 32768, 1e6, 1e-6,
-        qkv_bias=True, tied_output=False,
-    ),
-    "qwen2.5-72b": ArchSpec(
-        "qwen2", "qwen", 80, 8192, 64, 8, 128, 29568, 152064, 32768, 1e6, 1e-6,
-        qkv_bias=True, tied_output=False,
-    ),
+    "gemma3-27b": _gemma3(62, 5376, 32, 16, 128, 21504, 131072, 1024, rope_scaling=LINEAR_X8),
+    "gemma3-12b": _gemma3(48, 3840, 16, 8, 256, 15360, 131072, 1024, rope_scaling=LINEAR_X8),
+    "gemma3-4b": _gemma3(34, 2560, 8, 4, 256, 10240, 131072, 1024, rope_scaling=LINEAR_X8),
+    "gemma3-1b": _gemma3(26, 1152, 4, 1, 256, 6912, 32768, 512),
+    "gemma3-270m": _gemma3(18, 640, 4, 1, 256, 2048, 32768, 512),
+    "llama3-8b": _llama3(32, 4096, 32, 14336),
+    "llama3-70b": _llama3(80, 8192, 64, 28672),
+    "qwen2.5-7b": _qwen("qwen2", 28, 3584, 28, 4, 18944, tied_output=False),
+    "qwen2.5-72b": _qwen("qwen2", 80, 8192, 64, 8, 29568, tied_output=False),
     # The small Qwen 3 with the family's 151936-token vocabulary: a draft model for the others.
-    "qwen3-0.6b": ArchSpec(
-        "qwen3", "qwen", 28, 1024, 16, 8, 128, 3072, 151936, 40960, 1e6, 1e-6,
-        qk_norm=True, tied_output=True,
-    ),
-    "qwen3-8b": ArchSpec(
-        "qwen3", "qwen", 36, 4096, 32, 8, 128, 12288, 151936, 40960, 1e6, 1e-6,
-        qk_norm=True, tied_output=False,
-    ),
-    "qwen3-32b": ArchSpec(
-        "qwen3", "qwen", 64, 5120, 64, 8, 128, 25600, 151936, 40960, 1e6, 1e-6,
-        qk_norm=True, tied_output=False,
-    ),
+    "qwen3-0.6b": _qwen("qwen3", 28, 1024, 16, 8, 3072, tied_output=True),
+    "qwen3-8b": _qwen("qwen3", 36, 4096, 32, 8, 12288, tied_output=False),
+    "qwen3-32b": _qwen("qwen3", 64, 5120, 64, 8, 25600, tied_output=False),
     # Qwen3MoeForCausalLM: decoder_sparse_step 1 and no mlp_only_layers, so every block is MoE;
     # intermediate_size (the unused dense width) is still written as feed_forward_length.
-    "qwen3-30b-a3b": ArchSpec(
-        "qwen3moe", "qwen", 48, 2048, 32, 4, 128, 6144, 151936, 40960, 1e6, 1e-6,
-        qk_norm=True, tied_output=False, n_expert=128, n_expert_used=8, n_ff_exp=768,
+    "qwen3-30b-a3b": _qwen(
+        "qwen3moe", 48, 2048, 32, 4, 6144,
+        tied_output=False, n_expert=128, n_expert_used=8, n_ff_exp=768,
     ),
-    "qwen3-235b-a22b": ArchSpec(
-        "qwen3moe", "qwen", 94, 4096, 64, 4, 128, 12288, 151936, 40960, 1e6, 1e-6,
-        qk_norm=True, tied_output=False, n_expert=128, n_expert_used=8, n_ff_exp=1536,
+    "qwen3-235b-a22b": _qwen(
+        "qwen3moe", 94, 4096, 64, 4, 12288,
+        tied_output=False, n_expert=128, n_expert_used=8, n_ff_exp=1536,
     ),
     # GptOssForCausalLM: sliding window 128 on every other layer (llama.cpp derives the
     # pattern), YaRN x32 from 4096, attention sinks, biases everywhere, MXFP4 experts.
@@ -156,7 +153,8 @@ SPECS: dict[str, ArchSpec] = {
         tied_output=False, n_expert=32, n_expert_used=4, n_ff_exp=2880, expert_type="mxfp4",
         attn_bias=True, attn_sinks=True, expert_bias=True,
     ),
-}  # fmt: skip
+}
+# fmt: on
 
 
 class SynthError(Exception):
@@ -677,13 +675,8 @@ def file_bytes(model: Model) -> int:
     return header_bytes(model) + data
 
 
-def write_header_only(model: Model, out: Path) -> int:
-    """Write the GGUF header, metadata and tensor index without tensor data; returns its size.
-
-    Enough for readers of geometry (tensor names, shapes, types: exporter.model.geometry); llama.cpp
-    cannot load it. The simulators serve one as their `model_path`.
-    """
-    writer = _writer(model, out)
+def _write_tensorless(writer: gguf.GGUFWriter, out: Path) -> int:
+    """Write header, metadata and tensor index (no tensor data), close; returns the size."""
     try:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
@@ -691,6 +684,15 @@ def write_header_only(model: Model, out: Path) -> int:
     finally:
         writer.close()
     return out.stat().st_size
+
+
+def write_header_only(model: Model, out: Path) -> int:
+    """Write the GGUF header, metadata and tensor index without tensor data; returns its size.
+
+    Enough for readers of geometry (tensor names, shapes, types: exporter.model.geometry); llama.cpp
+    cannot load it. The simulators serve one as their `model_path`.
+    """
+    return _write_tensorless(_writer(model, out), out)
 
 
 def write_model(
@@ -776,13 +778,7 @@ def save_tokenizer(tok: dict[str, KV], arch: str, out: Path) -> int:
     writer = FastWriter(out, arch)
     for key, kv in tok.items():
         writer.add_key_value(key, kv.value, kv.vtype, kv.sub_type)
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-    finally:
-        writer.close()
-    return out.stat().st_size
+    return _write_tensorless(writer, out)
 
 
 def _source_arch(path: Path) -> str:
@@ -817,11 +813,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dry-run", action="store_true", help="print tensors, bytes and n_params; write nothing"
     )
-    p.add_argument(
-        "--save-tokenizer",
-        action="store_true",
-        help="write only the tokenizer of --tokenizer-from to --out (small enough to carry)",
-    )
+    tokenizer_only = "write only the tokenizer of --tokenizer-from to --out (small enough to carry)"
+    p.add_argument("--save-tokenizer", action="store_true", help=tokenizer_only)
     return p
 
 
