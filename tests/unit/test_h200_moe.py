@@ -143,14 +143,8 @@ def test_the_old_all_weights_roofline_would_be_beyond_physics() -> None:
     reason = core.roofline_misfit(old_eff, core.roofline_facts(engine["weights_bytes"], None))
     assert reason is not None and reason.name == "model_structure_unknown"
     # With the structure the same number is 16 %: a physical efficiency, no misfit.
-    structure = core.ModelStructure(
-        weights_bytes=engine["weights_bytes"],
-        always_read_bytes=engine["always_read_bytes"],
-        routed_expert_bytes=engine["routed_expert_bytes"],
-        experts=engine["experts"],
-        experts_used=engine["experts_used"],
-        token_embedding_row_bytes=engine["token_embedding_row_bytes"],
-    )
+    structure = engine_from_dict(engine).structure()
+    assert structure is not None and structure.draft_weights_bytes is None
     new_eff = engine["roofline"]["efficiency"]
     assert core.roofline_misfit(new_eff, core.roofline_facts(structure, None)) is None
     assert 0.10 < new_eff < 0.25
@@ -174,14 +168,8 @@ def test_the_distinct_expert_share_grows_with_the_batch() -> None:
     engine = load("moe-diagnose")["engines"][0]
     rows = {r["concurrency"]: r for r in engine["rows"] if r["step"] in ("single", "concurrency")}
     assert set(rows) == {1, 4, 16}
-    structure = core.ModelStructure(
-        weights_bytes=engine["weights_bytes"],
-        always_read_bytes=engine["always_read_bytes"],
-        routed_expert_bytes=engine["routed_expert_bytes"],
-        experts=engine["experts"],
-        experts_used=engine["experts_used"],
-        token_embedding_row_bytes=engine["token_embedding_row_bytes"],
-    )
+    structure = engine_from_dict(engine).structure()
+    assert structure is not None and structure.draft_weights_bytes is None
     weights = [core.active_weights_bytes(structure, b) for b in (1, 4, 16)]
     assert weights[0] < weights[1] < weights[2] < engine["weights_bytes"]
     for batch, w in zip((1, 4, 16), weights, strict=True):

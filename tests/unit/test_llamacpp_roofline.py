@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.metrics_core import Metric
 
 from exporter.collectors.llamacpp.log import LogState
 from exporter.collectors.llamacpp.memory import host_experts
@@ -35,6 +36,13 @@ def log_state(path: Path) -> LogState:
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         state.feed(line)
     return state
+
+
+async def scrape_once(slots: Path, props: Path, log: Path, model: Path) -> list[Metric]:
+    """One scrape of captured /slots and /props (no /metrics), with a log and a model file."""
+    transport = make_transport(None, _read(slots), _read(props), _read(CPU / "v1_models.json"))
+    c = collector(transport, log_file=str(log), model_path=str(model))
+    return (await c.collect()).metrics
 
 
 def moe_2_layers(tmp_path: Path) -> ModelGeometry:
@@ -76,17 +84,9 @@ def test_q8_0_estimate_equals_the_logged_kv_buffer(gemma_model: Path) -> None:
 
 
 async def test_collector_exports_kv_types_and_uses_them(gemma_model: Path) -> None:
-    c = collector(
-        make_transport(
-            None,
-            _read(KV_Q8 / "slots.json"),
-            _read(KV_Q8 / "props.json"),
-            _read(CPU / "v1_models.json"),
-        ),
-        log_file=str(KV_Q8 / "server.log"),
-        model_path=str(gemma_model),
+    m = await scrape_once(
+        KV_Q8 / "slots.json", KV_Q8 / "props.json", KV_Q8 / "server.log", gemma_model
     )
-    m = (await c.collect()).metrics
     assert v(m, "llmb_model_kv_cache_type_info", type_k="q8_0", type_v="q8_0") == 1
     # 3 full-attention layers x 1 KV head x 256 x 34/32 for K and for V.
     assert v(m, "llmb_model_kv_bytes_per_token_estimated") == 3 * 256 * 34 / 32 * 2
@@ -213,17 +213,9 @@ def test_n_cpu_moe_inferred_from_host_buffers(qwen3_30b_q8: ModelGeometry) -> No
 async def test_collector_moe_series(tmp_path: Path) -> None:
     geom_file = tmp_path / "moe2.gguf"
     geom = moe_2_layers(tmp_path)
-    c = collector(
-        make_transport(
-            None,
-            _read(CPU / "slots_idle.json"),
-            _read(CPU / "props.json"),
-            _read(CPU / "v1_models.json"),
-        ),
-        log_file=str(OFFLOAD / "server-ncmoe1-lv5.log"),
-        model_path=str(geom_file),
+    m = await scrape_once(
+        CPU / "slots_idle.json", CPU / "props.json", OFFLOAD / "server-ncmoe1-lv5.log", geom_file
     )
-    m = (await c.collect()).metrics
     assert v(m, "llmb_model_experts") == 128 and v(m, "llmb_model_experts_used") == 8
     assert v(m, "llmb_model_weights_routed_experts_bytes") == geom.routed_expert_bytes
     assert v(m, "llmb_model_weights_always_read_bytes") == geom.always_read_bytes
