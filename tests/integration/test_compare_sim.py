@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from diagnose.compare import compare
-from diagnose.decision import INCONCLUSIVE, switch_to
+from diagnose.decision import INCONCLUSIVE, Decision, EngineResult, switch_to
 from diagnose.procedure import Options
 from exporter.config import Config, parse_config
 from loadgen.__main__ import main as loadgen_main
@@ -65,17 +65,25 @@ def options(cfg: Config, **kw: Any) -> Options:
     return Options(**base)
 
 
+def compare_pair(
+    tmp_path: Path, a: tuple[str, str, str, str], b: tuple[str, str, str, str], **kw: Any
+) -> tuple[list[EngineResult], Decision]:
+    """`compare` in process over two simulated engines (sim_config's tuples), out in out/."""
+    cfg = sim_config(tmp_path, a, b)
+    return asyncio.run(
+        compare((cfg.engines[0], cfg.engines[1]), options(cfg, **kw), tmp_path / "out")
+    )
+
+
 def test_different_precisions_are_not_comparable(tmp_path: Path) -> None:
     """The rtx-pro-5000-27b pair: llama.cpp Q4_0 (14.2 GiB) vs SGLang bf16 (51.1 GiB)."""
-    cfg = sim_config(
+    results, d = compare_pair(
         tmp_path,
         ("llama", "llamacpp", "rtx-pro-5000-27b", ""),
         ("sglang", "sglang", "rtx-pro-5000-27b", ""),
+        concurrency=[1, 4],
+        rounds=2,
     )
-    results, d = asyncio.run(
-        compare((cfg.engines[0], cfg.engines[1]), options(cfg, concurrency=[1, 4], rounds=2),
-                tmp_path / "out")
-    )  # fmt: skip
     assert d.comparable is False
     assert d.recommendation == INCONCLUSIVE
     why = next(c for c in d.caveats if c.startswith("different precision"))
@@ -143,15 +151,12 @@ def test_better_batching_is_recommended_at_that_concurrency(
 
 
 def test_engines_within_noise_are_inconclusive(tmp_path: Path) -> None:
-    cfg = sim_config(
+    _, d = compare_pair(
         tmp_path,
         ("a", "llamacpp", "healthy", "-np 4"),
         ("b", "llamacpp", "healthy", "-np 4"),
+        concurrency=[1, 4],
     )
-    _, d = asyncio.run(
-        compare((cfg.engines[0], cfg.engines[1]), options(cfg, concurrency=[1, 4]),
-                tmp_path / "out")
-    )  # fmt: skip
     assert d.comparable is True
     assert d.recommendation == INCONCLUSIVE, d.action
     assert "no difference beyond the spread" in d.action
