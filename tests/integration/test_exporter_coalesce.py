@@ -11,7 +11,7 @@ import asyncio
 import gzip
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -125,11 +125,25 @@ def _config(llama: CountingStub, sgl: CountingStub, **extra: Any) -> dict[str, A
     }
 
 
-async def _start(
-    exporter_process: Callable[[dict[str, Any]], ExporterProcess], config: dict[str, Any]
-) -> ExporterProcess:
-    # The fixture polls /healthz synchronously; run it off the loop that serves the stubs.
-    return await asyncio.to_thread(exporter_process, config)
+Started = tuple[ExporterProcess, CountingStub, CountingStub, list[float]]
+StartExporter = Callable[..., Awaitable[Started]]
+
+
+@pytest.fixture
+def start_exporter(
+    engines: tuple[CountingStub, CountingStub, list[float]],
+    exporter_process: Callable[[dict[str, Any]], ExporterProcess],
+) -> StartExporter:
+    """`await start_exporter(**extra)`: the exporter over both stubs (`extra`: more config),
+    with the stubs and their delay."""
+    llama, sgl, delay = engines
+
+    async def start(**extra: Any) -> Started:
+        # The fixture polls /healthz synchronously; run it off the loop that serves the stubs.
+        exporter = await asyncio.to_thread(exporter_process, _config(llama, sgl, **extra))
+        return exporter, llama, sgl, delay
+
+    return start
 
 
 def _total(*stubs: CountingStub) -> Counter[str]:
@@ -141,11 +155,9 @@ def _total(*stubs: CountingStub) -> Counter[str]:
 
 
 async def test_twenty_scrapers_cause_one_engine_request_set(
-    engines: tuple[CountingStub, CountingStub, list[float]],
-    exporter_process: Callable[[dict[str, Any]], ExporterProcess],
+    start_exporter: StartExporter,
 ) -> None:
-    llama, sgl, delay = engines
-    exporter = await _start(exporter_process, _config(llama, sgl))
+    exporter, llama, sgl, delay = await start_exporter()
     async with httpx.AsyncClient(timeout=30) as client:
         url = exporter.url + "/metrics"
         # Warm-up: SGLang's static endpoints are read once and cached by the collector.
@@ -170,11 +182,9 @@ async def test_twenty_scrapers_cause_one_engine_request_set(
 
 
 async def test_min_interval_from_the_config_file(
-    engines: tuple[CountingStub, CountingStub, list[float]],
-    exporter_process: Callable[[dict[str, Any]], ExporterProcess],
+    start_exporter: StartExporter,
 ) -> None:
-    llama, sgl, _ = engines
-    exporter = await _start(exporter_process, _config(llama, sgl, min_interval=30))
+    exporter, llama, sgl, _ = await start_exporter(min_interval=30)
     async with httpx.AsyncClient(timeout=30) as client:
         answers = [await client.get(exporter.url + "/metrics") for _ in range(5)]
     assert {r.status_code for r in answers} == {200}
@@ -183,11 +193,9 @@ async def test_min_interval_from_the_config_file(
 
 
 async def test_healthz_does_not_wait_for_a_collection(
-    engines: tuple[CountingStub, CountingStub, list[float]],
-    exporter_process: Callable[[dict[str, Any]], ExporterProcess],
+    start_exporter: StartExporter,
 ) -> None:
-    llama, sgl, delay = engines
-    exporter = await _start(exporter_process, _config(llama, sgl))
+    exporter, _, _, delay = await start_exporter()
     delay[0] = 3.0
     async with httpx.AsyncClient(timeout=30) as client:
         scrape = asyncio.ensure_future(client.get(exporter.url + "/metrics"))
