@@ -3,16 +3,21 @@
 `counting_engines()` starts a llama.cpp stub (the H200 capture) and an SGLang stub
 (0.5.23, busy) in the running event loop and yields `(llama, sglang, delay)`; each stub's
 `hits` counts requests per path, and setting `delay[0]` slows every answer down.
+
+`ThreadedApp`: a base for misbehaving engines served from a thread of their own (a loop
+that the test's own blocking calls cannot stall); subclasses define `handle`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -80,3 +85,58 @@ async def counting_engines() -> AsyncIterator[tuple[CountingStub, CountingStub, 
     finally:
         for runner in runners:
             await runner.cleanup()
+
+
+AppT = TypeVar("AppT", bound="ThreadedApp")
+
+
+class ThreadedApp:
+    """An aiohttp app on 127.0.0.1 (a free port, in `port`) in a thread of its own, as a
+    context manager; every GET goes to `handle`. Handlers still running at exit are cancelled."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """Answer one request (subclasses)."""
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def start() -> None:
+            app = web.Application()
+            app.router.add_route("GET", "/{tail:.*}", self.handle)
+            self._runner = web.AppRunner(app)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            await site.start()
+            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self._ready.set()
+
+        self._loop.run_until_complete(start())
+        self._loop.run_forever()
+
+    def __enter__(self: AppT) -> AppT:
+        self._thread.start()
+        assert self._ready.wait(10)
+        return self
+
+    async def _shutdown(self) -> None:
+        # Cancel handlers still sleeping or streaming so the loop closes cleanly.
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()

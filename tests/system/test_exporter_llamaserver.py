@@ -17,6 +17,7 @@ import httpx
 import pytest
 from aiohttp import web
 
+from tests.plugins.engine_stubs import ThreadedApp
 from tests.plugins.exporter import parse_samples, pick
 
 pytestmark = pytest.mark.llamaserver
@@ -180,63 +181,22 @@ def test_metrics_off_and_no_slots(llama_server, exporter_process) -> None:
     assert "--no-slots" in log
 
 
-class _Stub:
+class _Stub(ThreadedApp):
     """A misbehaving 'engine' on a real socket: garbage /metrics, or a slow one."""
 
     def __init__(self, delay: float = 0.0, garbage: bool = False):
+        super().__init__()
         self.delay = delay
         self.garbage = garbage
-        self.port = 0
-        self._runner: web.AppRunner | None = None
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-
-        async def handler(request: web.Request) -> web.Response:
-            await asyncio.sleep(self.delay)
-            if request.path == "/metrics" and self.garbage:
-                return web.Response(text="<html>\x00garbage</html>")
-            if request.path == "/health":
-                return web.Response(text='{"status":"ok"}')
-            # Well-formed but empty answers, so the garbage /metrics is the only parse error.
-            return web.Response(text=json.dumps([] if request.path == "/slots" else {}))
-
-        async def start() -> None:
-            app = web.Application()
-            app.router.add_route("GET", "/{tail:.*}", handler)
-            runner = web.AppRunner(app)
-            self._runner = runner
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            self._ready.set()
-
-        self._loop.run_until_complete(start())
-        self._loop.run_forever()
-
-    def __enter__(self) -> _Stub:
-        self._thread.start()
-        self._ready.wait(10)
-        return self
-
-    async def _shutdown(self) -> None:
-        # Cancel handlers still sleeping (the slow stub) so the loop closes cleanly.
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
+    async def handle(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(self.delay)
+        if request.path == "/metrics" and self.garbage:
+            return web.Response(text="<html>\x00garbage</html>")
+        if request.path == "/health":
+            return web.Response(text='{"status":"ok"}')
+        # Well-formed but empty answers, so the garbage /metrics is the only parse error.
+        return web.Response(text=json.dumps([] if request.path == "/slots" else {}))
 
 
 def test_garbage_and_slow_engines_never_break_the_scrape(exporter_process, tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ exporter's own aiohttp application (`exporter.server.make_app`) in the test's lo
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 
@@ -20,25 +19,22 @@ from aiohttp.test_utils import TestServer
 from exporter.app import build_runner
 from exporter.config import parse_config
 from exporter.server import make_app
+from tests.plugins.engine_stubs import ThreadedApp
 from tests.plugins.exporter import parse_samples, pick
 
 MB = 1_000_000
 
 
-class HugeEngine:
+class HugeEngine(ThreadedApp):
     """An engine whose /metrics streams `size` bytes (chunked, no Content-Length)."""
 
     def __init__(self, size: int, line: bytes):
+        super().__init__()
         self.size = size
         self.line = line
-        self.port = 0
         self.sent = 0
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._runner: web.AppRunner | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: web.Request) -> web.StreamResponse:
         if request.path != "/metrics":
             if request.path == "/health":
                 return web.Response(text='{"status":"ok"}')
@@ -54,37 +50,6 @@ class HugeEngine:
         except (ConnectionError, RuntimeError):
             pass  # the exporter stopped reading: that is the point
         return resp
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-
-        async def start() -> None:
-            app = web.Application()
-            app.router.add_route("GET", "/{tail:.*}", self._handle)
-            self._runner = web.AppRunner(app)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, "127.0.0.1", 0)
-            await site.start()
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            self._ready.set()
-
-        self._loop.run_until_complete(start())
-        self._loop.run_forever()
-
-    def __enter__(self) -> HugeEngine:
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        async def stop() -> None:
-            if self._runner is not None:
-                await self._runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
 
 
 def _rss_bytes() -> int:
