@@ -51,19 +51,36 @@ def _app(bodies: dict[str, str], hits: Counter[str], delay: Callable[[], float])
     return app
 
 
+def _captured(folder: Path, files: dict[str, str]) -> dict[str, str]:
+    """{path: the captured answer in folder/file}."""
+    return {path: (folder / name).read_text() for path, name in files.items()}
+
+
+# The H200 capture (llama.cpp) and SGLang 0.5.23 busy: the answers the golden exposition
+# (tests/system/test_golden.py) and the counting stubs serve.
 LLAMA_BODIES = {
     "/health": '{"status":"ok"}',
-    "/metrics": (H200 / "metrics_np4_c4.txt").read_text(),
-    "/slots": (H200 / "slots_np4_c4.json").read_text(),
-    "/props": (H200 / "props.json").read_text(),
-    "/v1/models": (H200 / "models.json").read_text(),
+    **_captured(
+        H200,
+        {
+            "/metrics": "metrics_np4_c4.txt",
+            "/slots": "slots_np4_c4.json",
+            "/props": "props.json",
+            "/v1/models": "models.json",
+        },
+    ),
 }
 SGLANG_BODIES = {
     "/health": "",
     "/metrics": (SGL / "metrics-busy.txt").read_text(),
-    "/server_info": (SGL_ENDPOINTS / "server_info.json").read_text(),
-    "/model_info": (SGL_ENDPOINTS / "model_info.json").read_text(),
-    "/v1/models": (SGL_ENDPOINTS / "v1_models.json").read_text(),
+    **_captured(
+        SGL_ENDPOINTS,
+        {
+            "/server_info": "server_info.json",
+            "/model_info": "model_info.json",
+            "/v1/models": "v1_models.json",
+        },
+    ),
 }
 
 

@@ -19,28 +19,15 @@ from exporter.app import build_runner
 from exporter.config import parse_config
 from exporter.server import _Snapshot
 from tests.paths import FIXTURES, ROOT
+from tests.plugins.engine_stubs import LLAMA_BODIES, SGLANG_BODIES
 
 FIX = FIXTURES
 H200 = FIX / "llamacpp-h200-gemma3-27b-shape-q4_0"
-SGL = FIX / "sglang-0.5.23"
-SGL_ENDPOINTS = FIX / "sglang-0.5.23-endpoints"
 GOLDEN = ROOT / "tests" / "golden" / "exporter.txt"
 
 ROUTES = {
-    "127.0.0.1:8080": {
-        "/health": (200, '{"status":"ok"}'),
-        "/metrics": (200, (H200 / "metrics_np4_c4.txt").read_text()),
-        "/slots": (200, (H200 / "slots_np4_c4.json").read_text()),
-        "/props": (200, (H200 / "props.json").read_text()),
-        "/v1/models": (200, (H200 / "models.json").read_text()),
-    },
-    "127.0.0.1:30000": {
-        "/health": (200, ""),
-        "/metrics": (200, (SGL / "metrics-busy.txt").read_text()),
-        "/server_info": (200, (SGL_ENDPOINTS / "server_info.json").read_text()),
-        "/model_info": (200, (SGL_ENDPOINTS / "model_info.json").read_text()),
-        "/v1/models": (200, (SGL_ENDPOINTS / "v1_models.json").read_text()),
-    },
+    host: {path: (200, body) for path, body in bodies.items()}
+    for host, bodies in (("127.0.0.1:8080", LLAMA_BODIES), ("127.0.0.1:30000", SGLANG_BODIES))
 }
 
 # Values that change from run to run.
