@@ -25,9 +25,9 @@ from core import rule_values_at, series_from_scrapes
 from simulator.gpu_state import write_atomic
 from tests.conftest import get_free_port
 from tests.paths import ROOT
+from tests.plugins.cli import wait_http
 from tests.plugins.exporter import parse_samples
 from tests.plugins.prom import stop_process
-from tests.system.test_stack_integration import wait_http
 from tests.system.test_verdict_parity import promtool_test
 
 

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.paths import ROOT
+from tests.plugins.cli import wait_http
 
 COMPOSE = ROOT / "docker-compose.yml"
 SERVICES = {
@@ -328,22 +329,6 @@ def test_loadgen_out_is_writable_by_its_user() -> None:
 # --- integration: the llamacpp profile's services, natively ---------------------------------
 
 
-def wait_ok(url: str, proc: subprocess.Popen[bytes], what: str, timeout: float = 30) -> None:
-    """Wait until `url` answers 200; fail early when `proc` died."""
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"{what} exited with {proc.returncode}"
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{what} did not answer {url}")
-
-
 def profile_alerts(tmp_path: Path, config_file: Path) -> tuple[set[str], dict[str, str]]:
     """Run the llamacpp profile natively with `config_file` as LLMB_CONFIG_FILE.
 
@@ -366,7 +351,7 @@ def profile_alerts(tmp_path: Path, config_file: Path) -> tuple[set[str], dict[st
         argv += ["--log-file", str(log), "--gpu-state-file", str(state)]
         with (tmp_path / "sim.out").open("wb") as out:
             procs.append(subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT))
-        wait_ok(f"http://127.0.0.1:{sim_port}/health", procs[0], "llama.cpp simulator")
+        wait_http(f"http://127.0.0.1:{sim_port}/health", 30, procs[0], "llama.cpp simulator")
         env = {
             **os.environ,
             "LLMB__LISTEN": f"127.0.0.1:{exporter_port}",
@@ -390,7 +375,7 @@ def profile_alerts(tmp_path: Path, config_file: Path) -> tuple[set[str], dict[st
                     stderr=subprocess.STDOUT,
                 )
             )
-        wait_ok(f"http://127.0.0.1:{exporter_port}/metrics", procs[1], "exporter")
+        wait_http(f"http://127.0.0.1:{exporter_port}/metrics", 30, procs[1], "exporter")
         targets = {
             "llmb-exporter": [f"127.0.0.1:{exporter_port}"],
             "llmb-loadgen": [f"127.0.0.1:{get_free_port()}"],  # not running, as in compose

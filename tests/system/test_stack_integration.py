@@ -18,13 +18,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
 from simulator.demo import DEFAULT_LOAD, Load
 from simulator.demo import LOADS as DEMO_LOADS
 from tests.conftest import get_free_port
+from tests.plugins.cli import wait_http
 from tests.plugins.prom import ROOT, PrometheusServer, start_prometheus, stop_process
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(600)]
@@ -106,21 +106,6 @@ class Stack:
     def logs(self, name: str) -> str:
         path = self.workdir / f"{name}.log"
         return path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"
-
-
-def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes], what: str) -> None:
-    """Wait until `url` answers 200, failing early when the process died."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"{what} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{what} did not answer {url} within {timeout:.0f}s")
 
 
 def verdicts(prom: PrometheusServer) -> dict[str, str]:
