@@ -77,13 +77,9 @@ def compare_pair(
 
 def test_different_precisions_are_not_comparable(tmp_path: Path) -> None:
     """The rtx-pro-5000-27b pair: llama.cpp Q4_0 (14.2 GiB) vs SGLang bf16 (51.1 GiB)."""
-    results, d = compare_pair(
-        tmp_path,
-        ("llama", "llamacpp", "rtx-pro-5000-27b", ""),
-        ("sglang", "sglang", "rtx-pro-5000-27b", ""),
-        concurrency=[1, 4],
-        rounds=2,
-    )
+    preset = "rtx-pro-5000-27b"
+    a, b = ("llama", "llamacpp", preset, ""), ("sglang", "sglang", preset, "")
+    results, d = compare_pair(tmp_path, a, b, concurrency=[1, 4], rounds=2)
     assert d.comparable is False
     assert d.recommendation == INCONCLUSIVE
     why = next(c for c in d.caveats if c.startswith("different precision"))
@@ -151,12 +147,8 @@ def test_better_batching_is_recommended_at_that_concurrency(
 
 
 def test_engines_within_noise_are_inconclusive(tmp_path: Path) -> None:
-    _, d = compare_pair(
-        tmp_path,
-        ("a", "llamacpp", "healthy", "-np 4"),
-        ("b", "llamacpp", "healthy", "-np 4"),
-        concurrency=[1, 4],
-    )
+    same = ("llamacpp", "healthy", "-np 4")
+    _, d = compare_pair(tmp_path, ("a", *same), ("b", *same), concurrency=[1, 4])
     assert d.comparable is True
     assert d.recommendation == INCONCLUSIVE, d.action
     assert "no difference beyond the spread" in d.action

@@ -222,6 +222,17 @@ def test_garbage_and_slow_engines_never_break_the_scrape(exporter_process, tmp_p
     assert one(s, "llmb_engine_up", engine="slow") == 0
 
 
+def _instance(samples: dict, slots: int, capacity: int, restarts: int) -> tuple[float, float]:
+    """Check the series of one llama-server instance (1024 tokens per slot); return its KV
+    estimate and the KV bytes its log reported."""
+    assert one(samples, "llmb_engine_slots", engine="llama") == slots
+    assert one(samples, "llmb_engine_context_tokens", engine="llama") == 1024
+    assert one(samples, "llmb_engine_kv_cache_capacity_tokens", engine="llama") == capacity
+    assert one(samples, "llmb_engine_restarts_total", engine="llama") == restarts
+    estimate = one(samples, "llmb_model_kv_cache_bytes_estimated", engine="llama")
+    return estimate, sum(pick(samples, "llmb_engine_kv_cache_bytes", engine="llama"))
+
+
 def test_engine_restart_shows_the_new_instance_on_the_first_scrape(
     llama_server, exporter_process
 ) -> None:
@@ -239,24 +250,13 @@ def test_engine_restart_shows_the_new_instance_on_the_first_scrape(
             "gpu": {"enabled": False},
         }
     )
-    before = exp.scrape()
-    assert one(before, "llmb_engine_slots", engine="llama") == 4
-    assert one(before, "llmb_engine_context_tokens", engine="llama") == 1024
-    assert one(before, "llmb_engine_kv_cache_capacity_tokens", engine="llama") == 4096
-    assert one(before, "llmb_engine_restarts_total", engine="llama") == 0
-    est_before = one(before, "llmb_model_kv_cache_bytes_estimated", engine="llama")
-    kv_before = sum(pick(before, "llmb_engine_kv_cache_bytes", engine="llama"))
+    est_before, kv_before = _instance(exp.scrape(), slots=4, capacity=4096, restarts=0)
 
     old.stop()
     new = llama_server("--no-slots", ctx=2048, parallel=2, port=old.port)
     after = exp.scrape()
     assert one(after, "llmb_engine_endpoint_enabled", engine="llama", endpoint="slots") == 0
-    assert one(after, "llmb_engine_slots", engine="llama") == 2
-    assert one(after, "llmb_engine_context_tokens", engine="llama") == 1024
-    assert one(after, "llmb_engine_kv_cache_capacity_tokens", engine="llama") == 2048
-    assert one(after, "llmb_engine_restarts_total", engine="llama") == 1
-    est_after = one(after, "llmb_model_kv_cache_bytes_estimated", engine="llama")
-    kv_after = sum(pick(after, "llmb_engine_kv_cache_bytes", engine="llama"))
+    est_after, kv_after = _instance(after, slots=2, capacity=2048, restarts=1)
     # The estimate follows the new context and still matches what the new instance logged.
     assert est_after < est_before
     assert kv_after < kv_before

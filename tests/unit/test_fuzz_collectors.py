@@ -272,26 +272,15 @@ _name = st.text(alphabet=st.characters(codec="ascii"), min_size=0, max_size=20)
 
 @FUZZ
 @given(
-    task=_count,
-    n_tokens=_count,
-    accepted=_count,
-    drafted=_count,
-    layer=_count,
-    mib=_count,
+    numbers=st.tuples(*[_count] * 6),
     kv_type=_name,
     buffer=st.sampled_from(["CPU", "CUDA_Host", "CUDA0", "CPU_Mapped", "Vulkan_Host", ""]),
 )
 def test_roofline_lines_with_any_numbers(
-    task: int,
-    n_tokens: int,
-    accepted: int,
-    drafted: int,
-    layer: int,
-    mib: int,
-    kv_type: str,
-    buffer: str,
+    numbers: tuple[int, ...], kv_type: str, buffer: str
 ) -> None:
     """The exact formats (real lines of the fixtures) with any numbers and names in them."""
+    task, n_tokens, accepted, drafted, layer, mib = numbers
     state = LogState()
     prefix = f"1.15.304.682 I slot print_timing: id  0 | task {task} |"
     for line in (
