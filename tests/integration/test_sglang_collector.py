@@ -22,6 +22,7 @@ from exporter.config import EngineConfig
 from exporter.schema import SCHEMA
 from tests.conftest import get_free_port
 from tests.paths import FIXTURES
+from tests.unit.test_geometry import GEMMA3_27B_HF
 
 FIX = FIXTURES
 METRICS = FIX / "sglang-0.5.23"
@@ -123,25 +124,37 @@ def names(scrape: Scrape) -> set[str]:
     return {n for n, _ in flat(scrape.metrics)}
 
 
+def assert_values(scrape: Scrape, expected: dict[str, object]) -> None:
+    """Each series (engine label only) has its expected value (a number or pytest.approx)."""
+    for name, want in expected.items():
+        got = val(scrape, name)
+        assert got == want, (name, got, want)
+
+
 async def test_busy_fixture_maps_to_schema(fake: FakeSGLang, client: httpx.AsyncClient) -> None:
     collector, attribution = make(fake.url, client)
     scrape = await collector.collect()
     assert scrape.up and scrape.errors == []
-    assert val(scrape, "llmb_engine_up") == 1.0
-    assert val(scrape, "llmb_engine_loading") == 0.0
-    assert val(scrape, "llmb_engine_requests_running") == 24
-    assert val(scrape, "llmb_engine_requests_waiting") == 7
-    assert val(scrape, "llmb_engine_slots") == 48
-    assert val(scrape, "llmb_engine_context_tokens") == 8192
-    assert val(scrape, "llmb_engine_kv_cache_capacity_tokens") == 463552
-    assert val(scrape, "llmb_engine_kv_cache_used_tokens") == 431112
-    # full_token_usage, unrounded (token_usage reads 0.93).
-    assert val(scrape, "llmb_engine_kv_cache_usage_ratio") == pytest.approx(431112 / 463552)
-    assert val(scrape, "llmb_engine_prompt_tokens_total") == 4005498 + 772166
-    assert val(scrape, "llmb_engine_prompt_tokens_cached_total") == 1905996
-    assert val(scrape, "llmb_engine_requests_finished_total") == 2928 + 555
-    assert val(scrape, "llmb_engine_decode_tokens_total") == 2137107
-    assert val(scrape, "llmb_engine_decode_seconds_total") == pytest.approx(29993.2266)
+    assert_values(
+        scrape,
+        {
+            "llmb_engine_up": 1.0,
+            "llmb_engine_loading": 0.0,
+            "llmb_engine_requests_running": 24,
+            "llmb_engine_requests_waiting": 7,
+            "llmb_engine_slots": 48,
+            "llmb_engine_context_tokens": 8192,
+            "llmb_engine_kv_cache_capacity_tokens": 463552,
+            "llmb_engine_kv_cache_used_tokens": 431112,
+            # full_token_usage, unrounded (token_usage reads 0.93).
+            "llmb_engine_kv_cache_usage_ratio": pytest.approx(431112 / 463552),
+            "llmb_engine_prompt_tokens_total": 4005498 + 772166,
+            "llmb_engine_prompt_tokens_cached_total": 1905996,
+            "llmb_engine_requests_finished_total": 2928 + 555,
+            "llmb_engine_decode_tokens_total": 2137107,
+            "llmb_engine_decode_seconds_total": pytest.approx(29993.2266),
+        },
+    )
     retracted = val(scrape, "llmb_engine_kv_pressure_events_total", event="retracted")
     assert retracted == 9  # 6 retraction events, 9 requests retracted (PROVENANCE)
     assert val(scrape, "llmb_engine_kv_cache_bytes", device="gpu") == pytest.approx(60.38 * GIB)
@@ -308,12 +321,17 @@ async def test_older_sglang_exposition_is_tolerated(
     collector, _ = make(fake.url, client)
     scrape = await collector.collect()
     assert scrape.up and scrape.errors == []
-    assert val(scrape, "llmb_engine_requests_running") == 3
-    assert val(scrape, "llmb_engine_kv_cache_used_tokens") == 6000
-    assert val(scrape, "llmb_engine_prompt_tokens_cached_total") == 500
-    assert val(scrape, "llmb_engine_decode_tokens_total") == 100
-    assert val(scrape, "llmb_engine_decode_seconds_total") == 2.5
-    assert val(scrape, "llmb_engine_inter_token_latency_seconds_count") == 100
+    assert_values(
+        scrape,
+        {
+            "llmb_engine_requests_running": 3,
+            "llmb_engine_kv_cache_used_tokens": 6000,
+            "llmb_engine_prompt_tokens_cached_total": 500,
+            "llmb_engine_decode_tokens_total": 100,
+            "llmb_engine_decode_seconds_total": 2.5,
+            "llmb_engine_inter_token_latency_seconds_count": 100,
+        },
+    )
     assert (
         val(
             scrape,
@@ -430,26 +448,10 @@ async def test_api_key_sent_and_never_exported(
     assert "s3cret-key" not in repr(scrape.metrics)
 
 
-GEMMA3_HF = {
-    "architectures": ["Gemma3ForConditionalGeneration"],
-    "model_type": "gemma3",
-    "text_config": {
-        "model_type": "gemma3_text",
-        "hidden_size": 5376,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 16,
-        "head_dim": 128,
-        "num_hidden_layers": 62,
-        "sliding_window": 1024,
-        "sliding_window_pattern": 6,
-    },
-}
-
-
 async def test_geometry_from_model_dir(
     fake: FakeSGLang, client: httpx.AsyncClient, tmp_path: Path
 ) -> None:
-    (tmp_path / "config.json").write_text(json.dumps(GEMMA3_HF))
+    (tmp_path / "config.json").write_text(json.dumps(GEMMA3_27B_HF))
     collector, _ = make(fake.url, client, model_path=tmp_path)
     scrape = await collector.collect()
     assert val(scrape, "llmb_model_layers") == 62
@@ -464,7 +466,7 @@ async def test_geometry_from_model_dir(
 async def test_geometry_from_server_info_model_path(
     fake: FakeSGLang, client: httpx.AsyncClient, tmp_path: Path
 ) -> None:
-    (tmp_path / "config.json").write_text(json.dumps(GEMMA3_HF))
+    (tmp_path / "config.json").write_text(json.dumps(GEMMA3_27B_HF))
     info = json.loads((ENDPOINTS / "server_info.json").read_text())
     info["model_path"] = str(tmp_path)
     info["kv_cache_dtype"] = "fp8_e4m3"
@@ -557,18 +559,10 @@ async def test_family_prefilter_loses_nothing(monkeypatch: pytest.MonkeyPatch) -
     from exporter.attribution import Attribution
     from exporter.collectors.sglang import collector as sglang_module
     from exporter.config import EngineConfig
-
-    fixtures = FIXTURES
-    bodies = {
-        "/health": "",
-        "/metrics": (fixtures / "sglang-0.5.23" / "metrics-busy.txt").read_text(),
-        "/server_info": (fixtures / "sglang-0.5.23-endpoints" / "server_info.json").read_text(),
-        "/model_info": (fixtures / "sglang-0.5.23-endpoints" / "model_info.json").read_text(),
-        "/v1/models": (fixtures / "sglang-0.5.23-endpoints" / "v1_models.json").read_text(),
-    }
+    from tests.plugins.engine_stubs import SGLANG_BODIES
 
     def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, text=bodies.get(request.url.path, ""))
+        return httpx.Response(200, text=SGLANG_BODIES.get(request.url.path, ""))
 
     async def samples() -> list[tuple[str, tuple[tuple[str, str], ...], float]]:
         engine = EngineConfig(name="sgl", kind="sglang", url="http://127.0.0.1:30000")
