@@ -3,16 +3,22 @@
 `exporter_process(config: dict)` writes the config to a temp file, starts the exporter on a
 free port (unless the config names `listen`), waits for `/healthz`, and returns an
 `ExporterProcess` with `url`, `scrape()` (parsed samples) and `stop()`.
+
+`served_page(page)` serves an exposition (`page()`, read at each request) on a loopback port
+at /metrics, as an exporter would, for Prometheus or a reader under test.
 """
 
 from __future__ import annotations
 
+import http.server
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,3 +116,29 @@ def exporter_process(tmp_path: Path) -> Iterator[Callable[[dict[str, Any]], Expo
     yield factory
     for exp in started:
         exp.stop()
+
+
+@contextmanager
+def served_page(page: Callable[[], bytes]) -> Iterator[str]:
+    """Serve `page()` at /metrics (404 elsewhere) on 127.0.0.1; yields `host:port`."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            data = page() if self.path == "/metrics" else b""
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import http.server
 import re
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -15,6 +13,7 @@ import yaml
 from core import VERDICT_INFO
 from core import VERDICTS as CORE_VERDICTS
 from core.conditions import CONDITIONS
+from tests.plugins.exporter import served_page
 from tests.plugins.prom import (
     BUILTIN_SERIES,
     PROMETHEUS_DIR,
@@ -28,11 +27,13 @@ from tests.plugins.prom import (
 
 pytestmark = pytest.mark.prometheus
 
-# The verdict vocabulary is a contract: spelled out here, not read from the core.
-VERDICTS = set(
+# The verdict vocabulary in decision order is a contract: spelled out here, not read from
+# the core (users' alerts and dashboards name it).
+VERDICT_ORDER = (
     "weights_not_resident kv_saturated scheduling_bound idle "
-    "decode_at_card_limit decode_below_card_limit".split()
-)
+    "decode_at_card_limit decode_below_card_limit"
+).split()
+VERDICTS = set(VERDICT_ORDER)
 REQUIRED_ALERTS = {
     "LLMKVCacheSaturated",
     "LLMWeightsNotResident",
@@ -161,14 +162,7 @@ def test_the_verdict_has_one_rule_per_value_in_the_decision_order() -> None:
         for r in g["rules"]
         if r.get("record") == "llmb:engine_bottleneck:verdict"
     ]
-    assert verdict == [
-        "weights_not_resident",
-        "kv_saturated",
-        "scheduling_bound",
-        "idle",
-        "decode_at_card_limit",
-        "decode_below_card_limit",
-    ]
+    assert verdict == VERDICT_ORDER
     assert set(verdict) == VERDICTS
     # The rules are generated from the decision core, in its order.
     assert tuple(verdict) == CORE_VERDICTS
@@ -279,25 +273,8 @@ def test_only_up_is_used_outside_the_schema() -> None:
 def static_metrics() -> Iterator[tuple[str, list[str]]]:
     """A loopback HTTP server whose /metrics text the test can replace."""
     body = ["# TYPE llmb_engine_up gauge\n"]
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            data = "".join(body).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: object) -> None:
-            return
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{server.server_address[1]}", body
-    server.shutdown()
-    server.server_close()
+    with served_page(lambda: "".join(body).encode()) as target:
+        yield target, body
 
 
 def test_real_prometheus_loads_the_rules_and_records_a_verdict(

@@ -4,9 +4,7 @@ the roofline on a real H200 capture, and the command line's errors and help."""
 from __future__ import annotations
 
 import gzip
-import http.server
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,7 +27,7 @@ from diagnose.procedure import (
 from exporter.config import parse_config
 from loadgen.__main__ import main as loadgen_main
 from tests.paths import FIXTURES
-from tests.plugins.exporter import parse_samples
+from tests.plugins.exporter import parse_samples, served_page
 
 H200 = "llamacpp-h200-gemma3-27b-shape-q4_0"
 NGL30 = FIXTURES / "h200-validation-2026-11-30" / "ngl30"
@@ -45,27 +43,8 @@ def ngl30_scrapes() -> list[tuple[float, str]]:
 def real_exporter() -> Iterator[str]:
     """The last captured H200 exporter page served on a loopback port."""
     body = ngl30_scrapes()[-1][1].encode()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            code = 200 if self.path == "/metrics" else 404
-            self.send_response(code)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.end_headers()
-            if code == 200:
-                self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with served_page(lambda: body) as target:
+        yield f"http://{target}"
 
 
 def test_read_exporter_with_and_without_metrics_path(real_exporter: str) -> None:
