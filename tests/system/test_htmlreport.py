@@ -21,6 +21,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,6 +89,17 @@ def assert_report_renders(out: Path) -> Page:
     return page
 
 
+def _load_row(
+    name: str, step: str, c: int, per_seq: float, aggregate: float, ttft: float, **extra: Any
+) -> Row:
+    """A load row at concurrency `c`: three 128-token requests per sequence, all tokens back."""
+    return Row(
+        name, step, c, prompt_tokens=128, max_tokens=128, requests=3 * c,
+        completion_tokens=384 * c, tokens_ok=True, per_seq_tok_s=per_seq,
+        aggregate_tok_s=aggregate, ttft_s=ttft, **extra,
+    )  # fmt: skip
+
+
 def _engine(
     name: str,
     kind: str,
@@ -126,37 +138,10 @@ def _engine(
     ]
     e.timeline = [(t0 + i, 1e9 + 0.2e9 * min(i, 50)) for i in range(90)]
     e.rows.append(
-        Row(
-            name,
-            "single",
-            1,
-            prompt_tokens=128,
-            max_tokens=128,
-            requests=3,
-            completion_tokens=384,
-            tokens_ok=True,
-            per_seq_tok_s=60 * scale,
-            aggregate_tok_s=59 * scale,
-            ttft_s=0.05,
-            per_token_ms=16 / scale,
-        )
+        _load_row(name, "single", 1, 60 * scale, 59 * scale, 0.05, per_token_ms=16 / scale)
     )
     for c in (2, 4, 8):
-        e.rows.append(
-            Row(
-                name,
-                "concurrency",
-                c,
-                prompt_tokens=128,
-                max_tokens=128,
-                requests=3 * c,
-                completion_tokens=384 * c,
-                tokens_ok=True,
-                per_seq_tok_s=55 * scale,
-                aggregate_tok_s=52 * c * scale,
-                ttft_s=0.05 * c,
-            )
-        )
+        e.rows.append(_load_row(name, "concurrency", c, 55 * scale, 52 * c * scale, 0.05 * c))
     for ctx, mem in ((8192, 17e9), (32768, 21e9), (131072, 35e9)):
         e.rows.append(
             Row(name, "context", 1, context=ctx, loaded_memory_bytes=mem, kv_bytes=mem - 16e9)
@@ -221,21 +206,9 @@ def test_compare_report_renders_every_plot(tmp_path: Path) -> None:
     b = _engine("sglang", "sglang", 1.02, t0=1_790_000_100.0, verdict="scheduling_bound")
     b.rows = [r for r in b.rows if r.step != "concurrency"]
     for c, agg in ((2, 130.0), (4, 250.0), (8, 480.0)):
+        rounds = [agg * 0.98, agg, agg * 1.01]
         b.rows.append(
-            Row(
-                "sglang",
-                "concurrency",
-                c,
-                prompt_tokens=128,
-                max_tokens=128,
-                requests=3 * c,
-                completion_tokens=384 * c,
-                tokens_ok=True,
-                per_seq_tok_s=agg / c,
-                aggregate_tok_s=agg,
-                aggregate_rounds=[agg * 0.98, agg, agg * 1.01],
-                ttft_s=0.04,
-            )
+            _load_row("sglang", "concurrency", c, agg / c, agg, 0.04, aggregate_rounds=rounds)
         )
     b.weights_bytes = 51.1 * 2**30  # bf16 against Q4_0: not comparable
     # ... and at bf16 speed: 60 tok/s would be beyond physics (no estimate from it).
@@ -412,14 +385,8 @@ def _script(out: Path, extra: str = "") -> str:
 def test_no_third_party_log_lines(tmp_path: Path) -> None:
     """A fresh matplotlib cache (font cache built now) logs nothing, even at DEBUG."""
     env = {"MPLCONFIGDIR": str(tmp_path / "mpl"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    done = subprocess.run(
-        [sys.executable, "-c", _script(tmp_path / "out")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    argv = [sys.executable, "-c", _script(tmp_path / "out")]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     # The font cache was built by this run: the case that logs "generated new fontManager".
     assert any(p.name.startswith("fontlist") for p in (tmp_path / "mpl").iterdir())
