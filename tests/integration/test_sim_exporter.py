@@ -74,11 +74,11 @@ async def exporter(tmp_path: Path) -> AsyncIterator:
 
 
 async def test_kv_saturated_and_scheduling_bound_via_exporter(sim_server, exporter) -> None:
+    # kv-llama, kv-sg, sched-llama, sched-sg: both scenarios on both engines.
     handles = {
-        "kv-llama": await sim_server("llamacpp", "kv_saturated", time_scale=0.1),
-        "kv-sg": await sim_server("sglang", "kv_saturated", time_scale=0.1),
-        "sched-llama": await sim_server("llamacpp", "scheduling_bound", time_scale=0.1),
-        "sched-sg": await sim_server("sglang", "scheduling_bound", time_scale=0.1),
+        f"{prefix}-{short}": await sim_server(kind, scenario, time_scale=0.1)
+        for prefix, scenario in (("kv", "kv_saturated"), ("sched", "scheduling_bound"))
+        for kind, short in (("llamacpp", "llama"), ("sglang", "sg"))
     }
     url = await exporter(handles)
     clients = {n: httpx.AsyncClient(base_url=h.url, timeout=60) for n, h in handles.items()}
@@ -144,12 +144,13 @@ async def test_moe_kv_and_spec_presets_via_exporter(sim_server, exporter) -> Non
     from its log, and the accept length of its draft; the numbers are the presets'."""
     from simulator import scenarios
 
-    handles = {
-        "moe": await sim_server("llamacpp", "moe_below_limit", time_scale=0.2),
-        "kvq": await sim_server("llamacpp", "kv_quantized", time_scale=0.2),
-        "spec": await sim_server("llamacpp", "spec_decode", time_scale=0.2),
-        "host": await sim_server("llamacpp", "moe_experts_on_host", time_scale=0.2),
-    }
+    presets = (
+        ("moe", "moe_below_limit"),
+        ("kvq", "kv_quantized"),
+        ("spec", "spec_decode"),
+        ("host", "moe_experts_on_host"),
+    )
+    handles = {name: await sim_server("llamacpp", p, time_scale=0.2) for name, p in presets}
     url = await exporter(handles)
     async with httpx.AsyncClient(base_url=handles["spec"].url, timeout=60) as c:
         [reply] = await asyncio.gather(*llama_load(c, 1, 64, 96))
