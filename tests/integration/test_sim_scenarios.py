@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import httpx
 
@@ -39,39 +40,29 @@ async def poll(check: Callable[[], Awaitable[bool]], tries: int = 300) -> bool:
     return False
 
 
+def _posts(
+    c: httpx.AsyncClient, path: str, bodies: Iterable[dict[str, Any]]
+) -> list[asyncio.Task[httpx.Response]]:
+    """Start one POST per body at once (tasks, not awaited)."""
+    return [asyncio.ensure_future(c.post(path, json=body)) for body in bodies]
+
+
 def llama_load(
     c: httpx.AsyncClient, n: int, prompt: int, max_tokens: int
 ) -> list[asyncio.Task[httpx.Response]]:
-    return [
-        asyncio.ensure_future(
-            c.post(
-                "/completion",
-                json={
-                    "prompt": words(prompt, f"r{i}"),
-                    "n_predict": max_tokens,
-                    "ignore_eos": True,
-                },
-            )
-        )
+    bodies = (
+        {"prompt": words(prompt, f"r{i}"), "n_predict": max_tokens, "ignore_eos": True}
         for i in range(n)
-    ]
+    )
+    return _posts(c, "/completion", bodies)
 
 
 def sglang_load(
     c: httpx.AsyncClient, n: int, prompt: int, max_tokens: int
 ) -> list[asyncio.Task[httpx.Response]]:
-    return [
-        asyncio.ensure_future(
-            c.post(
-                "/generate",
-                json={
-                    "text": words(prompt, f"r{i}"),
-                    "sampling_params": {"max_new_tokens": max_tokens, "ignore_eos": True},
-                },
-            )
-        )
-        for i in range(n)
-    ]
+    params = {"max_new_tokens": max_tokens, "ignore_eos": True}
+    bodies = ({"text": words(prompt, f"r{i}"), "sampling_params": params} for i in range(n))
+    return _posts(c, "/generate", bodies)
 
 
 async def llama_kv_ratio(c: httpx.AsyncClient) -> float:

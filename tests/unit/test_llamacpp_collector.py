@@ -91,6 +91,14 @@ def make_transport(
     return httpx.MockTransport(handler)
 
 
+def cpu_busy_transport(metrics: str | None, metrics_status: int = 200) -> httpx.MockTransport:
+    """`make_transport` with the CPU capture's busy /slots, /props and /v1/models."""
+    slots, props, models = (
+        _read(CPU / f) for f in ("slots_busy.json", "props.json", "v1_models.json")
+    )
+    return make_transport(metrics, slots, props, models, metrics_status=metrics_status)
+
+
 def collector(transport: httpx.MockTransport, **engine_kw: object) -> LlamaCppCollector:
     engine = EngineConfig.model_validate(
         {"name": "llama", "kind": "llamacpp", "url": "http://127.0.0.1:8080", **engine_kw}
@@ -115,14 +123,7 @@ def v(metrics: list[Metric], name: str, **labels: str) -> float:
 
 
 async def test_cpu_busy_capture_maps_to_schema() -> None:
-    c = collector(
-        make_transport(
-            _read(CPU / "llamacpp_metrics_busy.txt"),
-            _read(CPU / "slots_busy.json"),
-            _read(CPU / "props.json"),
-            _read(CPU / "v1_models.json"),
-        )
-    )
+    c = collector(cpu_busy_transport(_read(CPU / "llamacpp_metrics_busy.txt")))
     scrape = await c.collect()
     assert scrape.up and not scrape.errors
     m = scrape.metrics
@@ -221,14 +222,7 @@ async def test_loading_engine_reports_loading_not_error() -> None:
 
 
 async def test_garbage_metrics_is_a_parse_error_and_other_series_stay() -> None:
-    c = collector(
-        make_transport(
-            "this is {not an exposition\n",
-            _read(CPU / "slots_busy.json"),
-            _read(CPU / "props.json"),
-            _read(CPU / "v1_models.json"),
-        )
-    )
+    c = collector(cpu_busy_transport("this is {not an exposition\n"))
     scrape = await c.collect()
     assert not scrape.up
     assert [e.reason for e in scrape.errors] == ["parse"]
@@ -237,15 +231,7 @@ async def test_garbage_metrics_is_a_parse_error_and_other_series_stay() -> None:
 
 
 async def test_http_error_reason() -> None:
-    c = collector(
-        make_transport(
-            "x 1\n",
-            _read(CPU / "slots_busy.json"),
-            _read(CPU / "props.json"),
-            _read(CPU / "v1_models.json"),
-            metrics_status=500,
-        )
-    )
+    c = collector(cpu_busy_transport("x 1\n", metrics_status=500))
     scrape = await c.collect()
     assert [e.reason for e in scrape.errors] == ["http"]
 
@@ -260,14 +246,7 @@ async def test_connection_refused_is_engine_down() -> None:
 
 
 async def test_legacy_build_with_kv_metrics() -> None:
-    c = collector(
-        make_transport(
-            LEGACY_METRICS,
-            _read(CPU / "slots_busy.json"),
-            _read(CPU / "props.json"),
-            _read(CPU / "v1_models.json"),
-        )
-    )
+    c = collector(cpu_busy_transport(LEGACY_METRICS))
     m = (await c.collect()).metrics
     assert v(m, "llmb_engine_kv_cache_usage_ratio") == 0.25
     assert v(m, "llmb_engine_kv_cache_used_tokens") == 1024
