@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -147,15 +145,7 @@ def lost_in_round_trip(before: Any, after: Any, path: str = "") -> list[str]:
 # --- generated, real series, layout ----------------------------------------------------
 
 
-def test_dashboards_are_fresh() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "mixin", "--check"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
+# Freshness of the generated dashboards: tests/system/test_mixin.py (one --check for all).
 
 
 def test_the_five_dashboards_exist_with_unique_uids() -> None:

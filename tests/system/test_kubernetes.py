@@ -54,15 +54,7 @@ def _validate(*paths: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_generated_manifests_are_fresh() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "mixin", "--check"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
+# Freshness of the generated manifests: tests/system/test_mixin.py (one --check for all).
 
 
 def test_core_manifests_validate_against_kubernetes_schemas() -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,8 @@ import yaml
 
 from mixin import config
 from mixin.cli import outputs
-from tests.plugins.prom import ROOT, RULE_FILES
+from tests.plugins.cli import run_module
+from tests.plugins.prom import RULE_FILES
 
 pytestmark = pytest.mark.prometheus
 
@@ -28,13 +28,13 @@ OTHER_JOB = 'job="my-llmb"'
 
 def mixin(*args: str) -> subprocess.CompletedProcess[str]:
     """Run `python -m mixin ARGS` in the repository root."""
-    return subprocess.run(
-        [sys.executable, "-m", "mixin", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_module("mixin", *args, timeout=120)
+
+
+def test_generated_outputs_are_fresh() -> None:
+    """Rules, promtool tests, dashboards and manifests as committed: one `--check` for all."""
+    result = mixin("--check")
+    assert result.returncode == 0, result.stderr
 
 
 def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
