@@ -285,17 +285,32 @@ def mutate_log(text: str, rng: random.Random) -> str:
 
 
 @dataclass
+class PromtoolTally:
+    """`promtool check metrics` over every distinct exporter answer."""
+
+    checked: int = 0
+    rejected: int = 0
+    examples: list[str] = field(default_factory=list)  # the first three rejections
+
+    def record(self, ok: bool, problems: str) -> None:
+        """Count one checked answer; keep the start of the first rejections."""
+        self.checked += 1
+        if not ok:
+            self.rejected += 1
+            if len(self.examples) < 3:
+                self.examples.append(problems[:500])
+
+
+@dataclass
 class Counts:
     """What the fuzz run found."""
 
     cases: int = 0
     escaped: int = 0
     http_errors: int = 0
-    promtool_checked: int = 0
-    promtool_rejected: int = 0
+    promtool: PromtoolTally = field(default_factory=PromtoolTally)
     by_reason: Counter[str] = field(default_factory=Counter)
     rss_mib: list[float] = field(default_factory=list)
-    rejected_examples: list[str] = field(default_factory=list)
 
 
 class _CrashCounter(logging.Handler):
@@ -429,19 +444,14 @@ async def run(
                 digest = hashlib.sha256(_VOLATILE.sub(r"\1 0", resp.text).encode()).digest()
                 if promtool and digest not in seen:
                     seen.add(digest)
-                    ok, problems = _promtool_ok(promtool, resp.text)
-                    counts.promtool_checked += 1
-                    if not ok:
-                        counts.promtool_rejected += 1
-                        if len(counts.rejected_examples) < 3:
-                            counts.rejected_examples.append(problems[:500])
+                    counts.promtool.record(*_promtool_ok(promtool, resp.text))
                 if case % 500 == 0 or case == cases - 1:
                     counts.rss_mib.append(round(_rss_mib(), 1))
                     progress(
                         f"{case + 1}/{cases} cases, {time.monotonic() - started:.0f} s, "
                         f"RSS {counts.rss_mib[-1]} MiB, escaped {crashes.count}, "
                         f"HTTP errors {counts.http_errors}, promtool rejected "
-                        f"{counts.promtool_rejected}/{counts.promtool_checked}"
+                        f"{counts.promtool.rejected}/{counts.promtool.checked}"
                     )
         counts.escaped = crashes.count
         for (_source, reason), n in runner._errors.items():
@@ -474,14 +484,14 @@ def main(argv: list[str] | None = None) -> int:
         "cases": counts.cases,
         "exceptions_escaping_a_collector": counts.escaped,
         "http_non_200": counts.http_errors,
-        "promtool_checked_distinct_outputs": counts.promtool_checked,
-        "promtool_rejected": counts.promtool_rejected,
+        "promtool_checked_distinct_outputs": counts.promtool.checked,
+        "promtool_rejected": counts.promtool.rejected,
         "source_errors_by_reason": dict(sorted(counts.by_reason.items())),
         "rss_mib_first_last_max": [counts.rss_mib[0], counts.rss_mib[-1], max(counts.rss_mib)],
-        "rejected_examples": counts.rejected_examples,
+        "rejected_examples": counts.promtool.examples,
     }
     print(json.dumps(report, indent=2))
-    failed = counts.escaped or counts.http_errors or counts.promtool_rejected
+    failed = counts.escaped or counts.http_errors or counts.promtool.rejected
     return 1 if failed else 0
 
 
