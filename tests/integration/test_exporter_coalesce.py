@@ -18,34 +18,17 @@ import httpx
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from exporter.collectors import Collector, Scrape
 from exporter.runner import CollectionTimeout, Runner
-from exporter.schema import MetricSet
 from exporter.server import make_app
+from tests.plugins.collectors import Fixed
 from tests.plugins.engine_stubs import CountingStub, counting_engines
 from tests.plugins.exporter import ExporterProcess, parse_samples, pick
 
 # --- unit: the Runner ----------------------------------------------------------------------
 
 
-class Slow(Collector):
-    """Counts its collections; each takes `delay` seconds."""
-
-    def __init__(self, source: str, delay: float):
-        self.source = source
-        self.delay = delay
-        self.calls = 0
-
-    async def collect(self) -> Scrape:
-        self.calls += 1
-        await asyncio.sleep(self.delay)
-        ms = MetricSet()
-        ms.add("llmb_engine_up", 1, engine=self.source, kind="llamacpp")
-        return Scrape(ms.metrics())
-
-
 async def test_concurrent_scrapes_share_one_collection() -> None:
-    collectors = [Slow("a", 0.2), Slow("b", 0.2)]
+    collectors = [Fixed("a", 0.2), Fixed("b", 0.2)]
     runner = Runner(collectors)
     results = await asyncio.gather(*(runner.collect() for _ in range(20)))
     assert [c.calls for c in collectors] == [1, 1]
@@ -58,7 +41,7 @@ async def test_concurrent_scrapes_share_one_collection() -> None:
 
 async def test_min_interval_serves_the_last_collection() -> None:
     now = [100.0]
-    collector = Slow("a", 0.0)
+    collector = Fixed("a", 0.0)
     runner = Runner([collector], min_interval=5.0, clock=lambda: now[0])
     first = await runner.collect()
     now[0] += 4.9
@@ -70,7 +53,7 @@ async def test_min_interval_serves_the_last_collection() -> None:
 
 
 async def test_a_scraper_that_gives_up_does_not_cancel_the_others() -> None:
-    collector = Slow("a", 0.3)
+    collector = Fixed("a", 0.3)
     runner = Runner([collector])
     quitter = asyncio.ensure_future(runner.collect())
     stayer = asyncio.ensure_future(runner.collect())
@@ -82,7 +65,7 @@ async def test_a_scraper_that_gives_up_does_not_cancel_the_others() -> None:
 
 
 async def test_one_rendering_per_format_and_gzip_only_when_asked() -> None:
-    runner = Runner([Slow("a", 0.0)])
+    runner = Runner([Fixed("a", 0.0)])
     async with TestClient(TestServer(make_app(runner))) as client:
         plain = await client.get("/metrics", headers={"Accept-Encoding": "identity"})
         assert "Content-Encoding" not in plain.headers
@@ -211,7 +194,7 @@ async def test_healthz_does_not_wait_for_a_collection(
 
 
 async def test_a_shorter_deadline_does_not_wait_for_a_longer_collection() -> None:
-    collector = Slow("a", 1.0)
+    collector = Fixed("a", 1.0)
     runner = Runner([collector], default_deadline=5.0)
     first = asyncio.ensure_future(runner.collect(5.0))
     await asyncio.sleep(0.05)

@@ -2,55 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collectors import Collector, Scrape, SourceError
 from exporter.runner import Runner, deadline_from_header
 from exporter.schema import SCHEMA, MetricSet, markdown_table
 from exporter.server import make_app
 from tests.paths import ROOT
-
-
-class Fixed(Collector):
-    def __init__(
-        self, source: str, delay: float = 0.0, fail: str | None = None, crash: bool = False
-    ):
-        self.source = source
-        self.delay = delay
-        self.fail = fail
-        self.crash = crash
-        self.calls = 0
-
-    async def collect(self) -> Scrape:
-        self.calls += 1
-        await asyncio.sleep(self.delay)
-        if self.crash:
-            raise RuntimeError("bug")
-        ms = MetricSet()
-        ms.add("llmb_engine_up", 1, engine=self.source, kind="llamacpp")
-        if self.fail:
-            return Scrape(ms.metrics(), up=False, errors=[SourceError(self.fail, "boom")])  # type: ignore[arg-type]
-        return Scrape(ms.metrics())
-
-    def fallback(self) -> list:
-        ms = MetricSet()
-        ms.add("llmb_engine_up", 0, engine=self.source, kind="llamacpp")
-        return ms.metrics()
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
+from tests.plugins.collectors import Fixed
+from tests.plugins.exporter import parse_samples
 
 
 def test_deadline_header() -> None:
@@ -74,7 +39,7 @@ async def test_slow_source_times_out_others_keep_coming() -> None:
         ).text()
     assert resp.status == 200
     assert elapsed < 1.5, elapsed  # bounded by the header, not by the slow source
-    s = samples(text)
+    s = parse_samples(text)
     up = lambda e: s[("llmb_engine_up", (("engine", e), ("kind", "llamacpp")))]  # noqa: E731
     assert up("fast") == 1 and up("slow") == 0 and up("bad") == 1
     assert s[("llmb_source_up", (("source", "fast"),))] == 1
@@ -82,7 +47,7 @@ async def test_slow_source_times_out_others_keep_coming() -> None:
     assert s[("llmb_source_up", (("source", "bad"),))] == 0
     assert s[("llmb_source_errors_total", (("reason", "timeout"), ("source", "slow")))] == 1
     assert s[("llmb_source_errors_total", (("reason", "http"), ("source", "bad")))] == 1
-    s2 = samples(text2)
+    s2 = parse_samples(text2)
     assert s2[("llmb_source_errors_total", (("reason", "timeout"), ("source", "slow")))] == 2
     assert s[("llmb_source_duration_seconds", (("source", "slow"),))] >= 0.4
 
