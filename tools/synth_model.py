@@ -317,20 +317,24 @@ def model_metadata(spec: ArchSpec, like: str, wname: str) -> dict[str, KV]:
     kv: dict[str, KV] = {
         Keys.General.NAME: KV(f"synthetic {like} ({types}, random weights)", s),
         Keys.General.FILE_TYPE: KV(int(ftype), u32),
-        Keys.LLM.CONTEXT_LENGTH.format(arch=a): KV(spec.ctx_train, u32),
-        Keys.LLM.EMBEDDING_LENGTH.format(arch=a): KV(spec.n_embd, u32),
-        Keys.LLM.BLOCK_COUNT.format(arch=a): KV(spec.n_layer, u32),
-        Keys.LLM.FEED_FORWARD_LENGTH.format(arch=a): KV(spec.n_ff, u32),
-        Keys.LLM.VOCAB_SIZE.format(arch=a): KV(spec.n_vocab, u32),
-        Keys.Attention.HEAD_COUNT.format(arch=a): KV(spec.n_head, u32),
-        Keys.Attention.HEAD_COUNT_KV.format(arch=a): KV(spec.n_head_kv, u32),
-        # Explicit because head_dim is not always n_embd / n_head (Gemma 3, Qwen 3).
-        Keys.Attention.KEY_LENGTH.format(arch=a): KV(spec.head_dim, u32),
-        Keys.Attention.VALUE_LENGTH.format(arch=a): KV(spec.head_dim, u32),
-        Keys.Attention.LAYERNORM_RMS_EPS.format(arch=a): KV(spec.rms_eps, f32),
-        Keys.Rope.FREQ_BASE.format(arch=a): KV(spec.rope_freq_base, f32),
-        Keys.Rope.DIMENSION_COUNT.format(arch=a): KV(spec.head_dim, u32),
     }
+    # The per-architecture keys, in a fixed order: the file's bytes follow it.
+    shape: list[tuple[str, float | int, gguf.GGUFValueType]] = [
+        (Keys.LLM.CONTEXT_LENGTH, spec.ctx_train, u32),
+        (Keys.LLM.EMBEDDING_LENGTH, spec.n_embd, u32),
+        (Keys.LLM.BLOCK_COUNT, spec.n_layer, u32),
+        (Keys.LLM.FEED_FORWARD_LENGTH, spec.n_ff, u32),
+        (Keys.LLM.VOCAB_SIZE, spec.n_vocab, u32),
+        (Keys.Attention.HEAD_COUNT, spec.n_head, u32),
+        (Keys.Attention.HEAD_COUNT_KV, spec.n_head_kv, u32),
+        # Explicit because head_dim is not always n_embd / n_head (Gemma 3, Qwen 3).
+        (Keys.Attention.KEY_LENGTH, spec.head_dim, u32),
+        (Keys.Attention.VALUE_LENGTH, spec.head_dim, u32),
+    ]
+    shape += [(Keys.Attention.LAYERNORM_RMS_EPS, spec.rms_eps, f32)]
+    shape += [(Keys.Rope.FREQ_BASE, spec.rope_freq_base, f32)]
+    shape += [(Keys.Rope.DIMENSION_COUNT, spec.head_dim, u32)]
+    kv.update({key.format(arch=a): KV(value, vtype) for key, value, vtype in shape})
     if spec.sliding_window:
         kv[Keys.Attention.SLIDING_WINDOW.format(arch=a)] = KV(spec.sliding_window, u32)
     if spec.rope_scaling is not None:
