@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -27,6 +26,7 @@ from simulator.model import Clock, ModelSpec, Request
 from simulator.tokenizer import Tokenizer
 from tests.integration.test_sim_scenarios import llama_load, llama_metrics, words
 from tests.paths import FIXTURES
+from tests.plugins.sim import SimServer
 from tools import synth_model as sm
 
 FIXTURES = FIXTURES
@@ -164,36 +164,28 @@ def test_speculative_steps_keep_one_plus_accepted_tokens() -> None:
     assert len(short.generated) == 3
 
 
-async def test_llamacpp_moe_serves_a_gguf_with_the_real_geometry(
-    sim_server: Callable[..., Awaitable[object]],
-) -> None:
+async def test_llamacpp_moe_serves_a_gguf_with_the_real_geometry(sim_server: SimServer) -> None:
     h = await sim_server("llamacpp", "moe_below_limit")
-    async with httpx.AsyncClient(base_url=h.url) as c:  # type: ignore[attr-defined]
+    async with httpx.AsyncClient(base_url=h.url) as c:
         props = (await c.get("/props")).json()
         meta = (await c.get("/v1/models")).json()["data"][0]["meta"]
     path = Path(props["model_path"])
     assert is_file(path) and path.suffix == ".gguf"
     geo = geometry_from_gguf(path)
-    assert (geo.architecture, geo.n_layer, geo.n_head_kv, geo.head_dim_k) == (
-        "qwen3moe",
-        48,
-        4,
-        128,
-    )
+    shape = ("qwen3moe", 48, 4, 128)
+    assert (geo.architecture, geo.n_layer, geo.n_head_kv, geo.head_dim_k) == shape
     # The header-only file lists every tensor: sizes add up to what llama-server reports.
     assert geo.weight_bytes == meta["size"] == scenarios.QWEN3_30B_A3B_Q8.file_bytes
     assert geo.n_params == meta["n_params"]
-    log = h.log_file.read_text()  # type: ignore[attr-defined]
+    log = h.log_file.read_text()
     assert "print_info: n_expert              = 128" in log
     assert "print_info: n_expert_used         = 8" in log
-    assert f"-m {path} " in h.sim.cmdline()  # type: ignore[attr-defined]
+    assert f"-m {path} " in h.sim.cmdline()
 
 
-async def test_sglang_moe_serves_the_hf_config(
-    sim_server: Callable[..., Awaitable[object]],
-) -> None:
+async def test_sglang_moe_serves_the_hf_config(sim_server: SimServer) -> None:
     h = await sim_server("sglang", "moe_at_limit")
-    async with httpx.AsyncClient(base_url=h.url) as c:  # type: ignore[attr-defined]
+    async with httpx.AsyncClient(base_url=h.url) as c:
         info = (await c.get("/server_info")).json()
     folder = Path(info["model_path"])
     config = json.loads((folder / "config.json").read_text())
@@ -216,12 +208,12 @@ def test_kv_lines_follow_the_real_q8_0_capture() -> None:
 
 
 async def test_llamacpp_quantized_kv_buffer_equals_the_exporter_estimate(
-    sim_server: Callable[..., Awaitable[object]],
+    sim_server: SimServer,
 ) -> None:
     h = await sim_server("llamacpp", "kv_quantized")
-    async with httpx.AsyncClient(base_url=h.url) as c:  # type: ignore[attr-defined]
+    async with httpx.AsyncClient(base_url=h.url) as c:
         props = (await c.get("/props")).json()
-    log = h.log_file.read_text()  # type: ignore[attr-defined]
+    log = h.log_file.read_text()
     assert "enabling flash_attn since it is required for quantized V cache" in log
     [(type_k, type_v, size_mib)] = kv_lines(log)
     assert (type_k, type_v) == ("q8_0", "q8_0")
@@ -231,14 +223,12 @@ async def test_llamacpp_quantized_kv_buffer_equals_the_exporter_estimate(
     geo = geometry_from_gguf(props["model_path"])
     estimate = estimate_llamacpp_kv(geo, 32768, n_seq=4, type_k_bytes=34 / 32, type_v_bytes=34 / 32)
     assert estimate.total == pytest.approx(size_mib * 2**20, abs=0.01 * 2**20)
-    assert "-ctk q8_0 -ctv q8_0" in h.sim.cmdline()  # type: ignore[attr-defined]
+    assert "-ctk q8_0 -ctv q8_0" in h.sim.cmdline()
 
 
-async def test_sglang_fp8_kv_cache_in_server_info(
-    sim_server: Callable[..., Awaitable[object]],
-) -> None:
+async def test_sglang_fp8_kv_cache_in_server_info(sim_server: SimServer) -> None:
     h = await sim_server("sglang", "kv_quantized")
-    async with httpx.AsyncClient(base_url=h.url) as c:  # type: ignore[attr-defined]
+    async with httpx.AsyncClient(base_url=h.url) as c:
         info = (await c.get("/server_info")).json()
     assert info["kv_cache_dtype"] == "fp8_e5m2"
     assert "--kv-cache-dtype fp8_e5m2" in info["launch_command"]
@@ -248,7 +238,7 @@ async def test_sglang_fp8_kv_cache_in_server_info(
     # The exporter's estimate from the served config.json and the dtype is the pool.
     geo = geometry_from_hf_config(Path(info["model_path"]))
     estimate = estimate_sglang_kv(geo, info["max_total_num_tokens"], kv_cache_dtype="fp8_e5m2")
-    assert estimate.total == h.sim.engine.kv_pool_bytes  # type: ignore[attr-defined]
+    assert estimate.total == h.sim.engine.kv_pool_bytes
 
 
 def real_spec_release_lines() -> list[str]:
@@ -261,13 +251,11 @@ DRAFT_LINE = re.compile(
 )
 
 
-async def test_llamacpp_spec_decode_reports_as_the_real_server(
-    sim_server: Callable[..., Awaitable[object]],
-) -> None:
+async def test_llamacpp_spec_decode_reports_as_the_real_server(sim_server: SimServer) -> None:
     real = real_spec_release_lines()
     assert len(real) == 2 and all(DRAFT_LINE.fullmatch(line) for line in real)
     h = await sim_server("llamacpp", "spec_decode")
-    async with httpx.AsyncClient(base_url=h.url, timeout=60) as c:  # type: ignore[attr-defined]
+    async with httpx.AsyncClient(base_url=h.url, timeout=60) as c:
         [reply] = await asyncio.gather(*llama_load(c, 1, 64, 96))
         metrics = llama_metrics((await c.get("/metrics")).text)
         metrics_text = (await c.get("/metrics")).text
@@ -289,22 +277,20 @@ async def test_llamacpp_spec_decode_reports_as_the_real_server(
     )
     assert [p for p, _ in per_pos] == ["0", "1", "2", "3"]
     assert sum(float(v) for _, v in per_pos) == timings["draft_n_accepted"]
-    [line] = re.findall(r"\| (draft acceptance = .*)$", h.log_file.read_text(), re.M)  # type: ignore[attr-defined]
+    [line] = re.findall(r"\| (draft acceptance = .*)$", h.log_file.read_text(), re.M)
     match = DRAFT_LINE.fullmatch(line)
     assert match, line
     rate, accepted, generated, mean_len = match.groups()
     assert float(rate) == pytest.approx(int(accepted) / int(generated), abs=1e-5)
     assert (int(accepted), int(generated)) == (timings["draft_n_accepted"], timings["draft_n"])
     assert float(mean_len) == pytest.approx(1 + int(accepted) / drafts, abs=0.005)
-    assert "--spec-type draft-simple" in h.sim.cmdline()  # type: ignore[attr-defined]
+    assert "--spec-type draft-simple" in h.sim.cmdline()
 
 
-async def test_sglang_spec_decode_accept_length(
-    sim_server: Callable[..., Awaitable[object]],
-) -> None:
+async def test_sglang_spec_decode_accept_length(sim_server: SimServer) -> None:
     h = await sim_server("sglang", "spec_decode")
     body = {"text": words(64), "sampling_params": {"max_new_tokens": 96, "ignore_eos": True}}
-    async with httpx.AsyncClient(base_url=h.url, timeout=60) as c:  # type: ignore[attr-defined]
+    async with httpx.AsyncClient(base_url=h.url, timeout=60) as c:
         reply = await c.post("/generate", json=body)
         metrics = (await c.get("/metrics", headers={"Accept": "text/plain"})).text
         info = (await c.get("/server_info")).json()
@@ -312,7 +298,7 @@ async def test_sglang_spec_decode_accept_length(
     match = re.search(r"^sglang:spec_accept_length\{[^}]*\} (\S+)$", metrics, re.MULTILINE)
     assert match
     accept_length = float(match.group(1))
-    st = h.sim.engine.stats  # type: ignore[attr-defined]
+    st = h.sim.engine.stats
     assert accept_length == pytest.approx((st.spec_accepted + st.spec_drafts) / st.spec_drafts)
     assert 2.0 < accept_length < 4.5  # expectation 3.05 for 4 drafts at p = 0.75
     assert info["speculative_algorithm"] == "EAGLE"
@@ -320,14 +306,12 @@ async def test_sglang_spec_decode_accept_length(
     assert info["internal_states"][0]["avg_spec_accept_length"] == pytest.approx(accept_length)
 
 
-async def test_llamacpp_experts_on_host_memory(
-    sim_server: Callable[..., Awaitable[object]],
-) -> None:
+async def test_llamacpp_experts_on_host_memory(sim_server: SimServer) -> None:
     m = scenarios.QWEN3_30B_A3B_Q8
     h = await sim_server("llamacpp", "moe_experts_on_host")
-    e = h.sim.engine  # type: ignore[attr-defined]
+    e = h.sim.engine
     assert (e.host_expert_layers, e.host_expert_bytes) == (20, 20 * m.routed_layer_bytes)
-    log = h.log_file.read_text()  # type: ignore[attr-defined]
+    log = h.log_file.read_text()
     # As llama.cpp at -lv 4: every layer offloaded, the experts of 20 stay in host buffers.
     assert "load_tensors: offloaded 49/49 layers to GPU" in log
     assert "tensor overrides to CPU are used with mmap enabled" in log
@@ -336,7 +320,7 @@ async def test_llamacpp_experts_on_host_memory(
     assert float(buffers["CPU_Mapped"]) == pytest.approx(host, abs=0.01)
     gpu = (m.weights_bytes - 20 * m.routed_bytes / 48) / 2**20
     assert float(buffers["CUDA0"]) == pytest.approx(gpu, abs=0.01)
-    assert "--n-cpu-moe 20" in h.sim.cmdline()  # type: ignore[attr-defined]
+    assert "--n-cpu-moe 20" in h.sim.cmdline()
     # A step reads the host experts' routed share from host memory.
     p = scenarios.get("moe_experts_on_host").params("llamacpp")
     step = e.decode_seconds(fake_batch(1, tokens=1))

@@ -41,6 +41,10 @@ class SimHandle:
     sim: SimBase
 
 
+# The `sim_server` fixture's type: `await sim_server(kind, scenario="healthy", **opts)`.
+SimServer = Callable[..., Awaitable[SimHandle]]
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -66,9 +70,7 @@ def sim_argv(kind: str, scenario: str, port: int, **opts: Any) -> list[str]:
 
 
 @pytest.fixture
-async def sim_server(
-    tmp_path: Path,
-) -> AsyncIterator[Callable[..., Awaitable[SimHandle]]]:
+async def sim_server(tmp_path: Path) -> AsyncIterator[SimServer]:
     """Factory: `await sim_server(kind, scenario="healthy", **opts)` -> SimHandle."""
     runners: list[web.AppRunner] = []
     count = 0
