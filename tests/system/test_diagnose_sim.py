@@ -240,24 +240,20 @@ def test_verdict_equals_the_prometheus_rule_on_the_same_run(
     assert decision.verdict == {"e": scenario}
 
 
+@pytest.mark.parametrize("kind", ["llamacpp", "sglang"])  # each preset on both engines
 @pytest.mark.parametrize(
-    ("kind", "scenario", "expected"),
+    ("scenario", "expected"),
     [
         # Qwen3-30B-A3B shapes on an H200. All weights (32.5 GB) against 4.8 TB/s would make
         # llama.cpp's 238 tok/s 161 % of the card; against the 3.27 GB it reads it is 16 %.
-        ("llamacpp", "moe_below_limit", "decode_below_card_limit"),
-        ("llamacpp", "moe_at_limit", "decode_at_card_limit"),
-        ("sglang", "moe_below_limit", "decode_below_card_limit"),
-        ("sglang", "moe_at_limit", "decode_at_card_limit"),
+        ("moe_below_limit", "decode_below_card_limit"),
+        ("moe_at_limit", "decode_at_card_limit"),
         # About 3 tokens per target step: per weight read the card is at its limit.
-        ("llamacpp", "spec_decode", "decode_at_card_limit"),
-        ("sglang", "spec_decode", "decode_at_card_limit"),
+        ("spec_decode", "decode_at_card_limit"),
         # 20 of 48 layers' experts in host memory (llama.cpp --n-cpu-moe 20), layers (SGLang).
-        ("llamacpp", "moe_experts_on_host", "weights_not_resident"),
-        ("sglang", "moe_experts_on_host", "weights_not_resident"),
+        ("moe_experts_on_host", "weights_not_resident"),
         # 8-bit KV caches: the estimate follows the engine's element type.
-        ("llamacpp", "kv_quantized", "decode_at_card_limit"),
-        ("sglang", "kv_quantized", "decode_at_card_limit"),
+        ("kv_quantized", "decode_at_card_limit"),
     ],
 )
 def test_diagnose_roofline_of_moe_spec_and_kv_presets(
