@@ -56,6 +56,25 @@ def _phase(tmp_path: Path) -> tuple[phase_module.Phase, StreamClient, _Ctx]:
     return phase, client, ctx
 
 
+def _recording(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    quiet_s: float,
+    max_defer_s: float,
+    finished: list[float],
+) -> tuple[phase_module.Phase, StreamClient, _Ctx, asyncio.Task[None]]:
+    """The recorder task started over one pending record per time in `finished` (not yet run:
+    the caller's next await runs it)."""
+    monkeypatch.setattr(phase_module, "QUIET_S", quiet_s)
+    monkeypatch.setattr(phase_module, "MAX_DEFER_S", max_defer_s)
+    phase, client, ctx = _phase(tmp_path)
+    recorder = asyncio.create_task(phase._recorder())
+    for index, t in enumerate(finished):
+        phase._pending.append((index, _result(t)))
+    phase._wake.set()
+    return phase, client, ctx, recorder
+
+
 async def _reads(client: StreamClient, seconds: float) -> None:
     """Network reads every millisecond or so (the machine may stretch that a little)."""
     end = time.perf_counter() + seconds
@@ -67,14 +86,10 @@ async def _reads(client: StreamClient, seconds: float) -> None:
 async def test_records_wait_for_a_gap_between_reads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(phase_module, "QUIET_S", 0.05)
-    monkeypatch.setattr(phase_module, "MAX_DEFER_S", 5.0)
-    phase, client, ctx = _phase(tmp_path)
-    recorder = asyncio.create_task(phase._recorder())
-    client.last_read = time.perf_counter()
-    for index in range(5):
-        phase._pending.append((index, _result(time.perf_counter())))
-    phase._wake.set()
+    phase, client, ctx, recorder = _recording(
+        tmp_path, monkeypatch, 0.05, 5.0, [time.perf_counter() for _ in range(5)]
+    )
+    client.last_read = time.perf_counter()  # before the recorder first runs
     await _reads(client, 0.4)
     assert phase.records == [] and ctx.published == []  # busy reads: nothing settled yet
     quiet_from = client.last_read
@@ -92,14 +107,8 @@ async def test_records_wait_for_a_gap_between_reads(
 async def test_records_are_never_held_longer_than_max_defer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(phase_module, "QUIET_S", 0.2)
-    monkeypatch.setattr(phase_module, "MAX_DEFER_S", 0.2)
-    phase, client, ctx = _phase(tmp_path)
-    recorder = asyncio.create_task(phase._recorder())
     finished = time.perf_counter()
-    for index in range(3):
-        phase._pending.append((index, _result(finished)))
-    phase._wake.set()
+    phase, client, ctx, recorder = _recording(tmp_path, monkeypatch, 0.2, 0.2, [finished] * 3)
     await _reads(client, 0.8)  # reads that never pause
     recorder.cancel()
     ctx.close()
