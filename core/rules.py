@@ -330,12 +330,7 @@ def rule_values_at(series: Mapping[SeriesKey, Points], at: float) -> dict[Engine
         return _max_by((_key(lab), v) for lab, v in d.instant(name, match))
 
     def rate(name: str) -> dict[EngineKey, float]:
-        vals = []
-        for lab, pts in d.range(name, rw):
-            r = _extrapolated(pts, d.at, rw, rate=True)
-            if r is not None:
-                vals.append((_key(lab), r))
-        return _max_by(vals)
+        return _rate_max(d, name, rw)
 
     def avg(name: str) -> dict[EngineKey, float]:
         return _max_by((_key(lab), _avg_over_time(pts)) for lab, pts in d.range(name, qw))
