@@ -9,6 +9,7 @@ parses the server-sent events itself and stamps every received network chunk wit
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import Callable
@@ -387,8 +388,32 @@ def parse_events(parts: list[bytes], stamps: list[float], result: StreamResult) 
     `parts[i]` arrived at `stamps[i]`; an event is stamped with the read that completed it.
     Stops at the first malformed or error event, as the engine's stream ends there.
     """
+    whole = b"".join(parts)
+    if b"\r" in whole:
+        _parse_crlf(parts, stamps, result)
+        return
+    # One split of the whole stream instead of a buffer per read: the events are the same
+    # (both cut at the first "\n\n" after the previous event), and each one gets the stamp of
+    # the read holding its last terminator byte; the last piece is an unterminated rest.
+    events = whole.split(b"\n\n")
+    ends = list(itertools.accumulate(map(len, parts)))
+    read = 0
+    offset = 0
+    for event in events[:-1]:
+        offset += len(event) + 2
+        while ends[read] < offset:
+            read += 1
+        if event.startswith(b"data: ") and b"\n" not in event:
+            payload: bytes | None = event[6:]
+        else:
+            payload = _decode_event(event)
+        if payload is not None and not _apply_event(payload, stamps[read], result):
+            return
+
+
+def _parse_crlf(parts: list[bytes], stamps: list[float], result: StreamResult) -> None:
+    """`parse_events` for a stream with CR bytes: CRLF is normalized as the reads arrive."""
     buf = b""
-    times = result.chunk_times
     for data, now in zip(parts, stamps, strict=True):
         buf += data
         if b"\r" in data:
@@ -399,49 +424,50 @@ def parse_events(parts: list[bytes], stamps: list[float], result: StreamResult) 
             end = buf.find(b"\n\n", start)
             if end < 0:
                 break
-            # Fast path: engines send one `data: ` line per event.
-            if buf.startswith(b"data: ", start) and buf.find(b"\n", start, end) < 0:
-                payload: bytes | None = buf[start + 6 : end]
-            else:
-                payload = _decode_event(buf[start:end])
+            payload = _decode_event(buf[start:end])
             start = end + 2
-            if payload is None:
-                continue
-            if payload == b"[DONE]":
-                result.done = True
-                continue
-            try:
-                obj = loads(payload)
-            except ValueError:
-                result.error = MALFORMED
-                result.error_detail = f"not JSON: {payload[:120]!r}"
+            if payload is not None and not _apply_event(payload, now, result):
                 return
-            if not isinstance(obj, dict):
-                result.error, result.error_detail = MALFORMED, f"not an object: {obj!r:.120}"
-                return
-            if "error" in obj:
-                result.error, result.error_detail = SERVER_ERROR, str(obj["error"])[:300]
-                return
-            choices = obj.get("choices")
-            if choices:
-                choice = choices[0]
-                delta = choice.get("delta")
-                if delta:
-                    text = delta.get("content") or delta.get("reasoning_content")
-                else:
-                    text = choice.get("text")
-                if text:
-                    times.append(now)
-                reason = choice.get("finish_reason")
-                if reason:
-                    result.finish_reason = reason
-            usage = obj.get("usage")
-            if usage:
-                result.usage = usage
-            timings = obj.get("timings")
-            if timings:
-                result.timings = timings
         buf = buf[start:]
+
+
+def _apply_event(payload: bytes, now: float, result: StreamResult) -> bool:
+    """Apply one event's `data:` payload stamped `now`; False when the stream ends there."""
+    if payload == b"[DONE]":
+        result.done = True
+        return True
+    try:
+        obj = loads(payload)
+    except ValueError:
+        result.error = MALFORMED
+        result.error_detail = f"not JSON: {payload[:120]!r}"
+        return False
+    if not isinstance(obj, dict):
+        result.error, result.error_detail = MALFORMED, f"not an object: {obj!r:.120}"
+        return False
+    if "error" in obj:
+        result.error, result.error_detail = SERVER_ERROR, str(obj["error"])[:300]
+        return False
+    choices = obj.get("choices")
+    if choices:
+        choice = choices[0]
+        delta = choice.get("delta")
+        if delta:
+            text = delta.get("content") or delta.get("reasoning_content")
+        else:
+            text = choice.get("text")
+        if text:
+            result.chunk_times.append(now)
+        reason = choice.get("finish_reason")
+        if reason:
+            result.finish_reason = reason
+    usage = obj.get("usage")
+    if usage:
+        result.usage = usage
+    timings = obj.get("timings")
+    if timings:
+        result.timings = timings
+    return True
 
 
 def first_model_id(body: bytes) -> str | None:

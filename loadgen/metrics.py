@@ -153,6 +153,7 @@ class LoadgenMetrics:
             "1 when this run's token counts differ across engines or from max_tokens.",
         )
         self._children: dict[str, tuple[Histogram, Histogram, Counter, Counter]] = {}
+        self._outcomes: dict[tuple[str, str], Counter] = {}
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -192,7 +193,11 @@ class LoadgenMetrics:
                 self.completion_tokens.labels(engine),
             )
         ttft, e2e, prompt_tokens, completion_tokens = children
-        self.requests.labels(engine, record.error or "ok").inc()
+        key = (engine, record.error or "ok")
+        outcome = self._outcomes.get(key)
+        if outcome is None:
+            outcome = self._outcomes[key] = self.requests.labels(*key)
+        outcome.inc()
         if record.error == "early_stop":
             self.early_stop.labels(engine).inc()
         if record.prompt_tokens:

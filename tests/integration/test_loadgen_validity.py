@@ -25,6 +25,7 @@ from loadgen.client import (
     SERVER_ERROR,
     StreamResult,
     _decode_event,
+    _parse_crlf,
     is_kv_exhausted,
     parse_events,
 )
@@ -130,6 +131,34 @@ def test_mutated_streams_never_raise(data: st.DataObject) -> None:
     result = StreamResult()
     parse_events([bytes(body)], [0.0], result)
     assert result.error is None or isinstance(result.error_detail, str)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_one_split_parse_equals_the_per_read_buffer(data: st.DataObject) -> None:
+    """The whole-stream split stamps every event as a per-read buffer would, on real bytes.
+
+    The per-read buffer (`_parse_crlf`, also used for LF-only streams here) is the reference:
+    the stream cut into random reads, with random bytes changed (some become "\n"), must give
+    the same chunk stamps, usage, finish reason, end and error under both.
+    """
+    body = bytearray(STREAM)
+    for _ in range(data.draw(st.integers(min_value=0, max_value=6))):
+        pos = data.draw(st.integers(min_value=0, max_value=len(body) - 1))
+        body[pos] = data.draw(st.sampled_from([ord("\n"), ord("x"), ord("}"), ord(":")]))
+    cuts = data.draw(st.lists(st.integers(min_value=0, max_value=len(body)), max_size=40))
+    # Reads that end inside an event's terminator, between its two "\n" (or right after it).
+    # (The real stream has dozens of terminators; six changed bytes leave most of them.)
+    middles = [i + 1 for i in range(len(body) - 1) if body[i : i + 2] == b"\n\n"]
+    cuts += data.draw(st.lists(st.sampled_from(middles), max_size=12))
+    cuts += [i + 1 for i in data.draw(st.lists(st.sampled_from(middles), max_size=4))]
+    points = sorted(set(cuts))
+    parts = [bytes(body[a:b]) for a, b in zip([0, *points], [*points, len(body)], strict=True)]
+    stamps = [float(i) for i in range(len(parts))]
+    fast, reference = StreamResult(), StreamResult()
+    parse_events(parts, stamps, fast)
+    _parse_crlf(parts, stamps, reference)
+    assert fast == reference
 
 
 # -- integration: the CLI against simulator processes -----------------------------------------
