@@ -9,42 +9,19 @@ comparison and a labelled estimate at the other's precision), single-request dec
 batching at every measured concurrency (aggregate tok/s and TTFT at equal load), and where
 each engine's memory gives out. A difference is called only when it exceeds the spread
 between rounds. A is the engine in use; the recommendation is `stay_and_tune`,
-`switch_to:B`, `fix_memory_first` or `inconclusive`.
+`switch_to:B`, `fix_memory_first` or `inconclusive`. The command line is `diagnose.cli`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import sys
 from pathlib import Path
 
 from diagnose.decision import Decision, EngineResult, Row, decide_compare
-from diagnose.procedure import (
-    STEPS,
-    Diagnoser,
-    Options,
-    PhasePublisher,
-    add_measure_arguments,
-    engines_from_args,
-    load_config_or_usage,
-    options_from_args,
-    print_answer,
-    quiet_libraries,
-    run_info,
-    say,
-    serve_metrics,
-    write_outputs,
-)
+from diagnose.options import Options
+from diagnose.phases import PhasePublisher
+from diagnose.procedure import Diagnoser
 from exporter.config import EngineConfig
-from loadgen.client import TargetUnreachable
-from loadgen.options import (
-    Command,
-    HelpFormatter,
-    UsageError,
-    add_target_options,
-    add_timeout_options,
-)
 from loadgen.scheduler import RunContext
 
 DEFAULT_ROUNDS = 3
@@ -98,60 +75,3 @@ async def compare(
     decision = decide_compare(ra, rb)
     decision.caveats += token_caveats(ra, rb)
     return results, decision
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    """Arguments of `llmb-loadgen compare`."""
-    parser.formatter_class = HelpFormatter
-    parser.description = (
-        "Send the same requests to two engines (--engine A --engine B, A in use) and say "
-        "whether to stay and tune, switch, or fix memory first."
-    )
-    add_target_options(parser)
-    add_timeout_options(parser)
-    add_measure_arguments(parser, rounds=DEFAULT_ROUNDS)
-
-
-def run(args: argparse.Namespace) -> int:
-    """`llmb-loadgen compare` from parsed arguments; returns the exit status."""
-    with quiet_libraries():
-        return _run(args)
-
-
-def _run(args: argparse.Namespace) -> int:
-    info = run_info(getattr(args, "argv", None))
-    if args.url:
-        raise UsageError("compare needs two engines from --config: --engine A --engine B")
-    config = load_config_or_usage(args.config)
-    engines = engines_from_args(args, config)
-    if len(engines) != 2:
-        raise UsageError("compare needs exactly two engines: --engine A --engine B (A in use)")
-    opts = options_from_args(args, config)
-    pub = PhasePublisher()
-    stop_metrics = serve_metrics(pub, args.metrics_listen)
-    a, b = engines
-    say(f"compare {a.name} (in use) with {b.name}: steps {', '.join(STEPS)}, {opts.rounds} rounds")
-    try:
-        results, decision = asyncio.run(compare((a, b), opts, args.out, pub))
-    except TargetUnreachable as exc:
-        sys.stderr.write(f"llmb-loadgen compare: {exc}\n")
-        return 1
-    finally:
-        stop_metrics()
-    write_outputs(args.out, results, decision, info, title=f"compare {a.name} vs {b.name}")
-    print_answer(results, decision, args.out)
-    return 0
-
-
-COMMAND = Command(
-    "compare",
-    "the same requests against two engines: stay_and_tune, switch_to, fix_memory_first "
-    "or inconclusive",
-    configure,
-    run,
-)
-
-
-def command() -> Command:
-    """The `compare` subcommand, registered explicitly by `loadgen.__main__`."""
-    return COMMAND

@@ -11,15 +11,12 @@ import logging
 import os
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from diagnose import compare
-from diagnose import procedure as diagnose
-from exporter.config import Config, ConfigError, load_config
+from diagnose import cli as diagnose_cli
+from exporter.config import ConfigError, load_config
 from loadgen.client import Target
 from loadgen.options import (
     EXIT_USAGE,
@@ -43,7 +40,8 @@ from loadgen.prompts import CACHE_MODES
 from loadgen.scheduler import RunSpec
 from loadgen.session import MetricsPortBusy, SessionOptions, execute
 from loadgen.session import run as run_loop
-from loadgen.sweep import model_label, plan_steps, probe_factory
+from loadgen.sweep import plan_steps, probe_factory
+from loadgen.target import load_config_or_usage, resolve_targets
 
 __all__ = ["Command", "UsageError", "build_parser", "default_commands", "main"]
 
@@ -127,64 +125,6 @@ def add_load_arguments(parser: argparse.ArgumentParser, sweep: bool = False) -> 
     out.add_argument(
         "--no-progress", action="store_true", help="plain log lines even on a terminal"
     )
-
-
-def _load_config(args: argparse.Namespace) -> Config | None:
-    if not args.config:
-        return None
-    try:
-        return load_config(args.config)
-    except ConfigError as exc:
-        raise UsageError(
-            f"invalid configuration {args.config}:\n" + "\n".join(f"  - {e}" for e in exc.errors)
-        ) from None
-
-
-def engine_label_from_server(url: str, api_key: str | None, timeout: float) -> str | None:
-    """The engine label for a bare --url: the first model id of its /v1/models, shortened.
-
-    llama.cpp answers with the model file's path or alias; the label keeps the file name
-    without `.gguf`, so it reads like an engine name in reports. None when nothing answers.
-    """
-    request = urllib.request.Request(url + "/v1/models")
-    if api_key:
-        request.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
-            data = resp.read(1 << 20)
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
-    from loadgen.client import first_model_id
-
-    model = first_model_id(data)
-    return (model_label(model) or None) if model else None
-
-
-def resolve_targets(args: argparse.Namespace, config: Config | None) -> list[Target]:
-    """Targets from --engine (config) or --url; raises UsageError when neither fits."""
-    if args.url and args.engine:
-        raise UsageError("use either --engine NAME (with --config) or --url, not both")
-    if args.url:
-        key = os.environ.get(args.api_key_env) if args.api_key_env else None
-        if args.api_key_env and key is None:
-            raise UsageError(f"--api-key-env {args.api_key_env}: the variable is not set")
-        name = args.name or engine_label_from_server(args.url, key, args.connect_timeout)
-        name = name or "target"
-        return [Target(name, args.url, args.kind, key, args.model)]
-    if not args.engine:
-        raise UsageError("no target: give --url URL, or --config FILE with --engine NAME")
-    if config is None:
-        raise UsageError("--engine needs --config FILE (or env LLMB_CONFIG)")
-    if len(set(args.engine)) != len(args.engine):
-        raise UsageError("the same --engine is given twice")
-    targets = []
-    for name in args.engine:
-        try:
-            engine = config.engine(name)
-        except KeyError as exc:
-            raise UsageError(str(exc.args[0])) from None
-        targets.append(Target(engine.name, engine.url, engine.kind, engine.api_key(), args.model))
-    return targets
 
 
 def _apply_config_defaults(
@@ -348,14 +288,14 @@ def _steps(args: argparse.Namespace, base: RunSpec, grid: bool) -> list[RunSpec]
 
 def run_command(args: argparse.Namespace) -> int:
     """`run`: one setting (or one per listed value) on one or more engines."""
-    targets = resolve_targets(args, _load_config(args))
+    targets = resolve_targets(args, load_config_or_usage(args.config))
     base = _base_spec(args, targets)
     return _finish(args, _steps(args, base, grid=False), "run")
 
 
 def sweep_command(args: argparse.Namespace) -> int:
     """`sweep`: concurrency and prompt-length lists, one variable changed per step."""
-    targets = resolve_targets(args, _load_config(args))
+    targets = resolve_targets(args, load_config_or_usage(args.config))
     base = _base_spec(args, targets)
     return _finish(args, _steps(args, base, grid=args.grid), "sweep")
 
@@ -387,8 +327,8 @@ def default_commands() -> list[Command]:
             _configure_sweep,
             sweep_command,
         ),
-        diagnose.command(),
-        compare.command(),
+        diagnose_cli.DIAGNOSE,
+        diagnose_cli.COMPARE,
     ]
 
 

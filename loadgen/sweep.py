@@ -1,14 +1,14 @@
 """Sweeps (one variable changed per step) and server-side probes recorded per step.
 
 A probe reads, while one engine runs a step, the GPU memory peak, the KV-cache usage and the
-queue length, either from the exporter's `/metrics` (polled during the step) or from
-Prometheus (instant `max_over_time`/`avg_over_time` queries over the step at its end).
+queue length, either from the exporter's `/metrics` (polled during the step by the one
+exporter reader, `loadgen.monitor.ExporterStepProbe`) or from Prometheus (instant
+`max_over_time`/`avg_over_time` queries over the step at its end).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import math
@@ -16,18 +16,12 @@ import time
 from typing import Any
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.client import Target
-from loadgen.options import metrics_url
+from loadgen.monitor import GPU_PEAK, KV_USAGE, WAITING, ExporterStepProbe
 from loadgen.scheduler import ProbeFactory, RunSpec
 
 log = logging.getLogger(__name__)
-
-GPU_PEAK = "llmb_gpu_memory_used_peak_bytes"
-ENGINE_INFO = "llmb_engine_info"
-KV_USAGE = "llmb_engine_kv_cache_usage_ratio"
-WAITING = "llmb_engine_requests_waiting"
 
 
 def plan_steps(
@@ -50,107 +44,6 @@ def plan_steps(
         pairs += [(c, prompt_tokens[0]) for c in concurrencies]
         pairs += [(concurrencies[0], p) for p in prompt_tokens[1:]]
     return [dataclasses.replace(base, concurrency=c, prompt_tokens=p) for c, p in pairs]
-
-
-class _Stats:
-    def __init__(self) -> None:
-        self.values: dict[str, list[float]] = {}
-
-    def add(self, key: str, value: float) -> None:
-        if not math.isnan(value):
-            self.values.setdefault(key, []).append(value)
-
-    def result(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, vals in sorted(self.values.items()):
-            out[f"{key}_max"] = max(vals)
-            out[f"{key}_mean"] = sum(vals) / len(vals)
-        return out
-
-
-def _metric_key(name: str) -> str:
-    return {GPU_PEAK: "gpu_memory_peak_bytes", KV_USAGE: "kv_usage", WAITING: "waiting"}[name]
-
-
-class ExporterProbe:
-    """Polls the exporter's /metrics during a step and keeps max and mean of each series."""
-
-    def __init__(self, url: str, engine: str, interval: float = 1.0, model: str | None = None):
-        self.url = metrics_url(url)
-        self.engine = engine
-        self.model = model
-        self.interval = interval
-        self._task: asyncio.Task[None] | None = None
-        self._stats = _Stats()
-        self._scrapes = 0
-        self._errors = 0
-
-    async def start(self) -> None:
-        """Begin polling in the background."""
-        self._task = asyncio.create_task(self._loop())
-
-    async def _loop(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=max(self.interval * 2, 2.0))
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            while True:
-                try:
-                    await self.sample(session)
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
-                    self._errors += 1
-                    log.debug("exporter probe %s: %s", self.url, exc)
-                await asyncio.sleep(self.interval)
-
-    async def sample(self, session: aiohttp.ClientSession) -> None:
-        """Read one /metrics page and account the three series."""
-        async with session.get(self.url) as resp:
-            resp.raise_for_status()
-            text = await resp.text()
-        self._scrapes += 1
-        gpu_total = None
-        by_engine: dict[str, list[tuple[str, float]]] = {}
-        models: dict[str, str] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == GPU_PEAK:
-                    gpu_total = max(gpu_total or 0.0, sample.value)
-                elif sample.name in (KV_USAGE, WAITING):
-                    engine = sample.labels.get("engine", "")
-                    by_engine.setdefault(engine, []).append((sample.name, sample.value))
-                elif sample.name == ENGINE_INFO and "engine" in sample.labels:
-                    models[sample.labels["engine"]] = sample.labels.get("model", "")
-        for name, value in by_engine.get(self.exporter_engine(models), []):
-            self._stats.add(_metric_key(name), value)
-        if gpu_total is not None:
-            self._stats.add("gpu_memory_peak_bytes", gpu_total)
-
-    def exporter_engine(self, models: dict[str, str]) -> str:
-        """The exporter's name for our engine: the same name, else the one serving our model.
-
-        With `--url` the load generator names the engine after its model while the
-        exporter's config may call it anything; `llmb_engine_info{model}` links the two.
-        """
-        if self.engine in models or not models:
-            return self.engine
-        wanted = {m for m in (self.model, self.engine) if m}
-        matches = [e for e, m in models.items() if m in wanted or model_label(m) in wanted]
-        return matches[0] if len(matches) == 1 else self.engine
-
-    async def stop(self) -> dict[str, Any]:
-        """Stop polling (after one last sample) and return the step's figures."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        # One last read so a short step still has a sample taken at its end.
-        try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
-                await self.sample(s)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
-            self._errors += 1
-        out = self._stats.result()
-        out.update(source="exporter", scrapes=self._scrapes, scrape_errors=self._errors)
-        return out
 
 
 class PrometheusProbe:
@@ -197,14 +90,6 @@ class PrometheusProbe:
         return out
 
 
-def model_label(model: str) -> str:
-    """A model id as an engine label: the file name of a path, without `.gguf`."""
-    name = model.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
-    if name.lower().endswith(".gguf"):
-        name = name[: -len(".gguf")]
-    return name.strip()
-
-
 def probe_factory(
     exporter_url: str | None, prometheus_url: str | None, interval: float = 1.0
 ) -> ProbeFactory | None:
@@ -212,8 +97,8 @@ def probe_factory(
     if prometheus_url:
         return lambda target: PrometheusProbe(prometheus_url, target.name)
     if exporter_url:
-        return lambda target: ExporterProbe(exporter_url, target.name, interval, target.model)
+        return lambda target: ExporterStepProbe(exporter_url, target.name, interval, target.model)
     return None
 
 
-__all__ = ["ExporterProbe", "PrometheusProbe", "Target", "plan_steps", "probe_factory"]
+__all__ = ["PrometheusProbe", "Target", "plan_steps", "probe_factory"]

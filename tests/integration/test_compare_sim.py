@@ -20,7 +20,7 @@ import pytest
 
 from diagnose.compare import compare
 from diagnose.decision import INCONCLUSIVE, Decision, EngineResult, switch_to
-from diagnose.procedure import Options
+from diagnose.options import Options
 from exporter.config import Config, parse_config
 from loadgen.__main__ import main as loadgen_main
 from tests.conftest import get_free_port

@@ -24,7 +24,8 @@ import pytest
 import core
 from diagnose.decision import FIX_MEMORY_FIRST, STAY_AND_TUNE, recommendation_for
 from diagnose.launcher import EngineProcess
-from diagnose.procedure import Options, diagnose
+from diagnose.options import Options
+from diagnose.procedure import diagnose
 from exporter.config import EngineConfig, GpuConfig, parse_config
 from loadgen.__main__ import main as loadgen_main
 from tests.conftest import get_free_port

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from core import VERDICT_INFO
+from diagnose.cli import print_answer
 from diagnose.decision import (
     NOT_MEASURED,
     Decision,
@@ -38,7 +39,6 @@ from diagnose.decision import (
     decide_single,
     roofline,
 )
-from diagnose.procedure import STEP_QUESTIONS, STEPS, print_answer
 from diagnose.report.html import (
     PLOTS,
     plot_decode_aggregate,
@@ -46,6 +46,7 @@ from diagnose.report.html import (
     plot_ttft,
     write_report,
 )
+from diagnose.steps.base import STEP_QUESTIONS, STEPS
 from loadgen.__main__ import main as loadgen_main
 from tests.paths import ROOT
 from tests.plugins.llama import LlamaServer
@@ -284,8 +285,7 @@ def test_flags_named_in_the_report_exist() -> None:
     import argparse
     import ast
 
-    from diagnose import compare
-    from diagnose import procedure as diagnose
+    from diagnose.cli import COMPARE, DIAGNOSE
     from diagnose.report import html as htmlreport
     from exporter.config import EngineConfig, GpuConfig
 
@@ -301,10 +301,10 @@ def test_flags_named_in_the_report_exist() -> None:
     hints = re.sub(r"\(llama-server [^)]*\)", "", " ".join(literals))
     flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", hints))
     assert {"--exporter-url", "--bandwidth-gbs", "--rounds"} <= flags
-    for configure in (diagnose.configure, compare.configure):
+    for command in (DIAGNOSE, COMPARE):
         parser = argparse.ArgumentParser()
-        configure(parser)
-        assert flags <= set(parser._option_string_actions), configure.__module__
+        command.configure(parser)
+        assert flags <= set(parser._option_string_actions), command.name
     engine_keys = set(re.findall(r"engines\[\]\.(\w+)", hints))
     assert engine_keys == {"launch", "log_file"}
     assert engine_keys <= set(EngineConfig.model_fields)

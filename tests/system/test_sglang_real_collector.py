@@ -15,7 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
-from diagnose.procedure import Diagnoser, Options, PhasePublisher
+from diagnose.facts import collect_facts
+from diagnose.options import Options
+from diagnose.phases import PhasePublisher
+from diagnose.procedure import Diagnoser
+from diagnose.steps.residency import ResidencyStep
 from exporter.attribution import Attribution
 from exporter.collectors.sglang.collector import SGLangCollector
 from exporter.collectors.sglang.memory import checkpoint_weight_bytes
@@ -102,8 +106,8 @@ async def _residency(server: SglangServer, tmp_path: Path, process_bytes: float)
     d.monitor.start()
     try:
         await asyncio.sleep(1.5)
-        await d._facts()
-        await d._residency()
+        await collect_facts(d)
+        d.steps["residency"] = await ResidencyStep().run(d)
     finally:
         await d.monitor.stop()
     return d.steps["residency"]

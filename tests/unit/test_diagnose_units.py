@@ -12,20 +12,16 @@ import pytest
 
 import core
 from diagnose.decision import EngineResult, Row, roofline
-from diagnose.procedure import (
-    Diagnoser,
-    Monitor,
-    Options,
-    PhasePublisher,
-    Series,
-    combine,
-    counters_from_zero,
-    read_exporter,
-    series_from_text,
-    sglang_facts,
-)
+from diagnose.monitor import Monitor, counters_from_zero
+from diagnose.options import Options
+from diagnose.phases import PhasePublisher
+from diagnose.probe import sglang_facts
+from diagnose.procedure import Diagnoser, combine
+from diagnose.steps.context import contexts
+from diagnose.steps.kv import kv_prompt_tokens
 from exporter.config import parse_config
 from loadgen.__main__ import main as loadgen_main
+from loadgen.monitor import Series, read_exporter, series_from_text
 from tests.paths import FIXTURES
 from tests.plugins.exporter import parse_samples, served_page
 
@@ -126,23 +122,23 @@ def _diagnoser(tmp_path: Path, command: str | None, **opts: object) -> Diagnoser
 
 def test_kv_prompt_ends_past_half_a_slot(tmp_path: Path) -> None:
     d = _diagnoser(tmp_path, None, max_tokens=32)
-    assert d._kv_prompt_tokens()[0] is None  # the slot's context is unknown
+    assert kv_prompt_tokens(d)[0] is None  # the slot's context is unknown
     d.result.slot_context = 4096
-    assert d._kv_prompt_tokens()[0] == 2048 - 16
+    assert kv_prompt_tokens(d)[0] == 2048 - 16
     d.result.slot_context = 1 << 20
-    assert d._kv_prompt_tokens()[0] == 16384 - 16  # capped: prefill would take minutes
+    assert kv_prompt_tokens(d)[0] == 16384 - 16  # capped: prefill would take minutes
     d = _diagnoser(tmp_path, None, kv_prompt_tokens=300)
-    assert d._kv_prompt_tokens() == (300, "--kv-prompt-tokens")
+    assert kv_prompt_tokens(d) == (300, "--kv-prompt-tokens")
 
 
 def test_automatic_context_sweep_doubles_up_to_the_trained_context(tmp_path: Path) -> None:
     d = _diagnoser(tmp_path, "server -c {ctx} --port {port}")
     d.launched_ctx, d.result.trained_context = 4096, 32768
-    assert d._contexts() == ([8192, 16384, 32768], "")
+    assert contexts(d) == ([8192, 16384, 32768], "")
     d.result.trained_context = 4096
-    assert d._contexts()[0] == [] and "already reaches" in d._contexts()[1]
-    assert "no {ctx}" in _diagnoser(tmp_path, "server --port {port}")._contexts()[1]
-    assert "already running" in _diagnoser(tmp_path, None)._contexts()[1]
+    assert contexts(d)[0] == [] and "already reaches" in contexts(d)[1]
+    assert "no {ctx}" in contexts(_diagnoser(tmp_path, "server --port {port}"))[1]
+    assert "already running" in contexts(_diagnoser(tmp_path, None))[1]
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,11 @@ from typing import Any
 
 import pytest
 
-from diagnose.procedure import Diagnoser, Options, PhasePublisher
+from diagnose.facts import collect_facts
+from diagnose.options import Options
+from diagnose.phases import PhasePublisher
+from diagnose.procedure import Diagnoser
+from diagnose.steps.residency import ResidencyStep
 from exporter.config import parse_config
 from tests.integration import test_sglang_collector as base
 from tests.integration.test_sglang_collector import FakeSGLang
@@ -91,8 +95,8 @@ async def run_diagnose(fake: FakeSGLang, tmp_path: Path, process_bytes: float, *
     d.monitor.start()
     try:
         await asyncio.sleep(1.0)  # a few samples of the embedded exporter
-        await d._facts()
-        await d._residency()
+        await collect_facts(d)
+        d.steps["residency"] = await ResidencyStep().run(d)
     finally:
         await d.monitor.stop()
     return d.result, d.steps

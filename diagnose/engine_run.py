@@ -1,0 +1,178 @@
+"""One engine under measurement: the state every step shares, and (re)launching it.
+
+`EngineRun` is what a step (`diagnose.steps`) gets: the engine's configuration, the
+options, the monitor, the result being filled, the answers so far and the verdicts of the
+load steps; plus launching, stopping and settling the engine when it has a launch template.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shlex
+from pathlib import Path
+from typing import Any
+
+import core
+from diagnose.decision import NOT_MEASURED, EngineResult, Phase, Row, Step
+from diagnose.launcher import (
+    EngineProcess,
+    LaunchError,
+    engine_process,
+    launch_values,
+    template_fields,
+)
+from diagnose.monitor import Monitor
+from diagnose.options import Options
+from diagnose.phases import PhasePublisher, say
+from diagnose.steps.base import STEP_QUESTIONS
+from exporter.config import EngineConfig
+from loadgen.client import Target
+from loadgen.scheduler import RunContext
+
+
+class EngineRun:
+    """The state of one engine's measurement, shared by the steps."""
+
+    def __init__(
+        self,
+        engine: EngineConfig,
+        opts: Options,
+        out: Path,
+        publisher: PhasePublisher,
+        ctx: RunContext | None = None,
+    ):
+        self.engine = engine
+        self.opts = opts
+        self.out = out
+        self.pub = publisher
+        # One RunContext per run: compare shares it, so both engines get the same prompts.
+        self.ctx = ctx or RunContext(out)
+        self.monitor = Monitor(engine.name, opts)
+        self.result = EngineResult(name=engine.name, kind=engine.kind, url=engine.url)
+        self.current: EngineProcess | None = None
+        self.steps: dict[str, Step] = {}
+        # (step, verdict, signals) of the decision core at the end of each load step.
+        self.step_verdicts: list[tuple[str, str, core.Signals]] = []
+        self.step_no = 0
+        self.kv_events_total = 0
+        self.model_path: Path | None = engine.model_path
+        self.launched_ctx: int | None = None
+        self.loaded_memory: float | None = None
+        self.parallel: int | None = None
+
+    # helpers ----------------------------------------------------------------------------
+
+    def phase(self, name: str, note: str = "") -> contextlib.AbstractContextManager[Phase]:
+        """Mark the phase `name` of this engine for the duration of the block."""
+        return self.pub.phase(self.engine.name, name, note)
+
+    def say(self, step: str, text: str) -> None:
+        """One progress line of this engine's `step`."""
+        say(f"[{self.engine.name}] {step}: {text}")
+
+    def not_measured(self, step: str, why: str) -> Step:
+        """The answer of a step that could not run, recorded as missing and said."""
+        self.result.missing.append(f"{step}: {why}")
+        self.say(step, NOT_MEASURED + why)
+        return Step(step, STEP_QUESTIONS[step], NOT_MEASURED + why)
+
+    def note(self, text: str) -> None:
+        """A note of the result, once."""
+        if text not in self.result.notes:
+            self.result.notes.append(text)
+
+    def target(self) -> Target:
+        """The engine as the load generator's target (the running launch's URL)."""
+        url = self.engine.url
+        if self.current is not None:
+            url = self.current.health_url.removesuffix("/health")
+        return Target(self.engine.name, url, self.engine.kind, self.engine.api_key())
+
+    def template(self) -> set[str]:
+        """The placeholders of the launch template (none without one)."""
+        launch = self.engine.launch
+        return template_fields(launch.command) if launch is not None else set()
+
+    # launching --------------------------------------------------------------------------
+
+    async def launch(self, ctx: int | None, phase: str) -> EngineProcess | None:
+        """Start the engine at context `ctx` (None: the template's); None when it failed."""
+        parallel = self.parallel
+        log_path = (
+            self.out / f"{self.engine.name}-c{ctx or 'default'}-np{parallel or 'default'}.log"
+        )
+        overrides: dict[str, Any] = {"parallel": parallel}
+        if ctx:
+            overrides["ctx"] = ctx
+        try:
+            proc = engine_process(self.engine, overrides, log_path)
+        except (LaunchError, KeyError) as exc:
+            self.failed_launch(ctx, str(exc))
+            return None
+        self.monitor.process = proc
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            self.launched_ctx = int(launch_values(self.engine, overrides, log_path)["ctx"])
+        self.say(phase, f"starting the engine ({' '.join(shlex.quote(a) for a in proc.argv)})")
+        with self.phase(phase, note=" ".join(proc.argv)) as ph:
+            try:
+                # The health wait blocks; keep the event loop (and the sampler) free.
+                load = await asyncio.to_thread(proc.start)
+            except LaunchError as exc:
+                ph.note = f"failed: {exc}"
+                self.monitor.process = None
+                self.failed_launch(ctx, str(exc))
+                return None
+            ph.memory_bytes = await self.monitor.memory_now()
+            ph.note = f"load {load:.2f} s: " + ph.note
+        self.current = proc
+        engine_log = proc.engine_log if "log" in self.template() else self.engine.log_file
+        await self.monitor.attach(self.engine, engine_log, proc.pid)
+        if self.result.load_seconds is None:
+            self.result.load_seconds = load
+        return proc
+
+    def failed_launch(self, ctx: int | None, error: str) -> None:
+        """A context row for a launch that failed."""
+        self.result.rows.append(
+            Row(
+                self.engine.name,
+                "context",
+                1,
+                context=ctx,
+                parallel=self.parallel,
+                error=error.splitlines()[0],
+            )
+        )
+
+    def stop(self) -> None:
+        """Stop the launched engine (if any)."""
+        if self.current is not None:
+            self.current.stop()
+        self.current = None
+        self.monitor.process = None
+
+    async def settle(self) -> float | None:
+        """Wait the settle time after a launch; the memory then."""
+        seconds = self.opts.settle
+        if seconds is None:
+            seconds = self.engine.launch.settle_seconds if self.engine.launch else 0.0
+        with self.phase("settle") as ph:
+            await asyncio.sleep(seconds)
+            ph.memory_bytes = await self.monitor.memory_now()
+            ph.note = "loaded memory after settling"
+        return ph.memory_bytes
+
+    def kv_bytes(self) -> float | None:
+        """KV cache bytes of the running launch (the exporter's, read from the engine's log)."""
+        return self.monitor.engine_value("llmb_engine_kv_cache_bytes")
+
+
+def gib(value: float | None) -> str:
+    """Bytes as GiB for the answer lines ('?' when unknown)."""
+    return "?" if value is None else f"{value / 2**30:.2f} GiB"
+
+
+def num(value: float | None) -> str:
+    """A count for the answer lines ('?' when unknown)."""
+    return "?" if value is None else f"{value:.0f}"

@@ -1,0 +1,144 @@
+"""What is known about the engine before any load: its endpoints, its GGUF, the exporter.
+
+`collect_facts` fills the `EngineResult`'s model, precision, sizes, slots and contexts from
+the engine's endpoints (`diagnose.probe`), the GGUF it serves (the exporter's one GGUF
+reader) and the exporter's series; `gpu_facts` re-reads the series part (card, bandwidth,
+memory, layers, buffers), `structure_facts` the model-structure series.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+from diagnose.decision import EngineResult
+from diagnose.engine_run import EngineRun
+from diagnose.probe import engine_facts
+from exporter.model.geometry import geometry_from_gguf
+from loadgen.client import StreamClient
+from loadgen.monitor import Series, first, labelled
+
+# EngineResult field -> the exporter series of the model's structure (issue 17).
+STRUCTURE_SERIES = {
+    "always_read_bytes": "llmb_model_weights_always_read_bytes",
+    "routed_expert_bytes": "llmb_model_weights_routed_experts_bytes",
+    "experts": "llmb_model_experts",
+    "experts_used": "llmb_model_experts_used",
+    "token_embedding_row_bytes": "llmb_model_token_embedding_row_bytes",
+    "draft_weights_bytes": "llmb_model_draft_weights_bytes",
+    "spec_accept_length": "llmb_engine_spec_accept_length",
+    "experts_host_layers": "llmb_engine_experts_host_layers",
+    "experts_host_bytes": "llmb_engine_experts_host_bytes",
+}
+# EngineResult field -> the per-engine series read with the GPU facts.
+ENGINE_SERIES = {
+    "process_gpu_bytes": "llmb_engine_process_gpu_memory_bytes",
+    "weights_bytes": "llmb_model_weights_bytes",
+    "parameters": "llmb_model_parameters",
+    "layers_offloaded": "llmb_engine_gpu_layers_offloaded",
+    "layers_total": "llmb_engine_gpu_layers_total",
+    "kv_bytes_per_token": "llmb_model_kv_bytes_per_token_estimated",
+    **STRUCTURE_SERIES,
+}
+ENDPOINT_FACTS = (
+    "model",
+    "quantization",
+    "weights_bytes",
+    "parameters",
+    "slots",
+    "trained_context",
+    "slot_context",
+)
+
+
+def structure_from_geometry(res: EngineResult, geo: Any) -> None:
+    """The model-structure fields of a GGUF/HF geometry (`ModelGeometry`)."""
+    for attr, name in (
+        ("always_read_bytes", "always_read_bytes"),
+        ("routed_expert_bytes", "routed_expert_bytes"),
+        ("experts", "expert_count"),
+        ("experts_used", "expert_used_count"),
+        ("token_embedding_row_bytes", "token_embedding_row_bytes"),
+    ):
+        value = getattr(geo, name, None)
+        if value is not None and getattr(res, attr) is None:
+            setattr(res, attr, float(value))
+
+
+async def collect_facts(run: EngineRun) -> None:
+    """The engine's endpoints, its GGUF (when readable here) and the exporter's series."""
+    res = run.result
+    async with StreamClient(run.target(), pool_size=1, endpoint="completions") as client:
+        await client.open()
+        facts = await engine_facts(client, run.engine.kind)
+    for key in ENDPOINT_FACTS:
+        if facts.get(key) is not None:
+            setattr(res, key, facts[key])
+    if run.model_path is None and facts.get("model_path"):
+        run.model_path = Path(facts["model_path"])
+    # One GGUF reader for the whole project: the exporter's.
+    # diagnose --url: the GGUF that /props names, when it is readable here.
+    if run.model_path is not None and run.model_path.suffix == ".gguf":
+        with contextlib.suppress(OSError, ValueError):
+            geo = await asyncio.to_thread(geometry_from_gguf, run.model_path)
+            res.parameters = res.parameters or (float(geo.n_params) if geo.n_params else None)
+            res.trained_context = res.trained_context or geo.n_ctx_train
+            res.kv_bytes_per_token = geo.kv_bytes_per_token()
+            res.layers_total = res.layers_total or float(geo.n_layer + 1)
+            if res.weights_bytes is None and geo.weight_bytes:
+                res.weights_bytes = float(geo.weight_bytes)
+            structure_from_geometry(res, geo)
+    await gpu_facts(run)
+
+
+async def gpu_facts(run: EngineRun) -> None:
+    """Card, bandwidth (model/gpu_specs, via the NVML collector), memory, layers, buffers."""
+    res, mon = run.result, run.monitor
+    await mon.sample()
+    res.memory_source = mon.source
+    series = mon.latest()
+    if series:
+        res.gpu_total_bytes = first(series, "llmb_gpu_memory_total_bytes")
+        res.bandwidth_bytes_per_s = first(series, "llmb_gpu_memory_bandwidth_bytes_per_second")
+        # The engine's GPUs as the rules see them (tensor parallel: their bandwidths add).
+        values = mon.rule_values(time.time())
+        if values is not None and values.bandwidth_bytes_per_second:
+            res.bandwidth_bytes_per_s = values.bandwidth_bytes_per_second
+        res.bandwidth_source = "exporter" if res.bandwidth_bytes_per_s else None
+        _engine_series(res, series, mon.exporter_engine)
+    if run.opts.bandwidth_bytes_per_s:
+        res.bandwidth_bytes_per_s = run.opts.bandwidth_bytes_per_s
+        res.bandwidth_source = "--bandwidth-gbs"
+
+
+def _engine_series(res: EngineResult, series: Series, engine: str) -> None:
+    """The engine's own series: sizes, layers, GPU weight buffers, version, the card's name."""
+    for attr, name in ENGINE_SERIES.items():
+        value = first(series, name, engine=engine)
+        if value is not None:
+            setattr(res, attr, value)
+    buffers = [
+        v
+        for lab, v in labelled(series, "llmb_engine_model_buffer_bytes")
+        if lab.get("engine") == engine and not lab.get("device", "").lower().startswith("cpu")
+    ]
+    res.gpu_buffer_bytes = sum(buffers) if buffers else res.gpu_buffer_bytes
+    for info, _ in labelled(series, "llmb_engine_info"):
+        if info.get("engine") == engine:
+            res.quantization = info.get("quantization") or res.quantization
+            res.engine_version = info.get("version") or res.engine_version
+    for info, _ in labelled(series, "llmb_gpu_info"):
+        if info.get("name"):
+            res.gpu_name = info["name"]
+            res.gpu_driver = info.get("driver") or res.gpu_driver
+
+
+def structure_facts(run: EngineRun) -> None:
+    """The model-structure series of the newest scrape (exporter or embedded collectors)."""
+    for attr, name in STRUCTURE_SERIES.items():
+        value = run.monitor.engine_value(name)
+        if value is not None:
+            setattr(run.result, attr, value)

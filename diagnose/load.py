@@ -1,0 +1,205 @@
+"""One load step through the load generator's scheduler, as a `Row` of the result.
+
+The scheduler's per-round summary is read in one place (`round_figures`), into a typed
+`RoundFigures`; the row's verdict evidence comes from `diagnose.evidence`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from diagnose.decision import Row, row_roofline
+from diagnose.engine_run import EngineRun
+from diagnose.evidence import step_evidence
+from diagnose.facts import structure_facts
+from loadgen.scheduler import RunSpec, StepResult, run_step
+
+# Error kinds that mean the KV cache / context ran out (the load generator's names).
+KV_ERRORS = ("kv_exhausted",)
+KV_EVENTS = "llmb_engine_kv_pressure_events_total"
+
+
+@dataclass
+class RoundFigures:
+    """What diagnose reads of one round's run summary (one engine)."""
+
+    requests_failed: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    output_tokens: int = 0
+    output_tok_s: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p99_s: float | None = None
+    decode_tok_s_mean: float | None = None
+    server_decode_tok_s_mean: float | None = None
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if value is not None else None
+
+
+def round_figures(result: StepResult) -> RoundFigures:
+    """The figures of the run summary of a round's only engine (the one reader of it)."""
+    summary = result.summaries[0] if result.summaries else {}
+    return RoundFigures(
+        requests_failed=int(summary.get("requests_failed") or 0),
+        errors={k: int(n) for k, n in (summary.get("errors") or {}).items()},
+        output_tokens=int(summary.get("output_tokens_total") or 0),
+        output_tok_s=_float(summary.get("output_tok_s")),
+        ttft_p50_s=_float(summary.get("ttft_p50_s")),
+        ttft_p99_s=_float(summary.get("ttft_p99_s")),
+        decode_tok_s_mean=_float(summary.get("decode_tok_s_mean")),
+        server_decode_tok_s_mean=_float(summary.get("server_decode_tok_s_mean")) or None,
+    )
+
+
+def load_spec(run: EngineRun, concurrency: int, prompt_tokens: int, requests: int) -> RunSpec:
+    """The scheduler's spec of one round: completions, the options' lengths and timeouts."""
+    extra: dict[str, Any] = {}
+    if run.engine.kind == "llamacpp":
+        # Unique prompt prefixes already defeat the cache; this also stops slot reuse.
+        extra["cache_prompt"] = False
+    return RunSpec(
+        targets=[run.target()],
+        max_tokens=run.opts.max_tokens,
+        concurrency=concurrency,
+        requests=requests,
+        prompt_tokens=prompt_tokens,
+        timeout=run.opts.timeout,
+        connect_timeout=run.opts.connect_timeout,
+        endpoint="completions",
+        extra_body=extra,
+    )
+
+
+@dataclass
+class _Rounds:
+    """The per-round medians' inputs of one row."""
+
+    ttfts: list[float] = field(default_factory=list)
+    per_seq: list[float] = field(default_factory=list)
+    server_ms: list[float] = field(default_factory=list)
+    prompts: list[float] = field(default_factory=list)
+
+
+def _add_round(row: Row, acc: _Rounds, fig: RoundFigures) -> None:
+    row.requests_failed += fig.requests_failed
+    for kind, n in fig.errors.items():
+        row.errors[kind] = row.errors.get(kind, 0) + n
+    row.completion_tokens += fig.output_tokens
+    if fig.output_tok_s is not None:
+        row.aggregate_rounds.append(fig.output_tok_s)
+    if fig.ttft_p50_s is not None:
+        acc.ttfts.append(fig.ttft_p50_s)
+        row.ttft_rounds.append(fig.ttft_p50_s)
+    if fig.ttft_p99_s is not None:
+        row.ttft_p99_s = max(row.ttft_p99_s or 0.0, fig.ttft_p99_s)
+    if fig.decode_tok_s_mean is not None:
+        acc.per_seq.append(fig.decode_tok_s_mean)
+        row.per_seq_rounds.append(fig.decode_tok_s_mean)
+    if fig.server_decode_tok_s_mean:
+        acc.server_ms.append(1000.0 / fig.server_decode_tok_s_mean)
+
+
+async def _run_rounds(
+    run: EngineRun, row: Row, prompt_tokens: int, rounds: int, requests: int | None
+) -> _Rounds:
+    acc = _Rounds()
+    for _ in range(rounds):
+        spec = load_spec(
+            run,
+            row.concurrency,
+            prompt_tokens,
+            requests or row.concurrency * run.opts.requests_per_slot,
+        )
+        result = await run_step(spec, run.ctx, step=run.step_no)
+        run.step_no += 1
+        records = result.records.get(run.engine.name, [])
+        row.requests += len(records)
+        _add_round(row, acc, round_figures(result))
+        acc.prompts += [float(r.prompt_tokens) for r in records if r.prompt_tokens is not None]
+        if result.interrupted:
+            raise KeyboardInterrupt
+    return acc
+
+
+def _summarize(run: EngineRun, row: Row, acc: _Rounds) -> None:
+    ok = row.requests - row.requests_failed
+    row.tokens_ok = (
+        ok > 0 and row.completion_tokens == ok * run.opts.max_tokens and not (row.requests_failed)
+    )
+    row.prompt_tokens = sum(acc.prompts) / len(acc.prompts) if acc.prompts else None
+    row.aggregate_tok_s = median(row.aggregate_rounds)
+    row.ttft_s = median(acc.ttfts)
+    row.per_seq_tok_s = median(acc.per_seq)
+    row.per_token_ms = 1000.0 / row.per_seq_tok_s if row.per_seq_tok_s else None
+    row.server_per_token_ms = median(acc.server_ms)
+    # KV pressure: cut requests (early stop = truncated by the engine), KV errors.
+    row.kv_exhausted = sum(row.errors.get(k, 0) for k in KV_ERRORS)
+    row.truncated = row.errors.get("early_stop", 0)
+    if ok == 0:
+        row.error = f"{row.requests_failed}/{row.requests} requests failed: " + ", ".join(
+            f"{k} {n}" for k, n in sorted(row.errors.items())
+        )
+    roof = row_roofline(run.result, row)
+    row.bytes_per_step, row.limit_tok_s = roof.bytes_per_step, roof.limit_tok_s
+    row.efficiency, row.misfit = roof.efficiency, roof.misfit
+
+
+async def measure(
+    run: EngineRun,
+    step: str,
+    concurrency: int,
+    prompt_tokens: int,
+    rounds: int,
+    context: int | None,
+    requests: int | None = None,
+) -> Row:
+    """One load step through the scheduler, `rounds` times; the row keeps every round."""
+    row = Row(
+        run.engine.name,
+        step,
+        concurrency,
+        context=context,
+        parallel=run.result.slots,
+        max_tokens=run.opts.max_tokens,
+    )
+    t0 = time.time()
+    # The step's window opens with a scrape of its own: every counter's value before the
+    # first request (the background sampler's next scrape may come after it finished, and
+    # a step seen by one scrape has no rate: `idle`, no decode efficiency).
+    await run.monitor.sample()
+    events0 = _log_events(run)
+    started = time.time()
+    acc = await _run_rounds(run, row, prompt_tokens, rounds, requests)
+    row.wall_s = time.time() - started
+    # llama.cpp logs a slot's release (and its truncation) after the stream has ended:
+    # one more sample interval lets the log and the exporter catch up with the step.
+    await asyncio.sleep(run.opts.sample_interval)
+    await run.monitor.sample()
+    t1 = time.time()
+    # Series that appear only once requests finished (the speculative accept length).
+    structure_facts(run)
+    _summarize(run, row, acc)
+    row.memory_bytes = run.monitor.memory_peak(t0, t1)
+    # The KV-pressure events the engine's log showed during the step (the exporter's count).
+    row.kv_events = int(max(0.0, _log_events(run) - events0))
+    step_evidence(run, row, t0, t1)
+    run.result.rows.append(row)
+    return row
+
+
+def _log_events(run: EngineRun) -> float:
+    """KV-pressure events of llama.cpp's log so far (SGLang's retractions are no log events)."""
+    return run.monitor.engine_total(KV_EVENTS) if run.engine.kind == "llamacpp" else 0.0
+
+
+def median(values: list[float]) -> float | None:
+    """The median (None of nothing)."""
+    if not values:
+        return None
+    data = sorted(values)
+    mid = len(data) // 2
+    return data[mid] if len(data) % 2 else (data[mid - 1] + data[mid]) / 2

@@ -1,0 +1,33 @@
+"""What `diagnose` and `compare` measure: the typed options the command line fills."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from exporter.config import GpuConfig
+
+
+@dataclass
+class Options:
+    """What to measure; every list is one sweep."""
+
+    concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    prompt_tokens: int = 128
+    max_tokens: int = 128
+    rounds: int = 1
+    requests_per_slot: int = 2
+    # None: automatic (double up to the trained context); []: no context sweep.
+    contexts: list[int] | None = None
+    max_context: int | None = None
+    # None: automatic (half a slot's context); 0: no KV-pressure step.
+    kv_prompt_tokens: int | None = None
+    settle: float | None = None
+    parallel: int | None = None
+    exporter_url: str | None = None
+    exporter_engine: str | None = None
+    # GPU sampling of the embedded collectors (the config's `gpu:`; None: NVML if present).
+    gpu: GpuConfig | None = None
+    bandwidth_bytes_per_s: float | None = None
+    timeout: float = 600.0
+    connect_timeout: float = 5.0
+    sample_interval: float = 0.5

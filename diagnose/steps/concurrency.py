@@ -1,0 +1,54 @@
+"""Concurrency: does aggregate throughput grow with the requests in flight, do they queue?"""
+
+from __future__ import annotations
+
+from diagnose.decision import Row, Step, row_roofline_text
+from diagnose.engine_run import EngineRun
+from diagnose.load import measure
+from diagnose.steps.base import STEP_QUESTIONS
+
+
+class ConcurrencyStep:
+    """One load step per --concurrency above 1; flagged when the rules saw a queue."""
+
+    key = "concurrency"
+
+    async def run(self, run: EngineRun) -> Step:
+        """Each level's aggregate, TTFT and queue; whether requests queue for a slot."""
+        levels = [c for c in run.opts.concurrency if c > 1]
+        if not levels:
+            return run.not_measured("concurrency", "no --concurrency above 1")
+        parts = []
+        for c in levels:
+            with run.phase("concurrency", note=f"concurrency {c}"):
+                row = await measure(
+                    run, "concurrency", c, run.opts.prompt_tokens, run.opts.rounds, None
+                )
+            if row.error:
+                parts.append(f"c={c} failed ({row.error})")
+                continue
+            parts.append(level_text(run, c, row))
+            run.say("concurrency", parts[-1])
+        queued = any(v == "scheduling_bound" for s, v, _ in run.step_verdicts if s == "concurrency")
+        slots = f" ({run.result.slots} slots)" if run.result.slots else ""
+        return Step(
+            "concurrency",
+            STEP_QUESTIONS["concurrency"],
+            "; ".join(parts) + (f"; requests queue for a slot{slots}" if queued else ""),
+            queued,
+        )
+
+
+def level_text(run: EngineRun, c: int, row: Row) -> str:
+    """One level's line: aggregate (and its scale over one sequence), TTFT, queue, roofline."""
+    single = run.result.single()
+    scale = (
+        f" (x{row.aggregate_tok_s / single.per_seq_tok_s:.2f} of one sequence)"
+        if single and single.per_seq_tok_s and row.aggregate_tok_s
+        else ""
+    )
+    queue = f", {row.waiting_avg:.1f} waiting on average" if row.waiting_avg else ""
+    return (
+        f"c={c}: {row.aggregate_tok_s or 0:.1f} tok/s aggregate{scale}, TTFT p50 "
+        f"{row.ttft_s or 0:.3f} s{queue}{row_roofline_text(run.result, row)}"
+    )

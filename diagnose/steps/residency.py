@@ -1,0 +1,134 @@
+"""Residency: do the weights fit and stay resident on the GPU?
+
+The answer is the decision core's `weights_not_resident` condition on the rules' signals,
+with each measured ratio named with its source; when a ratio cannot be measured, why.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import core
+from diagnose.decision import EngineResult, Step
+from diagnose.engine_run import EngineRun, gib, num
+from diagnose.evidence import own_residency_signals
+from diagnose.facts import gpu_facts
+from diagnose.steps.base import STEP_QUESTIONS
+
+
+class ResidencyStep:
+    """Layers, weight buffers and process memory against the weights."""
+
+    key = "residency"
+
+    async def run(self, run: EngineRun) -> Step:
+        """The residency answer (`weights_not_resident` held: flagged)."""
+        res = run.result
+        with run.phase("residency") as ph:
+            await gpu_facts(run)
+            ph.memory_bytes = res.process_gpu_bytes
+        values = run.monitor.rule_values(time.time())
+        sig = values.signals if values is not None else core.Signals(**own_residency_signals(run))
+        cond = core.evaluate(sig).condition("weights_not_resident")
+        facts = residency_facts(res)
+        numbers: dict[str, Any] = {name: getattr(sig, name) for name, _ in RESIDENCY_SOURCES}
+        numbers["host_has_gpu"] = sig.host_has_gpu
+        if not sig.host_has_gpu:
+            step = run.not_measured(
+                "residency",
+                "no GPU seen (no exporter with a GPU, no NVML): the weights are in host memory"
+                f" ({facts})",
+            )
+            step.numbers = numbers
+            return step
+        measured = residency_sources(sig, run.engine.kind)
+        if cond.held:
+            answer = f"no: {', '.join(cond.evidence)} below the threshold; {measured} ({facts})"
+        elif not measured:
+            step = run.not_measured("residency", residency_gap(res, run.engine.kind))
+            step.numbers = numbers
+            return step
+        else:
+            answer = f"yes, from {measured} ({facts})"
+        run.say("residency", answer)
+        return Step("residency", STEP_QUESTIONS["residency"], answer, cond.held, numbers)
+
+
+def residency_facts(res: EngineResult) -> str:
+    """The residency figures as the answer lists them."""
+    facts = (
+        f"layers {num(res.layers_offloaded)}/{num(res.layers_total)}, weights "
+        f"{gib(res.weights_bytes)}, GPU weight buffers {gib(res.gpu_buffer_bytes)}, "
+        f"process GPU memory {gib(res.process_gpu_bytes)}"
+    )
+    if res.experts_host_layers:
+        facts += (
+            f", routed experts of {res.experts_host_layers:.0f} layers in host memory "
+            f"({gib(res.experts_host_bytes)}: expert offload)"
+        )
+    return facts
+
+
+# Residency signals in the order diagnose names them, with where each comes from.
+RESIDENCY_SOURCES: tuple[tuple[str, str], ...] = (
+    ("layers_ratio", "layers on the GPU (llama.cpp log)"),
+    (
+        "weights_buffers_ratio",
+        "GPU weight buffers the engine reports (llama.cpp log `model buffer size`; SGLang "
+        "`weight_memory_usage_gb`, `/server_info` memory_usage or its log `Load weight end`)",
+    ),
+    (
+        "weights_memory_beyond_kv_ratio",
+        "process GPU memory (NVML) minus the KV pool SGLang reports, against the weights",
+    ),
+    ("weights_memory_ratio", "process GPU memory (NVML) against the weights"),
+    ("experts_host_layers", "layers whose routed experts stay in host memory (llama.cpp log)"),
+)
+
+
+def residency_sources(sig: core.Signals, kind: str) -> str:
+    """The residency figures that were measured, each with its ratio and source."""
+    parts = []
+    for name, source in RESIDENCY_SOURCES:
+        value = getattr(sig, name)
+        if value is None:
+            continue
+        if name == "weights_buffers_ratio" and kind == "llamacpp":
+            source = "GPU weight buffers the engine reports (llama.cpp log `model buffer size`)"
+        elif name == "weights_buffers_ratio" and kind == "sglang":
+            source = (
+                "GPU weight buffers SGLang reports (`weight_memory_usage_gb`, `/server_info` "
+                "memory_usage or its log `Load weight end`)"
+            )
+        parts.append(f"{name.removesuffix('_ratio')} {value:.2f}: {source}")
+    return "; ".join(parts)
+
+
+def residency_gap(res: EngineResult, kind: str) -> str:
+    """Why residency could not be decided: which of its inputs is missing."""
+    missing = []
+    if res.weights_bytes is None:
+        where = (
+            "no weight series, /server_info memory_usage, log or safetensors"
+            if kind == "sglang"
+            else "no /v1/models meta.size, GGUF or log"
+        )
+        missing.append(f"the weight size is not known ({where})")
+    if res.process_gpu_bytes is None:
+        missing.append("no process GPU memory (NVML) attributed to the engine")
+    if res.gpu_buffer_bytes is None and res.layers_total is None:
+        missing.append("no layer or weight-buffer figures from the engine")
+    if not missing:
+        missing.append("the exporter has not computed the ratios yet")
+    known = [
+        f"{name} {gib(value)}"
+        for name, value in (
+            ("weights", res.weights_bytes),
+            ("GPU weight buffers", res.gpu_buffer_bytes),
+            ("process GPU memory", res.process_gpu_bytes),
+        )
+        if value is not None
+    ]
+    have = f" (known: {', '.join(known)})" if known else ""
+    return "; ".join(missing) + have

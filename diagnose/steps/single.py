@@ -1,0 +1,42 @@
+"""Single-request decode: per-sequence speed against the card's memory-bandwidth roofline."""
+
+from __future__ import annotations
+
+from diagnose.decision import NOT_MEASURED, Step, roofline, roofline_text
+from diagnose.engine_run import EngineRun
+from diagnose.load import measure
+from diagnose.steps.base import STEP_QUESTIONS
+
+
+class SingleStep:
+    """One request at a time; the roofline of the engine's model on its card."""
+
+    key = "single"
+
+    async def run(self, run: EngineRun) -> Step:
+        """The decode answer with its roofline figures (never flagged: the verdict decides)."""
+        opts = run.opts
+        with run.phase("single"):
+            row = await measure(run, "single", 1, opts.prompt_tokens, opts.rounds, None)
+        res = run.result
+        res.roofline = roof = roofline(res)
+        if row.error or not row.per_seq_tok_s:
+            answer = f"failed: {row.error}" if row.error else NOT_MEASURED + "no decode timings"
+        else:
+            answer = f"{row.per_seq_tok_s:.1f} tok/s per sequence ({row.per_token_ms:.1f} ms/token)"
+            if roof.limit_tok_s and roof.efficiency is not None:
+                answer += roofline_text(roof)
+            else:
+                answer += "; roofline unknown: pass --bandwidth-gbs (no GPU bandwidth known)"
+        run.say("single", answer)
+        numbers = {
+            "per_seq_tok_s": row.per_seq_tok_s,
+            "roofline_tok_s": roof.limit_tok_s,
+            "efficiency": roof.efficiency,
+            "bytes_per_step": roof.bytes_per_step,
+            "active_weights_bytes": roof.active_weights_bytes,
+            "accepted_tokens_per_step": roof.accepted_tokens_per_step,
+            "misfit": roof.misfit,
+            "rounds": row.per_seq_rounds,
+        }
+        return Step("single", STEP_QUESTIONS["single"], answer, False, numbers)
