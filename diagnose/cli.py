@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import start_http_server
 
@@ -118,6 +119,11 @@ def add_measure_arguments(parser: argparse.ArgumentParser, rounds: int) -> None:
         metavar="S",
         help="seconds to wait after a launch (default: the config's settle_seconds)",
     )
+    _add_launch_and_sources(m)
+
+
+def _add_launch_and_sources(m: Any) -> None:
+    """Launch, exporter and bandwidth flags of the measurement group."""
     m.add_argument(
         "--parallel",
         type=positive_int,

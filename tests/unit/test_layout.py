@@ -1,0 +1,106 @@
+"""The layout's contracts, read from the source: sizes, and which package may import which.
+
+A module over ~500 lines or a function over 80 is where a newcomer gets lost; `loadgen` is
+below `diagnose` (diagnose drives the load generator, never the other way round, except
+the one command line that registers every subcommand), and the exporter's internals are
+read through one seam, `loadgen.monitor`.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.paths import ROOT
+
+MAX_FILE_LINES = 500
+MAX_FUNCTION_LINES = 80
+# The packages held to the sizes (loadgen/ joins once its split has landed).
+SIZED = ("core", "diagnose")
+# Exporter internals that only the one seam (loadgen/monitor.py) imports.
+EXPORTER_INTERNALS = (
+    "exporter.app",
+    "exporter.runner",
+    "exporter.promtext",
+    "exporter.collectors",
+    "pynvml",
+)
+SEAM = "loadgen/monitor.py"
+
+
+def _modules(*packages: str) -> list[Path]:
+    return sorted(p for pkg in packages for p in (ROOT / pkg).rglob("*.py"))
+
+
+def _imports(path: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return out
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+@pytest.mark.parametrize("package", SIZED)
+def test_no_file_over_500_lines_and_no_function_over_80(package: str) -> None:
+    too_long = []
+    for path in _modules(package):
+        text = path.read_text(encoding="utf-8")
+        lines = len(text.splitlines())
+        if lines > MAX_FILE_LINES:
+            too_long.append(f"{_rel(path)}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_long.append(f"{_rel(path)}:{node.lineno} {node.name}: {length} lines")
+    assert not too_long, "\n".join(too_long)
+
+
+def test_the_size_check_sees_a_long_function(tmp_path: Path) -> None:
+    """The AST measure counts a function's whole body (decorators aside)."""
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    tree = ast.parse(f"def f():\n{body}\n")
+    (fn,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+    assert (fn.end_lineno or 0) - fn.lineno + 1 == MAX_FUNCTION_LINES + 1
+
+
+def test_loadgen_never_imports_diagnose_but_its_command_line() -> None:
+    bad = [
+        f"{_rel(p)}: {sorted(m for m in _imports(p) if m.split('.')[0] == 'diagnose')}"
+        for p in _modules("loadgen")
+        if p.name != "__main__.py" and any(m.split(".")[0] == "diagnose" for m in _imports(p))
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_core_imports_no_other_package_of_the_project() -> None:
+    others = ("exporter", "loadgen", "diagnose", "simulator", "tools")
+    bad = [_rel(p) for p in _modules("core") if any(m.split(".")[0] in others for m in _imports(p))]
+    assert not bad
+
+
+def test_exporter_internals_are_read_through_one_seam() -> None:
+    """diagnose and loadgen reach the exporter's runner, parser, collectors and NVML only
+    through loadgen/monitor.py (they may use its config types and model geometry)."""
+    bad = []
+    for path in _modules("loadgen", "diagnose"):
+        if _rel(path) == SEAM:
+            continue
+        hits = sorted(
+            m
+            for m in _imports(path)
+            if any(m == i or m.startswith(i + ".") for i in EXPORTER_INTERNALS)
+        )
+        if hits:
+            bad.append(f"{_rel(path)}: {hits}")
+    assert not bad, "\n".join(bad)
+    assert "exporter.app.build_runner" in _imports(ROOT / SEAM)
