@@ -55,7 +55,6 @@ class EngineRun:
         # (step, verdict, signals) of the decision core at the end of each load step.
         self.step_verdicts: list[tuple[str, str, core.Signals]] = []
         self.step_no = 0
-        self.kv_events_total = 0
         self.model_path: Path | None = engine.model_path
         self.launched_ctx: int | None = None
         self.loaded_memory: float | None = None

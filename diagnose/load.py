@@ -42,7 +42,9 @@ def _float(value: Any) -> float | None:
 
 def round_figures(result: StepResult) -> RoundFigures:
     """The figures of the run summary of a round's only engine (the one reader of it)."""
-    summary = result.summaries[0] if result.summaries else {}
+    first = result.summaries[0] if result.summaries else {}
+    # The scheduler's summary is becoming a typed `StepSummary` (with the old dict's keys).
+    summary: dict[str, Any] = first if isinstance(first, dict) else first.to_dict()
     return RoundFigures(
         requests_failed=int(summary.get("requests_failed") or 0),
         errors={k: int(n) for k, n in (summary.get("errors") or {}).items()},

@@ -12,8 +12,8 @@ from typing import Any
 import core
 from diagnose.decision import EngineResult, Step
 from diagnose.engine_run import EngineRun, gib, num
-from diagnose.evidence import own_residency_signals
 from diagnose.facts import gpu_facts
+from diagnose.samples import residency_values
 from diagnose.steps.base import STEP_QUESTIONS
 
 
@@ -29,7 +29,9 @@ class ResidencyStep:
             await gpu_facts(run)
             ph.memory_bytes = res.process_gpu_bytes
         values = run.monitor.rule_values(time.time())
-        sig = values.signals if values is not None else core.Signals(**own_residency_signals(run))
+        if values is None:  # no exporter sample: the samples it would have given
+            values = residency_values(run)
+        sig = values.signals
         cond = core.evaluate(sig).condition("weights_not_resident")
         facts = residency_facts(res)
         numbers: dict[str, Any] = {name: getattr(sig, name) for name, _ in RESIDENCY_SOURCES}
