@@ -104,3 +104,14 @@ def test_exporter_internals_are_read_through_one_seam() -> None:
             bad.append(f"{_rel(path)}: {hits}")
     assert not bad, "\n".join(bad)
     assert "exporter.app.build_runner" in _imports(ROOT / SEAM)
+
+
+def test_nothing_climbs_back_into_the_command_line() -> None:
+    """The CLI modules (loadgen/__main__.py, diagnose/cli.py) are imported by the entry
+    point only: the procedure, its steps and the monitor never reach back up into them."""
+    importers = {
+        _rel(p): sorted(m for m in _imports(p) if m in ("diagnose.cli", "loadgen.__main__"))
+        for p in _modules("core", "exporter", "loadgen", "diagnose", "simulator", "tools")
+    }
+    assert {path for path, hits in importers.items() if hits} == {"loadgen/__main__.py"}
+    assert importers["loadgen/__main__.py"] == ["diagnose.cli"]
