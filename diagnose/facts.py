@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.rules import STRUCTURE_SERIES as MODEL_SERIES
 from diagnose.decision import EngineResult
 from diagnose.engine_run import EngineRun
 from diagnose.probe import engine_facts
@@ -21,14 +22,10 @@ from exporter.model.geometry import geometry_from_gguf
 from loadgen.client import StreamClient
 from loadgen.monitor import Series, first, labelled
 
-# EngineResult field -> the exporter series of the model's structure (issue 17).
+# EngineResult field -> the exporter series of the model's structure (issue 17): the
+# rules' (`ModelStructure` fields, same names) and what diagnose reports beside them.
 STRUCTURE_SERIES = {
-    "always_read_bytes": "llmb_model_weights_always_read_bytes",
-    "routed_expert_bytes": "llmb_model_weights_routed_experts_bytes",
-    "experts": "llmb_model_experts",
-    "experts_used": "llmb_model_experts_used",
-    "token_embedding_row_bytes": "llmb_model_token_embedding_row_bytes",
-    "draft_weights_bytes": "llmb_model_draft_weights_bytes",
+    **{k: v for k, v in MODEL_SERIES.items() if k != "weights_bytes"},
     "spec_accept_length": "llmb_engine_spec_accept_length",
     "experts_host_layers": "llmb_engine_experts_host_layers",
     "experts_host_bytes": "llmb_engine_experts_host_bytes",

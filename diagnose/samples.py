@@ -16,23 +16,16 @@ import time
 import core
 from diagnose.decision import Row, row_batch
 from diagnose.engine_run import EngineRun
+from diagnose.facts import STRUCTURE_SERIES
 from loadgen.monitor import Series
 
 HOST = "diagnose"
 GPU = "0"
-# EngineResult field -> the exporter's series of the model's structure.
+# EngineResult field -> the exporter's series of the model's size and structure.
 STRUCTURE = {
     "weights_bytes": "llmb_model_weights_bytes",
-    "always_read_bytes": "llmb_model_weights_always_read_bytes",
-    "routed_expert_bytes": "llmb_model_weights_routed_experts_bytes",
-    "experts": "llmb_model_experts",
-    "experts_used": "llmb_model_experts_used",
-    "token_embedding_row_bytes": "llmb_model_token_embedding_row_bytes",
-    "draft_weights_bytes": "llmb_model_draft_weights_bytes",
-    "spec_accept_length": "llmb_engine_spec_accept_length",
     "kv_bytes_per_token": "llmb_model_kv_bytes_per_token_estimated",
-    "experts_host_layers": "llmb_engine_experts_host_layers",
-    "experts_host_bytes": "llmb_engine_experts_host_bytes",
+    **STRUCTURE_SERIES,
 }
 
 
