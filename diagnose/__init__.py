@@ -1,1 +1,12 @@
-"""`llmb-loadgen diagnose` and `compare`: the procedure, its decision, the reports."""
+"""`llmb-loadgen diagnose` and `compare`: the procedure, its decision, the reports.
+
+- `cli`: the two commands' flags, the answer on the terminal and the output files;
+- `procedure`: the orchestrator (`Diagnoser`, `PROCEDURE`, the run's verdict), `compare`;
+- `steps/`: one module per step (residency, single, concurrency, kv, context) behind
+  `steps.base.ProcedureStep`, sharing `engine_run.EngineRun`;
+- `load` (a load step through the scheduler), `evidence` (its signals, through the rules),
+  `samples` (the exporter's samples from diagnose's readings, where the exporter gave none);
+- `monitor` (the exporter's series while an engine runs), `probe` (the engine's own
+  endpoints), `facts` (what is known before any load), `launcher` (starting engines);
+- `decision` (typed results, the answer), `report/` (HTML and Markdown).
+"""
