@@ -40,15 +40,6 @@ ENGINE_SERIES = {
     "kv_bytes_per_token": "llmb_model_kv_bytes_per_token_estimated",
     **STRUCTURE_SERIES,
 }
-ENDPOINT_FACTS = (
-    "model",
-    "quantization",
-    "weights_bytes",
-    "parameters",
-    "slots",
-    "trained_context",
-    "slot_context",
-)
 
 
 def structure_from_geometry(res: EngineResult, geo: Any) -> None:
@@ -71,11 +62,11 @@ async def collect_facts(run: EngineRun) -> None:
     async with StreamClient(run.target(), pool_size=1, endpoint="completions") as client:
         await client.open()
         facts = await engine_facts(client, run.engine.kind)
-    for key in ENDPOINT_FACTS:
-        if facts.get(key) is not None:
-            setattr(res, key, facts[key])
-    if run.model_path is None and facts.get("model_path"):
-        run.model_path = Path(facts["model_path"])
+    for key, value in facts.known().items():
+        if key != "model_path":
+            setattr(res, key, value)
+    if run.model_path is None and facts.model_path:
+        run.model_path = Path(facts.model_path)
     # One GGUF reader for the whole project: the exporter's.
     # diagnose --url: the GGUF that /props names, when it is readable here.
     if run.model_path is not None and run.model_path.suffix == ".gguf":

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass, fields
 from typing import Any
 
 import httpx
@@ -14,7 +15,25 @@ import httpx
 from loadgen.client import StreamClient
 
 
-async def engine_facts(client: StreamClient, kind: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the engine's endpoints said (None: they did not say)."""
+
+    model: str | None = None
+    quantization: str | None = None
+    weights_bytes: float | None = None
+    parameters: float | None = None
+    slots: int | None = None
+    trained_context: int | None = None
+    slot_context: int | None = None
+    model_path: str | None = None
+
+    def known(self) -> dict[str, Any]:
+        """The facts that are known, by name (the EngineResult fields of the same names)."""
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+
+async def engine_facts(client: StreamClient, kind: str) -> EngineFacts:
     """Model, quantization, sizes, slots and contexts from the engine's own endpoints."""
     facts: dict[str, Any] = {}
     with contextlib.suppress(Exception):
@@ -48,7 +67,7 @@ async def engine_facts(client: StreamClient, kind: str) -> dict[str, Any]:
                 info = await client.get_json(path)
                 break
         facts.update(sglang_facts(info))
-    return facts
+    return EngineFacts(**facts)
 
 
 def sglang_facts(info: dict[str, Any]) -> dict[str, Any]:
