@@ -109,11 +109,13 @@ def _engine_series(res: EngineResult, series: Series, engine: str) -> None:
         if value is not None:
             setattr(res, attr, value)
     buffers = [
-        v
+        (lab.get("device", ""), v)
         for lab, v in labelled(series, "llmb_engine_model_buffer_bytes")
-        if lab.get("engine") == engine and not lab.get("device", "").lower().startswith("cpu")
+        if lab.get("engine") == engine
     ]
-    res.gpu_buffer_bytes = sum(buffers) if buffers else res.gpu_buffer_bytes
+    if buffers:
+        # Only host (CPU) buffers reported is an explicit 0 on the GPU, not an unknown.
+        res.gpu_buffer_bytes = sum(v for dev, v in buffers if not dev.lower().startswith("cpu"))
     for info, _ in labelled(series, "llmb_engine_info"):
         if info.get("engine") == engine:
             res.quantization = info.get("quantization") or res.quantization
