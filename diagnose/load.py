@@ -1,7 +1,7 @@
 """One load step through the load generator's scheduler, as a `Row` of the result.
 
-The scheduler's per-round summary is read in one place (`round_figures`), into a typed
-`RoundFigures`; the row's verdict evidence comes from `diagnose.evidence`.
+Each round's typed run summary (`loadgen.summary.StepSummary`) is added to the row in one
+place (`_add_round`); the row's verdict evidence comes from `diagnose.evidence`.
 """
 
 from __future__ import annotations
@@ -15,46 +15,12 @@ from diagnose.decision import Row, row_roofline
 from diagnose.engine_run import EngineRun
 from diagnose.evidence import step_evidence
 from diagnose.facts import structure_facts
-from loadgen.scheduler import RunSpec, StepResult, run_step
+from loadgen.scheduler import RunSpec, run_step
+from loadgen.summary import StepSummary
 
 # Error kinds that mean the KV cache / context ran out (the load generator's names).
 KV_ERRORS = ("kv_exhausted",)
 KV_EVENTS = "llmb_engine_kv_pressure_events_total"
-
-
-@dataclass
-class RoundFigures:
-    """What diagnose reads of one round's run summary (one engine)."""
-
-    requests_failed: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
-    output_tokens: int = 0
-    output_tok_s: float | None = None
-    ttft_p50_s: float | None = None
-    ttft_p99_s: float | None = None
-    decode_tok_s_mean: float | None = None
-    server_decode_tok_s_mean: float | None = None
-
-
-def _float(value: Any) -> float | None:
-    return float(value) if value is not None else None
-
-
-def round_figures(result: StepResult) -> RoundFigures:
-    """The figures of the run summary of a round's only engine (the one reader of it)."""
-    first = result.summaries[0] if result.summaries else {}
-    # The scheduler's summary is becoming a typed `StepSummary` (with the old dict's keys).
-    summary: dict[str, Any] = first if isinstance(first, dict) else first.to_dict()
-    return RoundFigures(
-        requests_failed=int(summary.get("requests_failed") or 0),
-        errors={k: int(n) for k, n in (summary.get("errors") or {}).items()},
-        output_tokens=int(summary.get("output_tokens_total") or 0),
-        output_tok_s=_float(summary.get("output_tok_s")),
-        ttft_p50_s=_float(summary.get("ttft_p50_s")),
-        ttft_p99_s=_float(summary.get("ttft_p99_s")),
-        decode_tok_s_mean=_float(summary.get("decode_tok_s_mean")),
-        server_decode_tok_s_mean=_float(summary.get("server_decode_tok_s_mean")) or None,
-    )
 
 
 def load_spec(run: EngineRun, concurrency: int, prompt_tokens: int, requests: int) -> RunSpec:
@@ -86,11 +52,12 @@ class _Rounds:
     prompts: list[float] = field(default_factory=list)
 
 
-def _add_round(row: Row, acc: _Rounds, fig: RoundFigures) -> None:
+def _add_round(row: Row, acc: _Rounds, fig: StepSummary) -> None:
+    """One round's run summary (the scheduler's typed `StepSummary`) into the row."""
     row.requests_failed += fig.requests_failed
     for kind, n in fig.errors.items():
         row.errors[kind] = row.errors.get(kind, 0) + n
-    row.completion_tokens += fig.output_tokens
+    row.completion_tokens += fig.output_tokens_total
     if fig.output_tok_s is not None:
         row.aggregate_rounds.append(fig.output_tok_s)
     if fig.ttft_p50_s is not None:
@@ -120,7 +87,8 @@ async def _run_rounds(
         run.step_no += 1
         records = result.records.get(run.engine.name, [])
         row.requests += len(records)
-        _add_round(row, acc, round_figures(result))
+        for summary in result.summaries[:1]:  # the round's only engine
+            _add_round(row, acc, summary)
         acc.prompts += [float(r.prompt_tokens) for r in records if r.prompt_tokens is not None]
         if result.interrupted:
             raise KeyboardInterrupt

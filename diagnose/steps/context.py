@@ -77,7 +77,7 @@ class ContextStep:
             else f"every context loaded up to {best}"
         )
         run.say("context", answer)
-        numbers = {"max_loaded": best, "gave_out_at": gave_out, "tried": tried}
+        numbers: dict[str, object] = {"max_loaded": best, "gave_out_at": gave_out, "tried": tried}
         return Step("context", STEP_QUESTIONS["context"], answer, gave_out is not None, numbers)
 
 

@@ -46,7 +46,7 @@ class KvPressureStep:
         saturated = any(v == "kv_saturated" for s, v, _ in run.step_verdicts if s == "kv_pressure")
         answer = kv_answer(row, tokens, why, saturated)
         run.say("kv_pressure", answer)
-        numbers = {
+        numbers: dict[str, object] = {
             "prompt_tokens": tokens,
             "concurrency": conc,
             "truncated": row.truncated,

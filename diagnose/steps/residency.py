@@ -7,7 +7,6 @@ with each measured ratio named with its source; when a ratio cannot be measured,
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import core
 from diagnose.decision import EngineResult, Step
@@ -34,7 +33,7 @@ class ResidencyStep:
         sig = values.signals
         cond = core.evaluate(sig).condition("weights_not_resident")
         facts = residency_facts(res)
-        numbers: dict[str, Any] = {name: getattr(sig, name) for name, _ in RESIDENCY_SOURCES}
+        numbers: dict[str, object] = {name: getattr(sig, name) for name, _ in RESIDENCY_SOURCES}
         numbers["host_has_gpu"] = sig.host_has_gpu
         if not sig.host_has_gpu:
             step = run.not_measured(

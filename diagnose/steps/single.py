@@ -29,7 +29,7 @@ class SingleStep:
             else:
                 answer += "; roofline unknown: pass --bandwidth-gbs (no GPU bandwidth known)"
         run.say("single", answer)
-        numbers = {
+        numbers: dict[str, object] = {
             "per_seq_tok_s": row.per_seq_tok_s,
             "roofline_tok_s": roof.limit_tok_s,
             "efficiency": roof.efficiency,
