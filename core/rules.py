@@ -21,6 +21,7 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from core.conditions import Verdict, evaluate
 from core.roofline import (
@@ -47,6 +48,7 @@ SeriesKey = tuple[str, Labels]
 # A series: (unix seconds, value) pairs in time order.
 Points = Sequence[tuple[float, float]]
 
+_K = TypeVar("_K")  # a `by (...)` grouping key
 LOOKBACK_SECONDS = 300.0  # Prometheus' default instant-vector lookback delta
 
 
@@ -193,9 +195,9 @@ def _key(labels: Mapping[str, str]) -> EngineKey:
     return EngineKey(labels.get("host", ""), labels.get("engine", ""), labels.get("kind", ""))
 
 
-def _max_by(items: Iterable[tuple[EngineKey, float]]) -> dict[EngineKey, float]:
+def _max_by(items: Iterable[tuple[_K, float]]) -> dict[_K, float]:
     """PromQL `max by (...)`: NaN only when every value is NaN."""
-    out: dict[EngineKey, float] = {}
+    out: dict[_K, float] = {}
     for key, value in items:
         old = out.get(key)
         if old is None or math.isnan(old) or (not math.isnan(value) and value > old):
@@ -261,13 +263,8 @@ def _sum_of_device_max(
 
 def _sum_of_max(items: Iterable[tuple[tuple[EngineKey, str], float]]) -> dict[EngineKey, float]:
     """`sum by (engine) (max by (engine, part) (...))`: a number beats NaN, as in PromQL."""
-    per_part: dict[tuple[EngineKey, str], float] = {}
-    for pk, v in items:
-        old = per_part.get(pk)
-        if old is None or math.isnan(old) or (not math.isnan(v) and v > old):
-            per_part[pk] = v
     out: dict[EngineKey, float] = {}
-    for (key, _), v in per_part.items():
+    for (key, _), v in _max_by(items).items():
         out[key] = out.get(key, 0.0) + v
     return out
 
@@ -319,78 +316,27 @@ def admission_values(d: _Data) -> dict[str, dict[EngineKey, float]]:
     return out
 
 
-def rule_values_at(series: Mapping[SeriesKey, Points], at: float) -> dict[EngineKey, RuleValues]:
-    """The recording rules' per-engine values at `at` (unix seconds) for every engine up."""
-    d = _Data(series, at)
-    rw, qw = seconds("rate_window"), seconds("queue_window")
+def _avg_max(d: _Data, name: str, window: float) -> dict[EngineKey, float]:
+    """`max by (...) (avg_over_time(name[window]))`."""
+    return _max_by((_key(lab), _avg_over_time(pts)) for lab, pts in d.range(name, window))
 
-    def mx(
-        name: str, match: Callable[[dict[str, str]], bool] | None = None
-    ) -> dict[EngineKey, float]:
-        return _max_by((_key(lab), v) for lab, v in d.instant(name, match))
 
-    def rate(name: str) -> dict[EngineKey, float]:
-        return _rate_max(d, name, rw)
-
-    def avg(name: str) -> dict[EngineKey, float]:
-        return _max_by((_key(lab), _avg_over_time(pts)) for lab, pts in d.range(name, qw))
-
-    up = {k for k, v in mx("llmb_engine_up").items() if v == 1}
-    running = mx("llmb_engine_requests_running")
-    waiting = mx("llmb_engine_requests_waiting")
-    waiting_avg = avg("llmb_engine_requests_waiting")
-    kv_avg = avg("llmb_engine_kv_cache_usage_ratio")
-
-    # sum by (engine) (max by (engine, event) (increase(...)))
-    pressure = _sum_of_max(
-        ((_key(lab), lab.get("event", "")), inc)
-        for lab, pts in d.range("llmb_engine_kv_pressure_events_total", rw)
-        if (inc := _extrapolated(pts, d.at, rw, rate=False)) is not None
+def _bandwidth(d: _Data) -> dict[EngineKey, float]:
+    """Each engine's bandwidth: each GPU its processes hold reads its share of a step (the
+    share of the engine's GPU memory on it); the slowest GPU sets the pace (`tp_bandwidth`)."""
+    gpu_bw = _max_by(
+        ((lab.get("host", ""), lab.get("gpu", "")), v)
+        for lab, v in d.instant("llmb_gpu_memory_bandwidth_bytes_per_second")
     )
-
-    decode_rate = _divide(
-        rate("llmb_engine_decode_tokens_total"), rate("llmb_engine_decode_seconds_total")
-    )
-    gen_rate = rate("llmb_engine_generation_tokens_total")
-    weights = mx("llmb_model_weights_bytes")
-    memory_ratio = _divide(mx("llmb_engine_process_gpu_memory_bytes"), weights)
-    per_device: dict[tuple[EngineKey, str], float] = {}
-    for lab, v in d.instant(
-        "llmb_engine_model_buffer_bytes",
-        lambda lab: re.fullmatch(r"(?i)cpu.*", lab.get("device", "")) is None,
-    ):
-        dk = (_key(lab), lab.get("device", ""))
-        old = per_device.get(dk)
-        if old is None or math.isnan(old) or (not math.isnan(v) and v > old):
-            per_device[dk] = v
-    buffers: dict[EngineKey, float] = {}
-    for (key, _), v in per_device.items():
-        buffers[key] = buffers.get(key, 0.0) + v
-    buffers_ratio = _divide(buffers, weights)
-    layers_ratio = _divide(
-        mx("llmb_engine_gpu_layers_offloaded"), mx("llmb_engine_gpu_layers_total")
-    )
-    gpu_hosts = {lab.get("host", "") for lab, _ in d.instant("llmb_gpu_memory_total_bytes")}
-
-    # Bandwidth: each GPU the engine's processes hold reads its share of a step (the share
-    # of the engine's GPU memory on it); the slowest GPU sets the pace (`tp_bandwidth`).
-    gpu_bw: dict[tuple[str, str], float] = {}
-    for lab, v in d.instant("llmb_gpu_memory_bandwidth_bytes_per_second"):
-        gk = (lab.get("host", ""), lab.get("gpu", ""))
-        old = gpu_bw.get(gk)
-        if old is None or math.isnan(old) or (not math.isnan(v) and v > old):
-            gpu_bw[gk] = v
     kinds: dict[tuple[str, str], set[str]] = defaultdict(set)
     for lab, _ in d.instant("llmb_engine_up"):
         kinds[(lab.get("host", ""), lab.get("engine", ""))].add(lab.get("kind", ""))
-    per_pid: dict[tuple[str, str, str, str], float] = {}
-    for lab, v in d.instant(
-        "llmb_gpu_process_memory_used_bytes", lambda lab: lab.get("engine", "") != ""
-    ):
-        pk = (lab.get("host", ""), lab.get("engine", ""), lab.get("gpu", ""), lab.get("pid", ""))
-        old = per_pid.get(pk)
-        if old is None or math.isnan(old) or (not math.isnan(v) and v > old):
-            per_pid[pk] = v
+    per_pid = _max_by(
+        ((lab.get("host", ""), lab.get("engine", ""), lab.get("gpu", ""), lab.get("pid", "")), v)
+        for lab, v in d.instant(
+            "llmb_gpu_process_memory_used_bytes", lambda lab: lab.get("engine", "") != ""
+        )
+    )
     per_gpu: dict[tuple[str, str, str], float] = {}
     for (host, engine, gpu, _), v in sorted(per_pid.items()):
         gk3 = (host, engine, gpu)
@@ -408,76 +354,123 @@ def rule_values_at(series: Mapping[SeriesKey, Points], at: float) -> dict[Engine
             continue
         for kind in kinds.get((host, engine), ()):
             bandwidth[EngineKey(host, engine, kind)] = value
+    return bandwidth
 
-    kv_tokens = _max_by(
-        (_key(lab), _avg_over_time(pts))
-        for lab, pts in d.range("llmb_engine_kv_cache_used_tokens", rw)
-    )
-    kv_bpt = mx("llmb_model_kv_bytes_per_token_estimated")
-    admission = admission_values(d)
-    running_avg = _max_by(
-        (_key(lab), _avg_over_time(pts)) for lab, pts in d.range("llmb_engine_requests_running", rw)
-    )
-    always = mx("llmb_model_weights_always_read_bytes")
-    routed = mx("llmb_model_weights_routed_experts_bytes")
-    n_experts = mx("llmb_model_experts")
-    n_used = mx("llmb_model_experts_used")
-    embd_row = mx("llmb_model_token_embedding_row_bytes")
-    draft = mx("llmb_model_draft_weights_bytes")
-    accept = mx("llmb_engine_spec_accept_length")
-    host_layers = mx("llmb_engine_experts_host_layers")
-    host_bytes = mx("llmb_engine_experts_host_bytes")
 
-    out: dict[EngineKey, RuleValues] = {}
-    for key in sorted(up):
-        batch = decode_batch(running_avg.get(key))
-        model = ModelStructure(
-            weights_bytes=weights.get(key),
-            always_read_bytes=always.get(key),
-            routed_expert_bytes=routed.get(key),
-            experts=n_experts.get(key),
-            experts_used=n_used.get(key),
-            token_embedding_row_bytes=embd_row.get(key),
-            draft_weights_bytes=draft.get(key),
+# ModelStructure field -> its series (diagnose reads the same series into its results).
+STRUCTURE_SERIES = {
+    "weights_bytes": "llmb_model_weights_bytes",
+    "always_read_bytes": "llmb_model_weights_always_read_bytes",
+    "routed_expert_bytes": "llmb_model_weights_routed_experts_bytes",
+    "experts": "llmb_model_experts",
+    "experts_used": "llmb_model_experts_used",
+    "token_embedding_row_bytes": "llmb_model_token_embedding_row_bytes",
+    "draft_weights_bytes": "llmb_model_draft_weights_bytes",
+}
+
+
+def _signal_values(d: _Data) -> dict[str, dict[EngineKey, float]]:
+    """The Signals fields that are one recording rule each (field -> values per engine)."""
+    rw, qw = seconds("rate_window"), seconds("queue_window")
+    weights = _instant_max(d, "llmb_model_weights_bytes")
+    buffers = _sum_of_device_max(d, "llmb_engine_model_buffer_bytes", _not_cpu)
+    return {
+        "layers_ratio": _divide(
+            _instant_max(d, "llmb_engine_gpu_layers_offloaded"),
+            _instant_max(d, "llmb_engine_gpu_layers_total"),
+        ),
+        "weights_buffers_ratio": _divide(buffers, weights),
+        "weights_memory_ratio": _divide(
+            _instant_max(d, "llmb_engine_process_gpu_memory_bytes"), weights
+        ),
+        "kv_usage_avg": _avg_max(d, "llmb_engine_kv_cache_usage_ratio", qw),
+        "waiting_avg": _avg_max(d, "llmb_engine_requests_waiting", qw),
+        "kv_pressure_increase": _sum_of_max(
+            ((_key(lab), lab.get("event", "")), inc)
+            for lab, pts in d.range("llmb_engine_kv_pressure_events_total", rw)
+            if (inc := _extrapolated(pts, d.at, rw, rate=False)) is not None
+        ),
+        "running": _instant_max(d, "llmb_engine_requests_running"),
+        "waiting": _instant_max(d, "llmb_engine_requests_waiting"),
+        **admission_values(d),
+        "generation_tokens_per_second": _rate_max(d, "llmb_engine_generation_tokens_total", rw),
+        "experts_host_layers": _instant_max(d, "llmb_engine_experts_host_layers"),
+    }
+
+
+@dataclass
+class _Decode:
+    """The decode/roofline inputs per engine."""
+
+    rate: dict[EngineKey, float]
+    bandwidth: dict[EngineKey, float]
+    kv_tokens: dict[EngineKey, float]
+    kv_bytes_per_token: dict[EngineKey, float]
+    running_avg: dict[EngineKey, float]
+    accept: dict[EngineKey, float]
+    host_bytes: dict[EngineKey, float]
+    structure: dict[str, dict[EngineKey, float]]
+
+    @classmethod
+    def read(cls, d: _Data) -> _Decode:
+        rw = seconds("rate_window")
+        return cls(
+            rate=_divide(
+                _rate_max(d, "llmb_engine_decode_tokens_total", rw),
+                _rate_max(d, "llmb_engine_decode_seconds_total", rw),
+            ),
+            bandwidth=_bandwidth(d),
+            kv_tokens=_avg_max(d, "llmb_engine_kv_cache_used_tokens", rw),
+            kv_bytes_per_token=_instant_max(d, "llmb_model_kv_bytes_per_token_estimated"),
+            running_avg=_avg_max(d, "llmb_engine_requests_running", rw),
+            accept=_instant_max(d, "llmb_engine_spec_accept_length"),
+            host_bytes=_instant_max(d, "llmb_engine_experts_host_bytes"),
+            structure={f: _instant_max(d, name) for f, name in STRUCTURE_SERIES.items()},
         )
+
+    def values(self, key: EngineKey, fields: dict[str, object]) -> RuleValues:
+        """One engine's rule values, its Signals built from `fields` plus decode efficiency."""
+        batch = decode_batch(self.running_avg.get(key))
+        model = ModelStructure(**{f: v.get(key) for f, v in self.structure.items()})
+        accept = self.accept.get(key)
         active = bytes_step = None
         if model.structure_known or model.weights_bytes is not None:
             active = active_weights_bytes(model, batch)
             bytes_step = decode_bytes_per_step(
-                model, kv_tokens.get(key), kv_bpt.get(key), batch, accept.get(key)
+                model, self.kv_tokens.get(key), self.kv_bytes_per_token.get(key), batch, accept
             )
-        roofline = roofline_tokens_per_second(bandwidth.get(key), bytes_step, accept.get(key))
-        efficiency = decode_efficiency(decode_rate.get(key), roofline)
-        reason = roofline_misfit(efficiency, roofline_facts(model, accept.get(key)))
-        signals = Signals(
-            layers_ratio=layers_ratio.get(key),
-            weights_buffers_ratio=buffers_ratio.get(key),
-            weights_memory_ratio=memory_ratio.get(key),
-            host_has_gpu=key.host in gpu_hosts,
-            kv_usage_avg=kv_avg.get(key),
-            waiting_avg=waiting_avg.get(key),
-            kv_pressure_increase=pressure.get(key),
-            running=running.get(key),
-            waiting=waiting.get(key),
-            **{name: values.get(key) for name, values in admission.items()},
-            generation_tokens_per_second=gen_rate.get(key),
-            decode_efficiency=efficiency,
-            experts_host_layers=host_layers.get(key),
-        )
-        out[key] = RuleValues(
-            signals,
-            decode_rate.get(key),
-            bandwidth.get(key),
+        bandwidth = self.bandwidth.get(key)
+        roofline = roofline_tokens_per_second(bandwidth, bytes_step, accept)
+        efficiency = decode_efficiency(self.rate.get(key), roofline)
+        reason = roofline_misfit(efficiency, roofline_facts(model, accept))
+        return RuleValues(
+            Signals(**fields, decode_efficiency=efficiency),  # type: ignore[arg-type]
+            self.rate.get(key),
+            bandwidth,
             bytes_step,
             roofline,
             decode_batch=batch,
             active_weights_bytes=active,
-            accepted_tokens_per_step=accepted_tokens(accept.get(key)),
+            accepted_tokens_per_step=accepted_tokens(accept),
             misfit=reason.name if reason is not None else None,
             experts_host_bound_tokens_per_second=experts_host_bound(
-                host_bytes.get(key), n_experts.get(key), n_used.get(key), batch
+                self.host_bytes.get(key), model.experts, model.experts_used, batch
             ),
         )
+
+
+def rule_values_at(series: Mapping[SeriesKey, Points], at: float) -> dict[EngineKey, RuleValues]:
+    """The recording rules' per-engine values at `at` (unix seconds) for every engine up."""
+    d = _Data(series, at)
+    up = {k for k, v in _instant_max(d, "llmb_engine_up").items() if v == 1}
+    gpu_hosts = {lab.get("host", "") for lab, _ in d.instant("llmb_gpu_memory_total_bytes")}
+    signals = _signal_values(d)
+    decode = _Decode.read(d)
+    out: dict[EngineKey, RuleValues] = {}
+    for key in sorted(up):
+        fields: dict[str, object] = {name: v.get(key) for name, v in signals.items()}
+        fields["host_has_gpu"] = key.host in gpu_hosts
+        out[key] = decode.values(key, fields)
     return out
 
 
