@@ -151,20 +151,29 @@ _UVLOOP_STUB = (
 )
 
 
-def one_run(name: str, concurrency: int, number: int) -> dict[str, Any]:
-    """One client's run against a fresh stub, whose /stats then give its own lateness."""
+def with_fresh_stub(run: Callable[[str], Any], uvloop: bool) -> tuple[Any, float, dict[str, Any]]:
+    """`run(url)` against a fresh stub: its result, the 1-minute load average at the start and
+    the stub's /stats afterwards (its own lateness)."""
     port = free_port()
     args = ("--ttft", str(TTFT), "--itl", str(ITL))
-    stub = start_stub(port, *args, module=["-c", _UVLOOP_STUB] if STUB_UVLOOP else None)
+    stub = start_stub(port, *args, module=["-c", _UVLOOP_STUB] if uvloop else None)
     url = f"http://127.0.0.1:{port}"
     try:
         load = os.getloadavg()[0]
-        records = CLIENTS[name](url, concurrency, 3 * concurrency)
+        result = run(url)
         with urllib.request.urlopen(url + "/stats", timeout=10) as resp:
             stats = json.load(resp)
     finally:
         stub.terminate()
         stub.wait(10)
+    return result, load, stats
+
+
+def one_run(name: str, concurrency: int, number: int) -> dict[str, Any]:
+    """One client's run against a fresh stub, whose /stats then give its own lateness."""
+    records, load, stats = with_fresh_stub(
+        lambda url: CLIENTS[name](url, concurrency, 3 * concurrency), bool(STUB_UVLOOP)
+    )
     return {
         "concurrency": concurrency,
         "round": number,

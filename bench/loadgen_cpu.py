@@ -34,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -100,27 +99,19 @@ def child(kind: str, url: str, concurrency: int, requests: int, tokens: int) -> 
 
 def one_run(kind: str, root: Path, concurrency: int, stub_uvloop: bool) -> dict[str, Any]:
     """One client's run against a fresh stub."""
-    from bench.loadgen_accuracy import _UVLOOP_STUB, ITL, MAX_TOKENS, TTFT
-    from bench.loadgen_throughput import start_stub
+    from bench.loadgen_accuracy import MAX_TOKENS, with_fresh_stub
 
-    port = _free_port()
-    args = ("--ttft", str(TTFT), "--itl", str(ITL))
-    stub = start_stub(port, *args, module=["-c", _UVLOOP_STUB] if stub_uvloop else None)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        load = os.getloadavg()[0]
+    def measure(url: str) -> dict[str, Any]:
         cmd = [sys.executable, __file__, "--child", kind, url, str(concurrency),
                str(3 * concurrency), str(MAX_TOKENS)]  # fmt: skip
         env = os.environ | {"PYTHONPATH": str(root)}
         out = subprocess.run(
             cmd, check=True, timeout=600, env=env, cwd=root, capture_output=True, text=True
         )
-        spent = json.loads(out.stdout.strip().splitlines()[-1])
-        with urllib.request.urlopen(url + "/stats", timeout=10) as resp:
-            stats = json.load(resp)
-    finally:
-        stub.terminate()
-        stub.wait(10)
+        spent: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+        return spent
+
+    spent, load, stats = with_fresh_stub(measure, stub_uvloop)
     number = spent["requests"]
     return {
         "client": kind,
