@@ -24,6 +24,9 @@ RUN useradd --system --uid 10001 --create-home --home-dir /home/llmb --shell /us
 WORKDIR /src
 COPY constraints.txt pyproject.toml README.md /src/
 COPY core /src/core
+COPY config /src/config
+COPY model /src/model
+COPY cli /src/cli
 COPY exporter /src/exporter
 COPY loadgen /src/loadgen
 COPY diagnose /src/diagnose

@@ -3,7 +3,7 @@
 usage: python bench/gguf_header.py MODEL.gguf OUT.gguf
 
 The copy ends at the tensor-data offset: a few MB for a 30 GB model, and everything the exporter
-reads (exporter/model/gguf_header.py reads the header only), so a GPU run's model can be re-read
+reads (model/gguf_header.py reads the header only), so a GPU run's model can be re-read
 in CI.
 """
 

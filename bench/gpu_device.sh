@@ -115,7 +115,7 @@ diagnose)
     engine_yaml llama 8090 "$MODEL" "-c {ctx} -np {parallel}" 8192
     echo "$GPU_YAML"
   } >"$D/config.yaml"
-  python3 -m loadgen diagnose --config "$D/config.yaml" --engine llama --out "$D/report" \
+  python -m cli.loadgen diagnose --config "$D/config.yaml" --engine llama --out "$D/report" \
     --concurrency 1,2,4,8 --prompt-tokens 425 --max-tokens 128 --settle 5 \
     | tee "$D/answer.txt" || echo "diagnose failed: $?"
   tar -czf "$OUT/diag.tgz" -C "$W" diag
@@ -129,7 +129,7 @@ compare-quant)
     engine_yaml q8_0 8091 "$MODEL_Q8" "-c {ctx} -np {parallel}" 16384
     echo "$GPU_YAML"
   } >"$D/config.yaml"
-  python3 -m loadgen compare --config "$D/config.yaml" --engine q4_0 --engine q8_0 \
+  python -m cli.loadgen compare --config "$D/config.yaml" --engine q4_0 --engine q8_0 \
     --out "$D/report" --concurrency 1,4 --prompt-tokens 425 --max-tokens 128 --rounds 3 \
     --contexts 16384 --settle 5 | tee "$D/answer.txt" || echo "compare failed: $?"
   tar -czf "$OUT/cmp-quant.tgz" -C "$W" cmp-quant
@@ -143,7 +143,7 @@ compare-np)
     engine_yaml np8 8091 "$MODEL" "-c 65536 -np 8"
     echo "$GPU_YAML"
   } >"$D/config.yaml"
-  python3 -m loadgen compare --config "$D/config.yaml" --engine np1 --engine np8 \
+  python -m cli.loadgen compare --config "$D/config.yaml" --engine np1 --engine np8 \
     --out "$D/report" --concurrency 1,8 --prompt-tokens 425 --max-tokens 128 --rounds 3 \
     --kv-prompt-tokens 0 --settle 5 | tee "$D/answer.txt" || echo "compare failed: $?"
   tar -czf "$OUT/cmp-np.tgz" -C "$W" cmp-np

@@ -175,7 +175,7 @@ run_loadgen() {
   done
   nvml "$d/raw" &
   pids+=($!)
-  (cd "$R" && timeout -k 20 "$limit" $PY -m loadgen "$@") >"$d/answer.txt" 2>&1
+  (cd "$R" && timeout -k 20 "$limit" $PY -m cli.loadgen "$@") >"$d/answer.txt" 2>&1
   rc=$?
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   wait "${pids[@]}" 2>/dev/null

@@ -5,7 +5,7 @@ token of each request 200 ms after it arrived and then one every 20 ms, on an ab
 schedule. Per concurrency (default 16, 64, 256; requests = 3 x concurrency, 20 tokens each),
 rounds alternate, in an ABBA order so neither client always goes first, between
 
-* **llmb-loadgen**: the real command line in its own process, `python -m loadgen run --url
+* **llmb-loadgen**: the real command line in its own process, `python -m cli.loadgen run --url
   URL --concurrency C --requests N --warmup 0 --max-tokens 20 --out DIR` (default 512-token
   prompt calibrated on the stub, requests.jsonl, live /metrics, progress lines); its numbers
   are read from requests.jsonl (`ttft_s`, `itl_p99_s`): exactly what a user reads;
@@ -124,7 +124,7 @@ def run_loadgen(
 ) -> list[dict[str, Any]]:
     """`llmb-loadgen run` (of the checkout `root`) in its own process; its requests.jsonl."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "loadgen", "run", "--url", url,
+        cmd = [sys.executable, "-m", "cli.loadgen", "run", "--url", url,
                "--concurrency", str(concurrency), "--requests", str(requests), "--warmup", "0",
                "--max-tokens", str(MAX_TOKENS), "--out", tmp,
                "--metrics-port", str(free_port())]  # fmt: skip

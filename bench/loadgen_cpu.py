@@ -4,7 +4,7 @@ The question behind it (issue 20, c=256): does the load generator take CPU the s
 Each run starts a fresh stub (as bench/loadgen_accuracy.py: 200 ms TTFT, 20 ms ITL, its own
 process) and one client in its own process, rotating the clients every round:
 
-* **llmb-loadgen**: `loadgen.__main__.main(["run", ...])` as `bench/loadgen_accuracy.py`
+* **llmb-loadgen**: `cli.loadgen.main(["run", ...])` as `bench/loadgen_accuracy.py`
   runs it (3 x C requests, 20 tokens, requests.jsonl, live /metrics); its CPU is taken around
   the *measured* phase (`Phase.run`), so imports, prompt calibration and pre-opening the pool
   are left out;
@@ -72,7 +72,7 @@ def child(kind: str, url: str, concurrency: int, requests: int, tokens: int) -> 
         account(t0, len(records))
         return spent
     # The load generator of the checkout on PYTHONPATH; only its measured phase is counted.
-    from loadgen.__main__ import main
+    from cli.loadgen import main
     from loadgen.scheduler import phase
 
     plain = phase.Phase.run

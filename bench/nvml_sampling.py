@@ -20,10 +20,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a plain script from a checkout
 
+from config.settings import EngineConfig, GpuConfig  # noqa: E402
 from exporter.attribution import Attribution  # noqa: E402
 from exporter.collectors.nvml.backend import FakeNvmlBackend, NvmlBackend, PynvmlBackend  # noqa: E402
 from exporter.collectors.nvml.collector import NvmlCollector  # noqa: E402
-from exporter.config import EngineConfig, GpuConfig  # noqa: E402
 
 DEFAULT_FAKE = ROOT / "tests/fixtures/llamacpp-h200-gemma3-27b-shape-q4_0/nvml_3_generating.json"
 

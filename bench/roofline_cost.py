@@ -27,10 +27,10 @@ from unittest import mock
 import httpx
 
 from bench.exporter_latency import FIX, llama_bodies
+from config.settings import EngineConfig
 from exporter.attribution import Attribution
 from exporter.collectors.llamacpp import collector as llamacpp
 from exporter.collectors.llamacpp import memory as llamacpp_memory
-from exporter.config import EngineConfig
 
 LOG = FIX / "llamacpp-cpu-qwen3moe-synth-expert-offload" / "server-ncmoe1-lv5.log"
 

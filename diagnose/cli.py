@@ -3,7 +3,7 @@
 Both commands share one set of flags (`configure`), one resolver of their engines
 (`engines_from_args`, on `loadgen.target`) and one runner (`run_measurement`); they differ in
 how many engines they take and how the answer is decided (`diagnose.procedure.diagnose`,
-`diagnose.compare.compare`). `loadgen.__main__` registers `DIAGNOSE` and `COMPARE` with the
+`diagnose.compare.compare`). `cli.loadgen` registers `DIAGNOSE` and `COMPARE` with the
 load generator's own commands.
 """
 
@@ -23,6 +23,7 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
+from config.settings import Config, EngineConfig
 from diagnose.compare import DEFAULT_ROUNDS, compare
 from diagnose.decision import Decision, EngineResult, RunInfo, results_to_dict, utc_now
 from diagnose.engine_run import gib
@@ -32,7 +33,6 @@ from diagnose.probe import detect_kind
 from diagnose.procedure import diagnose
 from diagnose.steps.base import STEPS
 from exporter import __version__
-from exporter.config import Config, EngineConfig
 from loadgen.client import TargetUnreachable
 from loadgen.options import (
     Command,
@@ -335,7 +335,7 @@ class Measurement:
             return run_measurement(self.name, args)
 
     def command(self) -> Command:
-        """The subcommand, for the one registration table (`loadgen.__main__`)."""
+        """The subcommand, for the one registration table (`cli.loadgen`)."""
         return Command(self.name, self.help, self.configure, self.run)
 
 

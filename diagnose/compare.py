@@ -17,11 +17,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from config.settings import EngineConfig
 from diagnose.decision import Decision, EngineResult, Row, decide_compare
 from diagnose.options import Options
 from diagnose.phases import PhasePublisher
 from diagnose.procedure import Diagnoser
-from exporter.config import EngineConfig
 from loadgen.scheduler import RunContext
 
 DEFAULT_ROUNDS = 3

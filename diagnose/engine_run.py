@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import core
+from config.settings import EngineConfig
 from diagnose.decision import NOT_MEASURED, EngineResult, Phase, Row, Step
 from diagnose.launcher import (
     EngineProcess,
@@ -26,7 +27,6 @@ from diagnose.monitor import Monitor
 from diagnose.options import Options
 from diagnose.phases import PhasePublisher, say
 from diagnose.steps.base import STEP_QUESTIONS
-from exporter.config import EngineConfig
 from loadgen.client import Target
 from loadgen.scheduler import RunContext
 

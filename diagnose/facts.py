@@ -18,9 +18,9 @@ from core.rules import STRUCTURE_SERIES as MODEL_SERIES
 from diagnose.decision import EngineResult
 from diagnose.engine_run import EngineRun
 from diagnose.probe import engine_facts
-from exporter.model.geometry import geometry_from_gguf
 from loadgen.client import StreamClient
 from loadgen.monitor import Series, first, labelled
+from model.geometry import geometry_from_gguf
 
 # EngineResult field -> the exporter series of the model's structure (issue 17): the
 # rules' (`ModelStructure` fields, same names) and what diagnose reports beside them.

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from exporter.config import EngineConfig, LaunchConfig
+from config.settings import EngineConfig, LaunchConfig
 
 PLACEHOLDERS = ("model", "ctx", "parallel", "ngl", "port", "log", "mem_fraction", "host")
 

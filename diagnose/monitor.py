@@ -20,8 +20,8 @@ from typing import Protocol
 import httpx
 
 import core
+from config.settings import EngineConfig, GpuConfig
 from diagnose.options import Options
-from exporter.config import EngineConfig, GpuConfig
 from loadgen.monitor import (
     EmbeddedExporter,
     Series,

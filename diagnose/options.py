@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from exporter.config import GpuConfig
+from config.settings import GpuConfig
 
 
 @dataclass

@@ -16,6 +16,7 @@ import asyncio
 from pathlib import Path
 
 import core
+from config.settings import EngineConfig
 from diagnose.decision import (
     NOT_MEASURED,
     Decision,
@@ -35,7 +36,6 @@ from diagnose.steps.context import ContextStep
 from diagnose.steps.kv import KvPressureStep
 from diagnose.steps.residency import ResidencyStep
 from diagnose.steps.single import SingleStep
-from exporter.config import EngineConfig
 from loadgen.scheduler import RunContext
 
 __all__ = ["PROCEDURE", "Diagnoser", "combine", "diagnose"]

@@ -9,9 +9,9 @@ import os
 import socket
 import sys
 
+from config.settings import Config, ConfigError, load_config
 from exporter import __version__
 from exporter.cli import add_log_level_option, setup_logging
-from exporter.config import Config, ConfigError, load_config
 from exporter.web_config import WebConfig
 
 EXIT_CONFIG = 2

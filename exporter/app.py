@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import httpx
 
+from config.kinds import engine_kind, load
+from config.settings import Config
 from exporter.attribution import Attribution
 from exporter.collectors import Collector
-from exporter.config import Config
-from exporter.engines import engine_kind, load
 from exporter.http import AiohttpTransport
 from exporter.runner import Runner
 
@@ -15,7 +15,7 @@ from exporter.runner import Runner
 def build_runner(config: Config, client: httpx.AsyncClient | None = None) -> Runner:
     """Create one collector per source (NVML when enabled, one per engine).
 
-    Each engine's collector class comes from its kind's row in exporter/engines.py.
+    Each engine's collector class comes from its kind's row in config/kinds.py.
     """
     from exporter.collectors.nvml.collector import NvmlCollector
 

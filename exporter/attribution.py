@@ -6,7 +6,7 @@ SGLang scheduler pid carried by its `pid` label); the NVML collector asks
 
 1. a pid the engine reported, or `process.pid` from the config;
 2. `process.cmdline_regex` from the config;
-3. the default rule for the kind (`process` in exporter/engines.py): a llama.cpp process
+3. the default rule for the kind (`process` in config/kinds.py): a llama.cpp process
    whose command line runs `llama-server` with `--port <engine port>`; an SGLang process
    whose command line mentions `sglang` (and `--port <engine port>` when several SGLang
    engines exist). The port comes from the engine URL.
@@ -18,8 +18,8 @@ import re
 from collections import Counter
 from urllib.parse import urlsplit
 
-from exporter.config import EngineConfig
-from exporter.engines import engine_kind
+from config.kinds import engine_kind
+from config.settings import EngineConfig
 
 
 def _port(url: str) -> int | None:

@@ -25,7 +25,7 @@ from prometheus_client.core import (
 from prometheus_client.metrics_core import Metric
 
 if TYPE_CHECKING:
-    from exporter.model.geometry import ModelGeometry
+    from model.geometry import ModelGeometry
 
 ENGINE = ("engine", "kind")
 GPU = ("gpu",)
@@ -417,8 +417,8 @@ def _unit(name: str) -> str:
 
 
 def _source_columns() -> list[tuple[str, dict[str, str], dict[str, str] | None]]:
-    """(header, main table, release table or None) per column, from exporter/engines.py."""
-    from exporter.engines import ENGINES, load
+    """(header, main table, release table or None) per column, from config/kinds.py."""
+    from config.kinds import ENGINES, load
 
     columns: list[tuple[str, dict[str, str], dict[str, str] | None]] = []
     for engine in ENGINES:

@@ -28,7 +28,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from exporter.config import ConfigError, format_validation_errors, read_yaml
+from config.settings import ConfigError, format_validation_errors, read_yaml
 
 # The toolkit's RequestClientCert and RequireAnyClientCert accept unverified certificates,
 # which Python's ssl module cannot do; they are rejected.

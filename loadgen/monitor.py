@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 
+from config.settings import Config, EngineConfig, GpuConfig, ProcessMatch
 from core import SeriesKey
 from exporter.app import build_runner
 from exporter.collectors.nvml.backend import NvmlError, PynvmlBackend
-from exporter.config import Config, EngineConfig, GpuConfig, ProcessMatch
 from exporter.promtext import parse_exposition
 from exporter.runner import Runner
 from loadgen.options import metrics_url

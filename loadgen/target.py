@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from exporter.config import Config, ConfigError, EngineConfig, load_config
+from config.settings import Config, ConfigError, EngineConfig, load_config
 from loadgen.client import Target, first_model_id
 from loadgen.options import UsageError
 

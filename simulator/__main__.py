@@ -9,7 +9,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from exporter.engines import KINDS, engine_kind, load
+from config.kinds import KINDS, engine_kind, load
 from simulator import scenarios
 from simulator.common import Faults, SimBase, SimOptions
 from simulator.model import LLAMACPP_KV_TYPES, SGLANG_KV_BYTES
@@ -125,7 +125,7 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
 
 
 def make_sim(opts: SimOptions) -> SimBase:
-    """The simulator object for `opts.kind` (its class is named in exporter/engines.py)."""
+    """The simulator object for `opts.kind` (its class is named in config/kinds.py)."""
     sim: SimBase = load(engine_kind(opts.kind).simulator)(opts)
     return sim
 

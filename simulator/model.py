@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from exporter.model.ggml_types import GGML_TYPES
+from model.ggml_types import GGML_TYPES
 
 MIB = 1024 * 1024
 # Bytes per KV element: ggml block bytes / block elements (llama.cpp), SGLang dtypes.

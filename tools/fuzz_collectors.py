@@ -352,8 +352,8 @@ async def run(
     from aiohttp import web
     from aiohttp.test_utils import TestServer
 
+    from config.settings import parse_config
     from exporter.app import build_runner
-    from exporter.config import parse_config
     from exporter.server import make_app
 
     rng = random.Random(seed)

@@ -26,8 +26,8 @@ from gguf.constants import MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS, TENSOR
 from tqdm import tqdm
 
 from core import ModelStructure, active_weights_bytes
-from exporter.model.gguf_header import read_gguf_fields
-from exporter.model.weights import TensorInfo, WeightSplit, split_tensors
+from model.gguf_header import read_gguf_fields
+from model.weights import TensorInfo, WeightSplit, split_tensors
 
 QType = gguf.GGMLQuantizationType
 
@@ -528,7 +528,7 @@ class Model:
 
 
 def weight_split(model: Model) -> WeightSplit:
-    """The planned tensors split as the exporter splits a GGUF's (exporter.model.weights)."""
+    """The planned tensors split as the exporter splits a GGUF's (model.weights)."""
     tensors = [
         TensorInfo(t.name, t.nbytes, model.spec.n_vocab if t.name == "token_embd.weight" else 1)
         for t in model.tensors
@@ -693,7 +693,7 @@ def _write_tensorless(writer: gguf.GGUFWriter, out: Path) -> int:
 def write_header_only(model: Model, out: Path) -> int:
     """Write the GGUF header, metadata and tensor index without tensor data; returns its size.
 
-    Enough for readers of geometry (tensor names, shapes, types: exporter.model.geometry); llama.cpp
+    Enough for readers of geometry (tensor names, shapes, types: model.geometry); llama.cpp
     cannot load it. The simulators serve one as their `model_path`.
     """
     return _write_tensorless(_writer(model, out), out)

@@ -23,8 +23,8 @@ from prometheus_client.metrics_core import Metric
 from exporter.schema import MetricSet
 
 if TYPE_CHECKING:
+    from config.settings import EngineConfig
     from exporter.attribution import Attribution
-    from exporter.config import EngineConfig
 
 ErrorReason = Literal["timeout", "connect", "http", "parse", "too_large"]
 REASONS: tuple[ErrorReason, ...] = ("timeout", "connect", "http", "parse", "too_large")
@@ -166,7 +166,7 @@ class EngineCollector(Collector):
     """Reads one inference server; the base of every engine kind's collector.
 
     The constructor is the one `exporter.app` calls for every kind registered in
-    exporter/engines.py. Every series it adds carries `labels` (`engine`, `kind`).
+    config/kinds.py. Every series it adds carries `labels` (`engine`, `kind`).
     """
 
     def __init__(

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
+from cli.loadgen import main as loadgen_main
+from config.settings import Config, parse_config
 from diagnose.compare import compare
 from diagnose.decision import INCONCLUSIVE, Decision, EngineResult, switch_to
 from diagnose.options import Options
-from exporter.config import Config, parse_config
-from loadgen.__main__ import main as loadgen_main
 from tests.conftest import get_free_port
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import ConfigError, load_config, parse_config
+from config.settings import ConfigError, load_config, parse_config
 from tests.paths import ROOT
 from tests.plugins.cli import run_module
 
@@ -145,8 +145,8 @@ def test_check_only_ok_and_unreadable(tmp_path: Path) -> None:
 def test_the_exporter_loads_only_the_loadgen_section_model() -> None:
     # The exporter's image has the base dependencies only: its config must not pull in
     # the load generator (aiohttp client, orjson, tqdm...).
-    code = "import sys, exporter.config; print(sorted(m for m in sys.modules if 'loadgen' in m))"
+    code = "import sys, config.settings; print(sorted(m for m in sys.modules if 'loadgen' in m))"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
-    assert out.strip() == "['loadgen', 'loadgen.config']"
+    assert out.strip() == "['loadgen', 'config.loadgen']"

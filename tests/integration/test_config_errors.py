@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import ConfigError, load_config
+from config.settings import ConfigError, load_config
 from tests.paths import ROOT
 from tests.plugins.cli import run_module
 

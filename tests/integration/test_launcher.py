@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from config.settings import EngineConfig
 from diagnose.launcher import (
     EngineProcess,
     LaunchError,
@@ -18,7 +19,6 @@ from diagnose.launcher import (
     render_command,
     template_fields,
 )
-from exporter.config import EngineConfig
 
 # A stand-in engine: answers /health with 503 while "loading", then 200; forks a child
 # (like SGLang's workers) and can be told to ignore SIGTERM.

@@ -1,6 +1,6 @@
 """Validity of a run: failed requests, aborted runs, KV exhaustion, bounded time.
 
-Integration tests run the real CLI (`python -m loadgen run`) as a process against the engine
+Integration tests run the real CLI (`python -m cli.loadgen run`) as a process against the engine
 simulators, also as processes, and kill the engine mid-run as an operator's crash would.
 Unit tests cover the error classification and the stream parser (fuzzed from a real
 llama.cpp stream).

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client.metrics_core import Metric
 
+from config.settings import EngineConfig, GpuConfig
 from exporter.attribution import Attribution
 from exporter.collectors import Scrape
 from exporter.collectors.nvml.backend import (
@@ -27,7 +28,6 @@ from exporter.collectors.nvml.backend import (
     read_proc_cmdline,
 )
 from exporter.collectors.nvml.collector import NvmlCollector, WindowMax
-from exporter.config import EngineConfig, GpuConfig
 from exporter.runner import Runner
 from tests.paths import FIXTURES, ROOT
 

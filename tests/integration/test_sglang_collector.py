@@ -15,10 +15,10 @@ import pytest
 from aiohttp import web
 from prometheus_client.metrics_core import Metric
 
+from config.settings import EngineConfig
 from exporter.attribution import Attribution
 from exporter.collectors import Scrape, SourceError
 from exporter.collectors.sglang.collector import SGLangCollector
-from exporter.config import EngineConfig
 from exporter.schema import SCHEMA
 from tests.conftest import get_free_port
 from tests.paths import FIXTURES
@@ -556,9 +556,9 @@ async def test_family_prefilter_loses_nothing(monkeypatch: pytest.MonkeyPatch) -
     """Parsing only sglang.FAMILIES gives the same normalized series as parsing everything."""
     import httpx
 
+    from config.settings import EngineConfig
     from exporter.attribution import Attribution
     from exporter.collectors.sglang import collector as sglang_module
-    from exporter.config import EngineConfig
     from tests.plugins.engine_stubs import SGLANG_BODIES
 
     def handler(request: httpx.Request) -> httpx.Response:

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporter.config import load_config
+from config.settings import load_config
 from simulator import scenarios
 from simulator.demo import KINDS, engine_name
 from tests.conftest import get_free_port

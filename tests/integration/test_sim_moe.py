@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporter.model.geometry import geometry_from_gguf, geometry_from_hf_config
-from exporter.model.kv_cache import estimate_llamacpp_kv, estimate_sglang_kv
+from model.geometry import geometry_from_gguf, geometry_from_hf_config
+from model.kv_cache import estimate_llamacpp_kv, estimate_sglang_kv
 from simulator import scenarios
 from simulator.engine import Engine
 from simulator.model import Clock, ModelSpec, Request

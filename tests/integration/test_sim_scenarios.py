@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 
+from config.settings import EngineConfig
 from exporter.attribution import Attribution
-from exporter.config import EngineConfig
 from tests.paths import FIXTURES
 from tests.plugins.sim import shape_diff
 

@@ -335,7 +335,7 @@ def test_expert_type_flag(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_header_only_file_carries_the_geometry_without_the_data(tmp_path: Path) -> None:
-    from exporter.model.geometry import geometry_from_gguf
+    from model.geometry import geometry_from_gguf
 
     model = sm.build_model("qwen3-30b-a3b", "q8_0", None)
     out = tmp_path / "header.gguf"

@@ -7,7 +7,8 @@
 * `request_lines(out)`: the records of `out/requests.jsonl`.
 * `records_so_far(out)`: the complete records of a run still writing them.
 * `wait_for_records(out, n, timeout)`: block until a running run has written `n` records.
-* `loadgen_process(*args)`: `python -m loadgen *args` as a child process (text pipes, unbuffered).
+* `loadgen_process(*args)`: `python -m cli.loadgen *args` as a child process (text pipes,
+  unbuffered).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from loadgen.__main__ import main
+from cli.loadgen import main
 from simulator.stub import StubOptions, ThreadedStub
 from tests.paths import ROOT
 
@@ -71,9 +72,9 @@ def wait_for_records(out: Path, n: int, timeout: float = 60) -> None:
 
 
 def loadgen_process(*args: str) -> subprocess.Popen[str]:
-    """`python -m loadgen *args` from the repository root, its output in text pipes."""
+    """`python -m cli.loadgen *args` from the repository root, its output in text pipes."""
     return subprocess.Popen(
-        [sys.executable, "-m", "loadgen", *args],
+        [sys.executable, "-m", "cli.loadgen", *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -233,7 +233,7 @@ def test_constraints_pin_every_dependency_of_the_images() -> None:
 
 
 def profile_config(name: str) -> Any:
-    from exporter.config import load_config
+    from config.settings import load_config
 
     return load_config(ROOT / "deploy" / "compose" / f"{name}.yaml", environ={})
 

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 import core
-from loadgen.__main__ import main as loadgen_main
+from cli.loadgen import main as loadgen_main
 from tests.conftest import get_free_port
 
 pytestmark = pytest.mark.llamaserver

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 import core
+from cli.loadgen import main as loadgen_main
 from diagnose.decision import engine_from_dict, roofline
 from diagnose.launcher import EngineProcess
-from exporter.model.geometry import geometry_from_gguf
-from loadgen.__main__ import main as loadgen_main
+from model.geometry import geometry_from_gguf
 from tests.conftest import get_free_port
 
 

@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 
 import core
+from cli.loadgen import main as loadgen_main
+from config.settings import EngineConfig, GpuConfig, parse_config
 from diagnose.decision import FIX_MEMORY_FIRST, STAY_AND_TUNE, recommendation_for
 from diagnose.launcher import EngineProcess
 from diagnose.options import Options
 from diagnose.procedure import diagnose
-from exporter.config import EngineConfig, GpuConfig, parse_config
-from loadgen.__main__ import main as loadgen_main
 from tests.conftest import get_free_port
 from tests.plugins.prom import PrometheusServer
 

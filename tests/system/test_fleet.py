@@ -26,10 +26,10 @@ import pytest
 import yaml
 from prometheus_client.metrics_core import Metric
 
+from config.settings import ConfigError, parse_config
 from core import SEVERITY, VERDICTS
 from exporter.app import build_runner
 from exporter.collectors import Collector, Scrape
-from exporter.config import ConfigError, parse_config
 from exporter.runner import Runner
 from exporter.schema import MetricSet
 from mixin.dashboards.fleet import FLEET_SEVERITY

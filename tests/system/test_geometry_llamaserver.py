@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.model.geometry import geometry_from_gguf
-from exporter.model.kv_cache import estimate_llamacpp_kv
+from model.geometry import geometry_from_gguf
+from model.kv_cache import estimate_llamacpp_kv
 from tests.unit.test_geometry import parse_log
 
 pytestmark = pytest.mark.llamaserver

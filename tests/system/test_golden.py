@@ -15,8 +15,8 @@ import httpx
 import pytest
 from prometheus_client.exposition import generate_latest
 
+from config.settings import parse_config
 from exporter.app import build_runner
-from exporter.config import parse_config
 from exporter.server import _Snapshot
 from tests.paths import FIXTURES, ROOT
 from tests.plugins.engine_stubs import LLAMA_BODIES, SGLANG_BODIES

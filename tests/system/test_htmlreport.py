@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from cli.loadgen import main as loadgen_main
 from core import VERDICT_INFO
 from diagnose.cli import print_answer
 from diagnose.decision import (
@@ -47,7 +48,6 @@ from diagnose.report.html import (
     write_report,
 )
 from diagnose.steps.base import STEP_QUESTIONS, STEPS
-from loadgen.__main__ import main as loadgen_main
 from tests.paths import ROOT
 from tests.plugins.llama import LlamaServer
 from tests.report_browser import Page, colored_pixels, dark_pixels, render
@@ -285,9 +285,9 @@ def test_flags_named_in_the_report_exist() -> None:
     import argparse
     import ast
 
+    from config.settings import EngineConfig, GpuConfig
     from diagnose.cli import COMPARE, DIAGNOSE
     from diagnose.report import html as htmlreport
-    from exporter.config import EngineConfig, GpuConfig
 
     sources = sorted(Path(htmlreport.__file__).parents[1].rglob("*.py"))
     assert len(sources) > 3, sources

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from exporter.config import Config, load_config
+from config.settings import Config, load_config
 from tests.paths import ROOT
 
 K8S = ROOT / "deploy" / "kubernetes"

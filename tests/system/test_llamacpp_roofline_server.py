@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from config.settings import EngineConfig
 from exporter.attribution import Attribution
 from exporter.collectors.llamacpp.collector import LlamaCppCollector
-from exporter.config import EngineConfig
 from tests.unit.test_llamacpp_collector import v, values
 
 pytestmark = pytest.mark.llamaserver

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen.__main__ import main
+from cli.loadgen import main
 from tests.plugins.loadgen import loadgen_process, request_lines, run_cli, wait_for_records
 
 pytestmark = pytest.mark.llamaserver

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from config.settings import load_config
 from core import VERDICTS
-from exporter.config import load_config
 from tests.conftest import get_free_port
 from tests.paths import ROOT
 

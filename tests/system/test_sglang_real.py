@@ -27,9 +27,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 import core
+from cli.loadgen import main as loadgen_main
 from exporter.collectors.sglang.memory import checkpoint_weight_bytes
-from exporter.model.geometry import geometry_from_hf_config
-from loadgen.__main__ import main as loadgen_main
+from model.geometry import geometry_from_hf_config
 from tests.integration.test_sim_sglang_fidelity import (
     KNOWN_SIM_DIFFERENCES,
     shape_differences,

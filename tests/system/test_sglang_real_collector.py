@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from config.settings import EngineConfig, parse_config
 from diagnose.facts import collect_facts
 from diagnose.options import Options
 from diagnose.phases import PhasePublisher
@@ -23,8 +24,7 @@ from diagnose.steps.residency import ResidencyStep
 from exporter.attribution import Attribution
 from exporter.collectors.sglang.collector import SGLangCollector
 from exporter.collectors.sglang.memory import checkpoint_weight_bytes
-from exporter.config import EngineConfig, parse_config
-from exporter.model.geometry import geometry_from_hf_config
+from model.geometry import geometry_from_hf_config
 from tests.plugins.sglang import MODEL_DIR, SGLANG_SERVER, SglangServer
 from tests.unit.test_sglang_residency import h200_gpu_file
 

@@ -181,7 +181,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                     continue
                 name = engine_name(kind, scenario)
                 metrics_port = get_free_port()
-                argv = [sys.executable, "-m", "loadgen", "run", "--config", str(config_path)]
+                argv = [sys.executable, "-m", "cli.loadgen", "run", "--config", str(config_path)]
                 argv += ["--engine", name, "--concurrency", str(load.concurrency)]
                 argv += ["--prompt-tokens", str(load.prompt_tokens)]
                 argv += ["--max-tokens", str(load.max_tokens), "--duration", "900"]

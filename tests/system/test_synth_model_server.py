@@ -178,8 +178,8 @@ def test_other_shapes_and_types_load_and_generate(
 def test_moe_shapes_load_generate_and_fit_the_kv_estimate(
     tmp_path: Path, llama_binary: Path, like: str, wtype: str, layers: int, file_type: str
 ) -> None:
-    from exporter.model.geometry import geometry_from_gguf
-    from exporter.model.kv_cache import estimate_llamacpp_kv
+    from model.geometry import geometry_from_gguf
+    from model.kv_cache import estimate_llamacpp_kv
 
     model_path = tmp_path / f"{like}-{wtype}.gguf"
     synth(model_path, "--like", like, "--type", wtype, "--layers", str(layers))

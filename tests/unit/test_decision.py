@@ -208,7 +208,7 @@ def test_results_json_fields_and_round_trip() -> None:
 
 # --- issue 17: the roofline knows the model, and no answer beyond physics -----------------
 
-# Qwen3-30B-A3B Q8_0 as its GGUF splits (exporter.model: geometry, weights): always-read,
+# Qwen3-30B-A3B Q8_0 as its GGUF splits (model: geometry, weights): always-read,
 # routed experts, one untied embedding row; f16 KV of 48 layers x 4 heads x 128 x 2.
 QWEN3 = {
     "weights_bytes": 32_477_962_240.0,

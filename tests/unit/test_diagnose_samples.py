@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 import core
+from config.settings import parse_config
 from diagnose.decision import Row, row_roofline
 from diagnose.options import Options
 from diagnose.phases import PhasePublisher
 from diagnose.procedure import Diagnoser
 from diagnose.samples import residency_values, step_values
-from exporter.config import parse_config
 
 
 def _diagnoser(tmp_path: Path) -> Diagnoser:

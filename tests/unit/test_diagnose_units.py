@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 import core
+from cli.loadgen import main as loadgen_main
+from config.settings import parse_config
 from diagnose.decision import EngineResult, Row, roofline
 from diagnose.monitor import Monitor, counters_from_zero
 from diagnose.options import Options
@@ -19,8 +21,6 @@ from diagnose.probe import sglang_facts
 from diagnose.procedure import Diagnoser, combine
 from diagnose.steps.context import contexts
 from diagnose.steps.kv import kv_prompt_tokens
-from exporter.config import parse_config
-from loadgen.__main__ import main as loadgen_main
 from loadgen.monitor import Series, read_exporter, series_from_text
 from tests.paths import FIXTURES
 from tests.plugins.exporter import parse_samples, served_page

@@ -1,4 +1,4 @@
-"""The engine registry (exporter/engines.py) and every place that reads it agree.
+"""The engine registry (config/kinds.py) and every place that reads it agree.
 
 Adding a kind means one row in `ENGINES` (docs/engines.md); these tests fail when a row
 names code that does not exist, or when a consumer still lists the kinds on its own.
@@ -13,11 +13,11 @@ import re
 import httpx
 import pytest
 
+from config.kinds import BY_KIND, ENGINES, KINDS, engine_kind, load
+from config.settings import ConfigError, EngineConfig, parse_config
 from exporter.app import build_runner
 from exporter.attribution import Attribution
 from exporter.collectors import EngineCollector
-from exporter.config import ConfigError, EngineConfig, parse_config
-from exporter.engines import BY_KIND, ENGINES, KINDS, engine_kind, load
 from exporter.schema import SCHEMA, markdown_table
 from simulator.__main__ import build_parser
 from simulator.common import SimBase

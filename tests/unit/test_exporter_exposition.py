@@ -26,8 +26,8 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.samples import Sample
 
+from config.settings import parse_config
 from exporter.app import build_runner
-from exporter.config import parse_config
 from exporter.exposition import render_text
 from exporter.runner import Families
 from tests.plugins.engine_stubs import H200, counting_engines

@@ -30,14 +30,14 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from config.settings import EngineConfig
 from exporter.attribution import Attribution
 from exporter.collectors import Collector, Scrape
 from exporter.collectors.llamacpp.collector import LlamaCppCollector
 from exporter.collectors.llamacpp.log import LogFollower, LogState
 from exporter.collectors.llamacpp.memory import host_experts
 from exporter.collectors.sglang.collector import SGLangCollector
-from exporter.config import EngineConfig
-from exporter.model.geometry import geometry_from_gguf
+from model.geometry import geometry_from_gguf
 from tests.paths import FIXTURES
 from tools.fuzz_collectors import (
     BODIES,
@@ -349,7 +349,7 @@ def _moe_configs() -> list[dict[str, Any]]:
 @given(data=st.data(), value=json_values)
 def test_any_json_value_in_a_real_moe_config(index: int, data: st.DataObject, value: Any) -> None:
     """The SGLang collector's model config.json (public configs) with one value replaced."""
-    from exporter.model.geometry import geometry_from_hf_config
+    from model.geometry import geometry_from_hf_config
 
     config = json.loads(json.dumps(_moe_configs()[index]))
     key = data.draw(st.sampled_from(sorted(config)))

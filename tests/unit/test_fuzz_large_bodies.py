@@ -16,8 +16,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from config.settings import parse_config
 from exporter.app import build_runner
-from exporter.config import parse_config
 from exporter.server import make_app
 from tests.plugins.engine_stubs import ThreadedApp
 from tests.plugins.exporter import parse_samples, pick

@@ -11,8 +11,8 @@ from pathlib import Path
 import gguf
 import pytest
 
-from exporter.model.geometry import ModelGeometry, geometry_from_gguf, geometry_from_hf_config
-from exporter.model.kv_cache import LLAMACPP_KV_TYPE_BYTES, estimate_llamacpp_kv, estimate_sglang_kv
+from model.geometry import ModelGeometry, geometry_from_gguf, geometry_from_hf_config
+from model.kv_cache import LLAMACPP_KV_TYPE_BYTES, estimate_llamacpp_kv, estimate_sglang_kv
 from tests.paths import FIXTURES
 
 H200 = FIXTURES / "llamacpp-h200-gemma3-27b-shape-q4_0"

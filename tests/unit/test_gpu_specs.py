@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from config.settings import GpuConfig
 from exporter.attribution import Attribution
 from exporter.collectors.nvml.collector import NvmlCollector
-from exporter.config import GpuConfig
-from exporter.model.gpu_specs import (
+from model.gpu_specs import (
     clock_bus_bandwidth,
     configured_bandwidth,
     normalize_name,

@@ -22,9 +22,9 @@ import pytest
 import core
 from diagnose.decision import decide_single, engine_from_dict
 from exporter.collectors.llamacpp.log import LogFollower, LogState
-from exporter.model.geometry import geometry_from_gguf
-from exporter.model.gguf_header import read_gguf_tensors
-from exporter.model.kv_cache import estimate_llamacpp_kv
+from model.geometry import geometry_from_gguf
+from model.gguf_header import read_gguf_tensors
+from model.kv_cache import estimate_llamacpp_kv
 from tests.paths import ROOT
 
 RESULTS = ROOT / "docs" / "results" / "h200-moe-2026-12-01"
@@ -55,7 +55,7 @@ def log_state(tmp_path: Path, run: str, name: str) -> LogState:
 def real_active_bytes(header: Path) -> float:
     """Weight bytes one token reads, summed tensor by tensor from the GGUF header.
 
-    Independent of exporter/model/weights.py: every tensor counts in full except the routed
+    Independent of model/weights.py: every tensor counts in full except the routed
     experts (`*_exps`: k of E expert slices per layer) and an untied token embedding (one
     row, since a separate output.weight is the projection).
     """

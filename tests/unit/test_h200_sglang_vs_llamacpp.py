@@ -21,7 +21,7 @@ import pytest
 
 from core import VERDICTS
 from diagnose.decision import decide_compare, engine_from_dict
-from exporter.model.geometry import geometry_from_gguf
+from model.geometry import geometry_from_gguf
 from tests.paths import ROOT
 
 RESULTS = ROOT / "docs" / "results" / "h200-sglang-vs-llamacpp-2026-12-01"

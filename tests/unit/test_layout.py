@@ -73,19 +73,54 @@ def test_the_size_check_sees_a_long_function(tmp_path: Path) -> None:
     assert (fn.end_lineno or 0) - fn.lineno + 1 == MAX_FUNCTION_LINES + 1
 
 
-def test_loadgen_never_imports_diagnose_but_its_command_line() -> None:
-    bad = [
-        f"{_rel(p)}: {sorted(m for m in _imports(p) if m.split('.')[0] == 'diagnose')}"
-        for p in _modules("loadgen")
-        if p.name != "__main__.py" and any(m.split(".")[0] == "diagnose" for m in _imports(p))
-    ]
+# The floors: a module imports only packages on its own floor or below (docs/architecture.md).
+FLOORS: dict[str, int] = {
+    "core": 0,
+    "config": 0,
+    "model": 0,
+    "exporter": 1,
+    "loadgen": 2,
+    "diagnose": 3,
+    "mixin": 4,
+    "tools": 4,
+    "simulator": 5,  # writes same-shape GGUF files with tools.synth_model
+    "cli": 6,
+}
+# Ground-floor packages import nothing of ours but their own floor-mates named here.
+GROUND_IMPORTS = {"core": set(), "model": set(), "config": set()}
+
+
+def _climbs(path: Path, own: str = "") -> list[str]:
+    """The imports of `path` that reach a package on a higher floor than its own."""
+    own = own or _rel(path).split("/")[0]
+    return sorted(m for m in _imports(path) if FLOORS.get(m.split(".")[0], -1) > FLOORS[own])
+
+
+@pytest.mark.parametrize("package", sorted(FLOORS))
+def test_no_import_climbs_a_floor(package: str) -> None:
+    bad = [f"{_rel(p)}: {_climbs(p)}" for p in _modules(package) if _climbs(p)]
     assert not bad, "\n".join(bad)
 
 
-def test_core_imports_no_other_package_of_the_project() -> None:
-    others = ("exporter", "loadgen", "diagnose", "simulator", "tools")
-    bad = [_rel(p) for p in _modules("core") if any(m.split(".")[0] in others for m in _imports(p))]
+def test_the_floor_check_sees_a_climb(tmp_path: Path) -> None:
+    """A loadgen module importing diagnose is a climb; one importing core is not."""
+    fake = tmp_path / "probe.py"
+    fake.write_text("import core\nfrom diagnose.cli import DIAGNOSE\n", encoding="utf-8")
+    assert _climbs(fake, own="loadgen") == ["diagnose.cli", "diagnose.cli.DIAGNOSE"]
+    assert _climbs(fake, own="diagnose") == []
+
+
+@pytest.mark.parametrize("package", sorted(GROUND_IMPORTS))
+def test_the_ground_floor_imports_nothing_of_ours(package: str) -> None:
+    ours = set(FLOORS) - {package} - GROUND_IMPORTS[package]
+    bad = [_rel(p) for p in _modules(package) if any(m.split(".")[0] in ours for m in _imports(p))]
     assert not bad
+
+
+def test_config_and_model_are_not_read_through_the_exporter() -> None:
+    """The config and the model geometry live on the ground floor, not under exporter/."""
+    assert not (ROOT / "exporter" / "config.py").exists()
+    assert not (ROOT / "exporter" / "model").exists()
 
 
 def test_exporter_internals_are_read_through_one_seam() -> None:
@@ -107,11 +142,11 @@ def test_exporter_internals_are_read_through_one_seam() -> None:
 
 
 def test_nothing_climbs_back_into_the_command_line() -> None:
-    """The CLI modules (loadgen/__main__.py, diagnose/cli.py) are imported by the entry
-    point only: the procedure, its steps and the monitor never reach back up into them."""
+    """The subcommand modules (loadgen/cli.py, diagnose/cli.py) are imported by the
+    composition root only: the procedure, its steps and the monitor never reach back up."""
     importers = {
-        _rel(p): sorted(m for m in _imports(p) if m in ("diagnose.cli", "loadgen.__main__"))
-        for p in _modules("core", "exporter", "loadgen", "diagnose", "simulator", "tools")
+        _rel(p): sorted(m for m in _imports(p) if m in ("diagnose.cli", "loadgen.cli"))
+        for p in _modules(*FLOORS)
     }
-    assert {path for path, hits in importers.items() if hits} == {"loadgen/__main__.py"}
-    assert importers["loadgen/__main__.py"] == ["diagnose.cli"]
+    assert {path for path, hits in importers.items() if hits} == {"cli/loadgen.py"}
+    assert importers["cli/loadgen.py"] == ["diagnose.cli", "loadgen.cli"]

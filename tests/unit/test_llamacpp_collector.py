@@ -10,10 +10,10 @@ import httpx
 import pytest
 from prometheus_client.metrics_core import Metric
 
+from config.settings import EngineConfig
 from exporter.attribution import Attribution
 from exporter.collectors.llamacpp.collector import LlamaCppCollector
 from exporter.collectors.llamacpp.log import LogFollower
-from exporter.config import EngineConfig
 from tests.paths import FIXTURES
 
 CPU = FIXTURES / "llamacpp-cpu-gemma3-270m"

@@ -15,8 +15,8 @@ from prometheus_client.metrics_core import Metric
 
 from exporter.collectors.llamacpp.log import LogState
 from exporter.collectors.llamacpp.memory import host_experts
-from exporter.model.geometry import ModelGeometry, geometry_from_gguf
-from exporter.model.kv_cache import estimate_llamacpp_kv
+from model.geometry import ModelGeometry, geometry_from_gguf
+from model.kv_cache import estimate_llamacpp_kv
 from tests.paths import FIXTURES
 from tests.unit.test_llamacpp_collector import _read, collector, make_transport, v, values
 from tests.unit.test_weights import qwen3moe_tensors, write_header

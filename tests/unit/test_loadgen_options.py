@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import ConfigError, parse_config
-from loadgen.__main__ import build_parser, default_commands, main
-from loadgen.config import LoadgenSettings
+from cli.loadgen import build_parser, default_commands, main
+from config.loadgen import LoadgenSettings
+from config.settings import ConfigError, parse_config
 from loadgen.options import (
     DEFAULT_METRICS_HOST,
     HelpFormatter,
@@ -175,7 +175,7 @@ def test_loadgen_section_is_typed_in_the_config_file() -> None:
 def test_third_party_loggers_are_quiet(stub: StubFactory, tmp_path: Path) -> None:
     import logging
 
-    from loadgen.__main__ import QUIET_LOGGERS
+    from loadgen.cli import QUIET_LOGGERS
 
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.NOTSET)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from loadgen.__main__ import default_out_dir
+from loadgen.cli import default_out_dir
 
 
 def test_each_run_gets_its_own_folder(tmp_path: Path) -> None:

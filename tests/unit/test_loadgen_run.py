@@ -397,7 +397,8 @@ def test_metrics_doc_lists_every_series() -> None:
 def test_commands_plug_in(capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from loadgen.__main__ import Command, build_parser, default_commands
+    from cli.loadgen import build_parser, default_commands
+    from loadgen.options import Command
 
     seen: list[argparse.Namespace] = []
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from loadgen.__main__ import main
+from cli.loadgen import main
 from loadgen.client import Target
 from loadgen.scheduler import RunSpec
 from loadgen.sweep import plan_steps

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
+from config.settings import parse_config
 from diagnose.facts import collect_facts
 from diagnose.options import Options
 from diagnose.phases import PhasePublisher
 from diagnose.procedure import Diagnoser
 from diagnose.steps.residency import ResidencyStep
-from exporter.config import parse_config
 from tests.integration import test_sglang_collector as base
 from tests.integration.test_sglang_collector import FakeSGLang
 from tests.unit.test_sglang_versions import V0511, routes_0511

@@ -17,8 +17,8 @@ import gguf
 import numpy as np
 import pytest
 
-from exporter.model.geometry import ModelGeometry, geometry_from_gguf, geometry_from_hf_config
-from exporter.model.kv_cache import estimate_llamacpp_kv, estimate_sglang_kv, kv_type_bytes
+from model.geometry import ModelGeometry, geometry_from_gguf, geometry_from_hf_config
+from model.kv_cache import estimate_llamacpp_kv, estimate_sglang_kv, kv_type_bytes
 
 Q8, F32, MXFP4 = int(gguf.GGMLQuantizationType.Q8_0), int(gguf.GGMLQuantizationType.F32), 39
 

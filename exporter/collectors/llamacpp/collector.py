@@ -20,9 +20,9 @@ from exporter.collectors.llamacpp.log import LogFollower, LogState
 from exporter.collectors.llamacpp.memory import kv_unified, map_log, map_model, map_roofline_log
 from exporter.collectors.llamacpp.metrics import PREFIX, map_info, map_scheduling, map_tokens
 from exporter.fields import Fields, objects
-from exporter.model.geometry import ModelGeometry, geometry_from_gguf
 from exporter.promtext import Exposition, parse_exposition
 from exporter.schema import MetricSet
+from model.geometry import ModelGeometry, geometry_from_gguf
 
 log = logging.getLogger(__name__)
 

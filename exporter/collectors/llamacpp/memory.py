@@ -6,10 +6,10 @@ from __future__ import annotations
 from exporter.collectors.llamacpp.log import MIB, LogState, is_host_buffer
 from exporter.collectors.llamacpp.metrics import PREFIX, slot_shape
 from exporter.fields import Fields
-from exporter.model.geometry import ModelGeometry
-from exporter.model.kv_cache import estimate_llamacpp_kv, kv_type_bytes
 from exporter.promtext import Exposition
 from exporter.schema import MetricSet, add_kv_cache_type, add_model_structure
+from model.geometry import ModelGeometry
+from model.kv_cache import estimate_llamacpp_kv, kv_type_bytes
 
 
 def host_experts(state: LogState, geom: ModelGeometry | None) -> tuple[int, float] | None:

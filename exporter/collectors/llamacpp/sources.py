@@ -1,6 +1,6 @@
 """Where each `llmb_*` series comes from on llama.cpp: the llama.cpp column of docs/metrics.md.
 
-Registered in exporter/engines.py; `python -m exporter.schema` renders the table. A series not
+Registered in config/kinds.py; `python -m exporter.schema` renders the table. A series not
 listed is absent on llama.cpp.
 """
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from config.settings import EngineConfig, GpuConfig
 from exporter.attribution import Attribution
 from exporter.collectors import Collector, Scrape, SourceError
 from exporter.collectors.nvml.backend import (
@@ -35,9 +36,8 @@ from exporter.collectors.nvml.backend import (
     NvmlError,
     PynvmlBackend,
 )
-from exporter.config import EngineConfig, GpuConfig
-from exporter.model.gpu_specs import resolve_bandwidth
 from exporter.schema import MetricSet
+from model.gpu_specs import resolve_bandwidth
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

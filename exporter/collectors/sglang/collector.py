@@ -38,9 +38,9 @@ from exporter.collectors.sglang.memory import map_geometry, map_memory, map_weig
 from exporter.collectors.sglang.metrics import FAMILIES, PREFIX, map_metrics
 from exporter.collectors.sglang.server_info import map_identity, reported_memory, version
 from exporter.fields import Fields
-from exporter.model.geometry import ModelGeometry, geometry_from_hf_config
 from exporter.promtext import Exposition, parse_exposition
 from exporter.schema import MetricSet
+from model.geometry import ModelGeometry, geometry_from_hf_config
 
 log = logging.getLogger(__name__)
 

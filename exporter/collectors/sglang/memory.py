@@ -10,10 +10,10 @@ import math
 
 from exporter.collectors.sglang.metrics import scheduler_value
 from exporter.fields import Fields
-from exporter.model.geometry import ModelGeometry
-from exporter.model.kv_cache import estimate_sglang_kv, kv_type_bytes
 from exporter.promtext import Exposition
 from exporter.schema import MetricSet, add_kv_cache_type, add_model_structure
+from model.geometry import ModelGeometry
+from model.kv_cache import estimate_sglang_kv, kv_type_bytes
 
 GIB = 1 << 30
 # How far the model structure's bytes may be from what the engine placed (its own weight

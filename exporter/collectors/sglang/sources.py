@@ -1,6 +1,6 @@
 """Where each `llmb_*` series comes from on SGLang: the SGLang columns of docs/metrics.md.
 
-Registered in exporter/engines.py; `python -m exporter.schema` renders the table. A series not
+Registered in config/kinds.py; `python -m exporter.schema` renders the table. A series not
 listed in SOURCES is absent on SGLang.
 """
 

@@ -1,6 +1,6 @@
 """GGML tensor types and GGUF file types, as numbers in a GGUF header.
 
-The exporter reads GGUF headers itself (exporter/model/gguf_header.py) and needs only these two
+The exporter reads GGUF headers itself (model/gguf_header.py) and needs only these two
 tables, so it does not depend on the `gguf` package and its numpy (the exporter image
 stays small). tests/system/test_packaging.py checks both tables against `gguf`'s own.
 """

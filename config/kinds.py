@@ -3,7 +3,7 @@
 Each row names, for one `kind` (the config's `engines[].kind` and the `kind` label), the
 collector that reads it, the schema's source column for docs/metrics.md, the simulator that
 plays it in tests, and how its GPU processes are recognised. Everything that branches on an
-engine kind reads this table: `exporter.config` (the allowed kinds), `exporter.app` (which
+engine kind reads this table: `config.settings` (the allowed kinds), `exporter.app` (which
 collector), `exporter.attribution` (the default process rule), `exporter.schema` (the source
 columns) and `llmb-sim --kind`. docs/engines.md is the recipe for adding a row.
 

@@ -11,7 +11,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.model import weights
+from model import weights
 
 # Safetensors headers are small JSON; refuse absurd lengths instead of reading a huge file.
 _MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024

@@ -1,8 +1,8 @@
 """Model geometry: layers, KV heads, head sizes, sliding window and the weights' structure.
 
-Read from a GGUF header (llama.cpp; exporter.model.gguf_header) or an HF `config.json` with
-its safetensors headers (SGLang; exporter.model.safetensors). What a configured context
-should take of KV cache is computed from it in exporter.model.kv_cache.
+Read from a GGUF header (llama.cpp; model.gguf_header) or an HF `config.json` with
+its safetensors headers (SGLang; model.safetensors). What a configured context
+should take of KV cache is computed from it in model.kv_cache.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from exporter.model import ggml_types, weights
-from exporter.model.gguf_header import GGUFTensor, read_gguf_tensors
-from exporter.model.safetensors import SafetensorsTotals, safetensors_totals
+from model import ggml_types, weights
+from model.gguf_header import GGUFTensor, read_gguf_tensors
+from model.safetensors import SafetensorsTotals, safetensors_totals
 
 # Sliding-window layout of architectures whose GGUF does not carry
 # `<arch>.attention.sliding_window_pattern`: every n-th layer is full attention,
@@ -45,7 +45,7 @@ _FROM_SPLIT = (
 
 @dataclass(frozen=True, kw_only=True)
 class WeightStructure:
-    """What a decode step reads of the weights (exporter/model/weights.py; CONTRACT-roofline.md).
+    """What a decode step reads of the weights (model/weights.py; CONTRACT-roofline.md).
 
     `always_read_bytes` is None when the structure is unknown (then assume every weight).
     """

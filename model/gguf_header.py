@@ -1,6 +1,6 @@
 """The GGUF header: metadata and tensor infos, read from a memory map without the tensor data.
 
-One reader for the format: the model geometry (exporter.model.geometry) and
+One reader for the format: the model geometry (model.geometry) and
 `llmb-synth-model` (tools/synth_model.py) both read GGUF files through it.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exporter.model import ggml_types
+from model import ggml_types
 
 # GGUF scalar value types: type id -> struct format.
 _GGUF_SCALARS = {

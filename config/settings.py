@@ -26,8 +26,8 @@ from pydantic import (
     model_validator,
 )
 
-from exporter.engines import KINDS
-from loadgen.config import LoadgenSettings  # pydantic alone: not the load generator itself
+from config.kinds import KINDS
+from config.loadgen import LoadgenSettings  # pydantic alone: not the load generator itself
 
 ENV_PREFIX = "LLMB__"
 RESERVED_SOURCE_NAMES = {"nvml"}
@@ -41,7 +41,7 @@ MAX_YAML_DEPTH = 100
 if TYPE_CHECKING:
     EngineKindName = str
 else:
-    # `engines[].kind`: one of the registered kinds (exporter/engines.py), checked as a Literal
+    # `engines[].kind`: one of the registered kinds (config/kinds.py), checked as a Literal
     # so a wrong kind is told the valid ones.
     EngineKindName = Literal[KINDS]
 

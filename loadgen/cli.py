@@ -1,13 +1,12 @@
-"""Command line: `llmb-loadgen run|sweep|diagnose|compare ...` (or `python -m loadgen`).
+"""The load generator's own subcommands, `run` and `sweep` (`RUN`, `SWEEP`).
 
-Subcommands are `Command` objects listed explicitly in `default_commands()`; their shared
-options come from `loadgen.options`, so a flag means the same in every subcommand.
+The command line that lists them beside diagnose's is `cli.loadgen` (the composition root);
+their shared options come from `loadgen.options`, so a flag means the same in every subcommand.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import time
@@ -15,13 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from diagnose import cli as diagnose_cli
-from exporter.config import ConfigError, load_config
+from config.settings import ConfigError, load_config
 from loadgen.client import Target
 from loadgen.options import (
-    EXIT_USAGE,
     Command,
-    HelpFormatter,
     UsageError,
     add_concurrency_option,
     add_exporter_option,
@@ -43,7 +39,7 @@ from loadgen.session import run as run_loop
 from loadgen.sweep import plan_steps, probe_factory
 from loadgen.target import load_config_or_usage, resolve_targets
 
-__all__ = ["Command", "UsageError", "build_parser", "default_commands", "main"]
+__all__ = ["QUIET_LOGGERS", "RUN", "SWEEP", "apply_config_defaults", "default_out_dir"]
 
 # Third-party loggers that would otherwise print their INFO lines between ours.
 QUIET_LOGGERS = ("aiohttp.access", "httpx", "httpcore", "matplotlib", "asyncio", "urllib3")
@@ -127,7 +123,7 @@ def add_load_arguments(parser: argparse.ArgumentParser, sweep: bool = False) -> 
     )
 
 
-def _apply_config_defaults(
+def apply_config_defaults(
     parser: argparse.ArgumentParser, command: str, argv: Sequence[str]
 ) -> None:
     """Use the config file's `loadgen:` mapping as defaults for the command's flags.
@@ -317,75 +313,10 @@ def _configure_sweep(parser: argparse.ArgumentParser) -> None:
     add_load_arguments(parser, sweep=True)
 
 
-def default_commands() -> list[Command]:
-    """Every subcommand, listed explicitly (an import error is an error, never hidden)."""
-    return [
-        Command("run", "one load setting against one or more engines", _configure_run, run_command),
-        Command(
-            "sweep",
-            "several settings in a row (one variable changed per step)",
-            _configure_sweep,
-            sweep_command,
-        ),
-        diagnose_cli.DIAGNOSE,
-        diagnose_cli.COMPARE,
-    ]
-
-
-def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
-    """The top-level parser with one subparser per command."""
-    parser = argparse.ArgumentParser(
-        prog="llmb-loadgen",
-        formatter_class=HelpFormatter,
-        description="Fixed-prompt load generator for llama.cpp and SGLang with verified token "
-        "counts and live Prometheus metrics.",
-    )
-    parser.add_argument(
-        "--log-level",
-        default=os.environ.get("LLMB_LOG_LEVEL", "INFO"),
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="log level (env LLMB_LOG_LEVEL)",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in commands:
-        p = sub.add_parser(
-            command.name,
-            help=command.help,
-            description=command.help,
-            formatter_class=HelpFormatter,
-        )
-        command.configure(p)
-        p.set_defaults(func=command.run)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit code (0 ok, 1 failed, 2 usage, 3 invalid, 130 Ctrl-C)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    commands = default_commands()
-    parser = build_parser(commands)
-    try:
-        if argv and argv[0] in {c.name for c in commands}:
-            _apply_config_defaults(parser, argv[0], argv[1:])
-        args = parser.parse_args(argv)
-    except UsageError as exc:
-        print(f"llmb-loadgen: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except SystemExit as exc:  # argparse exits 2 on bad arguments, 0 on --help
-        return int(exc.code or 0)
-    args.argv = argv
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    if args.log_level != "DEBUG":
-        for name in QUIET_LOGGERS:
-            logging.getLogger(name).setLevel(logging.WARNING)
-    try:
-        return int(args.func(args))
-    except UsageError as exc:
-        print(f"llmb-loadgen: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+RUN = Command("run", "one load setting against one or more engines", _configure_run, run_command)
+SWEEP = Command(
+    "sweep",
+    "several settings in a row (one variable changed per step)",
+    _configure_sweep,
+    sweep_command,
+)

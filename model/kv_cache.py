@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from exporter.model.geometry import ModelGeometry
+    from model.geometry import ModelGeometry
 
 # llama.cpp pads contexts and the SWA cache to this many cells.
 LLAMACPP_PAD = 256

@@ -1,0 +1,1 @@
+"""The composition roots of the command lines: the only modules that import every floor."""
