@@ -6,7 +6,7 @@ process) and one client in its own process, rotating the clients every round:
 
 * **llmb-loadgen**: `cli.loadgen.main(["run", ...])` as `bench/loadgen_accuracy.py`
   runs it (3 x C requests, 20 tokens, requests.jsonl, live /metrics); its CPU is taken around
-  the *measured* phase (`Phase.run`), so imports, prompt calibration and pre-opening the pool
+  the *measured* phase (`EnginePhase.run`), so imports, prompt calibration and pre-opening the pool
   are left out;
 * **bare**: the accuracy bench's bare client (asyncio loop), CPU around the whole run (it
   opens its connections in its first wave, a small cost the load generator pays before);
@@ -75,16 +75,16 @@ def child(kind: str, url: str, concurrency: int, requests: int, tokens: int) -> 
     from cli.loadgen import main
     from loadgen.scheduler import phase
 
-    plain = phase.Phase.run
+    plain = phase.EnginePhase.run
 
-    async def timed(self: phase.Phase) -> float:
+    async def timed(self: phase.EnginePhase) -> float:
         t0 = resource.getrusage(resource.RUSAGE_SELF)
         wall = await plain(self)
         if self.measured:
             account(t0, len(self.records))
         return wall
 
-    phase.Phase.run = timed  # type: ignore[method-assign]
+    phase.EnginePhase.run = timed  # type: ignore[method-assign]
     with tempfile.TemporaryDirectory() as tmp:
         argv = ["run", "--url", url, "--concurrency", str(concurrency),
                 "--requests", str(requests), "--warmup", "0", "--max-tokens", str(tokens),

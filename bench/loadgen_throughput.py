@@ -35,9 +35,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from loadgen.client import Target  # noqa: E402
-from loadgen.scheduler import RunSpec  # noqa: E402
+from loadgen.scheduler.spec import RunSpec  # noqa: E402
 from loadgen.session import SessionOptions, execute, run  # noqa: E402
+from loadgen.target import Target  # noqa: E402
 from loadgen.workers import execute_workers  # noqa: E402
 
 

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))  # run as a plain script from a checkout
 
 from config.settings import EngineConfig, GpuConfig  # noqa: E402
 from exporter.attribution import Attribution  # noqa: E402
-from exporter.collectors.nvml.backend import FakeNvmlBackend, NvmlBackend, PynvmlBackend  # noqa: E402
+from exporter.collectors.nvml.backend import NvmlBackend, NvmlFileBackend, PynvmlBackend  # noqa: E402
 from exporter.collectors.nvml.collector import NvmlCollector  # noqa: E402
 
 DEFAULT_FAKE = ROOT / "tests/fixtures/llamacpp-h200-gemma3-27b-shape-q4_0/nvml_3_generating.json"
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     backend: NvmlBackend = (
-        PynvmlBackend() if args.backend == "real" else FakeNvmlBackend([args.fake_file])
+        PynvmlBackend() if args.backend == "real" else NvmlFileBackend([args.fake_file])
     )
     result = asyncio.run(measure(backend, args.seconds, args.interval))
     report = {

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.signals import Signals
-from core.thresholds import THRESHOLDS, number, t
+from core.thresholds import THRESHOLDS, threshold_number, threshold_promql
 
 # ---------------------------------------------------------------------------- conditions
 
@@ -43,12 +43,16 @@ class Compare:
     @property
     def value(self) -> float:
         """The threshold as a float."""
-        return number(self.threshold) if self.threshold in THRESHOLDS else float(self.threshold)
+        return (
+            threshold_number(self.threshold)
+            if self.threshold in THRESHOLDS
+            else float(self.threshold)
+        )
 
     @property
     def promql_threshold(self) -> str:
         """The threshold as PromQL text."""
-        return t(self.threshold) if self.threshold in THRESHOLDS else self.threshold
+        return threshold_promql(self.threshold) if self.threshold in THRESHOLDS else self.threshold
 
     def test(self, signals: Signals) -> bool | None:
         """True/False, or None when the signal is absent."""
@@ -356,8 +360,8 @@ VERDICT_INFO: dict[str, VerdictInfo] = {
         VerdictInfo(
             "decode_at_card_limit",
             "decode_at_card_limit",
-            f"Decode runs at {t('decode_efficiency_at_limit')} or more of the card's "
-            "memory-bandwidth roofline: the card is the limit.",
+            f"Decode runs at {threshold_promql('decode_efficiency_at_limit')} or more of the "
+            "card's memory-bandwidth roofline: the card is the limit.",
             "Read fewer bytes per token (a smaller quantization, a quantized KV cache, shorter "
             "contexts), batch more requests per step, or use a card with more memory "
             "bandwidth; another engine gains little on decode.",
@@ -366,10 +370,11 @@ VERDICT_INFO: dict[str, VerdictInfo] = {
         VerdictInfo(
             "decode_below_card_limit",
             None,
-            f"Decode runs below {t('decode_efficiency_at_limit')} of the card's roofline (or "
-            "no roofline is known, or it does not fit the measurement: efficiency above "
-            f"{t('decode_efficiency_physical_max')}, see `llmb:engine_roofline:misfit`) with no "
-            "queue and no memory problem: the engine or its settings set the speed.",
+            f"Decode runs below {threshold_promql('decode_efficiency_at_limit')} of the card's "
+            "roofline (or no roofline is known, or it does not fit the measurement: efficiency "
+            f"above {threshold_promql('decode_efficiency_physical_max')}, see "
+            "`llmb:engine_roofline:misfit`) with no queue and no memory problem: the engine or "
+            "its settings set the speed.",
             "Tune the engine: flash attention (llama.cpp `-fa on`), CUDA graphs, batch sizes "
             "(`-b`, `-ub`), a faster kernel for this quantization; or compare another engine "
             "on the same weights (`llmb-loadgen compare`).",

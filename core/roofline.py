@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from core.thresholds import number
+from core.thresholds import threshold_number
 
 # ------------------------------------------------------------------------------ roofline
 
@@ -280,7 +280,7 @@ def roofline_facts(model: float | ModelStructure, accept_length: float | None) -
 
 def physical(efficiency: float | None) -> bool:
     """Whether a decode efficiency is within physics (absent counts as no claim, fine)."""
-    return efficiency is None or efficiency <= number("decode_efficiency_physical_max")
+    return efficiency is None or efficiency <= threshold_number("decode_efficiency_physical_max")
 
 
 def roofline_misfit(efficiency: float | None, facts: RooflineFacts) -> MisfitReason | None:
@@ -299,10 +299,10 @@ def roofline_misfit(efficiency: float | None, facts: RooflineFacts) -> MisfitRea
 def misfit_text(efficiency: float, reason: MisfitReason) -> str:
     """One sentence for every surface: no decode verdict, the likely cause, what is lacking."""
     return (
-        f"no decode verdict: the bytes-per-step model does not fit the measurement "
-        f"(decode at {efficiency * 100:.0f} % of the roofline, above "
-        f"{number('decode_efficiency_physical_max') * 100:.0f} %: beyond physics). Likely "
-        f"cause: {reason.cause}. Lacking: {reason.lacks}"
+        "no decode verdict: the bytes-per-step model does not fit the measurement (decode at "
+        f"{efficiency * 100:.0f} % of the roofline, above "
+        f"{threshold_number('decode_efficiency_physical_max') * 100:.0f} %: beyond physics). "
+        f"Likely cause: {reason.cause}. Lacking: {reason.lacks}"
     )
 
 
@@ -330,7 +330,7 @@ def experts_host_bound(
     if not read > 0:
         return None
     bw = (
-        number("host_memory_bandwidth_bytes_per_second")
+        threshold_number("host_memory_bandwidth_bytes_per_second")
         if host_bandwidth is None
         else host_bandwidth
     )
@@ -349,7 +349,7 @@ def expert_offload_action(
     `host_bandwidth` (default: the `host_memory_bandwidth_bytes_per_second` threshold)
     that bounds decode at bandwidth / those bytes tok/s per sequence.
     """
-    bw = host_bandwidth or number("host_memory_bandwidth_bytes_per_second")
+    bw = host_bandwidth or threshold_number("host_memory_bandwidth_bytes_per_second")
     layers = f"{host_layers:.0f} layers" if host_layers is not None else "some layers"
     text = f"Expert offload: the routed experts of {layers} live in host memory"
     if host_bytes:

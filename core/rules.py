@@ -38,7 +38,7 @@ from core.roofline import (
     tp_bandwidth,
 )
 from core.signals import Signals
-from core.thresholds import seconds
+from core.thresholds import threshold_seconds
 
 # ------------------------------------------------------------- signals from raw samples
 
@@ -278,7 +278,7 @@ def admission_values(d: _Data) -> dict[str, dict[EngineKey, float]]:
     over `queue_window`, not averages: the pool binds at its fullest moment, and averages
     count the gaps between one request's end and the next one's admission.
     """
-    qw, rw = seconds("queue_window"), seconds("rate_window")
+    qw, rw = threshold_seconds("queue_window"), threshold_seconds("rate_window")
     peak = _peak_max(d, "llmb_engine_requests_running", qw)
     slots = _instant_max(d, "llmb_engine_slots")
     capacity = _instant_max(d, "llmb_engine_kv_cache_capacity_tokens")
@@ -371,7 +371,7 @@ STRUCTURE_SERIES = {
 
 def _signal_values(d: _Data) -> dict[str, dict[EngineKey, float]]:
     """The Signals fields that are one recording rule each (field -> values per engine)."""
-    rw, qw = seconds("rate_window"), seconds("queue_window")
+    rw, qw = threshold_seconds("rate_window"), threshold_seconds("queue_window")
     weights = _instant_max(d, "llmb_model_weights_bytes")
     buffers = _sum_of_device_max(d, "llmb_engine_model_buffer_bytes", _not_cpu)
     return {
@@ -413,7 +413,7 @@ class _Decode:
 
     @classmethod
     def read(cls, d: _Data) -> _Decode:
-        rw = seconds("rate_window")
+        rw = threshold_seconds("rate_window")
         return cls(
             rate=_divide(
                 _rate_max(d, "llmb_engine_decode_tokens_total", rw),

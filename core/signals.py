@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from core.thresholds import t
+from core.thresholds import threshold_promql
 
 # ------------------------------------------------------------------------------ signals
 
@@ -57,7 +57,7 @@ SIGNAL_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Signals))
 
 
 def _records() -> dict[str, str]:
-    rw, qw = t("rate_window"), t("queue_window")
+    rw, qw = threshold_promql("rate_window"), threshold_promql("queue_window")
     return {
         "layers_ratio": "engine:llmb_gpu_layers_offloaded:ratio",
         "weights_buffers_ratio": "engine:llmb_weights_gpu_buffers:ratio",

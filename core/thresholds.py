@@ -168,22 +168,22 @@ _DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-def t(name: str) -> str:
+def threshold_promql(name: str) -> str:
     """The value of one threshold as it appears in PromQL."""
     return THRESHOLDS[name].value
 
 
-def number(name: str) -> float:
+def threshold_number(name: str) -> float:
     """A ratio, request-count or byte threshold as a float (as PromQL parses it)."""
     th = THRESHOLDS[name]
     if th.unit in ("range", "duration"):
-        raise ValueError(f"threshold {name!r} is a {th.unit}; use seconds()")
+        raise ValueError(f"threshold {name!r} is a {th.unit}; use threshold_seconds()")
     return float(th.value)
 
 
-def seconds(name: str) -> float:
+def threshold_seconds(name: str) -> float:
     """A range or duration threshold (`5m`, `1h30m`) in seconds."""
-    text = t(name)
+    text = threshold_promql(name)
     parts = _DURATION.findall(text)
     if not parts or "".join(n + u for n, u in parts) != text:
         raise ValueError(f"threshold {name!r} = {text!r} is not a duration")

@@ -1,7 +1,7 @@
 """The command line of `diagnose` and `compare`: their options, the answer and the outputs.
 
 Both commands share one set of flags (`configure`), one resolver of their engines
-(`engines_from_args`, on `loadgen.target`) and one runner (`run_measurement`); they differ in
+(`engines_from_args`, on `loadgen.resolve`) and one runner (`run_measurement`); they differ in
 how many engines they take and how the answer is decided (`diagnose.procedure.diagnose`,
 `diagnose.compare.compare`). `cli.loadgen` registers `DIAGNOSE` and `COMPARE` with the
 load generator's own commands.
@@ -25,10 +25,11 @@ from prometheus_client import start_http_server
 
 from config.settings import Config, EngineConfig
 from diagnose.compare import DEFAULT_ROUNDS, compare
-from diagnose.decision import Decision, EngineResult, RunInfo, results_to_dict, utc_now
+from diagnose.decision.model import Decision, EngineResult, RunInfo, utc_now
+from diagnose.decision.results import results_to_dict
 from diagnose.engine_run import gib
 from diagnose.options import Options
-from diagnose.phases import PhasePublisher, say
+from diagnose.phase_marks import PhasePublisher, say
 from diagnose.probe import detect_kind
 from diagnose.procedure import diagnose
 from diagnose.steps.base import STEPS
@@ -49,7 +50,7 @@ from loadgen.options import (
     positive_float,
     positive_int,
 )
-from loadgen.target import (
+from loadgen.resolve import (
     api_key,
     engine_name,
     engines_from_config,
@@ -302,7 +303,7 @@ def write_outputs(
     out: Path, engines: list[EngineResult], decision: Decision, run: RunInfo, title: str
 ) -> None:
     """report.md, report.html and results.json (one renderer for all three)."""
-    from diagnose.report.html import write_report
+    from diagnose.report.html.write import write_report
 
     run.finished_at = utc_now()
     write_report(out, engines, decision, title, run)

@@ -18,16 +18,17 @@ import asyncio
 from pathlib import Path
 
 from config.settings import EngineConfig
-from diagnose.decision import Decision, EngineResult, Row, decide_compare
+from diagnose.decision.model import Decision, EngineResult, Row
+from diagnose.decision.two_engines import decide_compare
 from diagnose.options import Options
-from diagnose.phases import PhasePublisher
+from diagnose.phase_marks import PhasePublisher
 from diagnose.procedure import Diagnoser
-from loadgen.scheduler import RunContext
+from loadgen.scheduler.context import RunContext
 
 DEFAULT_ROUNDS = 3
 
 
-def token_caveats(a: EngineResult, b: EngineResult) -> list[str]:
+def token_count_differences(a: EngineResult, b: EngineResult) -> list[str]:
     """Differences in prompt/completion token counts between rows of the same step."""
     out = []
 
@@ -73,5 +74,5 @@ async def compare(
         ctx.close()
     ra, rb = results
     decision = decide_compare(ra, rb)
-    decision.caveats += token_caveats(ra, rb)
+    decision.caveats += token_count_differences(ra, rb)
     return results, decision

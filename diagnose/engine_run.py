@@ -13,9 +13,9 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-import core
 from config.settings import EngineConfig
-from diagnose.decision import NOT_MEASURED, EngineResult, Phase, Row, Step
+from core.signals import Signals
+from diagnose.decision.model import NOT_MEASURED, EngineResult, PhaseMark, Row, Step
 from diagnose.launcher import (
     EngineProcess,
     LaunchError,
@@ -25,10 +25,10 @@ from diagnose.launcher import (
 )
 from diagnose.monitor import Monitor
 from diagnose.options import Options
-from diagnose.phases import PhasePublisher, say
+from diagnose.phase_marks import PhasePublisher, say
 from diagnose.steps.base import STEP_QUESTIONS
-from loadgen.client import Target
-from loadgen.scheduler import RunContext
+from loadgen.scheduler.context import RunContext
+from loadgen.target import Target
 
 
 class EngineRun:
@@ -53,8 +53,8 @@ class EngineRun:
         self.current: EngineProcess | None = None
         self.steps: dict[str, Step] = {}
         # (step, verdict, signals) of the decision core at the end of each load step.
-        self.step_verdicts: list[tuple[str, str, core.Signals]] = []
-        self.step_no = 0
+        self.step_verdicts: list[tuple[str, str, Signals]] = []
+        self.round_no = 0
         self.model_path: Path | None = engine.model_path
         self.launched_ctx: int | None = None
         self.loaded_memory: float | None = None
@@ -62,9 +62,9 @@ class EngineRun:
 
     # helpers ----------------------------------------------------------------------------
 
-    def phase(self, name: str, note: str = "") -> contextlib.AbstractContextManager[Phase]:
+    def phase(self, name: str, note: str = "") -> contextlib.AbstractContextManager[PhaseMark]:
         """Mark the phase `name` of this engine for the duration of the block."""
-        return self.pub.phase(self.engine.name, name, note)
+        return self.pub.mark(self.engine.name, name, note)
 
     def say(self, step: str, text: str) -> None:
         """One progress line of this engine's `step`."""

@@ -1,18 +1,22 @@
 """A step's evidence for the verdict: the decision core's `Signals` at the step's end.
 
 The signals come from the exporter's samples of the step's window through the recording
-rules' arithmetic (`core.rule_values_at`, via the monitor), completed with what only the
+rules' arithmetic (`core.rules.rule_values_at`, via the monitor), completed with what only the
 client saw (KV errors, the MoE batch); where the exporter gave no sample (or no GPU
 bandwidth), from the samples it would have given (`diagnose.samples`), through the same
-rules. The verdict itself is always `core.evaluate`'s.
+rules. The verdict itself is always `core.conditions.evaluate`'s.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-import core
-from diagnose.decision import Row, bytes_per_step, row_batch
+from core.conditions import evaluate
+from core.roofline import decode_efficiency, roofline_tokens_per_second
+from core.rules import RuleValues
+from core.signals import Signals
+from diagnose.decision.model import Row
+from diagnose.decision.roofline import bytes_per_step, row_batch
 from diagnose.engine_run import EngineRun
 from diagnose.samples import step_values
 
@@ -34,13 +38,13 @@ def step_evidence(run: EngineRun, row: Row, t0: float, t1: float) -> None:
         # No exporter sample of the step: the samples it would have given, through the rules.
         sig = step_values(run, row, t1).signals
         row.waiting_avg = sig.waiting_avg
-    verdict = core.evaluate(sig)
+    verdict = evaluate(sig)
     run.step_verdicts.append((row.step, verdict.name, sig))
 
 
 def _moe_batch_efficiency(
-    run: EngineRun, sig: core.Signals, row: Row, values: core.RuleValues | None
-) -> core.Signals:
+    run: EngineRun, sig: Signals, row: Row, values: RuleValues | None
+) -> Signals:
     """A mixture-of-experts step's decode efficiency at the batch the step kept running."""
     model = run.result.structure()
     batch = float(row_batch(run.result, row))
@@ -60,22 +64,19 @@ def _moe_batch_efficiency(
     if row.prompt_tokens is not None:
         kv_tokens = batch * (row.prompt_tokens + row.max_tokens / 2)
     per_step, _ = bytes_per_step(run.result, kv_tokens, batch)
-    roof = core.roofline_tokens_per_second(
+    roof = roofline_tokens_per_second(
         values.bandwidth_bytes_per_second, per_step, run.result.spec_accept_length
     )
     run.note(
-        f"{row.step}: the mixture-of-experts roofline uses the {batch:.0f} sequences the "
-        f"step kept running (the rules' running average over the step gave "
-        f"{values.decode_batch:.0f})"
+        f"{row.step}: the mixture-of-experts roofline uses the {batch:.0f} sequences the step kept "
+        f"running (the rules' running average over the step gave {values.decode_batch:.0f})"
     )
-    return replace(
-        sig, decode_efficiency=core.decode_efficiency(values.decode_tokens_per_second, roof)
-    )
+    return replace(sig, decode_efficiency=decode_efficiency(values.decode_tokens_per_second, roof))
 
 
 def complete(
-    run: EngineRun, sig: core.Signals, row: Row, t1: float, values: core.RuleValues | None = None
-) -> core.Signals:
+    run: EngineRun, sig: Signals, row: Row, t1: float, values: RuleValues | None = None
+) -> Signals:
     """Add what the client measured and the rules cannot see, and say so."""
     sig = _moe_batch_efficiency(run, sig, row, values)
     client_kv = row.kv_exhausted + row.truncated

@@ -14,18 +14,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.rules import STRUCTURE_SERIES as MODEL_SERIES
-from diagnose.decision import EngineResult
+from core.rules import STRUCTURE_SERIES
+from diagnose.decision.model import EngineResult
 from diagnose.engine_run import EngineRun
 from diagnose.probe import engine_facts
 from loadgen.client import StreamClient
-from loadgen.monitor import Series, first, labelled
+from loadgen.exporter_series import Series, first, labelled
 from model.geometry import geometry_from_gguf
 
 # EngineResult field -> the exporter series of the model's structure (issue 17): the
 # rules' (`ModelStructure` fields, same names) and what diagnose reports beside them.
-STRUCTURE_SERIES = {
-    **{k: v for k, v in MODEL_SERIES.items() if k != "weights_bytes"},
+RESULT_STRUCTURE_SERIES = {
+    **{k: v for k, v in STRUCTURE_SERIES.items() if k != "weights_bytes"},
     "spec_accept_length": "llmb_engine_spec_accept_length",
     "experts_host_layers": "llmb_engine_experts_host_layers",
     "experts_host_bytes": "llmb_engine_experts_host_bytes",
@@ -38,7 +38,7 @@ ENGINE_SERIES = {
     "layers_offloaded": "llmb_engine_gpu_layers_offloaded",
     "layers_total": "llmb_engine_gpu_layers_total",
     "kv_bytes_per_token": "llmb_model_kv_bytes_per_token_estimated",
-    **STRUCTURE_SERIES,
+    **RESULT_STRUCTURE_SERIES,
 }
 
 
@@ -128,7 +128,7 @@ def _engine_series(res: EngineResult, series: Series, engine: str) -> None:
 
 def structure_facts(run: EngineRun) -> None:
     """The model-structure series of the newest scrape (exporter or embedded collectors)."""
-    for attr, name in STRUCTURE_SERIES.items():
+    for attr, name in RESULT_STRUCTURE_SERIES.items():
         value = run.monitor.engine_value(name)
         if value is not None:
             setattr(run.result, attr, value)

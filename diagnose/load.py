@@ -11,11 +11,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from diagnose.decision import Row, row_roofline
+from diagnose.decision.model import Row
+from diagnose.decision.roofline import row_roofline
 from diagnose.engine_run import EngineRun
 from diagnose.evidence import step_evidence
 from diagnose.facts import structure_facts
-from loadgen.scheduler import RunSpec, run_step
+from loadgen.scheduler.spec import RunSpec
+from loadgen.scheduler.step import run_step
 from loadgen.summary import StepSummary
 
 # Error kinds that mean the KV cache / context ran out (the load generator's names).
@@ -83,8 +85,8 @@ async def _run_rounds(
             prompt_tokens,
             requests or row.concurrency * run.opts.requests_per_slot,
         )
-        result = await run_step(spec, run.ctx, step=run.step_no)
-        run.step_no += 1
+        result = await run_step(spec, run.ctx, step=run.round_no)
+        run.round_no += 1
         records = result.records.get(run.engine.name, [])
         row.requests += len(records)
         for summary in result.summaries[:1]:  # the round's only engine
@@ -118,9 +120,9 @@ def _summarize(run: EngineRun, row: Row, acc: _Rounds) -> None:
     row.efficiency, row.misfit = roof.efficiency, roof.misfit
 
 
-async def measure(
+async def measure_row(
     run: EngineRun,
-    step: str,
+    step_key: str,
     concurrency: int,
     prompt_tokens: int,
     rounds: int,
@@ -130,7 +132,7 @@ async def measure(
     """One load step through the scheduler, `rounds` times; the row keeps every round."""
     row = Row(
         run.engine.name,
-        step,
+        step_key,
         concurrency,
         context=context,
         parallel=run.result.slots,

@@ -1,11 +1,11 @@
 """The monitor: what is sampled while one engine is measured (exporter series, memory).
 
 With `--exporter-url` the running exporter is scraped. Without it the exporter's own
-collectors run inside diagnose (`loadgen.monitor.EmbeddedExporter`: same code, same `llmb_*`
+collectors run inside diagnose (`loadgen.exporter_series.EmbeddedExporter`: same code, same `llmb_*`
 series), fed the launched engine's log and process id. Either way the series go through the
-recording rules' arithmetic (`core.rule_values_at`) exactly as Prometheus would. The engine's
+recording rules' arithmetic (`core.rules.rule_values_at`) exactly as Prometheus would. The engine's
 log is read by the exporter's collector only: its layers, buffers and KV events arrive as
-series. `loadgen.monitor` is the one seam to the exporter.
+series. `loadgen.exporter_series` is the one seam to the exporter.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Protocol
 
 import httpx
 
-import core
 from config.settings import EngineConfig, GpuConfig
+from core.rules import RuleValues, rule_values_at, series_from_scrapes
 from diagnose.options import Options
-from loadgen.monitor import (
+from loadgen.exporter_series import (
     EmbeddedExporter,
     Series,
     exporter_engine,
@@ -187,7 +187,7 @@ class Monitor:
         await self.sample()
         return self.timeline[-1][1] if self.timeline else None
 
-    def rule_values(self, at: float, since: float | None = None) -> core.RuleValues | None:
+    def rule_values(self, at: float, since: float | None = None) -> RuleValues | None:
         """The recording rules' values for this engine at `at`.
 
         With `since`, only the samples of [since, at] count: what Prometheus would say had
@@ -202,8 +202,8 @@ class Monitor:
             return None
         if since is not None:
             scrapes = counters_from_zero(scrapes, self.exporter_engine)
-        series = core.series_from_scrapes(scrapes)
-        for key, values in core.rule_values_at(series, at).items():
+        series = series_from_scrapes(scrapes)
+        for key, values in rule_values_at(series, at).items():
             if key.engine == self.exporter_engine:
                 return values
         return None

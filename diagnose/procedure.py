@@ -15,28 +15,24 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import core
 from config.settings import EngineConfig
-from diagnose.decision import (
-    NOT_MEASURED,
-    Decision,
-    EngineResult,
-    Step,
-    decide_single,
-    engine_verdict,
-    roofline,
-)
+from core.conditions import VERDICTS
+from core.roofline import MISFIT_BY_NAME, misfit_text
+from core.signals import SIGNAL_FIELDS, Signals
+from diagnose.decision.model import NOT_MEASURED, Decision, EngineResult, Step
+from diagnose.decision.one_engine import decide_single, engine_verdict
+from diagnose.decision.roofline import roofline
 from diagnose.engine_run import EngineRun
 from diagnose.facts import collect_facts, structure_facts
 from diagnose.options import Options
-from diagnose.phases import PhasePublisher
+from diagnose.phase_marks import PhasePublisher
 from diagnose.steps.base import STEP_QUESTIONS, STEPS, ProcedureStep
 from diagnose.steps.concurrency import ConcurrencyStep
 from diagnose.steps.context import ContextStep
 from diagnose.steps.kv import KvPressureStep
 from diagnose.steps.residency import ResidencyStep
 from diagnose.steps.single import SingleStep
-from loadgen.scheduler import RunContext
+from loadgen.scheduler.context import RunContext
 
 __all__ = ["PROCEDURE", "Diagnoser", "combine", "diagnose"]
 
@@ -78,7 +74,7 @@ class Diagnoser(EngineRun):
             await self.monitor.attach(self.engine, self.engine.log_file, None)
         await collect_facts(self)
         for step in PROCEDURE:
-            self.steps[step.key] = await step.run(self)
+            self.steps[step.key] = await step.measure(self)
 
     async def _start(self) -> bool:
         """Baseline memory, the first launch and its settling; False when it did not start."""
@@ -93,7 +89,7 @@ class Diagnoser(EngineRun):
             self.steps["context"] = Step(
                 "context",
                 STEP_QUESTIONS["context"],
-                f"memory gave out (or the engine failed) at the first launch: "
+                "memory gave out (or the engine failed) at the first launch: "
                 f"{self.result.rows[-1].error}",
                 True,
             )
@@ -115,13 +111,11 @@ class Diagnoser(EngineRun):
         structure_facts(self)
         res.roofline = roof = roofline(res)
         if roof.misfit is not None and roof.efficiency is not None:
-            self.note(
-                "roofline: " + core.misfit_text(roof.efficiency, core.MISFIT_BY_NAME[roof.misfit])
-            )
+            self.note("roofline: " + misfit_text(roof.efficiency, MISFIT_BY_NAME[roof.misfit]))
         verdict, signals = combine(self.step_verdicts)
         if verdict is not None:
             res.verdict, res.action = engine_verdict(res, signals)
-            res.signals = {k: getattr(signals, k) for k in core.SIGNAL_FIELDS}
+            res.signals = {k: getattr(signals, k) for k in SIGNAL_FIELDS}
         return res
 
     def answer_steps(self) -> list[Step]:
@@ -132,7 +126,7 @@ class Diagnoser(EngineRun):
         ]
 
 
-def combine(step_verdicts: list[tuple[str, str, core.Signals]]) -> tuple[str | None, core.Signals]:
+def combine(step_verdicts: list[tuple[str, str, Signals]]) -> tuple[str | None, Signals]:
     """The run's verdict: the first in the decision order that any load step showed.
 
     Each step's verdict is what the rules give at its end; a bottleneck seen in one step
@@ -140,8 +134,8 @@ def combine(step_verdicts: list[tuple[str, str, core.Signals]]) -> tuple[str | N
     another step did not show it. `idle` counts only when no step showed anything else.
     """
     if not step_verdicts:
-        return None, core.Signals()
-    for name in core.VERDICTS:
+        return None, Signals()
+    for name in VERDICTS:
         if name == "idle":
             continue
         for _, verdict, sig in step_verdicts:

@@ -5,7 +5,7 @@ GPU bandwidth for the roofline (no GPU here; `--bandwidth-gbs` names it), diagno
 what it measured as the exporter's series (same names, labels and units: layers, weight
 buffers, process memory, running/waiting against the slots, KV-pressure, generation and
 decode counters, the model's structure, the GPU's bandwidth) and feeds them through the
-recording rules' arithmetic (`core.rule_values_at`). No condition input is computed a
+recording rules' arithmetic (`core.rules.rule_values_at`). No condition input is computed a
 second way: the rules compute them all.
 """
 
@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import time
 
-import core
-from diagnose.decision import Row, row_batch
+from core.rules import RuleValues, rule_values_at, series_from_scrapes
+from core.thresholds import threshold_seconds
+from diagnose.decision.model import Row
+from diagnose.decision.roofline import row_batch
 from diagnose.engine_run import EngineRun
-from diagnose.facts import STRUCTURE_SERIES
-from loadgen.monitor import Series
+from diagnose.facts import RESULT_STRUCTURE_SERIES
+from loadgen.exporter_series import Series
 
 HOST = "diagnose"
 GPU = "0"
@@ -25,7 +27,7 @@ GPU = "0"
 STRUCTURE = {
     "weights_bytes": "llmb_model_weights_bytes",
     "kv_bytes_per_token": "llmb_model_kv_bytes_per_token_estimated",
-    **STRUCTURE_SERIES,
+    **RESULT_STRUCTURE_SERIES,
 }
 
 
@@ -72,19 +74,19 @@ def _engine_page(run: EngineRun) -> _Page:
     return page
 
 
-def _values(run: EngineRun, scrapes: list[tuple[float, Series]], at: float) -> core.RuleValues:
-    series = core.series_from_scrapes(scrapes)
-    (values,) = core.rule_values_at(series, at).values()
+def _values(run: EngineRun, scrapes: list[tuple[float, Series]], at: float) -> RuleValues:
+    series = series_from_scrapes(scrapes)
+    (values,) = rule_values_at(series, at).values()
     return values
 
 
-def residency_values(run: EngineRun) -> core.RuleValues:
+def residency_values(run: EngineRun) -> RuleValues:
     """The rules' values of the engine at rest, from diagnose's readings."""
     now = time.time()
     return _values(run, [(now, _engine_page(run).series)], now)
 
 
-def step_values(run: EngineRun, row: Row, t1: float) -> core.RuleValues:
+def step_values(run: EngineRun, row: Row, t1: float) -> RuleValues:
     """The rules' values at the end of a load step, from what the client measured.
 
     Two scrapes, at the step's start and end (within one rate window): the engine ran
@@ -94,7 +96,7 @@ def step_values(run: EngineRun, row: Row, t1: float) -> core.RuleValues:
     slots = run.result.slots
     batch = row_batch(run.result, row)
     tokens = float(row.completion_tokens)
-    span = max(1.0, min(row.wall_s or 1.0, core.seconds("rate_window") / 2))
+    span = max(1.0, min(row.wall_s or 1.0, threshold_seconds("rate_window") / 2))
     scrapes = []
     for t, rose in ((t1 - span, False), (t1, True)):
         page = _engine_page(run)

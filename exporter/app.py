@@ -8,8 +8,8 @@ from config.kinds import engine_kind, load
 from config.settings import Config
 from exporter.attribution import Attribution
 from exporter.collectors import Collector
-from exporter.http import AiohttpTransport
 from exporter.runner import Runner
+from exporter.transport import AiohttpTransport
 
 
 def build_runner(config: Config, client: httpx.AsyncClient | None = None) -> Runner:
@@ -19,7 +19,7 @@ def build_runner(config: Config, client: httpx.AsyncClient | None = None) -> Run
     """
     from exporter.collectors.nvml.collector import NvmlCollector
 
-    # aiohttp underneath: httpx's own transport costs more CPU than parsing (exporter/http.py).
+    # aiohttp underneath: httpx's own transport costs more CPU than parsing (exporter/transport.py).
     http = client or httpx.AsyncClient(follow_redirects=True, transport=AiohttpTransport())
     attribution = Attribution(config.engines)
     collectors: list[Collector] = []

@@ -13,13 +13,10 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from exporter.runner import CollectionTimeout, Families, Runner, deadline_from_header
+from exporter.runner import CollectionTimeout, Runner, deadline_from_header
 from exporter.web_config import BasicAuth
 
 log = logging.getLogger(__name__)
-
-# Registry-shaped wrapper of a family list (tests render goldens with it).
-_Snapshot = Families
 
 INDEX = """<html><head><title>llm-bottleneck exporter</title></head>
 <body><h1>llm-bottleneck exporter</h1><p><a href="/metrics">/metrics</a></p></body></html>

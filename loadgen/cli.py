@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from config.settings import ConfigError, load_config
-from loadgen.client import Target
 from loadgen.options import (
     Command,
     UsageError,
@@ -33,21 +32,17 @@ from loadgen.options import (
     positive_int,
 )
 from loadgen.prompts import CACHE_MODES
-from loadgen.scheduler import RunSpec
+from loadgen.resolve import load_config_or_usage, resolve_targets
+from loadgen.scheduler.spec import RunSpec
 from loadgen.session import MetricsPortBusy, SessionOptions, execute
 from loadgen.session import run as run_loop
 from loadgen.sweep import plan_steps, probe_factory
-from loadgen.target import load_config_or_usage, resolve_targets
+from loadgen.target import Target
 
 __all__ = ["QUIET_LOGGERS", "RUN", "SWEEP", "apply_config_defaults", "default_out_dir"]
 
 # Third-party loggers that would otherwise print their INFO lines between ours.
 QUIET_LOGGERS = ("aiohttp.access", "httpx", "httpcore", "matplotlib", "asyncio", "urllib3")
-
-
-def add_target_arguments(parser: argparse.ArgumentParser) -> None:
-    """--config/--engine or --url/--kind, shared by every command that sends requests."""
-    add_target_options(parser)
 
 
 def add_load_arguments(parser: argparse.ArgumentParser, sweep: bool = False) -> None:
@@ -297,7 +292,7 @@ def sweep_command(args: argparse.Namespace) -> int:
 
 
 def _configure_run(parser: argparse.ArgumentParser) -> None:
-    add_target_arguments(parser)
+    add_target_options(parser)
     add_load_arguments(parser)
     parser.add_argument(
         "--workers",
@@ -309,7 +304,7 @@ def _configure_run(parser: argparse.ArgumentParser) -> None:
 
 
 def _configure_sweep(parser: argparse.ArgumentParser) -> None:
-    add_target_arguments(parser)
+    add_target_options(parser)
     add_load_arguments(parser, sweep=True)
 
 

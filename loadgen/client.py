@@ -19,6 +19,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from loadgen.target import Target
+
 # Error categories (the `error` field of a request record and the `outcome` metric label).
 TIMEOUT = "timeout"
 CONNECT = "connect_error"
@@ -83,17 +85,6 @@ _COMPLETIONS_PATH = "/v1/completions"
 
 class TargetUnreachable(Exception):
     """The target did not answer at all (connection refused, DNS, connect timeout)."""
-
-
-@dataclass(frozen=True)
-class Target:
-    """One server to load: the engine label, its kind and where it listens."""
-
-    name: str
-    url: str
-    kind: str = "openai"  # llamacpp | sglang | openai
-    api_key: str | None = None
-    model: str | None = None
 
 
 @dataclass

@@ -22,7 +22,10 @@ from loadgen.options import (
 )
 from loadgen.prompts import CalibrationError
 from loadgen.report import invalid_banner, to_console, write_reports
-from loadgen.scheduler import ProbeFactory, Progress, RunContext, RunSpec, StepResult, run_step
+from loadgen.scheduler.context import ProbeFactory, RunContext
+from loadgen.scheduler.progress import Progress
+from loadgen.scheduler.spec import RunSpec
+from loadgen.scheduler.step import StepResult, run_step
 from loadgen.summary import RunSummary, build_summary
 
 log = logging.getLogger(__name__)

@@ -12,11 +12,13 @@ from dataclasses import dataclass, field, fields
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Literal
 
-from loadgen.client import EARLY_STOP, KV_EXHAUSTED, Target
+from loadgen.client import EARLY_STOP, KV_EXHAUSTED
 from loadgen.results import RequestRecord, mean, percentile
+from loadgen.target import Target
 
 if TYPE_CHECKING:
-    from loadgen.scheduler import RunSpec, StepResult
+    from loadgen.scheduler.spec import RunSpec
+    from loadgen.scheduler.step import StepResult
 
 
 class Absent(enum.Enum):

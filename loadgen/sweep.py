@@ -2,7 +2,7 @@
 
 A probe reads, while one engine runs a step, the GPU memory peak, the KV-cache usage and the
 queue length, either from the exporter's `/metrics` (polled during the step by the one
-exporter reader, `loadgen.monitor.ExporterStepProbe`) or from Prometheus (instant
+exporter reader, `loadgen.exporter_series.ExporterStepProbe`) or from Prometheus (instant
 `max_over_time`/`avg_over_time` queries over the step at its end).
 """
 
@@ -17,9 +17,10 @@ from typing import Any
 
 import aiohttp
 
-from loadgen.client import Target
-from loadgen.monitor import GPU_PEAK, KV_USAGE, WAITING, ExporterStepProbe
-from loadgen.scheduler import ProbeFactory, RunSpec
+from loadgen.exporter_series import GPU_PEAK, KV_USAGE, WAITING, ExporterStepProbe
+from loadgen.scheduler.context import ProbeFactory
+from loadgen.scheduler.spec import RunSpec
+from loadgen.target import Target
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,8 @@ from typing import Any
 from loadgen.metrics import LoadgenMetrics, StepStart
 from loadgen.options import EXIT_FAILED, EXIT_INTERRUPTED
 from loadgen.results import JsonlWriter, RequestRecord, step_reasons
-from loadgen.scheduler import RunSpec, StepResult
+from loadgen.scheduler.spec import RunSpec
+from loadgen.scheduler.step import StepResult
 from loadgen.session import (
     SessionOptions,
     SessionResult,

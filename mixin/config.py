@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from core import THRESHOLDS, Threshold
+from core.thresholds import THRESHOLDS, Threshold
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "config.yaml"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import textwrap
 
-from core import THRESHOLDS, VERDICT_INFO, VERDICTS
-from core.conditions import CONDITION_BY_NAME
+from core.conditions import CONDITION_BY_NAME, VERDICT_INFO, VERDICTS
+from core.thresholds import THRESHOLDS
 
 DIAGNOSE_DOC = "docs/diagnose.md"
 THRESHOLDS_DOC = "prometheus/thresholds.md"

@@ -35,15 +35,10 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from core import (
-    SIGNAL_RECORDS,
-    VERDICTS,
-    EngineKey,
-    RuleValues,
-    evaluate,
-    rule_values_at,
-    t,
-)
+from core.conditions import VERDICTS, evaluate
+from core.rules import EngineKey, RuleValues, rule_values_at
+from core.signals import SIGNAL_RECORDS
+from core.thresholds import threshold_promql
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -225,17 +220,23 @@ PARITY_EXPR = (
 # The recorded inputs of the verdict and the roofline, compared value for value.
 VALUE_RECORDS: dict[str, str] = {
     **SIGNAL_RECORDS,
-    "decode_tokens_per_second": f"engine:llmb_decode_tokens_per_second:rate{t('rate_window')}",
-    "bandwidth_bytes_per_second": "engine:llmb_gpu_memory_bandwidth_bytes_per_second:max",
-    "decode_bytes_per_step": f"engine:llmb_decode_bytes_per_step:avg{t('rate_window')}",
-    "roofline_tokens_per_second": (
-        f"engine:llmb_decode_roofline_tokens_per_second:avg{t('rate_window')}"
+    "decode_tokens_per_second": (
+        f"engine:llmb_decode_tokens_per_second:rate{threshold_promql('rate_window')}"
     ),
-    "decode_batch": f"engine:llmb_decode_batch:avg{t('rate_window')}",
-    "active_weights_bytes": f"engine:llmb_decode_weights_bytes_per_step:avg{t('rate_window')}",
+    "bandwidth_bytes_per_second": "engine:llmb_gpu_memory_bandwidth_bytes_per_second:max",
+    "decode_bytes_per_step": (
+        f"engine:llmb_decode_bytes_per_step:avg{threshold_promql('rate_window')}"
+    ),
+    "roofline_tokens_per_second": (
+        f"engine:llmb_decode_roofline_tokens_per_second:avg{threshold_promql('rate_window')}"
+    ),
+    "decode_batch": f"engine:llmb_decode_batch:avg{threshold_promql('rate_window')}",
+    "active_weights_bytes": (
+        f"engine:llmb_decode_weights_bytes_per_step:avg{threshold_promql('rate_window')}"
+    ),
     "accepted_tokens_per_step": "engine:llmb_decode_accepted_tokens_per_step:max",
     "experts_host_bound_tokens_per_second": (
-        f"engine:llmb_experts_host_bound_tokens_per_second:avg{t('rate_window')}"
+        f"engine:llmb_experts_host_bound_tokens_per_second:avg{threshold_promql('rate_window')}"
     ),
 }
 VALUES_EXPR = '{__name__=~"' + "|".join(sorted(VALUE_RECORDS.values())) + '"}'

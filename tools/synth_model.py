@@ -25,7 +25,7 @@ import numpy as np
 from gguf.constants import MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES, Keys
 from tqdm import tqdm
 
-from core import ModelStructure, active_weights_bytes
+from core.roofline import ModelStructure, active_weights_bytes
 from model.gguf_header import read_gguf_fields
 from model.weights import TensorInfo, WeightSplit, split_tensors
 

@@ -10,7 +10,7 @@ import statistics
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-import core
+from core.roofline import ModelStructure
 
 # The recommendation vocabulary of results.json (`switch_to:<engine>` names the engine).
 STAY_AND_TUNE = "stay_and_tune"
@@ -32,7 +32,7 @@ def utc_now() -> str:
 
 
 @dataclass
-class Phase:
+class PhaseMark:
     """One timestamped phase of a run (baseline, start, settle, single, ...)."""
 
     name: str
@@ -106,7 +106,7 @@ class Roofline:
     the routed experts a step touches, untied embedding rows) + KV in use x
     `kv_bytes_per_token` (+ a draft model's weights per proposed token); `limit_tok_s` =
     bandwidth x `accepted_tokens_per_step` / bytes per step. `misfit` is the physics gate:
-    the reason (`core.MISFIT_REASONS`) when `efficiency` is beyond physics.
+    the reason (`core.roofline.MISFIT_REASONS`) when `efficiency` is beyond physics.
     """
 
     bandwidth_bytes_per_s: float | None = None
@@ -166,7 +166,7 @@ class EngineResult:
     load_seconds: float | None = None
     launched: bool = False
     slots: int | None = None
-    phases: list[Phase] = field(default_factory=list)
+    phases: list[PhaseMark] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)
     # Steps that did not run, as "step: why".
     missing: list[str] = field(default_factory=list)
@@ -199,11 +199,11 @@ class EngineResult:
                     return r
         return None
 
-    def structure(self) -> core.ModelStructure | None:
+    def structure(self) -> ModelStructure | None:
         """What the roofline knows about this model (None without weights or structure)."""
         # EngineResult carries every ModelStructure field under the same name (results.json).
-        known = {f.name: getattr(self, f.name) for f in fields(core.ModelStructure)}
-        model = core.ModelStructure(**known)
+        known = {f.name: getattr(self, f.name) for f in fields(ModelStructure)}
+        model = ModelStructure(**known)
         if not self.weights_bytes and not model.structure_known:
             return None
         return model

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from diagnose.decision.model import Decision, EngineResult, Phase, Roofline, Row, RunInfo
+from diagnose.decision.model import Decision, EngineResult, PhaseMark, Roofline, Row, RunInfo
 
 
 def results_to_dict(
@@ -29,7 +29,7 @@ def results_to_dict(
 def engine_from_dict(data: dict[str, Any]) -> EngineResult:
     """Rebuild an EngineResult from its results.json form."""
     data = dict(data)
-    phases = [Phase(**p) for p in data.pop("phases", [])]
+    phases = [PhaseMark(**p) for p in data.pop("phases", [])]
     rows = [Row(**r) for r in data.pop("rows", [])]
     roof = Roofline(**(data.pop("roofline", None) or {}))
     timeline = [(float(t), float(v)) for t, v in data.pop("timeline", [])]

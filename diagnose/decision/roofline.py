@@ -1,13 +1,23 @@
 """The card's decode limit for what an engine measured: bytes per step, the physics gate.
 
-Every number comes from the decision core's roofline (`core.decode_bytes_per_step`,
-`core.roofline_tokens_per_second`, `core.roofline_misfit`); this module only picks the
+Every number comes from the decision core's roofline (`core.roofline.decode_bytes_per_step`,
+`roofline_tokens_per_second`, `roofline_misfit`); this module only picks the
 inputs from an `EngineResult` and words the answer.
 """
 
 from __future__ import annotations
 
-import core
+from core.roofline import (
+    MISFIT_BY_NAME,
+    RooflineFacts,
+    accepted_tokens,
+    active_weights_bytes,
+    decode_bytes_per_step,
+    misfit_text,
+    roofline_facts,
+    roofline_misfit,
+    roofline_tokens_per_second,
+)
 from diagnose.decision.model import EngineResult, Roofline, Row
 
 
@@ -19,16 +29,16 @@ def bytes_per_step(
     model = engine.structure()
     if model is None:
         return None, None
-    per_step = core.decode_bytes_per_step(
+    per_step = decode_bytes_per_step(
         model, kv_tokens, engine.kv_bytes_per_token, batch, engine.spec_accept_length
     )
-    return per_step, core.active_weights_bytes(model, batch)
+    return per_step, active_weights_bytes(model, batch)
 
 
-def facts(engine: EngineResult) -> core.RooflineFacts:
+def facts(engine: EngineResult) -> RooflineFacts:
     """What the bytes-per-step model of `engine` knows (for the physics gate)."""
     model = engine.structure()
-    return core.roofline_facts(model if model is not None else 0.0, engine.spec_accept_length)
+    return roofline_facts(model if model is not None else 0.0, engine.spec_accept_length)
 
 
 def row_batch(engine: EngineResult, row: Row) -> int:
@@ -51,10 +61,10 @@ def row_roofline(engine: EngineResult, row: Row | None) -> Roofline:
     bw = engine.bandwidth_bytes_per_s
     per_step, active = bytes_per_step(engine, kv_tokens, float(batch))
     accept = engine.spec_accept_length
-    limit = core.roofline_tokens_per_second(bw, per_step, accept)
+    limit = roofline_tokens_per_second(bw, per_step, accept)
     measured = row.per_seq_tok_s if row else None
     eff = measured / limit if measured and limit else None
-    reason = core.roofline_misfit(eff, facts(engine))
+    reason = roofline_misfit(eff, facts(engine))
     return Roofline(
         bw,
         engine.bandwidth_source,
@@ -64,7 +74,7 @@ def row_roofline(engine: EngineResult, row: Row | None) -> Roofline:
         eff,
         active_weights_bytes=active,
         kv_bytes_per_token=engine.kv_bytes_per_token,
-        accepted_tokens_per_step=core.accepted_tokens(accept) if per_step else None,
+        accepted_tokens_per_step=accepted_tokens(accept) if per_step else None,
         misfit=reason.name if reason is not None else None,
     )
 
@@ -82,9 +92,9 @@ def roofline_text(roof: Roofline) -> str:
     if roof.active_weights_bytes is not None:
         basis += f", {roof.active_weights_bytes / 2**30:.2f} GiB of it weights"
     if roof.misfit is not None:
-        reason = core.MISFIT_BY_NAME[roof.misfit]
+        reason = MISFIT_BY_NAME[roof.misfit]
         return (
-            f"; {core.misfit_text(roof.efficiency, reason)} (limit {roof.limit_tok_s:.1f} "
+            f"; {misfit_text(roof.efficiency, reason)} (limit {roof.limit_tok_s:.1f} "
             f"tok/s from {basis})"
         )
     return (

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from core import VERDICT_INFO
-from diagnose.decision import Decision, EngineResult, RunInfo
+from core.conditions import VERDICT_INFO
+from diagnose.decision.model import Decision, EngineResult, RunInfo
 from diagnose.report.hints import FIX_EXPORTER, unknown
 from exporter import __version__
 

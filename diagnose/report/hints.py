@@ -4,7 +4,7 @@ its fix (a flag, a config key or the reason a step did not run).
 
 from __future__ import annotations
 
-from diagnose.decision import EngineResult
+from diagnose.decision.model import EngineResult
 
 GIB = 2**30
 

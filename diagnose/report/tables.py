@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-import core
-from diagnose.decision import EngineResult, Row
+from core.roofline import MISFIT_BY_NAME, misfit_text
+from diagnose.decision.model import EngineResult, Row
 from diagnose.report.hints import (
     FIX_BANDWIDTH,
     FIX_EXPORTER,
@@ -67,7 +67,7 @@ def _decode_share(e: EngineResult) -> str:
         return f"{speed}; share of the card's limit unknown: {roofline_unknown(e)}"
     if roof.misfit is not None:
         # The physics gate: never a share above the limit, the reason instead.
-        return f"{speed}: " + core.misfit_text(roof.efficiency, core.MISFIT_BY_NAME[roof.misfit])
+        return f"{speed}: " + misfit_text(roof.efficiency, MISFIT_BY_NAME[roof.misfit])
     return f"{speed} = {roof.efficiency * 100:.0f} % of the card's limit"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from diagnose.decision import Step
+    from diagnose.decision.model import Step
     from diagnose.engine_run import EngineRun
 
 STEPS = ("residency", "single", "concurrency", "kv_pressure", "context")
@@ -28,4 +28,4 @@ class ProcedureStep(Protocol):
 
     key: str
 
-    async def run(self, run: EngineRun) -> Step: ...
+    async def measure(self, run: EngineRun) -> Step: ...

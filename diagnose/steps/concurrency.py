@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from diagnose.decision import Row, Step, row_roofline_text
+from diagnose.decision.model import Row, Step
+from diagnose.decision.roofline import row_roofline_text
 from diagnose.engine_run import EngineRun
-from diagnose.load import measure
+from diagnose.load import measure_row
 from diagnose.steps.base import STEP_QUESTIONS
 
 
@@ -13,7 +14,7 @@ class ConcurrencyStep:
 
     key = "concurrency"
 
-    async def run(self, run: EngineRun) -> Step:
+    async def measure(self, run: EngineRun) -> Step:
         """Each level's aggregate, TTFT and queue; whether requests queue for a slot."""
         levels = [c for c in run.opts.concurrency if c > 1]
         if not levels:
@@ -21,7 +22,7 @@ class ConcurrencyStep:
         parts = []
         for c in levels:
             with run.phase("concurrency", note=f"concurrency {c}"):
-                row = await measure(
+                row = await measure_row(
                     run, "concurrency", c, run.opts.prompt_tokens, run.opts.rounds, None
                 )
             if row.error:

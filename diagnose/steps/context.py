@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import core
-from diagnose.decision import Row, Step
+from core.thresholds import threshold_number
+from diagnose.decision.model import Row, Step
 from diagnose.engine_run import EngineRun, gib
-from diagnose.load import measure
+from diagnose.load import measure_row
 from diagnose.steps.base import STEP_QUESTIONS
 from loadgen.client import TargetUnreachable
 
@@ -57,7 +57,7 @@ class ContextStep:
 
     key = "context"
 
-    async def run(self, run: EngineRun) -> Step:
+    async def measure(self, run: EngineRun) -> Step:
         """The first launch's row, then a restart per context until one gives out."""
         launch_context_row(run)
         run.stop()
@@ -89,7 +89,7 @@ async def context_step(run: EngineRun, ctx: int) -> bool:
     try:
         loaded = await run.settle()
         with run.phase("context", note=f"context {ctx}"):
-            row = await measure(run, "context", 1, run.opts.prompt_tokens, 1, ctx)
+            row = await measure_row(run, "context", 1, run.opts.prompt_tokens, 1, ctx)
         row.loaded_memory_bytes = loaded
         row.load_seconds = run.current.load_seconds if run.current else None
         row.kv_bytes = run.kv_bytes()
@@ -97,7 +97,7 @@ async def context_step(run: EngineRun, ctx: int) -> bool:
         headroom = None
         if res.gpu_total_bytes and row.memory_bytes and run.monitor.source == "gpu":
             headroom = res.gpu_total_bytes - row.memory_bytes
-        near_full = headroom is not None and headroom < core.number("gpu_headroom_min_bytes")
+        near_full = headroom is not None and headroom < threshold_number("gpu_headroom_min_bytes")
         run.say(
             "context",
             f"{ctx}: loaded, {gib(loaded)} after load, KV {gib(row.kv_bytes)}"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from diagnose.decision import Row, Step
+from diagnose.decision.model import Row, Step
 from diagnose.engine_run import EngineRun
-from diagnose.load import measure
+from diagnose.load import measure_row
 from diagnose.steps.base import STEP_QUESTIONS
 
 # The longest KV-pressure prompt chosen automatically: longer prompts cost minutes of prefill.
@@ -31,7 +31,7 @@ class KvPressureStep:
 
     key = "kv_pressure"
 
-    async def run(self, run: EngineRun) -> Step:
+    async def measure(self, run: EngineRun) -> Step:
         """Completed, cut short, out of context, KV events and usage of the wave."""
         tokens, why = kv_prompt_tokens(run)
         if tokens == 0:
@@ -42,7 +42,7 @@ class KvPressureStep:
         conc = min(run.result.slots or top, top)
         with run.phase("kv_pressure", note=f"{conc} x {tokens} prompt tokens"):
             # One wave, one request per slot: whatever waits, waits for KV space, not a slot.
-            row = await measure(run, "kv_pressure", conc, tokens, 1, None, requests=conc)
+            row = await measure_row(run, "kv_pressure", conc, tokens, 1, None, requests=conc)
         saturated = any(v == "kv_saturated" for s, v, _ in run.step_verdicts if s == "kv_pressure")
         answer = kv_answer(row, tokens, why, saturated)
         run.say("kv_pressure", answer)

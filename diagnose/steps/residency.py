@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import time
 
-import core
-from diagnose.decision import EngineResult, Step
+from core.conditions import evaluate
+from core.signals import Signals
+from diagnose.decision.model import EngineResult, Step
 from diagnose.engine_run import EngineRun, gib, num
 from diagnose.facts import gpu_facts
 from diagnose.samples import residency_values
@@ -21,7 +22,7 @@ class ResidencyStep:
 
     key = "residency"
 
-    async def run(self, run: EngineRun) -> Step:
+    async def measure(self, run: EngineRun) -> Step:
         """The residency answer (`weights_not_resident` held: flagged)."""
         res = run.result
         with run.phase("residency") as ph:
@@ -31,7 +32,7 @@ class ResidencyStep:
         if values is None:  # no exporter sample: the samples it would have given
             values = residency_values(run)
         sig = values.signals
-        cond = core.evaluate(sig).condition("weights_not_resident")
+        cond = evaluate(sig).condition("weights_not_resident")
         facts = residency_facts(res)
         numbers: dict[str, object] = {name: getattr(sig, name) for name, _ in RESIDENCY_SOURCES}
         numbers["host_has_gpu"] = sig.host_has_gpu
@@ -88,7 +89,7 @@ RESIDENCY_SOURCES: tuple[tuple[str, str], ...] = (
 )
 
 
-def residency_sources(sig: core.Signals, kind: str) -> str:
+def residency_sources(sig: Signals, kind: str) -> str:
     """The residency figures that were measured, each with its ratio and source."""
     parts = []
     for name, source in RESIDENCY_SOURCES:

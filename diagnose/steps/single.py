@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from diagnose.decision import NOT_MEASURED, Step, roofline, roofline_text
+from diagnose.decision.model import NOT_MEASURED, Step
+from diagnose.decision.roofline import roofline, roofline_text
 from diagnose.engine_run import EngineRun
-from diagnose.load import measure
+from diagnose.load import measure_row
 from diagnose.steps.base import STEP_QUESTIONS
 
 
@@ -13,11 +14,11 @@ class SingleStep:
 
     key = "single"
 
-    async def run(self, run: EngineRun) -> Step:
+    async def measure(self, run: EngineRun) -> Step:
         """The decode answer with its roofline figures (never flagged: the verdict decides)."""
         opts = run.opts
         with run.phase("single"):
-            row = await measure(run, "single", 1, opts.prompt_tokens, opts.rounds, None)
+            row = await measure_row(run, "single", 1, opts.prompt_tokens, opts.rounds, None)
         res = run.result
         res.roofline = roof = roofline(res)
         if row.error or not row.per_seq_tok_s:

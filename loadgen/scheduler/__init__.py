@@ -7,18 +7,3 @@ live metrics, progress, Ctrl-C flag, calibrated prompts), so `run`, `sweep`, `di
 `compare` share one code path. One engine's phase (phase.py) sends and times the requests and
 settles their records in the gaps between reads; pacing.py keeps the garbage collector there.
 """
-
-from loadgen.scheduler.context import Probe, ProbeFactory, RunContext
-from loadgen.scheduler.progress import Progress
-from loadgen.scheduler.spec import RunSpec
-from loadgen.scheduler.step import StepResult, run_step
-
-__all__ = [
-    "Probe",
-    "ProbeFactory",
-    "Progress",
-    "RunContext",
-    "RunSpec",
-    "StepResult",
-    "run_step",
-]

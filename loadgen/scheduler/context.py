@@ -7,12 +7,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from loadgen.client import Target
 from loadgen.metrics import LoadgenMetrics
 from loadgen.prompts import PromptSet
 from loadgen.results import JsonlWriter, RequestRecord
 from loadgen.scheduler.progress import Progress
 from loadgen.summary import ServerFigures
+from loadgen.target import Target
 
 
 class Probe(Protocol):

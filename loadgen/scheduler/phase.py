@@ -67,7 +67,7 @@ PREBUILT_PER_SLOT = 2
 PREBUILT_BYTES = 16 * 2**20
 
 
-class Phase:
+class EnginePhase:
     """One engine's warm-up or measured phase of a step."""
 
     def __init__(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadgen.client import Target
+from loadgen.target import Target
 
 DEFAULT_REQUESTS = 32
 OPEN_LOOP_MAX_IN_FLIGHT = 1024

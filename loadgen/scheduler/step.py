@@ -15,7 +15,7 @@ from loadgen.prompts import PromptSet
 from loadgen.results import RequestRecord, step_reasons
 from loadgen.scheduler.calibration import calibrate_within
 from loadgen.scheduler.context import RunContext
-from loadgen.scheduler.phase import ABORT_INTERRUPTED, Phase
+from loadgen.scheduler.phase import ABORT_INTERRUPTED, EnginePhase
 from loadgen.scheduler.spec import RunSpec
 from loadgen.summary import StepSummary, engine_summary, mark_validity
 
@@ -74,7 +74,7 @@ async def _warm_up(
     """The warm-up requests; a turn when they ended the step (stopped or aborted)."""
     if not spec.warmup:
         return None
-    warm = Phase(ctx, spec, client, prompts, step, measured=False)
+    warm = EnginePhase(ctx, spec, client, prompts, step, measured=False)
     log.info("%s: %d warm-up requests", client.target.name, spec.warmup)
     if await _wait_or_stop(warm.run(), ctx.stop):
         return _Turn(interrupted=True)
@@ -102,7 +102,7 @@ async def _measure(
     if probe is not None:
         await probe.start()
     await client.preopen(spec.preopen_count())
-    phase = Phase(ctx, spec, client, prompts, step, measured=True)
+    phase = EnginePhase(ctx, spec, client, prompts, step, measured=True)
     ctx.progress.begin(f"{target.name} step {step}", phase.limit)
     t0 = time.perf_counter()
     try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core import t
+from core.thresholds import threshold_promql
 from mixin.config import MixinConfig
 from mixin.dashboards.panels import (
     RW,
@@ -47,9 +47,9 @@ def _decode_row(cfg: MixinConfig) -> Row:
                 width=12,
                 description=(
                     "Generated and prompt tokens per second over all sequences "
-                    f"({t('rate_window')} rates of the engine counters), and prefill speed "
-                    "(prompt tokens / prompt time, llama.cpp). Use it to compare engines "
-                    "under the same load; batching raises it above one sequence's speed."
+                    f"({threshold_promql('rate_window')} rates of the engine counters), and "
+                    "prefill speed (prompt tokens / prompt time, llama.cpp). Use it to compare "
+                    "engines under the same load; batching raises it above one sequence's speed."
                 ),
             ),
         ],
@@ -115,10 +115,10 @@ def _scheduling_row(cfg: MixinConfig) -> Row:
                 width=8,
                 limit=Limit("kv_usage_high", "below"),
                 description=(
-                    "KV cache tokens held / KV capacity. At or above the line "
-                    f"(`kv_usage_high` = {t('kv_usage_high')}) with requests waiting, the "
-                    "KV pool limits the batch: more KV memory, a quantized KV cache or "
-                    f"shorter contexts help. {cfg.runbook_url}#llmkvcachesaturated"
+                    "KV cache tokens held / KV capacity. At or above the line (`kv_usage_high` = "
+                    f"{threshold_promql('kv_usage_high')}) with requests waiting, the KV pool "
+                    "limits the batch: more KV memory, a quantized KV cache or shorter contexts "
+                    f"help. {cfg.runbook_url}#llmkvcachesaturated"
                 ),
             ),
             ts(
@@ -130,8 +130,8 @@ def _scheduling_row(cfg: MixinConfig) -> Row:
                 width=8,
                 description=(
                     "Prompt tokens served from the prefix cache / all prompt tokens "
-                    f"({t('rate_window')}). High shares make prefill cheap; a shared system "
-                    "prompt that stays near 0 % means the cache is off or evicted."
+                    f"({threshold_promql('rate_window')}). High shares make prefill cheap; a "
+                    "shared system prompt that stays near 0 % means the cache is off or evicted."
                 ),
             ),
         ],
@@ -144,19 +144,18 @@ def _restarts_row(cfg: MixinConfig) -> Row:
         "Restarts",
         [
             ts(
-                f"Engine restarts per {t('rate_window')}",
-                Target(restarts(t("rate_window")), "{{host}}/{{engine}}"),
+                f"Engine restarts per {threshold_promql('rate_window')}",
+                Target(restarts(threshold_promql("rate_window")), "{{host}}/{{engine}}"),
                 unit="restarts",
                 width=24,
                 height=6,
                 description=(
                     "New engine instances the exporter saw (`llmb_engine_restarts_total`, "
-                    f"increase over {t('rate_window')}): the engine was unreachable in "
-                    "between, or its build, model, context, slots or start arguments "
-                    "changed. The red annotations mark them on "
-                    "every panel. Throughput and latency right after a restart include "
-                    "model loading and a cold prefix cache. Repeated restarts: read the "
-                    "engine's log (out of memory, crashes) and LLMEngineDown."
+                    f"increase over {threshold_promql('rate_window')}): the engine was unreachable "
+                    "in between, or its build, model, context, slots or start arguments changed. "
+                    "The red annotations mark them on every panel. Throughput and latency right "
+                    "after a restart include model loading and a cold prefix cache. Repeated "
+                    "restarts: read the engine's log (out of memory, crashes) and LLMEngineDown."
                 ),
             ),
         ],

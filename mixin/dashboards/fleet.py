@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core import SEVERITY
+from core.conditions import SEVERITY
 from mixin.config import MixinConfig
 from mixin.dashboards.panels import (
     ACTIVE_MAPPING,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core import t
+from core.thresholds import threshold_promql
 from mixin.config import MixinConfig
 from mixin.dashboards.panels import (
     RW,
@@ -88,10 +88,10 @@ def _throughput_row(cfg: MixinConfig) -> Row:
                 width=12,
                 description=(
                     "Completion tokens per second the load generator received "
-                    f"({cfg.dashboard_window}) "
-                    f"beside the tokens the engine says it generated ({t('rate_window')}). "
-                    "They should meet once a step runs longer than the window; a lasting "
-                    "gap means other clients share the engine or tokens are miscounted."
+                    f"({cfg.dashboard_window}) beside the tokens the engine says it generated "
+                    f"({threshold_promql('rate_window')}). They should meet once a step runs "
+                    "longer than the window; a lasting gap means other clients share the engine "
+                    "or tokens are miscounted."
                 ),
             ),
             ts(
@@ -108,11 +108,10 @@ def _throughput_row(cfg: MixinConfig) -> Row:
                 unit="requests",
                 width=12,
                 description=(
-                    f"Requests that stopped before their max tokens ({RW}), and 1 when the "
-                    "load generator's token count disagrees with the engine's usage "
-                    "numbers. Early stops shorten the decode phase and inflate tok/s per "
-                    f"request; a mismatch fires LLMTokenCountMismatch. "
-                    f"{cfg.runbook_url}#llmtokencountmismatch"
+                    f"Requests that stopped before their max tokens ({RW}), and 1 when the load "
+                    "generator's token count disagrees with the engine's usage numbers. Early "
+                    "stops shorten the decode phase and inflate tok/s per request; a mismatch "
+                    f"fires LLMTokenCountMismatch. {cfg.runbook_url}#llmtokencountmismatch"
                 ),
             ),
         ],
@@ -183,9 +182,9 @@ def _memory_row(cfg: MixinConfig) -> Row:
                 width=6,
                 limit=Limit("kv_usage_high", "below"),
                 description=(
-                    "KV cache tokens held / capacity per step. Reaching the line "
-                    f"(`kv_usage_high` = {t('kv_usage_high')}) while requests wait: this "
-                    "step's concurrency or context is more than the KV pool holds."
+                    "KV cache tokens held / capacity per step. Reaching the line (`kv_usage_high` "
+                    f"= {threshold_promql('kv_usage_high')}) while requests wait: this step's "
+                    "concurrency or context is more than the KV pool holds."
                 ),
             ),
             ts(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core import t
+from core.thresholds import threshold_promql
 from mixin.config import MixinConfig
 from mixin.dashboards.panels import (
     ACTIVE_MAPPING,
@@ -67,13 +67,14 @@ def _weights_row(cfg: MixinConfig) -> Row:
             check(
                 "Weights not resident",
                 f"engine:llmb_weights_not_resident:bool{{{SEL}}}",
-                "YES when any of the three ratios to the right is below its line: layers "
-                f"on the GPU below {t('layers_ratio_min')} x the model's layers, GPU weight "
-                f"buffers below {t('weights_buffer_ratio_min')} x the weight bytes, or the "
-                f"engine's GPU memory below {t('weights_memory_ratio_min')} x the weight "
-                "bytes. Every decode step then waits for host memory: put all layers on "
-                "the GPU (llama.cpp `-ngl 999`, SGLang without `--cpu-offload-gb`), or use "
-                f"a smaller quantization. {cfg.runbook_url}#llmweightsnotresident",
+                "YES when any of the three ratios to the right is below its line: layers on the "
+                f"GPU below {threshold_promql('layers_ratio_min')} x the model's layers, GPU "
+                f"weight buffers below {threshold_promql('weights_buffer_ratio_min')} x the weight "
+                "bytes, or the engine's GPU memory below "
+                f"{threshold_promql('weights_memory_ratio_min')} x the weight bytes. Every decode "
+                "step then waits for host memory: put all layers on the GPU (llama.cpp `-ngl "
+                "999`, SGLang without `--cpu-offload-gb`), or use a smaller quantization. "
+                f"{cfg.runbook_url}#llmweightsnotresident",
             ),
             ts(
                 "Layers on the GPU / layers",
@@ -83,10 +84,9 @@ def _weights_row(cfg: MixinConfig) -> Row:
                 limit=Limit("layers_ratio_min", "above"),
                 description=(
                     "Layers llama.cpp put on the GPU / layers of the model, from its log "
-                    "(`offloaded N/M layers to GPU`). Below the line "
-                    f"(`layers_ratio_min` = {t('layers_ratio_min')}) some layers run on "
-                    "the CPU: raise `-ngl` or free GPU memory. Empty for SGLang, which "
-                    "does not log layers."
+                    "(`offloaded N/M layers to GPU`). Below the line (`layers_ratio_min` = "
+                    f"{threshold_promql('layers_ratio_min')}) some layers run on the CPU: raise "
+                    "`-ngl` or free GPU memory. Empty for SGLang, which does not log layers."
                 ),
             ),
             ts(
@@ -96,11 +96,11 @@ def _weights_row(cfg: MixinConfig) -> Row:
                 width=6,
                 limit=Limit("weights_buffer_ratio_min", "above"),
                 description=(
-                    "Weight buffers the engine reports on a GPU (llama.cpp `CUDA0 model "
-                    "buffer size`, SGLang `weight_memory_usage_gb`) / model weight bytes. "
-                    f"Below the line (`weights_buffer_ratio_min` = "
-                    f"{t('weights_buffer_ratio_min')}) part of the weights sits in host "
-                    "memory, even when a large KV cache fills the card."
+                    "Weight buffers the engine reports on a GPU (llama.cpp `CUDA0 model buffer "
+                    "size`, SGLang `weight_memory_usage_gb`) / model weight bytes. Below the line "
+                    "(`weights_buffer_ratio_min` = "
+                    f"{threshold_promql('weights_buffer_ratio_min')}) part of the weights sits in "
+                    "host memory, even when a large KV cache fills the card."
                 ),
             ),
             ts(
@@ -110,11 +110,11 @@ def _weights_row(cfg: MixinConfig) -> Row:
                 width=6,
                 limit=Limit("weights_memory_ratio_min", "above"),
                 description=(
-                    "GPU memory of the engine's processes (NVML) / model weight bytes: "
-                    "works without engine logs. Below the line "
-                    f"(`weights_memory_ratio_min` = {t('weights_memory_ratio_min')}) the "
-                    "weights cannot all be on the GPU. Above 1 is normal: the KV cache "
-                    "and compute buffers add to the weights."
+                    "GPU memory of the engine's processes (NVML) / model weight bytes: works "
+                    "without engine logs. Below the line (`weights_memory_ratio_min` = "
+                    f"{threshold_promql('weights_memory_ratio_min')}) the weights cannot all be on "
+                    "the GPU. Above 1 is normal: the KV cache and compute buffers add to the "
+                    "weights."
                 ),
             ),
         ],
@@ -129,12 +129,12 @@ def _kv_row(cfg: MixinConfig) -> Row:
             check(
                 "KV saturated",
                 f"engine:llmb_kv_saturated:bool{{{SEL}}}",
-                f"YES when KV usage ({QW} average) is at least {pct('kv_usage_high')} while "
-                f"at least {t('queue_min')} requests wait on average, or when the engine "
-                f"logged KV-pressure events in {t('rate_window')}. Requests then wait for "
-                "KV space, not for compute: give the KV cache more memory (llama.cpp "
-                "`-c`, SGLang `--mem-fraction-static`), quantize the KV cache, or lower "
-                f"the concurrency. {cfg.runbook_url}#llmkvcachesaturated",
+                f"YES when KV usage ({QW} average) is at least {pct('kv_usage_high')} while at "
+                f"least {threshold_promql('queue_min')} requests wait on average, or when the "
+                f"engine logged KV-pressure events in {threshold_promql('rate_window')}. Requests "
+                "then wait for KV space, not for compute: give the KV cache more memory "
+                "(llama.cpp `-c`, SGLang `--mem-fraction-static`), quantize the KV cache, or "
+                f"lower the concurrency. {cfg.runbook_url}#llmkvcachesaturated",
             ),
             ts(
                 f"KV cache usage ({QW} average)",
@@ -144,14 +144,14 @@ def _kv_row(cfg: MixinConfig) -> Row:
                 limit=Limit("kv_usage_high", "below"),
                 description=(
                     "KV cache tokens held / KV capacity, averaged over "
-                    f"{t('queue_window')} (`engine:llmb_kv_cache_usage:avg{QW}`). At or "
-                    f"above the line (`kv_usage_high` = {t('kv_usage_high')}) the pool "
-                    "counts as full; with requests waiting that is the KV-saturated "
+                    f"{threshold_promql('queue_window')} (`engine:llmb_kv_cache_usage:avg{QW}`). "
+                    f"At or above the line (`kv_usage_high` = {threshold_promql('kv_usage_high')}) "
+                    "the pool counts as full; with requests waiting that is the KV-saturated "
                     "verdict and the LLMKVCacheSaturated alert."
                 ),
             ),
             ts(
-                f"KV-pressure events in {t('rate_window')}",
+                f"KV-pressure events in {threshold_promql('rate_window')}",
                 Target(
                     f"engine:llmb_kv_pressure_events:increase{RW}{{{SEL}}}", "{{host}}/{{engine}}"
                 ),
@@ -177,9 +177,9 @@ def _queue_row(cfg: MixinConfig) -> Row:
             check(
                 "Requests queueing",
                 f"engine:llmb_requests_queueing:bool{{{SEL}}}",
-                f"YES when at least {t('queue_min')} requests wait on average over "
-                f"{t('queue_window')}. With KV below its line this is scheduling: more "
-                "requests than slots or batch. Raise the parallel slots (llama.cpp `-np`, "
+                f"YES when at least {threshold_promql('queue_min')} requests wait on average over "
+                f"{threshold_promql('queue_window')}. With KV below its line this is scheduling: "
+                "more requests than slots or batch. Raise the parallel slots (llama.cpp `-np`, "
                 "SGLang `--max-running-requests`) if memory allows, or add a replica. "
                 f"{cfg.runbook_url}#llmrequestsqueueing",
             ),
@@ -225,11 +225,11 @@ def _idle_row(cfg: MixinConfig) -> Row:
                 "Idle",
                 f"engine:llmb_idle:bool{{{SEL}}}",
                 "YES when nothing runs or waits and no token was generated in "
-                f"{t('rate_window')}: there is no load to judge. Send load (llmb-loadgen "
-                "run) before reading the other steps.",
+                f"{threshold_promql('rate_window')}: there is no load to judge. Send load "
+                "(llmb-loadgen run) before reading the other steps.",
             ),
             ts(
-                f"Generated tokens/s (aggregate, {t('rate_window')})",
+                f"Generated tokens/s (aggregate, {threshold_promql('rate_window')})",
                 Target(
                     f"engine:llmb_generation_tokens_per_second:rate{RW}{{{SEL}}}",
                     "{{host}}/{{engine}}",
@@ -238,8 +238,8 @@ def _idle_row(cfg: MixinConfig) -> Row:
                 width=18,
                 description=(
                     "Generated tokens per second over all sequences (rate of the engine's "
-                    f"generation token counter over {t('rate_window')}). llama.cpp counts "
-                    "tokens when a request ends, so short windows look bursty."
+                    f"generation token counter over {threshold_promql('rate_window')}). llama.cpp "
+                    "counts tokens when a request ends, so short windows look bursty."
                 ),
             ),
         ],
@@ -266,12 +266,13 @@ def _decode_row(cfg: MixinConfig) -> Row:
                     "Per-sequence decode tok/s / roofline tok/s "
                     f"(`engine:llmb_decode_efficiency:ratio{RW}`). At or above the line "
                     "(`decode_efficiency_at_limit` = "
-                    f"{t('decode_efficiency_at_limit')}) decode is at the card's memory "
-                    "bandwidth limit; tuned kernels reach 0.6-0.9. Below it, look at the "
+                    f"{threshold_promql('decode_efficiency_at_limit')}) decode is at the card's "
+                    "memory bandwidth limit; tuned kernels reach 0.6-0.9. Below it, look at the "
                     "engine build, batch size and attention kernels. Above "
-                    f"`decode_efficiency_physical_max` ({t('decode_efficiency_physical_max')})"
-                    " the bytes-per-step model does not fit: the line stops and the check "
-                    "beside it names the reason (`llmb:engine_roofline:misfit`)."
+                    "`decode_efficiency_physical_max` "
+                    f"({threshold_promql('decode_efficiency_physical_max')}) the bytes-per-step "
+                    "model does not fit: the line stops and the check beside it names the reason "
+                    "(`llmb:engine_roofline:misfit`)."
                 ),
             ),
             decode_vs_roofline(9),

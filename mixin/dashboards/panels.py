@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from core import t
+from core.thresholds import threshold_promql
 from mixin.config import MixinConfig
 
 # The datasource variable; its value is a datasource uid (or name) chosen per dashboard.
@@ -21,12 +21,12 @@ SEL = f'{HSEL}, engine=~"$engine"'
 # Histogram quantiles use a fixed window (the config's dashboard_window: 1m holds enough
 # requests at a few per second), so the dashboards do not depend on $__rate_interval.
 # The verdict's windows, as the recorded series' names carry them.
-RW, QW = t("rate_window"), t("queue_window")
+RW, QW = threshold_promql("rate_window"), threshold_promql("queue_window")
 
 
 def threshold(name: str) -> float:
     """One number of the rules' THRESHOLDS table."""
-    return float(t(name))
+    return float(threshold_promql(name))
 
 
 @dataclass(frozen=True)
@@ -217,11 +217,11 @@ def decode_check(cfg: MixinConfig) -> Panel:
         width=6,
         description=(
             "YES when per-sequence decode is at least "
-            f"{t('decode_efficiency_at_limit')} x the roofline (bandwidth x accepted tokens / "
-            "bytes per step): the card is the limit. NO means the engine leaves speed unused. "
-            "NO VERDICT when decode is above "
-            f"{t('decode_efficiency_physical_max')} x the roofline (beyond physics): the "
-            "bytes-per-step model does not fit and the name says why "
+            f"{threshold_promql('decode_efficiency_at_limit')} x the roofline (bandwidth x "
+            "accepted tokens / bytes per step): the card is the limit. NO means the engine leaves "
+            "speed unused. NO VERDICT when decode is above "
+            f"{threshold_promql('decode_efficiency_physical_max')} x the roofline (beyond "
+            "physics): the bytes-per-step model does not fit and the name says why "
             "(`llmb:engine_roofline:misfit{reason}`: model_structure_unknown, "
             "expert_counts_unknown, speculative_decoding_not_detected, bandwidth_too_low). "
             f"{cfg.runbook_url}#llmdecodebelowcardlimit, {cfg.runbook_url}#llmrooflinemisfit"
@@ -243,7 +243,7 @@ def mib(name: str) -> str:
 
 def decode_vs_roofline(width: int) -> Panel:
     """Per-sequence decode, the roofline and the at-limit line (overview and engines)."""
-    at_limit = t("decode_efficiency_at_limit")
+    at_limit = threshold_promql("decode_efficiency_at_limit")
     return ts(
         "Per-sequence decode vs roofline",
         Target(

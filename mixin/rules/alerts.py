@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from core import MISFIT_REASONS, number, t
+from core.roofline import MISFIT_REASONS
+from core.thresholds import threshold_number, threshold_promql
 from mixin.config import MixinConfig
 from mixin.rules.common import E, q
 from mixin.rules.roofline import MISFIT_RECORD
@@ -27,7 +28,7 @@ def alert(
     return {
         "alert": name,
         "expr": q(expr),
-        "for": t(for_),
+        "for": threshold_promql(for_),
         "labels": {"severity": severity, **cfg.alert_labels},
         "annotations": {
             "summary": summary,
@@ -45,7 +46,7 @@ def alert_rules(cfg: MixinConfig) -> list[dict[str, Any]]:
 
 def bottleneck_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
     """KV saturated, weights not resident, GPU memory near full, requests queueing."""
-    rw, qw = t("rate_window"), t("queue_window")
+    rw, qw = threshold_promql("rate_window"), threshold_promql("queue_window")
     return [
         alert(
             cfg,
@@ -54,10 +55,10 @@ def bottleneck_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
             "for_kv_saturated",
             "warning",
             "KV cache of {{ $labels.engine }} is saturated",
-            f"{{{{ $labels.kind }}}} engine {{{{ $labels.engine }}}} has its KV cache at or above "
-            f"{t('kv_usage_high')} with requests waiting (average over {qw}), or logged KV "
-            f"pressure events (KV full, context shift/exceeded, truncation, retraction) in the "
-            f"last {rw}. Requests wait or are cut because the KV pool is full.",
+            "{{ $labels.kind }} engine {{ $labels.engine }} has its KV cache at or above "
+            f"{threshold_promql('kv_usage_high')} with requests waiting (average over {qw}), or "
+            "logged KV pressure events (KV full, context shift/exceeded, truncation, retraction) "
+            f"in the last {rw}. Requests wait or are cut because the KV pool is full.",
         ),
         alert(
             cfg,
@@ -66,15 +67,16 @@ def bottleneck_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
             "for_weights_not_resident",
             "critical",
             "Model weights of {{ $labels.engine }} are not all on the GPU",
-            "{{ $labels.kind }} engine {{ $labels.engine }} has fewer layers or weight buffers "
-            "on the GPU than the model has, or less GPU memory than the weights need "
-            f"(below {t('weights_memory_ratio_min')} of the weight bytes). Every decode step "
-            "waits for the part in host memory." + expert_offload_annotation(),
+            "{{ $labels.kind }} engine {{ $labels.engine }} has fewer layers or weight "
+            "buffers on the GPU than the model has, or less GPU memory than the weights need "
+            f"(below {threshold_promql('weights_memory_ratio_min')} of the weight bytes). Every "
+            "decode step waits for the part in host memory." + expert_offload_annotation(),
         ),
         alert(
             cfg,
             "LLMGPUMemoryNearFull",
-            f"gpu:llmb_gpu_memory_headroom_bytes:peak < {t('gpu_headroom_min_bytes')}",
+            "gpu:llmb_gpu_memory_headroom_bytes:peak < "
+            f"{threshold_promql('gpu_headroom_min_bytes')}",
             "for_gpu_memory_near_full",
             "warning",
             "GPU {{ $labels.gpu }} is nearly out of memory",
@@ -85,7 +87,7 @@ def bottleneck_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
             cfg,
             "LLMRequestsQueueing",
             f"""
-            engine:llmb_requests_waiting:avg{qw} >= {t("queue_min")}
+            engine:llmb_requests_waiting:avg{qw} >= {threshold_promql("queue_min")}
             unless on ({E}) engine:llmb_kv_saturated:bool == 1
             """,
             "for_requests_queueing",
@@ -100,13 +102,14 @@ def bottleneck_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
 
 def decode_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
     """Decode below the card's limit, and a roofline that does not fit."""
-    rw = t("rate_window")
+    rw = threshold_promql("rate_window")
+    at_limit = threshold_promql("decode_efficiency_at_limit")
     return [
         alert(
             cfg,
             "LLMDecodeBelowCardLimit",
             f"""
-            engine:llmb_decode_efficiency:ratio{rw} < {t("decode_efficiency_at_limit")}
+            engine:llmb_decode_efficiency:ratio{rw} < {at_limit}
             and on ({E}) llmb:engine_bottleneck:verdict{{verdict="decode_below_card_limit"}} == 1
             """,
             "for_decode_below_card_limit",
@@ -124,11 +127,11 @@ def decode_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
             "for_roofline_misfit",
             "info",
             "The decode roofline of {{ $labels.engine }} does not fit its measured speed",
-            "{{ $labels.kind }} engine {{ $labels.engine }} decodes at "
-            "{{ $value | humanizePercentage }} of its roofline, above "
-            f"{t('decode_efficiency_physical_max')}: beyond physics, so the bytes-per-step "
-            "model does not fit and no decode verdict is given (reason {{ $labels.reason }}). "
-            + misfit_annotation(),
+            "{{ $labels.kind }} engine {{ $labels.engine }} decodes at {{ $value | "
+            "humanizePercentage }} of its roofline, above "
+            f"{threshold_promql('decode_efficiency_physical_max')}: beyond physics, so the "
+            "bytes-per-step model does not fit and no decode verdict is given (reason {{ "
+            "$labels.reason }}). " + misfit_annotation(),
         ),
     ]
 
@@ -202,7 +205,7 @@ def misfit_annotation() -> str:
 
 def expert_offload_annotation() -> str:
     """The expert-offload sentence of LLMWeightsNotResident (empty without host experts)."""
-    rw = t("rate_window")
+    rw = threshold_promql("rate_window")
     sel = "{host=%q,engine=%q,kind=%q}"
     args = "$labels.host $labels.engine $labels.kind"
     return (
@@ -214,9 +217,8 @@ def expert_offload_annotation() -> str:
         f'{{{{ with printf "engine:llmb_experts_host_bound_tokens_per_second:avg{rw}{sel}" '
         f"{args} | query }}}}"
         ', which bounds decode near {{ . | first | value | printf "%.1f" }} tok/s per '
-        "sequence at "
-        f"{number('host_memory_bandwidth_bytes_per_second') / 1e9:.0f} GB/s of host memory "
-        "bandwidth (`host_memory_bandwidth_bytes_per_second`){{ end }}. Keep fewer experts on "
-        "the host (a lower `--n-cpu-moe`, no `-ot exps=CPU`) if VRAM allows, or use a smaller "
-        "quantization.{{ end }}"
+        f"sequence at {threshold_number('host_memory_bandwidth_bytes_per_second') / 1e9:.0f} GB/s "
+        "of host memory bandwidth (`host_memory_bandwidth_bytes_per_second`){{ end }}. Keep "
+        "fewer experts on the host (a lower `--n-cpu-moe`, no `-ot exps=CPU`) if VRAM allows, or "
+        "use a smaller quantization.{{ end }}"
     )

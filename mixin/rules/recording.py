@@ -1,6 +1,6 @@
 """Recording rules: per-engine and per-GPU signals over the normalized llmb_* schema.
 
-`core.rule_values_at` computes the same arithmetic in Python; the parity test
+`core.rules.rule_values_at` computes the same arithmetic in Python; the parity test
 (tests/test_verdict_parity.py) requires promtool and Python to agree.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core import t
+from core.thresholds import threshold_promql
 from mixin.rules.common import E, mx, rec
 from mixin.rules.roofline import roofline_rules
 
@@ -24,12 +24,12 @@ def recording_rules() -> list[dict[str, Any]]:
 
 def _rate(metric: str) -> str:
     # max, not sum: the same engine scraped by two exporters must not count twice.
-    return f"max by ({E}) (rate({metric}[{t('rate_window')}]))"
+    return f"max by ({E}) (rate({metric}[{threshold_promql('rate_window')}]))"
 
 
 def engine_rules() -> list[dict[str, Any]]:
     """Scheduling and KV signals per engine."""
-    rw, qw = t("rate_window"), t("queue_window")
+    rw, qw = threshold_promql("rate_window"), threshold_promql("queue_window")
     return [
         rec("engine:llmb_engine_up:max", mx("llmb_engine_up")),
         rec("engine:llmb_requests_running:max", mx("llmb_engine_requests_running")),
@@ -56,7 +56,7 @@ def engine_rules() -> list[dict[str, Any]]:
 
 def throughput_rules() -> list[dict[str, Any]]:
     """Token rates, prefix-cache share and weight residency per engine."""
-    rw = t("rate_window")
+    rw = threshold_promql("rate_window")
     return [
         rec(
             f"engine:llmb_decode_tokens_per_second:rate{rw}",
@@ -174,7 +174,7 @@ def admission_rules() -> list[dict[str, Any]]:
 
     `core.rules.admission_values` computes the same, in the same order.
     """
-    rw, qw = t("rate_window"), t("queue_window")
+    rw, qw = threshold_promql("rate_window"), threshold_promql("queue_window")
     peak = f"engine:llmb_requests_running:peak{qw}"
     capacity = "engine:llmb_kv_cache_capacity_tokens:max"
     tokens = f"engine:llmb_request_tokens:mean{rw}"

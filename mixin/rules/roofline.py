@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from core import MISFIT_REASONS, t
+from core.roofline import MISFIT_REASONS
+from core.thresholds import threshold_promql
 from mixin.rules.common import E, mx, rec
 
 MISFIT_RECORD = "llmb:engine_roofline:misfit"
@@ -16,7 +17,7 @@ UP1 = "0 * engine:llmb_engine_up:max + 1"
 
 
 def _names() -> tuple[str, str, str]:
-    rw = t("rate_window")
+    rw = threshold_promql("rate_window")
     return (
         f"engine:llmb_decode_weights_bytes_per_step:avg{rw}",
         f"engine:llmb_decode_batch:avg{rw}",
@@ -73,7 +74,7 @@ def _expert_share(batch: str) -> str:
 
 def step_rules() -> list[dict[str, Any]]:
     """Batch, accept length and the weight bytes one decode step reads."""
-    rw = t("rate_window")
+    rw = threshold_promql("rate_window")
     weights_step, batch, accepted = _names()
     return [
         rec(
@@ -126,7 +127,7 @@ def step_rules() -> list[dict[str, Any]]:
 
 def speed_rules() -> list[dict[str, Any]]:
     """Bytes per step, the roofline tok/s and the measured share of it."""
-    rw = t("rate_window")
+    rw = threshold_promql("rate_window")
     weights_step, _, accepted = _names()
     return [
         rec(
@@ -169,7 +170,7 @@ def speed_rules() -> list[dict[str, Any]]:
 
 def expert_offload_rules() -> list[dict[str, Any]]:
     """Routed experts kept in host memory and the decode bound that sets."""
-    rw = t("rate_window")
+    rw = threshold_promql("rate_window")
     _, batch, _ = _names()
     return [
         rec("engine:llmb_experts_host_layers:max", mx("llmb_engine_experts_host_layers")),
@@ -179,7 +180,7 @@ def expert_offload_rules() -> list[dict[str, Any]]:
             # share of experts the batch touches): the host side's decode bound.
             f"engine:llmb_experts_host_bound_tokens_per_second:avg{rw}",
             f"""
-            {t("host_memory_bandwidth_bytes_per_second")}
+            {threshold_promql("host_memory_bandwidth_bytes_per_second")}
               / (
                     engine:llmb_experts_host_bytes:max
                   * ({_expert_share(batch)}
@@ -196,7 +197,7 @@ def expert_offload_rules() -> list[dict[str, Any]]:
 def misfit_known() -> dict[str, str]:
     """Per misfit reason: PromQL of the engines that HAVE the fact the reason lacks.
 
-    The Python side is `core.roofline_facts`; the parity test ties them.
+    The Python side is `core.roofline.roofline_facts`; the parity test ties them.
     """
     structure = (
         f"{mx('llmb_model_weights_always_read_bytes')}"
@@ -218,8 +219,9 @@ def misfit_known() -> dict[str, str]:
 def misfit_expr() -> str:
     """`llmb:engine_roofline:misfit{reason}`: the decode efficiency of engines beyond physics
     (above `decode_efficiency_physical_max`), labelled with the first reason that applies."""
-    rw = t("rate_window")
-    beyond = f"engine:llmb_decode_efficiency:ratio{rw} > {t('decode_efficiency_physical_max')}"
+    rw = threshold_promql("rate_window")
+    physical_max = threshold_promql("decode_efficiency_physical_max")
+    beyond = f"engine:llmb_decode_efficiency:ratio{rw} > {physical_max}"
     known = misfit_known()
     parts = []
     for reason in MISFIT_REASONS:

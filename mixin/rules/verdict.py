@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from core import (
+from core.conditions import (
+    CONDITION_BY_NAME,
+    CONDITIONS,
     SEVERITY,
-    SIGNAL_RECORDS,
     VERDICT_INFO,
     VERDICTS,
     AllOf,
     Compare,
     Condition,
 )
-from core.conditions import CONDITION_BY_NAME, CONDITIONS
+from core.signals import SIGNAL_RECORDS
 from mixin.rules.common import UP, E, rec
 
 

@@ -21,7 +21,7 @@ import pytest
 from cli.loadgen import main as loadgen_main
 from config.settings import Config, parse_config
 from diagnose.compare import compare
-from diagnose.decision import INCONCLUSIVE, Decision, EngineResult, switch_to
+from diagnose.decision.model import INCONCLUSIVE, Decision, EngineResult, switch_to
 from diagnose.options import Options
 from tests.conftest import get_free_port
 

@@ -21,7 +21,7 @@ from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models import dashboard as sdk
 from grafana_foundation_sdk.models import prometheus as sdk_prometheus
 
-from core import THRESHOLDS
+from core.thresholds import THRESHOLDS
 from tests.plugins.prom import ROOT, known_series, promql_metric_names, rule_groups
 
 GRAFANA = ROOT / "grafana"

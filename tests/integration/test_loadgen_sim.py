@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from loadgen.client import Target
-from loadgen.scheduler import RunSpec
+from loadgen.scheduler.spec import RunSpec
 from loadgen.session import SessionOptions, execute
+from loadgen.target import Target
 
 
 async def _compare(sim_server: Any, tmp_path: Path, sglang_tokenizer: str) -> Any:

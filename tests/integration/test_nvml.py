@@ -21,9 +21,9 @@ from config.settings import EngineConfig, GpuConfig
 from exporter.attribution import Attribution
 from exporter.collectors import Scrape
 from exporter.collectors.nvml.backend import (
-    FakeNvmlBackend,
     MemoryInfo,
     NvmlError,
+    NvmlFileBackend,
     PynvmlBackend,
     read_proc_cmdline,
 )
@@ -449,7 +449,7 @@ async def test_unsupported_optional_queries_drop_only_their_families(tmp_path: P
 
 
 def test_fake_backend_reports_capture_fields() -> None:
-    fake = FakeNvmlBackend(H200 / "nvml_7_c128k_loaded.json")
+    fake = NvmlFileBackend(H200 / "nvml_7_c128k_loaded.json")
     fake.init()
     assert fake.device_count() == 1
     assert fake.driver_version() == "580.159.04"
@@ -464,7 +464,7 @@ def test_fake_backend_reports_capture_fields() -> None:
 # --- no driver / no GPU -------------------------------------------------------------------
 
 
-class BrokenBackend(FakeNvmlBackend):
+class BrokenBackend(NvmlFileBackend):
     """A backend whose init fails like NVML without a driver, until `fixed`."""
 
     def __init__(self, files: list[Path]):
@@ -621,7 +621,7 @@ async def test_wrong_typed_fake_value_is_an_nvml_error(
     c = NvmlCollector(
         GpuConfig(sample_interval_seconds=0.01),
         Attribution([LLAMA]),
-        backend=FakeNvmlBackend([path]),
+        backend=NvmlFileBackend([path]),
     )
     runner = Runner([c])
     with caplog.at_level(logging.DEBUG):

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import core
+from core.conditions import POOL_ACTION, evaluate
+from core.signals import Signals
 from diagnose.procedure import diagnose
 from tests.system.test_diagnose_sim import options, sim_engine
 
@@ -18,12 +19,12 @@ async def test_small_pool_is_the_limit_not_the_running_cap(tmp_path: Path) -> No
     )
     opts = options(gpu, concurrency=[1, 8], prompt_tokens=1200, max_tokens=48)
     result, decision = await diagnose(engine, opts, tmp_path / "out")
-    sig = core.Signals(**result.signals)
-    verdict = core.evaluate(sig)
+    sig = Signals(**result.signals)
+    verdict = evaluate(sig)
     assert decision.verdict == {"e": "kv_saturated"}, [s.answer for s in decision.steps]
     assert {"pool_held", "pool_reserved"} & set(verdict.evidence), verdict.evidence
     # Running stayed far below its cap of 64.
     assert sig.running_slots_ratio is not None and sig.running_slots_ratio < 0.1
-    assert decision.action == core.POOL_ACTION
+    assert decision.action == POOL_ACTION
     assert "--mem-fraction-static" in decision.action and "--max-total-tokens" in decision.action
     assert "--max-running-requests" not in decision.action

@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from core import rule_values_at, series_from_scrapes
+from core.rules import rule_values_at, series_from_scrapes
 from simulator.gpu_state import write_atomic
 from tests.conftest import get_free_port
 from tests.paths import ROOT

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-import core
 from cli.loadgen import main as loadgen_main
+from core.conditions import VERDICT_INFO, evaluate
+from core.signals import Signals
 from tests.conftest import get_free_port
 
 pytestmark = pytest.mark.llamaserver
@@ -90,7 +91,7 @@ def test_full_procedure_on_cpu(
     assert steps["context"]["answer"] == "every context loaded up to 2048"
     # The verdict is the decision core's on the signals the run recorded.
     verdict = doc["verdict"]["llama"]
-    assert verdict == core.evaluate(core.Signals(**engine["signals"])).name
+    assert verdict == evaluate(Signals(**engine["signals"])).name
     assert verdict in ("decode_below_card_limit", "scheduling_bound")
     printed = capsys.readouterr().out
     assert printed.startswith(f"verdict         llama: {verdict}\n")
@@ -118,7 +119,7 @@ def test_small_slot_contexts_under_long_prompts_are_kv_saturated(
     assert engine["signals"]["kv_pressure_increase"] > 0
     step = next(s for s in doc["decision"]["steps"] if s["key"] == "kv_pressure")
     assert step["decisive"] and "2 cut short" in step["answer"]
-    assert doc["action"] == core.VERDICT_INFO["kv_saturated"].action
+    assert doc["action"] == VERDICT_INFO["kv_saturated"].action
 
 
 def test_weights_in_host_memory_next_to_a_gpu_are_not_resident(

@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-import core
 from cli.loadgen import main as loadgen_main
-from diagnose.decision import engine_from_dict, roofline
+from core.roofline import active_weights_bytes
+from diagnose.decision.results import engine_from_dict
+from diagnose.decision.roofline import roofline
 from diagnose.launcher import EngineProcess
 from model.geometry import geometry_from_gguf
 from tests.conftest import get_free_port
@@ -56,7 +57,7 @@ def test_url_only_reads_the_structure_from_the_gguf_props_names(
     # One formula: the decision core's on the structure and the single step's KV.
     e = engine_from_dict(engine)
     assert roofline(e).bytes_per_step == roof["bytes_per_step"]
-    assert roof["active_weights_bytes"] == core.active_weights_bytes(e.structure() or 0.0)
+    assert roof["active_weights_bytes"] == active_weights_bytes(e.structure() or 0.0)
     assert roof["accepted_tokens_per_step"] == 1.0 and roof["misfit"] is None
     assert roof["kv_bytes_per_token"] == engine["kv_bytes_per_token"] > 0
     assert roof["efficiency"] == pytest.approx(roof["measured_tok_s"] / roof["limit_tok_s"])

@@ -21,10 +21,13 @@ from typing import Any
 
 import pytest
 
-import core
 from cli.loadgen import main as loadgen_main
 from config.settings import EngineConfig, GpuConfig, parse_config
-from diagnose.decision import FIX_MEMORY_FIRST, STAY_AND_TUNE, recommendation_for
+from core.conditions import evaluate
+from core.signals import Signals
+from core.thresholds import threshold_number
+from diagnose.decision.model import FIX_MEMORY_FIRST, STAY_AND_TUNE
+from diagnose.decision.one_engine import recommendation_for
 from diagnose.launcher import EngineProcess
 from diagnose.options import Options
 from diagnose.procedure import diagnose
@@ -99,9 +102,9 @@ def test_diagnose_names_the_preset_bottleneck(
     assert decision.verdict == {"e": expected}, [s.answer for s in decision.steps]
     assert result.verdict == expected
     # The verdict is the decision core's answer to the signals diagnose recorded.
-    assert core.evaluate(core.Signals(**result.signals)).name == expected
+    assert evaluate(Signals(**result.signals)).name == expected
     # The action of the evidence that held (e.g. the running cap), else the verdict's.
-    assert decision.action == core.evaluate(core.Signals(**result.signals)).action
+    assert decision.action == evaluate(Signals(**result.signals)).action
     assert decision.recommendation == recommendation_for(expected)
     steps = {s.key: s for s in decision.steps}
     assert list(steps) == ["residency", "single", "concurrency", "kv_pressure", "context"]
@@ -112,7 +115,7 @@ def test_diagnose_names_the_preset_bottleneck(
     # Identity for the report's metadata block, from the exporter's info series.
     assert result.gpu_driver == "580.159.04" and result.engine_version
     if expected == "decode_at_card_limit":
-        assert result.signals["decode_efficiency"] >= core.number("decode_efficiency_at_limit")
+        assert result.signals["decode_efficiency"] >= threshold_number("decode_efficiency_at_limit")
         assert "of the card's limit" in steps["single"].answer
 
 
@@ -274,7 +277,9 @@ def test_diagnose_roofline_of_moe_spec_and_kv_presets(
         return
     # Never beyond physics, and the bytes per step are those of the preset's model.
     efficiency = result.signals["decode_efficiency"]
-    assert efficiency is not None and efficiency <= core.number("decode_efficiency_physical_max")
+    assert efficiency is not None and efficiency <= threshold_number(
+        "decode_efficiency_physical_max"
+    )
     roof = result.roofline
     assert roof is not None and roof.misfit is None
     assert roof.efficiency is not None and roof.efficiency < 1.0

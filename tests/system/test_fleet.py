@@ -27,7 +27,7 @@ import yaml
 from prometheus_client.metrics_core import Metric
 
 from config.settings import ConfigError, parse_config
-from core import SEVERITY, VERDICTS
+from core.conditions import SEVERITY, VERDICTS
 from exporter.app import build_runner
 from exporter.collectors import Collector, Scrape
 from exporter.runner import Runner

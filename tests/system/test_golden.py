@@ -17,7 +17,7 @@ from prometheus_client.exposition import generate_latest
 
 from config.settings import parse_config
 from exporter.app import build_runner
-from exporter.server import _Snapshot
+from exporter.runner import Families
 from tests.paths import FIXTURES, ROOT
 from tests.plugins.engine_stubs import LLAMA_BODIES, SGLANG_BODIES
 
@@ -62,7 +62,7 @@ async def render() -> str:
     # No background sampler: every value comes from the scrape itself.
     families = await runner.scrape(5.0)
     await runner.close()
-    text = generate_latest(_Snapshot(families)).decode()  # type: ignore[arg-type]
+    text = generate_latest(Families(families)).decode()  # type: ignore[arg-type]
     return MASK.sub(r"\1 <masked>", text)
 
 

@@ -26,27 +26,27 @@ from typing import Any
 import pytest
 
 from cli.loadgen import main as loadgen_main
-from core import VERDICT_INFO
+from core.conditions import VERDICT_INFO
 from diagnose.cli import print_answer
-from diagnose.decision import (
+from diagnose.decision.model import (
     NOT_MEASURED,
     Decision,
     EngineResult,
-    Phase,
+    PhaseMark,
     Row,
     RunInfo,
     Step,
-    decide_compare,
-    decide_single,
-    roofline,
 )
-from diagnose.report.html import (
+from diagnose.decision.one_engine import decide_single
+from diagnose.decision.roofline import roofline
+from diagnose.decision.two_engines import decide_compare
+from diagnose.report.html.plots import (
     PLOTS,
     plot_decode_aggregate,
     plot_decode_per_sequence,
     plot_ttft,
-    write_report,
 )
+from diagnose.report.html.write import write_report
 from diagnose.steps.base import STEP_QUESTIONS, STEPS
 from tests.paths import ROOT
 from tests.plugins.llama import LlamaServer
@@ -123,7 +123,8 @@ def _engine(
     names = ["baseline", "start", "settle", "first_generation", "after", "weights", "single"]
     names += ["concurrency"] * 3 + ["context"]
     e.phases = [
-        Phase(n, t0 + s, t0 + s + 0.5, 1e9 + 2e8 * s) for n, s in zip(names, starts, strict=True)
+        PhaseMark(n, t0 + s, t0 + s + 0.5, 1e9 + 2e8 * s)
+        for n, s in zip(names, starts, strict=True)
     ]
     e.timeline = [(t0 + i, 1e9 + 0.2e9 * min(i, 50)) for i in range(90)]
     e.rows.append(
@@ -363,8 +364,8 @@ def _script(out: Path, extra: str = "") -> str:
         "import logging, sys\n" + extra + "logging.basicConfig(level=logging.DEBUG)\n"
         "from pathlib import Path\n"
         "from tests.system.test_htmlreport import _engine, _steps\n"
-        "from diagnose.decision import decide_single\n"
-        "from diagnose.report.html import write_report\n"
+        "from diagnose.decision.one_engine import decide_single\n"
+        "from diagnose.report.html.write import write_report\n"
         "e = _engine('llama', 'llamacpp', 1.0)\n"
         f"write_report(Path({str(out)!r}), [e], decide_single(e, _steps(e)), title='d llama')\n"
     )

@@ -9,9 +9,8 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from core import VERDICT_INFO
-from core import VERDICTS as CORE_VERDICTS
-from core.conditions import CONDITIONS
+from core.conditions import CONDITIONS, VERDICT_INFO
+from core.conditions import VERDICTS as CORE_VERDICTS
 from tests.plugins.exporter import served_page
 from tests.plugins.prom import (
     BUILTIN_SERIES,

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from config.settings import load_config
-from core import VERDICTS
+from core.conditions import VERDICTS
 from tests.conftest import get_free_port
 from tests.paths import ROOT
 

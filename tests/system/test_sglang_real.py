@@ -26,8 +26,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-import core
 from cli.loadgen import main as loadgen_main
+from core.conditions import POOL_ACTION, evaluate
+from core.signals import Signals
 from exporter.collectors.sglang.memory import checkpoint_weight_bytes
 from model.geometry import geometry_from_hf_config
 from tests.integration.test_sim_sglang_fidelity import (
@@ -252,10 +253,10 @@ def test_small_pool_makes_requests_wait_far_below_the_running_cap(
     assert code == 0
     doc = json.loads((out / "results.json").read_text())
     engine = doc["engines"][0]
-    verdict = core.evaluate(core.Signals(**engine["signals"]))
+    verdict = evaluate(Signals(**engine["signals"]))
     assert doc["verdict"] == {engine["name"]: "kv_saturated"}, doc["decision"]["steps"]
     assert {"pool_held", "pool_reserved"} & set(verdict.evidence), verdict.evidence
-    assert doc["action"] == core.POOL_ACTION
+    assert doc["action"] == POOL_ACTION
     assert "--max-total-tokens" in doc["action"]
     assert "--max-running-requests" not in doc["action"]
 
@@ -355,7 +356,7 @@ def test_diagnose_url_decides_residency_from_the_server_numbers(
     single = rows[("single", 1)]
     assert single["tokens_ok"] and single["completion_tokens"] == 32 * single["requests"]
     assert rows[("concurrency", 4)]["aggregate_tok_s"] > 0
-    assert doc["verdict"][engine["name"]] == core.evaluate(core.Signals(**engine["signals"])).name
+    assert doc["verdict"][engine["name"]] == evaluate(Signals(**engine["signals"])).name
     assert doc["verdict"][engine["name"]] != "weights_not_resident"
 
 

@@ -18,7 +18,7 @@ import pytest
 from config.settings import EngineConfig, parse_config
 from diagnose.facts import collect_facts
 from diagnose.options import Options
-from diagnose.phases import PhasePublisher
+from diagnose.phase_marks import PhasePublisher
 from diagnose.procedure import Diagnoser
 from diagnose.steps.residency import ResidencyStep
 from exporter.attribution import Attribution
@@ -107,7 +107,7 @@ async def _residency(server: SglangServer, tmp_path: Path, process_bytes: float)
     try:
         await asyncio.sleep(1.5)
         await collect_facts(d)
-        d.steps["residency"] = await ResidencyStep().run(d)
+        d.steps["residency"] = await ResidencyStep().measure(d)
     finally:
         await d.monitor.stop()
     return d.steps["residency"]

@@ -39,34 +39,25 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core import (
+from core.conditions import CONDITIONS, VERDICT_INFO, VERDICTS, evaluate
+from core.roofline import (
     MISFIT_REASONS,
-    SIGNAL_FIELDS,
-    SIGNAL_RECORDS,
-    THRESHOLDS,
-    VERDICT_INFO,
-    VERDICTS,
-    EngineKey,
     ModelStructure,
     RooflineFacts,
-    Signals,
     active_weights_bytes,
     decode_batch,
     decode_bytes_per_step,
     decode_efficiency,
-    evaluate,
     expert_share,
     go_pow,
-    number,
     roofline_facts,
     roofline_misfit,
     roofline_tokens_per_second,
-    rule_values_at,
-    seconds,
     tp_bandwidth,
-    verdicts_at,
 )
-from core.conditions import CONDITIONS
+from core.rules import EngineKey, rule_values_at, verdicts_at
+from core.signals import SIGNAL_FIELDS, SIGNAL_RECORDS, Signals
+from core.thresholds import THRESHOLDS, threshold_number, threshold_seconds
 from simulator.scenarios import SCENARIOS
 from tests.conftest import get_free_port
 from tests.integration.test_sim_scenarios import words
@@ -174,10 +165,10 @@ def test_verdict_as_json_names_every_condition_and_the_action() -> None:
 
 
 def test_thresholds_parse() -> None:
-    assert seconds("rate_window") == 300 and seconds("queue_window") == 60
-    assert number("gpu_headroom_min_bytes") == 536870912
+    assert threshold_seconds("rate_window") == 300 and threshold_seconds("queue_window") == 60
+    assert threshold_number("gpu_headroom_min_bytes") == 536870912
     with pytest.raises(ValueError):
-        number("rate_window")
+        threshold_number("rate_window")
     assert all(th.why for th in THRESHOLDS.values())
 
 

@@ -10,25 +10,22 @@ import json
 
 import pytest
 
-import core
-from diagnose.decision import (
+from core.conditions import VERDICT_INFO, VERDICTS, evaluate
+from core.signals import Signals
+from diagnose.decision.model import (
     FIX_MEMORY_FIRST,
     INCONCLUSIVE,
     STAY_AND_TUNE,
     EngineResult,
     Row,
     RunInfo,
-    comparability,
-    decide_compare,
-    decide_single,
-    engine_from_dict,
-    engine_verdict,
-    recommendation_for,
     relative_spread,
-    results_to_dict,
-    roofline,
     switch_to,
 )
+from diagnose.decision.one_engine import decide_single, engine_verdict, recommendation_for
+from diagnose.decision.results import engine_from_dict, results_to_dict
+from diagnose.decision.roofline import roofline
+from diagnose.decision.two_engines import comparability, decide_compare
 
 GIB = 2**30
 
@@ -54,7 +51,7 @@ def engine(
         parameters=params,
         bandwidth_bytes_per_s=bandwidth,
         verdict=verdict,
-        action=core.VERDICT_INFO[verdict].action,
+        action=VERDICT_INFO[verdict].action,
     )
     single = single or [50.0, 51.0, 50.5]
     e.rows.append(
@@ -152,7 +149,7 @@ def test_weights_not_resident_comes_first() -> None:
     d = decide_compare(a, b)
     assert d.recommendation == FIX_MEMORY_FIRST
     assert d.verdict == {"a": "weights_not_resident", "b": "decode_below_card_limit"}
-    assert core.VERDICT_INFO["weights_not_resident"].action in d.action
+    assert VERDICT_INFO["weights_not_resident"].action in d.action
 
 
 def test_long_context_decides_when_only_one_engine_loads_it() -> None:
@@ -186,7 +183,7 @@ def test_single_engine_recommendation(verdict: str | None, rec: str) -> None:
 
 
 def test_every_verdict_of_the_core_has_a_recommendation() -> None:
-    assert {recommendation_for(v) for v in core.VERDICTS} <= {
+    assert {recommendation_for(v) for v in VERDICTS} <= {
         STAY_AND_TUNE, FIX_MEMORY_FIRST, INCONCLUSIVE,
     }  # fmt: skip
 
@@ -241,7 +238,7 @@ def test_issue_capture_as_dense_is_beyond_physics_and_never_at_the_card_limit() 
     assert roof.efficiency == pytest.approx(1.61, abs=0.01)
     assert roof.misfit == "model_structure_unknown" and not roof.physical
     # The rules' signal at this efficiency: no decode claim, the misfit named instead.
-    signals = core.Signals(decode_efficiency=roof.efficiency, host_has_gpu=True)
+    signals = Signals(decode_efficiency=roof.efficiency, host_has_gpu=True)
     verdict, action = engine_verdict(e, signals)
     assert verdict != "decode_at_card_limit"
     assert "does not fit" in action and "mixture-of-experts" in action
@@ -258,9 +255,9 @@ def test_issue_capture_with_the_moe_structure_is_below_the_card_limit() -> None:
     assert roof.limit_tok_s == pytest.approx(1480, rel=0.02)
     assert roof.efficiency == pytest.approx(0.16, abs=0.01)
     assert roof.misfit is None and roof.accepted_tokens_per_step == 1.0
-    verdict, action = engine_verdict(e, core.Signals(decode_efficiency=roof.efficiency))
+    verdict, action = engine_verdict(e, Signals(decode_efficiency=roof.efficiency))
     assert verdict == "decode_below_card_limit"
-    assert action == core.VERDICT_INFO["decode_below_card_limit"].action
+    assert action == VERDICT_INFO["decode_below_card_limit"].action
     # results.json: the new fields beside the old ones, which keep their names.
     doc = json.loads(json.dumps(results_to_dict([e], decide_single(e, []))))
     fields = doc["engines"][0]["roofline"]
@@ -305,10 +302,10 @@ def test_beyond_physics_gives_no_estimate_in_compare() -> None:
 
 def test_expert_offload_names_layers_bytes_and_the_host_bound() -> None:
     e = moe_engine(structure=True, experts_host_layers=20.0, experts_host_bytes=12.8e9)
-    signals = core.Signals(layers_ratio=1.0, experts_host_layers=20.0, host_has_gpu=True)
+    signals = Signals(layers_ratio=1.0, experts_host_layers=20.0, host_has_gpu=True)
     verdict, action = engine_verdict(e, signals)
     assert verdict == "weights_not_resident"
-    assert core.evaluate(signals).evidence == ("experts_host",)
+    assert evaluate(signals).evidence == ("experts_host",)
     assert "the routed experts of 20 layers live in host memory" in action
     assert "11.92 GiB" in action and "--n-cpu-moe" in action
     # 12.8 GB x 8/128 read per step from 100 GB/s host memory: 125 tok/s at most.

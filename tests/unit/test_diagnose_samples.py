@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-import core
 from config.settings import parse_config
-from diagnose.decision import Row, row_roofline
+from core.conditions import evaluate
+from diagnose.decision.model import Row
+from diagnose.decision.roofline import row_roofline
 from diagnose.options import Options
-from diagnose.phases import PhasePublisher
+from diagnose.phase_marks import PhasePublisher
 from diagnose.procedure import Diagnoser
 from diagnose.samples import residency_values, step_values
 
@@ -40,7 +41,7 @@ def test_a_step_without_exporter_samples_goes_through_the_rules(tmp_path: Path) 
     assert sig.kv_pressure_increase == pytest.approx(1.0)
     assert sig.generation_tokens_per_second and sig.generation_tokens_per_second > 0
     assert sig.layers_ratio == pytest.approx(30 / 63) and not sig.host_has_gpu
-    assert core.evaluate(sig).name == "kv_saturated"  # KV before the queue, as always
+    assert evaluate(sig).name == "kv_saturated"  # KV before the queue, as always
 
 
 def test_residency_without_exporter_samples(tmp_path: Path) -> None:

@@ -10,18 +10,22 @@ from pathlib import Path
 
 import pytest
 
-import core
 from cli.loadgen import main as loadgen_main
 from config.settings import parse_config
-from diagnose.decision import EngineResult, Row, roofline
+from core.conditions import evaluate
+from core.roofline import roofline_tokens_per_second
+from core.rules import rule_values_at, series_from_scrapes
+from core.signals import Signals
+from diagnose.decision.model import EngineResult, Row
+from diagnose.decision.roofline import roofline
 from diagnose.monitor import Monitor, counters_from_zero
 from diagnose.options import Options
-from diagnose.phases import PhasePublisher
+from diagnose.phase_marks import PhasePublisher
 from diagnose.probe import sglang_facts
 from diagnose.procedure import Diagnoser, combine
 from diagnose.steps.context import contexts
 from diagnose.steps.kv import kv_prompt_tokens
-from loadgen.monitor import Series, read_exporter, series_from_text
+from loadgen.exporter_series import Series, read_exporter, series_from_text
 from tests.paths import FIXTURES
 from tests.plugins.exporter import parse_samples, served_page
 
@@ -54,9 +58,9 @@ def test_rules_on_the_captured_h200_run_say_weights_not_resident() -> None:
     """diagnose's path on real samples: every scrape through the reader, then the rules."""
     scrapes = [(t, series_from_text(text)) for t, text in ngl30_scrapes()]
     at = scrapes[-1][0]
-    values = core.rule_values_at(core.series_from_scrapes(scrapes), at)
+    values = rule_values_at(series_from_scrapes(scrapes), at)
     (engine,) = values.values()
-    verdict = core.evaluate(engine.signals)
+    verdict = evaluate(engine.signals)
     assert verdict.name == "weights_not_resident"
     assert "layers" in verdict.evidence and engine.signals.layers_ratio == pytest.approx(30 / 63)
 
@@ -82,7 +86,7 @@ def test_sglang_facts() -> None:
 
 
 def test_run_verdict_is_the_first_in_decision_order_any_step_showed() -> None:
-    s = core.Signals()
+    s = Signals()
     steps = [("single", "decode_at_card_limit", s), ("concurrency", "scheduling_bound", s),
              ("kv_pressure", "kv_saturated", s)]  # fmt: skip
     assert combine(steps)[0] == "kv_saturated"
@@ -106,7 +110,7 @@ def test_roofline_counts_weights_and_kv_on_the_h200_capture(fixtures_dir: Path) 
     kv_tokens = 425 + 256 / 2
     assert roof.bytes_per_step == pytest.approx(15203778848 + kv_tokens * 161792.0)
     assert roof.limit_tok_s == pytest.approx(
-        core.roofline_tokens_per_second(4.8e12, roof.bytes_per_step)
+        roofline_tokens_per_second(4.8e12, roof.bytes_per_step)
     )
     assert roof.efficiency == pytest.approx(0.30, abs=0.01)
 

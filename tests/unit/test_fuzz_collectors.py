@@ -27,7 +27,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.exposition import generate_latest
-from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from config.settings import EngineConfig
@@ -37,6 +36,7 @@ from exporter.collectors.llamacpp.collector import LlamaCppCollector
 from exporter.collectors.llamacpp.log import LogFollower, LogState
 from exporter.collectors.llamacpp.memory import host_experts
 from exporter.collectors.sglang.collector import SGLangCollector
+from exporter.runner import Families
 from model.geometry import geometry_from_gguf
 from tests.paths import FIXTURES
 from tools.fuzz_collectors import (
@@ -71,14 +71,6 @@ json_values = st.recursive(
 )
 
 
-class _Snapshot:
-    def __init__(self, families: list[Metric]):
-        self.families = families
-
-    def collect(self) -> list[Metric]:
-        return self.families
-
-
 def _collector(kind: str, bodies: dict[str, bytes], log_file: Path | None = None) -> Collector:
     def handler(request: httpx.Request) -> httpx.Response:
         path = "/model_info" if request.url.path == "/get_model_info" else request.url.path
@@ -97,7 +89,7 @@ def _collector(kind: str, bodies: dict[str, bytes], log_file: Path | None = None
 
 def _check(scrape: Scrape) -> None:
     assert {e.reason for e in scrape.errors} <= {"parse"}, [str(e) for e in scrape.errors]
-    text = generate_latest(_Snapshot(scrape.metrics)).decode("utf-8")
+    text = generate_latest(Families(scrape.metrics)).decode("utf-8")
     up = None
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -284,7 +276,7 @@ def test_roofline_lines_with_any_numbers(
     state = LogState()
     prefix = f"1.15.304.682 I slot print_timing: id  0 | task {task} |"
     for line in (
-        f"0.05.587.350 I llama_kv_cache: size =    3.19 MiB (  2048 cells,   3 layers,  1/1 seqs), "
+        "0.05.587.350 I llama_kv_cache: size =    3.19 MiB (  2048 cells,   3 layers,  1/1 seqs), "
         f"K ({kv_type}):    1.59 MiB, V ({kv_type}):    1.59 MiB",
         f"0.00.726.811 D tensor blk.{layer}.ffn_gate_exps.weight ({mib} MiB q4_0) buffer type "
         f"overridden to {buffer}",

@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
-from core import VERDICTS
-from diagnose.decision import decide_compare, decide_single, engine_from_dict
+from core.conditions import VERDICTS
+from diagnose.decision.one_engine import decide_single
+from diagnose.decision.results import engine_from_dict
+from diagnose.decision.two_engines import decide_compare
 from tests.paths import ROOT
 
 RESULTS = ROOT / "docs" / "results" / "h200-answer-2026-11-30"

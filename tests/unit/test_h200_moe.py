@@ -19,8 +19,14 @@ from typing import Any
 
 import pytest
 
-import core
-from diagnose.decision import decide_single, engine_from_dict
+from core.roofline import (
+    active_weights_bytes,
+    roofline_facts,
+    roofline_misfit,
+    roofline_tokens_per_second,
+)
+from diagnose.decision.one_engine import decide_single
+from diagnose.decision.results import engine_from_dict
 from exporter.collectors.llamacpp.log import LogFollower, LogState
 from model.geometry import geometry_from_gguf
 from model.gguf_header import read_gguf_tensors
@@ -136,17 +142,17 @@ def test_the_old_all_weights_roofline_would_be_beyond_physics() -> None:
     engine = load("moe-diagnose")["engines"][0]
     bandwidth = engine["bandwidth_bytes_per_s"]
     measured = engine["roofline"]["measured_tok_s"]
-    old_limit = core.roofline_tokens_per_second(bandwidth, engine["weights_bytes"])
+    old_limit = roofline_tokens_per_second(bandwidth, engine["weights_bytes"])
     assert old_limit is not None
     old_eff = measured / old_limit
     assert old_eff > 1.10
-    reason = core.roofline_misfit(old_eff, core.roofline_facts(engine["weights_bytes"], None))
+    reason = roofline_misfit(old_eff, roofline_facts(engine["weights_bytes"], None))
     assert reason is not None and reason.name == "model_structure_unknown"
     # With the structure the same number is 16 %: a physical efficiency, no misfit.
     structure = engine_from_dict(engine).structure()
     assert structure is not None and structure.draft_weights_bytes is None
     new_eff = engine["roofline"]["efficiency"]
-    assert core.roofline_misfit(new_eff, core.roofline_facts(structure, None)) is None
+    assert roofline_misfit(new_eff, roofline_facts(structure, None)) is None
     assert 0.10 < new_eff < 0.25
 
 
@@ -170,7 +176,7 @@ def test_the_distinct_expert_share_grows_with_the_batch() -> None:
     assert set(rows) == {1, 4, 16}
     structure = engine_from_dict(engine).structure()
     assert structure is not None and structure.draft_weights_bytes is None
-    weights = [core.active_weights_bytes(structure, b) for b in (1, 4, 16)]
+    weights = [active_weights_bytes(structure, b) for b in (1, 4, 16)]
     assert weights[0] < weights[1] < weights[2] < engine["weights_bytes"]
     for batch, w in zip((1, 4, 16), weights, strict=True):
         row = rows[batch]

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from core import VERDICTS
-from diagnose.decision import decide_compare, engine_from_dict
+from core.conditions import VERDICTS
+from diagnose.decision.results import engine_from_dict
+from diagnose.decision.two_engines import decide_compare
 from model.geometry import geometry_from_gguf
 from tests.paths import ROOT
 

@@ -3,7 +3,7 @@
 A module over ~500 lines or a function over 80 is where a newcomer gets lost; `loadgen` is
 below `diagnose` (diagnose drives the load generator, never the other way round, except
 the one command line that registers every subcommand), and the exporter's internals are
-read through one seam, `loadgen.monitor`.
+read through one seam, `loadgen.exporter_series`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 80
 # The packages held to the sizes.
 SIZED = ("core", "diagnose", "loadgen")
-# Exporter internals that only the one seam (loadgen/monitor.py) imports.
+# Exporter internals that only the one seam (loadgen/exporter_series.py) imports.
 EXPORTER_INTERNALS = (
     "exporter.app",
     "exporter.runner",
@@ -27,7 +27,7 @@ EXPORTER_INTERNALS = (
     "exporter.collectors",
     "pynvml",
 )
-SEAM = "loadgen/monitor.py"
+SEAM = "loadgen/exporter_series.py"
 
 
 def _modules(*packages: str) -> list[Path]:
@@ -125,7 +125,7 @@ def test_config_and_model_are_not_read_through_the_exporter() -> None:
 
 def test_exporter_internals_are_read_through_one_seam() -> None:
     """diagnose and loadgen reach the exporter's runner, parser, collectors and NVML only
-    through loadgen/monitor.py (they may use its config types and model geometry)."""
+    through loadgen/exporter_series.py (they may use its config types and model geometry)."""
     bad = []
     for path in _modules("loadgen", "diagnose"):
         if _rel(path) == SEAM:
@@ -150,3 +150,67 @@ def test_nothing_climbs_back_into_the_command_line() -> None:
     }
     assert {path for path, hits in importers.items() if hits} == {"cli/loadgen.py"}
     assert importers["cli/loadgen.py"] == ["diagnose.cli", "loadgen.cli"]
+
+
+# No facades: a package's __init__ names where things live; it re-exports at most a few.
+MAX_REEXPORTS = 10
+
+
+def _reexports(path: Path) -> set[str]:
+    """The names a package's `__init__.py` imports only to hand on (unused in its own code),
+    and every name its `__all__` lists."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    imported: set[str] = set()
+    listed: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            imported.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            imported.update(a.asname or a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            listed.update(ast.literal_eval(node.value))
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    return (imported - used) | listed
+
+
+def test_no_package_init_is_a_facade() -> None:
+    inits = [p for p in _modules(*FLOORS) if p.name == "__init__.py"]
+    assert len(inits) > 10, inits
+    big = {_rel(p): len(n) for p in inits if len(n := _reexports(p)) > MAX_REEXPORTS}
+    assert not big, big
+
+
+def test_the_facade_check_counts_reexports(tmp_path: Path) -> None:
+    init = tmp_path / "__init__.py"
+    init.write_text(
+        '"""doc"""\nfrom __future__ import annotations\n\nfrom a.b import c, d as e, k\n'
+        'import f.g\n__all__ = ["c", "h"]\nx = k(1)\n',
+        encoding="utf-8",
+    )
+    assert _reexports(init) == {"c", "e", "f", "h"}
+
+
+def _names_used(paths: list[Path]) -> set[str]:
+    """Every identifier the modules at `paths` import, read or reach as an attribute."""
+    used: set[str] = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Name):
+                used.add(node.id)
+            elif isinstance(node, ast.Attribute):
+                used.add(node.attr)
+            elif isinstance(node, ast.alias):
+                used.add((node.asname or node.name).split(".")[-1])
+    return used
+
+
+def test_core_exports_only_what_is_used_outside_core() -> None:
+    """`core/__init__` exports no name that nothing outside core (product or tests) uses."""
+    exported = _reexports(ROOT / "core" / "__init__.py")
+    outside = [p for p in _modules(*FLOORS, "tests", "bench") if _rel(p).split("/")[0] != "core"]
+    unused = sorted(exported - _names_used(outside))
+    assert not unused, unused
+    # The scan sees names used outside core: the evaluator is.
+    assert "evaluate" in _names_used(outside)

@@ -18,11 +18,11 @@ from loadgen.client import (
     SERVER_ERROR,
     TIMEOUT,
     StreamClient,
-    Target,
     TargetUnreachable,
 )
 from loadgen.results import build_record, percentile, verify_tokens
 from loadgen.summary import ABSENT, RunSummary, summarize
+from loadgen.target import Target
 from tests.conftest import get_free_port
 from tests.paths import FIXTURES
 

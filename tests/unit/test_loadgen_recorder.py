@@ -13,11 +13,14 @@ from typing import Any
 
 import pytest
 
-from loadgen.client import StreamClient, StreamResult, Target
+from loadgen.client import StreamClient, StreamResult
 from loadgen.prompts import fixed_prompt
 from loadgen.results import JsonlWriter, RequestRecord, build_record
-from loadgen.scheduler import RunContext, RunSpec, pacing
+from loadgen.scheduler import pacing
 from loadgen.scheduler import phase as phase_module
+from loadgen.scheduler.context import RunContext
+from loadgen.scheduler.spec import RunSpec
+from loadgen.target import Target
 
 TOKENS = 3
 
@@ -48,11 +51,11 @@ class _Ctx(RunContext):
         super().record_many(records)
 
 
-def _phase(tmp_path: Path) -> tuple[phase_module.Phase, StreamClient, _Ctx]:
+def _phase(tmp_path: Path) -> tuple[phase_module.EnginePhase, StreamClient, _Ctx]:
     ctx = _Ctx(tmp_path)
     spec = RunSpec([Target("e", "http://127.0.0.1:9")], max_tokens=TOKENS, concurrency=4)
     client = StreamClient(spec.targets[0], pool_size=4)
-    phase = phase_module.Phase(ctx, spec, client, fixed_prompt("hi"), 0, measured=True)
+    phase = phase_module.EnginePhase(ctx, spec, client, fixed_prompt("hi"), 0, measured=True)
     return phase, client, ctx
 
 
@@ -62,7 +65,7 @@ def _recording(
     quiet_s: float,
     max_defer_s: float,
     finished: list[float],
-) -> tuple[phase_module.Phase, StreamClient, _Ctx, asyncio.Task[None]]:
+) -> tuple[phase_module.EnginePhase, StreamClient, _Ctx, asyncio.Task[None]]:
     """The recorder task started over one pending record per time in `finished` (not yet run:
     the caller's next await runs it)."""
     monkeypatch.setattr(phase_module, "QUIET_S", quiet_s)
@@ -172,7 +175,7 @@ def test_bodies_are_built_ahead_within_a_memory_budget(
     spec = RunSpec([Target("e", "http://127.0.0.1:9")], concurrency=4, requests=100)
     client = StreamClient(spec.targets[0], pool_size=4)
     prompts = fixed_prompt("a prompt " * 50)
-    phase = phase_module.Phase(RunContext(tmp_path), spec, client, prompts, 0, measured=True)
+    phase = phase_module.EnginePhase(RunContext(tmp_path), spec, client, prompts, 0, measured=True)
     # Two waves of the closed loop ahead, each exactly the body it would build when sent.
     assert sorted(phase._bodies) == list(range(8))
     assert all(phase._bodies[n] == phase._body(n) for n in range(8))
@@ -182,5 +185,5 @@ def test_bodies_are_built_ahead_within_a_memory_budget(
     assert max(phase._bodies) == 12
     size = len(phase._body(0))
     monkeypatch.setattr(phase_module, "PREBUILT_BYTES", 3 * size)
-    small = phase_module.Phase(RunContext(tmp_path), spec, client, prompts, 0, measured=True)
+    small = phase_module.EnginePhase(RunContext(tmp_path), spec, client, prompts, 0, measured=True)
     assert sorted(small._bodies) == [0, 1, 2]  # long prompts: fewer ahead

@@ -14,11 +14,11 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen.client import Target
 from loadgen.metrics import LoadgenMetrics, StepStart
 from loadgen.prompts import PromptSet, calibrate, filler
-from loadgen.scheduler import RunSpec
+from loadgen.scheduler.spec import RunSpec
 from loadgen.session import SessionOptions, execute
+from loadgen.target import Target
 from simulator.stub import ThreadedStub
 from tests.conftest import get_free_port
 from tests.paths import ROOT

@@ -13,9 +13,9 @@ import pytest
 from aiohttp import web
 
 from cli.loadgen import main
-from loadgen.client import Target
-from loadgen.scheduler import RunSpec
+from loadgen.scheduler.spec import RunSpec
 from loadgen.sweep import plan_steps
+from loadgen.target import Target
 from simulator.stub import StubOptions, ThreadedStub
 
 

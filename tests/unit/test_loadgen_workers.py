@@ -9,11 +9,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from loadgen.client import Target
 from loadgen.metrics import LoadgenMetrics
 from loadgen.results import percentile
-from loadgen.scheduler import RunSpec
+from loadgen.scheduler.spec import RunSpec
 from loadgen.session import SessionOptions
+from loadgen.target import Target
 from loadgen.workers import execute_workers, split_spec
 from tests.conftest import get_free_port
 from tests.plugins.loadgen import StubFactory, request_lines, run_cli

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core import THRESHOLDS
+from core.thresholds import THRESHOLDS
 from mixin import config
 from mixin.cli import outputs
 from tests.paths import ROOT

@@ -3,7 +3,7 @@
 The source of every product module is parsed (ast, not grep: a docstring may name the
 table). Only the evaluator's own module and the rule generator, which renders the same
 conditions as PromQL, may read the condition table or look inside a condition; every
-other module reaches the verdict by calling `core.evaluate`. A behavioural check ties
+other module reaches the verdict by calling `core.conditions.evaluate`. A behavioural check ties
 diagnose's and compare's verdict to that call.
 """
 
@@ -14,14 +14,12 @@ from dataclasses import replace
 
 import pytest
 
-import core
-from diagnose.decision import (
-    EngineResult,
-    Row,
-    decide_compare,
-    decide_single,
-    engine_verdict,
-)
+from core.conditions import Verdict, evaluate
+from core.signals import Signals
+from diagnose.decision import one_engine
+from diagnose.decision.model import EngineResult, Row
+from diagnose.decision.one_engine import decide_single, engine_verdict
+from diagnose.decision.two_engines import decide_compare
 from tests.paths import ROOT
 
 # The product: what is shipped or run (tests are not scanned; they may read the table).
@@ -70,7 +68,7 @@ def _is_core(node: ast.expr) -> bool:
 
 def test_the_scan_sees_the_product() -> None:
     assert EVALUATOR in MODULES
-    assert "diagnose/decision/single.py" in MODULES
+    assert "diagnose/decision/one_engine.py" in MODULES
     assert all(g in MODULES for g in RULE_GENERATORS)
     assert len(MODULES) > 50, sorted(MODULES)
 
@@ -145,12 +143,12 @@ def _evaluate_calls(tree: ast.Module) -> list[str]:
 
 
 def test_diagnose_and_compare_reach_the_verdict_through_core_evaluate() -> None:
-    """The verdict of diagnose and compare: `engine_verdict` calls core.evaluate; the
+    """The verdict of diagnose and compare: `engine_verdict` calls core.conditions.evaluate; the
     reports and compare's recommendation only read the verdict it gave."""
-    assert _evaluate_calls(MODULES["diagnose/decision/single.py"]) == ["core.evaluate"]
+    assert _evaluate_calls(MODULES["diagnose/decision/one_engine.py"]) == ["evaluate"]
     for path in MODULES:
         if path.startswith(("diagnose/report/", "diagnose/decision/")) and not path.endswith(
-            "single.py"
+            "one_engine.py"
         ):
             assert _evaluate_calls(MODULES[path]) == [], path
 
@@ -163,29 +161,30 @@ def _engine(verdict: str | None = None) -> EngineResult:
 
 
 SIGNALS = [
-    core.Signals(),
-    core.Signals(host_has_gpu=True, layers_ratio=0.5),
-    core.Signals(host_has_gpu=True, layers_ratio=1.0, kv_usage_avg=0.99, waiting_avg=3.0),
-    core.Signals(host_has_gpu=True, layers_ratio=1.0, decode_efficiency=0.2, running=1.0),
-    core.Signals(host_has_gpu=True, layers_ratio=1.0, decode_efficiency=0.9, running=1.0),
+    Signals(),
+    Signals(host_has_gpu=True, layers_ratio=0.5),
+    Signals(host_has_gpu=True, layers_ratio=1.0, kv_usage_avg=0.99, waiting_avg=3.0),
+    Signals(host_has_gpu=True, layers_ratio=1.0, decode_efficiency=0.2, running=1.0),
+    Signals(host_has_gpu=True, layers_ratio=1.0, decode_efficiency=0.9, running=1.0),
 ]
 
 
 @pytest.mark.parametrize("signals", SIGNALS)
-def test_engine_verdict_is_core_evaluate(signals: core.Signals) -> None:
-    assert engine_verdict(_engine(), signals)[0] == core.evaluate(signals).name
+def test_engine_verdict_is_core_evaluate(signals: Signals) -> None:
+    assert engine_verdict(_engine(), signals)[0] == evaluate(signals).name
 
 
 def test_the_verdict_follows_core_evaluate(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whatever core.evaluate answers is the verdict diagnose and compare report."""
-    calls: list[core.Signals] = []
-    real = core.evaluate
+    """Whatever core.conditions.evaluate answers is the verdict diagnose and compare report."""
+    calls: list[Signals] = []
+    real = evaluate
 
-    def forced(signals: core.Signals) -> core.Verdict:
+    def forced(signals: Signals) -> Verdict:
         calls.append(signals)
         return replace(real(signals), name="kv_saturated")
 
-    monkeypatch.setattr(core, "evaluate", forced)
+    # engine_verdict calls the evaluator it imported from core.conditions.
+    monkeypatch.setattr(one_engine, "evaluate", forced)
     e = _engine()
     e.verdict, e.action = engine_verdict(e, SIGNALS[0])
     assert calls == [SIGNALS[0]]

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-import core
+from core.conditions import POOL_ACTION, Verdict
+from core.rules import EngineKey, verdicts_at
 from tests.paths import ROOT
 from tests.system.test_verdict_parity import promtool_test
 from tools.gpu_report import Key
@@ -119,7 +120,7 @@ def residency_engines() -> dict[Key, list[float]]:
 
 
 @pytest.fixture(scope="module")
-def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[core.EngineKey, core.Verdict]:
+def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[EngineKey, Verdict]:
     samples = scrapes(*(sglang_engine(n, **kw) for n, kw in CASES.items()), residency_engines())
     final, steps, result = promtool_test(
         [("sglang admission", samples, STEP)], tmp_path_factory.mktemp("admission")
@@ -127,19 +128,19 @@ def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[core.EngineKey, cor
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert steps == STEPS
     series = {k: [(t, s[k]) for t, s in samples if k in s] for k in samples[0][1]}
-    verdicts = core.verdicts_at(series, (STEPS - 1) * STEP)
+    verdicts = verdicts_at(series, (STEPS - 1) * STEP)
     assert {k.engine: v for k, v in final["sglang admission"].items()} == {
         k.engine: v.name for k, v in verdicts.items()
     }
     return verdicts
 
 
-def by_engine(verdicts: dict[core.EngineKey, core.Verdict], name: str) -> core.Verdict:
+def by_engine(verdicts: dict[EngineKey, Verdict], name: str) -> Verdict:
     return next(v for k, v in verdicts.items() if k.engine == name)
 
 
 def test_pool_binds_below_the_cap_with_usage_under_90_percent(
-    parity: dict[core.EngineKey, core.Verdict],
+    parity: dict[EngineKey, Verdict],
 ) -> None:
     v = by_engine(parity, "pool")
     assert v.name == "kv_saturated"
@@ -149,10 +150,10 @@ def test_pool_binds_below_the_cap_with_usage_under_90_percent(
     # The answers' reserve: what the pool holds now is not the whole demand.
     r = by_engine(parity, "reserved")
     assert r.name == "kv_saturated" and r.evidence == ("pool_reserved",)
-    assert r.action == v.action == core.POOL_ACTION
+    assert r.action == v.action == POOL_ACTION
 
 
-def test_max_running_requests_only_at_the_cap(parity: dict[core.EngineKey, core.Verdict]) -> None:
+def test_max_running_requests_only_at_the_cap(parity: dict[EngineKey, Verdict]) -> None:
     v = by_engine(parity, "cap")
     assert v.name == "scheduling_bound"
     assert v.evidence == ("queue", "slots_full")
@@ -164,7 +165,7 @@ def test_max_running_requests_only_at_the_cap(parity: dict[core.EngineKey, core.
 
 
 def test_residency_from_process_memory_beyond_the_kv_pool(
-    parity: dict[core.EngineKey, core.Verdict],
+    parity: dict[EngineKey, Verdict],
 ) -> None:
     ok = by_engine(parity, "resident")
     assert not ok.held("weights_not_resident")

@@ -18,7 +18,7 @@ import pytest
 from config.settings import parse_config
 from diagnose.facts import collect_facts
 from diagnose.options import Options
-from diagnose.phases import PhasePublisher
+from diagnose.phase_marks import PhasePublisher
 from diagnose.procedure import Diagnoser
 from diagnose.steps.residency import ResidencyStep
 from tests.integration import test_sglang_collector as base
@@ -96,7 +96,7 @@ async def run_diagnose(fake: FakeSGLang, tmp_path: Path, process_bytes: float, *
     try:
         await asyncio.sleep(1.0)  # a few samples of the embedded exporter
         await collect_facts(d)
-        d.steps["residency"] = await ResidencyStep().run(d)
+        d.steps["residency"] = await ResidencyStep().measure(d)
     finally:
         await d.monitor.stop()
     return d.result, d.steps

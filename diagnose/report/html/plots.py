@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from diagnose.decision import EngineResult, Row
+from diagnose.decision.model import EngineResult, Row
 from diagnose.report.hints import (
     FIX_CONTEXT_SWEEP,
     GIB,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from diagnose.decision import Decision, EngineResult, RunInfo, results_to_dict
+from diagnose.decision.model import Decision, EngineResult, RunInfo
+from diagnose.decision.results import results_to_dict
 from diagnose.report.content import Report, answer_of, metadata_of, not_measured
 from diagnose.report.html.figure import Plot, PlottingMissing
 from diagnose.report.html.page import render_html

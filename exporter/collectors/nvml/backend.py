@@ -1,7 +1,7 @@
 """NVML behind a small synchronous interface, with a real and a file-backed implementation.
 
 `NvmlBackend` is the seam the NVML collector talks to. `PynvmlBackend` calls the
-driver through nvidia-ml-py (`pynvml`); `FakeNvmlBackend` reads NVML-shaped JSON
+driver through nvidia-ml-py (`pynvml`); `NvmlFileBackend` reads NVML-shaped JSON
 files, which is how the tests replay the real H200 captures and how the engine
 simulators show "their" GPU memory without a GPU.
 
@@ -279,38 +279,11 @@ def _reading_errors(method: F) -> F:
     return cast(F, wrapper)
 
 
-class FakeNvmlBackend:
-    """NVML replayed from JSON files: the contract with the engine simulators.
+class NvmlFileBackend:
+    """NVML readings from JSON files (`gpu.fake_file`): the simulators' GPU, replayed captures.
 
-    The simulators (`simulator/gpu_state.py`) write these files; the tests replay real
-    captures with them. Each file holds one NVML reading, in the shape captured from a real H200
-    (tests/fixtures/llamacpp-h200-gemma3-27b-shape-q4_0/nvml_*.json)::
-
-        {"driver": "580.159.04", "nvml": "13.580.159.04",
-         "devices": [{
-            "index": 0, "name": "NVIDIA H200", "uuid": "GPU-...",
-            "mem":    {"total": B, "used": B, "free": B},              # NVML v1
-            "mem_v2": {"total": B, "used": B, "free": B, "reserved": B}, # NVML v2
-            "util": {"gpu": 0-100, "memory": 0-100},
-            "bus_width": 6016, "mem_clock_mhz": 3201, "max_mem_clock_mhz": 3201,
-            "procs": [{"pid": 16664, "used": B, "cmdline": "llama-server --port 8080 ..."}]}]}
-
-    B = bytes (integers). `mem_v2` may be left out (then `mem` is used and reserved is
-    unknown, as on old drivers); `util`, `bus_width` and the clocks may be left out
-    (reported as not supported); other keys are ignored. `cmdline` is the command
-    line joined with spaces; the process label is its first word's basename.
-
-    The files are checked at every `device_count()` call (the start of every sample)
-    and re-read when they changed (mtime, size or inode), so a writer may update one
-    at any rate; it must replace it atomically (write a temporary file, then
-    `os.replace`). A file that does not exist contributes nothing (its writer has not
-    started yet or has exited); when none exists, or one is not valid JSON, the sample
-    fails with NvmlError (the source is down until it is fixed). With several files,
-    devices with the same `index` are merged: identity, clocks and bus width come
-    from the first file (in the configured order) that lists the index; `used` (v1
-    and v2) and the processes add up (each simulator writes the memory it holds
-    itself); `free` is recomputed from total, reserved and used; utilization is the
-    highest. The driver version comes from the first file.
+    The file format and the merge rules for several files are in docs/metrics.md ("GPU
+    readings from files"). Files are re-read when they change; a missing file adds nothing.
     """
 
     def __init__(self, files: list[Path] | Path, proc_root: Path = Path("/proc")):
@@ -458,7 +431,7 @@ class FakeNvmlBackend:
 
 
 def _merge_device(target: dict[str, Any], dev: dict[str, Any], procs: list[dict[str, Any]]) -> None:
-    """Fold a later file's reading of the same GPU into the first one (see FakeNvmlBackend)."""
+    """Fold a later file's reading of the same GPU into the first (rules: docs/metrics.md)."""
     target["procs"] = target["procs"] + procs
     for key in ("mem", "mem_v2"):
         if isinstance(target.get(key), dict) and isinstance(dev.get(key), dict):

@@ -29,11 +29,11 @@ from exporter.attribution import Attribution
 from exporter.collectors import Collector, Scrape, SourceError
 from exporter.collectors.nvml.backend import (
     NVML_REINIT_CODES,
-    FakeNvmlBackend,
     GpuProcess,
     MemoryInfo,
     NvmlBackend,
     NvmlError,
+    NvmlFileBackend,
     PynvmlBackend,
 )
 from exporter.schema import MetricSet
@@ -100,7 +100,7 @@ class NvmlCollector(Collector):
         self.config = config
         self.attribution = attribution
         if backend is None:
-            backend = FakeNvmlBackend(config.fake_file) if config.fake_file else PynvmlBackend()
+            backend = NvmlFileBackend(config.fake_file) if config.fake_file else PynvmlBackend()
         self.backend: NvmlBackend = backend
         self.clock = clock
         self.retry_seconds = retry_seconds

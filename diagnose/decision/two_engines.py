@@ -1,6 +1,6 @@
 """What `compare` says: comparability, batching at equal load, long context, spread over
-rounds, and the recommendation. The engines' verdicts come from `core.evaluate` (through
-`diagnose.decision.single`); only what the rules cannot see is decided here.
+rounds, and the recommendation. The engines' verdicts come from `core.conditions.evaluate` (through
+`diagnose.decision.one_engine`); only what the rules cannot see is decided here.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 
-import core
+from core.conditions import VERDICT_INFO
 from diagnose.decision.model import (
     FIX_MEMORY_FIRST,
     INCONCLUSIVE,
@@ -22,7 +22,7 @@ from diagnose.decision.model import (
     relative_spread,
     switch_to,
 )
-from diagnose.decision.single import token_caveats
+from diagnose.decision.one_engine import max_tokens_caveats
 
 # Weight bytes per parameter differing by more than this: the raw speeds are not comparable.
 PRECISION_TOLERANCE = 0.20
@@ -184,7 +184,7 @@ def max_context_loaded(engine: EngineResult) -> int | None:
 
 def decide_compare(a: EngineResult, b: EngineResult) -> Decision:
     """`a` is the engine in use, `b` the candidate; in the seed's order."""
-    caveats = token_caveats(a) + token_caveats(b)
+    caveats = max_tokens_caveats(a) + max_tokens_caveats(b)
     caveats += [f"{e.name}: {n}" for e in (a, b) for n in e.notes]
     verdicts = {e.name: e.verdict or "idle" for e in (a, b)}
     # 1. Residency: an engine whose weights are not on the GPU measures its PCIe link.
@@ -346,8 +346,7 @@ def _recommend(
         who = " and ".join(not_resident)
         return FIX_MEMORY_FIRST, (
             f"fix memory first: the weights of {who} are not all on the GPU, so its speed "
-            "measures host memory, not the engine. "
-            + core.VERDICT_INFO["weights_not_resident"].action
+            "measures host memory, not the engine. " + VERDICT_INFO["weights_not_resident"].action
         )
     if not comparable:
         est = "; ".join(f"{e.basis} ≈ {e.tok_s:.1f} tok/s" for e in ests)

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from exporter.http import AiohttpTransport
+from exporter.transport import AiohttpTransport
 from tests.conftest import get_free_port
 
 Transport = Callable[[], httpx.AsyncBaseTransport | None]

@@ -1,12 +1,14 @@
 """The verdict of one engine, through the decision core, and `diagnose`'s answer.
 
-The verdict is never decided here: `engine_verdict` calls `core.evaluate`, the evaluator
+The verdict is never decided here: `engine_verdict` calls `core.conditions.evaluate`, the evaluator
 the Prometheus recording rules are generated from, and only words the action.
 """
 
 from __future__ import annotations
 
-import core
+from core.conditions import evaluate
+from core.roofline import expert_offload_action, expert_share, misfit_text, roofline_misfit
+from core.signals import Signals
 from diagnose.decision.model import (
     FIX_MEMORY_FIRST,
     INCONCLUSIVE,
@@ -18,26 +20,26 @@ from diagnose.decision.model import (
 from diagnose.decision.roofline import facts
 
 
-def engine_verdict(engine: EngineResult, signals: core.Signals) -> tuple[str, str]:
+def engine_verdict(engine: EngineResult, signals: Signals) -> tuple[str, str]:
     """(verdict, action) of the decision core for what was measured on `engine`.
 
     The physics gate: when the decode efficiency behind the verdict is beyond physics, the
     core claims no decode verdict (the fallback) and the action says why the roofline does
     not fit instead of how to tune decode. Expert offload names its layers, bytes and bound.
     """
-    decided = core.evaluate(signals)
+    decided = evaluate(signals)
     action = str(decided.action)
     eff = signals.decode_efficiency
-    reason = core.roofline_misfit(eff, facts(engine))
+    reason = roofline_misfit(eff, facts(engine))
     if reason is not None and eff is not None and decided.name == "decode_below_card_limit":
-        action = core.misfit_text(eff, reason) + "."
+        action = misfit_text(eff, reason) + "."
     if decided.name == "weights_not_resident" and "experts_host" in decided.evidence:
         model = engine.structure()
         share = 1.0
         if model is not None and model.experts_known and model.experts and model.experts_used:
-            share = core.expert_share(model.experts, model.experts_used, 1.0)
+            share = expert_share(model.experts, model.experts_used, 1.0)
         action = (
-            core.expert_offload_action(engine.experts_host_layers, engine.experts_host_bytes, share)
+            expert_offload_action(engine.experts_host_layers, engine.experts_host_bytes, share)
             + " "
             + action
         )
@@ -57,7 +59,7 @@ def decide_single(engine: EngineResult, steps: list[Step] | None = None) -> Deci
     """diagnose's answer: the engine's verdict first, then the action (and the steps)."""
     rec = recommendation_for(engine.verdict)
     action = engine.action or "nothing was measured under load: run diagnose with load steps"
-    caveats = token_caveats(engine) + [f"{engine.name}: {n}" for n in engine.notes]
+    caveats = max_tokens_caveats(engine) + [f"{engine.name}: {n}" for n in engine.notes]
     return Decision(
         verdict={engine.name: engine.verdict or "idle"},
         recommendation=rec,
@@ -68,7 +70,7 @@ def decide_single(engine: EngineResult, steps: list[Step] | None = None) -> Deci
     )
 
 
-def token_caveats(engine: EngineResult) -> list[str]:
+def max_tokens_caveats(engine: EngineResult) -> list[str]:
     # The KV-pressure step cuts requests on purpose where the KV cache runs out.
     bad = [
         r

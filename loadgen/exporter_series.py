@@ -20,13 +20,13 @@ from typing import Any
 import httpx
 
 from config.settings import Config, EngineConfig, GpuConfig, ProcessMatch
-from core import SeriesKey
+from core.rules import SeriesKey
 from exporter.app import build_runner
 from exporter.collectors.nvml.backend import NvmlError, PynvmlBackend
 from exporter.promtext import parse_exposition
 from exporter.runner import Runner
 from loadgen.options import metrics_url
-from loadgen.target import model_label
+from loadgen.resolve import model_label
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from diagnose.decision import Phase
+from diagnose.decision.model import PhaseMark
 
 
 def say(text: str) -> None:
@@ -35,12 +35,12 @@ class PhasePublisher:
             ["engine", "phase"],
             registry=self.registry,
         )
-        self.phases: list[tuple[str, Phase]] = []
+        self.phases: list[tuple[str, PhaseMark]] = []
 
     @contextlib.contextmanager
-    def phase(self, engine: str, name: str, note: str = "") -> Iterator[Phase]:
+    def mark(self, engine: str, name: str, note: str = "") -> Iterator[PhaseMark]:
         """Mark `name` as running for `engine` for the duration of the block."""
-        ph = Phase(name=name, start=time.time(), note=note)
+        ph = PhaseMark(name=name, start=time.time(), note=note)
         self.phases.append((engine, ph))
         self.info.labels(engine, name).set(1)
         self.started.labels(engine, name).set(ph.start)
