@@ -91,7 +91,7 @@ class Target:
 
     name: str
     url: str
-    kind: str = "openai"  # llamacpp | sglang | openai
+    kind: str = "openai"  # a registered kind (config/kinds.py) or openai
     api_key: str | None = None
     model: str | None = None
 

@@ -12,12 +12,12 @@ import pytest
 
 import core
 from cli.loadgen import main as loadgen_main
+from config.endpoints import sglang_server_info_facts as sglang_facts
 from config.settings import parse_config
 from diagnose.decision import EngineResult, Row, roofline
 from diagnose.monitor import Monitor, counters_from_zero
 from diagnose.options import Options
 from diagnose.phases import PhasePublisher
-from diagnose.probe import sglang_facts
 from diagnose.procedure import Diagnoser, combine
 from diagnose.steps.context import contexts
 from diagnose.steps.kv import kv_prompt_tokens
