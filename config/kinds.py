@@ -10,8 +10,9 @@ the report's tables (`residency`), `diagnose.load` (`uncached_body`, `kv_events_
 `loadgen.scheduler.calibration` (`tokenize_path`). docs/engines.md is the recipe.
 
 Code lives on the floors above, each in one table keyed by these kinds: the collector class
-and the source columns in `exporter/engines.py`, the simulator class in
-`simulator/__main__.py`. tests/unit/test_engines.py checks that every table has every kind.
+in `exporter/app.py` (`COLLECTORS`), the source columns in `exporter/collectors/sources.py`,
+the simulator class in `simulator/__main__.py`. tests/unit/test_engines.py checks that every
+table has every kind.
 """
 
 from __future__ import annotations

@@ -18,11 +18,12 @@ from pydantic import BaseModel, ConfigDict
 
 from config.kinds import KINDS
 
+# `--kind`: a registered kind (config/kinds.py) or a plain OpenAI-compatible server.
+TARGET_KINDS: tuple[str, ...] = (*KINDS, "openai")
 if TYPE_CHECKING:
     TargetKind = str
 else:
-    # `--kind`: a registered kind (config/kinds.py) or a plain OpenAI-compatible server.
-    TargetKind = Literal[KINDS + ("openai",)]
+    TargetKind = Literal[TARGET_KINDS]
 
 # A comma-list flag (`--concurrency 1,2,4`): `4`, `[1, 2]` or `'1,2'`.
 IntList = int | list[int] | str

@@ -8,7 +8,7 @@ condition table, which only the evaluator and the rule generator read.
 Every surface that names a bottleneck takes it from here: the Prometheus rules
 (`python -m mixin` renders them from `CONDITIONS`, `VERDICTS` and `THRESHOLDS`),
 `prometheus/thresholds.md`, the verdict table in `docs/diagnose.md`, and `llmb-loadgen
-diagnose` / `compare` (which call `evaluate`). `tests/test_verdict_parity.py` feeds the same
+diagnose` / `compare` (which call `evaluate`). `tests/system/test_verdict_parity.py` feeds the same
 samples to `evaluate` and to promtool and requires the same verdict.
 
 Public API

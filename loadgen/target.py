@@ -2,8 +2,8 @@
 
 `--config FILE` is loaded by `load_config_or_usage`; `--engine NAME` (with the config) or
 `--url URL` is checked by `engines_from_config`, which owns the error messages; a bare URL is
-named after its model by `label_from_server`. `diagnose` builds on these (it may import
-`loadgen`; nothing in `loadgen` imports `diagnose`).
+named after its model by `label_from_server`. `diagnose` builds on these: it is a floor above
+`loadgen` (docs/architecture.md), which tests/unit/test_layout.py holds.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Recording rules: per-engine and per-GPU signals over the normalized llmb_* schema.
 
 `core.rule_values_at` computes the same arithmetic in Python; the parity test
-(tests/test_verdict_parity.py) requires promtool and Python to agree.
+(tests/system/test_verdict_parity.py) requires promtool and Python to agree.
 """
 
 from __future__ import annotations

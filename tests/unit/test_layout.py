@@ -10,6 +10,9 @@ read through one seam, `loadgen.monitor`.
 from __future__ import annotations
 
 import ast
+import io
+import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -164,3 +167,93 @@ def test_nothing_climbs_back_into_the_command_line() -> None:
     }
     assert {path for path, hits in importers.items() if hits} == {"cli/loadgen.py"}
     assert importers["cli/loadgen.py"] == ["diagnose.cli", "loadgen.cli"]
+
+
+# --- every path a comment or a doc names exists ----------------------------------------------
+
+# A path of this repository: a top-level folder of ours, then a file name with an extension or
+# a folder ending in "/"; "../" resolves from the doc's own folder (Markdown links). Not one:
+# a path inside a longer one (`vllm/docs/x.md`, `/usr/lib/...`), a pattern (`<kind>`,
+# `{name}`, `*.yml`, `...`) or a placeholder segment in capitals (`tests/fixtures/RUN`).
+_TOP = "bench|cli|config|core|deploy|diagnose|docs|exporter|grafana|loadgen|mixin|model"
+_TOP += "|prometheus|scripts|simulator|tests|tools"
+_PATH = re.compile(rf"(?<![\w/.\-~$])((?:\.\./)*)((?:{_TOP})/[\w.\-/<>{{}}*]*)")
+_PATTERN = re.compile(r"[<>{}*]|\.\.\.|/[A-Z_]+(?:/|$)")
+# Paths that are not this repository's, by the doc that names them and why.
+NOT_OURS = {
+    ("docs/engines.md", "docs/design/metrics.md"): "vLLM's repository",
+    ("docs/engines.md", "exporter/collectors/vllm/metrics.py"): "the worked example, not built",
+}
+# The product's packages and tools: their comments and docstrings are checked.
+DOCUMENTED = SIZED
+
+
+def named_paths(text: str) -> list[str]:
+    """The repository paths `text` names, as written ("../" kept)."""
+    out = []
+    for match in _PATH.finditer(text):
+        up, path = match.group(1), match.group(2).rstrip(".-")
+        if _PATTERN.search(path):
+            continue
+        if path.endswith("/") or re.search(r"\.\w+$", path.rsplit("/", 1)[-1]):
+            out.append(up + path)
+    return out
+
+
+def _prose(path: Path) -> list[str]:
+    """A Python file's comments and docstrings; a Markdown file's whole text."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".md":
+        return [text]
+    found = [
+        tok.string
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+        if tok.type == tokenize.COMMENT
+    ]
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.append(ast.get_docstring(node, clean=False) or "")
+    return found
+
+
+def missing_paths(files: list[Path], root: Path) -> list[str]:
+    """`FILE: PATH` for each path named in `files`' prose that does not exist under `root`."""
+    missing = []
+    for path in files:
+        where = path.relative_to(root).as_posix()
+        for text in _prose(path):
+            for named in named_paths(text):
+                base = path.parent if named.startswith("../") else root
+                if (where, named) not in NOT_OURS and not (base / named).exists():
+                    missing.append(f"{where}: {named}")
+    return missing
+
+
+def test_every_path_named_in_a_comment_or_doc_exists() -> None:
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # not docs/results/
+    files = _modules(*DOCUMENTED) + docs
+    assert not missing_paths(files, ROOT)
+    named = {
+        (f.relative_to(ROOT).as_posix(), p) for f in docs for t in _prose(f) for p in named_paths(t)
+    }
+    assert set(NOT_OURS) <= named, "an exception no doc needs any more"
+
+
+def test_the_path_check_sees_a_planted_bad_path(tmp_path: Path) -> None:
+    (tmp_path / "core").mkdir()
+    (tmp_path / "docs").mkdir()
+    real = tmp_path / "core" / "real.py"
+    real.write_text(
+        '"""Read by tests/unit/test_gone.py."""\n'
+        "# see core/real.py and core/ and docs/x.md\n"
+        'HELP = "tests/unit/test_not_prose.py is a string, not prose"\n'
+    )
+    doc = tmp_path / "docs" / "x.md"
+    doc.write_text(
+        "[here](../core/real.py), [gone](../core/gone.py), `tests/fixtures/<kind>/`, "
+        "`prometheus/rules/*.yml`, `tests/fixtures/RUN`, vendor/docs/y.md, diagnose/compare\n"
+    )
+    assert missing_paths([real, doc], tmp_path) == [
+        "core/real.py: tests/unit/test_gone.py",
+        "docs/x.md: ../core/gone.py",
+    ]
