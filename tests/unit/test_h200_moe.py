@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 import core
-from diagnose.decision import decide_single, engine_from_dict
+from diagnose.decision import Decision, decide_single, engine_from_dict
+from diagnose.decision.single import engine_verdict
 from exporter.collectors.llamacpp.log import LogFollower, LogState
 from model.geometry import geometry_from_gguf
 from model.gguf_header import read_gguf_tensors
@@ -74,6 +75,14 @@ def real_active_bytes(header: Path) -> float:
     return total
 
 
+def redecide(doc: dict[str, Any]) -> Decision:
+    """Today's answer for the run's one engine: its verdict re-evaluated by the decision core
+    from the stored signals (not read back from the file), then the single decision on it."""
+    engine = engine_from_dict(doc["engines"][0])
+    engine.verdict, engine.action = engine_verdict(engine, core.Signals(**engine.signals))
+    return decide_single(engine)
+
+
 def single(doc: dict[str, Any]) -> dict[str, Any]:
     (row,) = [r for r in doc["engines"][0]["rows"] if r["step"] == "single"]
     return row
@@ -104,7 +113,7 @@ def test_moe_batch1_reads_the_active_bytes_and_is_below_the_card(
     assert roof["bytes_per_step"] < 0.25 * engine["weights_bytes"]
     assert 0 < roof["efficiency"] < 1
     assert roof["misfit"] is None
-    decision = decide_single(engine_from_dict(engine))
+    decision = redecide(doc)
     assert decision.verdict == doc["verdict"]
     (name,) = decision.verdict
     assert decision.verdict[name] != "decode_at_card_limit"
@@ -185,7 +194,7 @@ def test_the_distinct_expert_share_grows_with_the_batch() -> None:
 def test_the_first_run_is_redecided_the_same() -> None:
     """The earlier capture of the same shape (code of an hour before) gives today's verdict."""
     doc = load("moe-diagnose-run1")
-    decision = decide_single(engine_from_dict(doc["engines"][0]))
+    decision = redecide(doc)
     assert decision.verdict == doc["verdict"] == {"moe": "decode_below_card_limit"}
 
 
@@ -194,7 +203,7 @@ def test_expert_offload_is_a_residency_finding(tmp_path: Path) -> None:
     the verdict is weights_not_resident and decode runs at a fraction of the resident speed."""
     doc = load("moe-ncpumoe")
     engine = doc["engines"][0]
-    decision = decide_single(engine_from_dict(engine))
+    decision = redecide(doc)
     assert decision.verdict == doc["verdict"] == {"moe_ncpumoe24": "weights_not_resident"}
     assert decision.recommendation == doc["recommendation"] == "fix_memory_first"
     state = log_state(tmp_path, "moe-ncpumoe", "moe_ncpumoe24-c8192-np4.log")
