@@ -124,6 +124,13 @@ def names(scrape: Scrape) -> set[str]:
     return {n for n, _ in flat(scrape.metrics)}
 
 
+async def clean_scrape(collector: SGLangCollector) -> Scrape:
+    """One scrape that must succeed: the engine up, no source error."""
+    scrape = await collector.collect()
+    assert scrape.up and scrape.errors == [], [str(e) for e in scrape.errors]
+    return scrape
+
+
 def assert_values(scrape: Scrape, expected: dict[str, object]) -> None:
     """Each series (engine label only) has its expected value (a number or pytest.approx)."""
     for name, want in expected.items():
@@ -133,8 +140,7 @@ def assert_values(scrape: Scrape, expected: dict[str, object]) -> None:
 
 async def test_busy_fixture_maps_to_schema(fake: FakeSGLang, client: httpx.AsyncClient) -> None:
     collector, attribution = make(fake.url, client)
-    scrape = await collector.collect()
-    assert scrape.up and scrape.errors == []
+    scrape = await clean_scrape(collector)
     assert_values(
         scrape,
         {
@@ -319,8 +325,7 @@ async def test_older_sglang_exposition_is_tolerated(
     for path in ("/server_info", "/model_info", "/v1/models"):
         del fake.routes[path]
     collector, _ = make(fake.url, client)
-    scrape = await collector.collect()
-    assert scrape.up and scrape.errors == []
+    scrape = await clean_scrape(collector)
     assert_values(
         scrape,
         {
@@ -482,8 +487,7 @@ async def test_slow_health_does_not_cost_the_metrics(
     # SGLang's /health queues a 1-token generation; it gets half the timeout.
     fake.delay["/health"] = 1.0
     collector, _ = make(fake.url, client, timeout=0.6)
-    scrape = await collector.collect()
-    assert scrape.up and scrape.errors == []
+    scrape = await clean_scrape(collector)
     assert val(scrape, "llmb_engine_up") == 1.0
     assert val(scrape, "llmb_engine_requests_running") == 24
 

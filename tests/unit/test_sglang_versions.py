@@ -24,6 +24,7 @@ from tests.integration.test_sglang_collector import (
     METRICS,
     FakeSGLang,
     assert_values,
+    clean_scrape,
     make,
     names,
     val,
@@ -67,8 +68,7 @@ async def test_0511_capture_maps_every_known_series(
 ) -> None:
     routes_0511(fake)
     collector, _ = make(fake.url, client, model_path=MODEL)
-    scrape = await collector.collect()
-    assert scrape.up and scrape.errors == []
+    scrape = await clean_scrape(collector)
     assert_values(
         scrape,
         {
@@ -372,8 +372,7 @@ async def test_0511_cpu_capture_weights_from_config_when_the_engine_says_zero(
     fake.set("/v1/models", 200, (cpu / "v1_models.json").read_text())
     model = FIX / "sglang-tiny-qwen2"
     collector, _ = make(fake.url, client, model_path=model, log_file=cpu / "server.log")
-    scrape = await collector.collect()
-    assert scrape.up and scrape.errors == [], [str(e) for e in scrape.errors]
+    scrape = await clean_scrape(collector)
     assert "llmb_engine_model_buffer_bytes" not in names(scrape)
     # No safetensors (random weights): the config's shapes x bf16.
     assert val(scrape, "llmb_model_weights_bytes") == 24261120
