@@ -13,6 +13,7 @@ from mixin.dashboards.panels import (
     Target,
     annotation,
     decode_vs_roofline,
+    engine_share,
     quantiles,
     ts,
 )
@@ -108,12 +109,11 @@ def _scheduling_row(cfg: MixinConfig) -> Row:
                     "more load than slots (raise them or add a replica)."
                 ),
             ),
-            ts(
+            engine_share(
                 "KV cache usage",
-                Target(f"engine:llmb_kv_cache_usage:ratio{{{SEL}}}", "{{host}}/{{engine}}"),
-                unit="percentunit",
-                width=8,
-                limit=Limit("kv_usage_high", "below"),
+                "engine:llmb_kv_cache_usage:ratio",
+                Limit("kv_usage_high", "below"),
+                8,
                 description=(
                     "KV cache tokens held / KV capacity. At or above the line "
                     f"(`kv_usage_high` = {t('kv_usage_high')}) with requests waiting, the "

@@ -13,6 +13,7 @@ from mixin.dashboards.panels import (
     Row,
     Target,
     annotation,
+    engine_share,
     gpu_used_and_peak,
     quantiles,
     ts,
@@ -176,17 +177,17 @@ def _memory_row(cfg: MixinConfig) -> Row:
                     "step gets to the card's total (GPU memory dashboard)."
                 ),
             ),
-            ts(
+            engine_share(
                 "KV usage",
-                Target(f"engine:llmb_kv_cache_usage:ratio{{{SEL}}}", "{{host}}/{{engine}} KV"),
-                unit="percentunit",
-                width=6,
-                limit=Limit("kv_usage_high", "below"),
+                "engine:llmb_kv_cache_usage:ratio",
+                Limit("kv_usage_high", "below"),
+                6,
                 description=(
                     "KV cache tokens held / capacity per step. Reaching the line "
                     f"(`kv_usage_high` = {t('kv_usage_high')}) while requests wait: this "
                     "step's concurrency or context is more than the KV pool holds."
                 ),
+                legend=" KV",
             ),
             ts(
                 "Waiting requests",

@@ -115,6 +115,14 @@ def ts(title: str, *targets: Target, unit: str, description: str, **kw: Any) -> 
     return Panel(title, list(targets), "timeseries", unit, description, **kw)
 
 
+def engine_share(
+    title: str, record: str, limit: Limit, width: int, description: str, legend: str = ""
+) -> Panel:
+    """A per-engine share (0-1) of a recording rule against its threshold line `limit`."""
+    target = Target(f"{record}{{{SEL}}}", "{{host}}/{{engine}}" + legend)
+    return ts(title, target, unit="percentunit", width=width, limit=limit, description=description)
+
+
 def stat(title: str, *targets: Target, unit: str, description: str, **kw: Any) -> Panel:
     """A stat panel showing the last value per series."""
     return Panel(title, list(targets), "stat", unit, description, **kw)
