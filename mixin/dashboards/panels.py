@@ -171,6 +171,17 @@ def quantiles(cfg: MixinConfig, metric: str, by: str, label: str) -> list[Target
     ]
 
 
+def latency_panel(
+    cfg: MixinConfig, title: str, series: dict[str, str], width: int, of_what: str
+) -> Panel:
+    """p50 and p99 per engine of latency histograms (`series`: metric -> legend label)."""
+    targets = [
+        q for metric, label in series.items() for q in quantiles(cfg, metric, "engine", label)
+    ]
+    description = f"p50 and p99 over {cfg.dashboard_window} of {of_what}"
+    return ts(title, *targets, unit="s", width=width, description=description)
+
+
 BOOL_MAPPING: list[dict[str, Any]] = [
     {
         "type": "value",
