@@ -27,6 +27,7 @@ from tests.integration.test_sglang_collector import (
     clean_scrape,
     make,
     names,
+    scrape_of,
     val,
 )
 from tests.paths import FIXTURES
@@ -174,9 +175,7 @@ async def test_0523_retraction_counter_zero_only_where_the_release_has_it(
     fake: FakeSGLang, client: httpx.AsyncClient
 ) -> None:
     # 0.5.23 idle: gauge present, counter not yet created: a true zero.
-    fake.set("/metrics", 200, (METRICS / "metrics-idle.txt").read_text())
-    collector, _ = make(fake.url, client)
-    scrape = await collector.collect()
+    scrape = await scrape_of(fake, client, (METRICS / "metrics-idle.txt").read_text())
     assert val(scrape, "llmb_engine_kv_pressure_events_total", event="retracted") == 0
     # The same exposition from a server that says 0.5.11: unknown, so absent.
     info = json.loads((ENDPOINTS / "server_info.json").read_text())
