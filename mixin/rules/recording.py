@@ -91,6 +91,9 @@ def throughput_rules() -> list[dict[str, Any]]:
     ]
 
 
+GPU_BUFFERS = 'llmb_engine_model_buffer_bytes{device!~"(?i)cpu.*"}'
+
+
 def residency_rules() -> list[dict[str, Any]]:
     """How much of the weights the GPU holds, three ways."""
     return [
@@ -99,15 +102,11 @@ def residency_rules() -> list[dict[str, Any]]:
             mx("llmb_engine_process_gpu_memory_bytes"),
             mx("llmb_model_weights_bytes"),
         ),
-        rec(
-            # Buffers on any device but the host ones (llama.cpp CPU, CPU_Mapped, ...).
+        ratio(
             "engine:llmb_weights_gpu_buffers:ratio",
-            f"""
-            sum by ({E}) (
-              max by ({E}, device) (llmb_engine_model_buffer_bytes{{device!~"(?i)cpu.*"}})
-            )
-              / ({mx("llmb_model_weights_bytes")} > 0)
-            """,
+            # Buffers on any device but the host ones (llama.cpp CPU, CPU_Mapped, ...).
+            f"sum by ({E}) (\n  max by ({E}, device) ({GPU_BUFFERS})\n)",
+            mx("llmb_model_weights_bytes"),
         ),
         ratio(
             "engine:llmb_gpu_layers_offloaded:ratio",
