@@ -232,7 +232,8 @@ def missing_paths(files: list[Path], root: Path) -> list[str]:
 def test_every_path_named_in_a_comment_or_doc_exists() -> None:
     docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # not docs/results/
     files = _modules(*DOCUMENTED) + docs
-    assert not missing_paths(files, ROOT)
+    missing = missing_paths(files, ROOT)
+    assert not missing, "\n".join(missing)
     named = {
         (f.relative_to(ROOT).as_posix(), p) for f in docs for t in _prose(f) for p in named_paths(t)
     }
