@@ -1,23 +1,27 @@
 """The engine kinds: the one table a new inference server is registered in.
 
-Each row names, for one `kind` (the config's `engines[].kind` and the `kind` label), the
-collector that reads it, the schema's source column for docs/metrics.md, the simulator that
-plays it in tests, and how its GPU processes are recognised. Everything that branches on an
-engine kind reads this table: `config.settings` (the allowed kinds), `exporter.app` (which
-collector), `exporter.attribution` (the default process rule), `exporter.schema` (the source
-columns) and `llmb-sim --kind`. docs/engines.md is the recipe for adding a row.
+Each row holds what the project knows about one `kind` (the config's `engines[].kind` and the
+`kind` label) as plain facts: how docs name it, how its GPU processes are recognised, which
+endpoint tells diagnose what it serves, where residency figures come from, what a request
+sends to defeat its prompt cache, how a prompt's tokens are counted. Everything that
+branches on an engine kind reads these fields: `config.settings` (the allowed kinds),
+`exporter.attribution` (`process`), `diagnose.probe` (`info`), `diagnose.steps.residency` and
+the report's tables (`residency`), `diagnose.load` (`uncached_body`, `kv_events_in_log`),
+`loadgen.scheduler.calibration` (`tokenize_path`). docs/engines.md is the recipe.
 
-Code is named by `module:attribute` strings, loaded on first use (`load`): the config can
-list the kinds without importing a collector, and the exporter never imports the simulator
-(the simulator may import the exporter, not the other way round). A unit test loads every
-string, so a typo fails the tests, not a user.
+Code lives on the floors above, each in one table keyed by these kinds: the collector class
+in `exporter/app.py` (`COLLECTORS`), the source columns in `exporter/collectors/sources.py`,
+the simulator class in `simulator/__main__.py`. tests/unit/test_engines.py checks that every
+table has every kind.
 """
 
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from config.endpoints import llamacpp_props_facts, sglang_server_info_facts
 
 
 @dataclass(frozen=True)
@@ -34,50 +38,77 @@ class ProcessRule:
 
 
 @dataclass(frozen=True)
-class SourceColumn:
-    """A column of docs/metrics.md: where each `llmb_*` series comes from on this engine.
+class InfoEndpoint:
+    """The engine's own description of itself, which `diagnose` probes.
 
-    `table` names a `dict[str, str]` (series name -> source; "" = absent). A `release`
-    column lists only what differs on that release from the kind's main column.
+    `paths` are tried in order: the first that answers a JSON object tells a bare `--url`
+    that the server is of this kind, and `read` turns its body into `EngineFacts` fields.
     """
 
-    table: str
-    release: str = ""
+    paths: tuple[str, ...]
+    read: Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ResidencySources:
+    """Where the residency step's figures come from on this kind (said in its answers)."""
+
+    buffers: str  # the GPU weight buffers the engine reports
+    weights: str  # the weight size (named when it is missing)
+    layers: str | None  # the offloaded-layer count; None: the engine does not report it
+    layers_fix: str = ""  # how to make `layers` readable when it was not read
 
 
 @dataclass(frozen=True)
 class EngineKind:
-    """One inference server the exporter can read."""
+    """One inference server the project can read, measure and simulate."""
 
     kind: str  # config `kind:` and the `kind` label
     display: str  # how docs and messages name it
-    collector: str  # module:class of its exporter.collectors.Collector
-    simulator: str  # module:class of its simulator.common.SimBase
-    sources: tuple[SourceColumn, ...]  # the main column first
     process: ProcessRule
+    info: InfoEndpoint
+    residency: ResidencySources
+    # Request fields that stop the engine reusing a cached prompt or slot (diagnose's load).
+    uncached_body: dict[str, Any] = field(default_factory=dict)
+    # Its llmb_engine_kv_pressure_events_total counts KV events of its log (diagnose's KV step).
+    kv_events_in_log: bool = False
+    # An endpoint whose count (with BOS) equals /v1/completions' prompt_tokens, at no prefill
+    # (body `{"content", "add_special"}`); None: a 1-token request counts the prompt.
+    tokenize_path: str | None = None
 
 
 ENGINES: tuple[EngineKind, ...] = (
     EngineKind(
         kind="llamacpp",
         display="llama.cpp",
-        collector="exporter.collectors.llamacpp.collector:LlamaCppCollector",
-        simulator="simulator.llamacpp:LlamaCppSim",
-        sources=(SourceColumn("exporter.collectors.llamacpp.sources:SOURCES"),),
         process=ProcessRule("llama-server"),
+        info=InfoEndpoint(("/props",), llamacpp_props_facts),
+        residency=ResidencySources(
+            buffers="GPU weight buffers the engine reports (llama.cpp log `model buffer size`)",
+            weights="/v1/models meta.size, GGUF or log",
+            layers="the llama.cpp log",
+            layers_fix="set engines[].log_file in the config (llama-server -lv 4 --log-file ...)",
+        ),
+        # Unique prompt prefixes already defeat the cache; this also stops slot reuse.
+        uncached_body={"cache_prompt": False},
+        kv_events_in_log=True,
+        tokenize_path="/tokenize",
     ),
     EngineKind(
         kind="sglang",
         display="SGLang",
-        collector="exporter.collectors.sglang.collector:SGLangCollector",
-        simulator="simulator.sglang:SglangSim",
-        sources=(
-            SourceColumn("exporter.collectors.sglang.sources:SOURCES"),
-            SourceColumn("exporter.collectors.sglang.sources:SOURCES_0_5_11", release="0.5.11"),
-        ),
         # SGLang's GPU workers are spawned children whose command line may not carry the
         # port; with one SGLang engine the name alone is unambiguous.
         process=ProcessRule("sglang", port="when_several"),
+        info=InfoEndpoint(("/server_info", "/get_server_info"), sglang_server_info_facts),
+        residency=ResidencySources(
+            buffers=(
+                "GPU weight buffers SGLang reports (`weight_memory_usage_gb`, `/server_info` "
+                "memory_usage or its log `Load weight end`)"
+            ),
+            weights="weight series, /server_info memory_usage, log or safetensors",
+            layers=None,
+        ),
     ),
 )
 
@@ -91,9 +122,3 @@ def engine_kind(kind: str) -> EngineKind:
         return BY_KIND[kind]
     except KeyError:
         raise KeyError(f"unknown engine kind {kind!r} (known: {', '.join(KINDS)})") from None
-
-
-def load(ref: str) -> Any:
-    """The attribute a `module:attribute` string names, importing the module."""
-    module, _, attribute = ref.partition(":")
-    return getattr(importlib.import_module(module), attribute)

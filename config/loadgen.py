@@ -6,14 +6,24 @@ a key that no subcommand knows is an error when the file is loaded (the exporter
 `loadgen.KEY: unknown key`). Here a value is checked for its shape; when applied it goes
 through the flag's own parser, so it means exactly what the flag would.
 
-Only pydantic is imported: the exporter validates this section without the load generator.
+Only pydantic and the engine kinds are imported: the exporter validates this section without
+the load generator.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
+
+from config.kinds import KINDS
+
+# `--kind`: a registered kind (config/kinds.py) or a plain OpenAI-compatible server.
+TARGET_KINDS: tuple[str, ...] = (*KINDS, "openai")
+if TYPE_CHECKING:
+    TargetKind = str
+else:
+    TargetKind = Literal[TARGET_KINDS]
 
 # A comma-list flag (`--concurrency 1,2,4`): `4`, `[1, 2]` or `'1,2'`.
 IntList = int | list[int] | str
@@ -28,7 +38,7 @@ class LoadgenSettings(BaseModel):
     # target
     engine: list[str] | None = None
     url: str | None = None
-    kind: Literal["llamacpp", "sglang", "openai"] | None = None
+    kind: TargetKind | None = None
     name: str | None = None
     api_key_env: str | None = None
     model: str | None = None

@@ -23,6 +23,7 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
+from config.kinds import ENGINES, KINDS
 from config.settings import Config, EngineConfig
 from diagnose.compare import DEFAULT_ROUNDS, compare
 from diagnose.decision.model import Decision, EngineResult, RunInfo, utc_now
@@ -191,10 +192,11 @@ def engines_from_args(args: argparse.Namespace, config: Config | None) -> list[E
     kind = args.kind
     if kind == "openai":
         kind = asyncio.run(detect_kind(args.url, key))
-    if kind not in ("llamacpp", "sglang"):
+    if kind not in KINDS:
+        endpoints = " nor ".join(f"{e.display}'s {e.info.paths[0]}" for e in ENGINES)
         raise UsageError(
-            f"{args.url} answers neither llama.cpp's /props nor SGLang's /server_info; "
-            "pass --kind llamacpp or --kind sglang"
+            f"{args.url} answers neither {endpoints}; pass "
+            + " or ".join(f"--kind {k}" for k in KINDS)
         )
     name = args.name or server_model(args.url, key, 5.0) or kind
     return [

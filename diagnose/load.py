@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
+from config.kinds import engine_kind
 from diagnose.decision.model import Row
 from diagnose.decision.roofline import row_roofline
 from diagnose.engine_run import EngineRun
@@ -27,10 +27,6 @@ KV_EVENTS = "llmb_engine_kv_pressure_events_total"
 
 def load_spec(run: EngineRun, concurrency: int, prompt_tokens: int, requests: int) -> RunSpec:
     """The scheduler's spec of one round: completions, the options' lengths and timeouts."""
-    extra: dict[str, Any] = {}
-    if run.engine.kind == "llamacpp":
-        # Unique prompt prefixes already defeat the cache; this also stops slot reuse.
-        extra["cache_prompt"] = False
     return RunSpec(
         targets=[run.target()],
         max_tokens=run.opts.max_tokens,
@@ -40,7 +36,7 @@ def load_spec(run: EngineRun, concurrency: int, prompt_tokens: int, requests: in
         timeout=run.opts.timeout,
         connect_timeout=run.opts.connect_timeout,
         endpoint="completions",
-        extra_body=extra,
+        extra_body=dict(engine_kind(run.engine.kind).uncached_body),
     )
 
 
@@ -164,8 +160,10 @@ async def measure_row(
 
 
 def _log_events(run: EngineRun) -> float:
-    """KV-pressure events of llama.cpp's log so far (SGLang's retractions are no log events)."""
-    return run.monitor.engine_total(KV_EVENTS) if run.engine.kind == "llamacpp" else 0.0
+    """KV-pressure events of the engine's log so far (SGLang's retractions are no log events)."""
+    if not engine_kind(run.engine.kind).kv_events_in_log:
+        return 0.0
+    return run.monitor.engine_total(KV_EVENTS)
 
 
 def median(values: list[float]) -> float | None:

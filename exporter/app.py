@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import httpx
 
-from config.kinds import engine_kind, load
 from config.settings import Config
 from exporter.attribution import Attribution
-from exporter.collectors import Collector
+from exporter.collectors import Collector, EngineCollector
+from exporter.collectors.llamacpp.collector import LlamaCppCollector
+from exporter.collectors.nvml.collector import NvmlCollector
+from exporter.collectors.sglang.collector import SGLangCollector
 from exporter.runner import Runner
 from exporter.transport import AiohttpTransport
+
+# The collector class of each engine kind of config/kinds.py.
+COLLECTORS: dict[str, type[EngineCollector]] = {
+    "llamacpp": LlamaCppCollector,
+    "sglang": SGLangCollector,
+}
 
 
 def build_runner(config: Config, client: httpx.AsyncClient | None = None) -> Runner:
     """Create one collector per source (NVML when enabled, one per engine).
 
-    Each engine's collector class comes from its kind's row in config/kinds.py.
+    Each engine's collector class is its kind's entry in `COLLECTORS`.
     """
-    from exporter.collectors.nvml.collector import NvmlCollector
-
     # aiohttp underneath: httpx's own transport costs more CPU than parsing (exporter/transport.py).
     http = client or httpx.AsyncClient(follow_redirects=True, transport=AiohttpTransport())
     attribution = Attribution(config.engines)
@@ -27,8 +33,7 @@ def build_runner(config: Config, client: httpx.AsyncClient | None = None) -> Run
         collectors.append(NvmlCollector(config.gpu, attribution))
     for engine in config.engines:
         timeout = engine.timeout_seconds or config.source_timeout_seconds
-        collector = load(engine_kind(engine.kind).collector)
-        collectors.append(collector(engine, http, timeout, attribution))
+        collectors.append(COLLECTORS[engine.kind](engine, http, timeout, attribution))
     runner = Runner(
         collectors,
         default_deadline=config.scrape_timeout_seconds,

@@ -417,16 +417,19 @@ def _unit(name: str) -> str:
 
 
 def _source_columns() -> list[tuple[str, dict[str, str], dict[str, str] | None]]:
-    """(header, main table, release table or None) per column, from config/kinds.py."""
-    from config.kinds import ENGINES, load
+    """(header, main table, release table or None) per column, in config/kinds.py's order."""
+    from config.kinds import ENGINES
+
+    # The collectors import this module: their source tables only when the docs are drawn.
+    from exporter.collectors.sources import SOURCE_COLUMNS
 
     columns: list[tuple[str, dict[str, str], dict[str, str] | None]] = []
     for engine in ENGINES:
-        main = load(engine.sources[0].table)
-        columns.append((f"{engine.display} source", main, None))
-        for column in engine.sources[1:]:
+        main, *releases = SOURCE_COLUMNS[engine.kind]
+        columns.append((f"{engine.display} source", main.table, None))
+        for column in releases:
             header = f"{engine.display} {column.release} source"
-            columns.append((header, main, load(column.table)))
+            columns.append((header, main.table, column.table))
     return columns
 
 

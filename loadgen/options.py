@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from config.loadgen import TARGET_KINDS
+
 N = TypeVar("N", int, float)
 # Where an option is added: a parser or one of its argument groups.
 Parser = argparse.ArgumentParser | argparse._ArgumentGroup
@@ -172,7 +174,7 @@ def add_target_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--kind",
-        choices=["llamacpp", "sglang", "openai"],
+        choices=TARGET_KINDS,
         default="openai",
         help="server kind with --url (llamacpp enables /tokenize calibration)",
     )

@@ -1,7 +1,7 @@
 """The GGUF header: metadata and tensor infos, read from a memory map without the tensor data.
 
 One reader for the format: the model geometry (model.geometry) and
-`llmb-synth-model` (tools/synth_model.py) both read GGUF files through it.
+`llmb-synth-model` (tools/synth_model/) both read GGUF files through it.
 """
 
 from __future__ import annotations

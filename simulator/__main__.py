@@ -9,12 +9,17 @@ from pathlib import Path
 
 from aiohttp import web
 
-from config.kinds import KINDS, engine_kind, load
+from config.kinds import KINDS
 from simulator import scenarios
 from simulator.common import Faults, SimBase, SimOptions
+from simulator.llamacpp.server import LlamaCppSim
 from simulator.model import LLAMACPP_KV_TYPES, SGLANG_KV_BYTES
+from simulator.sglang.server import SglangSim
 from simulator.sglang.spec import DEFAULT_VERSION, VERSIONS
 from simulator.tokenizer import NAMES as TOKENIZERS
+
+# The simulator class of each engine kind of config/kinds.py (its `kind` attribute the same).
+SIMULATORS: dict[str, type[SimBase]] = {"llamacpp": LlamaCppSim, "sglang": SglangSim}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,9 +130,8 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
 
 
 def make_sim(opts: SimOptions) -> SimBase:
-    """The simulator object for `opts.kind` (its class is named in config/kinds.py)."""
-    sim: SimBase = load(engine_kind(opts.kind).simulator)(opts)
-    return sim
+    """The simulator object for `opts.kind` (its class is the kind's entry in `SIMULATORS`)."""
+    return SIMULATORS[opts.kind](opts)
 
 
 def main(argv: list[str] | None = None) -> int:

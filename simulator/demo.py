@@ -26,9 +26,9 @@ from typing import Any
 import httpx
 import yaml
 
+from config.kinds import KINDS, engine_kind
 from simulator import scenarios
 
-KINDS = ("llamacpp", "sglang")
 # The repository's prometheus/ folder (rules, alertmanager.yml); present in a clone and an
 # editable install, absent from a wheel (then the demo runs without rules and says so).
 PROMETHEUS_DIR = Path(__file__).resolve().parents[1] / "prometheus"
@@ -365,7 +365,7 @@ def print_addresses(
     prom_url = f"http://127.0.0.1:{args.prometheus_port}"
     am_url = f"http://127.0.0.1:{args.alertmanager_port}"
     for kind in KINDS:
-        label = "llama.cpp" if kind == "llamacpp" else "SGLang"
+        label = engine_kind(kind).display
         print(f"{label + ' simulator':<21}{urls[kind]}  ({chosen[kind]})")
     if args.prometheus_url:
         listen = os.environ.get("LLMB__LISTEN", f"127.0.0.1:{args.exporter_port}")

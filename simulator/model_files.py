@@ -39,13 +39,14 @@ class ModelFiles:
     def _write_gguf(self, model: ModelSpec) -> str | None:
         assert model.gguf_like is not None
         try:  # the GGUF writer is an extra (llm-bottleneck[synth]: gguf, numpy)
-            from tools import synth_model
+            from tools.synth_model.gguf_file import write_header_only
+            from tools.synth_model.plan import build_model
         except ImportError as exc:
             LOG.warning("no GGUF for %s (%s): install llm-bottleneck[synth]", model.name, exc)
             return None
         like, wtype = model.gguf_like
         out = self._folder() / Path(model.name).name
-        synth_model.write_header_only(synth_model.build_model(like, wtype, None), out)
+        write_header_only(build_model(like, wtype, None), out)
         return str(out)
 
     def _write_hf(self, model: ModelSpec) -> Path:

@@ -12,7 +12,8 @@ scrapes the real exporter application (`exporter.server.make_app`) on 127.0.0.1.
 
     python -m tools.fuzz_collectors --cases 10000 --seed 1
 
-The mutators are also used by the hypothesis tests (tests/unit/test_fuzz_collectors.py).
+The mutators (tools/fuzz_mutators.py) also drive the hypothesis tests
+(tests/unit/test_fuzz_collectors.py).
 """
 
 from __future__ import annotations
@@ -34,7 +35,16 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from tools.fuzz_mutators import mutate_body, mutate_log
+
+if TYPE_CHECKING:
+    import httpx
+
+    from exporter.runner import Runner
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 LLAMA = FIXTURES / "llamacpp-cpu-gemma3-270m"
@@ -57,231 +67,6 @@ BODIES: dict[str, dict[str, Path]] = {
     },
 }
 LLAMA_LOG = LLAMA / "server.log"
-
-# Raw JSON texts substituted for placeholder strings after serialization.
-_RAW_JSON = {
-    "__1e400__": "1e400",
-    "__-1e400__": "-1e400",
-    "__nan__": "NaN",
-    "__bigint__": "9" * 5000,
-    "__deep_list__": "[" * 3000 + "]" * 3000,
-    "__deep_obj__": '{"a":' * 3000 + "1" + "}" * 3000,
-}
-HOSTILE_JSON: list[Any] = [
-    # Lone surrogates several times over: they used to fail the whole answer (HTTP 500).
-    *(["\ud800", "a\udfffb", "\udc80x"] * 3),
-    "x\x00y\n\x1b[31m",
-    "big",
-    "lots",
-    "",
-    "1,5",
-    "é" * 300,
-    "x" * 20_000,
-    -1,
-    0,
-    -1e308,
-    2**64,
-    10**30,
-    3.5,
-    True,
-    False,
-    None,
-    ["a"],
-    [1, 2],
-    [],
-    {},
-    {"x": {"y": [1]}},
-    *_RAW_JSON,
-]
-HOSTILE_VALUES = [
-    "NaN",
-    "+Inf",
-    "-Inf",
-    "1e400",
-    "-1",
-    "abc",
-    "1_0",
-    "0x10",
-    "",
-    "1.5.5",
-    "9" * 400,
-    "infinity",
-]
-HOSTILE_LABELS = ["1,5", "", "+Inf", "abc", 'a"b', "a\\b", "\\n", "\x00", "é\u2028", "NaN"]
-
-
-def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Every path (keys and indexes) into a JSON document, the root included."""
-    out = [prefix]
-    if isinstance(doc, dict):
-        for key, value in doc.items():
-            out.extend(_paths(value, (*prefix, key)))
-    elif isinstance(doc, list):
-        for index, value in enumerate(doc):
-            out.extend(_paths(value, (*prefix, index)))
-    return out
-
-
-def _set(doc: Any, path: tuple[Any, ...], value: Any, delete: bool = False) -> Any:
-    if not path:
-        return value
-    parent = doc
-    for key in path[:-1]:
-        parent = parent[key]
-    if delete:
-        del parent[path[-1]]
-    else:
-        parent[path[-1]] = value
-    return doc
-
-
-# Keys the collectors read: half of the JSON mutations aim at one of them.
-READ_KEYS = frozenset(
-    {
-        "build_info", "model_path", "model_alias", "model_ftype", "total_slots", "n_ctx",
-        "default_generation_settings", "data", "id", "meta", "size", "n_params", "ftype",
-        "is_processing", "n_prompt_tokens", "served_model_name", "max_running_requests",
-        "internal_states", "effective_max_running_requests_per_dp", "cpu_offload_gb",
-        "kv_cache_dtype", "quantization", "dtype", "version", "simulated", "tp_size",
-        "max_total_num_tokens", "page_size", "max_model_len",
-    }
-)  # fmt: skip
-
-
-# Keys whose strings end up as label values (model, version, quantization).
-LABEL_KEYS = frozenset(
-    {"id", "build_info", "model_path", "model_alias", "model_ftype", "ftype",
-     "served_model_name", "version", "quantization", "dtype", "kv_cache_dtype"}
-)  # fmt: skip
-
-
-def mutate_json(text: str, rng: random.Random) -> str:
-    """One structural change to a JSON document: a hostile value, a deletion or a new type."""
-    doc = json.loads(text)
-    paths = _paths(doc)
-    read = [p for p in paths if p and p[-1] in READ_KEYS]
-    path = rng.choice(read if read and rng.random() < 0.5 else paths)
-    action = rng.random()
-    if path and path[-1] in LABEL_KEYS and action < 0.35:
-        # A string that becomes a label: the characters that used to fail the whole answer.
-        doc = _set(doc, path, rng.choice(["\ud800", "m\udfff", "a\x00b", "x\ny", "\x1b[1m"]))
-    elif action < 0.7:
-        doc = _set(doc, path, rng.choice(HOSTILE_JSON))
-    elif action < 0.85 and path:
-        doc = _set(doc, path, None, delete=True)
-    else:
-        doc = _set(doc, path, rng.choice([[1, 2], "text", 7, {"data": "x"}]))
-    out = json.dumps(doc)
-    for placeholder, raw in _RAW_JSON.items():
-        out = out.replace(json.dumps(placeholder), raw)
-    return out
-
-
-_MAPPED = re.compile(
-    r"^(?:llamacpp:|sglang:(?:num_running_reqs|num_queue_reqs|token_usage|max_total_num_tokens|"
-    r"context_len|kv_used_tokens|num_used_tokens|time_to_first_token|inter_token_latency|"
-    r"queue_time|e2e_request|prompt_tokens_total|generation_tokens_total|cached_tokens|"
-    r"weight_memory|kv_cache_memory|startup_time|num_requests_total|num_retracted))"
-)
-
-
-def _sample_lines(lines: list[str]) -> list[int]:
-    return [i for i, line in enumerate(lines) if line and not line.startswith("#")]
-
-
-def mutate_exposition(text: str, rng: random.Random) -> str:
-    """One change to a text exposition: a value, a label, a line (lost, doubled, cut...)."""
-    lines = text.split("\n")
-    samples = _sample_lines(lines)
-    if not samples:
-        return text + "\n" + rng.choice(["garbage", "x 1", "{}"])
-    # Half the time a line of a family the collectors map (SGLang exposes ~100 they skip).
-    mapped = [i for i in samples if _MAPPED.search(lines[i])]
-    i = rng.choice(mapped if mapped and rng.random() < 0.5 else samples)
-    line = lines[i]
-    action = rng.randrange(9)
-    if action == 0:  # hostile value
-        head = line.rsplit(" ", 1)[0]
-        lines[i] = f"{head} {rng.choice(HOSTILE_VALUES)}"
-    elif action == 1 and "=" in line:  # hostile label value (incl. le)
-        start = line.index('="') + 2
-        end = line.index('"', start)
-        value = rng.choice(HOSTILE_LABELS).replace("\\", "\\\\").replace('"', '\\"')
-        lines[i] = line[:start] + value + line[end:]
-    elif action == 2:
-        del lines[i]
-    elif action == 3:
-        lines.insert(i, line)
-    elif action == 4 and i + 1 < len(lines):
-        lines[i], lines[i + 1] = lines[i + 1], lines[i]
-    elif action == 5:
-        lines[i] = line[: rng.randrange(len(line) + 1)]
-    elif action == 6:
-        pos = rng.randrange(len(line) + 1)
-        lines[i] = line[:pos] + rng.choice(['"', "{", "}", ",", " ", "=", "\\", "#"]) + line[pos:]
-    elif action == 7:
-        lines.insert(i, rng.choice(["garbage", "{}", "x{ 1", '{"a"} 1', "a b c d e"]))
-    else:  # a whole family as non-finite values
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        value = rng.choice(["NaN", "+Inf"])
-        lines = [
-            (ln.rsplit(" ", 1)[0] + " " + value) if ln.startswith(name) else ln for ln in lines
-        ]
-    return "\n".join(lines)
-
-
-def mutate_bytes(data: bytes, rng: random.Random) -> bytes:
-    """Byte-level damage: cut, NUL/invalid UTF-8/surrogate bytes inserted, bytes flipped."""
-    action = rng.randrange(4)
-    pos = rng.randrange(len(data) + 1)
-    if action == 0:
-        return data[:pos]
-    if action == 1:
-        junk = rng.choice([b"\x00", b"\xff\xfe", b"\xed\xa0\x80", b"\xc3", b"\r", b"\x1b[0m"])
-        return data[:pos] + junk + data[pos:]
-    if action == 2 and data:
-        flipped = bytearray(data)
-        for _ in range(rng.randrange(1, 8)):
-            flipped[rng.randrange(len(flipped))] = rng.randrange(256)
-        return bytes(flipped)
-    return data + data[: rng.randrange(len(data) + 1)]
-
-
-def mutate_body(path: str, data: bytes, rng: random.Random) -> bytes:
-    """A mutation of one engine answer, structure-aware two times in three."""
-    for _ in range(rng.choice([1, 1, 2, 3])):
-        if rng.random() < 0.33:
-            data = mutate_bytes(data, rng)
-            continue
-        try:
-            text = data.decode("utf-8")
-            if path == "/metrics":
-                data = mutate_exposition(text, rng).encode("utf-8", "surrogatepass")
-            else:
-                data = mutate_json(text, rng).encode("utf-8", "surrogatepass")
-        except (ValueError, IndexError, RecursionError):
-            data = mutate_bytes(data, rng)  # already broken: keep breaking bytes
-    return data
-
-
-def mutate_log(text: str, rng: random.Random) -> str:
-    """A llama-server log with some lines damaged (numbers, JSON lines, binary)."""
-    lines = text.split("\n")
-    for _ in range(rng.randrange(1, 6)):
-        i = rng.randrange(len(lines))
-        choice = rng.randrange(4)
-        if choice == 0:
-            lines[i] = lines[i].replace("0", rng.choice(["9" * 50, ".", "1e400", "-"]))
-        elif choice == 1:
-            lines[i] = json.dumps({"msg": rng.choice([lines[i], ["x"], 5, None])})
-        elif choice == 2:
-            lines[i] = lines[i][: rng.randrange(len(lines[i]) + 1)] + "\x00\udcff"
-        else:
-            lines.insert(i, "{" * rng.randrange(1, 3000))
-    return "\n".join(lines)
-
-
-# --- the run over real HTTP -----------------------------------------------------------------
 
 
 @dataclass
@@ -344,66 +129,62 @@ def _promtool_ok(promtool: str, text: str) -> tuple[bool, str]:
     return proc.returncode in (0, 3) and "error" not in proc.stderr.decode().lower(), problems
 
 
-async def run(
-    cases: int, seed: int, promtool: str | None, progress: Callable[[str], None]
-) -> Counts:
-    """Fuzz `cases` mutated answers through the real exporter over HTTP."""
-    import httpx
-    from aiohttp import web
-    from aiohttp.test_utils import TestServer
+class _Served:
+    """The answers the fake engines give now: the real ones, one of them mutated per case."""
 
-    from config.settings import parse_config
-    from exporter.app import build_runner
-    from exporter.server import make_app
+    def __init__(self, log_file: Path) -> None:
+        self.real = {
+            k: {p: f.read_bytes() for p, f in paths.items()} for k, paths in BODIES.items()
+        }
+        self.now = {kind: dict(bodies) for kind, bodies in self.real.items()}
+        self.log_file, self.log_text, self.log_dirty = log_file, LLAMA_LOG.read_text(), False
+        log_file.write_text(self.log_text)
 
-    rng = random.Random(seed)
-    real = {kind: {p: f.read_bytes() for p, f in paths.items()} for kind, paths in BODIES.items()}
-    served: dict[str, dict[str, bytes]] = {kind: dict(b) for kind, b in real.items()}
+    def app(self, kind: str) -> web.Application:
+        """A fake engine of `kind` on its current answers (404 for any other path)."""
 
-    def engine_app(kind: str) -> web.Application:
         async def handle(request: web.Request) -> web.Response:
             if request.path == "/health":
                 return web.Response(text='{"status":"ok"}')
             path = "/model_info" if request.path == "/get_model_info" else request.path
-            body = served[kind].get(path)
-            if body is None:
-                return web.Response(status=404)
-            return web.Response(body=body)
+            body = self.now[kind].get(path)
+            return web.Response(status=404) if body is None else web.Response(body=body)
 
         app = web.Application()
         app.router.add_route("GET", "/{tail:.*}", handle)
         return app
 
-    engines = {kind: TestServer(engine_app(kind), host="127.0.0.1") for kind in BODIES}
-    for server in engines.values():
-        await server.start_server()
-    workdir = Path(tempfile.mkdtemp(prefix="llmb-fuzz-"))
-    log_file = workdir / "llama.log"
-    log_text = LLAMA_LOG.read_text()
-    log_file.write_text(log_text)
-    config = parse_config(
+    def mutate(self, rng: random.Random) -> None:
+        """Restore every answer, then mutate one (and, now and then, llama.cpp's log)."""
+        for kind in BODIES:
+            self.now[kind] = dict(self.real[kind])
+        kind = rng.choice(list(BODIES))
+        path = rng.choice(list(BODIES[kind]))
+        self.now[kind][path] = mutate_body(path, self.real[kind][path], rng)
+        if kind == "llamacpp" and rng.random() < 0.1:
+            self.log_file.write_text(mutate_log(self.log_text, rng), errors="surrogateescape")
+            self.log_dirty = True
+        elif self.log_dirty:
+            self.log_file.write_text(self.log_text)
+            self.log_dirty = False
+
+
+def _exporter(ports: dict[str, int | None], log_file: Path) -> Runner:
+    """The real exporter's runner over both fake engines, with clocks that jump a minute."""
+    from config.settings import parse_config
+    from exporter.app import build_runner
+
+    url = "http://127.0.0.1:{}".format
+    engines = [
         {
-            "engines": [
-                {
-                    "name": "llama",
-                    "kind": "llamacpp",
-                    "url": f"http://127.0.0.1:{engines['llamacpp'].port}",
-                    "log_file": str(log_file),
-                },
-                {
-                    "name": "sgl",
-                    "kind": "sglang",
-                    "url": f"http://127.0.0.1:{engines['sglang'].port}",
-                },
-            ],
-            "gpu": {"enabled": False},
-        }
-    )
-    crashes = _CrashCounter()
-    logging.getLogger("exporter").addHandler(crashes)
-    logging.getLogger("exporter").setLevel(logging.INFO)
-    logging.getLogger("exporter").propagate = False
-    runner = build_runner(config)
+            "name": "llama",
+            "kind": "llamacpp",
+            "url": url(ports["llamacpp"]),
+            "log_file": str(log_file),
+        },
+        {"name": "sgl", "kind": "sglang", "url": url(ports["sglang"])},
+    ]
+    runner = build_runner(parse_config({"engines": engines, "gpu": {"enabled": False}}))
     # Collectors re-read their static endpoints (/v1/models, /server_info...) only every 60 s;
     # a clock that jumps a minute per reading makes every case reach them.
     jumps = itertools.count(0.0, 61.0)
@@ -411,40 +192,68 @@ async def run(
         for attr in ("clock", "_clock"):
             if hasattr(collector, attr):
                 setattr(collector, attr, lambda: next(jumps))
+    return runner
+
+
+def _crash_counter() -> _CrashCounter:
+    crashes = _CrashCounter()
+    logger = logging.getLogger("exporter")
+    logger.addHandler(crashes)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    return crashes
+
+
+@dataclass
+class _Scrapes:
+    """Scrapes of the exporter, each answer counted (and promtool-checked once per shape)."""
+
+    url: str
+    promtool: str | None
+    counts: Counts = field(default_factory=Counts)
+    seen: set[bytes] = field(default_factory=set)
+
+    async def scrape(self, client: httpx.AsyncClient) -> None:
+        resp = await client.get(
+            self.url, headers={"X-Prometheus-Scrape-Timeout-Seconds": "4"}, timeout=30
+        )
+        self.counts.cases += 1
+        if resp.status_code != 200:
+            self.counts.http_errors += 1
+            return
+        # Outputs differ in values mostly; promtool sees every distinct output.
+        digest = hashlib.sha256(_VOLATILE.sub(r"\1 0", resp.text).encode()).digest()
+        if self.promtool and digest not in self.seen:
+            self.seen.add(digest)
+            self.counts.promtool.record(*_promtool_ok(self.promtool, resp.text))
+
+
+async def run(
+    cases: int, seed: int, promtool: str | None, progress: Callable[[str], None]
+) -> Counts:
+    """Fuzz `cases` mutated answers through the real exporter over HTTP."""
+    import httpx
+    from aiohttp.test_utils import TestServer
+
+    from exporter.server import make_app
+
+    rng = random.Random(seed)
+    workdir = Path(tempfile.mkdtemp(prefix="llmb-fuzz-"))
+    served = _Served(workdir / "llama.log")
+    engines = {kind: TestServer(served.app(kind), host="127.0.0.1") for kind in BODIES}
+    for server in engines.values():
+        await server.start_server()
+    crashes = _crash_counter()
+    runner = _exporter({kind: s.port for kind, s in engines.items()}, served.log_file)
     exporter = TestServer(make_app(runner), host="127.0.0.1")
     await exporter.start_server()
-    counts = Counts()
-    seen: set[bytes] = set()
-    log_dirty = False
-    started = time.monotonic()
+    scrapes = _Scrapes(f"http://127.0.0.1:{exporter.port}/metrics", promtool)
+    counts, started = scrapes.counts, time.monotonic()
     try:
         async with httpx.AsyncClient() as client:
             for case in range(cases):
-                for kind in BODIES:
-                    served[kind] = dict(real[kind])
-                kind = rng.choice(list(BODIES))
-                path = rng.choice(list(BODIES[kind]))
-                served[kind][path] = mutate_body(path, real[kind][path], rng)
-                if kind == "llamacpp" and rng.random() < 0.1:
-                    log_file.write_text(mutate_log(log_text, rng), errors="surrogateescape")
-                    log_dirty = True
-                elif log_dirty:
-                    log_file.write_text(log_text)
-                    log_dirty = False
-                resp = await client.get(
-                    f"http://127.0.0.1:{exporter.port}/metrics",
-                    headers={"X-Prometheus-Scrape-Timeout-Seconds": "4"},
-                    timeout=30,
-                )
-                counts.cases += 1
-                if resp.status_code != 200:
-                    counts.http_errors += 1
-                    continue
-                # Outputs differ in values mostly; promtool sees every distinct output.
-                digest = hashlib.sha256(_VOLATILE.sub(r"\1 0", resp.text).encode()).digest()
-                if promtool and digest not in seen:
-                    seen.add(digest)
-                    counts.promtool.record(*_promtool_ok(promtool, resp.text))
+                served.mutate(rng)
+                await scrapes.scrape(client)
                 if case % 500 == 0 or case == cases - 1:
                     counts.rss_mib.append(round(_rss_mib(), 1))
                     progress(

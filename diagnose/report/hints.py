@@ -15,11 +15,6 @@ FIX_BANDWIDTH = "pass --bandwidth-gbs (or set gpu.bandwidth_bytes_per_second in 
 
 FIX_LAUNCH = "add a launch template (engines[].launch) to the config so the tool starts the engine"
 
-FIX_LLAMA_LOG = (
-    "set engines[].log_file in the config (llama-server -lv 4 --log-file ...) or pass "
-    "--exporter-url"
-)
-
 FIX_CONTEXT_SWEEP = (
     "needs a launch template with {ctx} (engines[].launch) in the config; --contexts or "
     "--max-context set its range"

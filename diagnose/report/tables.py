@@ -8,13 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from config.kinds import engine_kind
 from core.roofline import MISFIT_BY_NAME, misfit_text
 from diagnose.decision.model import EngineResult, Row
 from diagnose.report.hints import (
     FIX_BANDWIDTH,
     FIX_EXPORTER,
     FIX_LAUNCH,
-    FIX_LLAMA_LOG,
     GIB,
     memory_why,
     roofline_unknown,
@@ -51,11 +51,14 @@ def _gib_or(value: float | None, why: str) -> str:
 def _layers(e: EngineResult) -> str:
     if e.layers_total is not None and e.layers_offloaded is not None:
         return f"{e.layers_offloaded:.0f} of {e.layers_total:.0f}"
-    if e.layers_total is not None and e.kind == "llamacpp":
-        return f"unknown of {e.layers_total:.0f}: the llama.cpp log was not read: " + FIX_LLAMA_LOG
-    if e.kind != "llamacpp":
-        return "not reported by SGLang (compare process GPU memory with the weights)"
-    return unknown("the llama.cpp log was not read: " + FIX_LLAMA_LOG)
+    engine = engine_kind(e.kind)
+    source = engine.residency
+    if source.layers is None:
+        return f"not reported by {engine.display} (compare process GPU memory with the weights)"
+    why = f"{source.layers} was not read: {source.layers_fix} or pass --exporter-url"
+    if e.layers_total is not None:
+        return f"unknown of {e.layers_total:.0f}: {why}"
+    return unknown(why)
 
 
 def _decode_share(e: EngineResult) -> str:

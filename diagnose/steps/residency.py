@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+from config.kinds import engine_kind
 from core.conditions import evaluate
 from core.signals import Signals
 from diagnose.decision.model import EngineResult, Step
@@ -75,11 +76,7 @@ def residency_facts(res: EngineResult) -> str:
 # Residency signals in the order diagnose names them, with where each comes from.
 RESIDENCY_SOURCES: tuple[tuple[str, str], ...] = (
     ("layers_ratio", "layers on the GPU (llama.cpp log)"),
-    (
-        "weights_buffers_ratio",
-        "GPU weight buffers the engine reports (llama.cpp log `model buffer size`; SGLang "
-        "`weight_memory_usage_gb`, `/server_info` memory_usage or its log `Load weight end`)",
-    ),
+    ("weights_buffers_ratio", ""),  # the kind's own words (config/kinds.py `residency`)
     (
         "weights_memory_beyond_kv_ratio",
         "process GPU memory (NVML) minus the KV pool SGLang reports, against the weights",
@@ -94,16 +91,9 @@ def residency_sources(sig: Signals, kind: str) -> str:
     parts = []
     for name, source in RESIDENCY_SOURCES:
         value = getattr(sig, name)
-        if value is None:
-            continue
-        if name == "weights_buffers_ratio" and kind == "llamacpp":
-            source = "GPU weight buffers the engine reports (llama.cpp log `model buffer size`)"
-        elif name == "weights_buffers_ratio" and kind == "sglang":
-            source = (
-                "GPU weight buffers SGLang reports (`weight_memory_usage_gb`, `/server_info` "
-                "memory_usage or its log `Load weight end`)"
-            )
-        parts.append(f"{name.removesuffix('_ratio')} {value:.2f}: {source}")
+        if value is not None:
+            source = source or engine_kind(kind).residency.buffers
+            parts.append(f"{name.removesuffix('_ratio')} {value:.2f}: {source}")
     return "; ".join(parts)
 
 
@@ -111,12 +101,8 @@ def residency_gap(res: EngineResult, kind: str) -> str:
     """Why residency could not be decided: which of its inputs is missing."""
     missing = []
     if res.weights_bytes is None:
-        where = (
-            "no weight series, /server_info memory_usage, log or safetensors"
-            if kind == "sglang"
-            else "no /v1/models meta.size, GGUF or log"
-        )
-        missing.append(f"the weight size is not known ({where})")
+        where = engine_kind(kind).residency.weights
+        missing.append(f"the weight size is not known (no {where})")
     if res.process_gpu_bytes is None:
         missing.append("no process GPU memory (NVML) attributed to the engine")
     if res.gpu_buffer_bytes is None and res.layers_total is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from config.kinds import BY_KIND
 from loadgen.client import StreamClient, StreamResult
 from loadgen.prompts import CalibrationError, PromptSet, calibrate, fixed_prompt
 from loadgen.scheduler.context import RunContext
@@ -24,8 +25,8 @@ async def _count_by_probe(client: StreamClient, spec: RunSpec, text: str, attemp
     )
 
 
-async def _count_by_tokenize(client: StreamClient, text: str) -> int:
-    data = await client.post_json("/tokenize", {"content": text, "add_special": True})
+async def _count_by_tokenize(client: StreamClient, path: str, text: str) -> int:
+    data = await client.post_json(path, {"content": text, "add_special": True})
     return len(data["tokens"])
 
 
@@ -38,11 +39,15 @@ async def prompts_for(ctx: RunContext, spec: RunSpec, client: StreamClient) -> P
         if spec.prompt_tokens is None:
             raise ValueError("either prompt_tokens or prompt_text is required")
 
-        # llama.cpp's /tokenize (with BOS) equals the prompt_tokens of /v1/completions and
-        # costs no prefill; the chat template adds tokens only a real request can count.
+        # A kind's tokenize endpoint (llama.cpp's /tokenize, with BOS) equals the prompt_tokens
+        # of /v1/completions and costs no prefill; the chat template adds tokens only a real
+        # request can count.
+        kind = BY_KIND.get(client.target.kind)
+        tokenize = kind.tokenize_path if kind and spec.endpoint == "completions" else None
+
         async def count(text: str) -> int:
-            if client.target.kind == "llamacpp" and spec.endpoint == "completions":
-                return await _count_by_tokenize(client, text)
+            if tokenize:
+                return await _count_by_tokenize(client, tokenize, text)
             return await _count_by_probe(client, spec, text)
 
         ctx.prompts[key] = await calibrate(spec.prompt_tokens, count, spec.cache)

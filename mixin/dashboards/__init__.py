@@ -2,8 +2,8 @@
 
 panels.py holds the shared panel helpers, layout.py turns a Dashboard into Grafana JSON.
 Every query names only series that the exporter, the load generator or a recording rule
-produces, and every threshold line is read from the core's THRESHOLDS (tests/test_grafana.py
-checks both).
+produces, and every threshold line is read from the core's THRESHOLDS
+(tests/integration/test_grafana.py checks both).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ from mixin.dashboards.panels import (
     Target,
     annotation,
     decode_vs_roofline,
-    quantiles,
+    engine_share,
+    latency_panel,
     ts,
 )
 
@@ -61,28 +62,32 @@ def _latency_row(cfg: MixinConfig) -> Row:
     return Row(
         "Latency: server and load generator",
         [
-            ts(
+            latency_panel(
+                cfg,
                 "Time to first token",
-                *quantiles(cfg, "llmb_engine_time_to_first_token_seconds", "engine", "server"),
-                *quantiles(cfg, "llmb_loadgen_time_to_first_token_seconds", "engine", "client"),
-                unit="s",
-                width=12,
-                description=(
-                    f"p50 and p99 over {cfg.dashboard_window} of the time to the first token, "
+                {
+                    "llmb_engine_time_to_first_token_seconds": "server",
+                    "llmb_loadgen_time_to_first_token_seconds": "client",
+                },
+                12,
+                (
+                    "the time to the first token, "
                     "as the engine measures it (server) and as llmb-loadgen sees it (client, "
                     "includes the network and queueing in front of the engine). Client far "
                     "above server: look at the proxy or the network. TTFT rising with "
                     "load: requests wait for a slot or KV (steps 2 and 3 of the overview)."
                 ),
             ),
-            ts(
+            latency_panel(
+                cfg,
                 "Inter-token latency",
-                *quantiles(cfg, "llmb_engine_inter_token_latency_seconds", "engine", "server"),
-                *quantiles(cfg, "llmb_loadgen_inter_token_latency_seconds", "engine", "client"),
-                unit="s",
-                width=12,
-                description=(
-                    f"p50 and p99 over {cfg.dashboard_window} of the time between two streamed "
+                {
+                    "llmb_engine_inter_token_latency_seconds": "server",
+                    "llmb_loadgen_inter_token_latency_seconds": "client",
+                },
+                12,
+                (
+                    "the time between two streamed "
                     "tokens, server and client side. 1 / ITL is the per-sequence decode "
                     "speed a user sees; compare it with the roofline above."
                 ),
@@ -108,12 +113,11 @@ def _scheduling_row(cfg: MixinConfig) -> Row:
                     "more load than slots (raise them or add a replica)."
                 ),
             ),
-            ts(
+            engine_share(
                 "KV cache usage",
-                Target(f"engine:llmb_kv_cache_usage:ratio{{{SEL}}}", "{{host}}/{{engine}}"),
-                unit="percentunit",
-                width=8,
-                limit=Limit("kv_usage_high", "below"),
+                "engine:llmb_kv_cache_usage:ratio",
+                Limit("kv_usage_high", "below"),
+                8,
                 description=(
                     "KV cache tokens held / KV capacity. At or above the line (`kv_usage_high` = "
                     f"{threshold_promql('kv_usage_high')}) with requests waiting, the KV pool "

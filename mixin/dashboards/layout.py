@@ -9,7 +9,7 @@ the Prometheus datasource of that Grafana.
 Why plain dicts and not grafana-foundation-sdk's builders: the helpers of panels.py (`ts`,
 `stat`, `check`) already say a panel in one call, and the builders' output would carry
 every default field, which turns each edit into a large diff. The SDK's models still read
-every dashboard back in tests/test_grafana.py, so the JSON stays what Grafana's schema
+every dashboard back in tests/integration/test_grafana.py, so the JSON stays what Grafana's schema
 expects.
 """
 

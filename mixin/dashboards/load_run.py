@@ -13,8 +13,9 @@ from mixin.dashboards.panels import (
     Row,
     Target,
     annotation,
+    engine_share,
     gpu_used_and_peak,
-    quantiles,
+    latency_panel,
     ts,
 )
 
@@ -123,37 +124,34 @@ def _latency_row(cfg: MixinConfig) -> Row:
     return Row(
         "Latency (client side)",
         [
-            ts(
+            latency_panel(
+                cfg,
                 "Time to first token",
-                *quantiles(cfg, "llmb_loadgen_time_to_first_token_seconds", "engine", "TTFT"),
-                unit="s",
-                width=8,
-                description=(
-                    f"p50 and p99 over {cfg.dashboard_window} of the time from sending a "
+                {"llmb_loadgen_time_to_first_token_seconds": "TTFT"},
+                8,
+                (
+                    "the time from sending a "
                     "request to its first streamed token, as llmb-loadgen measures it. It grows "
                     "with prompt length (prefill) and with queueing."
                 ),
             ),
-            ts(
+            latency_panel(
+                cfg,
                 "Inter-token latency",
-                *quantiles(cfg, "llmb_loadgen_inter_token_latency_seconds", "engine", "ITL"),
-                unit="s",
-                width=8,
-                description=(
-                    f"p50 and p99 over {cfg.dashboard_window} of the gap between streamed tokens. "
+                {"llmb_loadgen_inter_token_latency_seconds": "ITL"},
+                8,
+                (
+                    "the gap between streamed tokens. "
                     "It grows with the batch: each decode step serves every running "
                     "sequence."
                 ),
             ),
-            ts(
+            latency_panel(
+                cfg,
                 "End-to-end latency",
-                *quantiles(cfg, "llmb_loadgen_e2e_request_latency_seconds", "engine", "e2e"),
-                unit="s",
-                width=8,
-                description=(
-                    f"p50 and p99 over {cfg.dashboard_window} of the whole request: TTFT + output "
-                    "tokens x ITL. The number a user waits for."
-                ),
+                {"llmb_loadgen_e2e_request_latency_seconds": "e2e"},
+                8,
+                ("the whole request: TTFT + output tokens x ITL. The number a user waits for."),
             ),
         ],
     )
@@ -175,17 +173,17 @@ def _memory_row(cfg: MixinConfig) -> Row:
                     "step gets to the card's total (GPU memory dashboard)."
                 ),
             ),
-            ts(
+            engine_share(
                 "KV usage",
-                Target(f"engine:llmb_kv_cache_usage:ratio{{{SEL}}}", "{{host}}/{{engine}} KV"),
-                unit="percentunit",
-                width=6,
-                limit=Limit("kv_usage_high", "below"),
+                "engine:llmb_kv_cache_usage:ratio",
+                Limit("kv_usage_high", "below"),
+                6,
                 description=(
                     "KV cache tokens held / capacity per step. Reaching the line (`kv_usage_high` "
                     f"= {threshold_promql('kv_usage_high')}) while requests wait: this step's "
                     "concurrency or context is more than the KV pool holds."
                 ),
+                legend=" KV",
             ),
             ts(
                 "Waiting requests",

@@ -18,6 +18,7 @@ from mixin.dashboards.panels import (
     check,
     decode_check,
     decode_vs_roofline,
+    engine_share,
     pct,
     ts,
 )
@@ -76,12 +77,11 @@ def _weights_row(cfg: MixinConfig) -> Row:
                 "999`, SGLang without `--cpu-offload-gb`), or use a smaller quantization. "
                 f"{cfg.runbook_url}#llmweightsnotresident",
             ),
-            ts(
+            engine_share(
                 "Layers on the GPU / layers",
-                Target(f"engine:llmb_gpu_layers_offloaded:ratio{{{SEL}}}", "{{host}}/{{engine}}"),
-                unit="percentunit",
-                width=6,
-                limit=Limit("layers_ratio_min", "above"),
+                "engine:llmb_gpu_layers_offloaded:ratio",
+                Limit("layers_ratio_min", "above"),
+                6,
                 description=(
                     "Layers llama.cpp put on the GPU / layers of the model, from its log "
                     "(`offloaded N/M layers to GPU`). Below the line (`layers_ratio_min` = "
@@ -89,12 +89,11 @@ def _weights_row(cfg: MixinConfig) -> Row:
                     "`-ngl` or free GPU memory. Empty for SGLang, which does not log layers."
                 ),
             ),
-            ts(
+            engine_share(
                 "GPU weight buffers / weight bytes",
-                Target(f"engine:llmb_weights_gpu_buffers:ratio{{{SEL}}}", "{{host}}/{{engine}}"),
-                unit="percentunit",
-                width=6,
-                limit=Limit("weights_buffer_ratio_min", "above"),
+                "engine:llmb_weights_gpu_buffers:ratio",
+                Limit("weights_buffer_ratio_min", "above"),
+                6,
                 description=(
                     "Weight buffers the engine reports on a GPU (llama.cpp `CUDA0 model buffer "
                     "size`, SGLang `weight_memory_usage_gb`) / model weight bytes. Below the line "
@@ -103,12 +102,11 @@ def _weights_row(cfg: MixinConfig) -> Row:
                     "host memory, even when a large KV cache fills the card."
                 ),
             ),
-            ts(
+            engine_share(
                 "Process GPU memory / weight bytes",
-                Target(f"engine:llmb_weights_gpu_memory:ratio{{{SEL}}}", "{{host}}/{{engine}}"),
-                unit="percentunit",
-                width=6,
-                limit=Limit("weights_memory_ratio_min", "above"),
+                "engine:llmb_weights_gpu_memory:ratio",
+                Limit("weights_memory_ratio_min", "above"),
+                6,
                 description=(
                     "GPU memory of the engine's processes (NVML) / model weight bytes: works "
                     "without engine logs. Below the line (`weights_memory_ratio_min` = "
@@ -136,12 +134,11 @@ def _kv_row(cfg: MixinConfig) -> Row:
                 "(llama.cpp `-c`, SGLang `--mem-fraction-static`), quantize the KV cache, or "
                 f"lower the concurrency. {cfg.runbook_url}#llmkvcachesaturated",
             ),
-            ts(
+            engine_share(
                 f"KV cache usage ({QW} average)",
-                Target(f"engine:llmb_kv_cache_usage:avg{QW}{{{SEL}}}", "{{host}}/{{engine}}"),
-                unit="percentunit",
-                width=9,
-                limit=Limit("kv_usage_high", "below"),
+                f"engine:llmb_kv_cache_usage:avg{QW}",
+                Limit("kv_usage_high", "below"),
+                9,
                 description=(
                     "KV cache tokens held / KV capacity, averaged over "
                     f"{threshold_promql('queue_window')} (`engine:llmb_kv_cache_usage:avg{QW}`). "

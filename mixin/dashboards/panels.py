@@ -115,6 +115,14 @@ def ts(title: str, *targets: Target, unit: str, description: str, **kw: Any) -> 
     return Panel(title, list(targets), "timeseries", unit, description, **kw)
 
 
+def engine_share(
+    title: str, record: str, limit: Limit, width: int, description: str, legend: str = ""
+) -> Panel:
+    """A per-engine share (0-1) of a recording rule against its threshold line `limit`."""
+    target = Target(f"{record}{{{SEL}}}", "{{host}}/{{engine}}" + legend)
+    return ts(title, target, unit="percentunit", width=width, limit=limit, description=description)
+
+
 def stat(title: str, *targets: Target, unit: str, description: str, **kw: Any) -> Panel:
     """A stat panel showing the last value per series."""
     return Panel(title, list(targets), "stat", unit, description, **kw)
@@ -161,6 +169,17 @@ def quantiles(cfg: MixinConfig, metric: str, by: str, label: str) -> list[Target
         )
         for q in (0.5, 0.99)
     ]
+
+
+def latency_panel(
+    cfg: MixinConfig, title: str, series: dict[str, str], width: int, of_what: str
+) -> Panel:
+    """p50 and p99 per engine of latency histograms (`series`: metric -> legend label)."""
+    targets = [
+        q for metric, label in series.items() for q in quantiles(cfg, metric, "engine", label)
+    ]
+    description = f"p50 and p99 over {cfg.dashboard_window} of {of_what}"
+    return ts(title, *targets, unit="s", width=width, description=description)
 
 
 BOOL_MAPPING: list[dict[str, Any]] = [

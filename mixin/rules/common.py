@@ -28,6 +28,11 @@ def rec(record: str, expr: str, **labels: str) -> dict[str, Any]:
     return rule
 
 
+def ratio(record: str, numerator: str, denominator: str) -> dict[str, Any]:
+    """A recording rule `numerator / denominator`, absent where the denominator is 0."""
+    return rec(record, f"{numerator}\n  / ({denominator} > 0)\n")
+
+
 def mx(metric: str) -> str:
     """The per-engine max of a series (one engine scraped twice must not count twice)."""
     return f"max by ({E}) ({metric})"

@@ -1,7 +1,7 @@
 """Recording rules: per-engine and per-GPU signals over the normalized llmb_* schema.
 
 `core.rules.rule_values_at` computes the same arithmetic in Python; the parity test
-(tests/test_verdict_parity.py) requires promtool and Python to agree.
+(tests/system/test_verdict_parity.py) requires promtool and Python to agree.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.thresholds import threshold_promql
-from mixin.rules.common import E, mx, rec
+from mixin.rules.common import E, mx, ratio, rec
 from mixin.rules.roofline import roofline_rules
 
 
@@ -58,12 +58,10 @@ def throughput_rules() -> list[dict[str, Any]]:
     """Token rates, prefix-cache share and weight residency per engine."""
     rw = threshold_promql("rate_window")
     return [
-        rec(
+        ratio(
             f"engine:llmb_decode_tokens_per_second:rate{rw}",
-            f"""
-            {_rate("llmb_engine_decode_tokens_total")}
-              / ({_rate("llmb_engine_decode_seconds_total")} > 0)
-            """,
+            _rate("llmb_engine_decode_tokens_total"),
+            _rate("llmb_engine_decode_seconds_total"),
         ),
         rec(
             f"engine:llmb_generation_tokens_per_second:rate{rw}",
@@ -84,43 +82,36 @@ def throughput_rules() -> list[dict[str, Any]]:
               / ({_rate("llmb_engine_prompt_seconds_total")} > 0)
             """,
         ),
-        rec(
+        ratio(
             f"engine:llmb_prefix_cache_hit:ratio_rate{rw}",
-            f"""
-            {_rate("llmb_engine_prompt_tokens_cached_total")}
-              / ({_rate("llmb_engine_prompt_tokens_total")} > 0)
-            """,
+            _rate("llmb_engine_prompt_tokens_cached_total"),
+            _rate("llmb_engine_prompt_tokens_total"),
         ),
         *residency_rules(),
     ]
 
 
+GPU_BUFFERS = 'llmb_engine_model_buffer_bytes{device!~"(?i)cpu.*"}'
+
+
 def residency_rules() -> list[dict[str, Any]]:
     """How much of the weights the GPU holds, three ways."""
     return [
-        rec(
+        ratio(
             "engine:llmb_weights_gpu_memory:ratio",
-            f"""
-            {mx("llmb_engine_process_gpu_memory_bytes")}
-              / ({mx("llmb_model_weights_bytes")} > 0)
-            """,
+            mx("llmb_engine_process_gpu_memory_bytes"),
+            mx("llmb_model_weights_bytes"),
         ),
-        rec(
-            # Buffers on any device but the host ones (llama.cpp CPU, CPU_Mapped, ...).
+        ratio(
             "engine:llmb_weights_gpu_buffers:ratio",
-            f"""
-            sum by ({E}) (
-              max by ({E}, device) (llmb_engine_model_buffer_bytes{{device!~"(?i)cpu.*"}})
-            )
-              / ({mx("llmb_model_weights_bytes")} > 0)
-            """,
+            # Buffers on any device but the host ones (llama.cpp CPU, CPU_Mapped, ...).
+            f"sum by ({E}) (\n  max by ({E}, device) ({GPU_BUFFERS})\n)",
+            mx("llmb_model_weights_bytes"),
         ),
-        rec(
+        ratio(
             "engine:llmb_gpu_layers_offloaded:ratio",
-            f"""
-            {mx("llmb_engine_gpu_layers_offloaded")}
-              / ({mx("llmb_engine_gpu_layers_total")} > 0)
-            """,
+            mx("llmb_engine_gpu_layers_offloaded"),
+            mx("llmb_engine_gpu_layers_total"),
         ),
     ]
 

@@ -183,7 +183,7 @@ FAMILIES: tuple[FamilySpec, ...] = (
 # The simulator answers as one SGLang release. 0.5.23 is FAMILIES above; 0.5.11 is what the real
 # 0.5.11 server wrote (tests/fixtures/sglang-0.5.11-cpu/ on the CPU, sglang-0.5.11-h200/ on the
 # H200): 0.5.23's families less ABSENT_IN_0_5_11, plus ONLY_IN_0_5_11, with the label and bucket
-# changes below. tests/test_sim_sglang_versions.py holds each version to its captures.
+# changes below. tests/integration/test_sim_sglang_fidelity.py holds each version to its captures.
 # Lazy families are alike in both: 0.5.11 too declares `num_retracted_requests_total` (and the
 # retracted token counters) and `num_aborted_requests_total`, which appear after the first
 # retraction or abort (tests/system/test_sglang_real.py sees the retraction counter on the real server).

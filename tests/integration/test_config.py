@@ -149,4 +149,4 @@ def test_the_exporter_loads_only_the_loadgen_section_model() -> None:
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
-    assert out.strip() == "['loadgen', 'config.loadgen']"
+    assert out.strip() == "['config.loadgen']"

@@ -124,6 +124,20 @@ def names(scrape: Scrape) -> set[str]:
     return {n for n, _ in flat(scrape.metrics)}
 
 
+async def scrape_of(fake: FakeSGLang, client: httpx.AsyncClient, metrics: str) -> Scrape:
+    """One scrape by a fresh collector, the engine's /metrics answering `metrics`."""
+    fake.set("/metrics", 200, metrics)
+    collector, _ = make(fake.url, client)
+    return await collector.collect()
+
+
+async def clean_scrape(collector: SGLangCollector) -> Scrape:
+    """One scrape that must succeed: the engine up, no source error."""
+    scrape = await collector.collect()
+    assert scrape.up and scrape.errors == [], [str(e) for e in scrape.errors]
+    return scrape
+
+
 def assert_values(scrape: Scrape, expected: dict[str, object]) -> None:
     """Each series (engine label only) has its expected value (a number or pytest.approx)."""
     for name, want in expected.items():
@@ -133,8 +147,7 @@ def assert_values(scrape: Scrape, expected: dict[str, object]) -> None:
 
 async def test_busy_fixture_maps_to_schema(fake: FakeSGLang, client: httpx.AsyncClient) -> None:
     collector, attribution = make(fake.url, client)
-    scrape = await collector.collect()
-    assert scrape.up and scrape.errors == []
+    scrape = await clean_scrape(collector)
     assert_values(
         scrape,
         {
@@ -226,9 +239,7 @@ async def test_openmetrics_spellings_give_same_series(
 async def test_idle_fixture_leaves_unobserved_series_absent(
     fake: FakeSGLang, client: httpx.AsyncClient
 ) -> None:
-    fake.set("/metrics", 200, (METRICS / "metrics-idle.txt").read_text())
-    collector, _ = make(fake.url, client)
-    scrape = await collector.collect()
+    scrape = await scrape_of(fake, client, (METRICS / "metrics-idle.txt").read_text())
     got = names(scrape)
     assert val(scrape, "llmb_engine_requests_running") == 0
     assert val(scrape, "llmb_engine_kv_cache_capacity_tokens") == 463552
@@ -268,9 +279,9 @@ async def test_two_tp_ranks_are_not_double_counted(
 
 
 async def test_two_dp_ranks_are_summed(fake: FakeSGLang, client: httpx.AsyncClient) -> None:
-    fake.set("/metrics", 200, two_ranks((METRICS / "metrics-busy.txt").read_text(), "dp_rank"))
-    collector, _ = make(fake.url, client)
-    scrape = await collector.collect()
+    scrape = await scrape_of(
+        fake, client, two_ranks((METRICS / "metrics-busy.txt").read_text(), "dp_rank")
+    )
     assert val(scrape, "llmb_engine_requests_running") == 48
     assert val(scrape, "llmb_engine_requests_waiting") == 14
     assert val(scrape, "llmb_engine_kv_cache_capacity_tokens") == 2 * 463552
@@ -319,8 +330,7 @@ async def test_older_sglang_exposition_is_tolerated(
     for path in ("/server_info", "/model_info", "/v1/models"):
         del fake.routes[path]
     collector, _ = make(fake.url, client)
-    scrape = await collector.collect()
-    assert scrape.up and scrape.errors == []
+    scrape = await clean_scrape(collector)
     assert_values(
         scrape,
         {
@@ -379,9 +389,7 @@ async def test_get_server_info_fallback_and_static_cache(
 async def test_garbage_metrics_is_a_parse_error(
     fake: FakeSGLang, client: httpx.AsyncClient
 ) -> None:
-    fake.set("/metrics", 200, "<html>\x00\x01 not metrics {{{")
-    collector, _ = make(fake.url, client)
-    scrape = await collector.collect()
+    scrape = await scrape_of(fake, client, "<html>\x00\x01 not metrics {{{")
     assert not scrape.up
     assert [e.reason for e in scrape.errors] == ["parse"]
     assert val(scrape, "llmb_engine_up") == 1.0  # the engine itself answers /health
@@ -482,8 +490,7 @@ async def test_slow_health_does_not_cost_the_metrics(
     # SGLang's /health queues a 1-token generation; it gets half the timeout.
     fake.delay["/health"] = 1.0
     collector, _ = make(fake.url, client, timeout=0.6)
-    scrape = await collector.collect()
-    assert scrape.up and scrape.errors == []
+    scrape = await clean_scrape(collector)
     assert val(scrape, "llmb_engine_up") == 1.0
     assert val(scrape, "llmb_engine_requests_running") == 24
 
@@ -634,9 +641,7 @@ async def test_bad_histogram_bound_drops_only_that_histogram(
 ) -> None:
     text = (METRICS / "metrics-busy.txt").read_text()
     # Only the queue-time histogram has a bucket at 0.005 among the mapped ones.
-    fake.set("/metrics", 200, text.replace('le="0.005"', 'le="1,5"'))
-    collector, _ = make(fake.url, client)
-    scrape = await collector.collect()
+    scrape = await scrape_of(fake, client, text.replace('le="0.005"', 'le="1,5"'))
     assert [e.reason for e in scrape.errors] == ["parse"]
     got = names(scrape)
     assert "llmb_engine_queue_time_seconds_count" not in got

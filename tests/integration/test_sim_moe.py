@@ -27,7 +27,7 @@ from simulator.tokenizer import Tokenizer
 from tests.integration.test_sim_scenarios import llama_load, llama_metrics, words
 from tests.paths import FIXTURES
 from tests.plugins.sim import SimServer
-from tools import synth_model as sm
+from tools.synth_model.plan import build_model, weight_split
 
 FIXTURES = FIXTURES
 SPEC_FIXTURE = FIXTURES / "llamacpp-cpu-gemma3-270m-spec-draft"
@@ -55,14 +55,14 @@ def fake_batch(n: int, tokens: int = 512) -> list[Request]:
 )
 def test_preset_models_are_the_synthetic_gguf_shapes(spec: ModelSpec) -> None:
     assert spec.gguf_like is not None
-    model = sm.build_model(*spec.gguf_like, None)
+    model = build_model(*spec.gguf_like, None)
     shape = model.spec
     block0 = [t for t in model.tensors if t.name.startswith("blk.0.")]
     assert spec.layer_bytes == sum(t.nbytes for t in block0)
     assert spec.routed_layer_bytes == sum(t.nbytes for t in block0 if "_exps." in t.name)
     assert spec.output_bytes == sum(t.nbytes for t in model.tensors if t.name.startswith("output"))
     assert (spec.n_params, spec.file_bytes) == (model.n_params, model.data_bytes)
-    split = sm.weight_split(model)
+    split = weight_split(model)
     assert spec.weights_bytes == split.always_read_bytes + split.routed_expert_bytes
     assert spec.token_row_bytes == split.token_embedding_row_bytes
     assert spec.token_embd_bytes + spec.weights_bytes == model.data_bytes
@@ -81,9 +81,9 @@ def test_preset_models_are_the_synthetic_gguf_shapes(spec: ModelSpec) -> None:
 
 
 def test_the_draft_is_the_synthetic_qwen3_0_6b() -> None:
-    draft = sm.build_model("qwen3-0.6b", "q8_0", None)
+    draft = build_model("qwen3-0.6b", "q8_0", None)
     assert scenarios.QWEN3_06B_Q8_BYTES == draft.data_bytes
-    assert sm.weight_split(draft).always_read_bytes == draft.data_bytes  # tied: all read
+    assert weight_split(draft).always_read_bytes == draft.data_bytes  # tied: all read
     shape = draft.spec
     per_token = shape.n_layer * shape.n_head_kv * shape.head_dim * 2 * 2
     assert scenarios.QWEN3_06B_KV_BYTES_PER_TOKEN == per_token

@@ -14,7 +14,17 @@ import pytest
 
 from tests.paths import FIXTURES, ROOT
 from tests.plugins.cli import run_module
-from tools import synth_model as sm
+from tools.synth_model.cli import main as synth_main
+from tools.synth_model.gguf_file import (
+    FastWriter,
+    file_bytes,
+    save_tokenizer,
+    write_header_only,
+    write_model,
+)
+from tools.synth_model.metadata import KV, read_tokenizer, synthetic_tokenizer
+from tools.synth_model.plan import build_model, make_model, weight_split
+from tools.synth_model.shapes import SPECS
 
 REPO = ROOT
 H200 = FIXTURES / "llamacpp-h200-gemma3-27b-shape-q4_0"
@@ -86,10 +96,10 @@ def test_dry_run_parameter_counts_of_other_architectures(like: str, n_params: in
     assert dry_run_numbers(proc.stdout)["n_params"] == n_params
 
 
-@pytest.mark.parametrize("like", sorted(sm.SPECS))
+@pytest.mark.parametrize("like", sorted(SPECS))
 def test_every_tensor_is_one_llama_cpp_knows(like: str) -> None:
-    spec = sm.SPECS[like]
-    model = sm.build_model(like, "q4_0", None)
+    spec = SPECS[like]
+    model = build_model(like, "q4_0", None)
     arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == spec.arch)
     known = {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[arch]}
     for t in model.tensors:
@@ -102,18 +112,18 @@ def test_every_tensor_is_one_llama_cpp_knows(like: str) -> None:
 @pytest.mark.parametrize("wtype", ["q4_0", "q8_0", "f16"])
 def test_written_file_reads_back_with_finite_small_weights(tmp_path: Path, wtype: str) -> None:
     tok = {
-        "tokenizer.ggml.model": sm.KV("llama", gguf.GGUFValueType.STRING),
-        "tokenizer.ggml.tokens": sm.KV(
+        "tokenizer.ggml.model": KV("llama", gguf.GGUFValueType.STRING),
+        "tokenizer.ggml.tokens": KV(
             [b"<unk>", b"<s>", b"</s>"], gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING
         ),
     }
     # Qwen 2.5's layout (biases, untied output) at a small width: this checks the writer, the
     # dry-run tests check the real widths.
-    spec = replace(sm.SPECS["qwen2.5-7b"], n_layer=2, n_embd=512, n_ff=1024, n_vocab=4096)
-    model = sm.make_model(spec, "qwen2.5-7b", wtype, tok)
+    spec = replace(SPECS["qwen2.5-7b"], n_layer=2, n_embd=512, n_ff=1024, n_vocab=4096)
+    model = make_model(spec, "qwen2.5-7b", wtype, tok)
     out = tmp_path / "m.gguf"
-    size = sm.write_model(model, out, seed=7)
-    assert size == out.stat().st_size == sm.file_bytes(model)
+    size = write_model(model, out, seed=7)
+    assert size == out.stat().st_size == file_bytes(model)
     reader = gguf.GGUFReader(out)
     assert [t.name for t in reader.tensors] == [t.name for t in model.tensors]
     # The 3-token vocabulary was padded to the embedding rows, as llama.cpp requires.
@@ -135,7 +145,7 @@ def test_written_file_reads_back_with_finite_small_weights(tmp_path: Path, wtype
     assert int(fields["qwen2.attention.head_count_kv"].parts[-1][0]) == 4
     # Same seed, same bytes: a second write is identical.
     again = tmp_path / "again.gguf"
-    sm.write_model(model, again, seed=7)
+    write_model(model, again, seed=7)
     assert again.read_bytes() == out.read_bytes()
 
 
@@ -146,7 +156,7 @@ def test_cli_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     not_gguf.write_bytes(b"hello")
     # A tokenizer with more tokens than Llama 3's embedding has rows.
     big_vocab = tmp_path / "big-vocab.gguf"
-    sm.save_tokenizer(sm.synthetic_tokenizer(200_000), "gemma3", big_vocab)
+    save_tokenizer(synthetic_tokenizer(200_000), "gemma3", big_vocab)
     cases = [
         (["--like", "gpt-5", "--dry-run"], "invalid choice"),
         (["--dry-run"], "--like is required"),
@@ -165,7 +175,7 @@ def test_cli_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     for args, message in cases:
         # In-process for speed; the other tests run the CLI as a separate process.
         with pytest.raises(SystemExit) as exit_info:
-            sm.main(args)
+            synth_main(args)
         stderr = capsys.readouterr().err
         assert exit_info.value.code == 2, (args, stderr)
         assert message in stderr, (args, stderr)
@@ -174,10 +184,10 @@ def test_cli_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 
 def test_fast_metadata_packing_is_byte_identical_to_gguf_writer(tmp_path: Path) -> None:
-    spec = replace(sm.SPECS["qwen3-8b"], n_layer=1, n_vocab=5000)
-    model = sm.make_model(spec, "qwen3-8b", "q8_0", sm.synthetic_tokenizer(4000))
+    spec = replace(SPECS["qwen3-8b"], n_layer=1, n_vocab=5000)
+    model = make_model(spec, "qwen3-8b", "q8_0", synthetic_tokenizer(4000))
     files = []
-    for cls in (sm.FastWriter, gguf.GGUFWriter):
+    for cls in (FastWriter, gguf.GGUFWriter):
         path = tmp_path / f"{cls.__name__}.gguf"
         writer = cls(path, model.spec.arch)
         for key, kv in model.metadata.items():
@@ -190,10 +200,10 @@ def test_fast_metadata_packing_is_byte_identical_to_gguf_writer(tmp_path: Path) 
 
 
 def test_saved_tokenizer_round_trips(tmp_path: Path) -> None:
-    tok = sm.synthetic_tokenizer(2000)
+    tok = synthetic_tokenizer(2000)
     path = tmp_path / "tok.gguf"
-    sm.save_tokenizer(tok, "llama", path)
-    back = sm.read_tokenizer(path)
+    save_tokenizer(tok, "llama", path)
+    back = read_tokenizer(path)
     assert set(back) == set(tok)
     for key, kv in tok.items():
         assert (back[key].vtype, back[key].sub_type) == (kv.vtype, kv.sub_type), key
@@ -224,7 +234,7 @@ def test_dry_run_moe_shapes(like: str, n_params: int, n_tensors: int) -> None:
     assert proc.returncode == 0, proc.stderr
     got = dry_run_numbers(proc.stdout)
     assert (got["n_params"], got["tensors"]) == (n_params, n_tensors)
-    spec = sm.SPECS[like]
+    spec = SPECS[like]
     # Experts are 3-D (ne0, ne1, n_expert); the router is F32 (E rows of n_embd).
     e, ff, n = spec.n_embd, spec.n_ff_exp, spec.n_expert
     xtype = "MXFP4" if like == "gpt-oss-20b" else "Q8_0"
@@ -277,7 +287,7 @@ def test_dense_shapes_read_every_weight_but_the_untied_embedding() -> None:
         proc = run_cli("--like", like, "--dry-run")
         got, total = moe_bytes(proc.stdout), dry_run_numbers(proc.stdout)["tensor data bytes"]
         assert got["routed expert bytes"] == 0
-        spec = sm.SPECS[like]
+        spec = SPECS[like]
         if spec.tied_output:  # the table is the output projection: read whole every step
             assert got["always-read bytes"] == total
             assert got["token embedding row bytes"] == 0
@@ -293,11 +303,11 @@ def test_dense_shapes_read_every_weight_but_the_untied_embedding() -> None:
 @pytest.mark.parametrize(("like", "xtype"), [("gpt-oss-20b", "mxfp4"), ("qwen3-30b-a3b", "q8_0")])
 def test_written_moe_experts_are_finite_and_small(tmp_path: Path, like: str, xtype: str) -> None:
     # The real widths, one block deep and with 4 experts, to keep the file small.
-    spec = replace(sm.SPECS[like], n_layer=1, n_expert=4, n_expert_used=2, n_vocab=4096)
+    spec = replace(SPECS[like], n_layer=1, n_expert=4, n_expert_used=2, n_vocab=4096)
     spec = replace(spec, expert_type=xtype)
-    model = sm.make_model(spec, like, "q8_0", sm.synthetic_tokenizer(4096))
+    model = make_model(spec, like, "q8_0", synthetic_tokenizer(4096))
     out = tmp_path / "moe.gguf"
-    assert sm.write_model(model, out, seed=3) == sm.file_bytes(model)
+    assert write_model(model, out, seed=3) == file_bytes(model)
     reader = gguf.GGUFReader(out)
     by_name = {t.name: t for t in reader.tensors}
     up = by_name["blk.0.ffn_up_exps.weight"]
@@ -320,7 +330,7 @@ def test_written_moe_experts_are_finite_and_small(tmp_path: Path, like: str, xty
 
 
 def test_expert_type_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    assert sm.main(["--like", "qwen3-30b-a3b", "--expert-type", "mxfp4", "--dry-run"]) == 0
+    assert synth_main(["--like", "qwen3-30b-a3b", "--expert-type", "mxfp4", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^blk\.0\.ffn_down_exps\.weight +MXFP4 ", out, re.MULTILINE)
     assert re.search(r"^blk\.0\.attn_q\.weight +Q4_0 ", out, re.MULTILINE)
@@ -329,7 +339,7 @@ def test_expert_type_flag(capsys: pytest.CaptureFixture[str]) -> None:
         (["--like", "gpt-oss-20b", "--expert-type", "q2_k", "--dry-run"], "invalid choice"),
     ):
         with pytest.raises(SystemExit) as exit_info:
-            sm.main(args)
+            synth_main(args)
         assert exit_info.value.code == 2
         assert message in capsys.readouterr().err
 
@@ -337,13 +347,13 @@ def test_expert_type_flag(capsys: pytest.CaptureFixture[str]) -> None:
 def test_header_only_file_carries_the_geometry_without_the_data(tmp_path: Path) -> None:
     from model.geometry import geometry_from_gguf
 
-    model = sm.build_model("qwen3-30b-a3b", "q8_0", None)
+    model = build_model("qwen3-30b-a3b", "q8_0", None)
     out = tmp_path / "header.gguf"
-    size = sm.write_header_only(model, out)
+    size = write_header_only(model, out)
     assert size == out.stat().st_size < 100_000  # the 32.5 GB model's index only
     geo = geometry_from_gguf(out)
     assert (geo.n_params, geo.weight_bytes) == (model.n_params, model.data_bytes)
-    split = sm.weight_split(model)
+    split = weight_split(model)
     assert geo.always_read_bytes == split.always_read_bytes
     assert geo.routed_expert_bytes == split.routed_expert_bytes
     assert (geo.expert_count, geo.expert_used_count) == (128, 8)

@@ -14,7 +14,10 @@ import pytest
 from tests.paths import ROOT
 from tests.plugins.cli import run_module
 from tests.plugins.llama import LlamaServer, start_llama_server
-from tools import synth_model as sm
+from tools.synth_model.gguf_file import file_bytes
+from tools.synth_model.metadata import read_tokenizer
+from tools.synth_model.plan import build_model
+from tools.synth_model.shapes import SPECS, ArchSpec
 
 pytestmark = pytest.mark.llamaserver
 
@@ -71,7 +74,7 @@ def log_mib(log: str, what: str, required: bool = True) -> float:
     return sum(float(v) for v in values)
 
 
-def kv_bytes(spec: sm.ArchSpec, n_ctx: int, n_ubatch: int = 512) -> int:
+def kv_bytes(spec: ArchSpec, n_ctx: int, n_ubatch: int = 512) -> int:
     """KV cache size predicted from the shape alone (f16 K and V, as llama.cpp allocates them)."""
     per_token_layer = 2 * spec.n_head_kv * spec.head_dim * 2
     total = 0
@@ -94,10 +97,10 @@ def test_gemma3_shape_with_real_tokenizer_loads_generates_and_fits_the_estimate(
     assert tok_path.stat().st_size < 10 * MIB < gemma_model.stat().st_size
     model_path = tmp_path / "gemma3-270m-synthetic-q4_0.gguf"
     synth(model_path, "--like", "gemma3-270m", "--type", "q4_0", "--tokenizer-from", str(tok_path))
-    real_tokenizer = sm.read_tokenizer(gemma_model)
-    assert sm.read_tokenizer(model_path) == real_tokenizer
-    model = sm.build_model("gemma3-270m", "q4_0", real_tokenizer)
-    assert model_path.stat().st_size == sm.file_bytes(model)
+    real_tokenizer = read_tokenizer(gemma_model)
+    assert read_tokenizer(model_path) == real_tokenizer
+    model = build_model("gemma3-270m", "q4_0", real_tokenizer)
+    assert model_path.stat().st_size == file_bytes(model)
 
     with serve(llama_binary, model_path, tmp_path) as server:
         meta = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]["meta"]
@@ -150,8 +153,8 @@ def test_other_shapes_and_types_load_and_generate(
 ) -> None:
     model_path = tmp_path / f"{like}-{wtype}.gguf"
     synth(model_path, "--like", like, "--type", wtype, "--layers", layers)
-    spec = replace(sm.SPECS[like], n_layer=int(layers))
-    model = sm.build_model(like, wtype, None, layers=int(layers))
+    spec = replace(SPECS[like], n_layer=int(layers))
+    model = build_model(like, wtype, None, layers=int(layers))
     with serve(llama_binary, model_path, tmp_path) as server:
         meta = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]["meta"]
         assert (meta["n_params"], meta["size"]) == (model.n_params, model.data_bytes)
@@ -183,7 +186,7 @@ def test_moe_shapes_load_generate_and_fit_the_kv_estimate(
 
     model_path = tmp_path / f"{like}-{wtype}.gguf"
     synth(model_path, "--like", like, "--type", wtype, "--layers", str(layers))
-    model = sm.build_model(like, wtype, None, layers=layers)
+    model = build_model(like, wtype, None, layers=layers)
     spec = model.spec
     with serve(llama_binary, model_path, tmp_path) as server:
         meta = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]["meta"]

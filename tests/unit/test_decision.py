@@ -7,6 +7,7 @@ what compare adds on top of it.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -230,12 +231,19 @@ def moe_engine(structure: bool, tok_s: float = 238.6, **extra: float) -> EngineR
     return e
 
 
+def as_written(e: EngineResult) -> dict[str, Any]:
+    """The engine's results.json form, as diagnose writes it (through JSON text)."""
+    return json.loads(json.dumps(results_to_dict([e], decide_single(e, []))))["engines"][0]
+
+
 def test_issue_capture_as_dense_is_beyond_physics_and_never_at_the_card_limit() -> None:
     e = moe_engine(structure=False)
     roof = e.roofline
-    assert roof.bytes_per_step == pytest.approx(32.47e9, rel=0.002)
-    assert roof.limit_tok_s == pytest.approx(147.8, abs=0.2)
-    assert roof.efficiency == pytest.approx(1.61, abs=0.01)
+    assert (roof.bytes_per_step, roof.limit_tok_s, roof.efficiency) == (
+        pytest.approx(32.47e9, rel=0.002),
+        pytest.approx(147.8, abs=0.2),
+        pytest.approx(1.61, abs=0.01),
+    )
     assert roof.misfit == "model_structure_unknown" and not roof.physical
     # The rules' signal at this efficiency: no decode claim, the misfit named instead.
     signals = Signals(decode_efficiency=roof.efficiency, host_has_gpu=True)
@@ -243,29 +251,30 @@ def test_issue_capture_as_dense_is_beyond_physics_and_never_at_the_card_limit() 
     assert verdict != "decode_at_card_limit"
     assert "does not fit" in action and "mixture-of-experts" in action
     assert "Tune the engine" not in action
-    doc = json.loads(json.dumps(results_to_dict([e], decide_single(e, []))))
-    assert doc["engines"][0]["roofline"]["misfit"] == "model_structure_unknown"
+    assert as_written(e)["roofline"]["misfit"] == "model_structure_unknown"
 
 
 def test_issue_capture_with_the_moe_structure_is_below_the_card_limit() -> None:
     e = moe_engine(structure=True)
     roof = e.roofline
     assert roof.active_weights_bytes == pytest.approx(3.27e9, rel=0.005)
-    assert roof.bytes_per_step == pytest.approx(3.24e9, rel=0.02)
-    assert roof.limit_tok_s == pytest.approx(1480, rel=0.02)
-    assert roof.efficiency == pytest.approx(0.16, abs=0.01)
+    assert (roof.bytes_per_step, roof.limit_tok_s, roof.efficiency) == (
+        pytest.approx(3.24e9, rel=0.02),
+        pytest.approx(1480, rel=0.02),
+        pytest.approx(0.16, abs=0.01),
+    )
     assert roof.misfit is None and roof.accepted_tokens_per_step == 1.0
     verdict, action = engine_verdict(e, Signals(decode_efficiency=roof.efficiency))
     assert verdict == "decode_below_card_limit"
     assert action == VERDICT_INFO["decode_below_card_limit"].action
     # results.json: the new fields beside the old ones, which keep their names.
-    doc = json.loads(json.dumps(results_to_dict([e], decide_single(e, []))))
-    fields = doc["engines"][0]["roofline"]
+    written = as_written(e)
+    fields = written["roofline"]
     for key in ("bytes_per_step", "limit_tok_s", "measured_tok_s", "efficiency",
                 "active_weights_bytes", "kv_bytes_per_token", "accepted_tokens_per_step",
                 "misfit"):  # fmt: skip
         assert key in fields, key
-    assert engine_from_dict(doc["engines"][0]).roofline == roof
+    assert engine_from_dict(written).roofline == roof
 
 
 def test_the_bandwidth_source_does_not_change_the_bytes_per_step() -> None:

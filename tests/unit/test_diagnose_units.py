@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cli.loadgen import main as loadgen_main
+from config.endpoints import sglang_server_info_facts as sglang_facts
 from config.settings import parse_config
 from core.conditions import evaluate
 from core.roofline import roofline_tokens_per_second
@@ -21,7 +22,6 @@ from diagnose.decision.roofline import roofline
 from diagnose.monitor import Monitor, counters_from_zero
 from diagnose.options import Options
 from diagnose.phase_marks import PhasePublisher
-from diagnose.probe import sglang_facts
 from diagnose.procedure import Diagnoser, combine
 from diagnose.steps.context import contexts
 from diagnose.steps.kv import kv_prompt_tokens

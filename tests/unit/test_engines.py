@@ -1,11 +1,13 @@
 """The engine registry (config/kinds.py) and every place that reads it agree.
 
-Adding a kind means one row in `ENGINES` (docs/engines.md); these tests fail when a row
-names code that does not exist, or when a consumer still lists the kinds on its own.
+Adding a kind means one row in `ENGINES` (docs/engines.md) and one entry in each table of
+code keyed by kind (collector, source columns, simulator); these tests fail when a table
+misses a kind, or when a consumer still lists the kinds on its own.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import inspect
 import re
@@ -13,13 +15,16 @@ import re
 import httpx
 import pytest
 
-from config.kinds import BY_KIND, ENGINES, KINDS, engine_kind, load
+from config.kinds import BY_KIND, ENGINES, KINDS, engine_kind
 from config.settings import ConfigError, EngineConfig, parse_config
-from exporter.app import build_runner
+from diagnose.probe import detect_kind
+from exporter.app import COLLECTORS, build_runner
 from exporter.attribution import Attribution
 from exporter.collectors import EngineCollector
+from exporter.collectors.sources import SOURCE_COLUMNS
 from exporter.schema import SCHEMA, markdown_table
-from simulator.__main__ import build_parser
+from loadgen.options import add_target_options
+from simulator.__main__ import SIMULATORS, build_parser
 from simulator.common import SimBase
 from tests.paths import ROOT
 
@@ -32,15 +37,48 @@ def test_kinds_are_unique_and_named_for_the_config() -> None:
     assert {"llamacpp", "sglang"} <= set(KINDS)
 
 
+def test_every_table_of_code_has_every_kind() -> None:
+    """Collector, source columns and simulator: one entry per registered kind, no other."""
+    for table in (COLLECTORS, SOURCE_COLUMNS, SIMULATORS):
+        assert tuple(table) == KINDS
+    for kind in KINDS:
+        assert inspect.isclass(COLLECTORS[kind]) and issubclass(COLLECTORS[kind], EngineCollector)
+        simulator = SIMULATORS[kind]
+        assert issubclass(simulator, SimBase) and simulator.kind == kind
+        assert SOURCE_COLUMNS[kind] and all(isinstance(c.table, dict) for c in SOURCE_COLUMNS[kind])
+
+
 @pytest.mark.parametrize("engine", ENGINES, ids=KINDS)
-def test_every_reference_loads(engine) -> None:
-    collector = load(engine.collector)
-    assert inspect.isclass(collector) and issubclass(collector, EngineCollector)
-    simulator = load(engine.simulator)
-    assert inspect.isclass(simulator) and issubclass(simulator, SimBase)
-    assert simulator.kind == engine.kind
-    for column in engine.sources:
-        assert isinstance(load(column.table), dict), column.table
+def test_every_row_says_how_diagnose_reads_it(engine) -> None:
+    assert engine.display and engine.info.paths
+    assert all(path.startswith("/") for path in engine.info.paths)
+    assert engine.info.read({}) == {}  # an empty answer leaves every fact unknown
+    residency = engine.residency
+    assert residency.buffers and residency.weights
+    assert (residency.layers is None) == (not residency.layers_fix)
+    assert engine.tokenize_path is None or engine.tokenize_path.startswith("/")
+
+
+def test_detect_kind_probes_each_rows_info_endpoint() -> None:
+    """A server answering only one row's info endpoint is told to be that row's kind."""
+    for engine in ENGINES:
+        for path in engine.info.paths:
+
+            def answer(request: httpx.Request, path: str = path) -> httpx.Response:
+                body = {"ok": True} if request.url.path == path else None
+                return httpx.Response(200 if body else 404, json=body)
+
+            transport = httpx.MockTransport(answer)
+            assert asyncio.run(detect_kind("http://h:1", None, transport)) == engine.kind
+    nothing = httpx.MockTransport(lambda request: httpx.Response(404))
+    assert asyncio.run(detect_kind("http://h:1", None, nothing)) == "openai"
+
+
+def test_loadgen_kind_choices_are_the_registered_kinds() -> None:
+    parser = argparse.ArgumentParser()
+    add_target_options(parser)
+    action = next(a for a in parser._actions if a.dest == "kind")
+    assert tuple(action.choices) == (*KINDS, "openai")
 
 
 def test_unknown_kind_names_the_known_ones() -> None:
@@ -76,7 +114,7 @@ def test_build_runner_makes_each_kinds_collector_labelled_with_its_kind() -> Non
         return out
 
     collectors = asyncio.run(built())
-    assert [cls for cls, _ in collectors] == [load(engine.collector) for engine in ENGINES]
+    assert [cls for cls, _ in collectors] == [COLLECTORS[kind] for kind in KINDS]
     for (_, fallback), engine in zip(collectors, ENGINES, strict=True):
         (sample,) = fallback[0].samples
         assert sample.name == "llmb_engine_up" and sample.value == 0
@@ -85,13 +123,12 @@ def test_build_runner_makes_each_kinds_collector_labelled_with_its_kind() -> Non
 
 def test_source_columns_cover_the_engine_series() -> None:
     """Every source names a schema series; every engine series has a source somewhere."""
-    main = {engine.kind: load(engine.sources[0].table) for engine in ENGINES}
-    for engine in ENGINES:
-        for column in engine.sources:
-            table = load(column.table)
-            assert set(table) <= set(SCHEMA), column.table
-            if column is not engine.sources[0]:
-                assert column.release and set(table) <= set(main[engine.kind]), column.table
+    main = {kind: columns[0].table for kind, columns in SOURCE_COLUMNS.items()}
+    for kind, (first, *releases) in SOURCE_COLUMNS.items():
+        assert set(first.table) <= set(SCHEMA) and not first.release, kind
+        for column in releases:
+            assert set(column.table) <= set(SCHEMA), column.release
+            assert column.release and set(column.table) <= set(main[kind]), column.release
     engine_series = [n for n in SCHEMA if n.startswith(("llmb_engine_", "llmb_model_"))]
     for name in engine_series:
         assert any(table.get(name) for table in main.values()), f"{name}: no engine's source"
@@ -101,7 +138,7 @@ def test_docs_table_has_one_column_per_source_column() -> None:
     header = markdown_table().splitlines()[0]
     for engine in ENGINES:
         assert f"| {engine.display} source |" in header
-        for column in engine.sources[1:]:
+        for column in SOURCE_COLUMNS[engine.kind][1:]:
             assert f"| {engine.display} {column.release} source |" in header
     doc = (ROOT / "docs" / "engines.md").read_text()
     for engine in ENGINES:

@@ -1,7 +1,8 @@
 """Property-based tests (hypothesis) of every collector's parsers, seeded from real answers.
 
 Unit level: answers are served through httpx.MockTransport (no sockets) so each example
-costs milliseconds; tools/fuzz_collectors.py runs the same mutators over real HTTP at scale.
+costs milliseconds; tools/fuzz_collectors.py runs the same mutators (tools/fuzz_mutators.py)
+over real HTTP at scale.
 
 Properties for any mutation of one real answer of a real engine:
 
@@ -39,9 +40,8 @@ from exporter.collectors.sglang.collector import SGLangCollector
 from exporter.runner import Families
 from model.geometry import geometry_from_gguf
 from tests.paths import FIXTURES
-from tools.fuzz_collectors import (
-    BODIES,
-    LLAMA_LOG,
+from tools.fuzz_collectors import BODIES, LLAMA_LOG
+from tools.fuzz_mutators import (
     mutate_body,
     mutate_bytes,
     mutate_exposition,

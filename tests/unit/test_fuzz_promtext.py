@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.collectors.sglang.metrics import FAMILIES
 from exporter.promtext import _base_name, parse_exposition, parse_sample_line
 from tests.paths import FIXTURES
-from tools.fuzz_collectors import mutate_bytes, mutate_exposition
+from tools.fuzz_mutators import mutate_bytes, mutate_exposition
 
 FIXTURES = FIXTURES
 REAL = {

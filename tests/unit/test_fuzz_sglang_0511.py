@@ -1,6 +1,6 @@
 """Property-based tests of the SGLang 0.5.11 parsing, seeded from the real H200 capture.
 
-The mutators of tests/unit/test_fuzz_collectors.py (tools/fuzz_collectors.py) on every answer of
+The mutators of tests/unit/test_fuzz_collectors.py (tools/fuzz_mutators.py) on every answer of
 the real 0.5.11 server, on the `/server_info` keys added for 0.5.11 (memory_usage, dtype,
 speculative decoding, version), and on its server log's memory lines. Properties: the scrape
 never breaks, only `parse` errors, every exported value finite and every label encodable
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from exporter.collectors.sglang.log import SGLangLog, SGLangLogState
 from tests.paths import FIXTURES
 from tests.unit.test_fuzz_collectors import FUZZ, _check, _scrape, json_values
-from tools.fuzz_collectors import mutate_body, mutate_log
+from tools.fuzz_mutators import mutate_body, mutate_log
 
 V0511 = FIXTURES / "sglang-0.5.11-h200"
 REAL_0511 = {

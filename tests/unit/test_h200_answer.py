@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from core.conditions import VERDICTS
-from diagnose.decision.one_engine import decide_single
+from core.signals import Signals
+from diagnose.decision.model import Decision, EngineResult
+from diagnose.decision.one_engine import decide_single, engine_verdict
 from diagnose.decision.results import engine_from_dict
 from diagnose.decision.two_engines import decide_compare
 from tests.paths import ROOT
@@ -28,11 +30,24 @@ def load(name: str) -> dict[str, Any]:
     return json.loads((RESULTS / name / "results.json").read_text(encoding="utf-8"))
 
 
+def reevaluated(data: dict[str, Any]) -> EngineResult:
+    """An engine of results.json, its verdict and action re-evaluated by the decision core
+    from its stored signals (not read back from the file)."""
+    engine = engine_from_dict(data)
+    engine.verdict, engine.action = engine_verdict(engine, Signals(**engine.signals))
+    return engine
+
+
+def redecide(name: str) -> Decision:
+    """Today's compare decision on the run's stored rows and re-evaluated verdicts."""
+    a, b = (reevaluated(e) for e in load(name)["engines"])
+    return decide_compare(a, b)
+
+
 @pytest.mark.parametrize("name", ["cmp-quant", "cmp-np"])
 def test_compare_is_redecided_the_same(name: str) -> None:
     doc = load(name)
-    a, b = (engine_from_dict(e) for e in doc["engines"])
-    decision = decide_compare(a, b)
+    decision = redecide(name)
     assert decision.recommendation == doc["recommendation"]
     assert decision.comparable == doc["comparable"]
     assert decision.verdict == doc["verdict"]
@@ -40,26 +55,29 @@ def test_compare_is_redecided_the_same(name: str) -> None:
 
 
 def test_different_precisions_are_not_compared_raw() -> None:
-    doc = load("cmp-quant")
-    assert doc["comparable"] is False
-    assert doc["recommendation"] == "inconclusive"
-    assert any("different precision" in c for c in doc["caveats"])
+    decision = redecide("cmp-quant")
+    assert decision.comparable is False
+    assert decision.recommendation == "inconclusive"
+    assert any("different precision" in c for c in decision.caveats)
     # The roofline estimate of each engine at the other's precision is given, labelled.
-    estimates = doc["decision"]["estimates"]
-    assert len(estimates) == 2
-    assert all("estimate" in json.dumps(e) for e in estimates)
+    engines = [engine_from_dict(e) for e in load("cmp-quant")["engines"]]
+    assert len({e.quantization for e in engines}) == 2
+    assert {(e.engine, e.at_precision_of) for e in decision.estimates} == {
+        (a.name, str(b.quantization).lower()) for a, b in (engines, engines[::-1])
+    }
+    assert all(e.tok_s > 0 and "estimate" in e.basis for e in decision.estimates)
 
 
 def test_better_batching_wins_at_equal_load() -> None:
-    doc = load("cmp-np")
-    assert doc["comparable"] is True
-    assert doc["recommendation"] == "switch_to:np8"
-    assert doc["verdict"] == {"np1": "scheduling_bound", "np8": "decode_below_card_limit"}
+    decision = redecide("cmp-np")
+    assert decision.comparable is True
+    assert decision.recommendation == "switch_to:np8"
+    assert decision.verdict == {"np1": "scheduling_bound", "np8": "decode_below_card_limit"}
 
 
 def test_diagnose_every_step_up_to_a_long_context() -> None:
     doc = load("diag")
-    (engine,) = (engine_from_dict(e) for e in doc["engines"])
+    (engine,) = (reevaluated(e) for e in doc["engines"])
     decision = decide_single(engine)
     assert decision.recommendation == doc["recommendation"] == "stay_and_tune"
     assert decision.verdict == doc["verdict"] == {"llama": "decode_below_card_limit"}

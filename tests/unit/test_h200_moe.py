@@ -25,7 +25,9 @@ from core.roofline import (
     roofline_misfit,
     roofline_tokens_per_second,
 )
-from diagnose.decision.one_engine import decide_single
+from core.signals import Signals
+from diagnose.decision.model import Decision
+from diagnose.decision.one_engine import decide_single, engine_verdict
 from diagnose.decision.results import engine_from_dict
 from exporter.collectors.llamacpp.log import LogFollower, LogState
 from model.geometry import geometry_from_gguf
@@ -80,6 +82,14 @@ def real_active_bytes(header: Path) -> float:
     return total
 
 
+def redecide(doc: dict[str, Any]) -> Decision:
+    """Today's answer for the run's one engine: its verdict re-evaluated by the decision core
+    from the stored signals (not read back from the file), then the single decision on it."""
+    engine = engine_from_dict(doc["engines"][0])
+    engine.verdict, engine.action = engine_verdict(engine, Signals(**engine.signals))
+    return decide_single(engine)
+
+
 def single(doc: dict[str, Any]) -> dict[str, Any]:
     (row,) = [r for r in doc["engines"][0]["rows"] if r["step"] == "single"]
     return row
@@ -110,7 +120,7 @@ def test_moe_batch1_reads_the_active_bytes_and_is_below_the_card(
     assert roof["bytes_per_step"] < 0.25 * engine["weights_bytes"]
     assert 0 < roof["efficiency"] < 1
     assert roof["misfit"] is None
-    decision = decide_single(engine_from_dict(engine))
+    decision = redecide(doc)
     assert decision.verdict == doc["verdict"]
     (name,) = decision.verdict
     assert decision.verdict[name] != "decode_at_card_limit"
@@ -191,7 +201,7 @@ def test_the_distinct_expert_share_grows_with_the_batch() -> None:
 def test_the_first_run_is_redecided_the_same() -> None:
     """The earlier capture of the same shape (code of an hour before) gives today's verdict."""
     doc = load("moe-diagnose-run1")
-    decision = decide_single(engine_from_dict(doc["engines"][0]))
+    decision = redecide(doc)
     assert decision.verdict == doc["verdict"] == {"moe": "decode_below_card_limit"}
 
 
@@ -200,7 +210,7 @@ def test_expert_offload_is_a_residency_finding(tmp_path: Path) -> None:
     the verdict is weights_not_resident and decode runs at a fraction of the resident speed."""
     doc = load("moe-ncpumoe")
     engine = doc["engines"][0]
-    decision = decide_single(engine_from_dict(engine))
+    decision = redecide(doc)
     assert decision.verdict == doc["verdict"] == {"moe_ncpumoe24": "weights_not_resident"}
     assert decision.recommendation == doc["recommendation"] == "fix_memory_first"
     state = log_state(tmp_path, "moe-ncpumoe", "moe_ncpumoe24-c8192-np4.log")

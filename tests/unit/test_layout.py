@@ -1,6 +1,7 @@
 """The layout's contracts, read from the source: sizes, and which package may import which.
 
-A module over ~500 lines or a function over 80 is where a newcomer gets lost; `loadgen` is
+A module over ~500 lines or a function over 80 is where a newcomer gets lost (every product
+package and tools/ are held to it); `loadgen` is
 below `diagnose` (diagnose drives the load generator, never the other way round, except
 the one command line that registers every subcommand), and the exporter's internals are
 read through one seam, `loadgen.exporter_series`.
@@ -9,6 +10,9 @@ read through one seam, `loadgen.exporter_series`.
 from __future__ import annotations
 
 import ast
+import io
+import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -17,8 +21,9 @@ from tests.paths import ROOT
 
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 80
-# The packages held to the sizes.
-SIZED = ("core", "diagnose", "loadgen")
+# The packages held to the sizes: every product package and the developer tools.
+SIZED = ("cli", "config", "core", "diagnose", "exporter", "loadgen", "mixin", "model", "simulator")
+SIZED += ("tools",)
 # Exporter internals that only the one seam (loadgen/exporter_series.py) imports.
 EXPORTER_INTERNALS = (
     "exporter.app",
@@ -49,28 +54,40 @@ def _rel(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
 
+def _oversized(path: Path) -> list[str]:
+    """The file itself when over MAX_FILE_LINES, and each function over MAX_FUNCTION_LINES."""
+    text = path.read_text(encoding="utf-8")
+    found = []
+    if (lines := len(text.splitlines())) > MAX_FILE_LINES:
+        found.append(f"{_rel(path)}: {lines} lines")
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                found.append(f"{_rel(path)}:{node.lineno} {node.name}: {length} lines")
+    return found
+
+
 @pytest.mark.parametrize("package", SIZED)
 def test_no_file_over_500_lines_and_no_function_over_80(package: str) -> None:
-    too_long = []
-    for path in _modules(package):
-        text = path.read_text(encoding="utf-8")
-        lines = len(text.splitlines())
-        if lines > MAX_FILE_LINES:
-            too_long.append(f"{_rel(path)}: {lines} lines")
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                length = (node.end_lineno or node.lineno) - node.lineno + 1
-                if length > MAX_FUNCTION_LINES:
-                    too_long.append(f"{_rel(path)}:{node.lineno} {node.name}: {length} lines")
+    too_long = [finding for path in _modules(package) for finding in _oversized(path)]
     assert not too_long, "\n".join(too_long)
 
 
-def test_the_size_check_sees_a_long_function(tmp_path: Path) -> None:
-    """The AST measure counts a function's whole body (decorators aside)."""
-    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
-    tree = ast.parse(f"def f():\n{body}\n")
-    (fn,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
-    assert (fn.end_lineno or 0) - fn.lineno + 1 == MAX_FUNCTION_LINES + 1
+def test_the_size_check_sees_a_long_function_and_a_long_file(monkeypatch, tmp_path: Path) -> None:
+    """A function one line over the limit is found (its body counted whole, nested or not),
+    one at the limit is not; a file one line over the limit is found."""
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    body = "\n".join(f"        x{i} = {i}" for i in range(MAX_FUNCTION_LINES - 1))
+    planted = tmp_path / "planted.py"
+    planted.write_text(f"class C:\n    async def long(self):\n{body}\n        y = 0\n")
+    assert _oversized(planted) == [f"planted.py:2 long: {MAX_FUNCTION_LINES + 1} lines"]
+    planted.write_text(f"def fits():\n{body.replace('        ', '    ')}\n")
+    assert _oversized(planted) == []
+    planted.write_text("x = 1\n" * (MAX_FILE_LINES + 1))
+    assert _oversized(planted) == [f"planted.py: {MAX_FILE_LINES + 1} lines"]
+    planted.write_text("x = 1\n" * MAX_FILE_LINES)
+    assert _oversized(planted) == []
 
 
 # The floors: a module imports only packages on its own floor or below (docs/architecture.md).
@@ -214,3 +231,94 @@ def test_core_exports_only_what_is_used_outside_core() -> None:
     assert not unused, unused
     # The scan sees names used outside core: the evaluator is.
     assert "evaluate" in _names_used(outside)
+
+
+# --- every path a comment or a doc names exists ----------------------------------------------
+
+# A path of this repository: a top-level folder of ours, then a file name with an extension or
+# a folder ending in "/"; "../" resolves from the doc's own folder (Markdown links). Not one:
+# a path inside a longer one (`vllm/docs/x.md`, `/usr/lib/...`), a pattern (`<kind>`,
+# `{name}`, `*.yml`, `...`) or a placeholder segment in capitals (`tests/fixtures/RUN`).
+_TOP = "bench|cli|config|core|deploy|diagnose|docs|exporter|grafana|loadgen|mixin|model"
+_TOP += "|prometheus|scripts|simulator|tests|tools"
+_PATH = re.compile(rf"(?<![\w/.\-~$])((?:\.\./)*)((?:{_TOP})/[\w.\-/<>{{}}*]*)")
+_PATTERN = re.compile(r"[<>{}*]|\.\.\.|/[A-Z_]+(?:/|$)")
+# Paths that are not this repository's, by the doc that names them and why.
+NOT_OURS = {
+    ("docs/engines.md", "docs/design/metrics.md"): "vLLM's repository",
+    ("docs/engines.md", "exporter/collectors/vllm/metrics.py"): "the worked example, not built",
+}
+# The product's packages and tools: their comments and docstrings are checked.
+DOCUMENTED = SIZED
+
+
+def named_paths(text: str) -> list[str]:
+    """The repository paths `text` names, as written ("../" kept)."""
+    out = []
+    for match in _PATH.finditer(text):
+        up, path = match.group(1), match.group(2).rstrip(".-")
+        if _PATTERN.search(path):
+            continue
+        if path.endswith("/") or re.search(r"\.\w+$", path.rsplit("/", 1)[-1]):
+            out.append(up + path)
+    return out
+
+
+def _prose(path: Path) -> list[str]:
+    """A Python file's comments and docstrings; a Markdown file's whole text."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".md":
+        return [text]
+    found = [
+        tok.string
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+        if tok.type == tokenize.COMMENT
+    ]
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.append(ast.get_docstring(node, clean=False) or "")
+    return found
+
+
+def missing_paths(files: list[Path], root: Path) -> list[str]:
+    """`FILE: PATH` for each path named in `files`' prose that does not exist under `root`."""
+    missing = []
+    for path in files:
+        where = path.relative_to(root).as_posix()
+        for text in _prose(path):
+            for named in named_paths(text):
+                base = path.parent if named.startswith("../") else root
+                if (where, named) not in NOT_OURS and not (base / named).exists():
+                    missing.append(f"{where}: {named}")
+    return missing
+
+
+def test_every_path_named_in_a_comment_or_doc_exists() -> None:
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # not docs/results/
+    files = _modules(*DOCUMENTED) + docs
+    missing = missing_paths(files, ROOT)
+    assert not missing, "\n".join(missing)
+    named = {
+        (f.relative_to(ROOT).as_posix(), p) for f in docs for t in _prose(f) for p in named_paths(t)
+    }
+    assert set(NOT_OURS) <= named, "an exception no doc needs any more"
+
+
+def test_the_path_check_sees_a_planted_bad_path(tmp_path: Path) -> None:
+    (tmp_path / "core").mkdir()
+    (tmp_path / "docs").mkdir()
+    real = tmp_path / "core" / "real.py"
+    real.write_text(
+        '"""Read by tests/unit/test_gone.py."""\n'
+        "# see core/real.py and core/ and docs/x.md\n"
+        'HELP = "tests/unit/test_not_prose.py is a string, not prose"\n'
+    )
+    doc = tmp_path / "docs" / "x.md"
+    doc.write_text(
+        "[here](../core/real.py), [gone](../core/gone.py), `tests/fixtures/<kind>/`, "
+        "`prometheus/rules/*.yml`, `tests/fixtures/RUN`, vendor/docs/y.md, diagnose/compare\n"
+    )
+    assert missing_paths([real, doc], tmp_path) == [
+        "core/real.py: tests/unit/test_gone.py",
+        "docs/x.md: ../core/gone.py",
+    ]

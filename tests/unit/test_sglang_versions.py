@@ -24,8 +24,10 @@ from tests.integration.test_sglang_collector import (
     METRICS,
     FakeSGLang,
     assert_values,
+    clean_scrape,
     make,
     names,
+    scrape_of,
     val,
 )
 from tests.paths import FIXTURES
@@ -67,8 +69,7 @@ async def test_0511_capture_maps_every_known_series(
 ) -> None:
     routes_0511(fake)
     collector, _ = make(fake.url, client, model_path=MODEL)
-    scrape = await collector.collect()
-    assert scrape.up and scrape.errors == []
+    scrape = await clean_scrape(collector)
     assert_values(
         scrape,
         {
@@ -174,9 +175,7 @@ async def test_0523_retraction_counter_zero_only_where_the_release_has_it(
     fake: FakeSGLang, client: httpx.AsyncClient
 ) -> None:
     # 0.5.23 idle: gauge present, counter not yet created: a true zero.
-    fake.set("/metrics", 200, (METRICS / "metrics-idle.txt").read_text())
-    collector, _ = make(fake.url, client)
-    scrape = await collector.collect()
+    scrape = await scrape_of(fake, client, (METRICS / "metrics-idle.txt").read_text())
     assert val(scrape, "llmb_engine_kv_pressure_events_total", event="retracted") == 0
     # The same exposition from a server that says 0.5.11: unknown, so absent.
     info = json.loads((ENDPOINTS / "server_info.json").read_text())
@@ -372,8 +371,7 @@ async def test_0511_cpu_capture_weights_from_config_when_the_engine_says_zero(
     fake.set("/v1/models", 200, (cpu / "v1_models.json").read_text())
     model = FIX / "sglang-tiny-qwen2"
     collector, _ = make(fake.url, client, model_path=model, log_file=cpu / "server.log")
-    scrape = await collector.collect()
-    assert scrape.up and scrape.errors == [], [str(e) for e in scrape.errors]
+    scrape = await clean_scrape(collector)
     assert "llmb_engine_model_buffer_bytes" not in names(scrape)
     # No safetensors (random weights): the config's shapes x bf16.
     assert val(scrape, "llmb_model_weights_bytes") == 24261120

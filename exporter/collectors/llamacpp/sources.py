@@ -1,7 +1,7 @@
 """Where each `llmb_*` series comes from on llama.cpp: the llama.cpp column of docs/metrics.md.
 
-Registered in config/kinds.py; `python -m exporter.schema` renders the table. A series not
-listed is absent on llama.cpp.
+Registered in exporter/collectors/sources.py; `python -m exporter.schema` renders the
+table. A series not listed is absent on llama.cpp.
 """
 
 from __future__ import annotations

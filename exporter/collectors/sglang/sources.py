@@ -1,7 +1,7 @@
 """Where each `llmb_*` series comes from on SGLang: the SGLang columns of docs/metrics.md.
 
-Registered in config/kinds.py; `python -m exporter.schema` renders the table. A series not
-listed in SOURCES is absent on SGLang.
+Registered in exporter/collectors/sources.py; `python -m exporter.schema` renders the
+table. A series not listed in SOURCES is absent on SGLang.
 """
 
 from __future__ import annotations
