@@ -31,7 +31,7 @@ from diagnose.decision.results import results_to_dict
 from diagnose.engine_run import gib
 from diagnose.options import Options
 from diagnose.phase_marks import PhasePublisher, say
-from diagnose.probe import detect_kind
+from diagnose.probe import probe_url
 from diagnose.procedure import diagnose
 from diagnose.steps.base import STEPS
 from exporter import __version__
@@ -56,7 +56,6 @@ from loadgen.resolve import (
     engine_name,
     engines_from_config,
     load_config_or_usage,
-    server_model,
 )
 
 log = logging.getLogger(__name__)
@@ -189,16 +188,14 @@ def engines_from_args(args: argparse.Namespace, config: Config | None) -> list[E
     if engines:
         return engines
     key = api_key(args, required=False)
-    kind = args.kind
-    if kind == "openai":
-        kind = asyncio.run(detect_kind(args.url, key))
+    kind, model = asyncio.run(probe_url(args.url, key, args.kind, model=not args.name))
     if kind not in KINDS:
         endpoints = " nor ".join(f"{e.display}'s {e.info.paths[0]}" for e in ENGINES)
         raise UsageError(
             f"{args.url} answers neither {endpoints}; pass "
             + " or ".join(f"--kind {k}" for k in KINDS)
         )
-    name = args.name or server_model(args.url, key, 5.0) or kind
+    name = args.name or model or kind
     return [
         EngineConfig(name=engine_name(name), kind=kind, url=args.url, api_key_env=args.api_key_env)
     ]

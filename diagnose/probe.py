@@ -2,7 +2,8 @@
 
 `detect_kind` finds the registered kind whose info endpoint answers (config/kinds.py: llama.cpp
 `/props`, SGLang `/server_info`); `engine_facts` reads `/v1/models` plus that endpoint. A
-probe that fails leaves its facts unknown.
+probe that fails leaves its facts unknown. Every probe goes through the load generator's own
+client (`loadgen.client.StreamClient`, aiohttp), as every later request.
 """
 
 from __future__ import annotations
@@ -11,10 +12,8 @@ import contextlib
 from dataclasses import dataclass, fields
 from typing import Any
 
-import httpx
-
 from config.kinds import ENGINES, engine_kind
-from loadgen.client import StreamClient
+from loadgen.client import StreamClient, probe_client, server_model_async
 
 
 @dataclass(frozen=True)
@@ -65,16 +64,21 @@ async def _first_info(client: StreamClient, kind: str) -> dict[str, Any]:
     return {}
 
 
-async def detect_kind(
-    url: str, api_key: str | None, transport: httpx.AsyncBaseTransport | None = None
-) -> str:
+async def detect_kind(client: StreamClient) -> str:
     """The first registered kind whose info endpoint answers a JSON object, else openai."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(timeout=5.0, headers=headers, transport=transport) as client:
-        for engine in ENGINES:
-            for path in engine.info.paths:
-                with contextlib.suppress(httpx.HTTPError, ValueError):
-                    resp = await client.get(url + path)
-                    if resp.status_code == 200 and isinstance(resp.json(), dict):
-                        return engine.kind
+    for engine in ENGINES:
+        for path in engine.info.paths:
+            if isinstance(await client.probe_json(path), dict):
+                return engine.kind
     return "openai"
+
+
+async def probe_url(
+    url: str, api_key: str | None, kind: str, model: bool
+) -> tuple[str, str | None]:
+    """A bare `--url`: its kind (detected when `kind` is openai) and, when `model`, its model
+    id, over one client (the load generator's, as every later request)."""
+    async with probe_client(url, api_key) as client:
+        if kind == "openai":
+            kind = await detect_kind(client)
+        return kind, (await server_model_async(client) if model else None)

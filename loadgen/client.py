@@ -9,6 +9,7 @@ parses the server-sent events itself and stamps every received network chunk wit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import time
@@ -238,6 +239,12 @@ class StreamClient:
             resp.raise_for_status()
             return await resp.json(content_type=None)
 
+    async def probe_json(self, path: str, timeout: float = 5.0) -> Any | None:
+        """GET `path` as a probe: its JSON, None when it does not answer 2xx with JSON."""
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+            return await self.get_json(path, timeout)
+        return None
+
     async def post_json(self, path: str, body: dict[str, Any], timeout: float = 60.0) -> Any:
         """POST a JSON body and return the JSON answer (raises on HTTP errors)."""
         async with self.session.post(
@@ -464,7 +471,28 @@ def _apply_event(payload: bytes, now: float, result: StreamResult) -> bool:
 def first_model_id(body: bytes) -> str | None:
     """The first model id of a `/v1/models` answer, or None."""
     try:
-        data = json.loads(body)
-        return str(data["data"][0]["id"])
-    except (ValueError, KeyError, IndexError, TypeError):
+        return model_id(json.loads(body))
+    except ValueError:
         return None
+
+
+def model_id(models: Any) -> str | None:
+    """The first model id of a parsed `/v1/models` document, or None."""
+    try:
+        return str(models["data"][0]["id"])
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
+def probe_client(url: str, api_key: str | None, timeout: float = 5.0) -> StreamClient:
+    """The one HTTP client of every probe before load (kind, model): the load generator's own.
+
+    Use it as `async with probe_client(...) as client` and ask `client.probe_json(path)`.
+    """
+    target = Target("probe", url, api_key=api_key)
+    return StreamClient(target, pool_size=1, connect_timeout=timeout)
+
+
+async def server_model_async(client: StreamClient, timeout: float = 5.0) -> str | None:
+    """The first model id of the server's `/v1/models`, None when nothing answers."""
+    return model_id(await client.probe_json("/v1/models", timeout))

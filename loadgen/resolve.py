@@ -9,13 +9,12 @@ named after its model by `label_from_server`. `diagnose` builds on these (it may
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from config.settings import Config, ConfigError, EngineConfig, load_config
-from loadgen.client import first_model_id
+from loadgen.client import probe_client, server_model_async
 from loadgen.options import UsageError
 from loadgen.target import Target
 
@@ -79,15 +78,12 @@ def engine_name(model: str) -> str:
 
 def server_model(url: str, api_key: str | None, timeout: float) -> str | None:
     """The first model id of the server's /v1/models, None when nothing answers."""
-    request = urllib.request.Request(url + "/v1/models")
-    if api_key:
-        request.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
-            data = resp.read(1 << 20)
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
-    return first_model_id(data)
+
+    async def ask() -> str | None:
+        async with probe_client(url, api_key, timeout) as client:
+            return await server_model_async(client, timeout)
+
+    return asyncio.run(ask())
 
 
 def label_from_server(url: str, api_key: str | None, timeout: float) -> str | None:

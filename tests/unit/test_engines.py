@@ -14,10 +14,11 @@ import re
 
 import httpx
 import pytest
+from aiohttp import web
 
 from config.kinds import BY_KIND, ENGINES, KINDS, engine_kind
 from config.settings import ConfigError, EngineConfig, parse_config
-from diagnose.probe import detect_kind
+from diagnose.probe import probe_url
 from exporter.app import COLLECTORS, build_runner
 from exporter.attribution import Attribution
 from exporter.collectors import EngineCollector
@@ -26,6 +27,7 @@ from exporter.schema import SCHEMA, markdown_table
 from loadgen.options import add_target_options
 from simulator.__main__ import SIMULATORS, build_parser
 from simulator.common import SimBase
+from tests.conftest import get_free_port
 from tests.paths import ROOT
 
 
@@ -59,19 +61,32 @@ def test_every_row_says_how_diagnose_reads_it(engine) -> None:
     assert engine.tokenize_path is None or engine.tokenize_path.startswith("/")
 
 
-def test_detect_kind_probes_each_rows_info_endpoint() -> None:
+async def _serving(paths: tuple[str, ...]) -> tuple[str, web.AppRunner]:
+    """A server answering a JSON object at each of `paths` (anything else: 404)."""
+    app = web.Application()
+    for path in paths:
+        app.router.add_get(path, lambda request: web.json_response({"ok": True}))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = get_free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return f"http://127.0.0.1:{port}", runner
+
+
+async def test_detect_kind_probes_each_rows_info_endpoint() -> None:
     """A server answering only one row's info endpoint is told to be that row's kind."""
     for engine in ENGINES:
         for path in engine.info.paths:
-
-            def answer(request: httpx.Request, path: str = path) -> httpx.Response:
-                body = {"ok": True} if request.url.path == path else None
-                return httpx.Response(200 if body else 404, json=body)
-
-            transport = httpx.MockTransport(answer)
-            assert asyncio.run(detect_kind("http://h:1", None, transport)) == engine.kind
-    nothing = httpx.MockTransport(lambda request: httpx.Response(404))
-    assert asyncio.run(detect_kind("http://h:1", None, nothing)) == "openai"
+            url, runner = await _serving((path,))
+            try:
+                assert await probe_url(url, None, "openai", model=False) == (engine.kind, None)
+            finally:
+                await runner.cleanup()
+    url, runner = await _serving(())
+    try:
+        assert await probe_url(url, None, "openai", model=False) == ("openai", None)
+    finally:
+        await runner.cleanup()
 
 
 def test_loadgen_kind_choices_are_the_registered_kinds() -> None:
