@@ -1,12 +1,16 @@
 """`llmb-loadgen diagnose` and `compare`: the procedure, its decision, the reports.
 
 - `cli`: the two commands' flags, the answer on the terminal and the output files;
-- `procedure`: the orchestrator (`Diagnoser`, `PROCEDURE`, the run's verdict), `compare`;
+- `procedure`: the orchestrator (`Diagnoser`, `PROCEDURE`, the run's verdict, `diagnose`
+  and `compare`);
 - `steps/`: one module per step (residency, single, concurrency, kv, context) behind
-  `steps.base.ProcedureStep`, sharing `engine_run.EngineRun`;
-- `load` (a load step through the scheduler), `evidence` (its signals, through the rules),
-  `samples` (the exporter's samples from diagnose's readings, where the exporter gave none);
+  `steps.base.ProcedureStep`, each reading and measuring through one object,
+  `engine_run.EngineRun`;
+- `load` (a load step through the scheduler), `evidence` (its signals through the rules;
+  diagnose's own readings as the exporter's samples where the exporter gave none);
 - `monitor` (the exporter's series while an engine runs), `probe` (the engine's own
   endpoints), `facts` (what is known before any load), `launcher` (starting engines);
 - `decision` (typed results, the answer), `report/` (HTML and Markdown).
+
+The layers, lowest first, are in docs/architecture.md ("The diagnose path").
 """

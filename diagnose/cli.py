@@ -3,7 +3,7 @@
 Both commands share one set of flags (`configure`), one resolver of their engines
 (`engines_from_args`, on `loadgen.resolve`) and one runner (`run_measurement`); they differ in
 how many engines they take and how the answer is decided (`diagnose.procedure.diagnose`,
-`diagnose.compare.compare`). `cli.loadgen` registers `DIAGNOSE` and `COMPARE` with the
+`diagnose.procedure.compare`). `cli.loadgen` registers `DIAGNOSE` and `COMPARE` with the
 load generator's own commands.
 """
 
@@ -25,14 +25,13 @@ from prometheus_client import start_http_server
 
 from config.kinds import ENGINES, KINDS
 from config.settings import Config, EngineConfig
-from diagnose.compare import DEFAULT_ROUNDS, compare
 from diagnose.decision.model import Decision, EngineResult, RunInfo, utc_now
 from diagnose.decision.results import results_to_dict
 from diagnose.engine_run import gib
-from diagnose.options import Options
+from diagnose.options import DEFAULT_ROUNDS, Options
 from diagnose.phase_marks import PhasePublisher, say
 from diagnose.probe import probe_url
-from diagnose.procedure import diagnose
+from diagnose.procedure import compare, diagnose
 from diagnose.steps.base import STEPS
 from exporter import __version__
 from loadgen.client import TargetUnreachable

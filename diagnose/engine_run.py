@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shlex
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from config.settings import EngineConfig
+from core.rules import RuleValues
 from core.signals import Signals
 from diagnose.decision.model import NOT_MEASURED, EngineResult, PhaseMark, Row, Step
 from diagnose.launcher import (
@@ -31,8 +34,26 @@ from loadgen.scheduler.context import RunContext
 from loadgen.target import Target
 
 
-class EngineRun:
-    """The state of one engine's measurement, shared by the steps."""
+@dataclass(frozen=True)
+class LoadStep:
+    """The load of one procedure step (`key`): sent `rounds` times, one row of the result."""
+
+    key: str
+    concurrency: int
+    prompt_tokens: int
+    rounds: int = 1
+    context: int | None = None  # the launch's context (the context sweep), else None
+    requests: int | None = None  # None: concurrency x --requests-per-slot
+
+
+class EngineRun(ABC):
+    """The state of one engine's measurement, shared by the steps: the one object they read.
+
+    A step measures through its methods only (`load_row`, `gpu_facts`, `residency_values`
+    besides launching and the helpers); the procedure (`diagnose.procedure.Diagnoser`)
+    supplies the measuring ones from `diagnose.load`, `diagnose.facts` and
+    `diagnose.evidence`, so that no step reaches down that chain itself.
+    """
 
     def __init__(
         self,
@@ -59,6 +80,20 @@ class EngineRun:
         self.launched_ctx: int | None = None
         self.loaded_memory: float | None = None
         self.parallel: int | None = None
+
+    # measuring (supplied by the procedure) ---------------------------------------------
+
+    @abstractmethod
+    async def load_row(self, load: LoadStep) -> Row:
+        """One load step through the scheduler, `load.rounds` times, as a row of the result."""
+
+    @abstractmethod
+    async def gpu_facts(self) -> None:
+        """Re-read the card, memory, layers and buffers from the exporter's series."""
+
+    @abstractmethod
+    def residency_values(self) -> RuleValues:
+        """The rules' values of the engine at rest, from diagnose's own readings."""
 
     # helpers ----------------------------------------------------------------------------
 

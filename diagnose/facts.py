@@ -14,22 +14,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.rules import STRUCTURE_SERIES
 from diagnose.decision.model import EngineResult
 from diagnose.engine_run import EngineRun
+from diagnose.monitor import RESULT_STRUCTURE_SERIES
 from diagnose.probe import engine_facts
 from loadgen.client import StreamClient
 from loadgen.exporter_series import Series, first, labelled
 from model.geometry import geometry_from_gguf
 
-# EngineResult field -> the exporter series of the model's structure (issue 17): the
-# rules' (`ModelStructure` fields, same names) and what diagnose reports beside them.
-RESULT_STRUCTURE_SERIES = {
-    **{k: v for k, v in STRUCTURE_SERIES.items() if k != "weights_bytes"},
-    "spec_accept_length": "llmb_engine_spec_accept_length",
-    "experts_host_layers": "llmb_engine_experts_host_layers",
-    "experts_host_bytes": "llmb_engine_experts_host_bytes",
-}
 # EngineResult field -> the per-engine series read with the GPU facts.
 ENGINE_SERIES = {
     "process_gpu_bytes": "llmb_engine_process_gpu_memory_bytes",

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from config.kinds import engine_kind
 from diagnose.decision.model import Row
 from diagnose.decision.roofline import row_roofline
-from diagnose.engine_run import EngineRun
+from diagnose.engine_run import EngineRun, LoadStep
 from diagnose.evidence import step_evidence
 from diagnose.facts import structure_facts
 from loadgen.scheduler.spec import RunSpec
@@ -116,21 +116,13 @@ def _summarize(run: EngineRun, row: Row, acc: _Rounds) -> None:
     row.efficiency, row.misfit = roof.efficiency, roof.misfit
 
 
-async def measure_row(
-    run: EngineRun,
-    step_key: str,
-    concurrency: int,
-    prompt_tokens: int,
-    rounds: int,
-    context: int | None,
-    requests: int | None = None,
-) -> Row:
-    """One load step through the scheduler, `rounds` times; the row keeps every round."""
+async def measure_row(run: EngineRun, load: LoadStep) -> Row:
+    """One load step through the scheduler, `load.rounds` times; the row keeps every round."""
     row = Row(
         run.engine.name,
-        step_key,
-        concurrency,
-        context=context,
+        load.key,
+        load.concurrency,
+        context=load.context,
         parallel=run.result.slots,
         max_tokens=run.opts.max_tokens,
     )
@@ -141,7 +133,7 @@ async def measure_row(
     await run.monitor.sample()
     events0 = _log_events(run)
     started = time.time()
-    acc = await _run_rounds(run, row, prompt_tokens, rounds, requests)
+    acc = await _run_rounds(run, row, load.prompt_tokens, load.rounds, load.requests)
     row.wall_s = time.time() - started
     # llama.cpp logs a slot's release (and its truncation) after the stream has ended:
     # one more sample interval lets the log and the exporter catch up with the step.

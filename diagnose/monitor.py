@@ -20,7 +20,7 @@ from typing import Protocol
 import httpx
 
 from config.settings import EngineConfig, GpuConfig
-from core.rules import RuleValues, rule_values_at, series_from_scrapes
+from core.rules import STRUCTURE_SERIES, RuleValues, rule_values_at, series_from_scrapes
 from diagnose.options import Options
 from loadgen.exporter_series import (
     EmbeddedExporter,
@@ -34,7 +34,16 @@ from loadgen.exporter_series import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Monitor", "Series", "counters_from_zero"]
+__all__ = ["RESULT_STRUCTURE_SERIES", "Monitor", "Series", "counters_from_zero"]
+
+# EngineResult field -> the exporter series of the model's structure (issue 17): the
+# rules' (`ModelStructure` fields, same names) and what diagnose reports beside them.
+RESULT_STRUCTURE_SERIES = {
+    **{k: v for k, v in STRUCTURE_SERIES.items() if k != "weights_bytes"},
+    "spec_accept_length": "llmb_engine_spec_accept_length",
+    "experts_host_layers": "llmb_engine_experts_host_layers",
+    "experts_host_bytes": "llmb_engine_experts_host_bytes",
+}
 
 
 class HostProcess(Protocol):

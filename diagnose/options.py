@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 
 from config.settings import GpuConfig
 
+# `compare`'s --rounds default: a difference is called only beyond the spread of rounds.
+DEFAULT_ROUNDS = 3
+
 
 @dataclass
 class Options:

@@ -8,6 +8,18 @@ through the load generator's scheduler (`diagnose.load`), the exporter's series 
 monitor (`diagnose.monitor`) and the verdict through the decision core `core`: the samples
 are turned into the recording rules' signals exactly as Prometheus would. A step that cannot
 run says `not measured: <why>`.
+
+`llmb-loadgen compare --engine A --engine B` (`compare`): the same requests against two
+engines. The engines are measured one after the other (on one GPU they cannot both hold their
+weights), each through the whole `diagnose` procedure, with the same prompt text
+(calibrated once, on the first engine), the same max tokens, temperature 0 and ignore_eos,
+the same concurrencies and `--rounds` rounds of every load step. Then, in the seed's order:
+residency, comparability (weight bytes per parameter within 20 %, else the per-roofline
+comparison and a labelled estimate at the other's precision), single-request decode,
+batching at every measured concurrency (aggregate tok/s and TTFT at equal load), and where
+each engine's memory gives out. A difference is called only when it exceeds the spread
+between rounds. A is the engine in use; the recommendation is `stay_and_tune`,
+`switch_to:B`, `fix_memory_first` or `inconclusive`.
 """
 
 from __future__ import annotations
@@ -18,12 +30,16 @@ from pathlib import Path
 from config.settings import EngineConfig
 from core.conditions import VERDICTS
 from core.roofline import MISFIT_BY_NAME, misfit_text
+from core.rules import RuleValues
 from core.signals import SIGNAL_FIELDS, Signals
-from diagnose.decision.model import NOT_MEASURED, Decision, EngineResult, Step
+from diagnose.decision.model import NOT_MEASURED, Decision, EngineResult, Row, Step
 from diagnose.decision.one_engine import decide_single, engine_verdict
 from diagnose.decision.roofline import roofline
-from diagnose.engine_run import EngineRun
-from diagnose.facts import collect_facts, structure_facts
+from diagnose.decision.two_engines import decide_compare, token_count_differences
+from diagnose.engine_run import EngineRun, LoadStep
+from diagnose.evidence import residency_values
+from diagnose.facts import collect_facts, gpu_facts, structure_facts
+from diagnose.load import measure_row
 from diagnose.options import Options
 from diagnose.phase_marks import PhasePublisher
 from diagnose.steps.base import STEP_QUESTIONS, STEPS, ProcedureStep
@@ -34,7 +50,7 @@ from diagnose.steps.residency import ResidencyStep
 from diagnose.steps.single import SingleStep
 from loadgen.scheduler.context import RunContext
 
-__all__ = ["PROCEDURE", "Diagnoser", "combine", "diagnose"]
+__all__ = ["PROCEDURE", "Diagnoser", "combine", "compare", "diagnose"]
 
 # The steps, registered explicitly in the order they run (the context sweep restarts).
 PROCEDURE: tuple[ProcedureStep, ...] = (
@@ -60,6 +76,17 @@ class Diagnoser(EngineRun):
             self.stop()
             await self.monitor.stop()
         return self._finish()
+
+    # the measuring methods the steps call (EngineRun's) ---------------------------------
+
+    async def load_row(self, load: LoadStep) -> Row:
+        return await measure_row(self, load)
+
+    async def gpu_facts(self) -> None:
+        await gpu_facts(self)
+
+    def residency_values(self) -> RuleValues:
+        return residency_values(self)
 
     async def _run(self) -> None:
         if "parallel" in self.template():
@@ -156,3 +183,26 @@ async def diagnose(
     finally:
         ctx.close()
     return result, decide_single(result, d.answer_steps())
+
+
+async def compare(
+    engines: tuple[EngineConfig, EngineConfig],
+    opts: Options,
+    out: Path,
+    pub: PhasePublisher | None = None,
+) -> tuple[list[EngineResult], Decision]:
+    """Measure both engines with identical requests and decide."""
+    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
+    pub = pub or PhasePublisher()
+    # One run context: the prompts calibrated on A are sent byte for byte to B.
+    ctx = RunContext(out)
+    try:
+        results = []
+        for engine in engines:
+            results.append(await Diagnoser(engine, opts, out, pub, ctx).run())
+    finally:
+        ctx.close()
+    ra, rb = results
+    decision = decide_compare(ra, rb)
+    decision.caveats += token_count_differences(ra, rb)
+    return results, decision

@@ -18,6 +18,7 @@ from diagnose.decision.model import (
     Decision,
     EngineResult,
     Estimate,
+    Row,
     Step,
     relative_spread,
     switch_to,
@@ -388,3 +389,30 @@ def _recommend(
     return STAY_AND_TUNE, (
         f"stay on {a.name} and tune{where}{ratio_text}{other_text}. {a.action}".rstrip(". ")
     )
+
+
+def token_count_differences(a: EngineResult, b: EngineResult) -> list[str]:
+    """Differences in prompt/completion token counts between rows of the same step."""
+    out = []
+
+    def key(r: Row) -> tuple[str, int, int | None]:
+        # Only the context sweep is matched on context: elsewhere it is each engine's default.
+        return (r.step, r.concurrency, r.context if r.step == "context" else None)
+
+    rows_b = {key(r): r for r in b.ok_rows()}
+    for ra in a.ok_rows():
+        rb = rows_b.get(key(ra))
+        if rb is None or ra.step == "kv_pressure":
+            # The KV step's prompt follows each engine's own slot context.
+            continue
+        if ra.completion_tokens != rb.completion_tokens:
+            out.append(
+                f"{ra.step} c={ra.concurrency}: generated tokens differ "
+                f"({a.name} {ra.completion_tokens}, {b.name} {rb.completion_tokens})"
+            )
+        if ra.prompt_tokens and rb.prompt_tokens and abs(ra.prompt_tokens - rb.prompt_tokens) > 0.5:
+            out.append(
+                f"{ra.step} c={ra.concurrency}: the same prompt is {ra.prompt_tokens:.0f} tokens "
+                f"on {a.name} and {rb.prompt_tokens:.0f} on {b.name} (different tokenizers)"
+            )
+    return out

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from diagnose.decision.model import Row, Step
 from diagnose.decision.roofline import row_roofline_text
-from diagnose.engine_run import EngineRun
-from diagnose.load import measure_row
+from diagnose.engine_run import EngineRun, LoadStep
 from diagnose.steps.base import STEP_QUESTIONS
 
 
@@ -22,8 +21,8 @@ class ConcurrencyStep:
         parts = []
         for c in levels:
             with run.phase("concurrency", note=f"concurrency {c}"):
-                row = await measure_row(
-                    run, "concurrency", c, run.opts.prompt_tokens, run.opts.rounds, None
+                row = await run.load_row(
+                    LoadStep("concurrency", c, run.opts.prompt_tokens, run.opts.rounds)
                 )
             if row.error:
                 parts.append(f"c={c} failed ({row.error})")

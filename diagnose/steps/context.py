@@ -6,8 +6,7 @@ from dataclasses import replace
 
 from core.thresholds import threshold_number
 from diagnose.decision.model import Row, Step
-from diagnose.engine_run import EngineRun, gib
-from diagnose.load import measure_row
+from diagnose.engine_run import EngineRun, LoadStep, gib
 from diagnose.steps.base import STEP_QUESTIONS
 from loadgen.client import TargetUnreachable
 
@@ -89,7 +88,7 @@ async def context_step(run: EngineRun, ctx: int) -> bool:
     try:
         loaded = await run.settle()
         with run.phase("context", note=f"context {ctx}"):
-            row = await measure_row(run, "context", 1, run.opts.prompt_tokens, 1, ctx)
+            row = await run.load_row(LoadStep("context", 1, run.opts.prompt_tokens, 1, ctx))
         row.loaded_memory_bytes = loaded
         row.load_seconds = run.current.load_seconds if run.current else None
         row.kv_bytes = run.kv_bytes()

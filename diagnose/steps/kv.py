@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from diagnose.decision.model import Row, Step
-from diagnose.engine_run import EngineRun
-from diagnose.load import measure_row
+from diagnose.engine_run import EngineRun, LoadStep
 from diagnose.steps.base import STEP_QUESTIONS
 
 # The longest KV-pressure prompt chosen automatically: longer prompts cost minutes of prefill.
@@ -42,7 +41,7 @@ class KvPressureStep:
         conc = min(run.result.slots or top, top)
         with run.phase("kv_pressure", note=f"{conc} x {tokens} prompt tokens"):
             # One wave, one request per slot: whatever waits, waits for KV space, not a slot.
-            row = await measure_row(run, "kv_pressure", conc, tokens, 1, None, requests=conc)
+            row = await run.load_row(LoadStep("kv_pressure", conc, tokens, requests=conc))
         saturated = any(v == "kv_saturated" for s, v, _ in run.step_verdicts if s == "kv_pressure")
         answer = kv_answer(row, tokens, why, saturated)
         run.say("kv_pressure", answer)

@@ -13,8 +13,6 @@ from core.conditions import evaluate
 from core.signals import Signals
 from diagnose.decision.model import EngineResult, Step
 from diagnose.engine_run import EngineRun, gib, num
-from diagnose.facts import gpu_facts
-from diagnose.samples import residency_values
 from diagnose.steps.base import STEP_QUESTIONS
 
 
@@ -27,11 +25,11 @@ class ResidencyStep:
         """The residency answer (`weights_not_resident` held: flagged)."""
         res = run.result
         with run.phase("residency") as ph:
-            await gpu_facts(run)
+            await run.gpu_facts()
             ph.memory_bytes = res.process_gpu_bytes
         values = run.monitor.rule_values(time.time())
         if values is None:  # no exporter sample: the samples it would have given
-            values = residency_values(run)
+            values = run.residency_values()
         sig = values.signals
         cond = evaluate(sig).condition("weights_not_resident")
         facts = residency_facts(res)

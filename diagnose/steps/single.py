@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from diagnose.decision.model import NOT_MEASURED, Step
 from diagnose.decision.roofline import roofline, roofline_text
-from diagnose.engine_run import EngineRun
-from diagnose.load import measure_row
+from diagnose.engine_run import EngineRun, LoadStep
 from diagnose.steps.base import STEP_QUESTIONS
 
 
@@ -18,7 +17,7 @@ class SingleStep:
         """The decode answer with its roofline figures (never flagged: the verdict decides)."""
         opts = run.opts
         with run.phase("single"):
-            row = await measure_row(run, "single", 1, opts.prompt_tokens, opts.rounds, None)
+            row = await run.load_row(LoadStep("single", 1, opts.prompt_tokens, opts.rounds))
         res = run.result
         res.roofline = roof = roofline(res)
         if row.error or not row.per_seq_tok_s:

@@ -20,9 +20,9 @@ import pytest
 
 from cli.loadgen import main as loadgen_main
 from config.settings import Config, parse_config
-from diagnose.compare import compare
 from diagnose.decision.model import INCONCLUSIVE, Decision, EngineResult, switch_to
 from diagnose.options import Options
+from diagnose.procedure import compare
 from tests.conftest import get_free_port
 
 

@@ -11,10 +11,10 @@ from config.settings import parse_config
 from core.conditions import evaluate
 from diagnose.decision.model import Row
 from diagnose.decision.roofline import row_roofline
+from diagnose.evidence import residency_values, step_values
 from diagnose.options import Options
 from diagnose.phase_marks import PhasePublisher
 from diagnose.procedure import Diagnoser
-from diagnose.samples import residency_values, step_values
 
 
 def _diagnoser(tmp_path: Path) -> Diagnoser:

@@ -322,3 +322,58 @@ def test_the_path_check_sees_a_planted_bad_path(tmp_path: Path) -> None:
         "core/real.py: tests/unit/test_gone.py",
         "docs/x.md: ../core/gone.py",
     ]
+
+
+# diagnose/ is at most this many layers deep (docs/architecture.md, "The diagnose path").
+DIAGNOSE_LAYERS = 7
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """`_imports` without those under `if TYPE_CHECKING:` (annotations only)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    typing_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+        for n in ast.walk(block)
+    }
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return out
+
+
+def _layers(package: str) -> dict[str, int]:
+    """Each module's layer: 1 + the highest layer among the package modules it imports."""
+    deps = {}
+    for path in _modules(package):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        deps[name] = _runtime_imports(path)
+    deps = {m: {d for d in ds if d in deps and d != m} for m, ds in deps.items()}
+    layer: dict[str, int] = {}
+
+    def depth(m: str, seen: tuple[str, ...] = ()) -> int:
+        assert m not in seen, f"import cycle: {' -> '.join((*seen, m))}"
+        if m not in layer:
+            layer[m] = 1 + max((depth(d, (*seen, m)) for d in deps[m]), default=0)
+        return layer[m]
+
+    for m in deps:
+        depth(m)
+    return layer
+
+
+def test_diagnose_is_at_most_seven_layers_deep() -> None:
+    layers = _layers("diagnose")
+    assert layers["diagnose.cli"] == max(layers.values()) <= DIAGNOSE_LAYERS, layers
+    # The steps read facts and measure through their one object (`EngineRun`), not a chain.
+    for step in ("single", "concurrency", "kv", "context", "residency"):
+        reached = _runtime_imports(ROOT / "diagnose" / "steps" / f"{step}.py")
+        assert not reached & {"diagnose.load", "diagnose.facts", "diagnose.evidence"}, step
+        assert layers[f"diagnose.steps.{step}"] < layers["diagnose.load"]
