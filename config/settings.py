@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from config.expand import expand_config
 from config.kinds import KINDS
 from config.loadgen import LoadgenSettings  # pydantic alone: not the load generator itself
 
@@ -332,7 +333,7 @@ def parse_config(data: Any, environ: Mapping[str, str] | None = None) -> Config:
 
 
 def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> Config:
-    """Read, override from the environment and validate a config file.
+    """Read, expand `${VAR}` (config/expand.py), override from the environment and validate.
 
     With `path` None only defaults and environment overrides apply.
     """
@@ -343,6 +344,7 @@ def load_config(path: str | Path | None, environ: Mapping[str, str] | None = Non
             raise ConfigError(
                 [f"{path}: the file is empty; give at least one key (see config.example.yaml)"]
             )
+        data = expand_config(data, os.environ if environ is None else environ)
     return parse_config(data, environ)
 
 

@@ -207,7 +207,7 @@ class Stack:
 
     def down(self) -> None:
         """Down with volumes; assert nothing of the project is left."""
-        self.compose(["llamacpp", "demo", "loadgen"], "down", "-v", "--remove-orphans")
+        self.compose(["llamacpp", "demo", "loadgen", "host"], "down", "-v", "--remove-orphans")
         label = f"label=com.docker.compose.project={self.project}"
         assert docker("ps", "-aq", "--filter", label).split() == []
         assert docker("network", "ls", "-q", "--filter", label).split() == []
