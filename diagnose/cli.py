@@ -43,11 +43,13 @@ from loadgen.options import (
     add_exporter_option,
     add_max_tokens_option,
     add_out_option,
+    add_prompt_tokens_option,
     add_target_options,
     add_timeout_options,
     int_list,
     non_negative_float,
     non_negative_int,
+    one_value,
     positive_float,
     positive_int,
 )
@@ -73,12 +75,11 @@ def add_measure_arguments(parser: argparse.ArgumentParser, rounds: int) -> None:
         metavar="N[,N...]",
         help="concurrency steps (closed loop)",
     )
-    m.add_argument(
-        "--prompt-tokens",
-        type=positive_int,
-        default=128,
-        metavar="N",
-        help="prompt length of the decode and concurrency steps",
+    add_prompt_tokens_option(
+        m,
+        [128],
+        "prompt length of the decode and concurrency steps: one value here (run and "
+        "sweep take a list)",
     )
     add_max_tokens_option(m)
     m.add_argument(
@@ -165,7 +166,7 @@ def options_from_args(args: argparse.Namespace, config: Config | None) -> Option
             bw = float(cfg_bw)
     return Options(
         concurrency=args.concurrency,
-        prompt_tokens=args.prompt_tokens,
+        prompt_tokens=one_value(args.prompt_tokens, "--prompt-tokens"),
         max_tokens=args.max_tokens,
         rounds=args.rounds,
         requests_per_slot=args.requests_per_slot,
@@ -188,7 +189,7 @@ def engines_from_args(args: argparse.Namespace, config: Config | None) -> list[E
     engines = engines_from_config(args, config)
     if engines:
         return engines
-    key = api_key(args, required=False)
+    key = api_key(args)  # an unset --api-key-env is an error here as in run
     kind = args.kind
     if kind == "openai":
         kind = asyncio.run(detect_kind(args.url, key))

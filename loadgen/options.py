@@ -201,6 +201,13 @@ def add_concurrency_option(
     )
 
 
+def one_value(values: list[int], flag: str) -> int:
+    """The one value of a list flag where a command takes one (UsageError otherwise)."""
+    if len(values) != 1:
+        raise UsageError(f"{flag} takes one value here, not {len(values)}")
+    return values[0]
+
+
 def add_prompt_tokens_option(
     parser: Parser, default: list[int] | None = None, help: str = ""
 ) -> None:
@@ -305,6 +312,7 @@ __all__ = [
     "metrics_url",
     "non_negative_float",
     "non_negative_int",
+    "one_value",
     "port",
     "positive_float",
     "positive_int",

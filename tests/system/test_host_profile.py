@@ -94,14 +94,29 @@ def test_host_profile_lists_the_engine_of_the_url_with_its_log_and_model(host: H
     metrics = parse_samples(stack.fetch("http://exporter:9490/metrics"))
     engines = {dict(labels).get("engine") for _, labels in metrics} - {None}
     assert engines == {"llama"}, engines  # no SGLANG_URL: no sgl engine at all
-    # From the -lv 4 log (read through the mount): the layer count llama-server logged.
+    # From the -lv 4 log, read through the mount: where the layers and their weights went,
+    # as llama-server logged it (a GPU build logs `offloaded N/M layers to GPU`; this CPU
+    # build logs its model buffers only), and the KV buffers.
     log = host.server.log.read_text(errors="replace")
     offloaded = re.search(r"offloaded (\d+)/(\d+) layers to GPU", log)
-    assert offloaded, "llama-server logged no layer offload line"
-    layers = stack.query('llmb_engine_gpu_layers_total{engine="llama"}')
-    assert [float(r["value"][1]) for r in layers] == [float(offloaded[2])]
-    done = stack.query('llmb_engine_gpu_layers_offloaded{engine="llama"}')
-    assert [float(r["value"][1]) for r in done] == [float(offloaded[1])]
+    if offloaded:
+        for name, value in (("offloaded", offloaded[1]), ("total", offloaded[2])):
+            rows = stack.query(f'llmb_engine_gpu_layers_{name}{{engine="llama"}}')
+            assert [float(r["value"][1]) for r in rows] == [float(value)], name
+    for series, pattern in (
+        (
+            "llmb_engine_model_buffer_bytes",
+            r"load_tensors:\s+(\S+) model buffer size =\s+([\d.]+) MiB",
+        ),
+        ("llmb_engine_kv_cache_bytes", r"llama_kv_cache:\s+(\S+) KV buffer size =\s+([\d.]+) MiB"),
+    ):
+        logged: dict[str, float] = {}
+        for device, mib in re.findall(pattern, log):
+            logged[device] = logged.get(device, 0.0) + float(mib) * 2**20
+        assert logged, f"llama-server logged no {series} line"
+        rows = stack.query(f'{series}{{engine="llama"}}')
+        got = {r["metric"]["device"]: float(r["value"][1]) for r in rows}
+        assert got == pytest.approx(logged), series
     # From the GGUF (read through the mount): the geometry and the KV estimate.
     assert [float(r["value"][1]) for r in stack.query('llmb_model_layers{engine="llama"}')] == [
         18.0

@@ -90,7 +90,7 @@ def _parsers() -> dict[str, Callable[[], argparse.ArgumentParser]]:
     from cli.loadgen import build_parser, default_commands
     from simulator import demo
     from simulator.__main__ import build_parser as sim_parser
-    from tools.synth_model import _parser as synth_parser
+    from tools.synth_model.cli import _parser as synth_parser
 
     def exporter() -> argparse.ArgumentParser:
         import exporter.__main__ as main
