@@ -231,6 +231,13 @@ class Config(_Strict):
         raise KeyError(f"no engine named {name!r} in the config (known: {known})")
 
 
+def config_file_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    """The config file named in the environment: LLMB_CONFIG_FILE, as in compose's `.env`
+    (LLMB_CONFIG, its former name, still read)."""
+    env = os.environ if environ is None else environ
+    return env.get("LLMB_CONFIG_FILE") or env.get("LLMB_CONFIG") or None
+
+
 def check_http_url(value: str) -> None:
     """Raise ValueError unless `value` is an http(s) URL an HTTP client can request."""
     if any(c.isspace() or not c.isprintable() for c in value):
@@ -325,7 +332,11 @@ def parse_config(data: Any, environ: Mapping[str, str] | None = None) -> Config:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(["(top level): must be a mapping of keys to values"])
-    data = apply_env_overrides(data, os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
+    if "host" not in data and environ.get("LLMB_HOST"):
+        # LLMB_HOST, the name compose's `.env` uses; LLMB__HOST (an override) still wins.
+        data = {**data, "host": environ["LLMB_HOST"]}
+    data = apply_env_overrides(data, environ)
     try:
         return Config.model_validate(data)
     except ValidationError as exc:

@@ -9,7 +9,7 @@ import os
 import socket
 import sys
 
-from config.settings import Config, ConfigError, load_config
+from config.settings import Config, ConfigError, config_file_from_env, load_config
 from exporter import __version__
 from exporter.cli import add_log_level_option, setup_logging
 from exporter.web_config import WebConfig
@@ -28,8 +28,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--config",
         "--config.file",
         dest="config",
-        default=os.environ.get("LLMB_CONFIG"),
-        help="YAML config file (env LLMB_CONFIG); see config.example.yaml",
+        default=config_file_from_env(),
+        help="YAML config file (env LLMB_CONFIG_FILE); see config.example.yaml",
     )
     parser.add_argument(
         "--check-only",

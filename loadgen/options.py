@@ -10,13 +10,13 @@ Subparsers use `HelpFormatter`, which shows every default in `--help`.
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from config.loadgen import TARGET_KINDS
+from config.settings import config_file_from_env
 
 N = TypeVar("N", int, float)
 # Where an option is added: a parser or one of its argument groups.
@@ -159,8 +159,8 @@ def add_target_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("target")
     group.add_argument(
         "--config",
-        default=os.environ.get("LLMB_CONFIG"),
-        help="the exporter's YAML config; engines are then chosen by name (env LLMB_CONFIG)",
+        default=config_file_from_env(),
+        help="the exporter's YAML config; engines are then chosen by name (env LLMB_CONFIG_FILE)",
     )
     group.add_argument(
         "--engine",

@@ -80,3 +80,21 @@ def test_an_unset_api_key_variable_is_an_error_everywhere(
         args = parser.parse_args([command, *common, *(["--out", "o"] if command != "run" else [])])
         with pytest.raises(UsageError, match="LLMB_TEST_UNSET_KEY: the variable is not set"):
             resolve(args, None)  # type: ignore[operator]
+
+
+def test_the_environment_names_are_those_of_compose_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LLMB_HOST and LLMB_CONFIG_FILE mean the same in `.env`, natively and in the docs."""
+    from config.settings import config_file_from_env, parse_config
+
+    assert parse_config({}, environ={"LLMB_HOST": "gpu-a"}).host == "gpu-a"
+    assert parse_config({"host": "file"}, environ={"LLMB_HOST": "gpu-a"}).host == "file"
+    both = {"LLMB_HOST": "gpu-a", "LLMB__HOST": "gpu-b"}
+    assert parse_config({}, environ=both).host == "gpu-b"
+    assert config_file_from_env({"LLMB_CONFIG_FILE": "a.yaml", "LLMB_CONFIG": "b.yaml"}) == "a.yaml"
+    assert config_file_from_env({"LLMB_CONFIG": "b.yaml"}) == "b.yaml"
+    monkeypatch.setenv("LLMB_CONFIG_FILE", "from-env.yaml")
+    monkeypatch.delenv("LLMB_CONFIG", raising=False)
+    for argv in (["run", "--url", "http://h:1"], ["diagnose", "--url", "http://h:1", "--out", "o"]):
+        assert build_parser(default_commands()).parse_args(argv).config == "from-env.yaml"
+    compose = (ROOT / "docker-compose.yml").read_text()
+    assert "LLMB__HOST" not in compose and "LLMB_HOST: ${LLMB_HOST:-gpu-host}" in compose
