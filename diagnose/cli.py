@@ -42,6 +42,7 @@ from loadgen.options import (
     UsageError,
     add_exporter_option,
     add_max_tokens_option,
+    add_metrics_server_options,
     add_out_option,
     add_prompt_tokens_option,
     add_target_options,
@@ -150,11 +151,8 @@ def _add_launch_and_sources(m: Any) -> None:
         metavar="GB/S",
         help="GPU memory bandwidth for the roofline (default: exporter, NVML table)",
     )
-    m.add_argument(
-        "--metrics-listen",
-        metavar="HOST:PORT",
-        help="serve the llmb_loadgen_phase_* metrics here for Grafana marks",
-    )
+    # The same pair as run and sweep; off by default here (a run's marks are in its report).
+    add_metrics_server_options(m, default_port=0)
 
 
 def options_from_args(args: argparse.Namespace, config: Config | None) -> Options:
@@ -205,18 +203,15 @@ def engines_from_args(args: argparse.Namespace, config: Config | None) -> list[E
     ]
 
 
-def serve_metrics(pub: PhasePublisher, listen: str | None) -> Callable[[], None]:
-    """Serve the phase metrics on HOST:PORT when asked; returns the function that stops it."""
-    if not listen:
+def serve_metrics(pub: PhasePublisher, host: str, port: int) -> Callable[[], None]:
+    """Serve the phase metrics on host:port (port 0: not); returns the function that stops it."""
+    if not port:
         return lambda: None
-    host, _, port = listen.rpartition(":")
     try:
-        server, _thread = start_http_server(
-            int(port), addr=host or "127.0.0.1", registry=pub.registry
-        )
+        server, _thread = start_http_server(port, addr=host, registry=pub.registry)
     except (OSError, ValueError) as exc:
         # The measurement matters more than the Grafana marks: warn and go on.
-        log.warning("cannot serve phase metrics on %s: %s", listen, exc)
+        log.warning("cannot serve phase metrics on %s:%d: %s", host, port, exc)
         return lambda: None
 
     def stop() -> None:
@@ -361,7 +356,7 @@ def run_measurement(command: str, args: argparse.Namespace) -> int:
     engines = _engines(command, args, config)
     opts = options_from_args(args, config)
     pub = PhasePublisher()
-    stop_metrics = serve_metrics(pub, args.metrics_listen)
+    stop_metrics = serve_metrics(pub, args.metrics_host, args.metrics_port)
     if command == "diagnose":
         (engine,) = engines
         say(f"diagnose {engine.name} ({engine.kind}, {engine.url}): steps {', '.join(STEPS)}")

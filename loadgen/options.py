@@ -260,12 +260,12 @@ def add_exporter_option(parser: Parser, help: str = "") -> None:
     )
 
 
-def add_metrics_server_options(parser: Parser) -> None:
-    """--metrics-port / --metrics-host of the load generator's own /metrics."""
+def add_metrics_server_options(parser: Parser, default_port: int = DEFAULT_METRICS_PORT) -> None:
+    """--metrics-port / --metrics-host of the load generator's own /metrics (every command)."""
     parser.add_argument(
         "--metrics-port",
         type=port,
-        default=DEFAULT_METRICS_PORT,
+        default=default_port,
         metavar="P",
         help="serve live llmb_loadgen_* metrics on this port (0 = off)",
     )

@@ -52,6 +52,10 @@ def test_a_flag_shared_by_subcommands_parses_alike() -> None:
     for flag in ("--prompt-tokens", "--concurrency"):
         assert {shape[0] for shape in seen[flag].values()} == {int_list}, flag
         assert set(seen[flag]) == {"run", "sweep", "diagnose", "compare"}, flag
+    # One live-metrics pair everywhere (on by default in run and sweep, off in the others).
+    for flag in ("--metrics-port", "--metrics-host"):
+        assert set(seen[flag]) == {"run", "sweep", "diagnose", "compare"}, flag
+    assert "--metrics-listen" not in seen
 
 
 def test_where_a_list_flag_takes_one_value_it_says_so() -> None:
@@ -98,3 +102,24 @@ def test_the_environment_names_are_those_of_compose_env(monkeypatch: pytest.Monk
         assert build_parser(default_commands()).parse_args(argv).config == "from-env.yaml"
     compose = (ROOT / "docker-compose.yml").read_text()
     assert "LLMB__HOST" not in compose and "LLMB_HOST: ${LLMB_HOST:-gpu-host}" in compose
+
+
+def test_diagnose_serves_its_phase_metrics_on_the_shared_pair() -> None:
+    import urllib.request
+
+    from diagnose.cli import serve_metrics
+    from diagnose.phases import PhasePublisher
+    from tests.conftest import get_free_port
+
+    args = build_parser(default_commands()).parse_args(
+        ["diagnose", "--url", "http://h:1", "--out", "o"]
+    )
+    assert args.metrics_port == 0 and args.metrics_host == "127.0.0.1"
+    assert serve_metrics(PhasePublisher(), args.metrics_host, 0)() is None  # off: nothing served
+    free = get_free_port()
+    stop = serve_metrics(PhasePublisher(), "127.0.0.1", free)
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{free}/metrics", timeout=5).read()
+        assert b"llmb_loadgen_phase" in body
+    finally:
+        stop()
