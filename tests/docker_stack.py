@@ -192,6 +192,21 @@ class Stack:
         alerts: list[dict[str, Any]] = self.api("http://alertmanager:9093/api/v2/alerts")
         return alerts
 
+    def wait_for_alert(self, alertname: str, engine: str, timeout: float) -> dict[str, Any]:
+        """The first `alertname{engine=...}` that reaches Alertmanager within `timeout`."""
+
+        def named() -> list[dict[str, Any]]:
+            return [
+                a
+                for a in self.alertmanager_alerts()
+                if a["labels"].get("alertname") == alertname and a["labels"].get("engine") == engine
+            ]
+
+        found: list[dict[str, Any]] = wait_for(
+            named, timeout, f"{alertname}{{engine={engine}}} in Alertmanager"
+        )
+        return found[0]
+
     def wait_healthy(self, services: list[str], timeout: float = 240) -> None:
         """Every service healthy (its own healthcheck), none restarted."""
         deadline = time.monotonic() + timeout

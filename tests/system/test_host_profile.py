@@ -167,16 +167,8 @@ def test_kv_saturation_fires_the_kv_alert_in_alertmanager(host: Host) -> None:
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda _: complete(host.server.url, 200, 100), range(4)))
 
-    def kv_alert() -> list[dict[str, Any]]:
-        return [
-            a
-            for a in stack.alertmanager_alerts()
-            if a["labels"].get("alertname") == "LLMKVCacheSaturated"
-            and a["labels"].get("engine") == "llama"
-        ]
-
-    alerts = ds.wait_for(kv_alert, 240, "LLMKVCacheSaturated{engine=llama} in Alertmanager")
-    assert alerts[0]["labels"]["severity"] == "warning"
+    alert = stack.wait_for_alert("LLMKVCacheSaturated", "llama", 240)
+    assert alert["labels"]["severity"] == "warning"
     firing = {r["metric"]["alertname"] for r in stack.query('ALERTS{alertstate="firing"}')}
     assert "LLMKVCacheSaturated" in firing
     assert not [a for a in stack.alertmanager_alerts() if a["labels"].get("engine") == "sgl"]
