@@ -93,7 +93,20 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_CONFIG
+    announce_engines(config)
     return serve(config, web, sock)
+
+
+def announce_engines(config: Config) -> None:
+    """One line per engine at start: what is read, from where (an engine left out is none)."""
+    log = logging.getLogger("exporter")
+    if not config.engines:
+        log.info("no engine configured: the GPU only")
+    for e in config.engines:
+        log.info(
+            "engine %s (%s) at %s; log %s; model %s",
+            e.name, e.kind, e.url, e.log_file or "not configured", e.model_path or "not configured",
+        )  # fmt: skip
 
 
 def bind(host: str, port: int) -> socket.socket:
