@@ -75,7 +75,7 @@ def test_an_unset_api_key_variable_is_an_error_everywhere(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from diagnose.cli import engines_from_args
-    from loadgen.target import resolve_targets
+    from loadgen.resolve import resolve_targets
 
     monkeypatch.delenv("LLMB_TEST_UNSET_KEY", raising=False)
     parser = build_parser(default_commands())
@@ -108,7 +108,7 @@ def test_diagnose_serves_its_phase_metrics_on_the_shared_pair() -> None:
     import urllib.request
 
     from diagnose.cli import serve_metrics
-    from diagnose.phases import PhasePublisher
+    from diagnose.phase_marks import PhasePublisher
     from tests.conftest import get_free_port
 
     args = build_parser(default_commands()).parse_args(
