@@ -19,7 +19,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PATH=/opt/llmb/bin:$PATH
 # Non-root: NVML needs only the device nodes the NVIDIA runtime mounts, and the command
 # lines of other processes under `pid: host` are world-readable.
+# /home/llmb/link: the compose host profile's socket volume, created owned by llmb.
 RUN useradd --system --uid 10001 --create-home --home-dir /home/llmb --shell /usr/sbin/nologin llmb \
+    && install -d -o llmb -g llmb /home/llmb/link \
     && python3 -m venv /opt/llmb
 WORKDIR /src
 COPY constraints.txt pyproject.toml README.md /src/

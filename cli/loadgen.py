@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from diagnose import cli as diagnose_cli
+from exporter import __version__
 from loadgen import cli as loadgen_cli
 from loadgen.options import EXIT_USAGE, Command, HelpFormatter, UsageError
 
@@ -38,6 +39,7 @@ def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
         description="Fixed-prompt load generator for llama.cpp and SGLang with verified token "
         "counts and live Prometheus metrics.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument(
         "--log-level",
         default=os.environ.get("LLMB_LOG_LEVEL", "INFO"),

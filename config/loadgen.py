@@ -79,7 +79,6 @@ class LoadgenSettings(BaseModel):
     parallel: int | None = None
     exporter_engine: str | None = None
     bandwidth_gbs: float | None = None
-    metrics_listen: str | None = None
 
     def given(self) -> dict[str, Any]:
         """The keys the file sets (a null value included), as parsed."""

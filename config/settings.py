@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from config.expand import expand_config
 from config.kinds import KINDS
 from config.loadgen import LoadgenSettings  # pydantic alone: not the load generator itself
 
@@ -230,6 +231,13 @@ class Config(_Strict):
         raise KeyError(f"no engine named {name!r} in the config (known: {known})")
 
 
+def config_file_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    """The config file named in the environment: LLMB_CONFIG_FILE, as in compose's `.env`
+    (LLMB_CONFIG, its former name, still read)."""
+    env = os.environ if environ is None else environ
+    return env.get("LLMB_CONFIG_FILE") or env.get("LLMB_CONFIG") or None
+
+
 def check_http_url(value: str) -> None:
     """Raise ValueError unless `value` is an http(s) URL an HTTP client can request."""
     if any(c.isspace() or not c.isprintable() for c in value):
@@ -324,7 +332,11 @@ def parse_config(data: Any, environ: Mapping[str, str] | None = None) -> Config:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(["(top level): must be a mapping of keys to values"])
-    data = apply_env_overrides(data, os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
+    if "host" not in data and environ.get("LLMB_HOST"):
+        # LLMB_HOST, the name compose's `.env` uses; LLMB__HOST (an override) still wins.
+        data = {**data, "host": environ["LLMB_HOST"]}
+    data = apply_env_overrides(data, environ)
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
@@ -332,7 +344,7 @@ def parse_config(data: Any, environ: Mapping[str, str] | None = None) -> Config:
 
 
 def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> Config:
-    """Read, override from the environment and validate a config file.
+    """Read, expand `${VAR}` (config/expand.py), override from the environment and validate.
 
     With `path` None only defaults and environment overrides apply.
     """
@@ -343,6 +355,7 @@ def load_config(path: str | Path | None, environ: Mapping[str, str] | None = Non
             raise ConfigError(
                 [f"{path}: the file is empty; give at least one key (see config.example.yaml)"]
             )
+        data = expand_config(data, os.environ if environ is None else environ)
     return parse_config(data, environ)
 
 

@@ -41,12 +41,15 @@ from loadgen.options import (
     UsageError,
     add_exporter_option,
     add_max_tokens_option,
+    add_metrics_server_options,
     add_out_option,
+    add_prompt_tokens_option,
     add_target_options,
     add_timeout_options,
     int_list,
     non_negative_float,
     non_negative_int,
+    one_value,
     positive_float,
     positive_int,
 )
@@ -71,12 +74,11 @@ def add_measure_arguments(parser: argparse.ArgumentParser, rounds: int) -> None:
         metavar="N[,N...]",
         help="concurrency steps (closed loop)",
     )
-    m.add_argument(
-        "--prompt-tokens",
-        type=positive_int,
-        default=128,
-        metavar="N",
-        help="prompt length of the decode and concurrency steps",
+    add_prompt_tokens_option(
+        m,
+        [128],
+        "prompt length of the decode and concurrency steps: one value here (run and "
+        "sweep take a list)",
     )
     add_max_tokens_option(m)
     m.add_argument(
@@ -147,11 +149,8 @@ def _add_launch_and_sources(m: Any) -> None:
         metavar="GB/S",
         help="GPU memory bandwidth for the roofline (default: exporter, NVML table)",
     )
-    m.add_argument(
-        "--metrics-listen",
-        metavar="HOST:PORT",
-        help="serve the llmb_loadgen_phase_* metrics here for Grafana marks",
-    )
+    # The same pair as run and sweep; off by default here (a run's marks are in its report).
+    add_metrics_server_options(m, default_port=0)
 
 
 def options_from_args(args: argparse.Namespace, config: Config | None) -> Options:
@@ -163,7 +162,7 @@ def options_from_args(args: argparse.Namespace, config: Config | None) -> Option
             bw = float(cfg_bw)
     return Options(
         concurrency=args.concurrency,
-        prompt_tokens=args.prompt_tokens,
+        prompt_tokens=one_value(args.prompt_tokens, "--prompt-tokens"),
         max_tokens=args.max_tokens,
         rounds=args.rounds,
         requests_per_slot=args.requests_per_slot,
@@ -186,7 +185,7 @@ def engines_from_args(args: argparse.Namespace, config: Config | None) -> list[E
     engines = engines_from_config(args, config)
     if engines:
         return engines
-    key = api_key(args, required=False)
+    key = api_key(args)  # an unset --api-key-env is an error here as in run
     kind, model = asyncio.run(probe_url(args.url, key, args.kind, model=not args.name))
     if kind not in KINDS:
         endpoints = " nor ".join(f"{e.display}'s {e.info.paths[0]}" for e in ENGINES)
@@ -200,18 +199,15 @@ def engines_from_args(args: argparse.Namespace, config: Config | None) -> list[E
     ]
 
 
-def serve_metrics(pub: PhasePublisher, listen: str | None) -> Callable[[], None]:
-    """Serve the phase metrics on HOST:PORT when asked; returns the function that stops it."""
-    if not listen:
+def serve_metrics(pub: PhasePublisher, host: str, port: int) -> Callable[[], None]:
+    """Serve the phase metrics on host:port (port 0: not); returns the function that stops it."""
+    if not port:
         return lambda: None
-    host, _, port = listen.rpartition(":")
     try:
-        server, _thread = start_http_server(
-            int(port), addr=host or "127.0.0.1", registry=pub.registry
-        )
+        server, _thread = start_http_server(port, addr=host, registry=pub.registry)
     except (OSError, ValueError) as exc:
         # The measurement matters more than the Grafana marks: warn and go on.
-        log.warning("cannot serve phase metrics on %s: %s", listen, exc)
+        log.warning("cannot serve phase metrics on %s:%d: %s", host, port, exc)
         return lambda: None
 
     def stop() -> None:
@@ -356,7 +352,7 @@ def run_measurement(command: str, args: argparse.Namespace) -> int:
     engines = _engines(command, args, config)
     opts = options_from_args(args, config)
     pub = PhasePublisher()
-    stop_metrics = serve_metrics(pub, args.metrics_listen)
+    stop_metrics = serve_metrics(pub, args.metrics_host, args.metrics_port)
     if command == "diagnose":
         (engine,) = engines
         say(f"diagnose {engine.name} ({engine.kind}, {engine.url}): steps {', '.join(STEPS)}")

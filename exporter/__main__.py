@@ -9,7 +9,7 @@ import os
 import socket
 import sys
 
-from config.settings import Config, ConfigError, load_config
+from config.settings import Config, ConfigError, config_file_from_env, load_config
 from exporter import __version__
 from exporter.cli import add_log_level_option, setup_logging
 from exporter.web_config import WebConfig
@@ -28,8 +28,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--config",
         "--config.file",
         dest="config",
-        default=os.environ.get("LLMB_CONFIG"),
-        help="YAML config file (env LLMB_CONFIG); see config.example.yaml",
+        default=config_file_from_env(),
+        help="YAML config file (env LLMB_CONFIG_FILE); see config.example.yaml",
     )
     parser.add_argument(
         "--check-only",
@@ -93,7 +93,20 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_CONFIG
+    announce_engines(config)
     return serve(config, web, sock)
+
+
+def announce_engines(config: Config) -> None:
+    """One line per engine at start: what is read, from where (an engine left out is none)."""
+    log = logging.getLogger("exporter")
+    if not config.engines:
+        log.info("no engine configured: the GPU only")
+    for e in config.engines:
+        log.info(
+            "engine %s (%s) at %s; log %s; model %s",
+            e.name, e.kind, e.url, e.log_file or "not configured", e.model_path or "not configured",
+        )  # fmt: skip
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -7,14 +7,13 @@ their shared options come from `loadgen.options`, so a flag means the same in ev
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from config.settings import ConfigError, load_config
+from config.settings import ConfigError, config_file_from_env, load_config
 from loadgen.options import (
     Command,
     UsageError,
@@ -127,7 +126,7 @@ def apply_config_defaults(
     that flag and ignored by the others; a key that no subcommand knows is an error (typo).
     """
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config", default=os.environ.get("LLMB_CONFIG"))
+    pre.add_argument("--config", default=config_file_from_env())
     known, _ = pre.parse_known_args(argv)
     if not known.config:
         return

@@ -10,13 +10,13 @@ Subparsers use `HelpFormatter`, which shows every default in `--help`.
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from config.loadgen import TARGET_KINDS
+from config.settings import config_file_from_env
 
 N = TypeVar("N", int, float)
 # Where an option is added: a parser or one of its argument groups.
@@ -159,8 +159,8 @@ def add_target_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("target")
     group.add_argument(
         "--config",
-        default=os.environ.get("LLMB_CONFIG"),
-        help="the exporter's YAML config; engines are then chosen by name (env LLMB_CONFIG)",
+        default=config_file_from_env(),
+        help="the exporter's YAML config; engines are then chosen by name (env LLMB_CONFIG_FILE)",
     )
     group.add_argument(
         "--engine",
@@ -199,6 +199,13 @@ def add_concurrency_option(
         default,
         help or "closed loop: requests kept in flight; a list runs one step per value",
     )
+
+
+def one_value(values: list[int], flag: str) -> int:
+    """The one value of a list flag where a command takes one (UsageError otherwise)."""
+    if len(values) != 1:
+        raise UsageError(f"{flag} takes one value here, not {len(values)}")
+    return values[0]
 
 
 def add_prompt_tokens_option(
@@ -253,12 +260,12 @@ def add_exporter_option(parser: Parser, help: str = "") -> None:
     )
 
 
-def add_metrics_server_options(parser: Parser) -> None:
-    """--metrics-port / --metrics-host of the load generator's own /metrics."""
+def add_metrics_server_options(parser: Parser, default_port: int = DEFAULT_METRICS_PORT) -> None:
+    """--metrics-port / --metrics-host of the load generator's own /metrics (every command)."""
     parser.add_argument(
         "--metrics-port",
         type=port,
-        default=DEFAULT_METRICS_PORT,
+        default=default_port,
         metavar="P",
         help="serve live llmb_loadgen_* metrics on this port (0 = off)",
     )
@@ -305,6 +312,7 @@ __all__ = [
     "metrics_url",
     "non_negative_float",
     "non_negative_int",
+    "one_value",
     "port",
     "positive_float",
     "positive_int",

@@ -40,7 +40,7 @@ def engines_from_config(args: argparse.Namespace, config: Config | None) -> list
     if not args.engine:
         raise UsageError("no target: give --url URL, or --config FILE with --engine NAME")
     if config is None:
-        raise UsageError("--engine needs --config FILE (or env LLMB_CONFIG)")
+        raise UsageError("--engine needs --config FILE (or env LLMB_CONFIG_FILE)")
     if len(set(args.engine)) != len(args.engine):
         raise UsageError("the same --engine is given twice")
     out = []

@@ -37,19 +37,29 @@ missing=()
 for pkg in "${DEBS[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
+# Debian starts these services when it installs them; the tests and the demo start their
+# own instances. Only a service this run's apt-get started is stopped again: one that was
+# running before is somebody's monitoring and is left alone.
+SERVICES=(prometheus prometheus-alertmanager prometheus-node-exporter)
+service_active() {
+  command -v systemctl >/dev/null && systemctl is-active --quiet "$1" 2>/dev/null
+}
 if ((${#missing[@]})); then
+  was_active=()
+  for svc in "${SERVICES[@]}"; do
+    if service_active "$svc"; then was_active+=("$svc"); fi
+  done
   echo "==> apt-get install ${missing[*]}"
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  for svc in "${SERVICES[@]}"; do
+    if service_active "$svc" && [[ " ${was_active[*]} " != *" $svc "* ]]; then
+      $SUDO systemctl stop "$svc" || true
+    fi
+  done
 fi
-# Debian starts these services on install; the tests start their own instances.
-for svc in prometheus prometheus-alertmanager prometheus-node-exporter; do
-  if command -v systemctl >/dev/null && systemctl is-active --quiet "$svc" 2>/dev/null; then
-    systemctl stop "$svc" || true
-  fi
-done
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "==> creating $VENV"

@@ -10,6 +10,7 @@ from pathlib import Path
 from aiohttp import web
 
 from config.kinds import KINDS
+from exporter import __version__
 from simulator import scenarios
 from simulator.common import Faults, SimBase, SimOptions
 from simulator.llamacpp.server import LlamaCppSim
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Simulated llama-server / SGLang with a performance model (tests, demo). "
         "Run `llmb-sim demo --help` for the all-in-one demo.",
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("--kind", choices=KINDS, required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)

@@ -52,7 +52,7 @@ LOADS: dict[str, dict[str, Load]] = {
     "weights_not_resident": {"llamacpp": Load(2, 256, 64), "sglang": Load(2, 256, 64)},
     "kv_saturated": {"llamacpp": Load(8, 900, 400), "sglang": Load(12, 1500, 600)},
     "scheduling_bound": {"llamacpp": Load(8, 200, 200), "sglang": Load(8, 200, 200)},
-    "decode_bound": {"llamacpp": Load(1, 256, 64), "sglang": Load(1, 256, 64)},
+    "decode_at_card_limit": {"llamacpp": Load(1, 256, 64), "sglang": Load(1, 256, 64)},
 }
 
 

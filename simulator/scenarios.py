@@ -189,10 +189,10 @@ def _moe(step_s: float, per_seq_s: float, layer_s: float, prefill_tok_s: float) 
 
 
 # -- presets -----------------------------------------------------------------------------------
-# The generic presets: a made-up 8B (decode_bound: 32B) on an L40S with `_fast` costs.
+# The generic presets: a made-up 8B (decode_at_card_limit: 32B) on an L40S with `_fast` costs.
 # fmt: off
 _GENERIC_MODEL = {"healthy": MID_8B, "weights_not_resident": MID_8B, "kv_saturated": MID_8B,
-                  "scheduling_bound": MID_8B, "decode_bound": BIG_32B}
+                  "scheduling_bound": MID_8B, "decode_at_card_limit": BIG_32B}
 _GENERIC_ABOUT = {
     "healthy":
         "8B Q4 on an L40S: every layer on the GPU, room in the KV cache and in the slots.",
@@ -200,21 +200,21 @@ _GENERIC_ABOUT = {
         "Same model, only 10 of 33 layers on the GPU: host-memory reads dominate decode.",
     "kv_saturated": "Small KV pool: running sequences fill it and new requests wait for space.",
     "scheduling_bound": "Two slots / two running requests with a large, mostly empty KV cache.",
-    "decode_bound": "32B Q8 on an L40S: fits, no queue, but each step reads 35 GB at 864 GB/s.",
+    "decode_at_card_limit": "32B Q8 on an L40S: fits, no queue; each step reads 35 GB at 864 GB/s.",
 }
 _GENERIC_LLAMACPP = {
     "healthy": _fast(n_slots=4, ctx_total=32768),
     "weights_not_resident": _fast(n_slots=4, ctx_total=16384, n_gpu_layers=10),
     "kv_saturated": _fast(n_slots=4, ctx_total=4096, kv_unified=True),
     "scheduling_bound": _fast(n_slots=2, ctx_total=65536),
-    "decode_bound": _fast(n_slots=4, ctx_total=16384),
+    "decode_at_card_limit": _fast(n_slots=4, ctx_total=16384),
 }
 _GENERIC_SGLANG = {
     "healthy": _fast(n_slots=32, ctx_total=200000, context_len=8192),
     "weights_not_resident": _fast(n_slots=32, ctx_total=40000, n_gpu_layers=10),
     "kv_saturated": _fast(n_slots=64, ctx_total=8192, context_len=4096),
     "scheduling_bound": _fast(n_slots=2, ctx_total=200000, context_len=8192),
-    "decode_bound": _fast(n_slots=32, ctx_total=16384, context_len=8192),
+    "decode_at_card_limit": _fast(n_slots=32, ctx_total=16384, context_len=8192),
 }
 # The card presets: a real shape on a real card. Each: name, description, model, card,
 # llama.cpp parameters, SGLang parameters.

@@ -192,6 +192,21 @@ class Stack:
         alerts: list[dict[str, Any]] = self.api("http://alertmanager:9093/api/v2/alerts")
         return alerts
 
+    def wait_for_alert(self, alertname: str, engine: str, timeout: float) -> dict[str, Any]:
+        """The first `alertname{engine=...}` that reaches Alertmanager within `timeout`."""
+
+        def named() -> list[dict[str, Any]]:
+            return [
+                a
+                for a in self.alertmanager_alerts()
+                if a["labels"].get("alertname") == alertname and a["labels"].get("engine") == engine
+            ]
+
+        found: list[dict[str, Any]] = wait_for(
+            named, timeout, f"{alertname}{{engine={engine}}} in Alertmanager"
+        )
+        return found[0]
+
     def wait_healthy(self, services: list[str], timeout: float = 240) -> None:
         """Every service healthy (its own healthcheck), none restarted."""
         deadline = time.monotonic() + timeout
@@ -207,7 +222,7 @@ class Stack:
 
     def down(self) -> None:
         """Down with volumes; assert nothing of the project is left."""
-        self.compose(["llamacpp", "demo", "loadgen"], "down", "-v", "--remove-orphans")
+        self.compose(["llamacpp", "demo", "loadgen", "host"], "down", "-v", "--remove-orphans")
         label = f"label=com.docker.compose.project={self.project}"
         assert docker("ps", "-aq", "--filter", label).split() == []
         assert docker("network", "ls", "-q", "--filter", label).split() == []

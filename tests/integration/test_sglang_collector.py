@@ -471,6 +471,23 @@ async def test_geometry_from_model_dir(
     assert "llmb_model_parameters" not in names(scrape)
 
 
+async def test_a_model_dir_not_there_is_a_connect_error_until_it_is(
+    fake: FakeSGLang, client: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    """SGLANG_MODEL_DIR not mounted (an empty folder in its place): said, not silent."""
+    collector, _ = make(fake.url, client, model_path=tmp_path)
+    scrape = await collector.collect()
+    assert not scrape.up
+    assert [(e.reason, str(e)) for e in scrape.errors] == [
+        ("connect", f"model_path {tmp_path}: no config.json there")
+    ]
+    assert "llmb_model_layers" not in names(scrape)
+    (tmp_path / "config.json").write_text(json.dumps(GEMMA3_27B_HF))
+    collector._geometry = None  # the geometry is cached for STATIC_TTL_SECONDS
+    scrape = await collector.collect()
+    assert scrape.up and not scrape.errors and val(scrape, "llmb_model_layers") == 62
+
+
 async def test_geometry_from_server_info_model_path(
     fake: FakeSGLang, client: httpx.AsyncClient, tmp_path: Path
 ) -> None:

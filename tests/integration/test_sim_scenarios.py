@@ -147,8 +147,8 @@ async def test_weights_not_resident(sim_server) -> None:
         ] > healthy.sim.engine.weights_total
 
 
-async def test_decode_bound_no_queue_slow_decode(sim_server) -> None:
-    h = await sim_server("llamacpp", "decode_bound")
+async def test_decode_at_card_limit_no_queue_slow_decode(sim_server) -> None:
+    h = await sim_server("llamacpp", "decode_at_card_limit")
     async with httpx.AsyncClient(base_url=h.url, timeout=60) as c:
         results = await asyncio.gather(*llama_load(c, 2, 100, 40))
         m = llama_metrics((await c.get("/metrics")).text)

@@ -29,6 +29,8 @@ SERVICES = {
     "llamacpp-logrotate",
     "sglang",
     "demo",
+    "host-link",
+    "engine-link",
 }
 PROFILES = {
     "loadgen": "loadgen",
@@ -37,6 +39,8 @@ PROFILES = {
     "llamacpp-logrotate": "llamacpp",
     "sglang": "sglang",
     "demo": "demo",
+    "host-link": "host",
+    "engine-link": "host",
 }
 
 
@@ -257,16 +261,14 @@ def test_exporter_config_follows_the_profile() -> None:
     )
     assert "--port 8080" in services["llamacpp"]["command"]
     assert "--port 30000" in services["sglang"]["command"]
-    # Plain `up -d` (no profile) lists no engine; .env.example pairs the llamacpp profile
-    # with its config.
+    # Plain `up -d` (no profile, no URL in .env) lists no engine; .env.example starts no
+    # engine profile (a second llama-server on the port of the user's own).
     assert profile_config("gpu").engines == []
     for name in ("exporter", "loadgen"):
         volume = services[name]["volumes"][0]
         assert volume.startswith("${LLMB_CONFIG_FILE:-./deploy/compose/gpu.yaml}:"), name
     example = (ROOT / ".env.example").read_text(encoding="utf-8")
-    assert (
-        "\nCOMPOSE_PROFILES=llamacpp\nLLMB_CONFIG_FILE=./deploy/compose/llamacpp.yaml\n" in example
-    )
+    assert "\nCOMPOSE_PROFILES=\nLLMB_CONFIG_FILE=./deploy/compose/gpu.yaml\n" in example
     header = COMPOSE.read_text(encoding="utf-8").split("\n\n", 1)[0]
     for config in ("gpu", "llamacpp", "sglang", "both"):
         assert f"deploy/compose/{config}.yaml" in header, config
@@ -352,16 +354,23 @@ def profile_alerts(tmp_path: Path, config_file: Path) -> tuple[set[str], dict[st
         with (tmp_path / "sim.out").open("wb") as out:
             procs.append(subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT))
         wait_http(f"http://127.0.0.1:{sim_port}/health", 30, procs[0], "llama.cpp simulator")
+        from tests.unit.test_geometry import GEMMA3_27B, write_gguf
+
+        model = write_gguf(tmp_path / "model.gguf", "gemma3", GEMMA3_27B)
         env = {
             **os.environ,
             "LLMB__LISTEN": f"127.0.0.1:{exporter_port}",
             "LLMB__HOST": "gpu-host",
             "LLMB__ENGINES__LLAMA__URL": f"http://127.0.0.1:{sim_port}",
             "LLMB__ENGINES__LLAMA__LOG_FILE": str(log),
+            # A model file where compose mounts MODELS_DIR (a path not there is a source error).
+            "LLMB__ENGINES__LLAMA__MODEL_PATH": str(model),
             "LLMB__ENGINES__SGL__URL": "http://127.0.0.1:30000",
             "LLMB__GPU__FAKE_FILE": f"[{state}]",
         }
-        listed = {e["name"] for e in yaml.safe_load(config_file.read_text())["engines"]}
+        from config.settings import load_config
+
+        listed = {e.name for e in load_config(config_file, environ={}).engines}
         for key in [k for k in env if k.startswith("LLMB__ENGINES__")]:
             if key.split("__")[2].lower() not in listed:
                 del env[key]  # an override for an engine not listed
@@ -414,10 +423,8 @@ def test_plain_up_with_the_default_config_raises_no_alert(tmp_path: Path) -> Non
 @pytest.mark.prometheus
 @pytest.mark.timeout(300)
 def test_llamacpp_profile_raises_no_alert(tmp_path: Path) -> None:
-    """.env.example's start (profile llamacpp, its config): ALERTS stays empty."""
-    example = dict(re.findall(r"^([A-Z_]+)=(.*)$", (ROOT / ".env.example").read_text(), re.M))
-    assert example["COMPOSE_PROFILES"] == "llamacpp"
-    alerts, verdicts = profile_alerts(tmp_path, ROOT / example["LLMB_CONFIG_FILE"])
+    """The llamacpp profile with its config: ALERTS stays empty."""
+    alerts, verdicts = profile_alerts(tmp_path, ROOT / "deploy" / "compose" / "llamacpp.yaml")
     assert alerts == set()
     assert verdicts == {"llama": "idle"}
 
@@ -429,3 +436,36 @@ def test_a_config_listing_an_engine_not_started_raises_engine_down(tmp_path: Pat
     alerts, verdicts = profile_alerts(tmp_path, ROOT / "deploy" / "compose" / "both.yaml")
     assert "LLMEngineDown" in alerts
     assert verdicts == {"llama": "idle"}
+
+
+def test_the_host_profile_lists_only_the_engines_whose_url_is_set() -> None:
+    """gpu.yaml + .env's URLs: one engine per URL set, its log and model at the mounts."""
+    from config.settings import load_config
+
+    exporter = raw()["services"]["exporter"]
+    mounts = {v.rsplit(":", 2)[1]: v.rsplit(":", 2)[0] for v in exporter["volumes"]}
+    gpu = ROOT / "deploy" / "compose" / "gpu.yaml"
+    env = {
+        "LLAMACPP_URL": "http://127.0.0.1:8080",
+        "LLAMACPP_LOG_FILE": "/srv/llama.log",
+        "LLAMACPP_MODEL_FILE": "/srv/m.gguf",
+    }
+    (llama,) = load_config(gpu, environ=env).engines
+    assert (llama.name, llama.kind, llama.url) == ("llama", "llamacpp", env["LLAMACPP_URL"])
+    assert mounts[str(llama.log_file)] == "${LLAMACPP_LOG_FILE:-/dev/null}"
+    assert mounts[str(llama.model_path)] == "${LLAMACPP_MODEL_FILE:-/dev/null}"
+    # Without the optional paths the keys are left out, not set to an empty path.
+    (bare,) = load_config(gpu, environ={"LLAMACPP_URL": env["LLAMACPP_URL"]}).engines
+    assert bare.log_file is None and bare.model_path is None
+    (sgl,) = load_config(gpu, environ={"SGLANG_URL": "http://127.0.0.1:30000"}).engines
+    assert (sgl.name, sgl.kind, sgl.model_path) == ("sgl", "sglang", None)
+    both = load_config(gpu, environ={**env, "SGLANG_URL": "http://127.0.0.1:30000"}).engines
+    assert [e.name for e in both] == ["llama", "sgl"]
+    for name in ("LLAMACPP_URL", "SGLANG_URL", "LLAMACPP_LOG_FILE", "LLAMACPP_MODEL_FILE"):
+        assert exporter["environment"][name] == f"${{{name}:-}}", name
+    services = raw()["services"]
+    assert services["host-link"]["network_mode"] == "host"
+    assert services["engine-link"]["network_mode"] == "service:exporter"
+    for name in ("host-link", "engine-link"):
+        assert services[name]["command"][-2:] == ["${LLAMACPP_URL:-}", "${SGLANG_URL:-}"], name
+        assert "ports" not in services[name], name

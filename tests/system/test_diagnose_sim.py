@@ -82,7 +82,7 @@ def options(gpu: GpuConfig, **kw: Any) -> Options:
         ("llamacpp", "kv_saturated", "kv_saturated", "kv_pressure"),
         ("llamacpp", "scheduling_bound", "scheduling_bound", "concurrency"),
         # 32B Q8 on an L40S: one sequence reads 35 GB per token at 864 GB/s.
-        ("llamacpp", "decode_bound", "decode_at_card_limit", None),
+        ("llamacpp", "decode_at_card_limit", "decode_at_card_limit", None),
         ("sglang", "weights_not_resident", "weights_not_resident", "residency"),
         ("sglang", "kv_saturated", "kv_saturated", "kv_pressure"),
         ("sglang", "scheduling_bound", "scheduling_bound", "concurrency"),

@@ -233,16 +233,8 @@ def test_stopping_llama_server_fires_engine_down_and_reaches_alertmanager(
     start = time.monotonic()
     stack.compose(["llamacpp"], "stop", "llamacpp")
 
-    def engine_down() -> list[dict[str, Any]]:
-        return [
-            a
-            for a in stack.alertmanager_alerts()
-            if a["labels"].get("alertname") == "LLMEngineDown"
-            and a["labels"].get("engine") == "llama"
-        ]
-
-    alerts = ds.wait_for(engine_down, 180, "LLMEngineDown{engine=llama} in Alertmanager")
-    assert alerts[0]["labels"]["severity"] == "critical"
+    alert = stack.wait_for_alert("LLMEngineDown", "llama", 180)
+    assert alert["labels"]["severity"] == "critical"
     TIMINGS["engine_down"] = time.monotonic() - start
 
 

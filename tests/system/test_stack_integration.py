@@ -50,7 +50,7 @@ EXPECTED = {
     "weights_not_resident": "weights_not_resident",
     "kv_saturated": "kv_saturated",
     "scheduling_bound": "scheduling_bound",
-    "decode_bound": "decode_at_card_limit",
+    "decode_at_card_limit": "decode_at_card_limit",
     "idle": "idle",
 }
 # Scenario preset each engine runs ("idle" is the healthy preset with no load).
@@ -151,7 +151,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                     engine["log_file"] = str(log)
                 else:
                     engine["model_path"] = str(
-                        model_dirs["32b" if scenario == "decode_bound" else "8b"]
+                        model_dirs["32b" if scenario == "decode_at_card_limit" else "8b"]
                     )
                 proc = st.spawn(name, argv)
                 engines.append((engine, proc))

@@ -506,3 +506,31 @@ def test_labels_that_sanitize_alike_do_not_duplicate_a_series() -> None:
     (fam,) = ms.metrics()
     assert [(s.labels["device"], s.value) for s in fam.samples] == [("CPU\ufffd", 1.0)]
     assert len(ms.problems) == 1
+
+
+async def test_a_model_or_log_path_not_there_is_a_connect_error_with_a_mount_hint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A path the container does not have: the source is not up, the reason is `connect`."""
+    missing_model, missing_log = tmp_path / "model.gguf", tmp_path / "server.log"
+    c = collector(
+        cpu_busy_transport(_read(CPU / "llamacpp_metrics_busy.txt")),
+        model_path=str(missing_model),
+        log_file=str(missing_log),
+    )
+    for _ in range(2):  # looked for again every scrape, announced once
+        scrape = await c.collect()
+        assert not scrape.up
+        reasons = sorted((e.reason, str(e).split(":")[0]) for e in scrape.errors)
+        assert reasons == [("connect", "log file"), ("connect", "model_path " + str(missing_model))]
+    assert "llmb_model_layers" not in {k[0] for k in values(scrape.metrics)}
+    hints = [r.message for r in caplog.records if "is the host's file mounted" in r.message]
+    assert len(hints) == 2, hints
+    # Once the file is there (the mount fixed, the engine started), the error goes.
+    from tests.unit.test_geometry import GEMMA3_27B, write_gguf
+
+    write_gguf(missing_model, "gemma3", GEMMA3_27B)
+    missing_log.write_text("")
+    scrape = await c.collect()
+    assert scrape.up and not scrape.errors
+    assert v(scrape.metrics, "llmb_model_layers") == GEMMA3_27B["block_count"]

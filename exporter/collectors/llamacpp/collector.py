@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 # /v1/models is re-read at least this often; /props (the instance's identity) every scrape.
 STATIC_REFRESH_SECONDS = 60.0
+# A path missing in a container is most often one not mounted (docs/deploy.md).
+_MOUNT_HINT = " (in a container: is the host's file mounted at this path?)"
 
 
 class _NotEnabled(Exception):
@@ -65,6 +67,8 @@ class LlamaCppCollector(EngineCollector):
         self._model_at = -1e18
         self._geometry: ModelGeometry | None = None
         self._geometry_path: Path | None = None
+        # The configured model file could not be opened: a `connect` error every scrape.
+        self.model_error: SourceError | None = None
         self._announced: set[str] = set()
         # Restart detection: the last instance seen, and whether it went away since.
         self._identity: _Identity | None = None
@@ -213,6 +217,8 @@ class LlamaCppCollector(EngineCollector):
                 raise res  # a bug or a cancellation: the runner reports it
         problems: list[str] = []
         await self._map_serving(ms, answers, log_state, problems)
+        if self.model_error is not None:
+            errors.append(self.model_error)
         return Scrape.of(ms, up=not errors, errors=errors, problems=problems)
 
     async def _map_serving(
@@ -278,7 +284,7 @@ class LlamaCppCollector(EngineCollector):
         try:
             return self.log.poll()
         except OSError as exc:
-            self._announce("log", f"cannot read log file {self.log.path}: {exc}")
+            self._announce("log", f"cannot read log file {self.log.path}: {exc}{_MOUNT_HINT}")
             errors.append(SourceError("connect", f"log file: {exc}"))
             return None
 
@@ -297,11 +303,17 @@ class LlamaCppCollector(EngineCollector):
     async def _load_geometry(self, props: Fields) -> ModelGeometry | None:
         """The model's geometry from its GGUF header, read once per model path."""
         path = self._model_path(props)
-        if path is not None and path != self._geometry_path:
+        # A file not there yet (a mount missing, a typo) is looked for again every scrape.
+        if path is not None and (path != self._geometry_path or self.model_error is not None):
             self._geometry_path = path
+            self.model_error = None
             try:
                 # A big vocabulary makes the header megabytes: read it off the event loop.
                 self._geometry = await asyncio.to_thread(geometry_from_gguf, path)
+            except OSError as exc:
+                self.model_error = SourceError("connect", f"model_path {path}: {exc}")
+                self._announce("geometry", f"cannot read model file {path}: {exc}{_MOUNT_HINT}")
+                self._geometry = None
             except Exception as exc:  # noqa: BLE001 - a bad header must not fail the scrape
                 self._announce("geometry", f"cannot read model header {path}: {exc}")
                 self._geometry = None

@@ -81,6 +81,7 @@ class SGLangCollector(EngineCollector):
         super().__init__(*args, **kwargs)
         self._static: dict[str, _Cached] = {}
         self._geometry: _Cached | None = None
+        self._model_path_warned = False  # a configured model_path not there: said once
         # Restart detection: facts of the instance seen last, and whether it went away.
         self._identity: dict[str, Any] = {}
         self._info_args: str | None = None
@@ -206,6 +207,24 @@ class SGLangCollector(EngineCollector):
                 continue
         return None
 
+    def _model_path_error(self) -> list[SourceError]:
+        """A configured model_path without config.json: a `connect` error every scrape."""
+        path = self.engine.model_path
+        try:
+            if path is None or (path / "config.json").is_file():
+                return []
+        except (OSError, ValueError):
+            pass
+        message = f"model_path {path}: no config.json there"
+        if not self._model_path_warned:
+            self._model_path_warned = True
+            log.warning(
+                "engine=%s %s (in a container: is the host's folder mounted at this path?)",
+                self.engine.name,
+                message,
+            )
+        return [SourceError("connect", message)]
+
     async def _geometry_for(self, server_info: Fields) -> ModelGeometry | None:
         now = self.clock()
         if self._geometry is not None and now - self._geometry.at < STATIC_TTL_SECONDS:
@@ -270,12 +289,15 @@ class SGLangCollector(EngineCollector):
         map_identity(ms, expo, (info, model_info, models), labels)
         weights, kv = self._reported_memory(info)
         geom = await self._geometry_for(info)
+        missing = self._model_path_error()
+        errors.extend(missing)
         map_memory(ms, expo, info, kv, geom, labels)
         placed = map_weights(ms, expo, info, geom, weights, labels)
         if geom is not None:
             map_geometry(ms, expo, info, geom, placed, labels)
         self._report_pids(expo)
-        return Scrape.of(ms, up=metrics_ok, errors=errors, problems=problems)
+        # A configured model folder not there counts as the source failing, as for llama.cpp.
+        return Scrape.of(ms, up=metrics_ok and not missing, errors=errors, problems=problems)
 
     async def _read_metrics(
         self, resp: Body | SourceError, errors: list[SourceError], problems: list[str]
