@@ -116,6 +116,21 @@ class NvmlBackend(Protocol):
     def bus_width_bits(self, i: int) -> int:
         """Memory bus width in bits."""
 
+    def sm_clock_mhz(self, i: int) -> tuple[int, int | None]:
+        """Current and maximum SM clock in MHz (the maximum None when unknown)."""
+
+    def power_mw(self, i: int) -> int:
+        """Power draw in milliwatts."""
+
+    def power_limit_mw(self, i: int) -> int:
+        """The enforced power limit in milliwatts."""
+
+    def temperature_c(self, i: int) -> int:
+        """GPU core temperature in degrees Celsius."""
+
+    def clock_event_reasons(self, i: int) -> int:
+        """Bitmask of what holds the clocks down now (nvml.h `nvmlClocksEventReason*`)."""
+
     def processes(self, i: int) -> list[GpuProcess]:
         """Compute and graphics processes on the device, one entry per pid."""
 
@@ -226,6 +241,34 @@ class PynvmlBackend:
 
     def bus_width_bits(self, i: int) -> int:
         return int(self._call(self._nvml.nvmlDeviceGetMemoryBusWidth, self._handles[i]))
+
+    def sm_clock_mhz(self, i: int) -> tuple[int, int | None]:
+        nv = self._nvml
+        handle = self._handles[i]
+        current = self._call(nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_SM)
+        maximum = self._call(nv.nvmlDeviceGetMaxClockInfo, handle, nv.NVML_CLOCK_SM)
+        return int(current), int(maximum)
+
+    def power_mw(self, i: int) -> int:
+        return int(self._call(self._nvml.nvmlDeviceGetPowerUsage, self._handles[i]))
+
+    def power_limit_mw(self, i: int) -> int:
+        return int(self._call(self._nvml.nvmlDeviceGetEnforcedPowerLimit, self._handles[i]))
+
+    def temperature_c(self, i: int) -> int:
+        nv = self._nvml
+        return int(
+            self._call(nv.nvmlDeviceGetTemperature, self._handles[i], nv.NVML_TEMPERATURE_GPU)
+        )
+
+    def clock_event_reasons(self, i: int) -> int:
+        nv = self._nvml
+        # The "events" name since driver r535; the "throttle" one before (same bits).
+        fn = (
+            getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
+        return int(self._call(fn, self._handles[i]))
 
     def processes(self, i: int) -> list[GpuProcess]:
         nv = self._nvml
@@ -409,6 +452,31 @@ class NvmlFileBackend:
     @_reading_errors
     def bus_width_bits(self, i: int) -> int:
         return int(self._field(self._dev(i), "bus_width"))
+
+    @_reading_errors
+    def sm_clock_mhz(self, i: int) -> tuple[int, int | None]:
+        dev = self._dev(i)
+        current = int(self._field(dev, "sm_clock_mhz"))
+        maximum = dev.get("max_sm_clock_mhz")
+        return current, None if maximum is None else int(maximum)
+
+    @_reading_errors
+    def power_mw(self, i: int) -> int:
+        return int(self._field(self._dev(i), "power_mw"))
+
+    @_reading_errors
+    def power_limit_mw(self, i: int) -> int:
+        return int(self._field(self._dev(i), "power_limit_mw"))
+
+    @_reading_errors
+    def temperature_c(self, i: int) -> int:
+        return int(self._field(self._dev(i), "temp"))
+
+    @_reading_errors
+    def clock_event_reasons(self, i: int) -> int:
+        reasons = self._field(self._dev(i), "clocks_event_reasons")
+        # An int, or the "0x..." text nvidia-smi and the captures print.
+        return int(reasons, 0) if isinstance(reasons, str) else int(reasons)
 
     @_reading_errors
     def processes(self, i: int) -> list[GpuProcess]:
