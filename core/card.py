@@ -32,10 +32,11 @@ CLOCKS_ACTION = (
     "`nvidia-smi -q -d CLOCK,PERFORMANCE`; the engine is not the cause."
 )
 # (summary, action) of the verdict; the held evidence's action above says more.
+_AT_LIMIT = threshold_promql("decode_efficiency_at_limit")
 VERDICT_TEXT = (
     "The card runs below its clocks (a power or thermal slowdown NVML reports, or clocks well "
-    f"below maximum) while decode runs below {threshold_promql('decode_efficiency_at_limit')} of its "
-    "roofline: the card, not the engine, sets the speed.",
+    f"below maximum) while decode runs below {_AT_LIMIT} of its roofline: the card, not the "
+    "engine, sets the speed.",
     "Restore the card's clocks: its power limit, temperature and airflow; the engine is not "
     "the cause.",
 )

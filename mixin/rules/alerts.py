@@ -147,6 +147,8 @@ def card_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
     sel = "{host=%q,engine=%q,kind=%q}"
     args = "$labels.host $labels.engine $labels.kind"
     minimum = threshold_promql("card_slowdown_share_min")
+    clock_min = threshold_promql("sm_clock_ratio_min")
+    at_limit = threshold_promql("decode_efficiency_at_limit")
     causes = [
         (
             f"engine:llmb_gpu_power_slowdown:avg{rw}{sel} >= {minimum}",
@@ -162,8 +164,8 @@ def card_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
         ),
         (
             # Only without a power or thermal reason: those already say why.
-            f"engine:llmb_gpu_sm_clock:ratio{rw}{sel} < {threshold_promql('sm_clock_ratio_min')} unless on "
-            f"({E}) (engine:llmb_gpu_power_slowdown:avg{rw} >= {minimum} or "
+            f"engine:llmb_gpu_sm_clock:ratio{rw}{sel} < {clock_min} unless on ({E})"
+            f" (engine:llmb_gpu_power_slowdown:avg{rw} >= {minimum} or "
             f"engine:llmb_gpu_thermal_slowdown:avg{rw} >= {minimum})",
             "Clocks: the SM clock reached only {{ . | first | value | humanizePercentage }} "
             "of its maximum: reset locked or application clocks (`nvidia-smi -rgc`, `-rac`).",
@@ -185,8 +187,8 @@ def card_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
             "warning",
             "The GPU of {{ $labels.engine }} runs below its clocks",
             "{{ $labels.kind }} engine {{ $labels.engine }} decodes below "
-            f"{threshold_promql('decode_efficiency_at_limit')} of its roofline while its GPU reports a power "
-            f"or thermal slowdown, or clocks well below maximum, over the last {rw}: the card, "
+            f"{at_limit} of its roofline while its GPU reports a power or thermal"
+            f" slowdown, or clocks well below maximum, over the last {rw}: the card, "
             "not the engine, sets the speed." + text,
         ),
     ]

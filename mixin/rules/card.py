@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.thresholds import threshold_promql
 from core.card import IDLE_REASON, POWER_REASONS, THERMAL_REASONS
 from core.signals import card_records
+from core.thresholds import threshold_promql
 from mixin.rules.common import E, rec
 
 REASON = "llmb_gpu_clock_event_reason_active"

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from core.thresholds import threshold_promql
-from mixin.rules.common import E, mx, ratio, rec
 from mixin.rules.card import card_rules
+from mixin.rules.common import E, mx, ratio, rec
 from mixin.rules.roofline import roofline_rules
 
 

@@ -1,7 +1,7 @@
 """The card's own state from NVML (issue 27): clocks, power, temperature, clock event reasons.
 
 Replays `tests/fixtures/nvml-card-state/` (the real H200 captures with the values issue 27
-recorded, and one injected fault per clock event reason) through the fake NVML backend and
+recorded, and one injected fault per clock event reason) through the file-backed NVML backend and
 the real collector.
 """
 
