@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar, cast
 
+from exporter.collectors.nvml.file_merge import merge_device
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 # NVML return codes the backends hand on (values from nvml.h, stable across releases).
@@ -384,7 +386,7 @@ class NvmlFileBackend:
                     if target is None:
                         merged[index] = {**dev, "procs": procs}
                         continue
-                    _merge_device(target, dev, procs)
+                    merge_device(target, dev, procs)
         except (KeyError, TypeError, ValueError) as exc:
             raise NvmlError(f"fake NVML file: bad device entry: {exc!r}", reason="parse") from exc
         self._devices = [merged[k] for k in sorted(merged)]
@@ -496,20 +498,3 @@ class NvmlFileBackend:
         if recorded is not None:
             return recorded.split()
         return read_proc_cmdline(self.proc_root, pid)
-
-
-def _merge_device(target: dict[str, Any], dev: dict[str, Any], procs: list[dict[str, Any]]) -> None:
-    """Fold a later file's reading of the same GPU into the first (rules: docs/metrics.md)."""
-    target["procs"] = target["procs"] + procs
-    for key in ("mem", "mem_v2"):
-        if isinstance(target.get(key), dict) and isinstance(dev.get(key), dict):
-            mem = dict(target[key])
-            mem["used"] = int(mem["used"]) + int(dev[key]["used"])
-            hidden = int(mem.get("reserved") or 0)
-            mem["free"] = max(0, int(mem["total"]) - hidden - int(mem["used"]))
-            target[key] = mem
-    if isinstance(target.get("util"), dict) and isinstance(dev.get("util"), dict):
-        target["util"] = {
-            k: max(float(target["util"].get(k, 0)), float(dev["util"].get(k, 0)))
-            for k in ("gpu", "memory")
-        }
