@@ -48,14 +48,14 @@ EVIDENCE: tuple[tuple[str, tuple[str, str, str], str, str], ...] = (
         "power",
         ("card_power_slowdown", ">=", "card_slowdown_share_min"),
         "a power reason (SW power cap, HW slowdown, HW power brake) held the clocks down for "
-        "`card_slowdown_share_min` or more of `rate_window`" + _SLOW,
+        "`card_slowdown_share_min` or more of the busy samples of `rate_window`" + _SLOW,
         POWER_ACTION,
     ),
     (
         "thermal",
         ("card_thermal_slowdown", ">=", "card_slowdown_share_min"),
         "a thermal reason (SW/HW thermal slowdown) held the clocks down for "
-        "`card_slowdown_share_min` or more of `rate_window`" + _SLOW,
+        "`card_slowdown_share_min` or more of the busy samples of `rate_window`" + _SLOW,
         THERMAL_ACTION,
     ),
     (

@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterable
 from core.card import IDLE_REASON, POWER_REASONS, THERMAL_REASONS
 from core.rules import (
     EngineKey,
-    _avg_over_time,
     _Data,
     _max_by,
     _max_over_time,
@@ -29,13 +28,21 @@ def _gpu(labels: dict[str, str]) -> GpuKey:
 
 
 def _share(d: _Data, reasons: tuple[str, ...]) -> dict[GpuKey, float]:
-    """`max by (host, gpu) (avg_over_time(reason{reason=~...}[rw]))`."""
+    """Of the samples in which the GPU was busy (not `gpu_idle`), the share in which the most
+    persistent of `reasons` was active: `clamp_max(max by (host, gpu) (sum_over_time(
+    reason{reason=~...}[rw])) / (busy samples > 0), 1)`."""
     rw = threshold_seconds("rate_window")
-    return _max_by(
-        (_gpu(lab), _avg_over_time(pts))
+    held = _max_by(
+        (_gpu(lab), sum(v for _, v in pts))
         for lab, pts in d.range(REASON, rw)
         if lab.get("reason", "") in reasons
     )
+    busy = _max_by(
+        (_gpu(lab), len(pts) - sum(v for _, v in pts))
+        for lab, pts in d.range(REASON, rw)
+        if lab.get("reason", "") == IDLE_REASON
+    )
+    return {k: min(v / busy[k], 1.0) for k, v in held.items() if k in busy and busy[k] > 0}
 
 
 def _clock_ratio(d: _Data, clock: str) -> dict[GpuKey, float]:

@@ -52,8 +52,8 @@ class Signals:
     # engine:llmb_experts_host_layers:max: layers whose routed experts live in host memory
     experts_host_layers: float | None = None
     # --- the card's own state (issue 27), over the engine's GPUs ---
-    # engine:llmb_gpu_power_slowdown:avg<rate_window>: share of the window a power reason
-    # (SW power cap, HW slowdown, HW power brake) held the clocks down
+    # engine:llmb_gpu_power_slowdown:avg<rate_window>: share of the window's busy samples in
+    # which a power reason (SW power cap, HW slowdown, HW power brake) held the clocks down
     card_power_slowdown: float | None = None
     # engine:llmb_gpu_thermal_slowdown:avg<rate_window>: the same for SW/HW thermal slowdown
     card_thermal_slowdown: float | None = None

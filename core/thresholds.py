@@ -116,11 +116,12 @@ THRESHOLDS: dict[str, Threshold] = {
     "card_slowdown_share_min": Threshold(
         "0.5",
         "ratio",
-        "Share of `rate_window` during which NVML reported a power (SW power cap, HW "
-        "slowdown, HW power brake) or a thermal (SW/HW thermal slowdown) clock event reason "
-        "at or above which the card counts as slowed: the decode and prefill rates of the "
-        "same window were then measured on a slowed card at least half of the time. A brief "
-        "power-cap touch during a long prefill is normal and stays below it. The H200 of "
+        "Share of the busy samples of `rate_window` (those without `gpu_idle`) in which NVML "
+        "reported a power (SW power cap, HW slowdown, HW power brake) or a thermal (SW/HW "
+        "thermal slowdown) clock event reason, at or above which the card counts as slowed: "
+        "the GPU then worked on a slowed card at least half of the time it worked. Idle gaps "
+        "between requests do not dilute it; a brief power-cap touch during a long prefill is "
+        "normal and stays below it. The H200 of "
         "issue 27 reported no reason under load (about 500 W of 700 W, 55 C).",
     ),
     "sm_clock_ratio_min": Threshold(

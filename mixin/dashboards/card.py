@@ -97,7 +97,8 @@ def _slowdown_panels(cfg: MixinConfig) -> list[Panel]:
             width=12,
             limit=Limit("card_slowdown_share_min", "below"),
             description=(
-                f"Share of the last {RW} a power or thermal reason held the clocks of "
+                f"Share of the busy samples of the last {RW} in which a power or thermal "
+                "reason held the clocks of "
                 "the engine's GPUs down. Above the line (`card_slowdown_share_min`) with "
                 "decode below the card's limit the verdict is `card_throttled` and "
                 f"LLMCardThrottled fires. {cfg.runbook_url}#llmcardthrottled"

@@ -153,13 +153,13 @@ def card_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
         (
             f"engine:llmb_gpu_power_slowdown:avg{rw}{sel} >= {minimum}",
             "Power: a power reason (SW power cap, HW slowdown, power brake) held the clocks "
-            "down {{ . | first | value | humanizePercentage }} of the time: check the enforced "
-            "power limit (`nvidia-smi -q -d POWER`) and the power supply.",
+            "down {{ . | first | value | humanizePercentage }} of its busy time: check the "
+            "enforced power limit (`nvidia-smi -q -d POWER`) and the power supply.",
         ),
         (
             f"engine:llmb_gpu_thermal_slowdown:avg{rw}{sel} >= {minimum}",
             "Temperature: a thermal slowdown held the clocks down {{ . | first | value | "
-            "humanizePercentage }} of the time: check the airflow, fans and cooling "
+            "humanizePercentage }} of its busy time: check the airflow, fans and cooling "
             "(`nvidia-smi -q -d TEMPERATURE`).",
         ),
         (

@@ -33,9 +33,20 @@ def gpu_names() -> dict[str, str]:
 
 
 def _share(reasons: tuple[str, ...]) -> str:
-    """The share of the window the most persistent of `reasons` was active, per GPU."""
+    """Of the samples in which the GPU was busy (not `gpu_idle`), the share in which the most
+    persistent of `reasons` was active, per GPU: idle gaps between requests do not dilute it."""
     rw = threshold_promql("rate_window")
-    return f'max by (host, gpu) (avg_over_time({REASON}{{reason=~"{"|".join(reasons)}"}}[{rw}]))'
+    idle = f'{REASON}{{reason="{IDLE_REASON}"}}[{rw}]'
+    return f"""
+    clamp_max(
+        max by (host, gpu) (sum_over_time({REASON}{{reason=~"{"|".join(reasons)}"}}[{rw}]))
+      / (
+            max by (host, gpu) (count_over_time({idle}) - sum_over_time({idle}))
+          > 0
+        ),
+      1
+    )
+    """
 
 
 def _per_engine(record: str, agg: str) -> str:

@@ -87,8 +87,9 @@ def test_an_idle_h200_gives_no_clock_ratio(tmp_path: Path) -> None:
     idle = json.loads((CARD / "h200-idle.json").read_text())["devices"][0]
     change = {k: idle[k] for k in ("sm_clock_mhz", "clocks_event_reasons", "power_mw", "temp")}
     verdict, values = decide(tmp_path, "h200-load.json", **change)
+    # No busy sample in the window: neither a clock nor a slowdown claim.
     assert values.signals.sm_clock_ratio is None
-    assert values.signals.card_power_slowdown == 0
+    assert values.signals.card_power_slowdown is None
     assert not verdict.held("card_throttled")
 
 
@@ -152,3 +153,18 @@ def test_an_idle_window_keeps_the_datasheet_bandwidth(tmp_path: Path) -> None:
         tmp_path, "h200-load.json", mem_clock_mhz=405, clocks_event_reasons=1, sm_clock_mhz=345
     )
     assert idle.bandwidth_bytes_per_second == 4.8e12
+
+
+def test_idle_gaps_between_requests_do_not_dilute_the_slowdown(tmp_path: Path) -> None:
+    """Power-capped while busy, idle (0x1, 345 MHz) every third scrape: the share counts the
+    busy samples only, so the cause stays the power cap (diagnose's short steps have gaps)."""
+    capped = json.loads((CARD / "reason-sw_power_cap.json").read_text())
+    idle = json.loads(json.dumps(capped))
+    idle["devices"][0].update(clocks_event_reasons=1, sm_clock_mhz=345)
+    gpu = [gpu_samples(capped, tmp_path), gpu_samples(idle, tmp_path)]
+    scrapes = [(i * STEP, {**gpu[i % 3 == 2], **engine_samples(i, 95.0)}) for i in range(SCRAPES)]
+    values = rule_values_at(series_from_scrapes(scrapes), (SCRAPES - 1) * STEP)[KEY]
+    assert values.signals.card_power_slowdown == 1.0
+    verdict = evaluate(values.signals)
+    assert verdict.name == "card_throttled"
+    assert verdict.evidence[0] == "power" and verdict.action == card.POWER_ACTION
