@@ -12,6 +12,7 @@ import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from core import card
 from core.signals import Signals
 from core.thresholds import THRESHOLDS, threshold_number, threshold_promql
 
@@ -148,6 +149,20 @@ PREFILL_ACTION = (
 )
 
 
+# --- residency: an action per cause, so that none advises what already holds (issue 27) ----
+LAYERS_ACTION = (
+    "Put every layer on the GPU: llama.cpp `-ngl 999` (and `--fit off` if the automatic "
+    "fit lowered `-ngl`), SGLang without `--cpu-offload-gb`. If the weights do not fit, "
+    "free memory for them with a shorter context (`-c`, `--context-length`), a "
+    "quantized KV cache (`-ctk q8_0 -ctv q8_0`) or a smaller quantization."
+)
+EXPERTS_HOST_ACTION = (
+    "Keep fewer experts on the host (a lower llama.cpp `--n-cpu-moe`, or no `-ot exps=CPU`) "
+    "if VRAM allows; to make room, a shorter context (`-c`), a quantized KV cache "
+    "(`-ctk q8_0 -ctv q8_0`) or a smaller quantization so they fit on the GPU."
+)
+
+
 def _waiting_below_cap(*more: Compare) -> AllOf:
     """Requests queue while running stays below its cap, and `more`."""
     return AllOf.of(
@@ -165,6 +180,7 @@ CONDITIONS: tuple[Condition, ...] = (
                 "layers",
                 Compare("layers_ratio", "<", "layers_ratio_min"),
                 "fewer layers on the GPU than the model has",
+                LAYERS_ACTION,
             ),
             Evidence(
                 "buffers",
@@ -188,6 +204,7 @@ CONDITIONS: tuple[Condition, ...] = (
                 Compare("experts_host_layers", ">", "0"),
                 "routed experts of some layers kept in host memory (llama.cpp `--n-cpu-moe`, "
                 "`--cpu-moe`, `-ot exps=CPU`)",
+                EXPERTS_HOST_ACTION,
             ),
         ),
         needs_gpu=True,
@@ -287,6 +304,28 @@ CONDITIONS: tuple[Condition, ...] = (
         ),
     ),
 )
+
+
+# --- the card's own state (issue 27): a slowed card, not the engine, sets the speed --------
+def _while_decode_slow(state: Compare) -> AllOf:
+    """The card reports `state` while decode runs below the card's limit (or no roofline)."""
+    return AllOf.of(
+        state,
+        Compare("decode_efficiency", "<", "decode_efficiency_at_limit", absent_holds=True),
+    )
+
+
+CARD_CONDITIONS: tuple[Condition, ...] = (
+    Condition(
+        "card_throttled",
+        tuple(
+            Evidence(label, _while_decode_slow(Compare(signal, op, threshold)), text, action)
+            for label, (signal, op, threshold), text, action in card.EVIDENCE
+        ),
+        needs_gpu=True,
+    ),
+)
+CONDITIONS = CONDITIONS + CARD_CONDITIONS
 CONDITION_BY_NAME: dict[str, Condition] = {c.name: c for c in CONDITIONS}
 
 # ------------------------------------------------------------------------------ verdicts
@@ -304,12 +343,16 @@ class VerdictInfo:
     severity: int
 
 
+# The card's own state (issue 27); the action is the held evidence's (power, thermal, clocks).
+CARD_THROTTLED = VerdictInfo("card_throttled", "card_throttled", *card.VERDICT_TEXT, 3)
+
 # Decision order: the first verdict whose condition holds wins.
 VERDICTS: tuple[str, ...] = (
     "weights_not_resident",
     "kv_saturated",
     "scheduling_bound",
     "idle",
+    "card_throttled",
     "decode_at_card_limit",
     "decode_below_card_limit",
 )
@@ -322,10 +365,7 @@ VERDICT_INFO: dict[str, VerdictInfo] = {
             "weights_not_resident",
             "Part of the model's weights is not on the GPU: every decode step waits for the "
             "part in host memory.",
-            "Put every layer on the GPU: llama.cpp `-ngl 999` (and `--fit off` if the automatic "
-            "fit lowered `-ngl`), SGLang without `--cpu-offload-gb`. If the weights do not fit, "
-            "free memory for them with a shorter context (`-c`, `--context-length`), a "
-            "quantized KV cache (`-ctk q8_0 -ctv q8_0`) or a smaller quantization.",
+            LAYERS_ACTION,
             6,
         ),
         VerdictInfo(
@@ -357,6 +397,7 @@ VERDICT_INFO: dict[str, VerdictInfo] = {
             "Nothing to fix: send load (`llmb-loadgen run`) to see where it slows down.",
             1,
         ),
+        CARD_THROTTLED,
         VerdictInfo(
             "decode_at_card_limit",
             "decode_at_card_limit",

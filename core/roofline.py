@@ -343,7 +343,7 @@ def expert_offload_action(
     expert_share_: float = 1.0,
     host_bandwidth: float | None = None,
 ) -> str:
-    """The residency action for experts kept in host memory, with the host-side bound.
+    """The expert-offload finding: its layers, bytes and the host-side bound.
 
     Decode reads `host_bytes x expert_share_` from host memory per step; at
     `host_bandwidth` (default: the `host_memory_bandwidth_bytes_per_second` threshold)
@@ -360,7 +360,5 @@ def expert_offload_action(
             f"({bw / 1e9:.0f} GB/s, `host_memory_bandwidth_bytes_per_second`: the CPU "
             "computes host-resident experts at batch sizes below 32)"
         )
-    return (
-        text + ". Keep fewer experts on the host (a lower llama.cpp `--n-cpu-moe`, or no "
-        "`-ot exps=CPU`) if VRAM allows, or use a smaller quantization so they fit on the GPU."
-    )
+    # What to do is the `experts_host` evidence's own action (core/conditions.py).
+    return text + "."

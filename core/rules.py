@@ -21,6 +21,7 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TypeVar
 
 from core.conditions import Verdict, evaluate
@@ -328,6 +329,9 @@ def _bandwidth(d: _Data) -> dict[EngineKey, float]:
         ((lab.get("host", ""), lab.get("gpu", "")), v)
         for lab, v in d.instant("llmb_gpu_memory_bandwidth_bytes_per_second")
     )
+    # Scaled by the memory clock the window reached against its maximum (1 when unknown).
+    clock = _card().memory_clock_ratio(d)
+    gpu_bw = {k: bw * clock.get(k, 1.0) for k, bw in gpu_bw.items()}
     kinds: dict[tuple[str, str], set[str]] = defaultdict(set)
     for lab, _ in d.instant("llmb_engine_up"):
         kinds[(lab.get("host", ""), lab.get("engine", ""))].add(lab.get("kind", ""))
@@ -395,7 +399,16 @@ def _signal_values(d: _Data) -> dict[str, dict[EngineKey, float]]:
         **admission_values(d),
         "generation_tokens_per_second": _rate_max(d, "llmb_engine_generation_tokens_total", rw),
         "experts_host_layers": _instant_max(d, "llmb_engine_experts_host_layers"),
+        **_card().card_values(d),
     }
+
+
+def _card() -> ModuleType:
+    """core.card_rules (the card's state, issue 27): it builds on this module's helpers, so
+    it is imported once this module is complete."""
+    import core.card_rules
+
+    return core.card_rules
 
 
 @dataclass

@@ -51,6 +51,15 @@ class Signals:
     decode_efficiency: float | None = None
     # engine:llmb_experts_host_layers:max: layers whose routed experts live in host memory
     experts_host_layers: float | None = None
+    # --- the card's own state (issue 27), over the engine's GPUs ---
+    # engine:llmb_gpu_power_slowdown:avg<rate_window>: share of the window's busy samples in
+    # which a power reason (SW power cap, HW slowdown, HW power brake) held the clocks down
+    card_power_slowdown: float | None = None
+    # engine:llmb_gpu_thermal_slowdown:avg<rate_window>: the same for SW/HW thermal slowdown
+    card_thermal_slowdown: float | None = None
+    # engine:llmb_gpu_sm_clock:ratio<rate_window>: the highest SM clock of the window / its
+    # maximum (absent while the GPU was idle throughout)
+    sm_clock_ratio: float | None = None
 
 
 SIGNAL_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Signals))
@@ -74,6 +83,17 @@ def _records() -> dict[str, str]:
         "generation_tokens_per_second": f"engine:llmb_generation_tokens_per_second:rate{rw}",
         "decode_efficiency": f"engine:llmb_decode_efficiency:ratio{rw}",
         "experts_host_layers": "engine:llmb_experts_host_layers:max",
+        **card_records(),
+    }
+
+
+def card_records() -> dict[str, str]:
+    """The card-state signals' recorded series (mixin/rules/card.py)."""
+    rw = threshold_promql("rate_window")
+    return {
+        "card_power_slowdown": f"engine:llmb_gpu_power_slowdown:avg{rw}",
+        "card_thermal_slowdown": f"engine:llmb_gpu_thermal_slowdown:avg{rw}",
+        "sm_clock_ratio": f"engine:llmb_gpu_sm_clock:ratio{rw}",
     }
 
 

@@ -95,7 +95,9 @@ THRESHOLDS: dict[str, Threshold] = {
         "ratio",
         "Measured per-sequence decode tok/s / roofline (GPU memory bandwidth / bytes read per "
         "decode step) at or above which decode is at the card's limit. The roofline uses the "
-        "theoretical peak bandwidth, which tuned memory-bound kernels reach to 60-90 %; at "
+        "datasheet peak bandwidth (scaled by the memory clock NVML measured against its "
+        "maximum), which tuned memory-bound kernels reach to 60-90 % and measured stream "
+        "copies to about 84-95 % (H200: 4.8 TB/s datasheet, issue 27); at "
         "half of it the card is the limit, below it the engine or its settings leave speed "
         "unused (llama.cpp Q4_0 on an H200 measured 0.30: 94.8 tok/s against 316).",
     ),
@@ -109,6 +111,26 @@ THRESHOLDS: dict[str, Threshold] = {
         "10 % covers the bandwidth table's rounding, L2-cache hits and timer resolution. "
         "Above it no decode verdict is claimed and `llmb:engine_roofline:misfit` names the "
         "likely cause.",
+    ),
+    # --- the card's own state (issue 27) ------------------------------------------------
+    "card_slowdown_share_min": Threshold(
+        "0.5",
+        "ratio",
+        "Share of the busy samples of `rate_window` (those without `gpu_idle`) in which NVML "
+        "reported a power (SW power cap, HW slowdown, HW power brake) or a thermal (SW/HW "
+        "thermal slowdown) clock event reason, at or above which the card counts as slowed: "
+        "the GPU then worked on a slowed card at least half of the time it worked. Idle gaps "
+        "between requests do not dilute it; a brief power-cap touch during a long prefill is "
+        "normal and stays below it. The H200 of "
+        "issue 27 reported no reason under load (about 500 W of 700 W, 55 C).",
+    ),
+    "sm_clock_ratio_min": Threshold(
+        "0.8",
+        "ratio",
+        "Highest SM clock over `rate_window` (samples while the GPU was busy) / the maximum "
+        "SM clock below which the clocks are held well below maximum even without a reason "
+        "NVML names (locked or application clocks): the H200 of issue 27 held 1980 of 1980 "
+        "MHz under load; a power-capped card sits at 60-75 % of its boost clock.",
     ),
     "host_memory_bandwidth_bytes_per_second": Threshold(
         "1e+11",
@@ -149,6 +171,11 @@ THRESHOLDS: dict[str, Threshold] = {
         "10m",
         "duration",
         "`for:` of LLMRooflineMisfit (steady state only, as LLMDecodeBelowCardLimit).",
+    ),
+    "for_card_throttled": Threshold(
+        "5m",
+        "duration",
+        "`for:` of LLMCardThrottled (its signals are already shares of the 5m rate window).",
     ),
     "for_engine_down": Threshold(
         "1m", "duration", "`for:` of LLMEngineDown (not while the engine reports loading)."

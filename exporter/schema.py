@@ -79,6 +79,22 @@ SCHEMA: dict[str, Spec] = {
         ("gpu", "pid", "process", "engine"),
     ),
     "llmb_gpu_samples_total": _c("NVML background samples taken.", ()),
+    **{
+        # --- The card's own state (issue 27): is the card itself slowed? -------------------
+        "llmb_gpu_memory_clock_max_hertz": _g("Maximum memory clock.", GPU),
+        "llmb_gpu_sm_clock_hertz": _g("Current SM (graphics) clock.", GPU),
+        "llmb_gpu_sm_clock_max_hertz": _g("Maximum SM (graphics) clock.", GPU),
+        "llmb_gpu_power_watts": _g("Power draw of the GPU.", GPU),
+        "llmb_gpu_power_limit_watts": _g(
+            "Power limit the driver enforces (the lowest of the set limits).", GPU
+        ),
+        "llmb_gpu_temperature_celsius": _g("GPU core temperature.", GPU),
+        "llmb_gpu_clock_event_reason_active": _g(
+            "1 while NVML reports this reason for holding the clocks down "
+            "(nvmlDeviceGetCurrentClocksEventReasons), else 0; one series per reason NVML names.",
+            ("gpu", "reason"),
+        ),
+    },
     # --- Engine identity and health ---------------------------------------------------------
     "llmb_engine_up": _g(
         "1 when the engine serves (llama.cpp: /health 200; SGLang: /metrics or /v1/models "
@@ -401,6 +417,8 @@ _UNITS = (
     ("_seconds_total", "seconds"),
     ("_seconds", "seconds"),
     ("_hertz", "Hz"),
+    ("_watts", "watts"),
+    ("_celsius", "°C"),
     ("_bits", "bits"),
     ("_ratio", "ratio 0–1"),
     ("_tokens", "tokens"),

@@ -29,7 +29,8 @@ def render_thresholds() -> str:
         "",
         "## The verdict",
         "",
-        "`llmb:engine_bottleneck:verdict{engine, kind, verdict}` has all six series for every",
+        "`llmb:engine_bottleneck:verdict{engine, kind, verdict}` has one series per verdict "
+        f"({len(VERDICTS)}) for every",
         "engine that is up (`llmb_engine_up == 1`); exactly one is 1, the others are 0. The",
         "first condition that holds, in this order, wins:",
         "",

@@ -40,6 +40,7 @@ _FROM_SPLIT = (
     "input_embedding_bytes",
     "tied_embeddings",
     "routed_expert_bytes_by_layer",
+    "host_mapped_bytes_by_layers",
 )
 
 
@@ -61,6 +62,8 @@ class WeightStructure:
     input_embedding_bytes: int = 0  # the token-embedding table, tied or not (llama.cpp: host)
     tied_embeddings: bool | None = None
     routed_expert_bytes_by_layer: tuple[int, ...] = ()  # () for a dense model
+    # GGUF: llama.cpp's host mapping with the experts of layers 0..n-1 on the host, n = 0..L
+    host_mapped_bytes_by_layers: tuple[int, ...] = ()
     weights_source: str = ""  # gguf | safetensors | config
 
     @classmethod

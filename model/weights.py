@@ -53,6 +53,41 @@ class WeightSplit:
     routed_expert_bytes_by_layer: tuple[int, ...] = ()  # routed-expert bytes of each layer
     skipped_bytes: int = 0  # multi-token-prediction layers a plain decode step never reads
     input_embedding_bytes: int = 0  # the token-embedding table(s), tied or not
+    # GGUF, per n = 0..n_layer: the file span llama.cpp maps into host memory when the token
+    # embedding and the routed experts of layers 0..n-1 stay there (`--n-cpu-moe n`).
+    host_mapped_bytes_by_layers: tuple[int, ...] = ()
+
+
+# GGUF's default data alignment (`general.alignment`): every tensor starts on it.
+GGUF_ALIGNMENT = 32
+
+
+def host_mapped_spans(tensors: list[TensorInfo], n_layer: int) -> tuple[int, ...]:
+    """Bytes of the host mapping for `--n-cpu-moe n`, n = 0..n_layer (GGUF, file order).
+
+    With mmap llama.cpp maps one range of the file per buffer type: from the first to the
+    last tensor it keeps there, so the tensors in between (the attention weights of every
+    host layer) count too. Its `CPU_Mapped model buffer size` is that span.
+    """
+    offsets, pos = [], 0
+    for t in tensors:
+        offsets.append(pos)
+        pos += -(-t.nbytes // GGUF_ALIGNMENT) * GGUF_ALIGNMENT
+    # Each layer's routed-expert tensors as (first, last) positions in the file.
+    layer_range: list[tuple[int, int] | None] = [None] * n_layer
+    for i, t in enumerate(tensors):
+        match = GGUF_BLOCK.search(t.name)
+        if match and GGUF_ROUTED.search(t.name) and int(match[1]) < n_layer:
+            seen = layer_range[int(match[1])]
+            layer_range[int(match[1])] = (i, i) if seen is None else (seen[0], i)
+    held = [i for i, t in enumerate(tensors) if t.name in GGUF_LOOKUP]
+    spans = []
+    for n in range(n_layer + 1):
+        if n and (part := layer_range[n - 1]) is not None:
+            held.extend(part)
+        lo, hi = (min(held), max(held)) if held else (0, -1)
+        spans.append(offsets[hi] + tensors[hi].nbytes - offsets[lo] if held else 0)
+    return tuple(spans)
 
 
 def split_tensors(
@@ -106,6 +141,7 @@ def split_tensors(
         routed_expert_bytes_by_layer=tuple(by_layer) if routed else (),
         skipped_bytes=skipped,
         input_embedding_bytes=table,
+        host_mapped_bytes_by_layers=host_mapped_spans(items, n_layer) if gguf and routed else (),
     )
 
 

@@ -30,7 +30,8 @@ class StepCosts(MemoryModel):
         """Time to compute `tokens` prompt tokens (CPU-resident layers are compute bound)."""
         cpu_share = 1.0 - self.kv_gpu_share
         return (
-            tokens / self.params.prefill_tok_s + tokens * cpu_share / self.params.cpu_prefill_tok_s
+            tokens / self.params.prefill_tok_s * self.gpu.compute_slowdown
+            + tokens * cpu_share / self.params.cpu_prefill_tok_s
         )
 
     def routed_share(self, tokens: int) -> float:
@@ -79,14 +80,11 @@ class StepCosts(MemoryModel):
         memory_s = gpu_bytes / self.gpu.bandwidth
         moe_s = p.moe_layer_overhead_s * self.model.n_layer if self.model.expert_count else 0.0
         draft_s = p.spec_draft_max * (p.draft_bytes / self.gpu.bandwidth + p.draft_step_overhead_s)
-        total = (
-            memory_s
-            + cpu_bytes / p.cpu_bandwidth
-            + moe_s
-            + draft_s
-            + p.step_overhead_s
-            + p.per_seq_overhead_s * len(batch)
+        # The kernels' compute and launch overheads run at the SM clock (a slowed card).
+        compute_s = (moe_s + p.step_overhead_s + p.per_seq_overhead_s * len(batch)) * (
+            self.gpu.compute_slowdown
         )
+        total = memory_s + cpu_bytes / p.cpu_bandwidth + draft_s + compute_s
         self.utilization = memory_s / total
         return total
 

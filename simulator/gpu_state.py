@@ -16,6 +16,10 @@ DRIVER = "580.159.04"
 NVML = "13.580.159.04"
 # Memory the driver holds on an idle card besides `reserved` (from nvml_1_baseline.json).
 BASELINE_USED = 9240576
+# The idle SM clock and NVML's reason for it (nvml_1_baseline.json; nvml.h bit values).
+IDLE_SM_CLOCK_MHZ = 345
+GPU_IDLE = 0x1
+SW_POWER_CAP = 0x4
 
 
 def snapshot(engine: Engine, pid: int, cmdline: str, index: int = 0) -> dict[str, Any]:
@@ -32,6 +36,8 @@ def snapshot(engine: Engine, pid: int, cmdline: str, index: int = 0) -> dict[str
     busy = bool(engine.running)
     util = engine.utilization if busy else 0.0
     power = gpu.idle_power_mw + int((gpu.max_power_mw - gpu.idle_power_mw) * (0.6 if busy else 0))
+    if busy and gpu.busy_clock_reasons & SW_POWER_CAP:
+        power = gpu.max_power_mw  # held at its limit
     return {
         "t": time.time(),
         "driver": DRIVER,
@@ -55,10 +61,14 @@ def snapshot(engine: Engine, pid: int, cmdline: str, index: int = 0) -> dict[str
                 "util": {"gpu": 92 if busy else 0, "memory": round(100 * util)},
                 "bus_width": gpu.bus_width,
                 "power_mw": power,
-                "temp": 53 if busy else 36,
+                "power_limit_mw": gpu.max_power_mw,
+                "temp": gpu.busy_temp_c if busy else 36,
                 "max_mem_clock_mhz": gpu.mem_clock_mhz,
                 "mem_clock_mhz": gpu.mem_clock_mhz,
-                "sm_clock_mhz": 1980,
+                # Idle: the SM clock drops and NVML says why (GPU idle), as on the H200.
+                "sm_clock_mhz": gpu.busy_sm_clock_mhz if busy else IDLE_SM_CLOCK_MHZ,
+                "max_sm_clock_mhz": gpu.max_sm_clock_mhz,
+                "clocks_event_reasons": gpu.busy_clock_reasons if busy else GPU_IDLE,
                 "procs": [{"pid": pid, "used": used_proc, "cmdline": cmdline}],
                 "memoryinfo_call_us": 7.5,
                 "procs_call_us": 36.4,

@@ -82,6 +82,18 @@ class GpuSpec:
     driver_bytes: int = 592 * MIB  # CUDA context of a process
     idle_power_mw: int = 75000
     max_power_mw: int = 600000
+    # The card's own state under load (issue 27): SM clock and its maximum, the NVML clock
+    # event reasons (bitmask) and the temperature. A busy card below its maximum SM clock
+    # runs the engine's compute (overheads, prefill) that much slower.
+    max_sm_clock_mhz: int = 1980
+    busy_sm_clock_mhz: int = 1980
+    busy_clock_reasons: int = 0
+    busy_temp_c: int = 53
+
+    @property
+    def compute_slowdown(self) -> float:
+        """How much longer compute takes under load than at the maximum SM clock."""
+        return self.max_sm_clock_mhz / self.busy_sm_clock_mhz
 
 
 @dataclass

@@ -147,6 +147,15 @@ RTX_PRO_5000 = GpuSpec(
     mem_clock_mhz=10500, uuid="GPU-5e1a0000-11b0-4000-8000-000000005000",
     reserved_bytes=515899392, idle_power_mw=30000, max_power_mw=300000,
 )
+# An H100 SXM held at its power limit under load (issue 27; the InferenceX H200 run of
+# SemiAnalysisAI/InferenceX#870 met the thermal kind): NVML reports SW power cap and the SM
+# clock sits at 1155 of 1980 MHz while the memory clock keeps its maximum.
+H100_POWER_CAPPED = GpuSpec(
+    name="NVIDIA H100 80GB HBM3", total_bytes=85520809984, bandwidth=3.35e12, bus_width=5120,
+    mem_clock_mhz=2619, uuid="GPU-5e1a0000-11b0-4000-8000-000000000100",
+    idle_power_mw=70000, max_power_mw=700000, busy_sm_clock_mhz=1155,
+    busy_clock_reasons=0x4, busy_temp_c=62,
+)
 # fmt: on
 
 
@@ -288,6 +297,19 @@ SCENARIOS: dict[str, Scenario] = {
                     per_seq_overhead_s=0.0001, spec_draft_max=4, spec_accept_p=0.75,
                     draft_bytes=EAGLE_32B_BYTES, draft_step_overhead_s=0.0003,
                     graph_bytes=int(0.8 * GIB)),
+        ),
+        Scenario(
+            "card_throttled",
+            "Gemma 3 27B shapes, Q4_0, on an H100 held at its 700 W power limit: NVML reports "
+            "SW power cap and 1155 of 1980 MHz under load, so the engine's compute runs 1.7x "
+            "slower and decode stays far below the bandwidth roofline; the card, not the "
+            "engine, is the cause.",
+            GEMMA3_27B_Q4, H100_POWER_CAPPED,
+            EngineParams(n_slots=4, ctx_total=32768, compute_buffer_bytes=177 * MIB),
+            # bf16 weights (54.9 GB) at 3.35 TB/s: 0.54 of the roofline at full clocks, 0.41
+            # held at the power limit.
+            _sglang(n_slots=16, ctx_total=60000, context_len=8192, graph_bytes=int(0.5 * GIB),
+                    step_overhead_s=0.012),
         ),
         Scenario(
             "kv_quantized",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mixin.config import MixinConfig
+from mixin.dashboards.card import card_row
 from mixin.dashboards.panels import (
     HSEL,
     SEL,
@@ -172,7 +173,7 @@ def _expected_row() -> Row:
 
 def gpu_memory(cfg: MixinConfig) -> Dashboard:
     """GPU memory: device, peak, per process with engine attribution, expected vs actual."""
-    rows = [_device_row(cfg), _process_row(), _expected_row()]
+    rows = [_device_row(cfg), card_row(cfg), _process_row(), _expected_row()]
     return Dashboard(
         "llmb-gpu-memory",
         "LLM bottleneck: GPU memory",

@@ -40,7 +40,12 @@ def alert(
 
 def alert_rules(cfg: MixinConfig) -> list[dict[str, Any]]:
     """The alerts of issue 5 item 4, in the order of the runbook."""
-    rules = [*bottleneck_alerts(cfg), *decode_alerts(cfg), *availability_alerts(cfg)]
+    rules = [
+        *bottleneck_alerts(cfg),
+        *decode_alerts(cfg),
+        *card_alerts(cfg),
+        *availability_alerts(cfg),
+    ]
     return [{"name": "llmb-alerts", "rules": rules}]
 
 
@@ -132,6 +137,59 @@ def decode_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
             f"{threshold_promql('decode_efficiency_physical_max')}: beyond physics, so the "
             "bytes-per-step model does not fit and no decode verdict is given (reason {{ "
             "$labels.reason }}). " + misfit_annotation(),
+        ),
+    ]
+
+
+def card_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
+    """The card itself slowed (issue 27): the verdict `card_throttled`, with its cause."""
+    rw = threshold_promql("rate_window")
+    sel = "{host=%q,engine=%q,kind=%q}"
+    args = "$labels.host $labels.engine $labels.kind"
+    minimum = threshold_promql("card_slowdown_share_min")
+    clock_min = threshold_promql("sm_clock_ratio_min")
+    at_limit = threshold_promql("decode_efficiency_at_limit")
+    causes = [
+        (
+            f"engine:llmb_gpu_power_slowdown:avg{rw}{sel} >= {minimum}",
+            "Power: a power reason (SW power cap, HW slowdown, power brake) held the clocks "
+            "down {{ . | first | value | humanizePercentage }} of its busy time: check the "
+            "enforced power limit (`nvidia-smi -q -d POWER`) and the power supply.",
+        ),
+        (
+            f"engine:llmb_gpu_thermal_slowdown:avg{rw}{sel} >= {minimum}",
+            "Temperature: a thermal slowdown held the clocks down {{ . | first | value | "
+            "humanizePercentage }} of its busy time: check the airflow, fans and cooling "
+            "(`nvidia-smi -q -d TEMPERATURE`).",
+        ),
+        (
+            # Only without a power or thermal reason: those already say why.
+            f"engine:llmb_gpu_sm_clock:ratio{rw}{sel} < {clock_min} unless on ({E})"
+            f" (engine:llmb_gpu_power_slowdown:avg{rw} >= {minimum} or "
+            f"engine:llmb_gpu_thermal_slowdown:avg{rw} >= {minimum})",
+            "Clocks: the SM clock reached only {{ . | first | value | humanizePercentage }} "
+            "of its maximum: reset locked or application clocks (`nvidia-smi -rgc`, `-rac`).",
+        ),
+    ]
+    text = "".join(
+        f'{{{{ with printf "{query}" {args} | query }}}} {words}{{{{ end }}}}'
+        for query, words in causes
+    )
+    return [
+        alert(
+            cfg,
+            "LLMCardThrottled",
+            f"""
+            engine:llmb_card_throttled:bool == 1
+            and on ({E}) llmb:engine_bottleneck:verdict{{verdict="card_throttled"}} == 1
+            """,
+            "for_card_throttled",
+            "warning",
+            "The GPU of {{ $labels.engine }} runs below its clocks",
+            "{{ $labels.kind }} engine {{ $labels.engine }} decodes below "
+            f"{at_limit} of its roofline while its GPU reports a power or thermal"
+            f" slowdown, or clocks well below maximum, over the last {rw}: the card, "
+            "not the engine, sets the speed." + text,
         ),
     ]
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from core.roofline import MISFIT_REASONS
 from core.thresholds import threshold_promql
+from mixin.rules.card import gpu_names
 from mixin.rules.common import E, mx, rec
 
 MISFIT_RECORD = "llmb:engine_roofline:misfit"
@@ -38,16 +39,26 @@ def roofline_rules() -> list[dict[str, Any]]:
 
 def bandwidth_rule() -> dict[str, Any]:
     """The memory bandwidth one engine's decode step can use."""
+    memory_clock = gpu_names()["memory"]
     return rec(
         # Each GPU the engine's processes hold reads its share of a step (its share of
         # the engine's GPU memory) and the slowest sets the pace: min(bandwidth / share),
         # the sum of the bandwidths for an even split (tensor parallel), the GPU's own on
         # one GPU. A CPU-only engine holds no GPU: its bandwidth and roofline are absent.
+        # Each GPU's datasheet bandwidth is scaled by the memory clock its window reached
+        # against the maximum (mixin/rules/card.py; 1 where either clock is unknown).
         "engine:llmb_gpu_memory_bandwidth_bytes_per_second:max",
         f"""
         min by ({E}) (
             (
-                max by (host, gpu) (llmb_gpu_memory_bandwidth_bytes_per_second)
+                (
+                    max by (host, gpu) (llmb_gpu_memory_bandwidth_bytes_per_second)
+                  * (
+                      {memory_clock}
+                    or
+                      0 * max by (host, gpu) (llmb_gpu_memory_bandwidth_bytes_per_second) + 1
+                  )
+                )
               / on (host, gpu) group_right ()
                 (
                     engine_gpu:llmb_gpu_process_memory_used_bytes:sum

@@ -5,13 +5,28 @@ The exporter's log follower reads these lines as it reads the real server's.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from model.geometry import geometry_from_gguf
 from simulator.llamacpp.payloads import request_ms
 from simulator.model import MIB, Request
 
 if TYPE_CHECKING:
     from simulator.llamacpp.server import LlamaCppSim
+
+
+def _mapped_span(sim: LlamaCppSim) -> int | None:
+    """llama.cpp's `CPU_Mapped` size with routed experts on the host: with mmap it maps the
+    file span from the token embedding to the last host expert tensor, the attention
+    weights of those layers included (issue 27). None without experts on the host or a
+    GGUF file to measure it on."""
+    layers = sim.engine.host_expert_layers
+    path = Path(sim.model_path)
+    if not layers or not path.is_file():
+        return None
+    spans = geometry_from_gguf(path).host_mapped_bytes_by_layers
+    return spans[layers] if layers < len(spans) else None
 
 
 def line(t: float, level: str, text: str) -> str:
@@ -42,6 +57,7 @@ def startup(sim: LlamaCppSim) -> None:
     if e.weights_cpu or e.model.token_embd_bytes:
         # the token embedding stays on the host (tied: the output projection's copy)
         cpu = e.weights_cpu + (e.model.token_embd_bytes or e.model.output_bytes)
+        cpu = _mapped_span(sim) or cpu
         sim.log("I", f"load_tensors: {'CPU_Mapped':>12s} model buffer size = {cpu / MIB:8.2f} MiB")
     sim.log("I", f"load_tensors: {'CUDA0':>12s} model buffer size = {e.weights_gpu / MIB:8.2f} MiB")
     _kv_cache(sim)

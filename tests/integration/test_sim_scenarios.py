@@ -16,6 +16,9 @@ from tests.paths import FIXTURES
 from tests.plugins.sim import shape_diff
 
 NVML_FIXTURE = FIXTURES / "llamacpp-h200-gemma3-27b-shape-q4_0/nvml_3_generating.json"
+# Issue 27's card-state keys beside the capture's (limit, SM maximum, clock event reasons).
+CARD_FIXTURE = FIXTURES / "nvml-card-state/h200-load.json"
+CARD_KEYS = ("power_limit_mw", "max_sm_clock_mhz", "clocks_event_reasons")
 
 
 def words(n: int, tag: str = "") -> str:
@@ -219,6 +222,8 @@ async def test_gpu_state_file_shape_and_attribution(sim_server) -> None:
     ]
     attribution = Attribution(engines)
     expected = json.loads(NVML_FIXTURE.read_text())
+    card = json.loads(CARD_FIXTURE.read_text())["devices"][0]
+    expected["devices"][0].update({k: card[k] for k in CARD_KEYS})
     for h, name in ((lh, "llama"), (sh, "sg")):
         state = await read_state(h)
         assert shape_diff(state, expected) == []
@@ -249,3 +254,27 @@ async def test_h200_np4_concurrency8_ttft(sim_server) -> None:
     mean = sum(ttfts) / len(ttfts)
     assert 3.5 < mean < 7.0, (mean, ttfts)
     assert max(ttfts) > 4.0 and min(ttfts) < 2.5  # deferred requests wait a full wave
+
+
+async def test_card_throttled_preset_reports_a_power_cap_under_load(sim_server) -> None:
+    """Issue 27: the H100 held at its power limit: SW power cap (0x4), SM 1155 of 1980 MHz
+    and 700 W of 700 W while busy, GPU idle (0x1) at 345 MHz otherwise; compute 1.7x slower."""
+    for kind, load in (("llamacpp", llama_load), ("sglang", sglang_load)):
+        h = await sim_server(kind, "card_throttled")
+        idle = (await read_state(h))["devices"][0]
+        assert (idle["clocks_event_reasons"], idle["sm_clock_mhz"]) == (0x1, 345)
+        async with httpx.AsyncClient(base_url=h.url, timeout=60) as c:
+            tasks = load(c, 1, 64, 400)
+            busy: dict[str, Any] = {}
+            for _ in range(200):
+                dev = (await read_state(h))["devices"][0]
+                if dev["clocks_event_reasons"] == 0x4:
+                    busy = dev
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.gather(*tasks)
+        assert busy, f"{kind}: no busy reading with the power cap"
+        assert (busy["sm_clock_mhz"], busy["max_sm_clock_mhz"]) == (1155, 1980)
+        assert busy["power_mw"] == busy["power_limit_mw"] == 700000
+        engine = h.sim.engine
+        assert engine.gpu.compute_slowdown == 1980 / 1155

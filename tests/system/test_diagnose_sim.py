@@ -88,6 +88,9 @@ def options(gpu: GpuConfig, **kw: Any) -> Options:
         ("sglang", "scheduling_bound", "scheduling_bound", "concurrency"),
         # The seed's case: bf16 weights (51 GiB) on a 72 GB card at 1.344e12 B/s.
         ("sglang", "rtx-pro-5000-27b", "decode_at_card_limit", None),
+        # Issue 27: an H100 held at its power limit (NVML: SW power cap, SM 1155/1980 MHz).
+        ("llamacpp", "card_throttled", "card_throttled", None),
+        ("sglang", "card_throttled", "card_throttled", None),
     ],
 )
 def test_diagnose_names_the_preset_bottleneck(
@@ -114,6 +117,9 @@ def test_diagnose_names_the_preset_bottleneck(
     assert result.memory_source == "gpu" and result.bandwidth_bytes_per_s
     # Identity for the report's metadata block, from the exporter's info series.
     assert result.gpu_driver == "580.159.04" and result.engine_version
+    if expected == "card_throttled":
+        assert result.signals["card_power_slowdown"] >= threshold_number("card_slowdown_share_min")
+        assert "power limit" in decision.action and "engine is not the cause" in decision.action
     if expected == "decode_at_card_limit":
         assert result.signals["decode_efficiency"] >= threshold_number("decode_efficiency_at_limit")
         assert "of the card's limit" in steps["single"].answer

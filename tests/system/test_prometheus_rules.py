@@ -28,7 +28,7 @@ pytestmark = pytest.mark.prometheus
 # The verdict vocabulary in decision order is a contract: spelled out here, not read from
 # the core (users' alerts and dashboards name it).
 VERDICT_ORDER = (
-    "weights_not_resident kv_saturated scheduling_bound idle "
+    "weights_not_resident kv_saturated scheduling_bound idle card_throttled "
     "decode_at_card_limit decode_below_card_limit"
 ).split()
 VERDICTS = set(VERDICT_ORDER)
@@ -38,6 +38,7 @@ REQUIRED_ALERTS = {
     "LLMGPUMemoryNearFull",
     "LLMRequestsQueueing",
     "LLMDecodeBelowCardLimit",
+    "LLMCardThrottled",
     "LLMEngineDown",
     "LLMExporterSourceFailing",
     "LLMTokenCountMismatch",
@@ -296,4 +297,4 @@ def test_real_prometheus_loads_the_rules_and_records_a_verdict(
 
     prom.wait_until(lambda: verdict() == ["idle"], 30, "the idle verdict")
     rows = prom.query('count(llmb:engine_bottleneck:verdict{engine="sim"})')
-    assert float(rows[0]["value"][1]) == 6
+    assert float(rows[0]["value"][1]) == len(VERDICT_ORDER)

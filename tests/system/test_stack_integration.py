@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from core.conditions import VERDICTS
 from simulator.demo import DEFAULT_LOAD, Load
 from simulator.demo import LOADS as DEMO_LOADS
 from tests.conftest import get_free_port
@@ -250,9 +251,9 @@ def test_verdict_per_scenario_and_engine(settled: Stack) -> None:
     assert {k: v for k, v in got.items() if k != SGLANG_OFFLOAD} == {
         k: v for k, v in settled.expected.items() if k != SGLANG_OFFLOAD
     }
-    # exactly one active verdict per engine, all six series present
+    # exactly one active verdict per engine, one series per verdict present
     for row in prom.query("count by (engine) (llmb:engine_bottleneck:verdict)"):
-        assert float(row["value"][1]) == 6, row
+        assert float(row["value"][1]) == len(VERDICTS), row
     for row in prom.query("sum by (engine) (llmb:engine_bottleneck:verdict)"):
         assert float(row["value"][1]) == 1, row
 

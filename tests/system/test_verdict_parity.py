@@ -393,6 +393,8 @@ ROOFLINE_PRESETS = {
 ROOFLINE_KINDS = ("llamacpp",)
 # The at-limit presets decode at 300+ tok/s: one client keeps a 2-core machine in step.
 ROOFLINE_LOAD = Load(1, 64, 128)
+# Issue 27's card-state presets: NVML says the card is slowed, on every engine kind alike.
+CARD_PRESETS = {"card_throttled": "card_throttled"}
 # Gemma 3 27B shape as an HF config.json, for SGLang's KV estimate.
 HF_CONFIGS_27B = {
     "num_hidden_layers": 62,
@@ -433,6 +435,10 @@ def sim_runs() -> list[SimRun]:
             for kind in KINDS:
                 intended = ROOFLINE_PRESETS[preset] if kind in ROOFLINE_KINDS else None
                 runs.append(SimRun(f"{kind}-{preset}", kind, preset, ROOFLINE_LOAD, intended))
+        elif preset in CARD_PRESETS:
+            runs += [
+                SimRun(f"{k}-{preset}", k, preset, EXTRA_LOAD, CARD_PRESETS[preset]) for k in KINDS
+            ]
         elif preset not in PRESET.values():
             runs += [SimRun(f"{k}-{preset}", k, preset, EXTRA_LOAD, None) for k in KINDS]
     return runs

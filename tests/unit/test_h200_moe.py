@@ -30,6 +30,7 @@ from diagnose.decision.model import Decision
 from diagnose.decision.one_engine import decide_single, engine_verdict
 from diagnose.decision.results import engine_from_dict
 from exporter.collectors.llamacpp.log import LogFollower, LogState
+from exporter.collectors.llamacpp.memory import host_experts
 from model.geometry import geometry_from_gguf
 from model.gguf_header import read_gguf_tensors
 from model.kv_cache import estimate_llamacpp_kv
@@ -268,3 +269,58 @@ def test_draft_model_run_counts_the_draft_and_the_acceptance(tmp_path: Path) -> 
     # The rejected drafts cost time: slower than the same model without a draft.
     plain = load("dense-kvq8")["engines"][0]["roofline"]["measured_tok_s"]
     assert roof["measured_tok_s"] < plain
+
+
+NCPUMOE_LOG = "moe_ncpumoe24-c8192-np4.log"
+
+
+def without_debug_lines(log: Path, out: Path) -> Path:
+    """The same server log as -lv 4 writes it: no `D` lines, so no override lines."""
+    lines = log.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    out.write_text("".join(line for line in lines if " D " not in line[:20]), encoding="utf-8")
+    return out
+
+
+def test_n_cpu_moe_24_is_counted_exactly_from_the_buffers(tmp_path: Path) -> None:
+    """Issue 27: without the override lines the host buffers alone say 24, not 25.
+
+    The captured `CPU_Mapped model buffer size = 15486.70 MiB` is the file span llama.cpp maps
+    for the token embedding and the experts of layers 0-23 (their attention weights lie in
+    between); 24 layers' experts plus the embedding would be 15,003.30 MiB, and the old
+    half-layer slack over that difference counted 25.
+    """
+    geom = geometry_from_gguf(unxz(tmp_path, "moe-diagnose", "qwen3-30b-a3b-q8_0.header.gguf"))
+    log = unxz(tmp_path, "moe-ncpumoe", NCPUMOE_LOG)
+    state = LogFollower(without_debug_lines(log, tmp_path / "lv4.log"), max_bytes=64 * MIB).poll()
+    assert not state.expert_overrides
+    assert state.model_buffer_bytes["CPU_Mapped"] == pytest.approx(15486.70 * MIB)
+    assert geom.host_mapped_bytes_by_layers[24] == pytest.approx(15486.70 * MIB, abs=0.01 * MIB)
+    by_layer = geom.routed_expert_bytes_by_layer
+    assert host_experts(state, geom) == (24, float(sum(by_layer[:24])))
+    # With the -lv 5 override lines the same 24 layers and bytes.
+    full = LogFollower(log, max_bytes=64 * MIB).poll()
+    assert host_experts(full, geom) == (24, float(sum(by_layer[:24])))
+
+
+def test_n_cpu_moe_answer_names_24_layers_and_no_ngl(tmp_path: Path) -> None:
+    """The captured run re-decided with today's code: 24 layers (as `--n-cpu-moe 24` set),
+    the expert advice, and no `-ngl` advice since 49/49 layers are on the GPU."""
+    doc = load("moe-ncpumoe")
+    engine = engine_from_dict(doc["engines"][0])
+    assert (engine.layers_offloaded, engine.layers_total) == (49, 49)
+    assert "--n-cpu-moe 24" in (RESULTS / "moe-ncpumoe" / "config.yaml").read_text()
+    geom = geometry_from_gguf(unxz(tmp_path, "moe-diagnose", "qwen3-30b-a3b-q8_0.header.gguf"))
+    log = unxz(tmp_path, "moe-ncpumoe", NCPUMOE_LOG)
+    state = LogFollower(without_debug_lines(log, tmp_path / "lv4.log"), max_bytes=64 * MIB).poll()
+    found = host_experts(state, geom)
+    assert found is not None
+    engine.experts_host_layers, engine.experts_host_bytes = found
+    signals = Signals(**{**doc["engines"][0]["signals"], "experts_host_layers": found[0]})
+    verdict, action = engine_verdict(engine, signals)
+    assert verdict == "weights_not_resident"
+    assert "routed experts of 24 layers live in host memory" in action
+    assert "--n-cpu-moe" in action
+    assert "-ngl" not in action and "Put every layer on the GPU" not in action
+    # With a layer really on the CPU the -ngl advice is what applies.
+    partial = Signals(**{**doc["engines"][0]["signals"], "layers_ratio": 48 / 49})
+    assert "-ngl 999" in engine_verdict(engine, partial)[1]

@@ -170,12 +170,14 @@ def test_lv4_log_of_a_cpu_build_says_nothing_about_a_split(tmp_path: Path) -> No
     assert host_experts(state, moe_2_layers(tmp_path)) is None
 
 
-def gpu_load_log(host_mib: float, device_mib: float, offloaded: str = "49/49") -> LogState:
+def gpu_load_log(
+    host_mib: float, device_mib: float, offloaded: str = "49/49", host: str = "CPU_Mapped"
+) -> LogState:
     """Load lines in llama.cpp's exact formats (as the H200 captures print them)."""
     state = LogState()
     for line in (
         f"0.01.486.447 I load_tensors: offloaded {offloaded} layers to GPU",
-        f"0.01.486.456 I load_tensors:   CPU_Mapped model buffer size = {host_mib:8.2f} MiB",
+        f"0.01.486.456 I load_tensors: {host:>12} model buffer size = {host_mib:8.2f} MiB",
         f"0.01.486.457 I load_tensors:        CUDA0 model buffer size = {device_mib:8.2f} MiB",
     ):
         state.feed(line)
@@ -194,20 +196,26 @@ def qwen3_30b_q8(tmp_path_factory: pytest.TempPathFactory) -> ModelGeometry:
 def test_n_cpu_moe_inferred_from_host_buffers(qwen3_30b_q8: ModelGeometry) -> None:
     g = qwen3_30b_q8
     layer = g.routed_expert_bytes_by_layer[0]
-    host = (g.input_embedding_bytes + 10 * layer) / MIB
-    device = (g.weight_bytes or 0) / MIB - host
-    assert host_experts(gpu_load_log(host, device), g) == (10, 10.0 * layer)
+    # With mmap the host buffer is the file span from the token embedding to layer 9's last
+    # expert tensor: output.weight and the attention of layers 0-9 lie in between.
+    span = g.host_mapped_bytes_by_layers[10]
+    assert span - (g.input_embedding_bytes + 10 * layer) > layer / 2  # the old slack's limit
+    device = (g.weight_bytes or 0) / MIB - span / MIB
+    assert host_experts(gpu_load_log(span / MIB, device), g) == (10, 10.0 * layer)
+    # Without mmap (`CPU`) the buffer holds the tensors themselves: embedding + experts.
+    exact = (g.input_embedding_bytes + 10 * layer) / MIB
+    assert host_experts(gpu_load_log(exact, device, host="CPU"), g) == (10, 10.0 * layer)
     # All experts on the GPU: only the token embedding stays in host memory.
     resident = gpu_load_log(g.input_embedding_bytes / MIB, device)
     assert host_experts(resident, g) == (0, 0.0)
     # --cpu-moe: every layer's experts.
-    everything = g.input_embedding_bytes + g.routed_expert_bytes
+    everything = g.host_mapped_bytes_by_layers[48]
     assert host_experts(gpu_load_log(everything / MIB, 1000.0), g) == (
         48,
         float(g.routed_expert_bytes),
     )
     # Whole layers on the CPU (-ngl 30): the layer counts say that, not this.
-    assert host_experts(gpu_load_log(host, device, "30/49"), g) is None
+    assert host_experts(gpu_load_log(span / MIB, device, "30/49"), g) is None
 
 
 async def test_collector_moe_series(tmp_path: Path) -> None:

@@ -17,9 +17,8 @@ def host_experts(state: LogState, geom: ModelGeometry | None) -> tuple[int, floa
 
     From the `buffer type overridden to CPU` lines (-lv 5) when the log has them: their layers,
     with each layer's expert bytes from the GGUF (else the MiB the lines print). Without them
-    (-lv 4), when every layer is offloaded to a GPU: the host model buffers minus the token
-    embedding (llama.cpp keeps the input layer on the CPU) are expert bytes, counted in whole
-    layers from layer 0 as `--n-cpu-moe N` places them.
+    (-lv 4), when every layer is offloaded to a GPU: the whole layers from layer 0 (as
+    `--n-cpu-moe N` places them) whose host buffers match the logged ones best.
     """
     if state.expert_overrides:
         host = {layer for layer, _ in state.expert_overrides.values()}
@@ -34,16 +33,27 @@ def host_experts(state: LogState, geom: ModelGeometry | None) -> tuple[int, floa
     all_offloaded = state.layers_total and state.layers_offloaded == state.layers_total
     if not on_device or not all_offloaded:
         return None  # CPU-only build, or whole layers on the CPU (-ngl): other signals say so
-    excess = sum(v for dev, v in buffers.items() if is_host_buffer(dev))
-    excess -= geom.input_embedding_bytes
-    layers, total = 0, 0
-    for layer_bytes in geom.routed_expert_bytes_by_layer:
-        # Half a layer of slack: buffer sizes are rounded and hold small extras.
-        if layer_bytes and total + layer_bytes <= excess + layer_bytes / 2:
-            layers, total = layers + 1, total + layer_bytes
-        elif layer_bytes:
-            break
-    return layers, float(total)
+    layers = n_cpu_moe_layers(buffers, geom)
+    return layers, float(sum(geom.routed_expert_bytes_by_layer[:layers]))
+
+
+def n_cpu_moe_layers(buffers: dict[str, float], geom: ModelGeometry) -> int:
+    """N of `--n-cpu-moe N` whose host model buffers are closest to the logged ones.
+
+    With mmap (`CPU_Mapped`) the host buffer is the file span from the token embedding to
+    the last host expert tensor, the attention weights of those layers included; without
+    it (`CPU`, `CUDA_Host`) the tensors themselves: the embedding plus the experts.
+    """
+    host = sum(v for dev, v in buffers.items() if is_host_buffer(dev))
+    by_layer = geom.routed_expert_bytes_by_layer
+    mapped = any(dev.endswith("_Mapped") for dev in buffers if is_host_buffer(dev))
+    if mapped and len(geom.host_mapped_bytes_by_layers) == len(by_layer) + 1:
+        expected = list(geom.host_mapped_bytes_by_layers)
+    else:
+        expected = [
+            geom.input_embedding_bytes + sum(by_layer[:n]) for n in range(len(by_layer) + 1)
+        ]
+    return min(range(len(expected)), key=lambda n: abs(expected[n] - host))
 
 
 def kv_unified(log_state: LogState | None) -> bool:

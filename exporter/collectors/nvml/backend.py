@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar, cast
 
+from exporter.collectors.nvml.file_merge import merge_device
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 # NVML return codes the backends hand on (values from nvml.h, stable across releases).
@@ -115,6 +117,21 @@ class NvmlBackend(Protocol):
 
     def bus_width_bits(self, i: int) -> int:
         """Memory bus width in bits."""
+
+    def sm_clock_mhz(self, i: int) -> tuple[int, int | None]:
+        """Current and maximum SM clock in MHz (the maximum None when unknown)."""
+
+    def power_mw(self, i: int) -> int:
+        """Power draw in milliwatts."""
+
+    def power_limit_mw(self, i: int) -> int:
+        """The enforced power limit in milliwatts."""
+
+    def temperature_c(self, i: int) -> int:
+        """GPU core temperature in degrees Celsius."""
+
+    def clock_event_reasons(self, i: int) -> int:
+        """Bitmask of what holds the clocks down now (nvml.h `nvmlClocksEventReason*`)."""
 
     def processes(self, i: int) -> list[GpuProcess]:
         """Compute and graphics processes on the device, one entry per pid."""
@@ -226,6 +243,34 @@ class PynvmlBackend:
 
     def bus_width_bits(self, i: int) -> int:
         return int(self._call(self._nvml.nvmlDeviceGetMemoryBusWidth, self._handles[i]))
+
+    def sm_clock_mhz(self, i: int) -> tuple[int, int | None]:
+        nv = self._nvml
+        handle = self._handles[i]
+        current = self._call(nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_SM)
+        maximum = self._call(nv.nvmlDeviceGetMaxClockInfo, handle, nv.NVML_CLOCK_SM)
+        return int(current), int(maximum)
+
+    def power_mw(self, i: int) -> int:
+        return int(self._call(self._nvml.nvmlDeviceGetPowerUsage, self._handles[i]))
+
+    def power_limit_mw(self, i: int) -> int:
+        return int(self._call(self._nvml.nvmlDeviceGetEnforcedPowerLimit, self._handles[i]))
+
+    def temperature_c(self, i: int) -> int:
+        nv = self._nvml
+        return int(
+            self._call(nv.nvmlDeviceGetTemperature, self._handles[i], nv.NVML_TEMPERATURE_GPU)
+        )
+
+    def clock_event_reasons(self, i: int) -> int:
+        nv = self._nvml
+        # The "events" name since driver r535; the "throttle" one before (same bits).
+        fn = (
+            getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
+        return int(self._call(fn, self._handles[i]))
 
     def processes(self, i: int) -> list[GpuProcess]:
         nv = self._nvml
@@ -341,7 +386,7 @@ class NvmlFileBackend:
                     if target is None:
                         merged[index] = {**dev, "procs": procs}
                         continue
-                    _merge_device(target, dev, procs)
+                    merge_device(target, dev, procs)
         except (KeyError, TypeError, ValueError) as exc:
             raise NvmlError(f"fake NVML file: bad device entry: {exc!r}", reason="parse") from exc
         self._devices = [merged[k] for k in sorted(merged)]
@@ -411,6 +456,31 @@ class NvmlFileBackend:
         return int(self._field(self._dev(i), "bus_width"))
 
     @_reading_errors
+    def sm_clock_mhz(self, i: int) -> tuple[int, int | None]:
+        dev = self._dev(i)
+        current = int(self._field(dev, "sm_clock_mhz"))
+        maximum = dev.get("max_sm_clock_mhz")
+        return current, None if maximum is None else int(maximum)
+
+    @_reading_errors
+    def power_mw(self, i: int) -> int:
+        return int(self._field(self._dev(i), "power_mw"))
+
+    @_reading_errors
+    def power_limit_mw(self, i: int) -> int:
+        return int(self._field(self._dev(i), "power_limit_mw"))
+
+    @_reading_errors
+    def temperature_c(self, i: int) -> int:
+        return int(self._field(self._dev(i), "temp"))
+
+    @_reading_errors
+    def clock_event_reasons(self, i: int) -> int:
+        reasons = self._field(self._dev(i), "clocks_event_reasons")
+        # An int, or the "0x..." text nvidia-smi and the captures print.
+        return int(reasons, 0) if isinstance(reasons, str) else int(reasons)
+
+    @_reading_errors
     def processes(self, i: int) -> list[GpuProcess]:
         procs = self._dev(i).get("procs", [])
         return _merge_processes(
@@ -428,20 +498,3 @@ class NvmlFileBackend:
         if recorded is not None:
             return recorded.split()
         return read_proc_cmdline(self.proc_root, pid)
-
-
-def _merge_device(target: dict[str, Any], dev: dict[str, Any], procs: list[dict[str, Any]]) -> None:
-    """Fold a later file's reading of the same GPU into the first (rules: docs/metrics.md)."""
-    target["procs"] = target["procs"] + procs
-    for key in ("mem", "mem_v2"):
-        if isinstance(target.get(key), dict) and isinstance(dev.get(key), dict):
-            mem = dict(target[key])
-            mem["used"] = int(mem["used"]) + int(dev[key]["used"])
-            hidden = int(mem.get("reserved") or 0)
-            mem["free"] = max(0, int(mem["total"]) - hidden - int(mem["used"]))
-            target[key] = mem
-    if isinstance(target.get("util"), dict) and isinstance(dev.get("util"), dict):
-        target["util"] = {
-            k: max(float(target["util"].get(k, 0)), float(dev["util"].get(k, 0)))
-            for k in ("gpu", "memory")
-        }

@@ -36,6 +36,7 @@ from exporter.collectors.nvml.backend import (
     NvmlFileBackend,
     PynvmlBackend,
 )
+from exporter.collectors.nvml.card import add_card_state
 from exporter.schema import MetricSet
 from model.gpu_specs import resolve_bandwidth
 
@@ -323,8 +324,10 @@ class NvmlCollector(Collector):
         out = MetricSet()
         b = self.backend
         engine_sum = {e.name: 0.0 for e in self.attribution.engines}
+        errors: list[SourceError] = []
         for dev in self._devices:
             gpu = str(dev.index)
+            errors += add_card_state(out, b, dev.position, gpu)
             clocks = self._optional(b.memory_clock_mhz, dev.position)
             bus = self._optional(b.bus_width_bits, dev.position)
             util = self._optional(b.utilization, dev.position)
@@ -359,6 +362,8 @@ class NvmlCollector(Collector):
                 out.add("llmb_gpu_utilization_ratio", util.gpu / 100.0, gpu=gpu)
             if cur_clock is not None:
                 out.add("llmb_gpu_memory_clock_hertz", cur_clock * 1e6, gpu=gpu)
+            if max_clock is not None:
+                out.add("llmb_gpu_memory_clock_max_hertz", max_clock * 1e6, gpu=gpu)
             out.add(
                 "llmb_gpu_memory_bus_width_bytes", bus / 8 if bus is not None else None, gpu=gpu
             )
@@ -388,4 +393,4 @@ class NvmlCollector(Collector):
             out.add("llmb_engine_process_gpu_memory_bytes", engine_sum[engine_cfg.name], **labels)
             peak = self._window(("engine", engine_cfg.name)).max(now)
             out.add("llmb_engine_process_gpu_memory_peak_bytes", peak, **labels)
-        return Scrape(metrics=out.metrics())
+        return Scrape(metrics=out.metrics(), errors=errors)

@@ -1,0 +1,112 @@
+"""The card's own state (issue 27): the llmb-card recording rules' arithmetic, in Python.
+
+Same order and operations as mixin/rules/card.py: per GPU the share of `rate_window` a
+power or thermal clock event reason was active and the highest SM and memory clocks
+against their maxima; per engine the worst of the GPUs its processes hold.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+from core.card import IDLE_REASON, POWER_REASONS, THERMAL_REASONS
+from core.rules import (
+    EngineKey,
+    _Data,
+    _max_by,
+    _max_over_time,
+)
+from core.thresholds import threshold_seconds
+
+GpuKey = tuple[str, str]  # (host, gpu)
+REASON = "llmb_gpu_clock_event_reason_active"
+
+
+def _gpu(labels: dict[str, str]) -> GpuKey:
+    return labels.get("host", ""), labels.get("gpu", "")
+
+
+def _share(d: _Data, reasons: tuple[str, ...]) -> dict[GpuKey, float]:
+    """Of the samples in which the GPU was busy (not `gpu_idle`), the share in which the most
+    persistent of `reasons` was active: `clamp_max(max by (host, gpu) (sum_over_time(
+    reason{reason=~...}[rw])) / (busy samples > 0), 1)`."""
+    rw = threshold_seconds("rate_window")
+    held = _max_by(
+        (_gpu(lab), sum(v for _, v in pts))
+        for lab, pts in d.range(REASON, rw)
+        if lab.get("reason", "") in reasons
+    )
+    busy = _max_by(
+        (_gpu(lab), len(pts) - sum(v for _, v in pts))
+        for lab, pts in d.range(REASON, rw)
+        if lab.get("reason", "") == IDLE_REASON
+    )
+    return {k: min(v / busy[k], 1.0) for k, v in held.items() if k in busy and busy[k] > 0}
+
+
+def _clock_ratio(d: _Data, clock: str) -> dict[GpuKey, float]:
+    """`max by (host, gpu) (max_over_time(clock[rw])) / (max by (host, gpu) (clock_max) > 0)`."""
+    rw = threshold_seconds("rate_window")
+    high = _max_by((_gpu(lab), _max_over_time(pts)) for lab, pts in d.range(clock, rw))
+    top = _max_by((_gpu(lab), v) for lab, v in d.instant(clock.replace("_hertz", "_max_hertz")))
+    return {k: v / top[k] for k, v in high.items() if k in top and top[k] > 0}
+
+
+def _always_idle(d: _Data) -> dict[GpuKey, float]:
+    """`max by (host, gpu) (min_over_time(reason{reason="gpu_idle"}[rw]))`: 1 where every
+    sample of the window said GPU idle."""
+    rw = threshold_seconds("rate_window")
+    return _max_by(
+        (_gpu(lab), min(v for _, v in pts))
+        for lab, pts in d.range(REASON, rw)
+        if lab.get("reason", "") == IDLE_REASON
+    )
+
+
+def sm_clock_ratio(d: _Data) -> dict[GpuKey, float]:
+    """The SM clock ratio per GPU, absent where the GPU was idle in every sample."""
+    idle = _always_idle(d)
+    ratio = _clock_ratio(d, "llmb_gpu_sm_clock_hertz")
+    return {k: v for k, v in ratio.items() if idle.get(k) != 1}
+
+
+def memory_clock_ratio(d: _Data) -> dict[GpuKey, float]:
+    """`clamp_max(memory clock ratio, 1)` per GPU: what the roofline's bandwidth scales by;
+    absent (no scaling) where the GPU was idle in every sample (GDDR drops its clock then)."""
+    idle = _always_idle(d)
+    ratio = _clock_ratio(d, "llmb_gpu_memory_clock_hertz")
+    return {k: min(v, 1.0) for k, v in ratio.items() if idle.get(k) != 1}
+
+
+def _per_engine(
+    d: _Data,
+    per_gpu: dict[GpuKey, float],
+    pick: Callable[[Iterable[float]], float],
+) -> dict[EngineKey, float]:
+    """`pick` over the GPUs each engine's processes hold (`engine_gpu:...:sum` joined)."""
+    held: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for lab, _ in d.instant(
+        "llmb_gpu_process_memory_used_bytes", lambda lab: lab.get("engine", "") != ""
+    ):
+        held[(lab.get("host", ""), lab.get("engine", ""))].add(lab.get("gpu", ""))
+    kinds: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for lab, _ in d.instant("llmb_engine_up"):
+        kinds[(lab.get("host", ""), lab.get("engine", ""))].add(lab.get("kind", ""))
+    out: dict[EngineKey, float] = {}
+    for (host, engine), gpus in held.items():
+        values = [per_gpu[(host, g)] for g in sorted(gpus) if (host, g) in per_gpu]
+        if not values:
+            continue
+        for kind in kinds.get((host, engine), ()):
+            out[EngineKey(host, engine, kind)] = pick(values)
+    return out
+
+
+def card_values(d: _Data) -> dict[str, dict[EngineKey, float]]:
+    """The card-state Signals fields per engine (field -> values)."""
+    return {
+        "card_power_slowdown": _per_engine(d, _share(d, POWER_REASONS), max),
+        "card_thermal_slowdown": _per_engine(d, _share(d, THERMAL_REASONS), max),
+        "sm_clock_ratio": _per_engine(d, sm_clock_ratio(d), min),
+    }

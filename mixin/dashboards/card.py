@@ -1,0 +1,107 @@
+"""The card's own state (issue 27): clocks against their maxima, power, temperature and the
+clock event reasons NVML reports, beside the verdict `card_throttled` decides from them."""
+
+from __future__ import annotations
+
+from core.card import POWER_REASONS, THERMAL_REASONS
+from mixin.config import MixinConfig
+from mixin.dashboards.panels import HSEL, RW, SEL, Limit, Panel, Row, Target, ts
+
+_GPU = "{{host}} GPU {{gpu}}"
+
+
+def card_row(cfg: MixinConfig) -> Row:
+    """Per card: clocks / maxima, power / limit, temperature, slowdown reasons."""
+    return Row("Card state: clocks, power, temperature", [*_state_panels(), *_slowdown_panels(cfg)])
+
+
+def _state_panels() -> list[Panel]:
+    """Clocks against their maxima, power against the limit, temperature."""
+    return [
+        ts(
+            "Clocks / their maxima",
+            Target(
+                f"max by (host, gpu) (llmb_gpu_sm_clock_hertz{{{HSEL}}}) / "
+                f"max by (host, gpu) (llmb_gpu_sm_clock_max_hertz{{{HSEL}}})",
+                f"{_GPU} SM",
+            ),
+            Target(
+                f"max by (host, gpu) (llmb_gpu_memory_clock_hertz{{{HSEL}}}) / "
+                f"max by (host, gpu) (llmb_gpu_memory_clock_max_hertz{{{HSEL}}})",
+                f"{_GPU} memory",
+            ),
+            Target(f"gpu:llmb_gpu_sm_clock:ratio{RW}{{{HSEL}}}", f"{_GPU} SM, busy high {RW}"),
+            unit="percentunit",
+            width=8,
+            limit=Limit("sm_clock_ratio_min", "above"),
+            description=(
+                "SM and memory clocks against their maxima (NVML). Idle cards drop their "
+                "SM clock by design; under load a card that stays below the line "
+                "(`sm_clock_ratio_min`) at its highest is held down. The roofline scales "
+                "its bandwidth by the memory clock's ratio. H200 under load: 1980/1980 "
+                "and 3201/3201 MHz."
+            ),
+        ),
+        ts(
+            "Power draw and limit",
+            Target(f"max by (host, gpu) (llmb_gpu_power_watts{{{HSEL}}})", f"{_GPU} draw"),
+            Target(
+                f"max by (host, gpu) (llmb_gpu_power_limit_watts{{{HSEL}}})",
+                f"{_GPU} enforced limit",
+            ),
+            unit="watt",
+            width=8,
+            description=(
+                "Power draw against the limit the driver enforces. Draw pinned at the "
+                "limit under load, with `sw_power_cap` active, holds the clocks down. "
+                "H200 under decode: about 500 W of 700 W."
+            ),
+        ),
+        ts(
+            "Temperature",
+            Target(f"max by (host, gpu) (llmb_gpu_temperature_celsius{{{HSEL}}})", _GPU),
+            unit="celsius",
+            width=8,
+            description=(
+                "GPU core temperature. A thermal slowdown reason beside a rising line "
+                "points at airflow or cooling. H200 under load: about 55 C."
+            ),
+        ),
+    ]
+
+
+def _slowdown_panels(cfg: MixinConfig) -> list[Panel]:
+    """The power and thermal reasons per card, and their share per engine."""
+    slowdown = "|".join(POWER_REASONS + THERMAL_REASONS)
+    return [
+        ts(
+            "Slowdown reasons active",
+            Target(
+                "max by (host, gpu, reason) (llmb_gpu_clock_event_reason_active"
+                f'{{{HSEL}, reason=~"{slowdown}"}}) == 1',
+                f"{_GPU} {{{{reason}}}}",
+            ),
+            unit="none",
+            width=12,
+            description=(
+                "The power and thermal clock event reasons NVML reports (1 while "
+                "active). `gpu_idle`, `sync_boost` and the clock settings are left "
+                "out: they do not slow a busy card by themselves."
+            ),
+        ),
+        ts(
+            "Card slowed, per engine",
+            Target(f"engine:llmb_gpu_power_slowdown:avg{RW}{{{SEL}}}", "{{engine}} power"),
+            Target(f"engine:llmb_gpu_thermal_slowdown:avg{RW}{{{SEL}}}", "{{engine}} thermal"),
+            unit="percentunit",
+            width=12,
+            limit=Limit("card_slowdown_share_min", "below"),
+            description=(
+                f"Share of the busy samples of the last {RW} in which a power or thermal "
+                "reason held the clocks of "
+                "the engine's GPUs down. Above the line (`card_slowdown_share_min`) with "
+                "decode below the card's limit the verdict is `card_throttled` and "
+                f"LLMCardThrottled fires. {cfg.runbook_url}#llmcardthrottled"
+            ),
+        ),
+    ]

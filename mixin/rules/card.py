@@ -1,0 +1,106 @@
+"""The card's own state (issue 27): per GPU, then per engine over the GPUs it holds.
+
+Python equivalent: `core.card_rules.card_values` (the parity test ties them). Evaluated after
+llmb-gpu (it joins `engine_gpu:llmb_gpu_process_memory_used_bytes:sum`) and before
+llmb-roofline (the bandwidth rule reads the memory clock ratio).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.card import IDLE_REASON, POWER_REASONS, THERMAL_REASONS
+from core.signals import card_records
+from core.thresholds import threshold_promql
+from mixin.rules.common import E, rec
+
+REASON = "llmb_gpu_clock_event_reason_active"
+
+
+def gpu_names() -> dict[str, str]:
+    """Per-GPU records: power and thermal slowdown shares, SM and memory clock ratios (the
+    per-engine records' names with `gpu:`)."""
+    engine = card_records()
+    per_gpu = {
+        short: engine[signal].replace("engine:", "gpu:", 1)
+        for short, signal in (
+            ("power", "card_power_slowdown"),
+            ("thermal", "card_thermal_slowdown"),
+            ("sm", "sm_clock_ratio"),
+        )
+    }
+    return per_gpu | {"memory": f"gpu:llmb_gpu_memory_clock:ratio{threshold_promql('rate_window')}"}
+
+
+def _share(reasons: tuple[str, ...]) -> str:
+    """Of the samples in which the GPU was busy (not `gpu_idle`), the share in which the most
+    persistent of `reasons` was active, per GPU: idle gaps between requests do not dilute it."""
+    rw = threshold_promql("rate_window")
+    idle = f'{REASON}{{reason="{IDLE_REASON}"}}[{rw}]'
+    return f"""
+    clamp_max(
+        max by (host, gpu) (sum_over_time({REASON}{{reason=~"{"|".join(reasons)}"}}[{rw}]))
+      / (
+            max by (host, gpu) (count_over_time({idle}) - sum_over_time({idle}))
+          > 0
+        ),
+      1
+    )
+    """
+
+
+def _per_engine(record: str, agg: str) -> str:
+    """`agg` over the GPUs an engine's processes hold, with the engine's labels."""
+    return f"""
+    {agg} by ({E}) (
+        (
+            {record}
+          * on (host, gpu) group_right ()
+            (0 * engine_gpu:llmb_gpu_process_memory_used_bytes:sum + 1)
+        )
+      * on (host, engine) group_left (kind) group by ({E}) (llmb_engine_up)
+    )
+    """
+
+
+def card_rules() -> list[dict[str, Any]]:
+    """The llmb-card group, in evaluation order."""
+    rw = threshold_promql("rate_window")
+    gpu = gpu_names()
+    engine = card_records()
+    # Every sample of the window said GPU idle: its clocks drop by design.
+    idle = f'max by (host, gpu) (min_over_time({REASON}{{reason="{IDLE_REASON}"}}[{rw}])) == 1'
+    return [
+        rec(gpu["power"], _share(POWER_REASONS)),
+        rec(gpu["thermal"], _share(THERMAL_REASONS)),
+        rec(
+            # The highest SM clock of the window against the maximum: a busy card reaches
+            # its boost clock unless something holds it down. Absent while the GPU was idle
+            # in every sample (its clock then drops by design).
+            gpu["sm"],
+            f"""
+              max by (host, gpu) (max_over_time(llmb_gpu_sm_clock_hertz[{rw}]))
+            / (max by (host, gpu) (llmb_gpu_sm_clock_max_hertz) > 0)
+            unless on (host, gpu)
+              {idle}
+            """,
+        ),
+        rec(
+            # The roofline's bandwidth scales with the memory clock the window reached; not
+            # while the GPU was idle throughout (GDDR cards drop their memory clock then).
+            gpu["memory"],
+            f"""
+            clamp_max(
+                max by (host, gpu) (max_over_time(llmb_gpu_memory_clock_hertz[{rw}]))
+              / (max by (host, gpu) (llmb_gpu_memory_clock_max_hertz) > 0),
+              1
+            )
+            unless on (host, gpu)
+              {idle}
+            """,
+        ),
+        rec(engine["card_power_slowdown"], _per_engine(gpu["power"], "max")),
+        rec(engine["card_thermal_slowdown"], _per_engine(gpu["thermal"], "max")),
+        # The slowest GPU sets the pace of a step spread over several.
+        rec(engine["sm_clock_ratio"], _per_engine(gpu["sm"], "min")),
+    ]
