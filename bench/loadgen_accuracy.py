@@ -70,20 +70,32 @@ def errors_ms(records: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
-async def bare_client(url: str, concurrency: int, requests: int) -> list[dict[str, Any]]:
-    """The reference: a bare aiohttp loop, one timestamp per `data:` line."""
+async def bare_client(
+    url: str,
+    concurrency: int,
+    requests: int,
+    *,
+    max_tokens: int = MAX_TOKENS,
+    prompt_words: int = PROMPT_WORDS,
+    endpoint: str = "chat",
+) -> list[dict[str, Any]]:
+    """The reference: a bare aiohttp loop, one timestamp per `data:` line.
+
+    Each record: `ttft_s`, `itl_p99_s`, `chunks` (token chunks) and the request's `start_s` /
+    `end_s` (perf_counter: CLOCK_MONOTONIC, comparable across processes on Linux)."""
     import aiohttp
 
-    prompt = " ".join(f"w{i}" for i in range(PROMPT_WORDS))
-    body = json.dumps(
-        {
-            "model": "m",
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": MAX_TOKENS,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-    ).encode()
+    prompt = " ".join(f"w{i}" for i in range(prompt_words))
+    request: dict[str, Any] = {"model": "m", "max_tokens": max_tokens, "stream": True,
+                               "stream_options": {"include_usage": True}}  # fmt: skip
+    if endpoint == "chat":
+        request["messages"] = [{"role": "user", "content": prompt}]
+        path, token = "/v1/chat/completions", b'"content":"'
+    else:
+        request["prompt"] = prompt
+        # The stub's token chunks are the ones that have not finished (usage, end: finished).
+        path, token = "/v1/completions", b'"finish_reason":null'
+    body = json.dumps(request).encode()
     sem = asyncio.Semaphore(concurrency)
     out: list[dict[str, Any]] = []
     perf = time.perf_counter
@@ -92,15 +104,17 @@ async def bare_client(url: str, concurrency: int, requests: int) -> list[dict[st
         async with sem:
             lines: list[tuple[float, bytes]] = []
             t0 = perf()
-            async with session.post(url + "/v1/chat/completions", data=body) as resp:
+            async with session.post(url + path, data=body) as resp:
                 async for line in resp.content:
                     if line.startswith(b"data:"):
                         lines.append((perf(), line))
-        stamps = [t for t, line in lines if b'"content":"' in line]
+            t1 = perf()
+        stamps = [t for t, line in lines if token in line]
         gaps = [b - a for a, b in itertools.pairwise(stamps)]
         out.append(
-            {"ttft_s": stamps[0] - t0 if stamps else None, "itl_p99_s": percentile(gaps, 99)}
-        )
+            {"ttft_s": stamps[0] - t0 if stamps else None, "itl_p99_s": percentile(gaps, 99),
+             "chunks": len(stamps), "start_s": t0, "end_s": t1}
+        )  # fmt: skip
 
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -108,12 +122,16 @@ async def bare_client(url: str, concurrency: int, requests: int) -> list[dict[st
     return out
 
 
-def run_bare(url: str, concurrency: int, requests: int) -> list[dict[str, Any]]:
+def run_bare(
+    url: str, concurrency: int, requests: int, *, max_tokens: int = MAX_TOKENS,
+    prompt_words: int = PROMPT_WORDS, endpoint: str = "chat",
+) -> list[dict[str, Any]]:  # fmt: skip
     """The bare client in its own process (as the load generator runs in its own)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bare.json"
         cmd = [sys.executable, __file__, "--bare", url, "--concurrency", str(concurrency),
-               "--requests", str(requests), "--json", str(out)]  # fmt: skip
+               "--requests", str(requests), "--json", str(out),
+               "--bare-shape", str(max_tokens), str(prompt_words), endpoint]  # fmt: skip
         subprocess.run(cmd, check=True, timeout=600)
         records: list[dict[str, Any]] = json.loads(out.read_text())
     return records
@@ -151,11 +169,14 @@ _UVLOOP_STUB = (
 )
 
 
-def with_fresh_stub(run: Callable[[str], Any], uvloop: bool) -> tuple[Any, float, dict[str, Any]]:
+def with_fresh_stub(
+    run: Callable[[str], Any], uvloop: bool, delays: tuple[float, float] | None = (TTFT, ITL)
+) -> tuple[Any, float, dict[str, Any]]:
     """`run(url)` against a fresh stub: its result, the 1-minute load average at the start and
-    the stub's /stats afterwards (its own lateness)."""
+    the stub's /stats afterwards (its own lateness). `delays`: (TTFT, ITL) in seconds, None
+    for the zero-delay stub (each response written at once)."""
     port = free_port()
-    args = ("--ttft", str(TTFT), "--itl", str(ITL))
+    args = ("--ttft", str(delays[0]), "--itl", str(delays[1])) if delays else ()
     stub = start_stub(port, *args, module=["-c", _UVLOOP_STUB] if uvloop else None)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -229,6 +250,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="rounds per client")
     parser.add_argument("--requests", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--bare", metavar="URL", help=argparse.SUPPRESS)
+    parser.add_argument("--bare-shape", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path)
     parser.add_argument(
         "--stub-uvloop", action="store_true", help="run the stub on uvloop (for c=256)"
@@ -238,7 +260,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.bare:
-        records = asyncio.run(bare_client(args.bare, int(args.concurrency), args.requests))
+        tokens, words, endpoint = args.bare_shape or (MAX_TOKENS, PROMPT_WORDS, "chat")
+        records = asyncio.run(
+            bare_client(args.bare, int(args.concurrency), args.requests, max_tokens=int(tokens),
+                        prompt_words=int(words), endpoint=endpoint)
+        )  # fmt: skip
         args.json.write_text(json.dumps(records))
         return
     if args.stub_uvloop:

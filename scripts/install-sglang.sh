@@ -27,21 +27,9 @@ die() {
   exit 1
 }
 
-find_python312() {
-  local candidate prefix
-  if [ -n "${LLMB_PYTHON312:-}" ]; then
-    candidate=$LLMB_PYTHON312
-  elif command -v pyenv >/dev/null && prefix=$(pyenv prefix 3.12 2>/dev/null); then
-    candidate=$prefix/bin/python3.12
-  elif command -v python3.12 >/dev/null; then
-    candidate=$(command -v python3.12)
-  else
-    die "no Python 3.12 found (tried LLMB_PYTHON312, 'pyenv prefix 3.12', python3.12 on PATH); SGLang 0.5.11 ships cp312 wheels only: install Python 3.12 (e.g. 'pyenv install 3.12')"
-  fi
-  "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12), sys.version' 2>/dev/null ||
-    die "$candidate is not a working Python 3.12"
-  echo "$candidate"
-}
+PY312_WHY="SGLang 0.5.11 ships cp312 wheels only"
+# shellcheck source=scripts/python312.sh
+source scripts/python312.sh
 
 [ -x "$PROJECT_PY" ] || die "project Python $PROJECT_PY not found (run scripts/install.sh first)"
 DEST=$("$PROJECT_PY" -m tests.plugins.sglang --venv-dir)

@@ -86,4 +86,5 @@ export LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}"
 
 bash scripts/install-docker.sh  # Docker engine, compose, base image: tests/system/test_docker_stack.py
 bash scripts/install-sglang.sh "$VENV/bin/python"  # real SGLang 0.5.11 (CPU) for the system tests
+bash scripts/install-peers.sh "$VENV/bin/python"  # AIPerf, inference-perf: bench/loadgen_peers.py
 echo "==> done: $("$VENV/bin/python" -m tests.plugins.llama --describe 2>/dev/null || echo 'llama-server installed')"

@@ -1,0 +1,18 @@
+# Sourced by scripts/install-sglang.sh and scripts/install-peers.sh: find_python312 prints a
+# working Python 3.12 (LLMB_PYTHON312, else `pyenv prefix 3.12`, else python3.12 on PATH) or
+# dies saying what was tried. Needs a `die` function in the sourcing script.
+find_python312() {
+  local candidate prefix
+  if [ -n "${LLMB_PYTHON312:-}" ]; then
+    candidate=$LLMB_PYTHON312
+  elif command -v pyenv >/dev/null && prefix=$(pyenv prefix 3.12 2>/dev/null); then
+    candidate=$prefix/bin/python3.12
+  elif command -v python3.12 >/dev/null; then
+    candidate=$(command -v python3.12)
+  else
+    die "no Python 3.12 found (tried LLMB_PYTHON312, 'pyenv prefix 3.12', python3.12 on PATH); $PY312_WHY: install Python 3.12 (e.g. 'pyenv install 3.12')"
+  fi
+  "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12), sys.version' 2>/dev/null ||
+    die "$candidate is not a working Python 3.12"
+  echo "$candidate"
+}
