@@ -70,7 +70,9 @@ def _events(
     options: StubOptions, chat: bool, n_out: int, prompt_tokens: int, cached: int
 ) -> list[bytes]:
     """Every SSE event of one response, in order (role chunk, tokens, finish, usage, DONE)."""
-    base: dict[str, Any] = {"id": "stub", "object": "chat.completion.chunk", "model": options.model}
+    # The object type as OpenAI-compatible servers send it (a client may dispatch on it).
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    base: dict[str, Any] = {"id": "stub", "object": kind, "model": options.model}
     events = []
     if chat:
         role = {"index": 0, "delta": {"role": "assistant", "content": None}}
