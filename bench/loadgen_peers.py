@@ -52,12 +52,15 @@ from bench.peer_tools import PEER_TOOLS, TOOLS, Shape, make_tokenizer, versions 
 from bench.peer_venvs import PEERS, missing_reason  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-RATE_KEYS = ("requests_per_s", "chunks_per_s", "cpu_us_per_request")
+RATE_KEYS = ("requests_per_s", "chunks_per_s", "cpu_us_per_request", "cpu_to_exit_us_per_request")
 ERROR_KEYS = ("ttft_err_p50_ms", "ttft_err_p99_ms", "itl_p99_err_p50_ms", "itl_p99_err_p99_ms")
 
 
-def tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of a process and all its descendants, live and reaped."""
+def tree_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system) of a process and all its descendants, live and reaped;
+    None once the process itself is gone."""
+    if not Path(f"/proc/{pid}").exists():
+        return None
     total, stack = 0, [pid]
     while stack:
         proc = stack.pop()
@@ -88,7 +91,9 @@ class CpuSampler(threading.Thread):
 
     def run(self) -> None:
         while not self.done.is_set():
-            self.samples.append((time.time(), tree_cpu(self.pid)))
+            now, cpu = time.time(), tree_cpu(self.pid)
+            if cpu is not None:
+                self.samples.append((now, cpu))
             self.done.wait(self.interval)
 
     def at(self, t: float) -> float:
@@ -126,12 +131,16 @@ def run_tool(name: str, shape: Shape, url: str, tokenizer: Path) -> dict[str, An
     span = end - start
     cpu = sampler.at(end) - sampler.at(start)
     whole = sum(getattr(usage1, f) - getattr(usage0, f) for f in ("ru_utime", "ru_stime"))
+    # From the first request to the process's exit: also the work a tool defers past its
+    # last response (parsing, records, reports), none of its start-up.
+    after_start = whole - sampler.at(start)
     row: dict[str, Any] = {
         "requests": len(records),
         "failed": shape.requests - len(records),
         "requests_per_s": round(len(records) / span, 1),
         "chunks_per_s": round(sum(r.chunks for r in records) / span, 1),
         "cpu_us_per_request": round(cpu / len(records) * 1e6),
+        "cpu_to_exit_us_per_request": round(after_start / len(records) * 1e6),
         "span_s": round(span, 3),
         "process_wall_s": round(time.time() - t0, 2),
         "process_cpu_s": round(whole, 2),
@@ -177,7 +186,7 @@ def verdict(med: dict[tuple[str, str], dict[str, float]], shapes: list[Shape]) -
             continue
         checks = []
         keys = ERROR_KEYS if shape.delays else ("requests_per_s", "chunks_per_s")
-        for key in (*keys, "cpu_us_per_request"):
+        for key in (*keys, "cpu_us_per_request", "cpu_to_exit_us_per_request"):
             if key.endswith("_per_s"):
                 peer = max(p[key] for p in peers)
                 ratio = ours[key] / peer
@@ -195,8 +204,8 @@ def verdict(med: dict[tuple[str, str], dict[str, float]], shapes: list[Shape]) -
 
 def table(med: dict[tuple[str, str], dict[str, float]], rows: list[dict[str, Any]]) -> str:
     """The markdown table: medians per shape and tool, every round's rate in brackets."""
-    head = ("| shape | tool | req/s (rounds) | chunks/s | CPU µs/req | TTFT err p50 / p99 ms "
-            "| ITL-p99 err p50 / p99 ms | stub late p99 ms |")  # fmt: skip
+    head = ("| shape | tool | req/s (rounds) | chunks/s | CPU µs/req in span / to exit "
+            "| TTFT err p50 / p99 ms | ITL-p99 err p50 / p99 ms | stub late p99 ms |")  # fmt: skip
     out = [head, "|" + "---|" * 8]
     for (shape, tool), m in med.items():
         runs = ", ".join(f"{r['requests_per_s']:g}" for r in rows
@@ -208,7 +217,8 @@ def table(med: dict[tuple[str, str], dict[str, float]], rows: list[dict[str, Any
                     f"{m.get('stub_late_p99_ms', 0):.2f}")  # fmt: skip
         out.append(
             f"| {shape} | {tool} | {m['requests_per_s']:g} ({runs}) | "
-            f"{m['chunks_per_s']:g} | {m['cpu_us_per_request']:g} | {' | '.join(errs)} |"
+            f"{m['chunks_per_s']:g} | {m['cpu_us_per_request']:g} / "
+            f"{m['cpu_to_exit_us_per_request']:g} | {' | '.join(errs)} |"
         )
     return "\n".join(out)
 
