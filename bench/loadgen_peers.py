@@ -16,7 +16,8 @@ Per tool, shape and round, from the tool's *own* per-request records:
   to the last one finished;
 * CPU per request: user + system CPU of the tool's whole process tree (sampled from /proc
   every 20 ms, interpolated) over that same span, so each tool's start-up, dataset building
-  and report writing are left out alike;
+  and report writing are left out alike; and from the first request to the tool's exit
+  (`cpu_to_exit_us_per_request`: adds the work a tool defers past its last response);
 * timing shapes: per request |ITL-p99 - 20 ms| and TTFT - 200 ms, their p50 and p99 over the
   requests (ms; bench/loadgen_accuracy.errors_ms), and the stub's own lateness.
 
@@ -49,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.loadgen_accuracy import ITL, TTFT, errors_ms, with_fresh_stub  # noqa: E402
 from bench.peer_tools import PEER_TOOLS, TOOLS, Shape, make_tokenizer, versions  # noqa: E402
-from bench.peer_venvs import PEERS, missing_reason  # noqa: E402
+from bench.peer_venvs import PEERS, missing_reason, peers_root  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 RATE_KEYS = ("requests_per_s", "chunks_per_s", "cpu_us_per_request", "cpu_to_exit_us_per_request")
@@ -144,12 +145,25 @@ def run_tool(name: str, shape: Shape, url: str, tokenizer: Path) -> dict[str, An
         "span_s": round(span, 3),
         "process_wall_s": round(time.time() - t0, 2),
         "process_cpu_s": round(whole, 2),
-        "command": inv.cmd,
+        "command": portable(inv.cmd, work),
     }
     if shape.delays:
         dicts = [{"ttft_s": r.ttft_s, "itl_p99_s": r.itl_p99_s} for r in records if r.ttft_s]
         row.update(errors_ms(dicts))
     return row
+
+
+def portable(cmd: list[str], work: Path) -> list[str]:
+    """The command as a reader can reuse it: no path of this machine (interpreter, peers'
+    venvs, the run's temporary folder)."""
+    swaps = ((str(work), "$WORK"), (str(peers_root()), "$PEERS"), (sys.executable, "python"),
+             (str(ROOT) + "/", ""), (tempfile.gettempdir() + "/", "$TMP/"))  # fmt: skip
+    out = []
+    for arg in cmd:
+        for old, new in swaps:
+            arg = arg.replace(old, new)
+        out.append(arg)
+    return out
 
 
 def one_run(name: str, shape: Shape, number: int, tokenizer: Path) -> dict[str, Any]:

