@@ -15,15 +15,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PROJECT_PY=${1:-${VENV:-.venv}/bin/python}
-die() {
-  echo "install-peers: $*" >&2
-  exit 1
-}
 PY312_WHY="inference-perf 0.7.0 requires Python >= 3.12"
 # shellcheck source=scripts/python312.sh
 source scripts/python312.sh
 
-[ -x "$PROJECT_PY" ] || die "project Python $PROJECT_PY not found (run scripts/install.sh first)"
+require_project_python "$PROJECT_PY"
 PY312=$(find_python312)
 ARGS=(install --python "$PY312")
 if [ -n "${LLMB_PEERS_WHEELS:-}" ]; then

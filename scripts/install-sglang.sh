@@ -22,16 +22,11 @@ PROJECT_PY=${1:-${VENV:-.venv}/bin/python}
 LOCK=scripts/sglang-requirements.txt
 STUB_SRC=scripts/cuda-driver-stub.c
 
-die() {
-  echo "install-sglang: $*" >&2
-  exit 1
-}
-
 PY312_WHY="SGLang 0.5.11 ships cp312 wheels only"
 # shellcheck source=scripts/python312.sh
 source scripts/python312.sh
 
-[ -x "$PROJECT_PY" ] || die "project Python $PROJECT_PY not found (run scripts/install.sh first)"
+require_project_python "$PROJECT_PY"
 DEST=$("$PROJECT_PY" -m tests.plugins.sglang --venv-dir)
 STAMP="$DEST/llmb-installed.sha256"
 WANT=$(cat "$LOCK" "$STUB_SRC" | sha256sum | cut -d' ' -f1)

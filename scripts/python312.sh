@@ -1,6 +1,15 @@
 # Sourced by scripts/install-sglang.sh and scripts/install-peers.sh: find_python312 prints a
 # working Python 3.12 (LLMB_PYTHON312, else `pyenv prefix 3.12`, else python3.12 on PATH) or
-# dies saying what was tried. Needs a `die` function in the sourcing script.
+# dies saying what was tried; die and require_project_python are shared by both installers.
+die() {
+  echo "$(basename "$0" .sh): $*" >&2
+  exit 1
+}
+
+require_project_python() {
+  [ -x "$1" ] || die "project Python $1 not found (run scripts/install.sh first)"
+}
+
 find_python312() {
   local candidate prefix
   if [ -n "${LLMB_PYTHON312:-}" ]; then
