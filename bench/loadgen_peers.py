@@ -273,11 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [t for t in tools if t not in TOOLS]
     if unknown:
         parser.error(f"unknown tool(s): {', '.join(unknown)}")
-    missing = [r for t in tools if t in PEERS and (r := missing_reason(PEERS[t]))]
-    if missing or "aiperf" not in PEERS or missing_reason(PEERS["aiperf"]):
-        # The tokenizer is made with the AIPerf venv's transformers.
-        print("loadgen_peers: " + "; ".join(missing or [str(missing_reason(PEERS["aiperf"]))]),
-              file=sys.stderr)  # fmt: skip
+    # The tokenizer the peers need is made with the AIPerf venv's transformers.
+    needed = {"aiperf"} | {t for t in tools if t in PEERS} if set(tools) & set(PEERS) else set()
+    missing = [r for t in sorted(needed) if (r := missing_reason(PEERS[t]))]
+    if missing:
+        print("loadgen_peers: " + "; ".join(missing), file=sys.stderr)
         return 2
     shapes = build_shapes(args)
     info = {"versions": versions(), "cpus": len(os.sched_getaffinity(0)),
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(info), flush=True)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="peers-tok-") as tmp:
-        tokenizer = make_tokenizer(Path(tmp))
+        tokenizer = make_tokenizer(Path(tmp)) if needed else Path(tmp)
         for number in range(args.rounds):
             shift = number % len(tools)
             for shape in shapes:
