@@ -60,7 +60,8 @@ def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit code (0 ok, 1 failed, 2 usage, 3 invalid, 130 Ctrl-C)."""
+    """Entry point; returns the exit code (0 ok, 1 failed, 2 usage, 3 invalid or a `--fail-on`
+    verdict, 130 Ctrl-C; docs/loadgen.md "Validity", docs/diagnose.md "Exit codes")."""
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = default_commands()
     parser = build_parser(commands)

@@ -25,7 +25,7 @@ def llamacpp_props_facts(props: dict[str, Any]) -> dict[str, Any]:
 
 
 def sglang_server_info_facts(info: dict[str, Any]) -> dict[str, Any]:
-    """Precision, slots, context and weight bytes from SGLang's /server_info."""
+    """Precision, slots, context, weight bytes and model path from SGLang's /server_info."""
     facts: dict[str, Any] = {}
     # "auto" means the checkpoint's own dtype, which /server_info does not name: unknown.
     quant = next(
@@ -39,6 +39,8 @@ def sglang_server_info_facts(info: dict[str, Any]) -> dict[str, Any]:
         facts["slots"] = int(info["max_running_requests"])
     if info.get("context_length"):
         facts["slot_context"] = int(info["context_length"])
+    if isinstance(info.get("model_path"), str) and info["model_path"]:
+        facts["model_path"] = info["model_path"]
     states = info.get("internal_states") or []
     if states and isinstance(states[0], dict):
         mem = states[0].get("memory_usage") or {}

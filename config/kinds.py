@@ -87,7 +87,8 @@ ENGINES: tuple[EngineKind, ...] = (
             buffers="GPU weight buffers the engine reports (llama.cpp log `model buffer size`)",
             weights="/v1/models meta.size, GGUF or log",
             layers="the llama.cpp log",
-            layers_fix="set engines[].log_file in the config (llama-server -lv 4 --log-file ...)",
+            layers_fix="pass --log-file or set engines[].log_file in the config (llama-server "
+            "-lv 4 --log-file ...)",
         ),
         # Unique prompt prefixes already defeat the cache; this also stops slot reuse.
         uncached_body={"cache_prompt": False},

@@ -79,6 +79,10 @@ class LoadgenSettings(BaseModel):
     parallel: int | None = None
     exporter_engine: str | None = None
     bandwidth_gbs: float | None = None
+    fail_on: list[str] | None = None
+    # --log-file / --model-path of the engine diagnose measures (compare: give them as flags).
+    log_file: str | None = None
+    model_path: str | None = None
 
     def given(self) -> dict[str, Any]:
         """The keys the file sets (a null value included), as parsed."""

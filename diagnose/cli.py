@@ -1,7 +1,8 @@
-"""The command line of `diagnose` and `compare`: their options, the answer and the outputs.
+"""The command line of `diagnose` and `compare`: their options and the run (the answer and
+the outputs are `diagnose.answer`'s).
 
 Both commands share one set of flags (`configure`), one resolver of their engines
-(`engines_from_args`, on `loadgen.resolve`) and one runner (`run_measurement`); they differ in
+(`diagnose.targets`, on `loadgen.resolve`) and one runner (`run_measurement`); they differ in
 how many engines they take and how the answer is decided (`diagnose.procedure.diagnose`,
 `diagnose.procedure.compare`). `cli.loadgen` registers `DIAGNOSE` and `COMPARE` with the
 load generator's own commands.
@@ -12,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import shlex
 import sys
@@ -23,22 +23,22 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
-from config.kinds import ENGINES, KINDS
 from config.settings import Config, EngineConfig
-from diagnose.decision.model import Decision, EngineResult, RunInfo, utc_now
-from diagnose.decision.results import results_to_dict
-from diagnose.engine_run import gib
+from core.conditions import VERDICTS
+from diagnose.answer import exit_status, print_answer, write_outputs
+from diagnose.decision.model import RunInfo, utc_now
 from diagnose.options import DEFAULT_ROUNDS, Options
 from diagnose.phase_marks import PhasePublisher, say
-from diagnose.probe import probe_url
 from diagnose.procedure import compare, diagnose
 from diagnose.steps.base import STEPS
+from diagnose.targets import measured_engines, path_origins
 from exporter import __version__
 from loadgen.client import TargetUnreachable
 from loadgen.options import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
     Command,
     HelpFormatter,
-    UsageError,
     add_exporter_option,
     add_max_tokens_option,
     add_metrics_server_options,
@@ -54,9 +54,6 @@ from loadgen.options import (
     positive_int,
 )
 from loadgen.resolve import (
-    api_key,
-    engine_name,
-    engines_from_config,
     load_config_or_usage,
 )
 
@@ -151,6 +148,56 @@ def _add_launch_and_sources(m: Any) -> None:
     )
     # The same pair as run and sweep; off by default here (a run's marks are in its report).
     add_metrics_server_options(m, default_port=0)
+    m.add_argument(
+        "--fail-on",
+        type=verdict_list,
+        metavar="VERDICT[,VERDICT...]",
+        help="exit 3 when an engine's verdict is one of these (for CI), e.g. kv_saturated",
+    )
+
+
+def _add_evidence(parser: argparse.ArgumentParser, per_engine: bool) -> None:
+    """--log-file and --model-path: what an engine already running does not tell over HTTP."""
+    e = parser.add_argument_group(
+        "evidence of a running engine",
+        "Without a launch template diagnose cannot choose the engine's log or see its files. "
+        "llama-server names its model file in /props and SGLang in /server_info; neither "
+        "names its log."
+        + (
+            " Each option is given once per engine, in the order of --url/--engine."
+            if per_engine
+            else ""
+        ),
+    )
+    e.add_argument(
+        "--log-file",
+        type=Path,
+        action="append",
+        metavar="FILE",
+        help="the engine's log (llama-server --log-file, started with -lv 4; SGLang's output): "
+        "layers and weight buffers on the GPU, KV types and bytes, expert offload, "
+        "speculative acceptance (default: the config's log_file, else not seen)",
+    )
+    e.add_argument(
+        "--model-path",
+        type=Path,
+        action="append",
+        metavar="PATH",
+        help="the model the engine serves (a GGUF file, or SGLang's model folder): its "
+        "geometry for the roofline and KV bytes (default: the config's model_path, else the "
+        "path the engine names when it is readable here)",
+    )
+
+
+def verdict_list(text: str) -> frozenset[str]:
+    """Comma-separated verdict names of the decision core (`--fail-on`)."""
+    names = {part.strip() for part in text.split(",") if part.strip()}
+    unknown = sorted(names - set(VERDICTS))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"not a verdict: {', '.join(unknown) or repr(text)} (one of {', '.join(VERDICTS)})"
+        )
+    return frozenset(names)
 
 
 def options_from_args(args: argparse.Namespace, config: Config | None) -> Options:
@@ -177,26 +224,8 @@ def options_from_args(args: argparse.Namespace, config: Config | None) -> Option
         bandwidth_bytes_per_s=bw,
         timeout=args.timeout,
         connect_timeout=args.connect_timeout,
+        model=args.model,
     )
-
-
-def engines_from_args(args: argparse.Namespace, config: Config | None) -> list[EngineConfig]:
-    """Engines from --engine (config, with launch templates) or --url (already running)."""
-    engines = engines_from_config(args, config)
-    if engines:
-        return engines
-    key = api_key(args)  # an unset --api-key-env is an error here as in run
-    kind, model = asyncio.run(probe_url(args.url, key, args.kind, model=not args.name))
-    if kind not in KINDS:
-        endpoints = " nor ".join(f"{e.display}'s {e.info.paths[0]}" for e in ENGINES)
-        raise UsageError(
-            f"{args.url} answers neither {endpoints}; pass "
-            + " or ".join(f"--kind {k}" for k in KINDS)
-        )
-    name = args.name or model or kind
-    return [
-        EngineConfig(name=engine_name(name), kind=kind, url=args.url, api_key_env=args.api_key_env)
-    ]
 
 
 def serve_metrics(pub: PhasePublisher, host: str, port: int) -> Callable[[], None]:
@@ -249,62 +278,12 @@ def quiet_libraries() -> Iterator[None]:
             logging.getLogger(name).setLevel(level)
 
 
-def print_answer(engines: list[EngineResult], decision: Decision, out: Path) -> None:
-    """The answer on stdout, once: verdict(s), recommendation, action, steps, caveats."""
-    width = 16
-    lines = []
-    for name, v in decision.verdict.items():
-        lines.append(f"{'verdict':<{width}}{name}: {v}")
-    lines.append(f"{'recommendation':<{width}}{decision.recommendation}")
-    lines.append(f"{'action':<{width}}{decision.action}")
-    if len(engines) > 1:
-        lines.append(f"{'comparable':<{width}}{'yes' if decision.comparable else 'no'}")
-    for step in decision.steps:
-        lines.append(f"  {step.key:<{width - 2}}{step.answer}")
-    for e in engines:
-        roof = e.roofline
-        if roof.efficiency is not None and roof.limit_tok_s:
-            if roof.misfit is not None:
-                lines.append(
-                    f"{'roofline':<{width}}{e.name}: does not fit ({roof.misfit}): "
-                    f"{roof.efficiency * 100:.0f} % of {roof.limit_tok_s:.1f} tok/s is beyond "
-                    "physics, so no decode verdict"
-                )
-            else:
-                lines.append(
-                    f"{'roofline':<{width}}{e.name}: {roof.efficiency * 100:.0f} % of "
-                    f"{roof.limit_tok_s:.1f} tok/s"
-                )
-        if e.spec_accept_length is not None:
-            lines.append(
-                f"{'acceptance':<{width}}{e.name}: {e.spec_accept_length:.2f} tokens per "
-                "model step (speculative decoding)"
-            )
-        if e.experts_host_layers:
-            lines.append(
-                f"{'expert offload':<{width}}{e.name}: experts of {e.experts_host_layers:.0f} "
-                f"layers in host memory ({gib(e.experts_host_bytes)})"
-            )
-    for est in decision.estimates:
-        lines.append(f"{'estimate':<{width}}{est.basis} ≈ {est.tok_s:.1f} tok/s")
-    for c in decision.caveats:
-        lines.append(f"{'caveat':<{width}}{c}")
-    lines.append(f"{'report':<{width}}{out / 'report.html'}")
-    print("\n".join(lines))
-
-
-def write_outputs(
-    out: Path, engines: list[EngineResult], decision: Decision, run: RunInfo, title: str
-) -> None:
-    """report.md, report.html and results.json (one renderer for all three)."""
-    from diagnose.report.html.write import write_report
-
-    run.finished_at = utc_now()
-    write_report(out, engines, decision, title, run)
-    # results.json carries the run's metadata whatever the renderer adds to it.
-    doc = results_to_dict(engines, decision, run)
-    doc["title"] = title
-    (out / "results.json").write_text(json.dumps(doc, indent=2, default=str) + "\n", "utf-8")
+EXIT_CODES = (
+    "Exit codes: 0 the answer is known; 3 an engine's verdict is one of --fail-on; 1 the "
+    "engine is unreachable or was lost during the run (results.json holds the finished steps, "
+    "partial), or results.json could not be written; 2 invalid arguments or configuration; "
+    "130 interrupted by Ctrl-C or SIGTERM (results.json holds the finished steps, partial)."
+)
 
 
 @dataclass(frozen=True)
@@ -315,14 +294,17 @@ class Measurement:
     help: str
     description: str
     rounds: int
+    engines: int
 
     def configure(self, parser: argparse.ArgumentParser) -> None:
         """The command's arguments (the same for both commands but the default rounds)."""
         parser.formatter_class = HelpFormatter
         parser.description = self.description
-        add_target_options(parser)
+        parser.epilog = EXIT_CODES
+        add_target_options(parser, per_engine=self.engines > 1)
         add_timeout_options(parser)
         add_measure_arguments(parser, rounds=self.rounds)
+        _add_evidence(parser, per_engine=self.engines > 1)
 
     def run(self, args: argparse.Namespace) -> int:
         """The command from parsed arguments; returns the exit status."""
@@ -334,36 +316,37 @@ class Measurement:
         return Command(self.name, self.help, self.configure, self.run)
 
 
-def _engines(command: str, args: argparse.Namespace, config: Config | None) -> list[EngineConfig]:
-    engines = engines_from_args(args, config)
-    if command == "diagnose" and len(engines) != 1:
-        raise UsageError("diagnose measures one engine: give one --engine (compare takes two)")
-    if command == "compare" and len(engines) != 2:
-        raise UsageError("compare needs exactly two engines: --engine A --engine B (A in use)")
-    return engines
-
-
-def run_measurement(command: str, args: argparse.Namespace) -> int:
-    """`diagnose` (one engine) or `compare` (two): measure, decide, write, answer."""
-    info = run_info(getattr(args, "argv", None))
-    if command == "compare" and args.url:
-        raise UsageError("compare needs two engines from --config: --engine A --engine B")
-    config = load_config_or_usage(args.config)
-    engines = _engines(command, args, config)
-    opts = options_from_args(args, config)
-    pub = PhasePublisher()
-    stop_metrics = serve_metrics(pub, args.metrics_host, args.metrics_port)
+def announce(command: str, engines: list[EngineConfig], rounds: int) -> str:
+    """Say what will be measured (and what a running engine cannot give); the title."""
+    steps = ", ".join(STEPS)
     if command == "diagnose":
         (engine,) = engines
-        say(f"diagnose {engine.name} ({engine.kind}, {engine.url}): steps {', '.join(STEPS)}")
+        say(f"diagnose {engine.name} ({engine.kind}, {engine.url}): steps {steps}")
         title = f"diagnose {engine.name}"
     else:
         a, b = engines
-        say(
-            f"compare {a.name} (in use) with {b.name}: steps {', '.join(STEPS)}, "
-            f"{opts.rounds} rounds"
-        )
+        say(f"compare {a.name} (in use) with {b.name}: steps {steps}, {rounds} rounds")
         title = f"compare {a.name} vs {b.name}"
+    for engine in engines:
+        if engine.launch is None:
+            say(
+                f"{engine.name} is already running (no launch template): the context sweep and "
+                "the baseline memory and load time need a relaunch and are skipped; "
+                "every other step runs on the engine as it is"
+            )
+    return title
+
+
+def run_measurement(command: str, args: argparse.Namespace) -> int:
+    """`diagnose` (one engine) or `compare` (two): measure, decide, answer, write."""
+    info = run_info(getattr(args, "argv", None))
+    config = load_config_or_usage(args.config)
+    engines = measured_engines(command, args, config)
+    opts = options_from_args(args, config)
+    opts.path_origins = path_origins(args, engines)
+    pub = PhasePublisher()
+    stop_metrics = serve_metrics(pub, args.metrics_host, args.metrics_port)
+    title = announce(command, engines, opts.rounds)
     try:
         if command == "diagnose":
             result, decision = asyncio.run(diagnose(engines[0], opts, args.out, pub))
@@ -372,12 +355,16 @@ def run_measurement(command: str, args: argparse.Namespace) -> int:
             results, decision = asyncio.run(compare((engines[0], engines[1]), opts, args.out, pub))
     except TargetUnreachable as exc:
         sys.stderr.write(f"llmb-loadgen {command}: {exc}\n")
-        return 1
+        return EXIT_FAILED
+    except KeyboardInterrupt:  # a second Ctrl-C: stop at once, as `run` does
+        sys.stderr.write(f"llmb-loadgen {command}: interrupted\n")
+        return EXIT_INTERRUPTED
     finally:
         stop_metrics()
-    write_outputs(args.out, results, decision, info, title=title)
+    # The answer first: a report that cannot be written must not cost the verdict.
     print_answer(results, decision, args.out)
-    return 0
+    written = write_outputs(args.out, results, decision, info, title=title)
+    return exit_status(results, decision, args.fail_on or frozenset(), written)
 
 
 DIAGNOSE = Measurement(
@@ -386,12 +373,14 @@ DIAGNOSE = Measurement(
     "Measure one engine step by step (residency, single-request decode against the "
     "roofline, concurrency, KV pressure, context sweep) and say why it is slow.",
     rounds=1,
+    engines=1,
 ).command()
 COMPARE = Measurement(
     "compare",
     "the same requests against two engines: stay_and_tune, switch_to, fix_memory_first "
     "or inconclusive",
-    "Send the same requests to two engines (--engine A --engine B, A in use) and say "
-    "whether to stay and tune, switch, or fix memory first.",
+    "Send the same requests to two engines (--engine A --engine B, or two running engines: "
+    "--url A --url B; A in use) and say whether to stay and tune, switch, or fix memory first.",
     rounds=DEFAULT_ROUNDS,
+    engines=2,
 ).command()

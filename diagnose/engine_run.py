@@ -46,6 +46,19 @@ class LoadStep:
     requests: int | None = None  # None: concurrency x --requests-per-slot
 
 
+class StepStopped(Exception):
+    """The load stopped before the step's end: Ctrl-C, or the engine went away.
+
+    The step's row (with the rounds that finished) is already in the result; the
+    procedure ends here and the run is written as partial.
+    """
+
+    def __init__(self, reason: str, interrupted: bool):
+        super().__init__(reason)
+        self.reason = reason
+        self.interrupted = interrupted
+
+
 class EngineRun(ABC):
     """The state of one engine's measurement, shared by the steps: the one object they read.
 
@@ -121,7 +134,9 @@ class EngineRun(ABC):
         url = self.engine.url
         if self.current is not None:
             url = self.current.health_url.removesuffix("/health")
-        return Target(self.engine.name, url, self.engine.kind, self.engine.api_key())
+        return Target(
+            self.engine.name, url, self.engine.kind, self.engine.api_key(), self.opts.model
+        )
 
     def template(self) -> set[str]:
         """The placeholders of the launch template (none without one)."""

@@ -22,13 +22,16 @@ from loadgen.client import StreamClient
 from loadgen.exporter_series import Series, first, labelled
 from model.geometry import geometry_from_gguf
 
+LAYERS_TOTAL = "llmb_engine_gpu_layers_total"
+LAYERS_OFFLOADED = "llmb_engine_gpu_layers_offloaded"
+BUFFERS = "llmb_engine_model_buffer_bytes"
 # EngineResult field -> the per-engine series read with the GPU facts.
 ENGINE_SERIES = {
     "process_gpu_bytes": "llmb_engine_process_gpu_memory_bytes",
     "weights_bytes": "llmb_model_weights_bytes",
     "parameters": "llmb_model_parameters",
-    "layers_offloaded": "llmb_engine_gpu_layers_offloaded",
-    "layers_total": "llmb_engine_gpu_layers_total",
+    "layers_offloaded": LAYERS_OFFLOADED,
+    "layers_total": LAYERS_TOTAL,
     "kv_bytes_per_token": "llmb_model_kv_bytes_per_token_estimated",
     **RESULT_STRUCTURE_SERIES,
 }
@@ -59,6 +62,7 @@ async def collect_facts(run: EngineRun) -> None:
             setattr(res, key, value)
     if run.model_path is None and facts.model_path:
         run.model_path = Path(facts.model_path)
+    res.evidence["model"] = model_evidence(run, facts.model_path)
     # One GGUF reader for the whole project: the exporter's.
     # diagnose --url: the GGUF that /props names, when it is readable here.
     if run.model_path is not None and run.model_path.suffix == ".gguf":
@@ -102,7 +106,7 @@ def _engine_series(res: EngineResult, series: Series, engine: str) -> None:
             setattr(res, attr, value)
     buffers = [
         (lab.get("device", ""), v)
-        for lab, v in labelled(series, "llmb_engine_model_buffer_bytes")
+        for lab, v in labelled(series, BUFFERS)
         if lab.get("engine") == engine
     ]
     if buffers:
@@ -124,3 +128,94 @@ def structure_facts(run: EngineRun) -> None:
         value = run.monitor.engine_value(name)
         if value is not None:
             setattr(run.result, attr, value)
+
+
+# What only an engine's log tells, by kind (what an answer without the log lacks).
+LOG_ONLY = {
+    "llamacpp": "layers and weight buffers on the GPU, KV cache types and bytes, expert "
+    "offload, the speculative acceptance and KV-pressure events",
+    "sglang": "the load lines (weight memory, KV pool) when /server_info lacks them",
+}
+# Where each kind names its model path over HTTP.
+MODEL_ENDPOINT = {"llamacpp": "/props model_path", "sglang": "/server_info model_path"}
+
+
+def _readable_model(kind: str, path: str) -> bool:
+    """Whether the path an engine names is its model on this machine (GGUF, HF folder)."""
+    try:
+        p = Path(path)
+        return p.is_file() if kind == "llamacpp" else (p / "config.json").is_file()
+    except (OSError, ValueError):  # a name this filesystem cannot take
+        return False
+
+
+def model_evidence(run: EngineRun, reported: str | None) -> str:
+    """Where the model file came from: a flag, the config, the engine's endpoint, or not seen."""
+    engine = run.engine
+    if engine.model_path is not None:
+        origin = run.opts.path_origins.get(f"{engine.name}.model", "the config's model_path")
+        return f"{origin} {engine.model_path}"
+    where = MODEL_ENDPOINT.get(engine.kind, "its endpoints")
+    if reported and _readable_model(engine.kind, reported):
+        return f"the engine's {where} {reported}"
+    if reported:
+        return (
+            f"not seen: the engine's {where} is {reported}, not readable on this machine "
+            "(pass --model-path)"
+        )
+    return f"not seen: no {where} (pass --model-path)"
+
+
+def log_evidence(run: EngineRun) -> str:
+    """Where the engine's log came from and what its load lines said, or what was not seen."""
+    engine = run.engine
+    if run.opts.exporter_url:
+        return f"read by the exporter at {run.opts.exporter_url} (its config's log_file)"
+    if engine.launch is not None and "log" in run.template():
+        source = "the log the launch template writes ({log})"
+    elif engine.log_file is not None:
+        origin = run.opts.path_origins.get(f"{engine.name}.log", "the config's log_file")
+        source = f"{origin} {engine.log_file}"
+    else:
+        return (
+            f"not seen: no --log-file ({engine.kind} does not name its log over HTTP), so "
+            f"{LOG_ONLY.get(engine.kind, 'what only the log says')} are not known"
+        )
+    if engine.kind != "llamacpp":
+        return source
+    return f"{source}: {llamacpp_load_lines(run)}"
+
+
+def llamacpp_load_lines(run: EngineRun) -> str:
+    """What llama-server's load lines said (the exporter's series of its log), or their absence."""
+    mon = run.monitor
+    offloaded, total = mon.engine_value(LAYERS_OFFLOADED), mon.engine_value(LAYERS_TOTAL)
+    buffers = sorted(
+        (lab.get("device", "?"), v)
+        for lab, v in labelled(mon.latest(), BUFFERS)
+        if lab.get("engine") == mon.exporter_engine
+    )
+    if not buffers and total is None:
+        return (
+            "no load lines in it (llama-server writes them only at -lv 4, when it starts), "
+            "so layers and weight buffers on the GPU are not known"
+        )
+    parts = []
+    if total is not None:
+        parts.append(f"layers on the GPU {offloaded or 0:.0f}/{total:.0f}")
+    else:
+        # A build without a GPU backend loads nothing onto a GPU and never prints the line.
+        parts.append("no `offloaded N/M layers` line (a build without a GPU backend has none)")
+    if buffers:
+        parts.append(
+            "weight buffers " + ", ".join(f"{dev} {v / 2**30:.2f} GiB" for dev, v in buffers)
+        )
+    return "; ".join(parts)
+
+
+def record_evidence(run: EngineRun) -> None:
+    """The log's line of the answer; what it could not see goes to the missing list too."""
+    text = log_evidence(run)
+    run.result.evidence["log"] = text
+    if text.startswith("not seen") or "no load lines" in text:
+        run.result.missing.append(f"log: {text}")

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from config.kinds import engine_kind
 from diagnose.decision.model import Row
 from diagnose.decision.roofline import row_roofline
-from diagnose.engine_run import EngineRun, LoadStep
+from diagnose.engine_run import EngineRun, LoadStep, StepStopped
 from diagnose.evidence import step_evidence
 from diagnose.facts import structure_facts
+from loadgen.scheduler.phase import ABORT_ENGINE_GONE, ABORT_NOT_ANSWERING
 from loadgen.scheduler.spec import RunSpec
 from loadgen.scheduler.step import run_step
 from loadgen.summary import StepSummary
@@ -23,6 +24,10 @@ from loadgen.summary import StepSummary
 # Error kinds that mean the KV cache / context ran out (the load generator's names).
 KV_ERRORS = ("kv_exhausted",)
 KV_EVENTS = "llmb_engine_kv_pressure_events_total"
+
+
+# Abort reasons of the scheduler after which no further step can run on this engine.
+ENGINE_LOST = (ABORT_ENGINE_GONE, ABORT_NOT_ANSWERING)
 
 
 def load_spec(run: EngineRun, concurrency: int, prompt_tokens: int, requests: int) -> RunSpec:
@@ -72,7 +77,8 @@ def _add_round(row: Row, acc: _Rounds, fig: StepSummary) -> None:
 
 async def _run_rounds(
     run: EngineRun, row: Row, prompt_tokens: int, rounds: int, requests: int | None
-) -> _Rounds:
+) -> tuple[_Rounds, StepStopped | None]:
+    """The step's rounds; with why they stopped early (Ctrl-C, engine lost), else None."""
     acc = _Rounds()
     for _ in range(rounds):
         spec = load_spec(
@@ -88,9 +94,12 @@ async def _run_rounds(
         for summary in result.summaries[:1]:  # the round's only engine
             _add_round(row, acc, summary)
         acc.prompts += [float(r.prompt_tokens) for r in records if r.prompt_tokens is not None]
+        reason = result.abort_reason or ""
         if result.interrupted:
-            raise KeyboardInterrupt
-    return acc
+            return acc, StepStopped(reason or "interrupted", interrupted=True)
+        if result.aborted and reason.startswith(ENGINE_LOST):
+            return acc, StepStopped(reason, interrupted=False)
+    return acc, None
 
 
 def _summarize(run: EngineRun, row: Row, acc: _Rounds) -> None:
@@ -133,8 +142,14 @@ async def measure_row(run: EngineRun, load: LoadStep) -> Row:
     await run.monitor.sample()
     events0 = _log_events(run)
     started = time.time()
-    acc = await _run_rounds(run, row, load.prompt_tokens, load.rounds, load.requests)
+    acc, stopped = await _run_rounds(run, row, load.prompt_tokens, load.rounds, load.requests)
     row.wall_s = time.time() - started
+    if stopped is not None:
+        # What finished is kept: the row with its rounds, marked with why it stopped.
+        _summarize(run, row, acc)
+        row.error = f"stopped: {stopped.reason}"
+        run.result.rows.append(row)
+        raise stopped
     # llama.cpp logs a slot's release (and its truncation) after the stream has ended:
     # one more sample interval lets the log and the exporter catch up with the step.
     await asyncio.sleep(run.opts.sample_interval)

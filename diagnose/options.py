@@ -34,3 +34,8 @@ class Options:
     timeout: float = 600.0
     connect_timeout: float = 5.0
     sample_interval: float = 0.5
+    # The model name sent with every request (--model; None: the engine's first model).
+    model: str | None = None
+    # Where each engine's log and model path came from on the command line:
+    # "<engine>.log" / "<engine>.model" -> "--log-file" / "--model-path" (else the config).
+    path_origins: dict[str, str] = field(default_factory=dict)

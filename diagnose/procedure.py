@@ -36,9 +36,9 @@ from diagnose.decision.model import NOT_MEASURED, Decision, EngineResult, Row, S
 from diagnose.decision.one_engine import decide_single, engine_verdict
 from diagnose.decision.roofline import roofline
 from diagnose.decision.two_engines import decide_compare, token_count_differences
-from diagnose.engine_run import EngineRun, LoadStep
+from diagnose.engine_run import EngineRun, LoadStep, StepStopped
 from diagnose.evidence import residency_values
-from diagnose.facts import collect_facts, gpu_facts, structure_facts
+from diagnose.facts import collect_facts, gpu_facts, record_evidence, structure_facts
 from diagnose.load import measure_row
 from diagnose.options import Options
 from diagnose.phase_marks import PhasePublisher
@@ -48,7 +48,10 @@ from diagnose.steps.context import ContextStep
 from diagnose.steps.kv import KvPressureStep
 from diagnose.steps.residency import ResidencyStep
 from diagnose.steps.single import SingleStep
+from loadgen.client import TargetUnreachable
 from loadgen.scheduler.context import RunContext
+from loadgen.scheduler.phase import ABORT_ENGINE_GONE, ABORT_INTERRUPTED
+from loadgen.session import stopping_on_signals
 
 __all__ = ["PROCEDURE", "Diagnoser", "combine", "compare", "diagnose"]
 
@@ -101,7 +104,26 @@ class Diagnoser(EngineRun):
             await self.monitor.attach(self.engine, self.engine.log_file, None)
         await collect_facts(self)
         for step in PROCEDURE:
-            self.steps[step.key] = await step.measure(self)
+            try:
+                if self.ctx.stop.is_set():
+                    raise StepStopped(f"{ABORT_INTERRUPTED}: stopped by a signal", True)
+                self.steps[step.key] = await step.measure(self)
+            except StepStopped as exc:
+                self._stopped(step.key, exc)
+                return
+            except TargetUnreachable as exc:  # the engine went away between two steps
+                self._stopped(step.key, StepStopped(f"{ABORT_ENGINE_GONE}: {exc}", False))
+                return
+
+    def _stopped(self, key: str, exc: StepStopped) -> None:
+        """The procedure ends at step `key`: it and the later steps say why, nothing more runs."""
+        self.result.stopped = f"{key}: {exc.reason}"
+        self.result.interrupted = exc.interrupted
+        self.say(key, f"stopped: {exc.reason}")
+        why = f"the run stopped during the {key} step ({exc.reason})"
+        for later in STEPS[STEPS.index(key) :]:
+            self.steps[later] = Step(later, STEP_QUESTIONS[later], NOT_MEASURED + why)
+        self.result.missing.append(f"{', '.join(STEPS[STEPS.index(key) :])}: {why}")
 
     async def _start(self) -> bool:
         """Baseline memory, the first launch and its settling; False when it did not start."""
@@ -136,6 +158,7 @@ class Diagnoser(EngineRun):
         if self.opts.exporter_url and not self.monitor.scrapes:
             res.missing.append(f"exporter: no scrape of {self.opts.exporter_url} succeeded")
         structure_facts(self)
+        record_evidence(self)
         res.roofline = roof = roofline(res)
         if roof.misfit is not None and roof.efficiency is not None:
             self.note("roofline: " + misfit_text(roof.efficiency, MISFIT_BY_NAME[roof.misfit]))
@@ -179,10 +202,23 @@ async def diagnose(
     ctx = RunContext(out)
     try:
         d = Diagnoser(engine, opts, out, pub or PhasePublisher(), ctx)
-        result = await d.run()
+        with stopping_on_signals(ctx.stop):  # Ctrl-C: the finished steps are kept
+            result = await d.run()
     finally:
         ctx.close()
     return result, decide_single(result, d.answer_steps())
+
+
+def not_run(engine: EngineConfig, why: str) -> EngineResult:
+    """The result of an engine the run never reached (Ctrl-C during the other one)."""
+    return EngineResult(
+        name=engine.name,
+        kind=engine.kind,
+        url=engine.url,
+        missing=[f"every step: {why}"],
+        stopped=f"not run: {why}",
+        interrupted=True,
+    )
 
 
 async def compare(
@@ -197,9 +233,13 @@ async def compare(
     # One run context: the prompts calibrated on A are sent byte for byte to B.
     ctx = RunContext(out)
     try:
-        results = []
-        for engine in engines:
-            results.append(await Diagnoser(engine, opts, out, pub, ctx).run())
+        results: list[EngineResult] = []
+        with stopping_on_signals(ctx.stop):  # Ctrl-C: the finished steps are kept
+            for engine in engines:
+                if ctx.stop.is_set():
+                    results.append(not_run(engine, "the run was interrupted before it"))
+                    continue
+                results.append(await Diagnoser(engine, opts, out, pub, ctx).run())
     finally:
         ctx.close()
     ra, rb = results

@@ -33,6 +33,9 @@ KEEPALIVE_SECONDS = 3.0
 SERVER_ERROR = "server_error"
 EARLY_STOP = "early_stop"
 INTERRUPTED = "interrupted"
+# In flight when its step stopped early (too many errors, the engine gone or not answering):
+# cancelled at once rather than waited for, since its answer would no longer count.
+CANCELLED = "cancelled"
 # The engine ran out of KV cache / context for this request (llama.cpp "Context size has been
 # exceeded", a prompt beyond the slot's context; SGLang's context-length and KV-pool refusals).
 KV_EXHAUSTED = "kv_exhausted"
@@ -47,6 +50,7 @@ ERROR_KINDS = (
     MALFORMED,
     DISCONNECTED,
     INTERRUPTED,
+    CANCELLED,
 )
 
 # Lower-case fragments of the engines' own messages that mean "no KV cache / context left".

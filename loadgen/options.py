@@ -154,8 +154,11 @@ def metrics_url(base: str) -> str:
 # -- option groups ---------------------------------------------------------------------------
 
 
-def add_target_options(parser: argparse.ArgumentParser) -> None:
-    """--config/--engine (repeatable) or --url/--kind/--name/--api-key-env/--model."""
+def add_target_options(parser: argparse.ArgumentParser, per_engine: bool = False) -> None:
+    """--config/--engine (repeatable) or --url/--kind/--name/--api-key-env/--model.
+
+    `per_engine`: --url and --name may be repeated, once per engine in order (compare).
+    """
     group = parser.add_argument_group("target")
     group.add_argument(
         "--config",
@@ -169,8 +172,13 @@ def add_target_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="engine name from the config; repeat for several engines (same prompts)",
     )
+    repeat = {"action": "append"} if per_engine else {}
     group.add_argument(
-        "--url", type=http_url, help="base URL of an OpenAI-compatible server (instead of --engine)"
+        "--url",
+        type=http_url,
+        help="base URL of an OpenAI-compatible server (instead of --engine)"
+        + ("; once per engine, in order" if per_engine else ""),
+        **repeat,  # type: ignore[arg-type]
     )
     group.add_argument(
         "--kind",
@@ -179,7 +187,10 @@ def add_target_options(parser: argparse.ArgumentParser) -> None:
         help="server kind with --url (llamacpp enables /tokenize calibration)",
     )
     group.add_argument(
-        "--name", help="engine label with --url (default: the model id of /v1/models)"
+        "--name",
+        help="engine label with --url (default: the model id of /v1/models)"
+        + ("; once per --url, in order" if per_engine else ""),
+        **repeat,  # type: ignore[arg-type]
     )
     group.add_argument("--api-key-env", help="environment variable holding the API key (--url)")
     group.add_argument("--model", help="model name to send (default: first id of /v1/models)")

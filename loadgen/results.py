@@ -12,6 +12,7 @@ from typing import IO
 import orjson
 
 from loadgen.client import (
+    CANCELLED,
     EARLY_STOP,
     ERROR_KINDS,
     INTERRUPTED,
@@ -178,13 +179,13 @@ def failure_reasons(by_engine: Mapping[str, Sequence[RequestRecord]]) -> list[st
     """Why a step is invalid because requests failed (one reason per engine with failures).
 
     `early_stop` is left to `verify_tokens` (it is a token-count problem), and `interrupted`
-    to the run's own interrupted/aborted state.
+    and `cancelled` to the run's own interrupted/aborted state.
     """
     reasons: list[str] = []
     for engine, recs in by_engine.items():
         counts: dict[str, int] = {}
         for r in recs:
-            if r.error is not None and r.error not in (EARLY_STOP, INTERRUPTED):
+            if r.error is not None and r.error not in (EARLY_STOP, INTERRUPTED, CANCELLED):
                 counts[r.error] = counts.get(r.error, 0) + 1
         if not counts:
             continue

@@ -40,6 +40,7 @@ __all__ = [
     "run",
     "serve_metrics",
     "signals_handled",
+    "stopping_on_signals",
 ]
 
 T = TypeVar("T")
@@ -100,19 +101,10 @@ async def execute(specs: list[RunSpec], options: SessionOptions) -> SessionResul
         progress=Progress(options.progress),
         probe_factory=options.probe_factory,
     )
-    loop = asyncio.get_running_loop()
-
-    def on_signal(signum: int) -> None:
-        log.warning("signal %d: stopping; finished requests are kept", signum)
-        ctx.stop.set()
-        # A second Ctrl-C falls through to Python's default and aborts at once.
-        with contextlib.suppress(ValueError, RuntimeError):
-            loop.remove_signal_handler(signum)
-
     steps: list[StepResult] = []
     error: str | None = None
     abort_reason: str | None = None
-    with signals_handled(on_signal):
+    with stopping_on_signals(ctx.stop):
         try:
             for number, spec in enumerate(specs):
                 if ctx.stop.is_set():
@@ -182,6 +174,25 @@ def signals_handled(on_signal: Callable[[int], None]) -> Iterator[None]:
         for sig in handled:
             with contextlib.suppress(ValueError, RuntimeError):
                 loop.remove_signal_handler(sig)
+
+
+@contextlib.contextmanager
+def stopping_on_signals(stop: asyncio.Event) -> Iterator[None]:
+    """SIGINT/SIGTERM set `stop` while the block runs: the load stops, finished work is kept.
+
+    The handler is removed after the first signal, so a second Ctrl-C falls through to
+    Python's default (KeyboardInterrupt) and aborts at once.
+    """
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        log.warning("signal %d: stopping; finished requests are kept", signum)
+        stop.set()
+        with contextlib.suppress(ValueError, RuntimeError):
+            loop.remove_signal_handler(signum)
+
+    with signals_handled(on_signal):
+        yield
 
 
 def exit_code(summary: RunSummary, error: str | None = None) -> int:

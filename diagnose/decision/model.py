@@ -179,6 +179,13 @@ class EngineResult:
     notes: list[str] = field(default_factory=list)
     verdict: str | None = None
     action: str = ""
+    # Where the engine's log and model file came from ("--log-file PATH", "/props
+    # model_path PATH", "the launch template"), or why they were not seen.
+    evidence: dict[str, str] = field(default_factory=dict)
+    # Why the procedure ended before its last step ("<step>: <reason>"); None: it ran through.
+    stopped: str | None = None
+    # The stop was Ctrl-C (or SIGTERM), not the engine.
+    interrupted: bool = False
 
     def ok_rows(self, step: str | None = None) -> list[Row]:
         """Rows without an error, optionally of one step kind."""
@@ -265,6 +272,8 @@ class RunInfo:
     tool_version: str
     started_at: str
     finished_at: str | None = None
+    # The run stopped before its end (Ctrl-C, the engine lost): only the finished steps.
+    partial: bool = False
 
 
 def relative_spread(values: list[float]) -> float | None:

@@ -4,7 +4,7 @@ words, the run's metadata, the steps, what was not measured.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
@@ -62,6 +62,10 @@ class Metadata:
     finished_utc: str
     # (engine, engine version, GPU name, GPU driver), each a value or "unknown: why".
     engines: list[tuple[str, str, str, str]]
+    # (engine, "log" / "model", where it came from or "not seen: ..."), as the terminal says.
+    evidence: list[tuple[str, str, str]] = field(default_factory=list)
+    # (engine, the step it stopped at and why) of a partial run.
+    stopped: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _utc(ts: float | None = None) -> str:
@@ -116,6 +120,8 @@ def metadata_of(engines: list[EngineResult], run: RunInfo | None = None) -> Meta
         # A run without a finish time is being written up now.
         finished_utc=run.finished_at or _utc(),
         engines=rows,
+        evidence=[(e.name, what, where) for e in engines for what, where in e.evidence.items()],
+        stopped=[(e.name, e.stopped) for e in engines if e.stopped],
     )
 
 
@@ -139,6 +145,8 @@ def metadata_rows(m: Metadata) -> list[tuple[str, str]]:
             (f"{name}: GPU", gpu),
             (f"{name}: GPU driver", driver),
         ]
+        rows += [(f"{name}: {what}", where) for e, what, where in m.evidence if e == name]
+    rows += [(f"{name}: partial", f"stopped at {why}") for name, why in m.stopped]
     return rows
 
 

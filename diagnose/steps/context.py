@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from core.thresholds import threshold_number
 from diagnose.decision.model import Row, Step
-from diagnose.engine_run import EngineRun, LoadStep, gib
+from diagnose.engine_run import EngineRun, LoadStep, StepStopped, gib
 from diagnose.steps.base import STEP_QUESTIONS
 from loadgen.client import TargetUnreachable
 
@@ -110,6 +110,11 @@ async def context_step(run: EngineRun, ctx: int) -> bool:
         run.result.rows.append(
             Row(run.engine.name, "context", 1, context=ctx, parallel=run.parallel, error=str(exc))
         )
+        return False
+    except StepStopped as exc:
+        if exc.interrupted:
+            raise
+        # The engine died during the request (its row says so): memory gave out here.
         return False
     finally:
         run.stop()

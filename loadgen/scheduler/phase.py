@@ -8,10 +8,13 @@ import contextlib
 import logging
 import random
 import time
+from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable
 from typing import Any, TypedDict
+from urllib.parse import urlsplit
 
 from loadgen.client import (
+    CANCELLED,
     CONNECT,
     EARLY_STOP,
     INTERRUPTED,
@@ -65,6 +68,26 @@ SETTLE_SLICE_S = 0.0005
 # within a memory budget (long prompts: fewer ahead; the rest are built when sent).
 PREBUILT_PER_SLOT = 2
 PREBUILT_BYTES = 16 * 2**20
+# Requests in flight and nothing read for this long: is the engine still accepting
+# connections? A refusal means it is gone (llama-server, on SIGTERM, refuses new connections
+# but keeps a stream it was serving open and silent until the client's timeout).
+SILENT_S = 2.0
+
+
+async def refuses_connections(url: str, timeout: float) -> bool:
+    """True when nothing listens at `url`'s address any more (connection refused)."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(parts.hostname, port), timeout)
+    except ConnectionRefusedError:
+        return True
+    except (OSError, asyncio.TimeoutError):  # busy or unreachable: not proof it is gone
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return False
 
 
 class EnginePhase:
@@ -90,6 +113,8 @@ class EnginePhase:
         self.timeouts = 0
         self.failures = 0
         self.finished = 0
+        self.in_flight = 0
+        self.last_sent = 0.0
         self.aborted = asyncio.Event()
         self.abort_reason: str | None = None
         self._pending: collections.deque[tuple[int, StreamResult]] = collections.deque()
@@ -149,22 +174,18 @@ class EnginePhase:
         if gauge is not None:
             gauge.inc()
         result: StreamResult | None = None
+        self.in_flight += 1
+        self.last_sent = sent = time.perf_counter()
         try:
             # Unparsed: the stream's reads are parsed by the recorder, off the hot path.
             result = await self.client.stream(body, self.spec.timeout, parse=False)
         finally:
+            self.in_flight -= 1
             if gauge is not None:
                 gauge.dec()
             if result is None and self.measured:
-                # Cancelled (Ctrl-C or the phase deadline): keep a record that it was sent.
-                now = time.perf_counter()
-                if self.ctx.stop.is_set():
-                    cut = StreamResult(t_send=now, t_end=now, error=INTERRUPTED)
-                    cut.error_detail = "run interrupted before the request finished"
-                else:
-                    cut = StreamResult(t_send=now, t_end=now, error=TIMEOUT)
-                    cut.error_detail = "cut at the step deadline"
-                self._keep(build_record(cut, **self._meta(index)))
+                # Cancelled (Ctrl-C, the step stopped, the phase deadline): keep its record.
+                self._keep(build_record(self._cut(sent), **self._meta(index)))
         # A refused connection is known without parsing: count it at once, so a dead
         # engine stops the phase before many more requests go out.
         if result.error == CONNECT:
@@ -193,11 +214,25 @@ class EnginePhase:
             self._pending.append((index, result))
             self._wake.set()
 
+    def _cut(self, sent: float) -> StreamResult:
+        """The result of a request sent at `sent` and cancelled in flight, with why."""
+        now = time.perf_counter()
+        if self.ctx.stop.is_set():
+            cut = StreamResult(t_send=sent, t_end=now, error=INTERRUPTED)
+            cut.error_detail = "run interrupted before the request finished"
+        elif self.abort_reason is not None:
+            cut = StreamResult(t_send=sent, t_end=now, error=CANCELLED)
+            cut.error_detail = f"cancelled in flight: {self.abort_reason}"
+        else:
+            cut = StreamResult(t_send=sent, t_end=now, error=TIMEOUT)
+            cut.error_detail = "cut at the step deadline"
+        return cut
+
     def _settle(self, index: int, result: StreamResult) -> RequestRecord:
         """Parse one finished request into its record and apply the error-share rule."""
         record = build_record(finish(result), **self._meta(index))
         self.finished += 1
-        if record.error is not None and record.error not in (EARLY_STOP, INTERRUPTED):
+        if record.error is not None and record.error not in (EARLY_STOP, INTERRUPTED, CANCELLED):
             self.failures += 1
         share = self.spec.max_error_share
         if share is not None and self.failures and not self.aborted.is_set():
@@ -261,7 +296,7 @@ class EnginePhase:
             )
 
     def abort(self, reason: str) -> None:
-        """Stop sending: requests in flight finish (bounded by their timeout), none start."""
+        """Stop the phase: none start, and `run` cancels those in flight (`cancelled`)."""
         if not self.aborted.is_set():
             log.error("%s; stopping", reason)
             self.abort_reason = reason
@@ -300,17 +335,57 @@ class EnginePhase:
         else:
             body = self._open_loop(self.spec.rate)
         recorder = asyncio.create_task(self._recorder())
+        watcher = asyncio.create_task(self._watch())
         try:
             with quiet_gc(self.measured, lambda: self.quiet_in(time.perf_counter())):
-                await asyncio.wait_for(body, timeout=limit)
-        except asyncio.TimeoutError:
-            self.abort(f"{ABORT_DEADLINE}: {self.engine}: phase not finished within {limit:.0f} s")
+                if not await self._until_done_or_aborted(body, limit):
+                    self.abort(
+                        f"{ABORT_DEADLINE}: {self.engine}: phase not finished within {limit:.0f} s"
+                    )
         finally:
-            recorder.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await recorder
+            for task in (recorder, watcher):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             self._drain()
         return time.perf_counter() - t0
+
+    async def _watch(self) -> None:
+        """Abort when the engine went silent and refuses connections (see SILENT_S)."""
+        url = self.client.target.url
+        while not self.aborted.is_set():
+            await asyncio.sleep(SILENT_S)
+            quiet = time.perf_counter() - max(self.client.last_read, self.last_sent)
+            if self.in_flight and quiet >= SILENT_S:
+                if await refuses_connections(url, self.spec.connect_timeout):
+                    self.abort(
+                        f"{ABORT_ENGINE_GONE}: {self.engine}: nothing read for {quiet:.0f} s "
+                        f"with {self.in_flight} requests in flight, and {url} refuses "
+                        "connections"
+                    )
+
+    async def _until_done_or_aborted(self, body: Awaitable[Any], limit: float | None) -> bool:
+        """Run `body` until it ends, the phase is aborted or `limit` passes (False: passed).
+
+        An aborted phase (too many errors, the engine gone or not answering) cancels the
+        requests still in flight at once: against a dead engine each would otherwise sit out
+        its whole `--timeout`, and the step's answer no longer depends on them.
+        """
+        task = asyncio.ensure_future(body)
+        stopper = asyncio.ensure_future(self.aborted.wait())
+        try:
+            await asyncio.wait({task, stopper}, timeout=limit, return_when=FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            if not task.done():
+                task.cancel()
+            # The cancelled requests record themselves (`one`), before the deadline's abort.
+            results = await asyncio.gather(task, stopper, return_exceptions=True)
+        error = results[0]
+        if isinstance(error, BaseException) and not isinstance(error, asyncio.CancelledError):
+            raise error
+        finished = not isinstance(error, asyncio.CancelledError)
+        return finished or self.aborted.is_set()
 
     async def _worker(self) -> None:
         while (index := self.claim()) is not None:

@@ -21,11 +21,10 @@ COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
 INSTALL_HINT = "pip install 'llm-bottleneck[report]'"
 
 
-class PlottingMissing(SystemExit):
+class PlottingMissing(Exception):
     """report.html cannot be drawn because matplotlib is not installed.
 
-    A SystemExit, so the command line ends with this one line instead of a traceback;
-    results.json and report.md are written before it is raised.
+    `write_report` turns it into a warning: results.json and report.md are written anyway.
     """
 
 
@@ -43,7 +42,7 @@ def _matplotlib() -> Any:
         from matplotlib.transforms import offset_copy  # noqa: F401
     except ImportError:
         raise PlottingMissing(
-            f"llmb-loadgen: report.html needs matplotlib, which is not installed: {INSTALL_HINT}"
+            f"report.html not written: it needs matplotlib, which is not installed: {INSTALL_HINT}"
             " (results.json and report.md are written)"
         ) from None
     return matplotlib

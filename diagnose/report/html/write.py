@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from diagnose.decision.model import Decision, EngineResult, RunInfo
@@ -43,24 +44,35 @@ def write_report(
     decision: Decision,
     title: str,
     run: RunInfo | None = None,
-) -> None:
-    """Write results.json, report.md and report.html into `out`.
+) -> list[str]:
+    """Write results.json, report.md and report.html into `out`; the warnings of any not written.
 
-    results.json and report.md need no plotting library and are written first, so a
-    missing matplotlib (PlottingMissing) loses no measurement.
+    Each file is written on its own, results.json and report.md first (they need no
+    plotting library): a missing matplotlib or a full disk costs the file it stops, with
+    a warning, and loses no measurement.
     """
-    out.mkdir(parents=True, exist_ok=True)
+    warnings: list[str] = []
+
+    def write(name: str, render: Callable[[], str]) -> None:
+        try:
+            (out / name).write_text(render(), encoding="utf-8")
+        except OSError as exc:
+            warnings.append(f"{name} not written: {exc}")
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return [f"no report written: cannot create {out}: {exc}"]
     doc = results_to_dict(engines, decision, run)
     doc["title"] = title
-    (out / "results.json").write_text(
-        json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8"
-    )
+    write("results.json", lambda: json.dumps(doc, indent=2, default=str) + "\n")
     try:
         plots = build_plots(engines)
-    except PlottingMissing:
-        text = render_markdown(build_report(engines, decision, title, run, plots=[]))
-        (out / "report.md").write_text(text, encoding="utf-8")
-        raise
+    except PlottingMissing as exc:
+        warnings.append(str(exc))
+        write("report.md", lambda: render_markdown(build_report(engines, decision, title, run, [])))
+        return warnings
     rep = build_report(engines, decision, title, run, plots)
-    (out / "report.md").write_text(render_markdown(rep), encoding="utf-8")
-    (out / "report.html").write_text(render_html(rep), encoding="utf-8")
+    write("report.md", lambda: render_markdown(rep))
+    write("report.html", lambda: render_html(rep))
+    return warnings
