@@ -33,9 +33,7 @@ KEEPALIVE_SECONDS = 3.0
 SERVER_ERROR = "server_error"
 EARLY_STOP = "early_stop"
 INTERRUPTED = "interrupted"
-# In flight when its step stopped early (too many errors, the engine gone or not answering):
-# cancelled at once rather than waited for, since its answer would no longer count.
-CANCELLED = "cancelled"
+CANCELLED = "cancelled"  # in flight when its step stopped early: cancelled, not waited for
 # The engine ran out of KV cache / context for this request (llama.cpp "Context size has been
 # exceeded", a prompt beyond the slot's context; SGLang's context-length and KV-pool refusals).
 KV_EXHAUSTED = "kv_exhausted"
