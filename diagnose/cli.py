@@ -301,7 +301,7 @@ class Measurement:
         parser.formatter_class = HelpFormatter
         parser.description = self.description
         parser.epilog = EXIT_CODES
-        add_target_options(parser, per_engine=self.engines > 1)
+        add_target_options(parser)
         add_timeout_options(parser)
         add_measure_arguments(parser, rounds=self.rounds)
         _add_evidence(parser, per_engine=self.engines > 1)

@@ -12,12 +12,11 @@ import asyncio
 import itertools
 import os
 from pathlib import Path
-from typing import Any
 
 from config.kinds import ENGINES, KINDS
 from config.settings import Config, EngineConfig
 from diagnose.probe import probe_url
-from loadgen.options import UsageError
+from loadgen.options import UsageError, listed
 from loadgen.resolve import api_key, engine_name, engines_from_config
 
 
@@ -59,13 +58,6 @@ def engines_from_args(args: argparse.Namespace, config: Config | None) -> list[E
             engines.append(engine)
     logs, models = listed(args.log_file), listed(args.model_path)
     return with_paths(engines, [Path(p) for p in logs], [Path(p) for p in models])
-
-
-def listed(value: Any) -> list[Any]:
-    """A once-per-engine option as a list (a config file's default is one value, not a list)."""
-    if value is None:
-        return []
-    return list(value) if isinstance(value, list) else [value]
 
 
 def url_engine(

@@ -13,7 +13,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from config.loadgen import TARGET_KINDS
 from config.settings import config_file_from_env
@@ -154,11 +154,9 @@ def metrics_url(base: str) -> str:
 # -- option groups ---------------------------------------------------------------------------
 
 
-def add_target_options(parser: argparse.ArgumentParser, per_engine: bool = False) -> None:
-    """--config/--engine (repeatable) or --url/--kind/--name/--api-key-env/--model.
-
-    `per_engine`: --url and --name may be repeated, once per engine in order (compare).
-    """
+def add_target_options(parser: argparse.ArgumentParser) -> None:
+    """--config/--engine or --url/--name (each repeatable: several engines, in order),
+    --kind/--api-key-env/--model."""
     group = parser.add_argument_group("target")
     group.add_argument(
         "--config",
@@ -172,13 +170,12 @@ def add_target_options(parser: argparse.ArgumentParser, per_engine: bool = False
         metavar="NAME",
         help="engine name from the config; repeat for several engines (same prompts)",
     )
-    repeat = {"action": "append"} if per_engine else {}
     group.add_argument(
         "--url",
         type=http_url,
-        help="base URL of an OpenAI-compatible server (instead of --engine)"
-        + ("; once per engine, in order" if per_engine else ""),
-        **repeat,  # type: ignore[arg-type]
+        action="append",
+        help="base URL of an OpenAI-compatible server already running (instead of --engine); "
+        "repeat for several engines (same prompts)",
     )
     group.add_argument(
         "--kind",
@@ -188,12 +185,19 @@ def add_target_options(parser: argparse.ArgumentParser, per_engine: bool = False
     )
     group.add_argument(
         "--name",
-        help="engine label with --url (default: the model id of /v1/models)"
-        + ("; once per --url, in order" if per_engine else ""),
-        **repeat,  # type: ignore[arg-type]
+        action="append",
+        help="engine label with --url, once per --url in order (default: the model id of "
+        "/v1/models)",
     )
     group.add_argument("--api-key-env", help="environment variable holding the API key (--url)")
     group.add_argument("--model", help="model name to send (default: first id of /v1/models)")
+
+
+def listed(value: Any) -> list[Any]:
+    """A repeatable option as a list (a config file's default is one value, not a list)."""
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list) else [value]
 
 
 def _add_int_list_option(parser: Parser, flag: str, default: list[int] | None, help: str) -> None:
@@ -320,6 +324,7 @@ __all__ = [
     "exporter_url",
     "http_url",
     "int_list",
+    "listed",
     "metrics_url",
     "non_negative_float",
     "non_negative_int",

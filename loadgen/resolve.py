@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 from pathlib import Path
 
 from config.settings import Config, ConfigError, EngineConfig, load_config
 from loadgen.client import probe_client, server_model_async
-from loadgen.options import UsageError
+from loadgen.options import UsageError, listed
 from loadgen.target import Target
 
 
@@ -102,5 +103,13 @@ def resolve_targets(args: argparse.Namespace, config: Config | None) -> list[Tar
     if engines:
         return [Target(e.name, e.url, e.kind, e.api_key(), args.model) for e in engines]
     key = api_key(args)
-    name = args.name or label_from_server(args.url, key, args.connect_timeout)
-    return [Target(name or "target", args.url, args.kind, key, args.model)]
+    urls, names = listed(args.url), listed(args.name)
+    if len(names) > len(urls):
+        raise UsageError(f"--name is given {len(names)} times for {len(urls)} --url")
+    targets: list[Target] = []
+    for url, name in itertools.zip_longest(urls, names):
+        label = name or label_from_server(url, key, args.connect_timeout) or "target"
+        if any(t.name == label for t in targets):  # two servers of one model
+            label = f"{label}-{len(targets) + 1}"
+        targets.append(Target(label, url, args.kind, key, args.model))
+    return targets

@@ -74,7 +74,7 @@ def test_where_a_list_flag_takes_one_value_it_says_so() -> None:
 def test_an_unset_api_key_variable_is_an_error_everywhere(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from diagnose.cli import engines_from_args
+    from diagnose.targets import engines_from_args
     from loadgen.resolve import resolve_targets
 
     monkeypatch.delenv("LLMB_TEST_UNSET_KEY", raising=False)
