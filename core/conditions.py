@@ -325,7 +325,10 @@ CARD_CONDITIONS: tuple[Condition, ...] = (
         needs_gpu=True,
     ),
 )
-CONDITIONS = CONDITIONS + CARD_CONDITIONS
+# In decision order (the conditions as the verdicts read them): the card's state is decided
+# before decode's own verdicts.
+_DECODE = next(i for i, c in enumerate(CONDITIONS) if c.name == "decode_at_card_limit")
+CONDITIONS = CONDITIONS[:_DECODE] + CARD_CONDITIONS + CONDITIONS[_DECODE:]
 CONDITION_BY_NAME: dict[str, Condition] = {c.name: c for c in CONDITIONS}
 
 # ------------------------------------------------------------------------------ verdicts

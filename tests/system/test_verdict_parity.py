@@ -144,7 +144,8 @@ def test_decision_order_first_condition_wins() -> None:
     )
     v = evaluate(everything)
     assert v.name == "weights_not_resident"
-    assert [c.held for c in v.conditions] == [True, True, True, True, True]
+    # The card's state is absent here: only card_throttled does not hold.
+    assert [c.held for c in v.conditions] == [True, True, True, True, False, True]
     assert evaluate(Signals(decode_efficiency=0.5)).name == "decode_at_card_limit"
     assert evaluate(Signals(decode_efficiency=0.4999)).name == "decode_below_card_limit"
     assert evaluate(Signals(kv_pressure_increase=0.0)).name == "decode_below_card_limit"
@@ -158,6 +159,7 @@ def test_verdict_as_json_names_every_condition_and_the_action() -> None:
         "kv_saturated": True,
         "requests_queueing": True,
         "idle": False,
+        "card_throttled": False,
         "decode_at_card_limit": False,
     }
     assert d["action"] == VERDICT_INFO["kv_saturated"].action
