@@ -36,7 +36,7 @@ system:  ## the real llama-server, SGLang, Prometheus/promtool, Docker (tests/sy
 	$(VENV)/bin/pytest -q tests/system
 
 pytest:  ## every tier
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=25
 
 test: install lint typecheck rules-check pytest  ## install + lint + types + rules + all tests
 
