@@ -377,7 +377,11 @@ def _signal_values(d: _Data) -> dict[str, dict[EngineKey, float]]:
     """The Signals fields that are one recording rule each (field -> values per engine)."""
     rw, qw = threshold_seconds("rate_window"), threshold_seconds("queue_window")
     weights = _instant_max(d, "llmb_model_weights_bytes")
-    buffers = _sum_of_device_max(d, "llmb_engine_model_buffer_bytes", _not_cpu)
+    on_gpu = _sum_of_device_max(d, "llmb_engine_model_buffer_bytes", _not_cpu)
+    # An engine that reports only host buffers (a CPU build, `-ngl 0`) holds none on the GPU:
+    # its log says 0, which is evidence, not an absent series.
+    reported = _sum_of_device_max(d, "llmb_engine_model_buffer_bytes", lambda _: True)
+    buffers = {key: on_gpu.get(key, 0.0) for key in reported}
     return {
         "layers_ratio": _divide(
             _instant_max(d, "llmb_engine_gpu_layers_offloaded"),

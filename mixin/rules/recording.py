@@ -106,8 +106,10 @@ def residency_rules() -> list[dict[str, Any]]:
         ),
         ratio(
             "engine:llmb_weights_gpu_buffers:ratio",
-            # Buffers on any device but the host ones (llama.cpp CPU, CPU_Mapped, ...).
-            f"sum by ({E}) (\n  max by ({E}, device) ({GPU_BUFFERS})\n)",
+            # Buffers on any device but the host ones (llama.cpp CPU, CPU_Mapped, ...); 0 when
+            # the engine reports only host buffers (a CPU build, `-ngl 0`), not absent.
+            f"(\n  sum by ({E}) (max by ({E}, device) ({GPU_BUFFERS}))\n"
+            f"  or 0 * sum by ({E}) (max by ({E}, device) (llmb_engine_model_buffer_bytes))\n)",
             mx("llmb_model_weights_bytes"),
         ),
         ratio(
