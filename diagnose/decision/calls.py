@@ -55,6 +55,8 @@ class Call:
     higher_is_better: bool = True
     # False when the samples could not call a winner at all (one round and too few requests).
     decidable: bool = True
+    # The ratio b/a of the per-request statistic, the centre of `ratio_lo`..`ratio_hi`.
+    ratio_point: float | None = None
 
     def ratio(self) -> float:
         return self.b / self.a if self.a else math.inf
@@ -62,7 +64,7 @@ class Call:
     def ratio_interval(self) -> Interval | None:
         if self.ratio_lo is None or self.ratio_hi is None or not self.a:
             return None
-        return Interval(self.ratio(), self.ratio_lo, self.ratio_hi)
+        return Interval(self.ratio_point or self.ratio(), self.ratio_lo, self.ratio_hi)
 
     def lead(self) -> str:
         """The winner's lead with its interval: `6.7× [5.9–7.6]` or `+16 % [12–20]`."""
@@ -140,9 +142,11 @@ def measured_call(
             call.basis = f"{fewest} requests (< {MIN_REQUESTS}): {call.basis}"
         return call
     ia, ib, ir = boot
-    # Centre each interval on the row's own figure (the width comes from the requests).
+    # Each engine's interval is shown around its row's figure (the width comes from the
+    # requests); the ratio and the winner come from the per-request statistic alone: a
+    # row's figure carries noise its requests do not (a step's ramp-up and tail in its wall
+    # time), and an interval from one put around the other would call that noise a winner.
     ia, ib = ia.scaled(va / ia.value), ib.scaled(vb / ib.value)
-    ir = ir.scaled((vb / va) / ir.value)
     side = ratio_side(ir)
     winner = None
     if side:
@@ -169,6 +173,7 @@ def measured_call(
         ir.hi,
         basis,
         higher_is_better,
+        ratio_point=ir.value,
     )
 
 
