@@ -52,7 +52,16 @@ def level_answers(calls: Sequence[Call]) -> list[LoadAnswer]:
         c = x.concurrency or 1
         if c not in out:
             out[c] = LoadAnswer(
-                c, x.what, x.winner, x.lead(), x.a, x.b, x.basis, x.ratio_lo, x.ratio_hi
+                c,
+                x.what,
+                x.winner,
+                x.lead(),
+                x.a,
+                x.b,
+                x.basis,
+                x.ratio_lo,
+                x.ratio_hi,
+                x.decidable,
             )
     return [out[c] for c in sorted(out)]
 

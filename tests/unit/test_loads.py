@@ -71,3 +71,13 @@ def test_the_slo_decides_before_speed() -> None:
     assert recommend(A, B, [lv(4, "llama")], None, 4, slo)[0] == "stay_and_tune"
     rec, action = recommend(A, B, LEVELS, None, None, slo)
     assert rec == switch_to("sglang") and "sglang serves up to 16" in action
+
+
+def test_a_level_too_small_to_call_says_not_decided() -> None:
+    from diagnose.decision.calls import AGGREGATE, Call
+    from diagnose.decision.loads import level_answers
+
+    one_round = Call(AGGREGATE, 1, 47.9, 43.0, None, None, basis="one round: nothing called",
+                     decidable=False)  # fmt: skip
+    (level,) = level_answers([one_round])
+    assert per_load_text([level]).startswith("c=1: not decided (aggregate tok/s 47.9 vs 43")
