@@ -16,14 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from diagnose.decision.loads import add_slo
 from diagnose.decision.model import Decision, EngineResult, Step
 from diagnose.decision.one_engine import decide_single
 from diagnose.decision.requests import REQUESTS_FILE, load_requests
 from diagnose.decision.results import engine_from_dict
-from diagnose.decision.two_engines import CompareInputs
+from diagnose.decision.slo import add_slo
+from diagnose.decision.two_engines import CompareInputs, decide_compare
 from diagnose.options import add_answer_arguments
-from diagnose.procedure import decide
 from loadgen.options import HelpFormatter, UsageError, add_out_option
 
 RESULTS_FILE = "results.json"
@@ -67,7 +66,7 @@ def redecide(
         engines = sorted(engines, key=lambda e: e.name != in_use)
     inputs.requests = load_requests(folder, engines)
     if len(engines) == 2:
-        return engines, decide(engines[0], engines[1], inputs)
+        return engines, decide_compare(engines[0], engines[1], inputs)
     (engine,) = engines
     # diagnose's steps are what the procedure saw; only the SLO is decided anew.
     decision = decide_single(engine, [s for s in saved.steps if s.key != "slo"])

@@ -32,15 +32,17 @@ from core.conditions import VERDICTS
 from core.roofline import MISFIT_BY_NAME, misfit_text
 from core.rules import RuleValues
 from core.signals import SIGNAL_FIELDS, Signals
-from diagnose.decision.loads import add_slo
+from core.slo import Slo
 from diagnose.decision.model import NOT_MEASURED, Decision, EngineResult, Row, Step
 from diagnose.decision.one_engine import decide_single, engine_verdict
 from diagnose.decision.requests import load_requests
 from diagnose.decision.roofline import roofline
-from diagnose.decision.two_engines import CompareInputs, decide_compare, token_count_differences
+from diagnose.decision.slo import add_slo
+from diagnose.decision.two_engines import CompareInputs, decide_compare
 from diagnose.engine_run import EngineRun, LoadStep, StepStopped
 from diagnose.evidence import residency_values
 from diagnose.facts import collect_facts, gpu_facts, record_evidence, structure_facts
+from diagnose.find_max import find_max
 from diagnose.load import measure_row
 from diagnose.options import Options
 from diagnose.phase_marks import PhasePublisher
@@ -86,6 +88,9 @@ class Diagnoser(EngineRun):
 
     async def load_row(self, load: LoadStep) -> Row:
         return await measure_row(self, load)
+
+    async def find_max(self, slo: Slo) -> str:
+        return await find_max(self, slo)
 
     async def gpu_facts(self) -> None:
         await gpu_facts(self)
@@ -251,11 +256,4 @@ async def compare(
     ra, rb = results
     # The requests just written: the same reader `llmb-loadgen decide` uses on a saved run.
     reqs = await asyncio.to_thread(load_requests, out, results)
-    return results, decide(ra, rb, CompareInputs(reqs, opts.load, opts.slo))
-
-
-def decide(a: EngineResult, b: EngineResult, inputs: CompareInputs) -> Decision:
-    """compare's answer from two engines' results and their requests (A in use)."""
-    decision = decide_compare(a, b, inputs)
-    decision.caveats += token_count_differences(a, b)
-    return decision
+    return results, decide_compare(ra, rb, CompareInputs(reqs, opts.load, opts.slo))

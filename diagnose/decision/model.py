@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from core.roofline import ModelStructure
 
 if TYPE_CHECKING:
-    from diagnose.decision.loads import LoadAnswer, SloAnswer
+    from diagnose.decision.loads import LoadAnswer
+    from diagnose.decision.slo import SloAnswer
 
 # The recommendation vocabulary of results.json (`switch_to:<engine>` names the engine).
 STAY_AND_TUNE = "stay_and_tune"

@@ -25,8 +25,6 @@ from diagnose.decision.loads import (
     level_answers,
     per_load_text,
     recommend,
-    slo_answer,
-    slo_step,
 )
 from diagnose.decision.model import (
     FIX_MEMORY_FIRST,
@@ -40,6 +38,7 @@ from diagnose.decision.model import (
 )
 from diagnose.decision.one_engine import max_tokens_caveats
 from diagnose.decision.requests import EngineRequests
+from diagnose.decision.slo import slo_answer, slo_step
 
 # Weight bytes per parameter differing by more than this: the raw speeds are not comparable.
 PRECISION_TOLERANCE = 0.20
@@ -203,6 +202,8 @@ def decide_compare(
         rec, action = _not_decided(a, b, not_resident, ests)
     else:
         rec, action = recommend(a, b, levels, ctx_winner, inputs.load, slo)
+    # The token counts request by request (the same prompt, other tokenizers) come last.
+    caveats += token_count_differences(a, b)
     return Decision(
         verdicts, rec, action, comparable, steps, caveats, ests, levels, cross, inputs.load, slo
     )

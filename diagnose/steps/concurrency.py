@@ -6,7 +6,6 @@ from diagnose.decision.model import Row, Step
 from diagnose.decision.roofline import row_roofline_text
 from diagnose.engine_run import EngineRun, LoadStep
 from diagnose.steps.base import STEP_QUESTIONS
-from diagnose.steps.find_max import find_max
 
 
 class ConcurrencyStep:
@@ -31,7 +30,7 @@ class ConcurrencyStep:
             parts.append(level_text(run, c, row))
             run.say("concurrency", parts[-1])
         if run.opts.find_max and run.opts.slo is not None:
-            parts.append(await find_max(run, run.opts.slo))
+            parts.append(await run.find_max(run.opts.slo))
             run.say("concurrency", parts[-1])
         queued = any(v == "scheduling_bound" for s, v, _ in run.step_verdicts if s == "concurrency")
         slots = f" ({run.result.slots} slots)" if run.result.slots else ""

@@ -6,13 +6,13 @@ from __future__ import annotations
 from core.slo import StepSlo
 from diagnose.decision.loads import (
     LoadAnswer,
-    SloAnswer,
     answer_at,
     crossover,
     per_load_text,
     recommend,
 )
 from diagnose.decision.model import EngineResult, switch_to
+from diagnose.decision.slo import SloAnswer
 
 
 def lv(c: int, winner: str | None) -> LoadAnswer:

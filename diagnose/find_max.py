@@ -1,17 +1,20 @@
 """`--find-max` with `--slo`: the highest concurrency within the SLO, by bisection.
 
+The concurrency step calls it through `EngineRun.find_max` (steps import no measuring
+module).
+
 After the concurrency levels, the highest level that meets the SLO (with every lower one
 meeting it) and the next measured level, which misses it, bracket the answer; each probe
 measures the midpoint as one more concurrency row and keeps the half that holds the limit,
 until the two are one request apart. The judging is `core.slo` over the requests the rows
-wrote (`diagnose.decision.loads.slo_answer`), the same as the answer's SLO step.
+wrote (`diagnose.decision.slo.slo_answer`), the same as the answer's SLO step.
 """
 
 from __future__ import annotations
 
 from core.slo import Slo
-from diagnose.decision.loads import slo_answer
 from diagnose.decision.requests import load_requests
+from diagnose.decision.slo import slo_answer
 from diagnose.engine_run import EngineRun, LoadStep
 
 # At most this many probes (2^8 = 256 between two levels is more than any sweep needs).
