@@ -1,8 +1,8 @@
-"""`llmb-loadgen run|sweep|diagnose|compare ...` (or `python -m cli.loadgen`): the command table.
+"""`llmb-loadgen run|sweep|diagnose|compare|decide ...` (`python -m cli.loadgen`): the commands.
 
 The composition root of the load generator's command line: it lists the `Command` objects of
-`loadgen.cli` (run, sweep) and `diagnose.cli` (diagnose, compare) explicitly, so no package
-imports one above it to register its commands.
+`loadgen.cli` (run, sweep), `diagnose.cli` (diagnose, compare, decide)
+explicitly, so no package imports one above it to register its commands.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ def default_commands() -> list[Command]:
         loadgen_cli.SWEEP,
         diagnose_cli.DIAGNOSE,
         diagnose_cli.COMPARE,
+        diagnose_cli.DECIDE,
     ]
 
 

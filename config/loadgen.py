@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from config.kinds import KINDS
 
@@ -30,7 +30,8 @@ IntList = int | list[int] | str
 
 
 class LoadgenSettings(BaseModel):
-    """The `loadgen:` mapping; every field is a flag of `run`, `sweep`, `diagnose` or `compare`."""
+    """The `loadgen:` mapping; every field is a flag of `run`, `sweep`, `diagnose`, `compare`
+    or `decide`."""
 
     # allow_inf_nan=False: `1e400` is YAML for infinity, never a meant value.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -83,6 +84,11 @@ class LoadgenSettings(BaseModel):
     # --log-file / --model-path of the engine diagnose measures (compare: give them as flags).
     log_file: str | None = None
     model_path: str | None = None
+    # The answer's inputs (compare, diagnose, decide; `slo` also run and sweep's goodput).
+    slo: str | None = None
+    load: int | None = Field(default=None, ge=1)
+    in_use: str | None = None
+    find_max: bool | None = None
 
     def given(self) -> dict[str, Any]:
         """The keys the file sets (a null value included), as parsed."""

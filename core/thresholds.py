@@ -215,3 +215,13 @@ def threshold_seconds(name: str) -> float:
     if not parts or "".join(n + u for n, u in parts) != text:
         raise ValueError(f"threshold {name!r} = {text!r} is not a duration")
     return sum(int(n) * _UNIT_SECONDS[u] for n, u in parts)
+
+
+# --------------------------------------------------------------------------- compare
+
+# `compare` calls a winner only when the bootstrap interval of the ratio B/A lies wholly
+# above 1 + this, or wholly below 1 / (1 + this). On a shared host, back-to-back runs of
+# one engine differ by a few percent in ways no resampling of one run's requests can see
+# (clocks, other tenants, the allocator), so a difference smaller than this is noise,
+# however many requests measured it. Also the floor `compare` used between rounds before.
+COMPARE_NOISE_FLOOR = 0.05

@@ -25,9 +25,11 @@ from prometheus_client import start_http_server
 
 from config.settings import Config, EngineConfig
 from core.conditions import VERDICTS
+from diagnose import decide as decide_cmd
 from diagnose.answer import exit_status, print_answer, write_outputs
 from diagnose.decision.model import RunInfo, utc_now
-from diagnose.options import DEFAULT_ROUNDS, Options
+from diagnose.decision.two_engines import CompareInputs
+from diagnose.options import DEFAULT_ROUNDS, Options, add_answer_arguments, add_find_max_argument
 from diagnose.phase_marks import PhasePublisher, say
 from diagnose.procedure import compare, diagnose
 from diagnose.steps.base import STEPS
@@ -119,6 +121,8 @@ def add_measure_arguments(parser: argparse.ArgumentParser, rounds: int) -> None:
         help="seconds to wait after a launch (default: the config's settle_seconds)",
     )
     _add_launch_and_sources(m)
+    add_answer_arguments(m)
+    add_find_max_argument(m)
 
 
 def _add_launch_and_sources(m: Any) -> None:
@@ -225,6 +229,9 @@ def options_from_args(args: argparse.Namespace, config: Config | None) -> Option
         timeout=args.timeout,
         connect_timeout=args.connect_timeout,
         model=args.model,
+        load=args.load,
+        slo=args.slo,
+        find_max=args.find_max,
     )
 
 
@@ -384,3 +391,19 @@ COMPARE = Measurement(
     rounds=DEFAULT_ROUNDS,
     engines=2,
 ).command()
+
+
+def run_decide(args: argparse.Namespace) -> int:
+    """`decide DIR --out OUT`: the saved run decided again, written and answered like compare."""
+    info = run_info(getattr(args, "argv", None))
+    decide_cmd.check_out(args)
+    with quiet_libraries():
+        inputs = CompareInputs(load=args.load, slo=args.slo)
+        engines, decision = decide_cmd.redecide(args.dir, args.in_use, inputs)
+        decide_cmd.copy_requests(args.dir, args.out)
+        write_outputs(args.out, engines, decision, info, title=decide_cmd.title_of(engines))
+    print_answer(engines, decision, args.out)
+    return 0
+
+
+DECIDE = Command("decide", decide_cmd.HELP, decide_cmd.configure, run_decide)

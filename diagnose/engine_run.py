@@ -18,6 +18,7 @@ from typing import Any
 from config.settings import EngineConfig
 from core.rules import RuleValues
 from core.signals import Signals
+from core.slo import Slo
 from diagnose.decision.model import NOT_MEASURED, EngineResult, PhaseMark, Row, Step
 from diagnose.launcher import (
     EngineProcess,
@@ -99,6 +100,10 @@ class EngineRun(ABC):
     @abstractmethod
     async def load_row(self, load: LoadStep) -> Row:
         """One load step through the scheduler, `load.rounds` times, as a row of the result."""
+
+    @abstractmethod
+    async def find_max(self, slo: Slo) -> str:
+        """--find-max: bisect between the measured levels for the highest load within `slo`."""
 
     @abstractmethod
     async def gpu_facts(self) -> None:

@@ -88,6 +88,7 @@ async def _run_rounds(
             requests or row.concurrency * run.opts.requests_per_slot,
         )
         result = await run_step(spec, run.ctx, step=run.round_no)
+        row.record_steps.append(run.round_no)
         run.round_no += 1
         records = result.records.get(run.engine.name, [])
         row.requests += len(records)

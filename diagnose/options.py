@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from config.settings import GpuConfig
+from core.slo import Slo
+from loadgen.options import SLO_HELP, positive_int, slo_arg
 
 # `compare`'s --rounds default: a difference is called only beyond the spread of rounds.
 DEFAULT_ROUNDS = 3
@@ -39,3 +42,35 @@ class Options:
     # Where each engine's log and model path came from on the command line:
     # "<engine>.log" / "<engine>.model" -> "--log-file" / "--model-path" (else the config).
     path_origins: dict[str, str] = field(default_factory=dict)
+    # The user's concurrency (compare --load) and SLO (--slo): what the answer is given for.
+    load: int | None = None
+    slo: Slo | None = None
+    # --find-max: bisect between measured concurrencies for the highest within --slo.
+    find_max: bool = False
+
+
+def add_answer_arguments(group: Any) -> None:
+    """--load and --slo: what the answer is given for (compare, diagnose and decide)."""
+    group.add_argument(
+        "--load",
+        type=positive_int,
+        metavar="N",
+        help="the concurrency you serve: the recommendation is for this load (default: the "
+        "answer at every measured load, the highest deciding)",
+    )
+    group.add_argument(
+        "--slo",
+        type=slo_arg,
+        metavar="SPEC",
+        help=SLO_HELP + ": goodput per step and the highest load within it",
+    )
+
+
+def add_find_max_argument(group: Any) -> None:
+    """--find-max (diagnose and compare: it measures more levels)."""
+    group.add_argument(
+        "--find-max",
+        action="store_true",
+        help="with --slo: measure between the concurrency levels (bisection) for the highest "
+        "load within the SLO",
+    )

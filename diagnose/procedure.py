@@ -32,13 +32,17 @@ from core.conditions import VERDICTS
 from core.roofline import MISFIT_BY_NAME, misfit_text
 from core.rules import RuleValues
 from core.signals import SIGNAL_FIELDS, Signals
+from core.slo import Slo
 from diagnose.decision.model import NOT_MEASURED, Decision, EngineResult, Row, Step
 from diagnose.decision.one_engine import decide_single, engine_verdict
+from diagnose.decision.requests import load_requests
 from diagnose.decision.roofline import roofline
-from diagnose.decision.two_engines import decide_compare, token_count_differences
+from diagnose.decision.slo import add_slo
+from diagnose.decision.two_engines import CompareInputs, decide_compare
 from diagnose.engine_run import EngineRun, LoadStep, StepStopped
 from diagnose.evidence import residency_values
 from diagnose.facts import collect_facts, gpu_facts, record_evidence, structure_facts
+from diagnose.find_max import find_max
 from diagnose.load import measure_row
 from diagnose.options import Options
 from diagnose.phase_marks import PhasePublisher
@@ -84,6 +88,9 @@ class Diagnoser(EngineRun):
 
     async def load_row(self, load: LoadStep) -> Row:
         return await measure_row(self, load)
+
+    async def find_max(self, slo: Slo) -> str:
+        return await find_max(self, slo)
 
     async def gpu_facts(self) -> None:
         await gpu_facts(self)
@@ -206,7 +213,11 @@ async def diagnose(
             result = await d.run()
     finally:
         ctx.close()
-    return result, decide_single(result, d.answer_steps())
+    decision = decide_single(result, d.answer_steps())
+    if opts.slo is not None:
+        reqs = await asyncio.to_thread(load_requests, out, [result])
+        add_slo(decision, result, reqs, opts.slo)
+    return result, decision
 
 
 def not_run(engine: EngineConfig, why: str) -> EngineResult:
@@ -243,6 +254,6 @@ async def compare(
     finally:
         ctx.close()
     ra, rb = results
-    decision = decide_compare(ra, rb)
-    decision.caveats += token_count_differences(ra, rb)
-    return results, decision
+    # The requests just written: the same reader `llmb-loadgen decide` uses on a saved run.
+    reqs = await asyncio.to_thread(load_requests, out, results)
+    return results, decide_compare(ra, rb, CompareInputs(reqs, opts.load, opts.slo))

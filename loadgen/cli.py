@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from config.settings import ConfigError, config_file_from_env, load_config
+from core.slo import Slo
 from loadgen.options import (
     Command,
     UsageError,
@@ -23,6 +24,7 @@ from loadgen.options import (
     add_metrics_server_options,
     add_out_option,
     add_prompt_tokens_option,
+    add_slo_option,
     add_target_options,
     add_timeout_options,
     non_negative_float,
@@ -110,6 +112,7 @@ def add_load_arguments(parser: argparse.ArgumentParser, sweep: bool = False) -> 
     out = parser.add_argument_group("output")
     add_out_option(out)
     add_metrics_server_options(out)
+    add_slo_option(out)
     add_exporter_option(out)
     out.add_argument("--prometheus-url", help="read GPU/KV/queue from Prometheus after each step")
     out.add_argument(
@@ -198,7 +201,7 @@ def default_out_dir(command: str, root: Path = Path("out")) -> Path:
 def _options(args: argparse.Namespace, command: str) -> SessionOptions:
     out = args.out or default_out_dir(command)
     info: dict[str, Any] = {
-        k: (str(v) if isinstance(v, Path) else v)
+        k: (str(v) if isinstance(v, Path) else v.text() if isinstance(v, Slo) else v)
         for k, v in vars(args).items()
         if k not in ("func",) and not callable(v)
     }
@@ -212,6 +215,7 @@ def _options(args: argparse.Namespace, command: str) -> SessionOptions:
         probe_factory=probe_factory(args.exporter_url, args.prometheus_url),
         progress=False if args.no_progress else None,
         run_info=info,
+        slo=args.slo,
     )
 
 

@@ -19,6 +19,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
+from core.slo import Slo
 from loadgen.results import RequestRecord
 
 log = logging.getLogger(__name__)
@@ -94,8 +95,9 @@ class StepStart(NamedTuple):
 class LoadgenMetrics:
     """The `llmb_loadgen_*` series of one load-generator run."""
 
-    def __init__(self) -> None:
+    def __init__(self, slo: Slo | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.slo = slo
         r = self.registry
         self.ttft = Histogram(
             "llmb_loadgen_time_to_first_token_seconds",
@@ -152,6 +154,18 @@ class LoadgenMetrics:
             "llmb_loadgen_token_count_mismatch",
             "1 when this run's token counts differ across engines or from max_tokens.",
         )
+        # Goodput (`--slo`): requests, and their completion tokens, within every limit.
+        self.goodput_requests = counter(
+            "llmb_loadgen_goodput_requests",
+            "Finished requests within the run's --slo (TTFT, end-to-end and own inter-token "
+            "gap each within its limit); absent without --slo.",
+        )
+        self.goodput_tokens = counter(
+            "llmb_loadgen_goodput_completion_tokens",
+            "Completion tokens of the requests within the run's --slo.",
+        )
+        if slo is not None:
+            Info("llmb_loadgen_slo", "The run's --slo.", registry=r).info({"slo": slo.text()})
         self._children: dict[str, tuple[Histogram, Histogram, Counter, Counter]] = {}
         self._outcomes: dict[tuple[str, str], Counter] = {}
         self._runner: web.AppRunner | None = None
@@ -179,6 +193,9 @@ class LoadgenMetrics:
         for child in (self.in_flight, self.completion_tokens, self.prompt_tokens):
             child.labels(engine)  # create the series at 0 so rate() has a start
         self.early_stop.labels(engine)
+        if self.slo is not None:
+            self.goodput_requests.labels(engine)
+            self.goodput_tokens.labels(engine)
 
     def observe(self, record: RequestRecord) -> None:
         """Account one finished request."""
@@ -209,6 +226,9 @@ class LoadgenMetrics:
         if record.error is None or record.error == "early_stop":
             e2e.observe(record.e2e_s)
         self.itl.observe_many(engine, record.itls)
+        if self.slo is not None and self.slo.within(record):
+            self.goodput_requests.labels(engine).inc()
+            self.goodput_tokens.labels(engine).inc(record.completion_tokens or 0)
 
     def set_mismatch(self, engine: str, mismatch: bool) -> None:
         """Raise or clear the token-count mismatch flag of `engine`."""

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from config.loadgen import TARGET_KINDS
 from config.settings import config_file_from_env
+from core.slo import Slo, parse_slo
 
 N = TypeVar("N", int, float)
 # Where an option is added: a parser or one of its argument groups.
@@ -275,6 +276,20 @@ def add_exporter_option(parser: Parser, help: str = "") -> None:
     )
 
 
+def slo_arg(text: str) -> Slo:
+    """argparse type of --slo (a bad term is a usage error naming it)."""
+    try:
+        return parse_slo(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+SLO_HELP = (
+    "service-level objective, e.g. ttft_p99=2s,itl_p99=100ms (any of ttft, itl, e2e at p50, "
+    "p90, p99; limits in ms or s)"
+)
+
+
 def add_metrics_server_options(parser: Parser, default_port: int = DEFAULT_METRICS_PORT) -> None:
     """--metrics-port / --metrics-host of the load generator's own /metrics (every command)."""
     parser.add_argument(
@@ -289,6 +304,17 @@ def add_metrics_server_options(parser: Parser, default_port: int = DEFAULT_METRI
         default=DEFAULT_METRICS_HOST,
         metavar="H",
         help="address for --metrics-port (0.0.0.0 exposes it on every interface)",
+    )
+
+
+def add_slo_option(parser: Parser) -> None:
+    """--slo of run and sweep: the live goodput series count the requests within it."""
+    parser.add_argument(
+        "--slo",
+        type=slo_arg,
+        metavar="SPEC",
+        help=SLO_HELP + ": live goodput series (llmb_loadgen_goodput_*) count the requests "
+        "within it",
     )
 
 
@@ -319,6 +345,7 @@ __all__ = [
     "add_metrics_server_options",
     "add_out_option",
     "add_prompt_tokens_option",
+    "add_slo_option",
     "add_target_options",
     "add_timeout_options",
     "exporter_url",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import IO
 
 import orjson
 
+from core.stats import percentile
 from loadgen.client import (
     CANCELLED,
     EARLY_STOP,
@@ -19,19 +19,6 @@ from loadgen.client import (
     StreamResult,
     finish,
 )
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (q in 0..100) of unsorted values; None when empty."""
-    if not values:
-        return None
-    data = sorted(values)
-    pos = (len(data) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = math.ceil(pos)
-    if lo == hi:
-        return data[lo]
-    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
 
 
 def mean(values: Sequence[float]) -> float | None:

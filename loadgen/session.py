@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from core.slo import Slo
 from loadgen.client import TargetUnreachable
 from loadgen.metrics import LoadgenMetrics
 from loadgen.options import (
@@ -78,6 +79,7 @@ class SessionOptions:
     run_info: dict[str, Any] = field(default_factory=dict)
     print_table: bool = True
     metrics: LoadgenMetrics | None = None  # pass one to inspect the series after the run
+    slo: Slo | None = None  # --slo: the live goodput series count the requests within it
 
 
 @dataclass
@@ -92,7 +94,7 @@ class SessionResult:
 
 async def execute(specs: list[RunSpec], options: SessionOptions) -> SessionResult:
     """Run the steps in order; the reports are rewritten after each step."""
-    metrics = options.metrics or LoadgenMetrics()
+    metrics = options.metrics or LoadgenMetrics(options.slo)
     if options.metrics_port:
         await serve_metrics(metrics, options.metrics_host, options.metrics_port)
     ctx = RunContext(

@@ -288,7 +288,7 @@ async def execute_workers(
 ) -> SessionResult:
     """Run `spec` on `workers` processes and merge their requests into one report."""
     shares = split_spec(spec, workers)
-    metrics = options.metrics or LoadgenMetrics()
+    metrics = options.metrics or LoadgenMetrics(options.slo)
     if options.metrics_port:
         await serve_metrics(metrics, options.metrics_host, options.metrics_port)
     writer = JsonlWriter(options.out_dir / "requests.jsonl") if options.out_dir else None

@@ -312,6 +312,18 @@ SCENARIOS: dict[str, Scenario] = {
                     step_overhead_s=0.012),
         ),
         Scenario(
+            "crossover",
+            "A known crossover (compare llama.cpp, in use, with SGLang): the 8B Q4 on an L40S; "
+            "llama.cpp with one slot and a lean step (about 150 tok/s alone, no more under "
+            "load), SGLang with a heavier step (about 60 % of that alone) that batches 32 "
+            "sequences: llama.cpp is ahead at 1, SGLang from 2 on.",
+            MID_8B, L40S,
+            EngineParams(n_slots=1, ctx_total=32768, step_overhead_s=0.001,
+                         per_seq_overhead_s=0.0002, prefill_tok_s=8000.0),
+            EngineParams(n_slots=32, ctx_total=200000, context_len=8192, step_overhead_s=0.0045,
+                         per_seq_overhead_s=0.0003, prefill_tok_s=8000.0),
+        ),
+        Scenario(
             "kv_quantized",
             "Qwen3-8B shapes in Q4_0 on an L40S with an 8-bit KV cache (llama.cpp -ctk q8_0 "
             "-ctv q8_0, SGLang --kv-cache-dtype fp8_e5m2): the KV buffer is about half the "

@@ -8,9 +8,13 @@ from __future__ import annotations
 import datetime as dt
 import statistics
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.roofline import ModelStructure
+
+if TYPE_CHECKING:
+    from diagnose.decision.loads import LoadAnswer
+    from diagnose.decision.slo import SloAnswer
 
 # The recommendation vocabulary of results.json (`switch_to:<engine>` names the engine).
 STAY_AND_TUNE = "stay_and_tune"
@@ -91,6 +95,9 @@ class Row:
     limit_tok_s: float | None = None
     efficiency: float | None = None
     misfit: str | None = None
+    # The `step` numbers of this row's rounds in requests.jsonl (per engine), so a saved run
+    # can be re-decided from its requests (`llmb-loadgen decide`). Empty in runs before it.
+    record_steps: list[int] = field(default_factory=list)
 
     @property
     def spread(self) -> float | None:
@@ -259,6 +266,12 @@ class Decision:
     steps: list[Step]
     caveats: list[str] = field(default_factory=list)
     estimates: list[Estimate] = field(default_factory=list)
+    # compare: who is ahead at each measured concurrency, the first concurrency at which the
+    # other engine is ahead, the user's load (--load) and the SLO's answer (--slo).
+    loads: list[LoadAnswer] = field(default_factory=list)
+    crossover: int | None = None
+    load: int | None = None
+    slo: SloAnswer | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -5,32 +5,46 @@ rounds, and the recommendation. The engines' verdicts come from `core.conditions
 
 from __future__ import annotations
 
-import math
-import statistics
 from dataclasses import asdict, dataclass
 
 from core.conditions import VERDICT_INFO
+from core.slo import Slo
+from core.thresholds import COMPARE_NOISE_FLOOR
+from diagnose.decision.calls import (
+    AGGREGATE,
+    DECODE,
+    TTFT,
+    Call,
+    aggregate_stat,
+    decode_stat,
+    measured_call,
+    ttft_stat,
+)
+from diagnose.decision.loads import (
+    crossover,
+    level_answers,
+    per_load_text,
+    recommend,
+)
 from diagnose.decision.model import (
     FIX_MEMORY_FIRST,
     INCONCLUSIVE,
     NOT_MEASURED,
-    STAY_AND_TUNE,
     Decision,
     EngineResult,
     Estimate,
     Row,
     Step,
-    relative_spread,
-    switch_to,
 )
 from diagnose.decision.one_engine import max_tokens_caveats
+from diagnose.decision.requests import EngineRequests
+from diagnose.decision.slo import slo_answer, slo_step
 
 # Weight bytes per parameter differing by more than this: the raw speeds are not comparable.
 PRECISION_TOLERANCE = 0.20
 
-# A difference is called when the rounds' ranges do not overlap and the medians differ by
-# more than this: on a shared host, back-to-back runs of one engine differ by a few percent.
-MIN_DIFFERENCE = 0.05
+# The noise floor below which no difference is called (kept under its old name).
+MIN_DIFFERENCE = COMPARE_NOISE_FLOOR
 
 
 def _pct(x: float) -> str:
@@ -75,50 +89,6 @@ class ContextNumbers:
 
     max_loaded: int | None
     failed: list[int]
-
-
-@dataclass
-class Call:
-    """One measured difference: who is ahead, by how much, and whether it beats the spread."""
-
-    what: str
-    concurrency: int | None
-    a: float
-    b: float
-    spread: float | None
-    winner: str | None  # engine name, None within the spread
-
-    def ratio(self) -> float:
-        return self.b / self.a if self.a else math.inf
-
-
-def _call(
-    what: str,
-    concurrency: int | None,
-    a: EngineResult,
-    b: EngineResult,
-    va: list[float],
-    vb: list[float],
-    higher_is_better: bool = True,
-) -> Call | None:
-    """Median of each engine's rounds; a winner only when the rounds' ranges do not overlap
-    (and the medians differ by more than `MIN_DIFFERENCE`).
-
-    One round has no spread: nothing is called from it.
-    """
-    if not va or not vb:
-        return None
-    ma, mb = statistics.median(va), statistics.median(vb)
-    spreads = [s for s in (relative_spread(va), relative_spread(vb)) if s is not None]
-    spread = max(spreads) if spreads else None
-    winner = None
-    apart = abs(mb - ma) / min(ma, mb) > MIN_DIFFERENCE if min(ma, mb) > 0 else False
-    if len(va) >= 2 and len(vb) >= 2 and apart:
-        if min(vb) > max(va):
-            winner = b.name if higher_is_better else a.name
-        elif min(va) > max(vb):
-            winner = a.name if higher_is_better else b.name
-    return Call(what, concurrency, ma, mb, spread, winner)
 
 
 def comparability(a: EngineResult, b: EngineResult) -> tuple[bool, str]:
@@ -183,8 +153,21 @@ def max_context_loaded(engine: EngineResult) -> int | None:
     return max(ok) if ok else None
 
 
-def decide_compare(a: EngineResult, b: EngineResult) -> Decision:
+@dataclass
+class CompareInputs:
+    """What the compare decision reads besides the two engines' results."""
+
+    requests: dict[str, EngineRequests] | None = None  # per-request samples (requests.jsonl)
+    load: int | None = None  # the user's concurrency (--load)
+    slo: Slo | None = None  # the user's SLO (--slo)
+
+
+def decide_compare(
+    a: EngineResult, b: EngineResult, inputs: CompareInputs | None = None
+) -> Decision:
     """`a` is the engine in use, `b` the candidate; in the seed's order."""
+    inputs = inputs or CompareInputs()
+    reqs = inputs.requests or {e.name: EngineRequests(e.name) for e in (a, b)}
     caveats = max_tokens_caveats(a) + max_tokens_caveats(b)
     caveats += [f"{e.name}: {n}" for e in (a, b) for n in e.notes]
     verdicts = {e.name: e.verdict or "idle" for e in (a, b)}
@@ -198,16 +181,47 @@ def decide_compare(a: EngineResult, b: EngineResult) -> Decision:
         caveats.append(why)
     steps.append(_comparability_step(a, b, comparable, why))
     # 3. Single-request decode and 4. batching at every common concurrency.
-    single_call = _single_call(a, b)
+    single_call = _single_call(a, b, reqs)
     steps.append(_call_step("decode", "Single-request decode: who is faster?", single_call, a, b))
-    batch_calls = _batch_calls(a, b)
-    steps.append(_batching_step(a, b, batch_calls))
-    calls = ([single_call] if single_call else []) + batch_calls
+    batch_calls = _batch_calls(a, b, reqs)
+    steps.append(_batching_step(a, b, [x for x in batch_calls if (x.concurrency or 1) > 1]))
+    # The answer per load: decode at 1 (aggregate when a decode rate is missing), aggregate above.
+    deciding = ([single_call] if single_call else []) + [
+        x for x in batch_calls if x.what == AGGREGATE
+    ]
+    levels = level_answers(deciding)
+    cross = crossover(levels)
+    steps.append(_per_load_step(levels, cross))
     # 5. Long context: whose memory gives out first.
     long_step, ctx_winner = _long_context_step(a, b)
     steps.append(long_step)
-    rec, action = _recommend(a, b, not_resident, comparable, calls, ctx_winner, ests)
-    return Decision(verdicts, rec, action, comparable, steps, caveats, ests)
+    slo = slo_answer(inputs.slo, (a, b), reqs) if inputs.slo else None
+    if slo is not None:
+        steps.append(slo_step(slo))
+    if not_resident or not comparable:
+        rec, action = _not_decided(a, b, not_resident, ests)
+    else:
+        rec, action = recommend(a, b, levels, ctx_winner, inputs.load, slo)
+    # The token counts request by request (the same prompt, other tokenizers) come last.
+    caveats += token_count_differences(a, b)
+    return Decision(
+        verdicts, rec, action, comparable, steps, caveats, ests, levels, cross, inputs.load, slo
+    )
+
+
+def _per_load_step(levels: list, cross: int | None) -> Step:
+    if not levels:
+        return Step("per_load", "Who is ahead at each load?", NOT_MEASURED + "no common load")
+    text = per_load_text(levels)
+    if cross is not None:
+        text += f"; the answer changes at c={cross}"
+    return Step(
+        "per_load",
+        "Who is ahead at each load, and where does it change?",
+        text,
+        any(lv.winner for lv in levels),
+        {"crossover": cross},
+    )
 
 
 def _residency_step(a: EngineResult, b: EngineResult, not_resident: list[str]) -> Step:
@@ -241,41 +255,53 @@ def _comparability_step(a: EngineResult, b: EngineResult, comparable: bool, why:
     )
 
 
-def _single_call(a: EngineResult, b: EngineResult) -> Call | None:
+def _single_call(a: EngineResult, b: EngineResult, reqs: dict[str, EngineRequests]) -> Call | None:
     sa, sb = a.single(), b.single()
     if not (sa and sb):
         return None
-    va = sa.per_seq_rounds or [sa.per_seq_tok_s or 0]
-    vb = sb.per_seq_rounds or [sb.per_seq_tok_s or 0]
-    return _call("single-request decode tok/s", 1, a, b, va, vb)
+    return measured_call(
+        DECODE,
+        1,
+        a,
+        b,
+        (sa.per_seq_tok_s, sb.per_seq_tok_s),
+        (sa.per_seq_rounds, sb.per_seq_rounds),
+        (reqs[a.name].rounds(a, sa), reqs[b.name].rounds(b, sb)),
+        decode_stat,
+    )
 
 
-def _batch_calls(a: EngineResult, b: EngineResult) -> list[Call]:
-    """Aggregate tok/s and TTFT at every concurrency both engines ran."""
+def _batch_calls(a: EngineResult, b: EngineResult, reqs: dict[str, EngineRequests]) -> list[Call]:
+    """Aggregate tok/s and TTFT at every concurrency both engines ran (1 included)."""
     common = sorted(
-        {r.concurrency for r in a.ok_rows("concurrency")}
-        & {r.concurrency for r in b.ok_rows("concurrency")}
+        {r.concurrency for r in a.ok_rows() if r.step in ("single", "concurrency")}
+        & {r.concurrency for r in b.ok_rows() if r.step in ("single", "concurrency")}
     )
     calls: list[Call] = []
     for c in common:
         ra, rb = a.at_concurrency(c), b.at_concurrency(c)
         if ra is None or rb is None:
             continue
-        agg = _call(
-            "aggregate tok/s",
+        samples = (reqs[a.name].rounds(a, ra), reqs[b.name].rounds(b, rb))
+        agg = measured_call(
+            AGGREGATE,
             c,
             a,
             b,
-            ra.aggregate_rounds or [ra.aggregate_tok_s or 0],
-            rb.aggregate_rounds or [rb.aggregate_tok_s or 0],
+            (ra.aggregate_tok_s, rb.aggregate_tok_s),
+            (ra.aggregate_rounds, rb.aggregate_rounds),
+            samples,
+            aggregate_stat(c),
         )
-        ttft = _call(
-            "TTFT s",
+        ttft = measured_call(
+            TTFT,
             c,
             a,
             b,
-            ra.ttft_rounds or [ra.ttft_s or 0],
-            rb.ttft_rounds or [rb.ttft_s or 0],
+            (ra.ttft_s, rb.ttft_s),
+            (ra.ttft_rounds, rb.ttft_rounds),
+            samples,
+            ttft_stat,
             higher_is_better=False,
         )
         calls += [x for x in (agg, ttft) if x]
@@ -323,9 +349,12 @@ def _long_context_step(a: EngineResult, b: EngineResult) -> tuple[Step, str | No
 
 def _call_text(x: Call, a: EngineResult, b: EngineResult) -> str:
     where = f" at concurrency {x.concurrency}" if x.concurrency else ""
-    spread = f"spread {_pct(x.spread)}" if x.spread is not None else "one round: no spread"
-    verdict = f"{x.winner} ahead" if x.winner else "no difference beyond the spread"
-    return f"{x.what}{where}: {a.name} {x.a:.3g} vs {b.name} {x.b:.3g} ({spread}; {verdict})"
+    if x.ratio_lo is not None:
+        basis = x.basis
+    else:
+        basis = f"spread {_pct(x.spread)}" if x.spread is not None else "one round: no spread"
+    verdict = f"{x.winner} ahead by {x.lead()}" if x.winner else "no difference beyond the noise"
+    return f"{x.what}{where}: {x.figures(a.name, b.name)} ({basis}; {verdict})"
 
 
 def _call_step(key: str, question: str, x: Call | None, a: EngineResult, b: EngineResult) -> Step:
@@ -334,60 +363,20 @@ def _call_step(key: str, question: str, x: Call | None, a: EngineResult, b: Engi
     return Step(key, question, _call_text(x, a, b), x.winner is not None, asdict(x))
 
 
-def _recommend(
-    a: EngineResult,
-    b: EngineResult,
-    not_resident: list[str],
-    comparable: bool,
-    calls: list[Call],
-    ctx_winner: str | None,
-    ests: list[Estimate],
+def _not_decided(
+    a: EngineResult, b: EngineResult, not_resident: list[str], ests: list[Estimate]
 ) -> tuple[str, str]:
+    """Earlier steps that stop the comparison: weights not resident, different precisions."""
     if not_resident:
         who = " and ".join(not_resident)
         return FIX_MEMORY_FIRST, (
             f"fix memory first: the weights of {who} are not all on the GPU, so its speed "
             "measures host memory, not the engine. " + VERDICT_INFO["weights_not_resident"].action
         )
-    if not comparable:
-        est = "; ".join(f"{e.basis} ≈ {e.tok_s:.1f} tok/s" for e in ests)
-        return INCONCLUSIVE, (
-            "the engines serve different precisions, so which engine is faster is not "
-            "decided by these numbers: run both on the same weights." + (f" {est}." if est else "")
-        )
-    wins = [x for x in calls if x.winner]
-    if ctx_winner:
-        wins.append(Call("long context", None, 0, 0, None, ctx_winner))
-    if not wins:
-        if not calls:
-            return INCONCLUSIVE, "nothing was measured on both engines under the same load"
-        return INCONCLUSIVE, (
-            "no difference beyond the spread between rounds: "
-            "neither engine is faster under this load; raise --rounds to narrow the spread"
-        )
-    # The highest concurrency decides when the engines win at different loads.
-    load_wins = sorted((x for x in wins if x.concurrency), key=lambda x: x.concurrency or 0)
-    decisive = load_wins[-1] if load_wins else wins[-1]
-    winner = decisive.winner
-    assert winner is not None
-    where = f" at concurrency {decisive.concurrency}" if decisive.concurrency else ""
-    ratio = decisive.b / decisive.a if decisive.a else None
-    ratio_text = (
-        f" ({decisive.what}: {b.name}/{a.name} = {ratio:.2f})"
-        if ratio is not None and decisive.what != "long context"
-        else ""
-    )
-    others = [x for x in wins if x.winner != winner]
-    other_text = (
-        "; but "
-        + ", ".join(f"{x.winner} wins {x.what} at concurrency {x.concurrency}" for x in others)
-        if others
-        else ""
-    )
-    if winner == b.name:
-        return switch_to(b.name), f"switch to {b.name}{where}{ratio_text}{other_text}"
-    return STAY_AND_TUNE, (
-        f"stay on {a.name} and tune{where}{ratio_text}{other_text}. {a.action}".rstrip(". ")
+    est = "; ".join(f"{e.basis} ≈ {e.tok_s:.1f} tok/s" for e in ests)
+    return INCONCLUSIVE, (
+        "the engines serve different precisions, so which engine is faster is not "
+        "decided by these numbers: run both on the same weights." + (f" {est}." if est else "")
     )
 
 

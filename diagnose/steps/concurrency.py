@@ -29,6 +29,9 @@ class ConcurrencyStep:
                 continue
             parts.append(level_text(run, c, row))
             run.say("concurrency", parts[-1])
+        if run.opts.find_max and run.opts.slo is not None:
+            parts.append(await run.find_max(run.opts.slo))
+            run.say("concurrency", parts[-1])
         queued = any(v == "scheduling_bound" for s, v, _ in run.step_verdicts if s == "concurrency")
         slots = f" ({run.result.slots} slots)" if run.result.slots else ""
         return Step(
@@ -48,7 +51,9 @@ def level_text(run: EngineRun, c: int, row: Row) -> str:
         else ""
     )
     queue = f", {row.waiting_avg:.1f} waiting on average" if row.waiting_avg else ""
+    # No first token seen (an engine streaming empty text): say so, never "0.000 s".
+    ttft = f"{row.ttft_s:.3f} s" if row.ttft_s else "not measured (no streamed text)"
     return (
         f"c={c}: {row.aggregate_tok_s or 0:.1f} tok/s aggregate{scale}, TTFT p50 "
-        f"{row.ttft_s or 0:.3f} s{queue}{row_roofline_text(run.result, row)}"
+        f"{ttft}{queue}{row_roofline_text(run.result, row)}"
     )

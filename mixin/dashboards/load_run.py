@@ -96,6 +96,27 @@ def _throughput_row(cfg: MixinConfig) -> Row:
                 ),
             ),
             ts(
+                "Goodput within the SLO (run --slo)",
+                Target(
+                    "sum by (host, engine) "
+                    f"(rate(llmb_loadgen_goodput_requests_total{{{SEL}}}[{cfg.dashboard_window}]))",
+                    "{{host}}/{{engine}} requests/s within",
+                ),
+                Target(
+                    "sum by (host, engine) "
+                    f"(rate(llmb_loadgen_requests_total{{{SEL}}}[{cfg.dashboard_window}]))",
+                    "{{host}}/{{engine}} requests/s, all",
+                ),
+                unit="reqps",
+                width=12,
+                description=(
+                    "Requests per second that finished within the run's --slo (each of their "
+                    "TTFT, end-to-end time and own inter-token gap within its limit), beside "
+                    f"all finished requests ({cfg.dashboard_window}). Empty "
+                    "without --slo; the SLO itself is llmb_loadgen_slo_info."
+                ),
+            ),
+            ts(
                 "Early stops and token-count mismatch",
                 Target(
                     "sum by (host, engine) "

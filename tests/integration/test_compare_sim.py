@@ -20,7 +20,11 @@ import pytest
 
 from cli.loadgen import main as loadgen_main
 from config.settings import Config, parse_config
+from core.slo import parse_slo
+from diagnose.cli import run_info, write_outputs
+from diagnose.decide import redecide
 from diagnose.decision.model import INCONCLUSIVE, Decision, EngineResult, switch_to
+from diagnose.decision.two_engines import CompareInputs
 from diagnose.options import Options
 from diagnose.procedure import compare
 from tests.conftest import get_free_port
@@ -140,7 +144,7 @@ def test_better_batching_is_recommended_at_that_concurrency(
     assert not single["decisive"]
     # The terminal says the same, once.
     assert re.search(r"^recommendation +switch_to:np8$", printed, re.M)
-    assert "switch to np8 at concurrency 8" in printed
+    assert "switch to np8: at c=8" in printed
     assert printed.count("recommendation") == 1
     assert doc["command"].startswith("llmb-loadgen compare --config")
     assert "switch_to:np8" in (out / "report.md").read_text()
@@ -154,6 +158,58 @@ def test_engines_within_noise_are_inconclusive(tmp_path: Path) -> None:
     _, d = compare_pair(tmp_path, ("a", *same), ("b", *same), concurrency=[1, 4], rounds=5)
     assert d.comparable is True
     assert d.recommendation == INCONCLUSIVE, d.action
-    assert "no difference beyond the spread" in d.action
+    assert "no difference beyond the noise" in d.action
     batching = next(s for s in d.steps if s.key == "batching")
-    assert "spread" in batching.answer and not batching.decisive
+    assert "bootstrap over" in batching.answer and not batching.decisive
+    assert d.loads and all(lv.winner is None for lv in d.loads)
+
+
+def test_the_crossover_is_found_within_one_measured_level(tmp_path: Path) -> None:
+    """The `crossover` preset: llama.cpp (in use) is ahead alone, SGLang batches 32 sequences
+    with a heavier step (about 0.6x alone, so ahead from c=2 on). One round: the requests
+    alone decide, each level with an interval."""
+    a, b = ("llama", "llamacpp", "crossover", ""), ("sglang", "sglang", "crossover", "")
+    results, d = compare_pair(
+        tmp_path, a, b, concurrency=[1, 2, 4, 8], rounds=1, requests_per_slot=4
+    )
+    winners = {lv.concurrency: lv.winner for lv in d.loads}
+    assert winners[1] == "llama" and winners[4] == winners[8] == "sglang", d.loads
+    # The true crossover is between 1 and 2: found at 2, or at 4 when c=2 is within the noise.
+    assert d.crossover in (2, 4), d.loads
+    assert all(lv.ratio_lo is not None and lv.ratio_hi is not None for lv in d.loads)
+    assert d.recommendation == switch_to("sglang")  # no --load: the highest load decides
+    per_load = next(s for s in d.steps if s.key == "per_load")
+    # "c=1: llama ahead (+30 % [...]" or "(1.5× [...]" (or "c=1–2: ..." when llama still
+    # leads at 2): the lead is as large as the loaded host makes it.
+    assert per_load.answer.startswith("c=1") and "llama ahead (" in per_load.answer
+    assert "sglang ahead" in per_load.answer
+    # The saved folder re-decided for a single user (its rows name their requests' steps).
+    write_outputs(tmp_path / "out", results, d, run_info([]), "crossover")
+    engines, at1 = redecide(tmp_path / "out", None, CompareInputs(load=1))
+    assert [e.name for e in engines] == ["llama", "sglang"]
+    assert all(r.record_steps for e in engines for r in e.ok_rows("concurrency"))
+    assert at1.recommendation == "stay_and_tune" and at1.load == 1
+
+
+def test_diagnose_find_max_bisects_to_the_highest_load_within_the_slo(tmp_path: Path) -> None:
+    """llama.cpp with one slot (`crossover`): each request waits for the ones ahead, so the
+    end-to-end time grows with the load (about 0.25 s a request of 32 tokens); the SLO
+    falls between the measured 2 and 8, and bisection finds the level where it breaks."""
+    from diagnose.procedure import diagnose
+
+    cfg = sim_config(tmp_path, ("llama", "llamacpp", "crossover", ""))
+    slo = parse_slo("e2e_p99=1.4s")
+    opts = options(cfg, concurrency=[1, 2, 8], rounds=1, slo=slo, find_max=True)
+    result, d = asyncio.run(diagnose(cfg.engines[0], opts, tmp_path / "out"))
+    probed = sorted({r.concurrency for r in result.ok_rows("concurrency")} - {2, 8})
+    assert probed and all(2 < c < 8 for c in probed)
+    assert d.slo is not None
+    best = d.slo.max_within["llama"]
+    assert best is not None and 2 < best < 8, d.slo.text()
+    # The level above the answer was measured and misses the SLO: the bisection closed.
+    steps = {s.concurrency: s for s in d.slo.steps["llama"]}
+    assert steps[best].met is True and steps[best + 1].met is False
+    conc = next(s for s in d.steps if s.key == "concurrency")
+    assert f"highest load within e2e_p99=1.4s: c={best}" in conc.answer
+    slo_step = next(s for s in d.steps if s.key == "slo")
+    assert f"llama meets it up to c={best}" in slo_step.answer

@@ -70,7 +70,10 @@ def test_full_procedure_on_cpu(
     """Every step, the context sweep up to --max-context; timings agree with the server's."""
     cfg = write_config(tmp_path, llama_binary, gemma_model, "")
     out = tmp_path / "out"
-    doc = run(cfg, out, "--concurrency", "1,2", "--contexts", "1024,2048", "--rounds", "2")
+    doc = run(
+        cfg, out, "--concurrency", "1,2", "--contexts", "1024,2048", "--rounds", "2",
+        "--slo", "ttft_p99=120s,itl_p99=60s,e2e_p99=600s",
+    )  # fmt: skip
     engine = doc["engines"][0]
     steps = {s["key"]: s for s in doc["decision"]["steps"]}
     # No GPU: residency cannot be measured, and the reason says so.
@@ -89,6 +92,15 @@ def test_full_procedure_on_cpu(
     assert all(r["error"] is None for r in ctx_rows)
     assert ctx_rows[1]["kv_bytes"] > ctx_rows[0]["kv_bytes"] > 0  # from the real -lv 4 log
     assert steps["context"]["answer"] == "every context loaded up to 2048"
+    # --slo: goodput per step from the real requests, and the largest load within it (limits
+    # wide enough for a 2-core host shared by many jobs: one gap of 7.7 s was seen there).
+    slo = doc["decision"]["slo"]
+    assert slo["max_within"] == {"llama": 2}
+    for s in slo["steps"]["llama"]:
+        assert s["met"] is True and s["share"] == 1.0 and s["requests"] == s["within"]
+        assert s["goodput_rps"] > 0 and s["goodput_tok_s"] == pytest.approx(24 * s["goodput_rps"])
+        assert all(v is not None and v > 0 for v in s["observed"].values())
+    assert steps["slo"]["answer"].startswith("at ttft_p99=120s,itl_p99=60s,e2e_p99=600s: llama")
     # The verdict is the decision core's on the signals the run recorded.
     verdict = doc["verdict"]["llama"]
     assert verdict == evaluate(Signals(**engine["signals"])).name

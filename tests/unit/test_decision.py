@@ -114,11 +114,11 @@ def test_batching_beyond_spread_recommends_the_better_engine_at_that_concurrency
     b = engine("np8", agg={8: [180.0, 185.0, 182.0]})
     d = decide_compare(a, b)
     assert d.recommendation == switch_to("np8")
-    assert "at concurrency 8" in d.action
+    assert "at c=8" in d.action
     batching = next(s for s in d.steps if s.key == "batching")
     assert batching.decisive and "np8 ahead" in batching.answer
     # The single-request step did not gate it: equal speeds there.
-    assert "no difference beyond the spread" in next(s for s in d.steps if s.key == "decode").answer
+    assert "no difference beyond the noise" in next(s for s in d.steps if s.key == "decode").answer
 
 
 def test_difference_within_spread_is_inconclusive() -> None:

@@ -27,7 +27,7 @@ from tests.plugins.loadgen import StubFactory, request_lines, run_cli
 
 def test_every_subcommand_is_registered_explicitly() -> None:
     names = [c.name for c in default_commands()]
-    assert names == ["run", "sweep", "diagnose", "compare"]
+    assert names == ["run", "sweep", "diagnose", "compare", "decide"]
 
 
 @pytest.mark.parametrize(
@@ -156,7 +156,10 @@ def test_loadgen_settings_are_the_flags_of_the_subcommands() -> None:
     # without a key, or a key left behind by a removed flag, fails here.
     parser = build_parser(default_commands())
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    dests = {a.dest for sub in subparsers.choices.values() for a in sub._actions}
+    # Positional arguments (decide's DIR) name what to act on: no config key.
+    dests = {
+        a.dest for sub in subparsers.choices.values() for a in sub._actions if a.option_strings
+    }
     assert set(LoadgenSettings.model_fields) == dests - {"help", "config"}
 
 

@@ -384,7 +384,9 @@ def test_metrics_doc_lists_every_series() -> None:
     doc = (ROOT / "docs" / "metrics.md").read_text()
     section = doc[doc.index("## Load generator\n") :]
     documented = set(re.findall(r"^\| `(llmb_loadgen_[a-z0-9_]+)`", section, re.M))
-    metrics = LoadgenMetrics()
+    from core.slo import parse_slo
+
+    metrics = LoadgenMetrics(parse_slo("e2e_p99=1s"))  # with --slo: every series exists
     metrics.start_step(StepStart("e", 0, 1, 16, 8))
     exposed = {
         fam.name + ("_total" if fam.type == "counter" else "")

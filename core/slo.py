@@ -1,0 +1,176 @@
+"""Service-level objectives over per-request samples: parse `--slo`, judge a step, goodput.
+
+`--slo ttft_p99=2s,itl_p99=100ms,e2e_p90=5s`: each term is a metric (`ttft`, `itl`, `e2e`)
+at a percentile (`p50`, `p90`, `p99`) and a limit (`ms` or `s`). A step meets the SLO when,
+for every term, that percentile over the step's successful requests is within the limit. A
+request is *within* the SLO when each of its own figures is within every limit (its TTFT,
+its end-to-end time, its own inter-token gap at the term's percentile: `itl_p50` reads the
+request's median gap, `itl_p90` and `itl_p99` its p99 gap). Goodput is the requests/s and
+tokens/s of the requests within the SLO over the step's wall time; the share is their part
+of all requests sent.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from core.stats import percentile
+
+METRICS = ("ttft", "itl", "e2e")
+PERCENTILES = (50, 90, 99)
+_TERM = re.compile(r"^(ttft|itl|e2e)_p(50|90|99)=([0-9]*\.?[0-9]+)(ms|s)$")
+
+
+class RequestSample(Protocol):
+    """What the SLO reads of one request (a `loadgen.results.RequestRecord` is one)."""
+
+    @property
+    def start_time(self) -> float: ...
+    @property
+    def end_time(self) -> float: ...
+    @property
+    def ttft_s(self) -> float | None: ...
+    @property
+    def itl_p50_s(self) -> float | None: ...
+    @property
+    def itl_p99_s(self) -> float | None: ...
+    @property
+    def e2e_s(self) -> float: ...
+    @property
+    def completion_tokens(self) -> int | None: ...
+    @property
+    def error(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class Term:
+    """One limit: `metric` at percentile `q` within `limit_s` seconds."""
+
+    metric: str
+    q: int
+    limit_s: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.metric}_p{self.q}"
+
+    def value(self, r: RequestSample) -> float | None:
+        """This request's own figure for the term (None: not measured)."""
+        if self.metric == "ttft":
+            return r.ttft_s
+        if self.metric == "e2e":
+            return r.e2e_s
+        return r.itl_p50_s if self.q == 50 else r.itl_p99_s
+
+    def text(self) -> str:
+        limit = f"{self.limit_s * 1000:g}ms" if self.limit_s < 1 else f"{self.limit_s:g}s"
+        return f"{self.name}={limit}"
+
+
+@dataclass(frozen=True)
+class Slo:
+    """The user's SLO: every term must hold."""
+
+    terms: tuple[Term, ...]
+
+    def text(self) -> str:
+        return ",".join(t.text() for t in self.terms)
+
+    def within(self, r: RequestSample) -> bool:
+        """Whether one successful request is within every limit (unmeasured: not within)."""
+        if r.error is not None:
+            return False
+        for t in self.terms:
+            v = t.value(r)
+            if v is None or v > t.limit_s:
+                return False
+        return True
+
+
+def parse_slo(text: str) -> Slo:
+    """`ttft_p99=2s,itl_p99=100ms` → Slo; ValueError naming the bad term."""
+    terms: list[Term] = []
+    for part in (p.strip() for p in text.split(",")):
+        m = _TERM.match(part)
+        if not m:
+            raise ValueError(
+                f"bad SLO term {part!r}: expected METRIC_pQ=LIMIT with METRIC one of "
+                f"{', '.join(METRICS)}, Q one of {', '.join(map(str, PERCENTILES))} and LIMIT "
+                "in ms or s (e.g. ttft_p99=2s,itl_p99=100ms)"
+            )
+        metric, q, num, unit = m.groups()
+        limit = float(num) / (1000.0 if unit == "ms" else 1.0)
+        if any(t.metric == metric and t.q == int(q) for t in terms):
+            raise ValueError(f"SLO term {metric}_p{q} given twice")
+        terms.append(Term(metric, int(q), limit))
+    return Slo(tuple(terms))
+
+
+@dataclass
+class StepSlo:
+    """One step (engine, concurrency) against the SLO."""
+
+    concurrency: int
+    met: bool | None  # None: a term was not measured (e.g. no TTFT without streamed text)
+    requests: int
+    within: int
+    share: float
+    goodput_rps: float | None
+    goodput_tok_s: float | None
+    # Each term's percentile over the step's successful requests (None: not measured).
+    observed: dict[str, float | None] = field(default_factory=dict)
+    unmeasured: list[str] = field(default_factory=list)
+
+
+def judge_step(slo: Slo, concurrency: int, rounds: Sequence[Sequence[RequestSample]]) -> StepSlo:
+    """The step's percentiles against the SLO, and its goodput (rounds of one step)."""
+    samples = [r for rnd in rounds for r in rnd]
+    ok = [r for r in samples if r.error is None]
+    observed: dict[str, float | None] = {}
+    unmeasured = []
+    failed = False
+    for t in slo.terms:
+        values = [v for v in (t.value(r) for r in ok) if v is not None]
+        # A figure missing for some requests cannot be judged from the rest.
+        p = percentile(values, t.q) if values and len(values) == len(ok) else None
+        observed[t.name] = p
+        if p is None:
+            unmeasured.append(t.name)
+        elif p > t.limit_s:
+            failed = True
+    # One term over its limit fails the step even when another could not be judged.
+    met = False if failed or not ok else (None if unmeasured else True)
+    good = [r for r in ok if slo.within(r)]
+    wall = sum(
+        max(r.end_time for r in rnd) - min(r.start_time for r in rnd) for rnd in rounds if rnd
+    )
+    rps = len(good) / wall if wall > 0 else None
+    tok = sum(r.completion_tokens or 0 for r in good) / wall if wall > 0 else None
+    return StepSlo(
+        concurrency,
+        met,
+        len(samples),
+        len(good),
+        len(good) / len(samples) if samples else 0.0,
+        rps,
+        tok,
+        observed,
+        unmeasured,
+    )
+
+
+def max_concurrency_within(steps: Sequence[StepSlo]) -> int | None:
+    """The highest concurrency that meets the SLO with every lower measured one meeting it too.
+
+    None when the lowest measured concurrency already fails (or nothing was judged); a step
+    whose SLO could not be judged ends the run of met steps.
+    """
+    best = None
+    for s in sorted(steps, key=lambda s: s.concurrency):
+        if s.met is not True:
+            break
+        best = s.concurrency
+    return best

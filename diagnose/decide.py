@@ -1,0 +1,114 @@
+"""`llmb-loadgen decide DIR --out OUT`: re-decide a saved diagnose/compare folder with today's code.
+
+A contract: a folder `diagnose` or `compare` wrote (`results.json`, `requests.jsonl`) is
+decided again, for another `--load` or `--slo`, without measuring anything. The engines'
+measurements and verdicts are read back as they were saved; the comparison, the intervals,
+the answer per load and the SLO are decided anew. OUT gets results.json, report.md,
+report.html and a copy of requests.jsonl (so OUT can be re-decided in turn).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from diagnose.decision.model import Decision, EngineResult, Step
+from diagnose.decision.one_engine import decide_single
+from diagnose.decision.requests import REQUESTS_FILE, load_requests
+from diagnose.decision.results import engine_from_dict
+from diagnose.decision.slo import add_slo
+from diagnose.decision.two_engines import CompareInputs, decide_compare
+from diagnose.options import add_answer_arguments
+from loadgen.options import HelpFormatter, UsageError, add_out_option
+
+RESULTS_FILE = "results.json"
+
+
+@dataclass
+class Saved:
+    """What a diagnose/compare folder holds: its engines (in their saved order) and steps."""
+
+    engines: list[EngineResult]
+    steps: list[Step]
+    title: str | None
+
+
+def read_saved(folder: Path) -> Saved:
+    """results.json of `folder` (UsageError when it is missing or not a diagnose/compare one)."""
+    path = folder / RESULTS_FILE
+    if not path.is_file():
+        raise UsageError(f"{folder} has no {RESULTS_FILE}: give a folder diagnose or compare wrote")
+    try:
+        doc: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        engines = [engine_from_dict(e) for e in doc["engines"]]
+        steps = [Step(**s) for s in doc.get("decision", {}).get("steps", [])]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{path} is not a results.json of diagnose or compare: {exc}") from exc
+    if len(engines) not in (1, 2):
+        raise UsageError(f"{path} holds {len(engines)} engines: diagnose has one, compare two")
+    return Saved(engines, steps, doc.get("title"))
+
+
+def redecide(
+    folder: Path, in_use: str | None, inputs: CompareInputs
+) -> tuple[list[EngineResult], Decision]:
+    """The saved run decided again: compare's answer (A in use) or diagnose's."""
+    saved = read_saved(folder)
+    engines = saved.engines
+    names = [e.name for e in engines]
+    if in_use is not None:
+        if in_use not in names:
+            raise UsageError(f"--in-use {in_use}: the run measured {', '.join(names)}")
+        engines = sorted(engines, key=lambda e: e.name != in_use)
+    inputs.requests = load_requests(folder, engines)
+    if len(engines) == 2:
+        return engines, decide_compare(engines[0], engines[1], inputs)
+    (engine,) = engines
+    # diagnose's steps are what the procedure saw; only the SLO is decided anew.
+    decision = decide_single(engine, [s for s in saved.steps if s.key != "slo"])
+    if inputs.slo is not None:
+        add_slo(decision, engine, inputs.requests, inputs.slo)
+    return engines, decision
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """decide's arguments."""
+    parser.formatter_class = HelpFormatter
+    parser.add_argument("dir", type=Path, metavar="DIR", help="a folder diagnose or compare wrote")
+    add_out_option(parser, required=True)
+    g = parser.add_argument_group("answer")
+    g.add_argument(
+        "--in-use",
+        metavar="NAME",
+        help="the engine you run now (default: the first engine of the run, compare's A)",
+    )
+    add_answer_arguments(g)
+
+
+def copy_requests(src_dir: Path, out: Path) -> None:
+    """OUT keeps the requests it was decided from (OUT can be re-decided in turn)."""
+    out.mkdir(parents=True, exist_ok=True)
+    src = src_dir / REQUESTS_FILE
+    if src.is_file():
+        shutil.copyfile(src, out / REQUESTS_FILE)
+
+
+def check_out(args: argparse.Namespace) -> None:
+    """--out must not be DIR: the saved run is kept as it was."""
+    if args.out.resolve() == args.dir.resolve():
+        raise UsageError("--out must differ from DIR: the saved run is kept as it was")
+
+
+def title_of(engines: list[EngineResult]) -> str:
+    names = " vs ".join(e.name for e in engines)
+    return f"{'compare' if len(engines) == 2 else 'diagnose'} {names} (re-decided)"
+
+
+HELP = (
+    "re-decide a saved diagnose/compare folder (results.json, requests.jsonl) with today's "
+    "code, for another --load or --slo"
+)

@@ -1,0 +1,211 @@
+"""One measured difference between two engines at one load, with its interval.
+
+A call's interval comes from the step's requests (`core.stats.Bootstrap` over rounds and
+requests, `diagnose.decision.requests`); without per-request samples (a results.json saved
+without requests.jsonl) from the spread between rounds, as before. A winner is called only
+when the ratio's interval clears the noise floor (`core.thresholds.COMPARE_NOISE_FLOOR`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from core.stats import Bootstrap, Interval, ratio_side
+from core.thresholds import COMPARE_NOISE_FLOOR
+from diagnose.decision.model import EngineResult, relative_spread
+from diagnose.decision.requests import Rounds, decode_rate
+from loadgen.results import RequestRecord
+
+# Fewer requests per engine than this show no spread a bootstrap can trust: such a step is
+# called from its rounds instead (and one round calls nothing).
+MIN_REQUESTS = 4
+
+Stat = Callable[[Sequence[RequestRecord]], float | None]
+
+# What is compared (the `what` of a call).
+DECODE = "single-request decode tok/s"
+AGGREGATE = "aggregate tok/s"
+TTFT = "TTFT s"
+
+
+@dataclass
+class Call:
+    """One measured difference: who is ahead, by how much, and whether it beats the noise.
+
+    `a`, `b` are the engines' figures (the rows' headline numbers); `*_lo`/`*_hi` their
+    intervals and the ratio b/a's, `basis` what the interval was taken over.
+    """
+
+    what: str
+    concurrency: int | None
+    a: float
+    b: float
+    spread: float | None
+    winner: str | None  # engine name, None within the noise
+    a_lo: float | None = None
+    a_hi: float | None = None
+    b_lo: float | None = None
+    b_hi: float | None = None
+    ratio_lo: float | None = None
+    ratio_hi: float | None = None
+    basis: str = ""
+    higher_is_better: bool = True
+    # False when the samples could not call a winner at all (one round and too few requests).
+    decidable: bool = True
+    # The ratio b/a of the per-request statistic, the centre of `ratio_lo`..`ratio_hi`.
+    ratio_point: float | None = None
+
+    def ratio(self) -> float:
+        return self.b / self.a if self.a else math.inf
+
+    def ratio_interval(self) -> Interval | None:
+        if self.ratio_lo is None or self.ratio_hi is None or not self.a:
+            return None
+        return Interval(self.ratio_point or self.ratio(), self.ratio_lo, self.ratio_hi)
+
+    def lead(self) -> str:
+        """The winner's lead with its interval: `6.7× [5.9–7.6]` or `+16 % [12–20]`."""
+        if self.winner is None or not self.a or not self.b:
+            return ""
+        iv = self.ratio_interval() or Interval(self.ratio(), self.ratio(), self.ratio())
+        # The winner's figure over the loser's in the metric's better direction: the
+        # ratio b/a when it is above 1 (b more tok/s, or a the shorter TTFT), else a/b.
+        k = iv if iv.value > 1 else Interval(1 / iv.value, 1 / iv.hi, 1 / iv.lo)
+        bounds = self.ratio_interval() is not None
+        if k.value >= 1.5:
+            return f"{k.value:.1f}×" + (f" [{k.lo:.1f}–{k.hi:.1f}]" if bounds else "")
+        pct = f"+{(k.value - 1) * 100:.0f} %"
+        return pct + (f" [{(k.lo - 1) * 100:.0f}–{(k.hi - 1) * 100:.0f}]" if bounds else "")
+
+    def figures(self, a_name: str, b_name: str) -> str:
+        """`llama 217 [210–224] vs sglang 1.46e+03 [1.4e+03–1.5e+03]`."""
+        fa, fb = _fig(self.a, self.a_lo, self.a_hi), _fig(self.b, self.b_lo, self.b_hi)
+        return f"{a_name} {fa} vs {b_name} {fb}"
+
+
+def _fig(v: float, lo: float | None, hi: float | None) -> str:
+    if lo is None or hi is None:
+        return f"{v:.3g}"
+    return f"{v:.3g} [{lo:.3g}–{hi:.3g}]"
+
+
+def aggregate_stat(concurrency: int) -> Stat:
+    """Aggregate tok/s from per-request completion times (Little's law: `concurrency` requests
+    in flight, each taking its end-to-end time): concurrency × Σ tokens / Σ e2e."""
+
+    def stat(rs: Sequence[RequestRecord]) -> float | None:
+        ok = [r for r in rs if r.error is None and r.e2e_s > 0]
+        e2e = sum(r.e2e_s for r in ok)
+        return concurrency * sum(r.completion_tokens or 0 for r in ok) / e2e if e2e else None
+
+    return stat
+
+
+def decode_stat(rs: Sequence[RequestRecord]) -> float | None:
+    """Mean per-sequence decode tok/s (the client's chunks, else the engine's own figure)."""
+    rates = [v for v, _ in map(decode_rate, rs) if v]
+    return sum(rates) / len(rates) if rates else None
+
+
+def ttft_stat(rs: Sequence[RequestRecord]) -> float | None:
+    """Median time to first token of the requests that saw one."""
+    values = [r.ttft_s for r in rs if r.error is None and r.ttft_s]
+    return statistics.median(values) if values else None
+
+
+def measured_call(
+    what: str,
+    concurrency: int | None,
+    a: EngineResult,
+    b: EngineResult,
+    values: tuple[float | None, float | None],
+    rounds: tuple[list[float], list[float]],
+    requests: tuple[Rounds, Rounds],
+    stat: Stat,
+    higher_is_better: bool = True,
+) -> Call | None:
+    """The call from the requests when both engines have them, else from the rounds."""
+    va, vb = values
+    if not va or not vb:
+        return None
+    enough = all(sum(len(r) for r in x) >= MIN_REQUESTS for x in requests)
+    boot = Bootstrap[RequestRecord]().ratio(requests[0], requests[1], stat) if enough else None
+    if boot is None:
+        call = _rounds_call(
+            what, concurrency, a, b, rounds[0] or [va], rounds[1] or [vb], higher_is_better
+        )
+        fewest = min(sum(len(r) for r in x) for x in requests)
+        if 0 < fewest < MIN_REQUESTS:
+            call.basis = f"{fewest} requests (< {MIN_REQUESTS}): {call.basis}"
+        return call
+    ia, ib, ir = boot
+    # Each engine's interval is shown around its row's figure (the width comes from the
+    # requests); the ratio and the winner come from the per-request statistic alone: a
+    # row's figure carries noise its requests do not (a step's ramp-up and tail in its wall
+    # time), and an interval from one put around the other would call that noise a winner.
+    ia, ib = ia.scaled(va / ia.value), ib.scaled(vb / ib.value)
+    side = ratio_side(ir)
+    winner = None
+    if side:
+        winner = b.name if (side > 0) == higher_is_better else a.name
+    na, nb = (sum(len(r) for r in x) for x in requests)
+    rounds_n = max(len(requests[0]), len(requests[1]))
+    basis = f"bootstrap over {na} + {nb} requests, {rounds_n} round{'s' if rounds_n > 1 else ''}"
+    spread = max(
+        (s for s in (relative_spread(rounds[0]), relative_spread(rounds[1])) if s is not None),
+        default=None,
+    )
+    return Call(
+        what,
+        concurrency,
+        va,
+        vb,
+        spread,
+        winner,
+        ia.lo,
+        ia.hi,
+        ib.lo,
+        ib.hi,
+        ir.lo,
+        ir.hi,
+        basis,
+        higher_is_better,
+        ratio_point=ir.value,
+    )
+
+
+def _rounds_call(
+    what: str,
+    concurrency: int | None,
+    a: EngineResult,
+    b: EngineResult,
+    va: list[float],
+    vb: list[float],
+    higher_is_better: bool,
+) -> Call:
+    """Without requests: a winner only when the rounds' ranges do not overlap (and the
+    medians differ by more than the noise floor); one round calls nothing."""
+    ma, mb = statistics.median(va), statistics.median(vb)
+    spreads = [s for s in (relative_spread(va), relative_spread(vb)) if s is not None]
+    winner = None
+    apart = abs(mb - ma) / min(ma, mb) > COMPARE_NOISE_FLOOR if min(ma, mb) > 0 else False
+    if len(va) >= 2 and len(vb) >= 2 and apart:
+        if min(vb) > max(va):
+            winner = b.name if higher_is_better else a.name
+        elif min(va) > max(vb):
+            winner = a.name if higher_is_better else b.name
+    several = len(va) >= 2 and len(vb) >= 2
+    return Call(
+        what,
+        concurrency,
+        ma,
+        mb,
+        max(spreads) if spreads else None,
+        winner,
+        basis="the spread between rounds" if several else "one round: nothing called",
+        higher_is_better=higher_is_better,
+        decidable=several,
+    )

@@ -1,0 +1,225 @@
+"""The answer per load: who is ahead at each measured concurrency, where it changes, the
+engine for the user's load, and the highest load each engine serves within an SLO.
+
+At every concurrency both engines ran, one call decides (the seed's order): at 1,
+single-request decode (aggregate tok/s when a decode rate is missing); above 1, aggregate
+tok/s under that load. The crossover is the first concurrency at which the other engine is
+ahead. `recommend` names the engine for the user's load (`--load N`), and `switch` only when
+the candidate is ahead there and nothing earlier in the order fails (it fits, and its memory
+does not give out first at long context); with an SLO, an engine that misses it at that
+load loses to one that meets it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from diagnose.decision.calls import Call
+from diagnose.decision.model import (
+    INCONCLUSIVE,
+    STAY_AND_TUNE,
+    EngineResult,
+    switch_to,
+)
+from diagnose.decision.slo import SloAnswer
+
+
+@dataclass
+class LoadAnswer:
+    """Who is ahead at one concurrency, by how much (with its interval), on which figure."""
+
+    concurrency: int
+    what: str
+    winner: str | None
+    lead: str
+    a: float
+    b: float
+    # What the call was taken over (the bootstrap's requests, or the rounds).
+    basis: str = ""
+    ratio_lo: float | None = None
+    ratio_hi: float | None = None
+    decidable: bool = True
+
+
+def level_answers(calls: Sequence[Call]) -> list[LoadAnswer]:
+    """One answer per concurrency from its deciding call (in the order given: first wins)."""
+    out: dict[int, LoadAnswer] = {}
+    for x in calls:
+        c = x.concurrency or 1
+        if c not in out:
+            out[c] = LoadAnswer(
+                c,
+                x.what,
+                x.winner,
+                x.lead(),
+                x.a,
+                x.b,
+                x.basis,
+                x.ratio_lo,
+                x.ratio_hi,
+                x.decidable,
+            )
+    return [out[c] for c in sorted(out)]
+
+
+def crossover(levels: Sequence[LoadAnswer]) -> int | None:
+    """The first concurrency at which the other engine is ahead (ties in between skipped)."""
+    last = None
+    for lv in levels:
+        if lv.winner is None:
+            continue
+        if last is not None and lv.winner != last:
+            return lv.concurrency
+        last = lv.winner
+    return None
+
+
+def _level_text(lv: LoadAnswer, at: str = "") -> str:
+    if lv.winner is None and lv.ratio_lo is not None and lv.ratio_hi is not None:
+        return (
+            f"no difference beyond the noise ({lv.what} {lv.a:.3g} vs {lv.b:.3g}{at}, ratio "
+            f"[{lv.ratio_lo:.2f}–{lv.ratio_hi:.2f}])"
+        )
+    if lv.winner is None and lv.decidable:
+        return (
+            f"no difference beyond the noise ({lv.what} {lv.a:.3g} vs {lv.b:.3g}{at}: {lv.basis})"
+        )
+    if lv.winner is None:
+        return f"not decided ({lv.what} {lv.a:.3g} vs {lv.b:.3g}{at}: {lv.basis})"
+    return f"{lv.winner} ahead ({lv.lead} {lv.what}{at})"
+
+
+def per_load_text(levels: Sequence[LoadAnswer]) -> str:
+    """`c=1: llama ahead (+16 % [12–20] ...); from c=4 on: sglang ahead (3.7× [...] at c=64)`."""
+    groups: list[list[LoadAnswer]] = []
+    for lv in levels:
+        if groups and groups[-1][0].winner == lv.winner:
+            groups[-1].append(lv)
+        else:
+            groups.append([lv])
+    parts = []
+    for i, g in enumerate(groups):
+        first, last = g[0], g[-1]
+        if len(g) == 1:
+            where = f"c={first.concurrency}"
+        elif i == len(groups) - 1:
+            where = f"from c={first.concurrency} on"
+        else:
+            where = f"c={first.concurrency}–{last.concurrency}"
+        # The group's strongest figure is the one at its highest load.
+        at = f" at c={last.concurrency}" if len(g) > 1 else ""
+        parts.append(f"{where}: {_level_text(last, at)}")
+    return "; ".join(parts)
+
+
+def answer_at(levels: Sequence[LoadAnswer], load: int) -> tuple[LoadAnswer | None, str]:
+    """The answer at the user's load: the level measured there, or the levels around it when
+    they agree; None with the reason when they do not (measure at that load)."""
+    if not levels:
+        return None, "nothing was measured on both engines under the same load"
+    by_c = {lv.concurrency: lv for lv in levels}
+    if load in by_c:
+        return by_c[load], f"at c={load}"
+    below = [lv for lv in levels if lv.concurrency < load]
+    above = [lv for lv in levels if lv.concurrency > load]
+    if not above:
+        return below[
+            -1
+        ], f"at c={load} (above the highest measured load, c={below[-1].concurrency})"
+    if not below:
+        return above[0], f"at c={load} (below the lowest measured load, c={above[0].concurrency})"
+    lo, hi = below[-1], above[0]
+    if lo.winner == hi.winner:
+        return hi, f"at c={load} (between c={lo.concurrency} and c={hi.concurrency}, which agree)"
+    return None, (
+        f"the answer changes between c={lo.concurrency} ({lo.winner or 'no difference'}) and "
+        f"c={hi.concurrency} ({hi.winner or 'no difference'}): measure at c={load}"
+    )
+
+
+def recommend(
+    a: EngineResult,
+    b: EngineResult,
+    levels: Sequence[LoadAnswer],
+    ctx_winner: str | None,
+    load: int | None,
+    slo: SloAnswer | None,
+) -> tuple[str, str]:
+    """The recommendation and its action for the user's load (or for every load)."""
+    per_load = per_load_text(levels)
+    if slo is not None:
+        by_slo = _by_slo(a, b, slo, load)
+        if by_slo is not None:
+            return _finish(
+                a,
+                b,
+                by_slo[0],
+                by_slo[1] + (f"; speed per load: {per_load}" if per_load else ""),
+                ctx_winner,
+            )
+    if load is None:
+        if not levels:
+            if ctx_winner:
+                return _finish(a, b, ctx_winner, "its memory lasts longer at long context", None)
+            return INCONCLUSIVE, "nothing was measured on both engines under the same load"
+        # No load given: the highest measured load decides; the answer per load says the rest.
+        decided = [lv for lv in levels if lv.winner]
+        lv = decided[-1] if decided else levels[-1]
+        where = f"at c={lv.concurrency}, the highest load where one is ahead"
+        tail = f". Per load: {per_load}; pass --load N for the answer at your load"
+    else:
+        found, where = answer_at(levels, load)
+        if found is None:
+            return INCONCLUSIVE, where + f". Per load: {per_load}"
+        lv = found
+        tail = f". Per load: {per_load}"
+    if lv.winner is None:
+        same = (
+            f"no difference beyond the noise {where} ({lv.what}: {a.name} {lv.a:.3g}, "
+            f"{b.name} {lv.b:.3g})"
+        )
+        if ctx_winner:
+            # Equal speed: the last question of the order decides.
+            return _finish(
+                a, b, ctx_winner, f"{same}, and its memory lasts longer at long context{tail}", None
+            )
+        return INCONCLUSIVE, same + tail
+    return _finish(
+        a, b, lv.winner, f"{where}: {lv.winner} ahead, {lv.lead} {lv.what}{tail}", ctx_winner
+    )
+
+
+def _by_slo(
+    a: EngineResult, b: EngineResult, slo: SloAnswer, load: int | None
+) -> tuple[str, str] | None:
+    """The engine the SLO picks (None: the SLO does not tell them apart)."""
+    ma, mb = slo.max_within.get(a.name), slo.max_within.get(b.name)
+    if load is not None:
+        ok_a, ok_b = slo.meets(a.name, load), slo.meets(b.name, load)
+        if ok_a != ok_b:
+            who = b.name if ok_b else a.name
+            return who, f"at c={load} only {who} meets the SLO ({slo.text()})"
+        return None
+    if ma != mb:
+        who = b.name if (mb or 0) > (ma or 0) else a.name
+        return who, (
+            f"at your SLO, {b.name} serves up to {mb or 0} concurrent requests, {a.name} "
+            f"{ma or 0} ({slo.text()})"
+        )
+    return None
+
+
+def _finish(
+    a: EngineResult, b: EngineResult, winner: str, why: str, ctx_winner: str | None
+) -> tuple[str, str]:
+    """`switch` only when nothing earlier in the order fails: the candidate's memory must not
+    give out first at long context."""
+    if winner == b.name:
+        if ctx_winner == a.name:
+            return STAY_AND_TUNE, (
+                f"stay on {a.name}: {b.name} is ahead ({why}) but its memory gives out first at "
+                f"long context. {a.action}".rstrip(". ")
+            )
+        return switch_to(b.name), f"switch to {b.name}: {why}"
+    return STAY_AND_TUNE, f"stay on {a.name} and tune: {why}. {a.action}".rstrip(". ")

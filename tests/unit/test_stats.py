@@ -1,0 +1,201 @@
+"""core.stats and core.slo: seeded bootstrap intervals, the noise floor, SLO terms and goodput.
+
+The false-winner check is statistical: identical engines simulated as per-request samples
+(with the run-to-run drift of a shared host) must give no winner in 20 of 20 seeded runs,
+and an engine 30 % faster must be called in 20 of 20.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from core.slo import judge_step, max_concurrency_within, parse_slo
+from core.stats import Bootstrap, Interval, over_rounds, percentile, ratio_side
+from core.thresholds import COMPARE_NOISE_FLOOR
+
+
+@dataclass
+class Req:
+    """A request as the SLO and the statistics read it."""
+
+    start_time: float
+    end_time: float
+    ttft_s: float | None
+    itl_p50_s: float | None
+    itl_p99_s: float | None
+    e2e_s: float
+    completion_tokens: int | None = 96
+    error: str | None = None
+
+
+def mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def test_percentile_interpolates() -> None:
+    assert percentile([3.0, 1.0, 2.0, 4.0], 50) == pytest.approx(2.5)
+    assert percentile([1.0, 2.0], 99) == pytest.approx(1.99)
+    assert percentile([], 50) is None
+
+
+def test_the_same_samples_give_the_same_interval() -> None:
+    rng = random.Random(7)
+    rounds = [[rng.gauss(100, 10) for _ in range(64)]]
+    first = Bootstrap[float]().interval(rounds, mean)
+    assert first == Bootstrap[float]().interval(rounds, mean)
+    assert first is not None and first.lo < first.value < first.hi
+    # Another seed moves the bounds by little: 2000 resamples are enough.
+    other = Bootstrap[float](seed=1).interval(rounds, mean)
+    assert other is not None and abs(other.lo - first.lo) < 0.5
+
+
+def test_interval_width_shrinks_with_more_requests() -> None:
+    rng = random.Random(3)
+    few = [[rng.gauss(100, 10) for _ in range(8)]]
+    many = [[rng.gauss(100, 10) for _ in range(512)]]
+    a, b = Bootstrap[float]().interval(few, mean), Bootstrap[float]().interval(many, mean)
+    assert a is not None and b is not None
+    assert (b.hi - b.lo) < (a.hi - a.lo) / 4
+
+
+def test_rounds_widen_the_interval_and_the_figure_is_their_median() -> None:
+    rng = random.Random(5)
+    # Two rounds 20 % apart: the spread between rounds must show in the interval.
+    rounds = [[rng.gauss(100, 2) for _ in range(64)], [rng.gauss(120, 2) for _ in range(64)]]
+    iv = Bootstrap[float]().interval(rounds, mean)
+    one = Bootstrap[float]().interval(rounds[:1], mean)
+    assert iv is not None and one is not None
+    assert iv.value == pytest.approx(over_rounds(rounds, mean))
+    assert iv.value == pytest.approx(110, abs=1)
+    assert iv.hi - iv.lo > 5 * (one.hi - one.lo)
+
+
+def test_ratio_side_needs_the_whole_interval_beyond_the_floor() -> None:
+    f = COMPARE_NOISE_FLOOR
+    assert ratio_side(Interval(1.3, 1 + f + 0.01, 1.5)) == 1
+    assert ratio_side(Interval(1.3, 1 + f - 0.01, 1.5)) == 0
+    assert ratio_side(Interval(0.7, 0.6, 1 / (1 + f) - 0.01)) == -1
+    assert ratio_side(Interval(1.0, 0.9, 1.1)) == 0
+
+
+def engine_run(rng: random.Random, speed: float, n: int = 64) -> list[list[float]]:
+    """Per-request tok/s of one step: the run's drift (a few % on a shared host) × noise."""
+    drift = rng.gauss(1.0, 0.015)
+    return [[speed * drift * rng.lognormvariate(0, 0.15) for _ in range(n)]]
+
+
+def test_identical_engines_give_no_winner_in_20_of_20_seeded_runs() -> None:
+    sides = []
+    for seed in range(20):
+        rng = random.Random(seed)
+        a, b = engine_run(rng, 100.0), engine_run(rng, 100.0)
+        out = Bootstrap[float](seed=seed).ratio(a, b, mean)
+        assert out is not None
+        sides.append(ratio_side(out[2]))
+    assert sides == [0] * 20
+
+
+def test_a_30_percent_faster_engine_is_called_in_20_of_20_seeded_runs() -> None:
+    sides = []
+    for seed in range(20):
+        rng = random.Random(100 + seed)
+        a, b = engine_run(rng, 100.0), engine_run(rng, 130.0)
+        out = Bootstrap[float](seed=seed).ratio(a, b, mean)
+        assert out is not None
+        sides.append(ratio_side(out[2]))
+    assert sides == [1] * 20
+
+
+def test_parse_slo_terms_and_errors() -> None:
+    slo = parse_slo("ttft_p99=2s,itl_p99=100ms,e2e_p50=1.5s")
+    assert [(t.name, t.limit_s) for t in slo.terms] == [
+        ("ttft_p99", 2.0),
+        ("itl_p99", 0.1),
+        ("e2e_p50", 1.5),
+    ]
+    assert slo.text() == "ttft_p99=2s,itl_p99=100ms,e2e_p50=1.5s"
+    for bad in ("ttft_p95=2s", "tpot_p99=1s", "ttft_p99=2", "ttft_p99=2s,ttft_p99=3s"):
+        with pytest.raises(ValueError):
+            parse_slo(bad)
+
+
+def step(e2es: list[float], ttft: float | None = 0.1, t0: float = 0.0) -> list[Req]:
+    return [Req(t0, t0 + e, ttft, 0.01, 0.02, e) for e in e2es]
+
+
+def test_judge_step_percentiles_goodput_and_share() -> None:
+    slo = parse_slo("e2e_p90=2s")
+    # 10 requests, 8 within 2 s; p90 of e2e is between the 9th and 10th: over the limit.
+    s = judge_step(slo, 4, [step([1.0] * 8 + [3.0, 4.0])])
+    assert s.met is False and s.within == 8 and s.share == pytest.approx(0.8)
+    assert s.observed["e2e_p90"] == pytest.approx(3.1)
+    # Wall time is the round's span (4 s): 8 good requests of 96 tokens each.
+    assert s.goodput_rps == pytest.approx(2.0) and s.goodput_tok_s == pytest.approx(192.0)
+    ok = judge_step(slo, 1, [step([1.0] * 10)])
+    assert ok.met is True and ok.share == 1.0
+
+
+def test_a_term_that_was_not_measured_is_not_met() -> None:
+    slo = parse_slo("ttft_p99=1s,e2e_p99=10s")
+    s = judge_step(slo, 4, [step([1.0] * 4, ttft=None)])
+    assert s.met is None and s.unmeasured == ["ttft_p99"] and s.within == 0
+    # ... but a failing term still fails the step.
+    s = judge_step(slo, 4, [step([20.0] * 4, ttft=None)])
+    assert s.met is False
+
+
+def test_failed_requests_are_never_within() -> None:
+    slo = parse_slo("e2e_p99=10s")
+    reqs = step([1.0] * 4)
+    reqs[0].error = "http_error"
+    s = judge_step(slo, 4, [reqs])
+    assert s.within == 3 and s.share == pytest.approx(0.75)
+
+
+def test_max_concurrency_within_stops_at_the_first_miss() -> None:
+    slo = parse_slo("e2e_p99=5s")
+    steps = [
+        judge_step(slo, 1, [step([1.0] * 4)]),
+        judge_step(slo, 4, [step([3.5] * 4)]),
+        judge_step(slo, 16, [step([9.1] * 4)]),
+        judge_step(slo, 64, [step([4.0] * 4)]),  # better again: not counted past a miss
+    ]
+    assert max_concurrency_within(steps) == 4
+    assert max_concurrency_within(steps[2:3]) is None
+
+
+def test_live_goodput_counts_the_requests_within_the_slo() -> None:
+    from loadgen.metrics import LoadgenMetrics
+    from loadgen.results import RequestRecord
+
+    def record(ttft: float, e2e: float, error: str | None = None) -> RequestRecord:
+        return RequestRecord(
+            "a", 0, 0, 0.0, e2e, ttft, 0.01, 0.01, 0.02, 0.01, e2e, 100.0, 64, 96, None, 96,
+            "length", None, None, None, None, None, None, error,
+        )  # fmt: skip
+
+    metrics = LoadgenMetrics(parse_slo("ttft_p99=1s,e2e_p90=5s"))
+    for r in (record(0.5, 3.0), record(2.0, 3.0), record(0.5, 6.0), record(0.5, 1.0, "timeout")):
+        metrics.observe(r)
+    get = metrics.registry.get_sample_value
+    assert get("llmb_loadgen_goodput_requests_total", {"engine": "a"}) == 1
+    assert get("llmb_loadgen_goodput_completion_tokens_total", {"engine": "a"}) == 96
+    assert get("llmb_loadgen_slo_info", {"slo": "ttft_p99=1s,e2e_p90=5s"}) == 1
+    # Without --slo nothing is counted and no SLO is published.
+    plain = LoadgenMetrics()
+    plain.observe(record(0.5, 3.0))
+    assert (
+        plain.registry.get_sample_value("llmb_loadgen_goodput_requests_total", {"engine": "a"})
+        is None
+    )
+
+
+def test_a_ratio_needs_a_positive_figure_on_both_sides() -> None:
+    zero = [[0.0, 0.0, 0.0, 0.0]]
+    some = [[1.0, 2.0, 3.0, 4.0]]
+    assert Bootstrap[float]().ratio(zero, some, mean) is None
+    assert Bootstrap[float]().ratio(some, zero, mean) is None
+    assert Bootstrap[float]().ratio([[]], some, mean) is None
