@@ -66,7 +66,7 @@ assert tuple(s.key for s in PROCEDURE) == STEPS
 class Diagnoser(EngineRun):
     """Runs the steps for one engine and collects an EngineResult with its verdict."""
 
-    async def run(self) -> EngineResult:
+    async def measure_all(self) -> EngineResult:
         """Measure everything this engine's configuration allows, then decide."""
         self.result.launched = self.engine.launch is not None
         self.monitor.start()
@@ -179,7 +179,7 @@ async def diagnose(
     ctx = RunContext(out)
     try:
         d = Diagnoser(engine, opts, out, pub or PhasePublisher(), ctx)
-        result = await d.run()
+        result = await d.measure_all()
     finally:
         ctx.close()
     return result, decide_single(result, d.answer_steps())
@@ -199,7 +199,7 @@ async def compare(
     try:
         results = []
         for engine in engines:
-            results.append(await Diagnoser(engine, opts, out, pub, ctx).run())
+            results.append(await Diagnoser(engine, opts, out, pub, ctx).measure_all())
     finally:
         ctx.close()
     ra, rb = results
