@@ -73,7 +73,7 @@ assert tuple(s.key for s in PROCEDURE) == STEPS
 class Diagnoser(EngineRun):
     """Runs the steps for one engine and collects an EngineResult with its verdict."""
 
-    async def run(self) -> EngineResult:
+    async def measure_all(self) -> EngineResult:
         """Measure everything this engine's configuration allows, then decide."""
         self.result.launched = self.engine.launch is not None
         self.monitor.start()
@@ -210,7 +210,7 @@ async def diagnose(
     try:
         d = Diagnoser(engine, opts, out, pub or PhasePublisher(), ctx)
         with stopping_on_signals(ctx.stop):  # Ctrl-C: the finished steps are kept
-            result = await d.run()
+            result = await d.measure_all()
     finally:
         ctx.close()
     decision = decide_single(result, d.answer_steps())
@@ -250,7 +250,7 @@ async def compare(
                 if ctx.stop.is_set():
                     results.append(not_run(engine, "the run was interrupted before it"))
                     continue
-                results.append(await Diagnoser(engine, opts, out, pub, ctx).run())
+                results.append(await Diagnoser(engine, opts, out, pub, ctx).measure_all())
     finally:
         ctx.close()
     ra, rb = results
