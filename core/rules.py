@@ -25,6 +25,7 @@ from types import ModuleType
 from typing import TypeVar
 
 from core.conditions import Verdict, evaluate
+from core.prefill_rules import prefill_values
 from core.roofline import (
     ModelStructure,
     accepted_tokens,
@@ -323,15 +324,16 @@ def _avg_max(d: _Data, name: str, window: float) -> dict[EngineKey, float]:
 
 
 def _bandwidth(d: _Data) -> dict[EngineKey, float]:
-    """Each engine's bandwidth: each GPU its processes hold reads its share of a step (the
-    share of the engine's GPU memory on it); the slowest GPU sets the pace (`tp_bandwidth`)."""
-    gpu_bw = _max_by(
-        ((lab.get("host", ""), lab.get("gpu", "")), v)
-        for lab, v in d.instant("llmb_gpu_memory_bandwidth_bytes_per_second")
-    )
-    # Scaled by the memory clock the window reached against its maximum (1 when unknown).
+    """Each engine's bandwidth, scaled by the memory clock the window reached (1: unknown)."""
+    named = d.instant("llmb_gpu_memory_bandwidth_bytes_per_second")
+    gpu_bw = _max_by(((lab.get("host", ""), lab.get("gpu", "")), v) for lab, v in named)
     clock = _card().memory_clock_ratio(d)
-    gpu_bw = {k: bw * clock.get(k, 1.0) for k, bw in gpu_bw.items()}
+    return _engine_gpus(d, {k: bw * clock.get(k, 1.0) for k, bw in gpu_bw.items()})
+
+
+def _engine_gpus(d: _Data, gpu_bw: Mapping[tuple[str, str], float]) -> dict[EngineKey, float]:
+    """An engine's figure from a per-(host, gpu) one: each GPU does its share of a step (of the
+    engine's GPU memory), the slowest sets the pace (`tp_bandwidth`); also the peak compute."""
     kinds: dict[tuple[str, str], set[str]] = defaultdict(set)
     for lab, _ in d.instant("llmb_engine_up"):
         kinds[(lab.get("host", ""), lab.get("engine", ""))].add(lab.get("kind", ""))
@@ -400,6 +402,7 @@ def _signal_values(d: _Data) -> dict[str, dict[EngineKey, float]]:
         "generation_tokens_per_second": _rate_max(d, "llmb_engine_generation_tokens_total", rw),
         "experts_host_layers": _instant_max(d, "llmb_engine_experts_host_layers"),
         **_card().card_values(d),
+        **prefill_values(d),
     }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from diagnose.decision.model import Row, Step
+from diagnose.decision.prefill import split_text
 from diagnose.decision.roofline import row_roofline_text
 from diagnose.engine_run import EngineRun, LoadStep
 from diagnose.steps.base import STEP_QUESTIONS
@@ -50,5 +51,5 @@ def level_text(run: EngineRun, c: int, row: Row) -> str:
     queue = f", {row.waiting_avg:.1f} waiting on average" if row.waiting_avg else ""
     return (
         f"c={c}: {row.aggregate_tok_s or 0:.1f} tok/s aggregate{scale}, TTFT p50 "
-        f"{row.ttft_s or 0:.3f} s{queue}{row_roofline_text(run.result, row)}"
+        f"{row.ttft_s or 0:.3f} s{split_text(row)}{queue}{row_roofline_text(run.result, row)}"
     )
