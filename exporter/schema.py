@@ -24,8 +24,6 @@ from prometheus_client.core import (
 )
 from prometheus_client.metrics_core import Metric
 
-from model.flops import prefill_flops
-
 if TYPE_CHECKING:
     from model.geometry import ModelGeometry
 
@@ -73,9 +71,7 @@ SCHEMA: dict[str, Spec] = {
         "Theoretical peak memory bandwidth (known-GPU table, config override, or clock x bus).", GPU
     ),
     "llmb_gpu_peak_flops": _g(
-        "Dense tensor-core peak FLOP/s (INT8: OP/s) per dtype, from the known-GPU table "
-        "(model/gpu_specs.py; no sparsity figures): the prefill roofline.",
-        (*GPU, "dtype"),
+        "Dense tensor-core peak FLOP/s per dtype (model/gpu_specs.py).", (*GPU, "dtype")
     ),
     "llmb_gpu_process_memory_used_bytes": _g(
         "GPU memory used by one process, attributed to a configured engine when it matches.",
@@ -221,18 +217,12 @@ SCHEMA: dict[str, Spec] = {
         "Bytes of one row of an untied token embedding (a step reads one per sequence); 0 when "
         "tied."
     ),
-    "llmb_model_prefill_flops_per_token": _g(
-        "FLOPs one prompt token costs in the matmuls: 2 x the parameters it multiplies through "
-        "(MoE: k/E of the routed experts; no embedding lookup, no output projection)."
-    ),
+    "llmb_model_prefill_flops_per_token": _g("Matmul FLOPs per prompt token (model/flops.py)."),
     "llmb_model_prefill_attention_flops_per_position": _g(
-        "Attention FLOPs per prompt token and attended position, summed over the layers of "
-        "one kind (`layers`: full, sliding): 2 x heads x (key + value head size) each.",
+        "Attention FLOPs per prompt token and attended position, by layer kind.",
         (*ENGINE, "layers"),
     ),
-    "llmb_model_sliding_window_tokens": _g(
-        "Positions a sliding-window layer attends to; absent without sliding-window layers."
-    ),
+    "llmb_model_sliding_window_tokens": _g("Positions a sliding-window layer attends to."),
     "llmb_model_kv_cache_type_info": Spec(
         "info",
         "KV cache element types the engine stores (llama.cpp -ctk/-ctv; SGLang "
@@ -415,7 +405,6 @@ def add_model_structure(ms: MetricSet, geom: ModelGeometry, **labels: str) -> No
     both engines. The geometry is static per model (computed once); this only adds samples.
     Nothing is added when the structure is unknown (`always_read_bytes` None).
     """
-    add_prefill_structure(ms, geom, **labels)
     if geom.always_read_bytes is None:
         return
     ms.add("llmb_model_weights_always_read_bytes", geom.always_read_bytes, **labels)
@@ -424,19 +413,6 @@ def add_model_structure(ms: MetricSet, geom: ModelGeometry, **labels: str) -> No
     if geom.is_moe:
         ms.add("llmb_model_experts", geom.expert_count, **labels)
         ms.add("llmb_model_experts_used", geom.expert_used_count, **labels)
-
-
-def add_prefill_structure(ms: MetricSet, geom: ModelGeometry, **labels: str) -> None:
-    """The llmb_model_prefill_* series (model/flops.py): FLOPs per prompt token, by part."""
-    fl = prefill_flops(geom)
-    if fl is None:
-        return
-    ms.add("llmb_model_prefill_flops_per_token", fl.matmul_flops, **labels)
-    name = "llmb_model_prefill_attention_flops_per_position"
-    ms.add(name, fl.attention_flops_full, layers="full", **labels)
-    if fl.sliding_window is not None:
-        ms.add(name, fl.attention_flops_swa, layers="sliding", **labels)
-        ms.add("llmb_model_sliding_window_tokens", fl.sliding_window, **labels)
 
 
 def add_kv_cache_type(ms: MetricSet, type_k: str, type_v: str, **labels: str) -> None:
