@@ -172,6 +172,7 @@ def test_verdict_as_json_names_every_condition_and_the_action() -> None:
         "ttft_waiting": False,
         "prefill_at_card_limit": False,
         "prefill_bound": False,
+        "card_throttled": False,
     }
     assert d["action"] == VERDICT_INFO["kv_saturated"].action
     json.dumps(d)
