@@ -12,7 +12,7 @@ import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from core import card
+from core import card, prefill
 from core.signals import Signals
 from core.thresholds import THRESHOLDS, threshold_number, threshold_promql
 
@@ -325,11 +325,13 @@ CARD_CONDITIONS: tuple[Condition, ...] = (
         needs_gpu=True,
     ),
 )
-# In decision order (the conditions as the verdicts read them): the card's state is decided
-# before decode's own verdicts.
-_DECODE = next(i for i, c in enumerate(CONDITIONS) if c.name == "decode_at_card_limit")
-CONDITIONS = CONDITIONS[:_DECODE] + CARD_CONDITIONS + CONDITIONS[_DECODE:]
-CONDITION_BY_NAME: dict[str, Condition] = {c.name: c for c in CONDITIONS}
+# Prefill and the time to the first token (issue 27); tests, texts: core/prefill.py.
+PREFILL_CONDITIONS: tuple[Condition, ...] = tuple(
+    Condition(n, (Evidence(lab, AllOf(tuple(Compare(*c) for c in tests)), prefill.TEXT[n]),))
+    for n, lab, tests in prefill.CONDITION_TESTS
+)
+_ALL_CONDITIONS = CONDITIONS + CARD_CONDITIONS + PREFILL_CONDITIONS
+CONDITION_BY_NAME: dict[str, Condition] = {c.name: c for c in _ALL_CONDITIONS}
 
 # ------------------------------------------------------------------------------ verdicts
 
@@ -353,10 +355,13 @@ CARD_THROTTLED = VerdictInfo("card_throttled", "card_throttled", *card.VERDICT_T
 VERDICTS: tuple[str, ...] = (
     "weights_not_resident",
     "kv_saturated",
+    "ttft_waiting_bound",
     "scheduling_bound",
     "idle",
     "card_throttled",
+    "prefill_at_card_limit",
     "decode_at_card_limit",
+    "prefill_below_card_limit",
     "decode_below_card_limit",
 )
 
@@ -393,6 +398,7 @@ VERDICT_INFO: dict[str, VerdictInfo] = {
             "`--chunked-prefill-size`, llama.cpp `-b`/`-ub`).",
             4,
         ),
+        *(VerdictInfo(n, c, *prefill.VERDICT_TEXT[n], sev) for n, c, sev in prefill.VERDICT_ROWS),
         VerdictInfo(
             "idle",
             "idle",
@@ -426,6 +432,9 @@ VERDICT_INFO: dict[str, VerdictInfo] = {
         ),
     )
 }
+
+# The condition table in decision order, as the rules render it.
+CONDITIONS = tuple(CONDITION_BY_NAME[c] for v in VERDICTS if (c := VERDICT_INFO[v].condition))
 
 # Worst first, for fleet views: an engine that is down ranks above every verdict.
 SEVERITY: dict[str, int] = {"engine_down": 7} | {v: VERDICT_INFO[v].severity for v in VERDICTS}

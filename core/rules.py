@@ -2,7 +2,7 @@
 
 From raw samples
     `SeriesKey` (metric name, sorted label pairs), `EngineKey` (host, engine, kind),
-    `series_from_scrapes(scrapes)`, `signals_at(series, at) -> {EngineKey: Signals}`,
+    `series_from_scrapes(scrapes)`,
     `verdicts_at(series, at) -> {EngineKey: Verdict}` and
     `rule_values_at(series, at) -> {EngineKey: RuleValues}` (also the decode rate,
     bandwidth, bytes per step and roofline): the same arithmetic as the recording rules
@@ -25,6 +25,7 @@ from types import ModuleType
 from typing import TypeVar
 
 from core.conditions import Verdict, evaluate
+from core.prefill_rules import prefill_values
 from core.roofline import (
     ModelStructure,
     accepted_tokens,
@@ -323,15 +324,16 @@ def _avg_max(d: _Data, name: str, window: float) -> dict[EngineKey, float]:
 
 
 def _bandwidth(d: _Data) -> dict[EngineKey, float]:
-    """Each engine's bandwidth: each GPU its processes hold reads its share of a step (the
-    share of the engine's GPU memory on it); the slowest GPU sets the pace (`tp_bandwidth`)."""
-    gpu_bw = _max_by(
-        ((lab.get("host", ""), lab.get("gpu", "")), v)
-        for lab, v in d.instant("llmb_gpu_memory_bandwidth_bytes_per_second")
-    )
-    # Scaled by the memory clock the window reached against its maximum (1 when unknown).
+    """Each engine's bandwidth, scaled by the memory clock the window reached (1: unknown)."""
+    named = d.instant("llmb_gpu_memory_bandwidth_bytes_per_second")
+    gpu_bw = _max_by(((lab.get("host", ""), lab.get("gpu", "")), v) for lab, v in named)
     clock = _card().memory_clock_ratio(d)
-    gpu_bw = {k: bw * clock.get(k, 1.0) for k, bw in gpu_bw.items()}
+    return _engine_gpus(d, {k: bw * clock.get(k, 1.0) for k, bw in gpu_bw.items()})
+
+
+def _engine_gpus(d: _Data, gpu_bw: Mapping[tuple[str, str], float]) -> dict[EngineKey, float]:
+    """An engine's figure from a per-(host, gpu) one: each GPU does its share of a step (of the
+    engine's GPU memory), the slowest sets the pace (`tp_bandwidth`); also the peak compute."""
     kinds: dict[tuple[str, str], set[str]] = defaultdict(set)
     for lab, _ in d.instant("llmb_engine_up"):
         kinds[(lab.get("host", ""), lab.get("engine", ""))].add(lab.get("kind", ""))
@@ -378,10 +380,8 @@ def _signal_values(d: _Data) -> dict[str, dict[EngineKey, float]]:
     rw, qw = threshold_seconds("rate_window"), threshold_seconds("queue_window")
     weights = _instant_max(d, "llmb_model_weights_bytes")
     on_gpu = _sum_of_device_max(d, "llmb_engine_model_buffer_bytes", _not_cpu)
-    # An engine that reports only host buffers (a CPU build, `-ngl 0`) holds none on the GPU:
-    # its log says 0, which is evidence, not an absent series.
-    reported = _sum_of_device_max(d, "llmb_engine_model_buffer_bytes", lambda _: True)
-    buffers = {key: on_gpu.get(key, 0.0) for key in reported}
+    # Only host buffers reported (a CPU build, `-ngl 0`): 0 on the GPU, not an absent series.
+    buffers = {k: on_gpu.get(k, 0.0) for k in _instant_max(d, "llmb_engine_model_buffer_bytes")}
     return {
         "layers_ratio": _divide(
             _instant_max(d, "llmb_engine_gpu_layers_offloaded"),
@@ -404,6 +404,7 @@ def _signal_values(d: _Data) -> dict[str, dict[EngineKey, float]]:
         "generation_tokens_per_second": _rate_max(d, "llmb_engine_generation_tokens_total", rw),
         "experts_host_layers": _instant_max(d, "llmb_engine_experts_host_layers"),
         **_card().card_values(d),
+        **prefill_values(d),
     }
 
 
@@ -491,11 +492,6 @@ def rule_values_at(series: Mapping[SeriesKey, Points], at: float) -> dict[Engine
     return out
 
 
-def signals_at(series: Mapping[SeriesKey, Points], at: float) -> dict[EngineKey, Signals]:
-    """`Signals` of every engine up at `at`, computed as the recording rules do."""
-    return {k: v.signals for k, v in rule_values_at(series, at).items()}
-
-
 def verdicts_at(series: Mapping[SeriesKey, Points], at: float) -> dict[EngineKey, Verdict]:
-    """The verdict of every engine up at `at`: `evaluate(signals_at(...))`."""
-    return {k: evaluate(v) for k, v in signals_at(series, at).items()}
+    """The verdict of every engine up at `at`: `evaluate` of its rule values' signals."""
+    return {k: evaluate(v.signals) for k, v in rule_values_at(series, at).items()}

@@ -60,6 +60,15 @@ class Signals:
     # engine:llmb_gpu_sm_clock:ratio<rate_window>: the highest SM clock of the window / its
     # maximum (absent while the GPU was idle throughout)
     sm_clock_ratio: float | None = None
+    # --- prefill and the time before the first token (issue 27) ---
+    # engine:llmb_request_prompt_tokens:mean<rate_window>: prompt tokens per finished request
+    prompt_tokens_mean: float | None = None
+    # engine:llmb_prefill_efficiency:ratio<rate_window>: prefill tok/s / the compute limit
+    prefill_efficiency: float | None = None
+    # engine:llmb_ttft_wait:ratio<rate_window>: waiting / (waiting + in prefill), averages
+    ttft_wait_share: float | None = None
+    # engine:llmb_prefill_time:ratio<rate_window>: prompt seconds / (prompt + decode seconds)
+    prefill_time_share: float | None = None
 
 
 SIGNAL_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Signals))
@@ -94,6 +103,18 @@ def card_records() -> dict[str, str]:
         "card_power_slowdown": f"engine:llmb_gpu_power_slowdown:avg{rw}",
         "card_thermal_slowdown": f"engine:llmb_gpu_thermal_slowdown:avg{rw}",
         "sm_clock_ratio": f"engine:llmb_gpu_sm_clock:ratio{rw}",
+        **prefill_records(),
+    }
+
+
+def prefill_records() -> dict[str, str]:
+    """The prefill signals' recorded series (mixin/rules/prefill.py)."""
+    rw = threshold_promql("rate_window")
+    return {
+        "prompt_tokens_mean": f"engine:llmb_request_prompt_tokens:mean{rw}",
+        "prefill_efficiency": f"engine:llmb_prefill_efficiency:ratio{rw}",
+        "ttft_wait_share": f"engine:llmb_ttft_wait:ratio{rw}",
+        "prefill_time_share": f"engine:llmb_prefill_time:ratio{rw}",
     }
 
 

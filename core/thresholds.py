@@ -132,6 +132,40 @@ THRESHOLDS: dict[str, Threshold] = {
         "NVML names (locked or application clocks): the H200 of issue 27 held 1980 of 1980 "
         "MHz under load; a power-capped card sits at 60-75 % of its boost clock.",
     ),
+    # --- prefill and the time before the first token (issue 27) ---------------------------
+    "prefill_prompt_tokens_min": Threshold(
+        "1024",
+        "tokens",
+        "Mean prompt tokens per request at or above which prompts count as long: prefill "
+        "then costs at least as much as a hundred or so decode steps, and the time before the "
+        "first token is worth splitting into waiting and work.",
+    ),
+    "prefill_efficiency_at_limit": Threshold(
+        "0.5",
+        "ratio",
+        "Measured prompt tok/s x FLOPs per prompt token / the card's dense BF16 peak at or "
+        "above which prefill is at the card's compute limit. Tuned GEMMs reach 60-80 % of the "
+        "datasheet peak; llama.cpp Q4_0 on an H200 measured about 0.15 (3000 tok/s at 8k "
+        "tokens of a 27B model). Above `decode_efficiency_physical_max` no claim is made.",
+    ),
+    "ttft_wait_share_low": Threshold(
+        "0.25",
+        "ratio",
+        "Waiting / (waiting + prefill) before the first token below which requests barely "
+        "wait: the prompt's own computation is the time before the first token.",
+    ),
+    "ttft_wait_share_high": Threshold(
+        "0.5",
+        "ratio",
+        "Waiting / (waiting + prefill) at or above which the time before the first token is "
+        "mostly waiting for admission, not computing the prompt.",
+    ),
+    "prefill_time_share_high": Threshold(
+        "0.5",
+        "ratio",
+        "Prompt seconds / (prompt + decode seconds) at or above which the engine spends most "
+        "of a request computing its prompt: prefill, not decode, sets the speed.",
+    ),
     "host_memory_bandwidth_bytes_per_second": Threshold(
         "1e+11",
         "bytes/s",

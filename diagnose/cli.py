@@ -150,6 +150,13 @@ def _add_launch_and_sources(m: Any) -> None:
         metavar="GB/S",
         help="GPU memory bandwidth for the roofline (default: exporter, NVML table)",
     )
+    m.add_argument(
+        "--peak-tflops",
+        type=positive_float,
+        metavar="TFLOP/S",
+        help="the card's dense peak compute for the prefill roofline (default: the exporter's "
+        'llmb_gpu_peak_flops{dtype="bf16"}, from the known-GPU table)',
+    )
     # The same pair as run and sweep; off by default here (a run's marks are in its report).
     add_metrics_server_options(m, default_port=0)
     m.add_argument(
@@ -226,6 +233,7 @@ def options_from_args(args: argparse.Namespace, config: Config | None) -> Option
         exporter_engine=args.exporter_engine,
         gpu=config.gpu if config is not None else None,
         bandwidth_bytes_per_s=bw,
+        peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
         timeout=args.timeout,
         connect_timeout=args.connect_timeout,
         model=args.model,

@@ -94,6 +94,7 @@ def complete(
             f"{row.step}: {client_kv} requests ran out of KV/context on the client side "
             "that the exporter did not count (no engine log?); counted as KV pressure"
         )
+    sig = _own_prefill(run, sig, row)
     if sig.decode_efficiency is None and run.opts.bandwidth_bytes_per_s:
         own = step_values(run, row, t1).signals.decode_efficiency
         if own is not None:
@@ -202,3 +203,16 @@ def step_values(run: EngineRun, row: Row, t1: float) -> RuleValues:
             page.put("llmb_engine_decode_seconds_total", seconds if rose else 0.0)
         scrapes.append((t, page.series))
     return _values(run, scrapes, t1)
+
+
+def _own_prefill(run: EngineRun, sig: Signals, row: Row) -> Signals:
+    """The step's prefill efficiency from the engine's own prompt timings where the rules
+    have none (no peak-compute series: a CPU, an unknown card, --peak-tflops)."""
+    if sig.prefill_efficiency is not None or row.prefill_efficiency is None:
+        return sig
+    source = run.result.prefill.peak_source or "the peak given"
+    run.note(
+        f"{row.step}: prefill efficiency from the engine's prompt timings and {source} "
+        "(no peak-compute series for the rules: the Prometheus verdict cannot see it)"
+    )
+    return replace(sig, prefill_efficiency=row.prefill_efficiency)

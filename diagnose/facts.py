@@ -11,20 +11,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from core.prefill import PEAK_DTYPE
+from core.prefill_rules import ATTENTION, MATMUL, WINDOW
 from diagnose.decision.model import EngineResult
 from diagnose.engine_run import EngineRun
 from diagnose.monitor import RESULT_STRUCTURE_SERIES
 from diagnose.probe import engine_facts
 from loadgen.client import StreamClient
 from loadgen.exporter_series import Series, first, labelled
+from model.flops import prefill_flops
 from model.geometry import geometry_from_gguf
 
 LAYERS_TOTAL = "llmb_engine_gpu_layers_total"
 LAYERS_OFFLOADED = "llmb_engine_gpu_layers_offloaded"
 BUFFERS = "llmb_engine_model_buffer_bytes"
+
+PEAK = "llmb_gpu_peak_flops"
+
 # EngineResult field -> the per-engine series read with the GPU facts.
 ENGINE_SERIES = {
     "process_gpu_bytes": "llmb_engine_process_gpu_memory_bytes",
@@ -75,6 +82,7 @@ async def collect_facts(run: EngineRun) -> None:
             if res.weights_bytes is None and geo.weight_bytes:
                 res.weights_bytes = float(geo.weight_bytes)
             structure_from_geometry(res, geo)
+            prefill_from_geometry(res, geo)
     await gpu_facts(run)
 
 
@@ -96,6 +104,42 @@ async def gpu_facts(run: EngineRun) -> None:
     if run.opts.bandwidth_bytes_per_s:
         res.bandwidth_bytes_per_s = run.opts.bandwidth_bytes_per_s
         res.bandwidth_source = "--bandwidth-gbs"
+    _peak_facts(run, series)
+
+
+def prefill_from_geometry(res: EngineResult, geo: Any) -> None:
+    """The model's FLOPs per prompt token (model/flops.py) from a GGUF/HF geometry."""
+    fl = prefill_flops(geo)
+    if fl is not None:
+        res.prefill = replace(res.prefill, **fl._asdict())
+
+
+def _peak_facts(run: EngineRun, series: Series | None) -> None:
+    """The card's peak compute (--peak-tflops, else the exporter's table value) and, where
+    no GGUF was read, the model's FLOPs per token from the exporter's series."""
+    res = run.result
+    engine = run.monitor.exporter_engine
+    peak, source = run.opts.peak_flops, "--peak-tflops"
+    if peak is None and series:
+        peaks = [v for lab, v in labelled(series, PEAK) if lab.get("dtype") == PEAK_DTYPE]
+        peak, source = (max(peaks), f"{PEAK}{{dtype={PEAK_DTYPE}}}") if peaks else (None, "")
+    if peak is not None:
+        res.prefill = replace(res.prefill, peak_flops=peak, peak_source=source)
+    if res.prefill.matmul_flops is None and series:
+        matmul = first(series, MATMUL, engine=engine)
+        parts = {
+            lab.get("layers", ""): v
+            for lab, v in labelled(series, ATTENTION)
+            if lab.get("engine") == engine
+        }
+        if matmul:
+            res.prefill = replace(
+                res.prefill,
+                matmul_flops=matmul,
+                attention_flops_full=parts.get("full"),
+                attention_flops_swa=parts.get("sliding"),
+                sliding_window=first(series, WINDOW, engine=engine),
+            )
 
 
 def _engine_series(res: EngineResult, series: Series, engine: str) -> None:

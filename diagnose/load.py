@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 
 from config.kinds import engine_kind
 from diagnose.decision.model import Row
+from diagnose.decision.prefill import PromptTiming, prefill_row, row_prefill, ttft_split
 from diagnose.decision.roofline import row_roofline
 from diagnose.engine_run import EngineRun, LoadStep, StepStopped
 from diagnose.evidence import step_evidence
 from diagnose.facts import structure_facts
+from loadgen.results import RequestRecord
 from loadgen.scheduler.phase import ABORT_ENGINE_GONE, ABORT_NOT_ANSWERING
 from loadgen.scheduler.spec import RunSpec
 from loadgen.scheduler.step import run_step
@@ -53,6 +55,7 @@ class _Rounds:
     per_seq: list[float] = field(default_factory=list)
     server_ms: list[float] = field(default_factory=list)
     prompts: list[float] = field(default_factory=list)
+    timings: list[PromptTiming] = field(default_factory=list)
 
 
 def _add_round(row: Row, acc: _Rounds, fig: StepSummary) -> None:
@@ -96,6 +99,7 @@ async def _run_rounds(
             _add_round(row, acc, summary)
         acc.prompts += [float(r.prompt_tokens) for r in records if r.prompt_tokens is not None]
         reason = result.abort_reason or ""
+        acc.timings += prompt_timings(records)
         if result.interrupted:
             return acc, StepStopped(reason or "interrupted", interrupted=True)
         if result.aborted and reason.startswith(ENGINE_LOST):
@@ -124,6 +128,25 @@ def _summarize(run: EngineRun, row: Row, acc: _Rounds) -> None:
     roof = row_roofline(run.result, row)
     row.bytes_per_step, row.limit_tok_s = roof.bytes_per_step, roof.limit_tok_s
     row.efficiency, row.misfit = roof.efficiency, roof.misfit
+    split = ttft_split(acc.timings)
+    if split is not None:
+        row.prefill_tok_s, row.queue_wait_s = split.prefill_tok_s, split.queue_wait_s
+        row.prefill_s = split.prefill_s
+        row.prefill_efficiency = row_prefill(run.result, row).efficiency
+
+
+def prompt_timings(records: list[RequestRecord]) -> list[PromptTiming]:
+    """The engine's prompt timings of a round's requests (llama.cpp `timings`)."""
+    return [
+        PromptTiming(
+            r.start_time + r.ttft_s, r.ttft_s, float(r.server_prompt_ms), float(r.server_prompt_n)
+        )
+        for r in records
+        if r.error is None
+        and r.ttft_s is not None
+        and r.server_prompt_ms is not None
+        and r.server_prompt_n is not None
+    ]
 
 
 async def measure_row(run: EngineRun, load: LoadStep) -> Row:
@@ -164,6 +187,7 @@ async def measure_row(run: EngineRun, load: LoadStep) -> Row:
     row.kv_events = int(max(0.0, _log_events(run) - events0))
     step_evidence(run, row, t0, t1)
     run.result.rows.append(row)
+    run.result.prefill = row_prefill(run.result, prefill_row(run.result))
     return row
 
 

@@ -34,6 +34,8 @@ class Options:
     # GPU sampling of the embedded collectors (the config's `gpu:`; None: NVML if present).
     gpu: GpuConfig | None = None
     bandwidth_bytes_per_s: float | None = None
+    # The card's dense peak compute for the prefill roofline (--peak-tflops; None: table).
+    peak_flops: float | None = None
     timeout: float = 600.0
     connect_timeout: float = 5.0
     sample_interval: float = 0.5

@@ -183,20 +183,26 @@ class Diagnoser(EngineRun):
         ]
 
 
+# Verdicts about the load's prompts, which the KV-pressure step's long probe prompts do not show.
+PROBE_PROMPT_VERDICTS = ("ttft_waiting_bound", "prefill_at_card_limit", "prefill_below_card_limit")
+
+
 def combine(step_verdicts: list[tuple[str, str, Signals]]) -> tuple[str | None, Signals]:
     """The run's verdict: the first in the decision order that any load step showed.
 
     Each step's verdict is what the rules give at its end; a bottleneck seen in one step
     (a queue at high concurrency, KV pressure under long prompts) is the answer even when
     another step did not show it. `idle` counts only when no step showed anything else.
+    The KV-pressure step's prompts are the tool's own probe (as long as half a slot), not the
+    load's: its prompt verdicts (`PROBE_PROMPT_VERDICTS`) do not count.
     """
     if not step_verdicts:
         return None, Signals()
     for name in VERDICTS:
         if name == "idle":
             continue
-        for _, verdict, sig in step_verdicts:
-            if verdict == name:
+        for step, verdict, sig in step_verdicts:
+            if verdict == name and not (step == "kv_pressure" and name in PROBE_PROMPT_VERDICTS):
                 return name, sig
     return "idle", step_verdicts[-1][2]
 

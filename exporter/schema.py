@@ -70,6 +70,9 @@ SCHEMA: dict[str, Spec] = {
     "llmb_gpu_memory_bandwidth_bytes_per_second": _g(
         "Theoretical peak memory bandwidth (known-GPU table, config override, or clock x bus).", GPU
     ),
+    "llmb_gpu_peak_flops": _g(
+        "Dense tensor-core peak FLOP/s per dtype (model/gpu_specs.py).", (*GPU, "dtype")
+    ),
     "llmb_gpu_process_memory_used_bytes": _g(
         "GPU memory used by one process, attributed to a configured engine when it matches.",
         ("gpu", "pid", "process", "engine"),
@@ -214,6 +217,12 @@ SCHEMA: dict[str, Spec] = {
         "Bytes of one row of an untied token embedding (a step reads one per sequence); 0 when "
         "tied."
     ),
+    "llmb_model_prefill_flops_per_token": _g("Matmul FLOPs per prompt token (model/flops.py)."),
+    "llmb_model_prefill_attention_flops_per_position": _g(
+        "Attention FLOPs per prompt token and attended position, by layer kind.",
+        (*ENGINE, "layers"),
+    ),
+    "llmb_model_sliding_window_tokens": _g("Positions a sliding-window layer attends to."),
     "llmb_model_kv_cache_type_info": Spec(
         "info",
         "KV cache element types the engine stores (llama.cpp -ctk/-ctv; SGLang "

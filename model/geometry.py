@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from model import ggml_types, weights
+from model import flops, ggml_types, weights
 from model.gguf_header import GGUFTensor, read_gguf_tensors
 from model.safetensors import SafetensorsTotals, safetensors_totals
 
@@ -118,6 +118,10 @@ class ModelGeometry(WeightStructure):
     # Per layer: True when the layer uses the sliding window; () when unknown.
     swa_mask: tuple[bool, ...] = ()
     kv_lora_rank: int | None = None  # MLA: the cache holds this latent + the rope key
+    # Prefill (model/flops.py): parameters a prompt token multiplies through (MoE: k/E of
+    # the routed experts) and per-head (query-key, value) sizes of its attention.
+    prefill_matmul_params: int | None = None
+    attention_head_dims: tuple[int, int] | None = None
 
     @property
     def is_moe(self) -> bool:
@@ -328,7 +332,14 @@ def geometry_from_gguf(path: str | Path) -> ModelGeometry:
     size = sum(t.nbytes for t in tensors) if tensors else None
     file_type = _file_type_name(meta.get("general.file_type"))
     facts = _FileFacts(params, size, _as_int(key("context_length")), file_type)
-    return _geometry(_Layers(arch, n_layer, n_embd, n_head), kv, (window, mask), facts, moe)
+    geo = _geometry(_Layers(arch, n_layer, n_embd, n_head), kv, (window, mask), facts, moe)
+    nextn = _as_int(key("nextn_predict_layers")) or 0
+    matmul = flops.gguf_matmul_params(
+        tensors, n_layer - nextn, geo.expert_count, geo.expert_used_count
+    )
+    return dataclasses.replace(
+        geo, prefill_matmul_params=matmul, attention_head_dims=flops.gguf_attention_dims(key)
+    )
 
 
 def _hf_structure(
@@ -415,4 +426,20 @@ def geometry_from_hf_config(path_or_mapping: str | Path | Mapping[str, Any]) -> 
         # A strange `mlp_only_layers` or `quantization_config` must not cost the KV geometry.
         structure = WeightStructure()
     layers = _Layers(architecture, n_layer, n_embd, n_head)
-    return _geometry(layers, kv, (sliding_window, mask), facts, structure)
+    geo = _geometry(layers, kv, (sliding_window, mask), facts, structure)
+    return dataclasses.replace(
+        geo,
+        prefill_matmul_params=_hf_matmul_params(config, text),
+        attention_head_dims=flops.hf_attention_dims(text),
+    )
+
+
+def _hf_matmul_params(config: Mapping[str, Any], text: Mapping[str, Any]) -> int | None:
+    """Parameters a prompt token multiplies through, from the config's shapes."""
+    try:
+        counts = weights.config_weights(config, text)
+    except (ValueError, TypeError, ArithmeticError, AttributeError, KeyError):
+        return None
+    moe = counts.moe
+    routed = counts.routed_params * moe.used / moe.experts if moe.experts else 0
+    return round(counts.always_params + routed) or None

@@ -137,3 +137,46 @@ def resolve_bandwidth(
     if value is not None:
         return Bandwidth(value, "clock_bus")
     return Bandwidth(None, "none")
+
+
+# ------------------------------------------------------------------- peak compute (prefill)
+
+# Dense tensor-core peaks (FLOP/s; INT8 in OP/s), never the "with sparsity" figures the
+# datasheets print first (those are 2x). (pattern on the normalized NVML name, {dtype: peak}),
+# first match wins as in KNOWN_GPUS. Sources:
+# - H100 SXM / H200 SXM: BF16/FP16 989.5 T, FP8 and INT8 1,979 T (datasheets: 1,979 /
+#   3,958 "with sparsity"); H100 NVL / H200 NVL 835 / 1,671; H100 PCIe 756 / 1,513
+#   (nvidia.com/en-us/data-center/h100, /h200 spec tables, halved).
+# - A100 (40/80 GB): BF16/FP16 312 T, INT8 624 T, no FP8 (A100 datasheet: 624 / 1,248 sparse).
+# - L40S: BF16/FP16 362.05 T, FP8 and INT8 733 T (L40S datasheet: 733 / 1,466 sparse).
+# - GeForce RTX 4090: BF16/FP16 (FP32 accumulate) 165.2 T, FP8 330.3 T, INT8 660.6 T (Ada
+#   Lovelace architecture whitepaper, appendix table, dense column).
+# - GeForce RTX 5090: BF16/FP16 (FP32 accumulate) 209.5 T, FP8 419 T, INT8 838 T (RTX
+#   Blackwell architecture whitepaper, dense column).
+# - RTX PRO 6000 Blackwell: 4 PFLOPS FP4 with sparsity (datasheet) -> FP4 2,000 T dense,
+#   FP8 and INT8 1,000 T, BF16/FP16 500 T (each precision halving the rate).
+# - RTX PRO 5000 Blackwell: 2,064 AI TOPS (FP4 with sparsity, datasheet) -> FP8 and INT8
+#   516 T, BF16/FP16 258 T dense, by the same halving.
+PEAK_DTYPES = ("bf16", "fp8", "int8")
+KNOWN_PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    (r"\bh200\b.*\bnvl\b", {"bf16": 835e12, "fp8": 1671e12, "int8": 1671e12}),
+    (r"\bh200\b", {"bf16": 989.5e12, "fp8": 1979e12, "int8": 1979e12}),
+    (r"\bh100\b.*\bnvl\b", {"bf16": 835e12, "fp8": 1671e12, "int8": 1671e12}),
+    (r"\bh100\b.*\bpcie\b", {"bf16": 756e12, "fp8": 1513e12, "int8": 1513e12}),
+    (r"\bh100\b", {"bf16": 989.5e12, "fp8": 1979e12, "int8": 1979e12}),
+    (r"\ba100\b", {"bf16": 312e12, "int8": 624e12}),
+    (r"\bl40s\b", {"bf16": 362.05e12, "fp8": 733e12, "int8": 733e12}),
+    (r"\brtx 4090\b(?!.*laptop)", {"bf16": 165.2e12, "fp8": 330.3e12, "int8": 660.6e12}),
+    (r"\brtx 5090\b(?!.*laptop)", {"bf16": 209.5e12, "fp8": 419e12, "int8": 838e12}),
+    (r"\brtx pro 6000 blackwell\b", {"bf16": 500e12, "fp8": 1000e12, "int8": 1000e12}),
+    (r"\brtx pro 5000 blackwell\b", {"bf16": 258e12, "fp8": 516e12, "int8": 516e12}),
+)
+
+
+def table_peak_flops(name: str) -> dict[str, float]:
+    """Dense peak FLOP/s per dtype of a known GPU ({} when unknown), by its NVML name."""
+    normalized = normalize_name(name)
+    for pattern, peaks in KNOWN_PEAK_FLOPS:
+        if re.search(pattern, normalized):
+            return dict(peaks)
+    return {}

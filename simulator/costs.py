@@ -10,10 +10,15 @@ reads only the experts its tokens route to; a draft model adds its own steps.
 
 from __future__ import annotations
 
+import functools
+import json
 import random
 
+from core.prefill import PrefillStructure, prefill_flops_per_token
+from model.flops import prefill_flops
+from model.geometry import geometry_from_hf_config
 from simulator.memory import MemoryModel
-from simulator.model import Request
+from simulator.model import ModelSpec, Request
 
 # Layers whose routing is drawn each step; the others are taken to touch as many experts.
 ROUTING_PROBE_LAYERS = 4
@@ -26,13 +31,17 @@ class StepCosts(MemoryModel):
     last_routed_share: float
     _route_rng: random.Random
 
-    def prefill_seconds(self, tokens: int) -> float:
-        """Time to compute `tokens` prompt tokens (CPU-resident layers are compute bound)."""
+    def prefill_seconds(self, tokens: int, prompt: float | None = None) -> float:
+        """Time to compute `tokens` prompt tokens of prompts `prompt` tokens long (CPU-resident
+        layers are compute bound). With `prefill_flops_per_s` the GPU part costs the model's
+        FLOPs per prompt token at that length (core.prefill) at that rate."""
         cpu_share = 1.0 - self.kv_gpu_share
-        return (
-            tokens / self.params.prefill_tok_s * self.gpu.compute_slowdown
-            + tokens * cpu_share / self.params.cpu_prefill_tok_s
-        )
+        gpu = tokens / self.params.prefill_tok_s * self.gpu.compute_slowdown
+        structure = prefill_structure(self.model)
+        if self.params.prefill_flops_per_s and structure is not None:
+            per_token = prefill_flops_per_token(structure, prompt or float(tokens))
+            gpu = tokens * per_token / self.params.prefill_flops_per_s * self.gpu.compute_slowdown
+        return gpu + tokens * cpu_share / self.params.cpu_prefill_tok_s
 
     def routed_share(self, tokens: int) -> float:
         """Share of the routed experts a forward over `tokens` tokens reads.
@@ -100,3 +109,16 @@ class StepCosts(MemoryModel):
         speed = self.tokens_per_step() / self.decode_seconds(fake)
         self.utilization, self.last_routed_share = util, share
         return speed
+
+
+@functools.cache
+def _structure(config: str) -> PrefillStructure | None:
+    fl = prefill_flops(geometry_from_hf_config(json.loads(config)))
+    return None if fl is None else PrefillStructure(*fl)
+
+
+def prefill_structure(model: ModelSpec) -> PrefillStructure | None:
+    """FLOPs per prompt token of a preset's model (its HF config's shapes), None without one."""
+    if model.hf_config is None:
+        return None
+    return _structure(json.dumps(model.hf_config, sort_keys=True))

@@ -48,12 +48,24 @@ class Load:
 # Loads that put each preset into its bottleneck (tests/system/test_stack_integration.py imports the
 # table); presets not listed get DEFAULT_LOAD.
 DEFAULT_LOAD = Load(2, 256, 128)
+# The prefill presets (issue 27): long prompts, short answers; the verdict each must get.
+PREFILL_LOADS: dict[str, tuple[Load, str]] = {
+    "prefill_at_card_limit": (Load(1, 4096, 16), "prefill_at_card_limit"),
+    "ttft_waiting": (Load(4, 4096, 16), "ttft_waiting_bound"),
+    "prefill_below_limit": (Load(2, 8192, 32), "prefill_below_card_limit"),
+}
 LOADS: dict[str, dict[str, Load]] = {
     "weights_not_resident": {"llamacpp": Load(2, 256, 64), "sglang": Load(2, 256, 64)},
     "kv_saturated": {"llamacpp": Load(8, 900, 400), "sglang": Load(12, 1500, 600)},
     "scheduling_bound": {"llamacpp": Load(8, 200, 200), "sglang": Load(8, 200, 200)},
     "decode_at_card_limit": {"llamacpp": Load(1, 256, 64), "sglang": Load(1, 256, 64)},
 }
+
+
+def load_for(preset: str, kind: str) -> Load:
+    """The demo's load on one engine: its preset's, else the prefill preset's, else the default."""
+    prefill = PREFILL_LOADS.get(preset)
+    return LOADS.get(preset, {}).get(kind, prefill[0] if prefill else DEFAULT_LOAD)
 
 
 class PortBusy(Exception):
@@ -405,7 +417,7 @@ def drive_and_report(
             return 1
     if not args.no_load:
         for kind in KINDS:
-            load = LOADS.get(chosen[kind], {}).get(kind, DEFAULT_LOAD)
+            load = load_for(chosen[kind], kind)
             for _ in range(load.concurrency):
                 thread = threading.Thread(
                     target=drive, args=(urls[kind], load, demo.stop), daemon=True
@@ -415,9 +427,7 @@ def drive_and_report(
         print(
             "load: "
             + ", ".join(
-                f"{engine_name(k)} {LOADS.get(chosen[k], {}).get(k, DEFAULT_LOAD).concurrency} "
-                "in flight"
-                for k in KINDS
+                f"{engine_name(k)} {load_for(chosen[k], k).concurrency} in flight" for k in KINDS
             ),
             flush=True,
         )

@@ -233,7 +233,8 @@ class Engine(StepCosts):
             self._retract_if_full(decode)
             decode = [r for r in self.running if r.prefilled]
         prefill_tokens = sum(r.uncached for r in new)
-        t_prefill = self.prefill_seconds(prefill_tokens) if new else 0.0
+        prompt = sum(len(r.prompt) for r in new) / len(new) if new else None
+        t_prefill = self.prefill_seconds(prefill_tokens, prompt) if new else 0.0
         if new and not decode:
             t_prefill += self.params.step_overhead_s
         t_decode = self.decode_seconds(decode)

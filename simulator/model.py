@@ -106,6 +106,9 @@ class EngineParams:
     kv_unified: bool = False
     n_gpu_layers: int = -1  # -1: all
     prefill_tok_s: float = 2100.0
+    # Prompts computed at this many FLOP/s (the model's FLOPs per prompt token at the
+    # prompt's length, model/flops.py): a share of the card's peak; None: `prefill_tok_s`.
+    prefill_flops_per_s: float | None = None
     step_overhead_s: float = 0.0057
     per_seq_overhead_s: float = 0.0017
     cpu_bandwidth: float = 55e9

@@ -197,6 +197,50 @@ def _moe(step_s: float, per_seq_s: float, layer_s: float, prefill_tok_s: float) 
     }
 
 
+# -- prefill presets (issue 27) ---------------------------------------------------------------
+# Qwen3-8B shapes on an H200 (989.5 TFLOP/s dense BF16): prompts computed at a share of the
+# peak (the model's FLOPs per prompt token, model/flops.py), decode far below its roofline
+# (the H200 build's per-step overheads). Loads: simulator/demo.py PREFILL_LOADS.
+H200_BF16_FLOPS = 989.5e12
+
+
+def _prefill(share: float, slots: int) -> tuple[EngineParams, EngineParams]:
+    """llama.cpp and SGLang costs of a prefill preset: prompts at `share` of the BF16 peak."""
+    costs = {"n_slots": slots, "ctx_total": 65536, "context_len": 32768,
+             "prefill_flops_per_s": share * H200_BF16_FLOPS}  # fmt: skip
+    return EngineParams(**costs), _sglang(**costs)  # type: ignore[arg-type]
+
+
+PREFILL_SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            "prefill_at_card_limit",
+            "Qwen3-8B shapes, Q4_0, on an H200, one long prompt at a time computed at 70 % of "
+            "the card's dense BF16 peak: the card is the limit for prompts.",
+            QWEN3_8B_Q4,
+            H200,
+            *_prefill(0.7, 1),
+        ),
+        Scenario(
+            "ttft_waiting",
+            "The same, one slot (llama.cpp -np 1, SGLang --max-running-requests 1) and four "
+            "clients with long prompts: the time to the first token is mostly waiting.",
+            QWEN3_8B_Q4,
+            H200,
+            *_prefill(0.7, 1),
+        ),
+        Scenario(
+            "prefill_below_limit",
+            "The H200 case of issue 27: two 8192-token prompts at a time computed at 15 % of "
+            "the card's peak take most of each request: prefill, not decode, sets the speed.",
+            QWEN3_8B_Q4,
+            H200,
+            *_prefill(0.15, 2),
+        ),
+    )
+}
+
 # -- presets -----------------------------------------------------------------------------------
 # The generic presets: a made-up 8B (decode_at_card_limit: 32B) on an L40S with `_fast` costs.
 # fmt: off
@@ -333,6 +377,7 @@ SCENARIOS: dict[str, Scenario] = {
             _fast(n_slots=32, ctx_total=200000, context_len=32768, kv_cache_dtype="fp8_e5m2"),
         ),
     )},
+    **PREFILL_SCENARIOS,
 }
 # fmt: on
 

@@ -98,6 +98,13 @@ class Row:
     # The `step` numbers of this row's rounds in requests.jsonl (per engine), so a saved run
     # can be re-decided from its requests (`llmb-loadgen decide`). Empty in runs before it.
     record_steps: list[int] = field(default_factory=list)
+    # The time before the first token, split (diagnose/decision/prefill.py): mean seconds a
+    # request waited and computed its prompt, prompt tok/s over the time prompts were being
+    # computed (the engine's own prompt timings), and that against the card's compute limit.
+    queue_wait_s: float | None = None
+    prefill_s: float | None = None
+    prefill_tok_s: float | None = None
+    prefill_efficiency: float | None = None
 
     @property
     def spread(self) -> float | None:
@@ -131,6 +138,29 @@ class Roofline:
     def physical(self) -> bool:
         """Whether the efficiency may be shown as a share of the card's limit."""
         return self.misfit is None
+
+
+@dataclass
+class Prefill:
+    """The card's prefill limit for one engine and how much of it a step's prompts used.
+
+    `flops_per_token` at `prompt_tokens` (the model's matmul and attention FLOPs, below);
+    `limit_tok_s` = `peak_flops` / it; `measured_tok_s` from the engine's own prompt timings;
+    `misfit`: the efficiency is beyond physics (no claim).
+    """
+
+    flops_per_token: float | None = None
+    limit_tok_s: float | None = None
+    measured_tok_s: float | None = None
+    efficiency: float | None = None
+    prompt_tokens: float | None = None
+    peak_flops: float | None = None
+    peak_source: str | None = None
+    misfit: bool = False
+    matmul_flops: float | None = None
+    attention_flops_full: float | None = None
+    attention_flops_swa: float | None = None
+    sliding_window: float | None = None
 
 
 @dataclass
@@ -180,6 +210,7 @@ class EngineResult:
     # (unix time, memory bytes) samples taken during the run, for the timeline plot.
     timeline: list[tuple[float, float]] = field(default_factory=list)
     roofline: Roofline = field(default_factory=Roofline)
+    prefill: Prefill = field(default_factory=Prefill)
     # The decision core's inputs as measured by this run, and its answer.
     signals: dict[str, float | bool | None] = field(default_factory=dict)
     # What the verdict had to take from diagnose's own measurements, and why.

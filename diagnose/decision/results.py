@@ -5,7 +5,15 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from diagnose.decision.model import Decision, EngineResult, PhaseMark, Roofline, Row, RunInfo
+from diagnose.decision.model import (
+    Decision,
+    EngineResult,
+    PhaseMark,
+    Prefill,
+    Roofline,
+    Row,
+    RunInfo,
+)
 
 
 def results_to_dict(
@@ -32,5 +40,6 @@ def engine_from_dict(data: dict[str, Any]) -> EngineResult:
     phases = [PhaseMark(**p) for p in data.pop("phases", [])]
     rows = [Row(**r) for r in data.pop("rows", [])]
     roof = Roofline(**(data.pop("roofline", None) or {}))
+    data["prefill"] = Prefill(**(data.pop("prefill", None) or {}))
     timeline = [(float(t), float(v)) for t, v in data.pop("timeline", [])]
     return EngineResult(**data, phases=phases, rows=rows, roofline=roof, timeline=timeline)

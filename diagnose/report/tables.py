@@ -189,6 +189,7 @@ class Column:
     quiet: bool = False
 
 
+NO_PROMPT_TIMINGS = "the engine returned no prompt timings (llama.cpp does; SGLang does not)"
 COLUMNS = (
     Column("engine", lambda r: r.engine),
     Column("step", lambda r: r.step),
@@ -205,6 +206,22 @@ COLUMNS = (
         "TTFT p99 ms",
         lambda r: _fmt(r.ttft_p99_s * 1000 if r.ttft_p99_s is not None else None),
         "no step recorded a p99 TTFT",
+    ),
+    Column(
+        "wait ms",
+        lambda r: _fmt(r.queue_wait_s * 1000 if r.queue_wait_s is not None else None),
+        NO_PROMPT_TIMINGS,
+    ),
+    Column(
+        "prompt ms",
+        lambda r: _fmt(r.prefill_s * 1000 if r.prefill_s is not None else None),
+        NO_PROMPT_TIMINGS,
+    ),
+    Column("prefill tok/s", lambda r: _fmt(r.prefill_tok_s), NO_PROMPT_TIMINGS),
+    Column(
+        "of compute limit",
+        lambda r: _pct_or_dash(r.prefill_efficiency),
+        "no prefill compute limit (peak unknown: pass --peak-tflops)",
     ),
     Column("ms/token", lambda r: _fmt(r.per_token_ms, 2), "no tokens"),
     Column(

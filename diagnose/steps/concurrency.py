@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from diagnose.decision.model import Row, Step
+from diagnose.decision.prefill import split_text
 from diagnose.decision.roofline import row_roofline_text
 from diagnose.engine_run import EngineRun, LoadStep
 from diagnose.steps.base import STEP_QUESTIONS
@@ -55,5 +56,5 @@ def level_text(run: EngineRun, c: int, row: Row) -> str:
     ttft = f"{row.ttft_s:.3f} s" if row.ttft_s else "not measured (no streamed text)"
     return (
         f"c={c}: {row.aggregate_tok_s or 0:.1f} tok/s aggregate{scale}, TTFT p50 "
-        f"{ttft}{queue}{row_roofline_text(run.result, row)}"
+        f"{ttft}{split_text(row)}{queue}{row_roofline_text(run.result, row)}"
     )

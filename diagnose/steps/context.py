@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from core.thresholds import threshold_number
 from diagnose.decision.model import Row, Step
+from diagnose.decision.prefill import row_prefill
 from diagnose.engine_run import EngineRun, LoadStep, StepStopped, gib
 from diagnose.steps.base import STEP_QUESTIONS
 from loadgen.client import TargetUnreachable
@@ -100,7 +101,8 @@ async def context_step(run: EngineRun, ctx: int) -> bool:
         run.say(
             "context",
             f"{ctx}: loaded, {gib(loaded)} after load, KV {gib(row.kv_bytes)}"
-            + (", the card is near full" if near_full else ""),
+            + (", the card is near full" if near_full else "")
+            + context_prefill_text(run, row),
         )
         if near_full:
             row.error = f"GPU memory near full at context {ctx} ({gib(headroom)} free)"
@@ -118,3 +120,14 @@ async def context_step(run: EngineRun, ctx: int) -> bool:
         return False
     finally:
         run.stop()
+
+
+def context_prefill_text(run: EngineRun, row: Row) -> str:
+    """`; prompt P s at N tok/s = E % of the compute limit` at this context, or ''."""
+    if row.prefill_tok_s is None or row.prefill_s is None:
+        return ""
+    text = f"; prompt {row.prefill_s:.3f} s at {row.prefill_tok_s:.0f} tok/s"
+    p = row_prefill(run.result, row)
+    if p.efficiency is not None and not p.misfit:
+        text += f" = {p.efficiency * 100:.0f} % of the card's compute limit"
+    return text

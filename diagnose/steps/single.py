@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from diagnose.decision.model import NOT_MEASURED, Step
+from diagnose.decision.prefill import prefill_text, split_text
 from diagnose.decision.roofline import roofline, roofline_text
 from diagnose.engine_run import EngineRun, LoadStep
 from diagnose.steps.base import STEP_QUESTIONS
@@ -28,6 +29,8 @@ class SingleStep:
                 answer += roofline_text(roof)
             else:
                 answer += "; roofline unknown: pass --bandwidth-gbs (no GPU bandwidth known)"
+        if not row.error:
+            answer += "; " + prefill_text(res.prefill) + split_text(row)
         run.say("single", answer)
         numbers: dict[str, object] = {
             "per_seq_tok_s": row.per_seq_tok_s,
@@ -38,5 +41,6 @@ class SingleStep:
             "accepted_tokens_per_step": roof.accepted_tokens_per_step,
             "misfit": roof.misfit,
             "rounds": row.per_seq_rounds,
+            "prefill": res.prefill,
         }
         return Step("single", STEP_QUESTIONS["single"], answer, False, numbers)

@@ -22,6 +22,7 @@ from mixin.dashboards.panels import (
     pct,
     ts,
 )
+from mixin.dashboards.prefill import prefill_row
 
 
 def _verdict_row(cfg: MixinConfig) -> Row:
@@ -286,10 +287,11 @@ def overview(cfg: MixinConfig) -> Dashboard:
         _queue_row(cfg),
         _idle_row(cfg),
         _decode_row(cfg),
+        prefill_row(),
     ]
     return Dashboard(
         "llmb-overview",
         "LLM bottleneck: overview",
-        "Why an engine is slow: the verdict, then the five decision steps with their evidence.",
+        "Why an engine is slow: the verdict, then the six decision steps with their evidence.",
         rows,
     )

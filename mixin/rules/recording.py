@@ -11,6 +11,7 @@ from typing import Any
 from core.thresholds import threshold_promql
 from mixin.rules.card import card_rules
 from mixin.rules.common import E, mx, ratio, rec
+from mixin.rules.prefill import prefill_rules
 from mixin.rules.roofline import roofline_rules
 
 
@@ -20,7 +21,7 @@ def recording_rules() -> list[dict[str, Any]]:
         {"name": "llmb-engine", "rules": engine_rules() + throughput_rules() + admission_rules()},
         {"name": "llmb-gpu", "rules": gpu_rules()},
         {"name": "llmb-card", "rules": card_rules()},
-        {"name": "llmb-roofline", "rules": roofline_rules()},
+        {"name": "llmb-roofline", "rules": roofline_rules() + prefill_rules()},
     ]
 
 

@@ -40,25 +40,28 @@ def roofline_rules() -> list[dict[str, Any]]:
 def bandwidth_rule() -> dict[str, Any]:
     """The memory bandwidth one engine's decode step can use."""
     memory_clock = gpu_names()["memory"]
-    return rec(
-        # Each GPU the engine's processes hold reads its share of a step (its share of
-        # the engine's GPU memory) and the slowest sets the pace: min(bandwidth / share),
-        # the sum of the bandwidths for an even split (tensor parallel), the GPU's own on
-        # one GPU. A CPU-only engine holds no GPU: its bandwidth and roofline are absent.
-        # Each GPU's datasheet bandwidth is scaled by the memory clock its window reached
-        # against the maximum (mixin/rules/card.py; 1 where either clock is unknown).
-        "engine:llmb_gpu_memory_bandwidth_bytes_per_second:max",
-        f"""
-        min by ({E}) (
-            (
-                (
+    # Each GPU's datasheet bandwidth is scaled by the memory clock its window reached
+    # against the maximum (mixin/rules/card.py; 1 where either clock is unknown).
+    per_gpu = f"""(
                     max by (host, gpu) (llmb_gpu_memory_bandwidth_bytes_per_second)
                   * (
                       {memory_clock}
                     or
                       0 * max by (host, gpu) (llmb_gpu_memory_bandwidth_bytes_per_second) + 1
                   )
-                )
+                )"""
+    return rec("engine:llmb_gpu_memory_bandwidth_bytes_per_second:max", engine_gpus_join(per_gpu))
+
+
+def engine_gpus_join(per_gpu: str) -> str:
+    """One engine's figure from a per-GPU one (`host`, `gpu` labels): each GPU the engine's
+    processes hold does its share of a step (its share of the engine's GPU memory) and the
+    slowest sets the pace: min(value / share), the sum for an even split (tensor parallel),
+    the GPU's own on one GPU. A CPU-only engine holds no GPU: the result is absent."""
+    return f"""
+        min by ({E}) (
+            (
+                {per_gpu}
               / on (host, gpu) group_right ()
                 (
                     engine_gpu:llmb_gpu_process_memory_used_bytes:sum
@@ -69,8 +72,7 @@ def bandwidth_rule() -> dict[str, Any]:
             )
           * on (host, engine) group_left (kind) group by ({E}) (llmb_engine_up)
         )
-        """,
-    )
+        """
 
 
 def _expert_share(batch: str) -> str:

@@ -58,6 +58,7 @@ from core.roofline import (
 from core.rules import EngineKey, rule_values_at, verdicts_at
 from core.signals import SIGNAL_FIELDS, SIGNAL_RECORDS, Signals
 from core.thresholds import THRESHOLDS, threshold_number, threshold_seconds
+from simulator.demo import PREFILL_LOADS
 from simulator.scenarios import SCENARIOS
 from tests.conftest import get_free_port
 from tests.integration.test_sim_scenarios import words
@@ -141,11 +142,18 @@ def test_decision_order_first_condition_wins() -> None:
         running=0,
         waiting=0,
         decode_efficiency=0.9,
+        prompt_tokens_mean=4096,
+        ttft_wait_share=0.6,
+        prefill_time_share=0.8,
     )
     v = evaluate(everything)
     assert v.name == "weights_not_resident"
-    # The card's state is absent here: only card_throttled does not hold.
-    assert [c.held for c in v.conditions] == [True, True, True, True, False, True]
+    # In decision order; prefill_at_card_limit needs little waiting, card_throttled a card
+    # state: the only ones not held.
+    held = {c.name: c.held for c in v.conditions}
+    assert [c.name for c in v.conditions][:3] == ["weights_not_resident", "kv_saturated",
+                                                  "ttft_waiting"]  # fmt: skip
+    assert [n for n, h in held.items() if not h] == ["card_throttled", "prefill_at_card_limit"]
     assert evaluate(Signals(decode_efficiency=0.5)).name == "decode_at_card_limit"
     assert evaluate(Signals(decode_efficiency=0.4999)).name == "decode_below_card_limit"
     assert evaluate(Signals(kv_pressure_increase=0.0)).name == "decode_below_card_limit"
@@ -161,6 +169,9 @@ def test_verdict_as_json_names_every_condition_and_the_action() -> None:
         "idle": False,
         "card_throttled": False,
         "decode_at_card_limit": False,
+        "ttft_waiting": False,
+        "prefill_at_card_limit": False,
+        "prefill_bound": False,
     }
     assert d["action"] == VERDICT_INFO["kv_saturated"].action
     json.dumps(d)
@@ -433,7 +444,11 @@ def sim_runs() -> list[SimRun]:
                 )
             )
     for preset in SCENARIOS:
-        if preset in ROOFLINE_PRESETS:
+        if preset in PREFILL_LOADS:
+            # Issue 27: long prompts; the verdict on both engines.
+            load, verdict = PREFILL_LOADS[preset]
+            runs += [SimRun(f"{k}-{preset}", k, preset, load, verdict) for k in KINDS]
+        elif preset in ROOFLINE_PRESETS:
             for kind in KINDS:
                 intended = ROOFLINE_PRESETS[preset] if kind in ROOFLINE_KINDS else None
                 runs.append(SimRun(f"{kind}-{preset}", kind, preset, ROOFLINE_LOAD, intended))
@@ -547,7 +562,8 @@ def sim_capture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Capture]:
                 log = workdir / f"{run.name}.llama-server.log"
                 argv += ["--log-file", str(log)]
                 engine["log_file"] = str(log)
-            elif run.preset not in ROOFLINE_PRESETS:  # those serve their own model folder
+            elif run.preset not in ROOFLINE_PRESETS and run.preset not in PREFILL_LOADS:
+                # (those serve their own model folder)
                 model = SCENARIOS[run.preset].model
                 size = "32b" if model.n_layer == 64 else "27b" if model.n_layer == 62 else "8b"
                 engine["model_path"] = str(model_dirs[size])

@@ -95,6 +95,15 @@ def test_run_verdict_is_the_first_in_decision_order_any_step_showed() -> None:
     )
     assert combine([("single", "idle", s)])[0] == "idle"
     assert combine([])[0] is None
+    # The KV step's long probe prompts say nothing about the load's prompts; a load step does.
+    probe = [
+        ("single", "decode_below_card_limit", s),
+        ("kv_pressure", "prefill_below_card_limit", s),
+    ]
+    assert combine(probe)[0] == "decode_below_card_limit"
+    assert combine([("single", "prefill_below_card_limit", s), *probe])[0] == (
+        "prefill_below_card_limit"
+    )
 
 
 def test_roofline_counts_weights_and_kv_on_the_h200_capture(fixtures_dir: Path) -> None:

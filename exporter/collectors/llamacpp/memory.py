@@ -6,6 +6,7 @@ from __future__ import annotations
 from exporter.collectors.llamacpp.log import MIB, LogState, is_host_buffer
 from exporter.collectors.llamacpp.metrics import PREFIX, slot_shape
 from exporter.fields import Fields
+from exporter.prefill_series import add_prefill_structure
 from exporter.promtext import Exposition
 from exporter.schema import MetricSet, add_kv_cache_type, add_model_structure
 from model.geometry import ModelGeometry
@@ -86,6 +87,7 @@ def map_model(
     if not size:
         ms.add("llmb_model_weights_bytes", geom.weight_bytes, **labels)
     add_model_structure(ms, geom, **labels)
+    add_prefill_structure(ms, geom, **labels)
     _map_kv_estimate(ms, geom, endpoints, log_state, labels)
 
 

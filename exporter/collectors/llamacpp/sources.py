@@ -73,6 +73,13 @@ SOURCES: dict[str, str] = {
     "llmb_model_token_embedding_row_bytes": (
         "GGUF `token_embd.weight` bytes / rows when `output.weight` exists"
     ),
+    "llmb_model_prefill_flops_per_token": (
+        "GGUF tensor infos (`blk.N.*` matrices; `*_exps` at k/E) and `{arch}.attention.*` keys"
+    ),
+    "llmb_model_prefill_attention_flops_per_position": (
+        "same (heads, head sizes, sliding-window layers)"
+    ),
+    "llmb_model_sliding_window_tokens": "same (`sliding_window`)",
     "llmb_model_kv_cache_type_info": (
         "log `llama_kv_cache: size = … K (q8_0): …, V (q8_0): …` (-lv 4)"
     ),

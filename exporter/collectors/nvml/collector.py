@@ -38,7 +38,7 @@ from exporter.collectors.nvml.backend import (
 )
 from exporter.collectors.nvml.card import add_card_state
 from exporter.schema import MetricSet
-from model.gpu_specs import resolve_bandwidth
+from model.gpu_specs import resolve_bandwidth, table_peak_flops
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -370,6 +370,8 @@ class NvmlCollector(Collector):
             out.add(
                 "llmb_gpu_memory_bandwidth_bytes_per_second", bandwidth.bytes_per_second, gpu=gpu
             )
+            for dtype, flops in table_peak_flops(dev.name).items():
+                out.add("llmb_gpu_peak_flops", flops, gpu=gpu, dtype=dtype)
             for proc in sorted(sample.processes[dev.index], key=lambda p: p.pid):
                 argv = self._argv_of(proc.pid)
                 engine = self._engine_of(proc.pid)

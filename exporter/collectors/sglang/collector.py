@@ -35,7 +35,7 @@ from typing import Any
 from exporter.collectors import Body, EngineCollector, Scrape, SourceError, off_loop, parse_json
 from exporter.collectors.sglang.log import SGLangLog
 from exporter.collectors.sglang.memory import map_geometry, map_memory, map_weights
-from exporter.collectors.sglang.metrics import FAMILIES, PREFIX, map_metrics
+from exporter.collectors.sglang.metrics import FAMILIES, PREFIX, PromptSeconds, map_metrics
 from exporter.collectors.sglang.server_info import map_identity, reported_memory, version
 from exporter.fields import Fields
 from exporter.promtext import Exposition, parse_exposition
@@ -87,6 +87,8 @@ class SGLangCollector(EngineCollector):
         self._info_args: str | None = None
         self._gone = False
         self._seen = False
+        # llmb_engine_prompt_seconds_total kept monotonic (metrics.PromptSeconds).
+        self._prompt_seconds = PromptSeconds()
         self.restarts = 0
         self._statics_task: asyncio.Task[Statics] | None = None
         # Warm-up: whether this instance was seen ready (/health other than 503) and whether
@@ -286,6 +288,7 @@ class SGLangCollector(EngineCollector):
         models = Fields(statics[2][0], "/v1/models", problems)
 
         map_metrics(ms, expo, version(info.text("version")), labels)
+        ms.add("llmb_engine_prompt_seconds_total", self._prompt_seconds.read(expo), **labels)
         map_identity(ms, expo, (info, model_info, models), labels)
         weights, kv = self._reported_memory(info)
         geom = await self._geometry_for(info)

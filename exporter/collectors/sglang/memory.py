@@ -10,6 +10,7 @@ import math
 
 from exporter.collectors.sglang.metrics import scheduler_value
 from exporter.fields import Fields
+from exporter.prefill_series import add_prefill_structure
 from exporter.promtext import Exposition
 from exporter.schema import MetricSet, add_kv_cache_type, add_model_structure
 from model.geometry import ModelGeometry
@@ -132,6 +133,7 @@ def map_geometry(
     ms.add("llmb_model_layers", float(geom.n_layer), **labels)
     if structure_fits(geom, placed):
         add_model_structure(ms, geom, **labels)
+    add_prefill_structure(ms, geom, **labels)
     kv_type = kv_dtype(server_info, geom) or server_info.text("kv_cache_dtype") or "auto"
     try:
         dtype_bytes = kv_type_bytes(kv_type)

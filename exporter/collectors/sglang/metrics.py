@@ -247,3 +247,29 @@ def _map_histograms(ms: MetricSet, expo: Exposition, labels: dict[str, str]) -> 
             if hist is not None:
                 ms.histogram(schema_name, hist[0], hist[1], **labels)
                 break
+
+
+class PromptSeconds:
+    """`llmb_engine_prompt_seconds_total` for SGLang: the time from admission to the first
+    token summed over requests (TTFT histogram sum - queue-time histogram sum).
+
+    A request adds its queue time at admission and its TTFT only at its first token, so the
+    difference dips meanwhile; held at its highest value it stays a counter (a lower TTFT
+    sum is a restart, which starts it over).
+    """
+
+    def __init__(self) -> None:
+        self._ttft = 0.0
+        self._value = 0.0
+
+    def read(self, expo: Exposition) -> float | None:
+        """The counter's value now, None without both histograms."""
+        ttft = total_value(expo, "time_to_first_token_seconds_sum")
+        queue = total_value(expo, "queue_time_seconds_sum")
+        if ttft is None or queue is None:
+            return None
+        if ttft < self._ttft:
+            self._value = 0.0
+        self._ttft = ttft
+        self._value = max(self._value, ttft - queue, 0.0)
+        return self._value

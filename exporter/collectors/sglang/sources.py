@@ -40,6 +40,10 @@ SOURCES: dict[str, str] = {
     "llmb_engine_generation_tokens_total": "`sglang:generation_tokens_total`",
     "llmb_engine_decode_tokens_total": "`sglang:inter_token_latency_seconds_count`",
     "llmb_engine_decode_seconds_total": "`sglang:inter_token_latency_seconds_sum`",
+    "llmb_engine_prompt_seconds_total": (
+        "`sglang:time_to_first_token_seconds_sum` - `sglang:queue_time_seconds_sum` (held "
+        "monotonic)"
+    ),
     "llmb_engine_requests_finished_total": "`sglang:num_requests_total`",
     "llmb_engine_time_to_first_token_seconds": "`sglang:time_to_first_token_seconds`",
     "llmb_engine_inter_token_latency_seconds": "`sglang:inter_token_latency_seconds`",
@@ -73,6 +77,13 @@ SOURCES: dict[str, str] = {
     "llmb_model_token_embedding_row_bytes": (
         "`embed_tokens` row × dtype unless `tie_word_embeddings`"
     ),
+    "llmb_model_prefill_flops_per_token": (
+        "HF `config.json` shapes (experts at k/E; MLA `qk_*_head_dim`, `v_head_dim`)"
+    ),
+    "llmb_model_prefill_attention_flops_per_position": (
+        "same (heads, head sizes, sliding-window layers)"
+    ),
+    "llmb_model_sliding_window_tokens": "same (`sliding_window`)",
     "llmb_model_kv_cache_type_info": (
         "`/server_info` `kv_cache_dtype` (`auto`: `dtype`, else `config.json` `torch_dtype`)"
     ),

@@ -1,0 +1,143 @@
+"""The card's prefill limit for what an engine measured, and the time before the first token
+split into waiting and work, from the engine's own prompt timings.
+
+Every number of the limit comes from the decision core (`core.prefill`); this module picks
+the inputs from an `EngineResult` and a step's requests and words the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from core.prefill import (
+    PrefillStructure,
+    prefill_efficiency,
+    prefill_flops_per_token,
+    prefill_limit_tokens_per_second,
+    prefill_misfit_text,
+    prefill_physical,
+)
+from diagnose.decision.model import EngineResult, Prefill, Row
+
+
+@dataclass(frozen=True)
+class PromptTiming:
+    """One request as the engine timed its prompt: when its first token came (unix s), its
+    TTFT as the client saw it, and the engine's prompt milliseconds and prompt tokens."""
+
+    first_token_at: float
+    ttft_s: float
+    prompt_ms: float
+    prompt_n: float
+
+
+@dataclass(frozen=True)
+class TtftSplit:
+    """A step's prompts: tok/s while prompts were computed, mean wait and mean work."""
+
+    prefill_tok_s: float
+    queue_wait_s: float
+    prefill_s: float
+
+
+def _union_seconds(spans: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end] spans."""
+    total, end = 0.0, float("-inf")
+    for lo, hi in sorted(spans):
+        if hi <= end:
+            continue
+        total += hi - max(lo, end)
+        end = hi
+    return total
+
+
+def ttft_split(timings: Iterable[PromptTiming]) -> TtftSplit | None:
+    """Prompt tok/s = prompt tokens / the time any prompt was being computed (the union of
+    the engine's prompt spans, each ending at its first token), so prompts computed one
+    after another in one batch count once; a request's work is its prompt at that speed,
+    its wait the rest of its TTFT. None without the engine's prompt timings."""
+    rows = [t for t in timings if t.prompt_ms > 0 and t.prompt_n > 0]
+    if not rows:
+        return None
+    busy = _union_seconds([(t.first_token_at - t.prompt_ms / 1e3, t.first_token_at) for t in rows])
+    if not busy > 0:
+        return None
+    speed = sum(t.prompt_n for t in rows) / busy
+    work = [t.prompt_n / speed for t in rows]
+    wait = [max(t.ttft_s - w, 0.0) for t, w in zip(rows, work, strict=True)]
+    return TtftSplit(speed, sum(wait) / len(wait), sum(work) / len(work))
+
+
+def structure(engine: EngineResult) -> PrefillStructure | None:
+    """The model's FLOPs per prompt token as the core knows them (None when unknown)."""
+    p = engine.prefill
+    if not p.matmul_flops:
+        return None
+    return PrefillStructure(
+        p.matmul_flops,
+        p.attention_flops_full or 0.0,
+        p.attention_flops_swa or 0.0,
+        p.sliding_window,
+    )
+
+
+def row_prefill(engine: EngineResult, row: Row | None) -> Prefill:
+    """One step's prompts against the card's compute limit at that step's prompt length."""
+    model = structure(engine)
+    base = engine.prefill
+    if model is None or row is None:
+        return base
+    flops = prefill_flops_per_token(model, row.prompt_tokens)
+    limit = prefill_limit_tokens_per_second(base.peak_flops, flops)
+    eff = prefill_efficiency(row.prefill_tok_s, limit)
+    return replace(
+        base,
+        flops_per_token=flops,
+        limit_tok_s=limit,
+        measured_tok_s=row.prefill_tok_s,
+        efficiency=eff,
+        prompt_tokens=row.prompt_tokens,
+        misfit=not prefill_physical(eff),
+    )
+
+
+def prefill_row(engine: EngineResult) -> Row | None:
+    """The step whose prompts stand for the engine: one request at a time, longest prompt."""
+    rows = [r for r in engine.ok_rows() if r.prefill_tok_s and r.concurrency == 1]
+    rows = rows or [r for r in engine.ok_rows() if r.prefill_tok_s]
+    return max(rows, key=lambda r: r.prompt_tokens or 0.0) if rows else None
+
+
+def split_text(row: Row) -> str:
+    """`: waiting W s, prompt P s at N tok/s` (the TTFT split), or '' without timings."""
+    if row.prefill_tok_s is None or row.queue_wait_s is None or row.prefill_s is None:
+        return ""
+    return (
+        f" (waiting {row.queue_wait_s:.3f} s, prompt {row.prefill_s:.3f} s at "
+        f"{row.prefill_tok_s:.0f} tok/s)"
+    )
+
+
+def prefill_text(p: Prefill) -> str:
+    """`prefill N tok/s = E % of the card's compute limit L tok/s (...)`, or why not."""
+    if p.measured_tok_s is None:
+        return "prefill: not measured (the engine returned no prompt timings)"
+    head = f"prefill {p.measured_tok_s:.0f} tok/s"
+    if p.efficiency is None or p.limit_tok_s is None or p.flops_per_token is None:
+        why = (
+            "no peak compute known: pass --peak-tflops"
+            if p.flops_per_token
+            else ("the model's FLOPs per token are unknown")
+        )
+        return f"{head}; compute limit unknown ({why})"
+    basis = (
+        f"{(p.peak_flops or 0) / 1e12:.1f} TFLOP/s ÷ {p.flops_per_token / 1e9:.3f} GFLOP per "
+        f"token at {p.prompt_tokens or 0:.0f}-token prompts"
+    )
+    if p.misfit:
+        return f"{head}; {prefill_misfit_text(p.efficiency)} (limit {p.limit_tok_s:.0f} tok/s)"
+    return (
+        f"{head} = {p.efficiency * 100:.0f} % of the card's compute limit "
+        f"{p.limit_tok_s:.0f} tok/s ({basis})"
+    )

@@ -1,0 +1,100 @@
+"""The prefill roofline and the time before the first token, per engine (issue 27).
+
+Python equivalent: `core.prefill_rules.prefill_values` (same arithmetic, same order); the
+parity test ties them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.prefill import PEAK_DTYPE
+from core.prefill_rules import ATTENTION, MATMUL, WINDOW
+from core.thresholds import threshold_promql
+from mixin.rules.common import E, mx, rec
+from mixin.rules.roofline import engine_gpus_join
+
+
+def _rate(metric: str) -> str:
+    return f"max by ({E}) (rate({metric}[{threshold_promql('rate_window')}]))"
+
+
+def _names() -> dict[str, str]:
+    rw = threshold_promql("rate_window")
+    return {
+        "prompt": f"engine:llmb_request_prompt_tokens:mean{rw}",
+        "peak": "engine:llmb_gpu_peak_flops:max",
+        "window": f"engine:llmb_prefill_window_positions:min{rw}",
+        "flops": f"engine:llmb_prefill_flops_per_token:avg{rw}",
+        "limit": f"engine:llmb_prefill_limit_tokens_per_second:avg{rw}",
+    }
+
+
+def prefill_rules() -> list[dict[str, Any]]:
+    """The prefill records in evaluation order (each reads only earlier records)."""
+    rw = threshold_promql("rate_window")
+    n = _names()
+    prompt_s = _rate("llmb_engine_prompt_seconds_total")
+    waiting = mx(f"avg_over_time(llmb_engine_requests_waiting[{rw}])")
+    return [
+        rec(
+            # Prompt tokens per finished request: the prompt length attention grows with.
+            n["prompt"],
+            f"""
+            {_rate("llmb_engine_prompt_tokens_total")}
+              / ({_rate("llmb_engine_requests_finished_total")} > 0)
+            """,
+        ),
+        # The engine's dense BF16 peak, joined to its GPUs as the bandwidth is.
+        rec(
+            n["peak"],
+            engine_gpus_join(f'max by (host, gpu) (llmb_gpu_peak_flops{{dtype="{PEAK_DTYPE}"}})'),
+        ),
+        # m = min(P, W): the positions a sliding-window layer sees at the prompt's end.
+        rec(n["window"], f"({n['prompt']} <= {mx(WINDOW)}) or {mx(WINDOW)}"),
+        rec(n["flops"], flops_expr()),
+        rec(n["limit"], f"{n['peak']} / ({n['flops']} > 0)"),
+        rec(
+            f"engine:llmb_prefill_efficiency:ratio{rw}",
+            f"engine:llmb_prefill_tokens_per_second:rate{rw} / ({n['limit']} > 0)",
+        ),
+        rec(
+            # Little's law: average requests waiting and average requests in prefill are
+            # the mean wait and the mean prefill time times the same arrival rate.
+            f"engine:llmb_ttft_wait:ratio{rw}",
+            f"""
+            {waiting}
+              / (({waiting} + {prompt_s}) > 0)
+            """,
+        ),
+        rec(
+            f"engine:llmb_prefill_time:ratio{rw}",
+            f"""
+            {prompt_s}
+              / (({prompt_s} + {_rate("llmb_engine_decode_seconds_total")}) > 0)
+            """,
+        ),
+    ]
+
+
+def flops_expr() -> str:
+    """FLOPs per prompt token at the mean prompt P: matmuls + full-attention layers x
+    (P + 1) / 2 + sliding-window layers x (m(m + 1)/2 + (P - m) m) / P, m = min(P, W)."""
+    n = _names()
+    p, m = n["prompt"], n["window"]
+    matmul = mx(MATMUL)
+    full = mx(f'{ATTENTION}{{layers="full"}}')
+    sliding = mx(f'{ATTENTION}{{layers="sliding"}}')
+    return f"""
+      {matmul}
+    + (
+        {full} * (({p} + 1) / 2)
+      or
+        0 * {matmul}
+    )
+    + (
+        {sliding} * (({m} * ({m} + 1) / 2 + ({p} - {m}) * {m}) / {p})
+      or
+        0 * {matmul}
+    )
+    """
