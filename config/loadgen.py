@@ -80,6 +80,7 @@ class LoadgenSettings(BaseModel):
     parallel: int | None = None
     exporter_engine: str | None = None
     bandwidth_gbs: float | None = None
+    peak_tflops: float | None = Field(default=None, gt=0)
     fail_on: list[str] | None = None
     # --log-file / --model-path of the engine diagnose measures (compare: give them as flags).
     log_file: str | None = None
