@@ -39,7 +39,9 @@ def prefill_row() -> Row:
                 description=(
                     "Prompt tok/s x FLOPs per prompt token (2 x the active parameters plus "
                     "attention at the mean prompt) / the card's dense BF16 peak "
-                    f"(`engine:llmb_prefill_efficiency:ratio{RW}`). Above "
+                    f"(`engine:llmb_prefill_efficiency:ratio{RW}`). At or above the line "
+                    f"(`prefill_efficiency_at_limit` = {t['prefill_efficiency_at_limit']}) "
+                    "prompts run at the card's compute limit. Above "
                     f"{t['decode_efficiency_physical_max']} the FLOPs model or the peak does "
                     "not fit and no claim is made."
                 ),

@@ -47,6 +47,8 @@ UNITS = {
     "events",
     "restarts",
     "engines",
+    "watt",
+    "celsius",
 }
 # Panels whose threshold line is a number of the rules: (dashboard uid, panel title) ->
 # (THRESHOLDS name, colour below the line, colour at and above it).
@@ -71,6 +73,13 @@ LIMITS = {
     ("llmb-engines", "KV cache usage"): ("kv_usage_high", "green", "red"),
     ("llmb-load-run", "KV usage"): ("kv_usage_high", "green", "red"),
     ("llmb-gpu-memory", "Headroom at the peak"): ("gpu_headroom_min_bytes", "red", "green"),
+    ("llmb-gpu-memory", "Clocks / their maxima"): ("sm_clock_ratio_min", "red", "green"),
+    ("llmb-gpu-memory", "Card slowed, per engine"): ("card_slowdown_share_min", "green", "red"),
+    ("llmb-overview", "Prefill efficiency (measured / compute limit)"): (
+        "prefill_efficiency_at_limit",
+        "orange",
+        "green",
+    ),
 }
 # Where the rules compare a series with the same number (prometheus/rules/*.yml).
 RULE_COMPARISONS = {
@@ -80,6 +89,9 @@ RULE_COMPARISONS = {
     "weights_buffer_ratio_min": "engine:llmb_weights_gpu_buffers:ratio < bool {}",
     "weights_memory_ratio_min": "engine:llmb_weights_gpu_memory:ratio < bool {}",
     "layers_ratio_min": "engine:llmb_gpu_layers_offloaded:ratio < bool {}",
+    "sm_clock_ratio_min": "engine:llmb_gpu_sm_clock:ratio5m < bool {}",
+    "card_slowdown_share_min": "engine:llmb_gpu_power_slowdown:avg5m >= bool {}",
+    "prefill_efficiency_at_limit": "engine:llmb_prefill_efficiency:ratio5m >= bool {}",
 }
 # Keys grafana-foundation-sdk's models do not carry: the import dialog's inputs, the variable
 # editor's query text, and the Prometheus annotation fields Grafana reads from the legacy
@@ -185,7 +197,7 @@ def test_overview_follows_the_decision_order() -> None:
     doc = by_uid("llmb-overview")
     rows = [p["title"] for p in doc["panels"] if p["type"] == "row"]
     assert rows[0] == "Verdict"
-    assert [r.split(".")[0] for r in rows[1:]] == ["1", "2", "3", "4", "5"]
+    assert [r.split(".")[0] for r in rows[1:]] == ["1", "2", "3", "4", "5", "6"]
 
 
 def test_load_run_marks_steps_as_annotations() -> None:

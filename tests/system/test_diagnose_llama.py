@@ -140,7 +140,8 @@ def test_weights_in_host_memory_next_to_a_gpu_are_not_resident(
     """A GPU is present (an NVML-shaped file for the exporter's NVML collector), the engine
     holds none of its weights on it: the CPU build keeps every layer in host memory whatever
     `-ngl` asks, and its real log shows only CPU buffers. The exporter reports the engine's
-    GPU memory as an explicit 0 against the weight bytes, which is the residency evidence."""
+    GPU memory as an explicit 0 against the weight bytes, and its log's host-only buffers are
+    0 on the GPU (core.rules): both are the residency evidence."""
     gpu_file = tmp_path / "gpu.json"
     gpu_file.write_text(json.dumps(FAKE_GPU))
     cfg = write_config(
@@ -154,9 +155,10 @@ def test_weights_in_host_memory_next_to_a_gpu_are_not_resident(
     assert doc["recommendation"] == "fix_memory_first"
     assert engine["process_gpu_bytes"] == 0 and engine["gpu_buffer_bytes"] == 0
     assert engine["signals"]["weights_memory_ratio"] == 0
+    assert engine["signals"]["weights_buffers_ratio"] == 0  # the log's CPU buffers alone
     assert engine["bandwidth_bytes_per_s"] == pytest.approx(4.8e12, rel=0.01)  # H200 table
     residency = doc["decision"]["steps"][0]
-    assert residency["decisive"] and residency["answer"].startswith("no: memory")
+    assert residency["decisive"] and residency["answer"].startswith("no: buffers, memory")
 
 
 # One idle H200 in the NVML shape the exporter's fake backend reads (simulator/gpu_state.py).
