@@ -39,9 +39,20 @@ def _modules(*packages: str) -> list[Path]:
     return sorted(p for pkg in packages for p in (ROOT / pkg).rglob("*.py"))
 
 
-def _imports(path: Path) -> set[str]:
+def _imports(path: Path, runtime_only: bool = False) -> set[str]:
+    """The absolute imports of `path`; with `runtime_only`, not those under `if
+    TYPE_CHECKING:` (annotations only)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    typing_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if runtime_only and isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+        for n in ast.walk(block)
+    }
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -328,33 +339,12 @@ def test_the_path_check_sees_a_planted_bad_path(tmp_path: Path) -> None:
 DIAGNOSE_LAYERS = 7
 
 
-def _runtime_imports(path: Path) -> set[str]:
-    """`_imports` without those under `if TYPE_CHECKING:` (annotations only)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    typing_only = {
-        id(n)
-        for block in ast.walk(tree)
-        if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
-        for n in ast.walk(block)
-    }
-    out: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.Import):
-            out.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
-            out.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return out
-
-
 def _layers(package: str) -> dict[str, int]:
     """Each module's layer: 1 + the highest layer among the package modules it imports."""
     deps = {}
     for path in _modules(package):
         name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-        deps[name] = _runtime_imports(path)
+        deps[name] = _imports(path, runtime_only=True)
     deps = {m: {d for d in ds if d in deps and d != m} for m, ds in deps.items()}
     layer: dict[str, int] = {}
 
@@ -374,6 +364,6 @@ def test_diagnose_is_at_most_seven_layers_deep() -> None:
     assert layers["diagnose.cli"] == max(layers.values()) <= DIAGNOSE_LAYERS, layers
     # The steps read facts and measure through their one object (`EngineRun`), not a chain.
     for step in ("single", "concurrency", "kv", "context", "residency"):
-        reached = _runtime_imports(ROOT / "diagnose" / "steps" / f"{step}.py")
+        reached = _imports(ROOT / "diagnose" / "steps" / f"{step}.py", runtime_only=True)
         assert not reached & {"diagnose.load", "diagnose.facts", "diagnose.evidence"}, step
         assert layers[f"diagnose.steps.{step}"] < layers["diagnose.load"]

@@ -87,26 +87,24 @@ def engine_run(rng: random.Random, speed: float, n: int = 64) -> list[list[float
     return [[speed * drift * rng.lognormvariate(0, 0.15) for _ in range(n)]]
 
 
-def test_identical_engines_give_no_winner_in_20_of_20_seeded_runs() -> None:
+def sides_of_20_seeded_runs(first_seed: int, speed_b: float) -> list[int]:
+    """The side `ratio_side` calls in 20 seeded runs of A at 100 tok/s against B at `speed_b`."""
     sides = []
     for seed in range(20):
-        rng = random.Random(seed)
-        a, b = engine_run(rng, 100.0), engine_run(rng, 100.0)
+        rng = random.Random(first_seed + seed)
+        a, b = engine_run(rng, 100.0), engine_run(rng, speed_b)
         out = Bootstrap[float](seed=seed).ratio(a, b, mean)
         assert out is not None
         sides.append(ratio_side(out[2]))
-    assert sides == [0] * 20
+    return sides
+
+
+def test_identical_engines_give_no_winner_in_20_of_20_seeded_runs() -> None:
+    assert sides_of_20_seeded_runs(0, 100.0) == [0] * 20
 
 
 def test_a_30_percent_faster_engine_is_called_in_20_of_20_seeded_runs() -> None:
-    sides = []
-    for seed in range(20):
-        rng = random.Random(100 + seed)
-        a, b = engine_run(rng, 100.0), engine_run(rng, 130.0)
-        out = Bootstrap[float](seed=seed).ratio(a, b, mean)
-        assert out is not None
-        sides.append(ratio_side(out[2]))
-    assert sides == [1] * 20
+    assert sides_of_20_seeded_runs(100, 130.0) == [1] * 20
 
 
 def test_parse_slo_terms_and_errors() -> None:
