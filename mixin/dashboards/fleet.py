@@ -22,7 +22,11 @@ FLEET_COLORS = {
     "weights_not_resident": "red",
     "kv_saturated": "orange",
     "scheduling_bound": "yellow",
+    "ttft_waiting_bound": "yellow",
+    "card_throttled": "purple",
+    "prefill_below_card_limit": "blue",
     "decode_below_card_limit": "blue",
+    "prefill_at_card_limit": "green",
     "decode_at_card_limit": "green",
     "idle": "text",
 }
@@ -32,14 +36,24 @@ FLEET_SEVERITY = {
 }
 
 
+def rank_texts() -> dict[int, tuple[str, str]]:
+    """Each severity rank's text and colour: verdicts that share a rank share its line
+    ("a or b"), the colour of the first (worst first, as FLEET_SEVERITY lists them)."""
+    out: dict[int, tuple[str, str]] = {}
+    for verdict, (rank, color) in FLEET_SEVERITY.items():
+        text, first_color = out.get(rank, ("", color))
+        out[rank] = (f"{text} or {verdict}" if text else verdict, first_color)
+    return out
+
+
 def _now_row() -> Row:
     """Every engine's severity, worst first, and the worst verdict per host."""
     mapping = [
         {
             "type": "value",
             "options": {
-                str(rank): {"text": verdict, "color": color, "index": i}
-                for i, (verdict, (rank, color)) in enumerate(FLEET_SEVERITY.items())
+                str(rank): {"text": text, "color": color, "index": i}
+                for i, (rank, (text, color)) in enumerate(rank_texts().items())
             },
         }
     ]

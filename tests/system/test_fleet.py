@@ -32,7 +32,7 @@ from exporter.app import build_runner
 from exporter.collectors import Collector, Scrape
 from exporter.runner import Runner
 from exporter.schema import MetricSet
-from mixin.dashboards.fleet import FLEET_SEVERITY
+from mixin.dashboards.fleet import FLEET_SEVERITY, rank_texts
 from mixin.rules.verdict import verdict_rules
 from tests.plugins.prom import (
     ROOT,
@@ -233,7 +233,12 @@ def test_dashboard_severity_ranks_match_the_rules() -> None:
     ranks = {verdict: rank for verdict, (rank, _) in FLEET_SEVERITY.items()}
     assert ranks == SEVERITY
     assert set(SEVERITY) == set(VERDICTS) | {"engine_down"}
-    assert len(set(ranks.values())) == len(ranks)
+    # Verdicts may share a rank (a prompt and a decode verdict of the same weight): the
+    # dashboard's mapping names every verdict of a rank, so none is hidden behind another.
+    texts = rank_texts()
+    assert set(texts) == set(ranks.values())
+    for verdict, rank in ranks.items():
+        assert verdict in texts[rank][0].split(" or "), verdict
     # The fleet rules rank with the same table.
     (fleet_group,) = [g for g in verdict_rules() if g["name"] == "llmb-fleet"]
     severity = fleet_group["rules"][0]["expr"]
