@@ -286,6 +286,7 @@ def test_flags_named_in_the_report_exist() -> None:
     import argparse
     import ast
 
+    from config import kinds
     from config.settings import EngineConfig, GpuConfig
     from diagnose.cli import COMPARE, DIAGNOSE
     from diagnose.report import html as htmlreport
@@ -298,6 +299,8 @@ def test_flags_named_in_the_report_exist() -> None:
         for n in ast.walk(ast.parse(source.read_text()))
         if isinstance(n, ast.Constant) and isinstance(n.value, str)
     ]
+    # The engine kinds' residency fixes, which the answer and the report print.
+    literals += [e.residency.layers_fix for e in kinds.ENGINES]
     # Flags of llama-server itself, quoted as "(llama-server ...)", are not ours.
     hints = re.sub(r"\(llama-server [^)]*\)", "", " ".join(literals))
     flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", hints))
