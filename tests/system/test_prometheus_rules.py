@@ -28,8 +28,8 @@ pytestmark = pytest.mark.prometheus
 # The verdict vocabulary in decision order is a contract: spelled out here, not read from
 # the core (users' alerts and dashboards name it).
 VERDICT_ORDER = (
-    "weights_not_resident kv_saturated scheduling_bound idle card_throttled "
-    "decode_at_card_limit decode_below_card_limit"
+    "weights_not_resident kv_saturated ttft_waiting_bound scheduling_bound idle card_throttled "
+    "prefill_at_card_limit decode_at_card_limit prefill_below_card_limit decode_below_card_limit"
 ).split()
 VERDICTS = set(VERDICT_ORDER)
 REQUIRED_ALERTS = {
