@@ -41,13 +41,21 @@ def readme_commands() -> list[str]:
 
 USER_INSTALL = 'python3 -m venv ~/llmb && ~/llmb/bin/pip install ".[full]"'
 USER_DIAGNOSE = "~/llmb/bin/llmb-loadgen diagnose --url http://127.0.0.1:8080 --out report"
-# command -> the test that runs it
+USER_COMPARE = (
+    "~/llmb/bin/llmb-loadgen compare --url http://127.0.0.1:8080 --url http://127.0.0.1:30000 "
+    "--out cmp"
+)
+# command -> the test that runs it (a command the README gives twice is listed once)
 COVERAGE = {
     "make demo": "tests/system/test_readme.py::test_make_demo_on_a_fresh_clone",
     "make test": "tests/system/test_readme.py::test_make_test_is_what_ci_runs (CI runs it)",
+    "cp .env.example .env": "tests/system/test_readme.py::test_compose_commands",
+    "docker compose --profile host up -d": "tests/system/test_host_profile.py (the real daemon)",
     USER_INSTALL: "tests/system/test_user_install.py::test_readme_user_path",
     USER_DIAGNOSE: "tests/system/test_user_install.py::test_readme_user_path",
-    "cp .env.example .env": "tests/system/test_readme.py::test_compose_commands",
+    USER_COMPARE: (
+        "tests/integration/test_diagnose_answer.py::test_compare_two_running_engines_by_url"
+    ),
     "docker compose --profile llamacpp up -d": "tests/system/test_readme.py::test_compose_commands",
 }
 
@@ -70,7 +78,7 @@ def fresh_copy(dest: Path) -> Path:
 
 
 def test_every_command_is_covered() -> None:
-    assert readme_commands() == list(COVERAGE)
+    assert list(dict.fromkeys(readme_commands())) == list(COVERAGE)
 
 
 def test_first_screen_answers_and_has_the_two_commands() -> None:
@@ -142,11 +150,16 @@ def test_compose_commands(tmp_path: Path) -> None:
     repo = fresh_copy(tmp_path / "clone")
     subprocess.run(["cp", ".env.example", ".env"], cwd=repo, check=True)
     env_file = repo / ".env"
+    # What the README says to set in .env for this profile.
     env_file.write_text(
-        env_file.read_text().replace(
-            "GRAFANA_ADMIN_PASSWORD=\n", "GRAFANA_ADMIN_PASSWORD=test-only\n"
+        env_file.read_text()
+        .replace("GRAFANA_ADMIN_PASSWORD=\n", "GRAFANA_ADMIN_PASSWORD=test-only\n")
+        .replace(
+            "LLMB_CONFIG_FILE=./deploy/compose/gpu.yaml\n",
+            "LLMB_CONFIG_FILE=./deploy/compose/llamacpp.yaml\n",
         )
     )
+    assert "LLMB_CONFIG_FILE=./deploy/compose/llamacpp.yaml" in README.read_text()
     # Only .env speaks: no compose variable from the test's environment.
     compose_env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
     # `docker compose --profile llamacpp up -d` without a daemon: render what `up` would run.
