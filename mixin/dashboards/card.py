@@ -78,7 +78,7 @@ def _slowdown_panels(cfg: MixinConfig) -> list[Panel]:
             "Slowdown reasons active",
             Target(
                 "max by (host, gpu, reason) (llmb_gpu_clock_event_reason_active"
-                f'{{{HSEL}, reason=~"{slowdown}"}}) == 1',
+                f'{{{HSEL}, reason=~"{slowdown}"}})',
                 f"{_GPU} {{{{reason}}}}",
             ),
             unit="none",

@@ -188,6 +188,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 argv += ["--max-tokens", str(load.max_tokens), "--duration", "900"]
                 argv += ["--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1"]
                 argv += ["--out", str(st.workdir / f"run-{name}"), "--no-progress"]
+                argv += ["--slo", "e2e_p99=60s"]  # the Load-run dashboard's goodput panel
                 st.spawn(f"loadgen-{name}", argv)
                 loadgen_targets.append(f"127.0.0.1:{metrics_port}")
 
