@@ -6,7 +6,7 @@
 # `llmb-synth-model --save-tokenizer`), .whl/ (the gguf wheel) and bench/prefill_requests.py,
 # two levels below a checkout of the project (docs/results/h200-prefill.md).
 set -uo pipefail
-W=/tmp/llmb-h7b; mkdir -p "$W"
+W=${TMPDIR:-/tmp}/llmb-prefill; mkdir -p "$W"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$W/site" .whl/*.whl || exit 1
 ROOT=$(cd ../.. && pwd)

@@ -6,8 +6,8 @@
 # SGLang-on-GPU bundle installed with pip --target, sglang-kernel trimmed), model/ (config.json
 # and tokenizer) and prefill_sglang_requests.py.
 set -uo pipefail
-H=$(pwd); SITE=/tmp/llmb-h9/site; mkdir -p "$SITE"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$SITE TVM_FFI_CACHE_DIR=/tmp/llmb-h9/tvm MAX_JOBS=16
+H=$(pwd); WORK=${TMPDIR:-/tmp}/llmb-prefill-sglang; SITE=$WORK/site; mkdir -p "$SITE"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$SITE TVM_FFI_CACHE_DIR=$WORK/tvm MAX_JOBS=16
 PY=/opt/torch/.venv/bin/python3; [ -x "$PY" ] || PY=python3
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem,power.limit \
   --format=csv | tee "$OUT/gpu.csv"
@@ -20,7 +20,7 @@ for c in /usr/local/cuda /usr/local/cuda-13*; do
 done
 : "${CUDA_HOME:=/usr/local/cuda}"; export CUDA_HOME
 if [ ! -e "$CUDA_HOME/lib64/libcudart.so" ]; then  # tvm-ffi links -L$CUDA_HOME/lib64 -lcudart
-  S=/tmp/llmb-h9/cuda; mkdir -p $S/lib64
+  S=$WORK/cuda; mkdir -p $S/lib64
   for d in "$CUDA_HOME"/*; do [ "$(basename "$d")" = lib64 ] || ln -sfn "$d" $S/; done
   for f in "$CUDA_HOME"/lib64/*; do ln -sfn "$f" $S/lib64/; done
   RT=$(ls "$CUDA_HOME"/lib64/libcudart.so.1* "$("$PY" -c 'import nvidia; print(list(nvidia.__path__)[0])')"/cu13/lib/libcudart.so.13 2>/dev/null | head -1)

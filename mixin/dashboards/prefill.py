@@ -32,7 +32,12 @@ def prefill_row() -> Row:
             ),
             ts(
                 "Prefill efficiency (measured / compute limit)",
-                Target(f"engine:llmb_prefill_efficiency:ratio{RW}{{{SEL}}}", "{{host}}/{{engine}}"),
+                Target(
+                    # No number beyond physics: above the gate the line stops.
+                    f"engine:llmb_prefill_efficiency:ratio{RW}{{{SEL}}} "
+                    f"<= {t['decode_efficiency_physical_max']}",
+                    "{{host}}/{{engine}}",
+                ),
                 unit="percentunit",
                 width=6,
                 limit=Limit("prefill_efficiency_at_limit", "above", bad_color="orange"),
@@ -43,7 +48,7 @@ def prefill_row() -> Row:
                     f"(`prefill_efficiency_at_limit` = {t['prefill_efficiency_at_limit']}) "
                     "prompts run at the card's compute limit. Above "
                     f"{t['decode_efficiency_physical_max']} the FLOPs model or the peak does "
-                    "not fit and no claim is made."
+                    "not fit, the line stops and no claim is made."
                 ),
             ),
             ts(
