@@ -45,7 +45,9 @@ def test_run_writes_records_and_summaries(stub: StubFactory, tmp_path: Path) -> 
         assert rec["prompt_tokens"] == 64 and rec["completion_tokens"] == 12
         assert rec["cached_tokens"] == 0  # unique prefixes: nothing reused
         assert rec["ttft_s"] >= 0.02 and rec["e2e_s"] >= 0.02 + 11 * 0.004
-        assert 0 < rec["itl_p50_s"] < 0.05 and rec["itl_mean_s"] > 0
+        # p50 may be 0: on a busy machine the client reads chunks the stub sent 4 ms apart in one
+        # go. Their mean cannot be: the last chunk left the stub 44 ms after the first.
+        assert 0 <= rec["itl_p50_s"] < 0.05 and rec["itl_mean_s"] > 0
         assert rec["server_predicted_per_second"] == pytest.approx(250.0)
         for key in ("itl_mean_s", "itl_p99_s", "tpot_s", "start_time", "server_prompt_ms"):
             assert rec[key] is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from statistics import mean
 
 import httpx
 import pytest
@@ -68,8 +69,12 @@ def test_two_workers_merge_into_one_report(stub: StubFactory, tmp_path: Path) ->
     wall = max(r["end_time"] for r in lines) - min(r["start_time"] for r in lines)
     assert step["wall_s"] == pytest.approx(wall, abs=1e-5)
     assert step["output_tok_s"] == pytest.approx(300 / wall, rel=1e-3)
-    # The inter-token gaps travel with the records: ITL percentiles exist and match the stub.
-    assert step["itl_p50_s"] == pytest.approx(0.003, abs=0.002)
+    # The inter-token gaps travel with the records: the step's ITL is taken over every gap of
+    # every worker's records (nine gaps each, so the mean of the record means). Not the stub's
+    # 3 ms: on a busy 2-core machine the client reads several chunks in one go, and their gaps
+    # are truly ~0 as seen from the client.
+    assert step["itl_mean_s"] == pytest.approx(mean(r["itl_mean_s"] for r in lines), abs=2e-6)
+    assert 0 <= step["itl_p50_s"] <= step["itl_p99_s"] < 0.1
 
 
 def test_open_loop_rate_is_shared(stub: StubFactory, tmp_path: Path) -> None:
