@@ -146,11 +146,16 @@ def run_loadgen(
                "--concurrency", str(concurrency), "--requests", str(requests), "--warmup", "0",
                "--max-tokens", str(MAX_TOKENS), "--out", tmp,
                "--metrics-port", str(free_port())]  # fmt: skip
-        env = os.environ | {"PYTHONPATH": str(root)}
-        subprocess.run(
-            cmd, check=True, timeout=600, env=env, stdout=subprocess.DEVNULL, cwd=root,
-            stderr=subprocess.DEVNULL,
+        # The checkout first, then whatever the caller's PYTHONPATH holds (the device machine
+        # brings some dependencies there).
+        path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
+        env = os.environ | {"PYTHONPATH": path}
+        done = subprocess.run(
+            cmd, timeout=600, env=env, stdout=subprocess.DEVNULL, cwd=root,
+            stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
+        if done.returncode:
+            raise SystemExit(f"llmb-loadgen exited {done.returncode}:\n{done.stderr[-2000:]}")
         lines = (Path(tmp) / "requests.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["error"] is None]
 

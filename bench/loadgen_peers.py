@@ -143,6 +143,9 @@ def run_tool(name: str, shape: Shape, url: str, tokenizer: Path) -> dict[str, An
         "cpu_us_per_request": round(cpu / len(records) * 1e6),
         "cpu_to_exit_us_per_request": round(after_start / len(records) * 1e6),
         "span_s": round(span, 3),
+        # The concurrency the tool really held: request-seconds over the span. A tool that
+        # keeps fewer in flight than asked offers the server a lighter load.
+        "mean_in_flight": round(sum(r.end - r.start for r in records) / span, 1),
         "process_wall_s": round(time.time() - t0, 2),
         "process_cpu_s": round(whole, 2),
         "command": portable(inv.cmd, work),
@@ -180,7 +183,7 @@ def one_run(name: str, shape: Shape, number: int, tokenizer: Path) -> dict[str, 
 
 def medians(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, float]]:
     """Median over rounds of every number, per (shape, tool)."""
-    keys = (*RATE_KEYS, *ERROR_KEYS, "stub_late_p99_ms")
+    keys = (*RATE_KEYS, *ERROR_KEYS, "stub_late_p99_ms", "mean_in_flight")
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault((row["shape"], row["tool"]), []).append(row)
@@ -190,37 +193,52 @@ def medians(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, float
     }
 
 
+# Tools that only run the timing shapes (an offered-load variant, not a throughput client).
+TIMING_ONLY = ("llmb-loadgen-paced",)
+
+
 def verdict(med: dict[tuple[str, str], dict[str, float]], shapes: list[Shape]) -> list[str]:
-    """llmb-loadgen against the best peer per shape: rates >= 1.5x, errors and CPU <=."""
+    """llmb-loadgen against the best peer per shape: rates >= 1.5x, errors and CPU <=; on the
+    timing shapes also the paced variant against inference-perf, at the same offered load."""
     lines = []
     for shape in shapes:
-        ours = med.get((shape.name, "llmb-loadgen"))
         peers = [med[(shape.name, p)] for p in PEER_TOOLS if (shape.name, p) in med]
-        if not ours or not peers:
-            continue
-        checks = []
-        keys = ERROR_KEYS if shape.delays else ("requests_per_s", "chunks_per_s")
-        for key in (*keys, "cpu_us_per_request", "cpu_to_exit_us_per_request"):
-            if key.endswith("_per_s"):
-                peer = max(p[key] for p in peers)
-                ratio = ours[key] / peer
-                ok = ratio >= 1.5
-                checks.append(f"{key} {ours[key]:g} vs {peer:g} ({ratio:.2f}x)")
-            else:
-                # Errors compare by size: a TTFT 5 ms early is as wrong as 5 ms late.
-                peer = min(abs(p[key]) for p in peers)
-                ok = abs(ours[key]) <= peer
-                checks.append(f"{key} {abs(ours[key]):g} vs {peer:g}")
-            checks[-1] += " ok" if ok else " NOT MET"
-        lines.append(f"{shape.name}: " + "; ".join(checks))
+        ours = med.get((shape.name, "llmb-loadgen"))
+        if ours and peers:
+            lines.append(f"{shape.name}: " + "; ".join(_checks(shape, ours, peers)))
+        paced = med.get((shape.name, "llmb-loadgen-paced"))
+        same = med.get((shape.name, "inference-perf"))
+        if shape.delays and paced and same:
+            checks = _checks(shape, paced, [same])
+            lines.append(f"{shape.name} paced vs inference-perf: " + "; ".join(checks))
     return lines
+
+
+def _checks(shape: Shape, ours: dict[str, float], peers: list[dict[str, float]]) -> list[str]:
+    """One tool's figures against the best of `peers`, each marked ok or NOT MET."""
+    checks = []
+    keys = ERROR_KEYS if shape.delays else ("requests_per_s", "chunks_per_s")
+    for key in (*keys, "cpu_us_per_request", "cpu_to_exit_us_per_request"):
+        if key.endswith("_per_s"):
+            peer = max(p[key] for p in peers)
+            ratio = ours[key] / peer
+            ok = ratio >= 1.5
+            checks.append(f"{key} {ours[key]:g} vs {peer:g} ({ratio:.2f}x)")
+        else:
+            # Errors compare by size: a TTFT 5 ms early is as wrong as 5 ms late.
+            peer = min(abs(p[key]) for p in peers)
+            ok = abs(ours[key]) <= peer
+            checks.append(f"{key} {abs(ours[key]):g} vs {peer:g}")
+        checks[-1] += " ok" if ok else " NOT MET"
+    return checks
 
 
 def table(med: dict[tuple[str, str], dict[str, float]], rows: list[dict[str, Any]]) -> str:
     """The markdown table: medians per shape and tool, every round's rate in brackets."""
     head = ("| shape | tool | req/s (rounds) | chunks/s | CPU µs/req in span / to exit "
-            "| TTFT err p50 / p99 ms | ITL-p99 err p50 / p99 ms | stub late p99 ms |")  # fmt: skip
-    out = [head, "|" + "---|" * 8]
+            "| TTFT err p50 / p99 ms | ITL-p99 err p50 / p99 ms | stub late p99 ms "
+            "| in flight |")  # fmt: skip
+    out = [head, "|" + "---|" * 9]
     for (shape, tool), m in med.items():
         runs = ", ".join(f"{r['requests_per_s']:g}" for r in rows
                          if r["shape"] == shape and r["tool"] == tool)  # fmt: skip
@@ -232,7 +250,8 @@ def table(med: dict[tuple[str, str], dict[str, float]], rows: list[dict[str, Any
         out.append(
             f"| {shape} | {tool} | {m['requests_per_s']:g} ({runs}) | "
             f"{m['chunks_per_s']:g} | {m['cpu_us_per_request']:g} / "
-            f"{m['cpu_to_exit_us_per_request']:g} | {' | '.join(errs)} |"
+            f"{m['cpu_to_exit_us_per_request']:g} | {' | '.join(errs)} | "
+            f"{m.get('mean_in_flight', 0):g} |"
         )
     return "\n".join(out)
 
@@ -292,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
             shift = number % len(tools)
             for shape in shapes:
                 for name in tools[shift:] + tools[:shift]:
+                    if name in TIMING_ONLY and not shape.delays:
+                        continue
                     rows.append(one_run(name, shape, number, tokenizer))
                     printable = {k: v for k, v in rows[-1].items() if k != "command"}
                     print(json.dumps(printable), flush=True)

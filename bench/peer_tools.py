@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +109,17 @@ def llmb_loadgen(url: str, shape: Shape, work: Path, tokenizer: Path) -> Invocat
                 for r in rows if r["error"] is None]  # fmt: skip
 
     return Invocation(cmd, {"PYTHONPATH": str(ROOT)}, parse)
+
+
+def llmb_loadgen_paced(url: str, shape: Shape, work: Path, tokenizer: Path) -> Invocation:
+    """llmb-loadgen offering the load inference-perf offers in its `concurrent` mode: every
+    request due within one second at exponential (Poisson) gaps, at most C in flight. Its
+    `main.py` sets a concurrent stage's rate to the request count over a duration of 1 s, and
+    each worker takes the next due request when a semaphore slot frees. The waves of a closed
+    loop never form, so the stub is read one request at a time: the same timing question at
+    the same offered load as that peer."""
+    inv = llmb_loadgen(url, shape, work, tokenizer)
+    return replace(inv, cmd=[*inv.cmd, "--rate", str(shape.requests), "--arrival", "poisson"])
 
 
 def aiperf(url: str, shape: Shape, work: Path, tokenizer: Path) -> Invocation:
@@ -207,6 +218,7 @@ def bare(url: str, shape: Shape, work: Path, tokenizer: Path) -> Invocation:
 Adapter = Callable[[str, Shape, Path, Path], Invocation]
 TOOLS: dict[str, Adapter] = {
     "llmb-loadgen": llmb_loadgen,
+    "llmb-loadgen-paced": llmb_loadgen_paced,
     "aiperf": aiperf,
     "inference-perf": inference_perf,
     "bare": bare,
