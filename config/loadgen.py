@@ -90,6 +90,10 @@ class LoadgenSettings(BaseModel):
     load: int | None = Field(default=None, ge=1)
     in_use: str | None = None
     find_max: bool | None = None
+    # The load from Prometheus (compare, decide): --load-from, --load-window, --load-engine.
+    load_from: str | None = None
+    load_window: str | None = None
+    load_engine: str | None = None
 
     def given(self) -> dict[str, Any]:
         """The keys the file sets (a null value included), as parsed."""

@@ -73,6 +73,9 @@ def print_answer(engines: list[EngineResult], decision: Decision, out: Path) -> 
     lines = [_line("verdict", f"{name}: {v}") for name, v in decision.verdict.items()]
     lines.append(_line("recommendation", decision.recommendation))
     lines.append(_line("action", decision.action))
+    load = decision.load_text()
+    if load:
+        lines.append(_line("your load", load))
     if len(engines) > 1:
         lines.append(_line("comparable", "yes" if decision.comparable else "no"))
     for step in decision.steps:

@@ -32,6 +32,7 @@ from diagnose.decision.two_engines import CompareInputs
 from diagnose.options import DEFAULT_ROUNDS, Options, add_answer_arguments, add_find_max_argument
 from diagnose.phase_marks import PhasePublisher, say
 from diagnose.procedure import compare, diagnose
+from diagnose.served_load import add_load_from_arguments, load_query, user_load
 from diagnose.steps.base import STEPS
 from diagnose.targets import measured_engines, path_origins
 from exporter import __version__
@@ -62,8 +63,9 @@ from loadgen.resolve import (
 log = logging.getLogger(__name__)
 
 
-def add_measure_arguments(parser: argparse.ArgumentParser, rounds: int) -> None:
-    """Flags shared by diagnose and compare (besides the shared target/timeout options)."""
+def add_measure_arguments(parser: argparse.ArgumentParser, rounds: int) -> Any:
+    """Flags shared by diagnose and compare (besides the shared target/timeout options);
+    returns their group."""
     add_out_option(parser, required=True)
     m = parser.add_argument_group("measurement")
     m.add_argument(
@@ -123,6 +125,7 @@ def add_measure_arguments(parser: argparse.ArgumentParser, rounds: int) -> None:
     _add_launch_and_sources(m)
     add_answer_arguments(m)
     add_find_max_argument(m)
+    return m
 
 
 def _add_launch_and_sources(m: Any) -> None:
@@ -296,7 +299,9 @@ def quiet_libraries() -> Iterator[None]:
 EXIT_CODES = (
     "Exit codes: 0 the answer is known; 3 an engine's verdict is one of --fail-on; 1 the "
     "engine is unreachable or was lost during the run (results.json holds the finished steps, "
-    "partial), or results.json could not be written; 2 invalid arguments or configuration; "
+    "partial), or results.json could not be written; 2 invalid arguments or configuration "
+    "(compare: also a load --load-from's Prometheus cannot give, before anything is "
+    "measured); "
     "130 interrupted by Ctrl-C or SIGTERM (results.json holds the finished steps, partial)."
 )
 
@@ -318,7 +323,9 @@ class Measurement:
         parser.epilog = EXIT_CODES
         add_target_options(parser)
         add_timeout_options(parser)
-        add_measure_arguments(parser, rounds=self.rounds)
+        group = add_measure_arguments(parser, rounds=self.rounds)
+        if self.engines > 1:  # the user's load picks between two engines only
+            add_load_from_arguments(group)
         _add_evidence(parser, per_engine=self.engines > 1)
 
     def run(self, args: argparse.Namespace) -> int:
@@ -359,6 +366,12 @@ def run_measurement(command: str, args: argparse.Namespace) -> int:
     engines = measured_engines(command, args, config)
     opts = options_from_args(args, config)
     opts.path_origins = path_origins(args, engines)
+    if command == "compare":
+        # Asked before measuring: a Prometheus that cannot answer costs no measurement.
+        served = user_load(args.load, load_query(args), engines[0].name)
+        if served is not None:
+            opts.load, opts.load_source = served.concurrency, served.source
+            say(f"your load: c={served.concurrency}, {served.source}")
     pub = PhasePublisher()
     stop_metrics = serve_metrics(pub, args.metrics_host, args.metrics_port)
     title = announce(command, engines, opts.rounds)
@@ -407,7 +420,7 @@ def run_decide(args: argparse.Namespace) -> int:
     decide_cmd.check_out(args)
     with quiet_libraries():
         inputs = CompareInputs(load=args.load, slo=args.slo)
-        engines, decision = decide_cmd.redecide(args.dir, args.in_use, inputs)
+        engines, decision = decide_cmd.redecide(args.dir, args.in_use, inputs, load_query(args))
         decide_cmd.copy_requests(args.dir, args.out)
         write_outputs(args.out, engines, decision, info, title=decide_cmd.title_of(engines))
     print_answer(engines, decision, args.out)

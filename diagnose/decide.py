@@ -23,6 +23,7 @@ from diagnose.decision.results import engine_from_dict
 from diagnose.decision.slo import add_slo
 from diagnose.decision.two_engines import CompareInputs, decide_compare
 from diagnose.options import add_answer_arguments
+from diagnose.served_load import LoadQuery, add_load_from_arguments, user_load
 from loadgen.options import HelpFormatter, UsageError, add_out_option
 
 RESULTS_FILE = "results.json"
@@ -54,9 +55,10 @@ def read_saved(folder: Path) -> Saved:
 
 
 def redecide(
-    folder: Path, in_use: str | None, inputs: CompareInputs
+    folder: Path, in_use: str | None, inputs: CompareInputs, query: LoadQuery | None = None
 ) -> tuple[list[EngineResult], Decision]:
-    """The saved run decided again: compare's answer (A in use) or diagnose's."""
+    """The saved run decided again: compare's answer (A in use) or diagnose's; the load is
+    `inputs.load`, else `query`'s for the engine in use (before anything is decided)."""
     saved = read_saved(folder)
     engines = saved.engines
     names = [e.name for e in engines]
@@ -66,6 +68,9 @@ def redecide(
         engines = sorted(engines, key=lambda e: e.name != in_use)
     inputs.requests = load_requests(folder, engines)
     if len(engines) == 2:
+        served = user_load(inputs.load, query, engines[0].name)
+        if served is not None:
+            inputs.load, inputs.load_source = served.concurrency, served.source
         return engines, decide_compare(engines[0], engines[1], inputs)
     (engine,) = engines
     # diagnose's steps are what the procedure saw; only the SLO is decided anew.
@@ -87,6 +92,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the engine you run now (default: the first engine of the run, compare's A)",
     )
     add_answer_arguments(g)
+    add_load_from_arguments(g)
 
 
 def copy_requests(src_dir: Path, out: Path) -> None:

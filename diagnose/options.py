@@ -47,6 +47,8 @@ class Options:
     # The user's concurrency (compare --load) and SLO (--slo): what the answer is given for.
     load: int | None = None
     slo: Slo | None = None
+    # Where `load` came from (--load, or --load-from's query); said beside the answer.
+    load_source: str | None = None
     # --find-max: bisect between measured concurrencies for the highest within --slo.
     find_max: bool = False
 
@@ -57,8 +59,9 @@ def add_answer_arguments(group: Any) -> None:
         "--load",
         type=positive_int,
         metavar="N",
-        help="the concurrency you serve: the recommendation is for this load (default: the "
-        "answer at every measured load, the highest deciding)",
+        help="the concurrency you serve: the recommendation is for this load; it wins over "
+        "--load-from (compare, decide) (default: the answer at every measured load, the "
+        "highest deciding)",
     )
     group.add_argument(
         "--slo",

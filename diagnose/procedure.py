@@ -262,4 +262,6 @@ async def compare(
     ra, rb = results
     # The requests just written: the same reader `llmb-loadgen decide` uses on a saved run.
     reqs = await asyncio.to_thread(load_requests, out, results)
-    return results, decide_compare(ra, rb, CompareInputs(reqs, opts.load, opts.slo))
+    return results, decide_compare(
+        ra, rb, CompareInputs(reqs, opts.load, opts.slo, opts.load_source)
+    )

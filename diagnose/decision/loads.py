@@ -167,7 +167,10 @@ def recommend(
         decided = [lv for lv in levels if lv.winner]
         lv = decided[-1] if decided else levels[-1]
         where = f"at c={lv.concurrency}, the highest load where one is ahead"
-        tail = f". Per load: {per_load}; pass --load N for the answer at your load"
+        tail = (
+            f". Per load: {per_load}; pass --load N (or --load-from PROMETHEUS_URL) for the "
+            "answer at your load"
+        )
     else:
         found, where = answer_at(levels, load)
         if found is None:

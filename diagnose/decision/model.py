@@ -303,9 +303,17 @@ class Decision:
     crossover: int | None = None
     load: int | None = None
     slo: SloAnswer | None = None
+    # Where `load` came from: "--load", or the Prometheus query that read it (--load-from).
+    load_source: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def load_text(self) -> str | None:
+        """`c=12, the p90 of running requests ...`: the load the answer is for (None: none)."""
+        if self.load is None:
+            return None
+        return f"c={self.load}, {self.load_source or '--load'}"
 
 
 @dataclass

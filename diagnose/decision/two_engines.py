@@ -158,8 +158,9 @@ class CompareInputs:
     """What the compare decision reads besides the two engines' results."""
 
     requests: dict[str, EngineRequests] | None = None  # per-request samples (requests.jsonl)
-    load: int | None = None  # the user's concurrency (--load)
+    load: int | None = None  # the user's concurrency (--load, or read by --load-from)
     slo: Slo | None = None  # the user's SLO (--slo)
+    load_source: str | None = None  # where `load` came from (served_load.ServedLoad.source)
 
 
 def decide_compare(
@@ -205,7 +206,18 @@ def decide_compare(
     # The token counts request by request (the same prompt, other tokenizers) come last.
     caveats += token_count_differences(a, b)
     return Decision(
-        verdicts, rec, action, comparable, steps, caveats, ests, levels, cross, inputs.load, slo
+        verdicts,
+        rec,
+        action,
+        comparable,
+        steps,
+        caveats,
+        ests,
+        levels,
+        cross,
+        inputs.load,
+        slo,
+        inputs.load_source,
     )
 
 

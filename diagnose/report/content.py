@@ -30,6 +30,8 @@ class Answer:
     caveats: list[str]
     # "estimate: ... ≈ N tok/s", as the terminal prints them.
     estimates: list[str]
+    # The load the answer is for and where it came from (None: every load's answer).
+    load: str | None = None
 
 
 def answer_of(engines: list[EngineResult], decision: Decision) -> Answer:
@@ -49,6 +51,7 @@ def answer_of(engines: list[EngineResult], decision: Decision) -> Answer:
         comparable_why=why,
         caveats=list(decision.caveats),
         estimates=[f"{e.basis} ≈ {e.tok_s:.1f} tok/s" for e in decision.estimates],
+        load=decision.load_text(),
     )
 
 

@@ -26,6 +26,8 @@ def render_markdown(rep: content.Report) -> str:
         "",
     ]
     parts += [f"**Recommendation:** `{a.recommendation}`", "", f"**Action:** {a.action}", ""]
+    if a.load:
+        parts += [f"**Your load:** {a.load}", ""]
     parts += [f"**Comparable:** {content.comparable_text(a)}", ""]
     if a.estimates:
         parts += ["**Estimates:**", ""] + [f"- {x}" for x in a.estimates] + [""]

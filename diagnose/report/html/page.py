@@ -82,6 +82,7 @@ def render_html(rep: content.Report) -> str:
         if a.estimates
         else ""
     )
+    load = f'<p id="load"><b>Your load:</b> {_esc(a.load)}</p>\n' if a.load else ""
     caveats = (
         "<ul>" + "".join(f"<li>{_esc(c)}</li>" for c in a.caveats) + "</ul>"
         if a.caveats
@@ -118,7 +119,7 @@ def render_html(rep: content.Report) -> str:
 <tbody>{verdicts}</tbody></table>
 <p id="recommendation"><b>Recommendation:</b> <code>{_esc(a.recommendation)}</code></p>
 <p id="action"><b>Action:</b> {_esc_code(a.action)}</p>
-<p id="comparable"><b>Comparable:</b> {_esc(content.comparable_text(a))}</p>
+{load}<p id="comparable"><b>Comparable:</b> {_esc(content.comparable_text(a))}</p>
 {estimates}<div id="caveats"><b>Caveats:</b>{caveats}</div>
 </section>
 <section id="metadata"><h2>Run</h2>{meta}
