@@ -54,5 +54,6 @@ def test_every_tool_ran_and_produced_numbers(tmp_path: Path) -> None:
             assert row["ttft_err_p50_ms"] > -1.0, where
             keys = ("ttft_err_p99_ms", "itl_p99_err_p50_ms", "itl_p99_err_p99_ms")
             assert all(math.isfinite(row[k]) for k in keys), where
-        # The concurrency a tool held is between one request and the one asked for.
-        assert 1 <= row["mean_in_flight"] <= shape["concurrency"] + 0.5, where
+        # The concurrency a tool held is at most the one asked for (inference-perf's paced
+        # 1-token requests hold well under one).
+        assert 0 < row["mean_in_flight"] <= shape["concurrency"] + 0.5, where
