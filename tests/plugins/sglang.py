@@ -14,6 +14,10 @@ Fixtures (each server starts once per test session, on 127.0.0.1 and a free port
 * `sglang_launcher` (function): a factory `sglang_launcher(spec, wait=True)` for servers a test
   owns (e.g. to watch the warm-up); each is stopped at the test's end.
 
+`silent_model_dir(path)` writes a model folder (MODEL_DIR's config, a tokenizer whose every
+token is special) for a server that streams every token as empty text
+(`ServerSpec(model=...)`; tests/system/test_sglang_empty_text.py).
+
 Requests to these servers need `"ignore_eos": true` with `max_tokens`: the weights are random.
 
 `python -m tests.plugins.sglang --venv-dir` prints where the venv lives (install-sglang.sh uses
