@@ -21,6 +21,7 @@ from diagnose.decision.two_engines import decide_compare
 from diagnose.load import EngineTiming, engine_timing
 from diagnose.monitor import Monitor
 from diagnose.options import Options
+from diagnose.report.html.plots import plot_decode_per_sequence, plot_ttft
 from diagnose.report.tables import ENGINE_CELLS, measurement_table
 from loadgen.exporter_series import series_from_text
 from loadgen.results import RequestRecord
@@ -174,3 +175,15 @@ def test_compare_shows_an_engine_figure_beside_the_other_and_calls_nothing_on_it
                          sources=(CLIENT, ENGINE))  # fmt: skip
     assert call is not None and call.winner is None and call.b_source == ENGINE
     assert "no per-request samples: nothing called" in call.basis
+
+
+def test_the_plots_say_which_points_are_the_engine_s_and_draw_no_zero_ttft() -> None:
+    e = EngineResult("sgl", "sglang", rows=_sglang_rows())
+    ttft = plot_ttft([e])
+    assert ttft.svg is not None
+    assert ttft.notes == [f"sgl's points: {ENGINE_NOTE}, the mean of each step."]
+    decode = plot_decode_per_sequence([e])
+    assert f"sgl's points: {ENGINE_NOTE}." in decode.notes
+    # Only the 0.0 s row: no TTFT point at all (never a 0 drawn as a measurement).
+    zero = EngineResult("sgl", "sglang", rows=_sglang_rows()[1:])
+    assert plot_ttft([zero]).svg is None
