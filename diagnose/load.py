@@ -14,10 +14,13 @@ from config.kinds import engine_kind
 from diagnose.decision.model import Row
 from diagnose.decision.prefill import PromptTiming, prefill_row, row_prefill, ttft_split
 from diagnose.decision.roofline import row_roofline
+from diagnose.decision.sources import figure
 from diagnose.engine_run import EngineRun, LoadStep, StepStopped
 from diagnose.evidence import step_evidence
 from diagnose.facts import structure_facts
+from diagnose.monitor import Monitor
 from loadgen.results import RequestRecord
+from loadgen.scheduler.calibration import calibrate_first
 from loadgen.scheduler.phase import ABORT_ENGINE_GONE, ABORT_NOT_ANSWERING
 from loadgen.scheduler.spec import RunSpec
 from loadgen.scheduler.step import run_step
@@ -26,6 +29,11 @@ from loadgen.summary import StepSummary
 # Error kinds that mean the KV cache / context ran out (the load generator's names).
 KV_ERRORS = ("kv_exhausted",)
 KV_EVENTS = "llmb_engine_kv_pressure_events_total"
+# The engine's own timing of a step, as the exporter maps it (SGLang: its TTFT histogram, and
+# its inter-token histogram as the decode counters).
+TTFT = "llmb_engine_time_to_first_token_seconds"
+DECODE_TOKENS = "llmb_engine_decode_tokens_total"
+DECODE_SECONDS = "llmb_engine_decode_seconds_total"
 
 
 # Abort reasons of the scheduler after which no further step can run on this engine.
@@ -54,6 +62,7 @@ class _Rounds:
     ttfts: list[float] = field(default_factory=list)
     per_seq: list[float] = field(default_factory=list)
     server_ms: list[float] = field(default_factory=list)
+    server_tok_s: list[float] = field(default_factory=list)
     prompts: list[float] = field(default_factory=list)
     timings: list[PromptTiming] = field(default_factory=list)
 
@@ -76,6 +85,7 @@ def _add_round(row: Row, acc: _Rounds, fig: StepSummary) -> None:
         row.per_seq_rounds.append(fig.decode_tok_s_mean)
     if fig.server_decode_tok_s_mean:
         acc.server_ms.append(1000.0 / fig.server_decode_tok_s_mean)
+        acc.server_tok_s.append(fig.server_decode_tok_s_mean)
 
 
 async def _run_rounds(
@@ -107,15 +117,45 @@ async def _run_rounds(
     return acc, None
 
 
-def _summarize(run: EngineRun, row: Row, acc: _Rounds) -> None:
+@dataclass(frozen=True)
+class EngineTiming:
+    """The engine's own per-sequence decode tok/s and mean TTFT over one step (None: none)."""
+
+    decode_tok_s: float | None = None
+    ttft_s: float | None = None
+
+
+def engine_timing(mon: Monitor, server_tok_s: list[float], t0: float, t1: float) -> EngineTiming:
+    """A step's engine timing: decode from llama.cpp's per-request `timings` (the rounds'
+    `server_tok_s`), else from the exporter's counters over [t0, t1] (SGLang's inter-token
+    histogram); TTFT as the mean of the TTFT histogram over [t0, t1] (SGLang).
+
+    llama.cpp's `prompt_ms` is no TTFT: it leaves out the wait for a slot and the request's
+    way in, so a step without streamed text has no llama.cpp TTFT.
+    """
+    decode = median(server_tok_s) or _per(
+        mon.increase(DECODE_TOKENS, t0, t1), mon.increase(DECODE_SECONDS, t0, t1)
+    )
+    ttft = _per(mon.increase(TTFT + "_sum", t0, t1), mon.increase(TTFT + "_count", t0, t1))
+    return EngineTiming(decode, ttft)
+
+
+def _per(num: float | None, den: float | None) -> float | None:
+    return num / den if num is not None and den else None
+
+
+def _summarize(run: EngineRun, row: Row, acc: _Rounds, engine: EngineTiming) -> None:
     ok = row.requests - row.requests_failed
     row.tokens_ok = (
         ok > 0 and row.completion_tokens == ok * run.opts.max_tokens and not (row.requests_failed)
     )
     row.prompt_tokens = sum(acc.prompts) / len(acc.prompts) if acc.prompts else None
     row.aggregate_tok_s = median(row.aggregate_rounds)
-    row.ttft_s = median(acc.ttfts)
-    row.per_seq_tok_s = median(acc.per_seq)
+    # The client's figures, else the engine's own (a stream of empty text): one decision.
+    ttft = figure(median(acc.ttfts), engine.ttft_s)
+    row.ttft_s, row.ttft_source = ttft.value, ttft.source
+    decode = figure(median(acc.per_seq), engine.decode_tok_s)
+    row.per_seq_tok_s, row.per_seq_source = decode.value, decode.source
     row.per_token_ms = 1000.0 / row.per_seq_tok_s if row.per_seq_tok_s else None
     row.server_per_token_ms = median(acc.server_ms)
     # KV pressure: cut requests (early stop = truncated by the engine), KV errors.
@@ -159,6 +199,9 @@ async def measure_row(run: EngineRun, load: LoadStep) -> Row:
         parallel=run.result.slots,
         max_tokens=run.opts.max_tokens,
     )
+    # The prompts are counted before the step's window opens: the calibration probes would
+    # be in the engine's own TTFT histogram over the window (diagnose/decision/sources.py).
+    await calibrate_first(run.ctx, load_spec(run, load.concurrency, load.prompt_tokens, 1))
     t0 = time.time()
     # The step's window opens with a scrape of its own: every counter's value before the
     # first request (the background sampler's next scrape may come after it finished, and
@@ -170,7 +213,7 @@ async def measure_row(run: EngineRun, load: LoadStep) -> Row:
     row.wall_s = time.time() - started
     if stopped is not None:
         # What finished is kept: the row with its rounds, marked with why it stopped.
-        _summarize(run, row, acc)
+        _summarize(run, row, acc, engine_timing(run.monitor, acc.server_tok_s, t0, time.time()))
         row.error = f"stopped: {stopped.reason}"
         run.result.rows.append(row)
         raise stopped
@@ -181,7 +224,7 @@ async def measure_row(run: EngineRun, load: LoadStep) -> Row:
     t1 = time.time()
     # Series that appear only once requests finished (the speculative accept length).
     structure_facts(run)
-    _summarize(run, row, acc)
+    _summarize(run, row, acc, engine_timing(run.monitor, acc.server_tok_s, t0, t1))
     row.memory_bytes = run.monitor.memory_peak(t0, t1)
     # The KV-pressure events the engine's log showed during the step (the exporter's count).
     row.kv_events = int(max(0.0, _log_events(run) - events0))

@@ -226,6 +226,31 @@ class Monitor:
             for v in pick(s, name, engine=self.exporter_engine)
         ]
 
+    def increase(self, name: str, t0: float, t1: float) -> float | None:
+        """How much this engine's counter `name` (a `_total`, or a histogram's `_sum` or
+        `_count`) rose between the first and the last sample of [t0, t1], over its other labels.
+
+        A series missing from the first sample while the engine was up stood at 0 (SGLang
+        creates a histogram at its first observation). None without two samples, without
+        the series, or across a reset (the engine restarted within the window).
+        """
+        scrapes = sorted(
+            ((t, s) for t, s in self.scrapes if t0 <= t <= t1), key=lambda scrape: scrape[0]
+        )
+        if len(scrapes) < 2:
+            return None
+        head, tail = scrapes[0][1], scrapes[-1][1]
+        engine = ("engine", self.exporter_engine)
+        start = 0.0 if first(head, "llmb_engine_up", engine=self.exporter_engine) == 1 else None
+        rises = []
+        for key, value in tail.items():
+            if key[0] == name and engine in key[1]:
+                before = head.get(key, start)
+                if before is None or value < before:
+                    return None
+                rises.append(value - before)
+        return sum(rises) if rises else None
+
     def engine_value(self, name: str) -> float | None:
         """The newest value of a per-engine series."""
         return first(self.latest(), name, engine=self.exporter_engine)

@@ -13,10 +13,11 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from core.stats import Bootstrap, Interval, ratio_side
+from core.stats import Bootstrap, Interval, over_rounds, ratio_side
 from core.thresholds import COMPARE_NOISE_FLOOR
 from diagnose.decision.model import EngineResult, relative_spread
 from diagnose.decision.requests import Rounds, decode_rate
+from diagnose.decision.sources import ENGINE
 from loadgen.results import RequestRecord
 
 # Fewer requests per engine than this show no spread a bootstrap can trust: such a step is
@@ -29,6 +30,8 @@ Stat = Callable[[Sequence[RequestRecord]], float | None]
 DECODE = "single-request decode tok/s"
 AGGREGATE = "aggregate tok/s"
 TTFT = "TTFT s"
+# The basis of a call on an engine's figure over a whole step (no per-request samples).
+STEP_ONLY = "no per-request samples: nothing called"
 
 
 @dataclass
@@ -57,6 +60,10 @@ class Call:
     decidable: bool = True
     # The ratio b/a of the per-request statistic, the centre of `ratio_lo`..`ratio_hi`.
     ratio_point: float | None = None
+    # Where each engine's figure came from (diagnose/decision/sources.py; None: the client's
+    # chunks, or a run saved before these fields).
+    a_source: str | None = None
+    b_source: str | None = None
 
     def ratio(self) -> float:
         return self.b / self.a if self.a else math.inf
@@ -126,11 +133,42 @@ def measured_call(
     requests: tuple[Rounds, Rounds],
     stat: Stat,
     higher_is_better: bool = True,
+    sources: tuple[str | None, str | None] = (None, None),
 ) -> Call | None:
-    """The call from the requests when both engines have them, else from the rounds."""
+    """The call from the requests when both engines have them, else from the rounds; each
+    figure keeps its source."""
     va, vb = values
     if not va or not vb:
         return None
+    call = _call(what, concurrency, a, b, (va, vb), rounds, requests, stat, higher_is_better)
+    call.a_source, call.b_source = sources
+    # An engine's own figure over a whole step (SGLang's histograms) has no per-request
+    # samples and no rounds: shown, never a winner.
+    step_only = [
+        e.name
+        for e, src, r, reqs in zip((a, b), sources, rounds, requests, strict=True)
+        if src == ENGINE and not r and over_rounds(reqs, stat) is None
+    ]
+    if step_only and call.ratio_lo is None:
+        call.winner, call.decidable = None, False
+        call.basis = (
+            f"{' and '.join(step_only)}: the engine's own figure over the step, {STEP_ONLY}"
+        )
+    return call
+
+
+def _call(
+    what: str,
+    concurrency: int | None,
+    a: EngineResult,
+    b: EngineResult,
+    values: tuple[float, float],
+    rounds: tuple[list[float], list[float]],
+    requests: tuple[Rounds, Rounds],
+    stat: Stat,
+    higher_is_better: bool,
+) -> Call:
+    va, vb = values
     enough = all(sum(len(r) for r in x) >= MIN_REQUESTS for x in requests)
     boot = Bootstrap[RequestRecord]().ratio(requests[0], requests[1], stat) if enough else None
     if boot is None:

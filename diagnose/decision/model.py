@@ -105,6 +105,11 @@ class Row:
     prefill_s: float | None = None
     prefill_tok_s: float | None = None
     prefill_efficiency: float | None = None
+    # Where `per_seq_tok_s` and `ttft_s` came from (diagnose/decision/sources.py): "client"
+    # (the streamed chunks) or "engine" (its own timing: the streamed text was empty); None:
+    # not measured, or a run saved before these fields.
+    per_seq_source: str | None = None
+    ttft_source: str | None = None
 
     @property
     def spread(self) -> float | None:

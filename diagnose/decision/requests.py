@@ -17,13 +17,10 @@ from pathlib import Path
 import orjson
 
 from diagnose.decision.model import EngineResult, Row
+from diagnose.decision.sources import figure
 from loadgen.results import RequestRecord
 
 REQUESTS_FILE = "requests.jsonl"
-
-# Where a request's decode rate came from.
-CLIENT = "client"  # the streamed chunks' timestamps
-ENGINE = "engine"  # the engine's own per-request timing (llama.cpp `timings`, SGLang meta_info)
 
 _FIELDS = {f.name for f in fields(RequestRecord)}
 
@@ -41,13 +38,12 @@ def read_requests(path: Path) -> list[RequestRecord]:
 
 
 def decode_rate(r: RequestRecord) -> tuple[float | None, str | None]:
-    """Per-sequence decode tok/s of one request and its source: the client's chunks when it
-    saw them, else the engine's own figure."""
-    if r.error is None and r.decode_tok_s and r.chunks > 1:
-        return r.decode_tok_s, CLIENT
-    if r.error is None and r.server_predicted_per_second:
-        return r.server_predicted_per_second, ENGINE
-    return None, None
+    """Per-sequence decode tok/s of one request and its source (`diagnose.decision.sources`):
+    the client's chunks when it saw two or more, else the engine's own figure."""
+    if r.error is not None:
+        return None, None
+    rate = figure(r.decode_tok_s if r.chunks > 1 else None, r.server_predicted_per_second)
+    return rate.value, rate.source
 
 
 @dataclass

@@ -19,6 +19,7 @@ from core.roofline import (
     roofline_tokens_per_second,
 )
 from diagnose.decision.model import EngineResult, Roofline, Row
+from diagnose.decision.sources import source_note
 
 
 def bytes_per_step(
@@ -108,7 +109,8 @@ def row_roofline_text(engine: EngineResult, row: Row) -> str:
     if row.per_seq_tok_s is None or row.limit_tok_s is None or row.efficiency is None:
         return ""
     head = (
-        f"; per sequence {row.per_seq_tok_s:.1f} tok/s against the limit "
+        f"; per sequence {row.per_seq_tok_s:.1f} tok/s{source_note(row.per_seq_source)} "
+        "against the limit "
         f"{row.limit_tok_s:.1f} tok/s at {row_batch(engine, row)} sequences "
         f"({(row.bytes_per_step or 0) / 2**30:.2f} GiB per step)"
     )

@@ -13,6 +13,7 @@ from core.thresholds import COMPARE_NOISE_FLOOR
 from diagnose.decision.calls import (
     AGGREGATE,
     DECODE,
+    STEP_ONLY,
     TTFT,
     Call,
     aggregate_stat,
@@ -39,6 +40,7 @@ from diagnose.decision.model import (
 from diagnose.decision.one_engine import max_tokens_caveats
 from diagnose.decision.requests import EngineRequests
 from diagnose.decision.slo import slo_answer, slo_step
+from diagnose.decision.sources import ENGINE, ENGINE_NOTE
 
 # Weight bytes per parameter differing by more than this: the raw speeds are not comparable.
 PRECISION_TOLERANCE = 0.20
@@ -280,6 +282,7 @@ def _single_call(a: EngineResult, b: EngineResult, reqs: dict[str, EngineRequest
         (sa.per_seq_rounds, sb.per_seq_rounds),
         (reqs[a.name].rounds(a, sa), reqs[b.name].rounds(b, sb)),
         decode_stat,
+        sources=(sa.per_seq_source, sb.per_seq_source),
     )
 
 
@@ -315,6 +318,7 @@ def _batch_calls(a: EngineResult, b: EngineResult, reqs: dict[str, EngineRequest
             samples,
             ttft_stat,
             higher_is_better=False,
+            sources=(ra.ttft_source, rb.ttft_source),
         )
         calls += [x for x in (agg, ttft) if x]
     return calls
@@ -361,12 +365,15 @@ def _long_context_step(a: EngineResult, b: EngineResult) -> tuple[Step, str | No
 
 def _call_text(x: Call, a: EngineResult, b: EngineResult) -> str:
     where = f" at concurrency {x.concurrency}" if x.concurrency else ""
-    if x.ratio_lo is not None:
+    if x.ratio_lo is not None or x.basis.endswith(STEP_ONLY):
         basis = x.basis
     else:
         basis = f"spread {_pct(x.spread)}" if x.spread is not None else "one round: no spread"
     verdict = f"{x.winner} ahead by {x.lead()}" if x.winner else "no difference beyond the noise"
-    return f"{x.what}{where}: {x.figures(a.name, b.name)} ({basis}; {verdict})"
+    # An engine's own timing (the streamed text was empty) says so beside its figure.
+    pairs = ((a, x.a_source), (b, x.b_source))
+    sources = "".join(f"; {e.name}: {ENGINE_NOTE}" for e, src in pairs if src == ENGINE)
+    return f"{x.what}{where}: {x.figures(a.name, b.name)} ({basis}; {verdict}{sources})"
 
 
 def _call_step(key: str, question: str, x: Call | None, a: EngineResult, b: EngineResult) -> Step:

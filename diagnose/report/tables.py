@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from config.kinds import engine_kind
 from core.roofline import MISFIT_BY_NAME, misfit_text
 from diagnose.decision.model import EngineResult, Row
+from diagnose.decision.sources import ENGINE, ENGINE_NOTE, source_note
 from diagnose.report.hints import (
     FIX_BANDWIDTH,
     FIX_EXPORTER,
@@ -65,7 +66,10 @@ def _decode_share(e: EngineResult) -> str:
     roof = e.roofline
     if not roof.measured_tok_s:
         return "not measured: no single-request step completed"
-    speed = f"{roof.measured_tok_s:.1f} tok/s"
+    single = e.single()
+    speed = f"{roof.measured_tok_s:.1f} tok/s" + source_note(
+        single.per_seq_source if single else None
+    )
     if roof.efficiency is None:
         return f"{speed}; share of the card's limit unknown: {roofline_unknown(e)}"
     if roof.misfit is not None:
@@ -177,6 +181,21 @@ def _share_of_limit(r: Row) -> str:
     return f"{r.efficiency * 100:.0f} %"
 
 
+# A cell from the engine's own timing (diagnose/decision/sources.py) says so; the table's
+# note says what it means.
+ENGINE_MARK = " (engine)"
+ENGINE_CELLS = (
+    f"(engine): {ENGINE_NOTE} (SGLang's histograms over the step, llama.cpp's per-request "
+    "timings); an engine TTFT is the mean over the step's requests, the client's the p50"
+)
+
+
+def _sourced(value: float | None, source: str | None, digits: int = 1) -> str:
+    """A figure, marked when it is the engine's own timing."""
+    cell = _fmt(value, digits)
+    return cell + ENGINE_MARK if value is not None and source == ENGINE else cell
+
+
 @dataclass(frozen=True)
 class Column:
     """One column of the measurement table and why it can be empty."""
@@ -200,7 +219,9 @@ COLUMNS = (
     Column("gen tok", lambda r: str(r.completion_tokens)),
     Column("tokens ok", lambda r: _fmt(r.tokens_ok)),
     Column(
-        "TTFT ms", lambda r: _fmt(r.ttft_s * 1000 if r.ttft_s is not None else None), "no tokens"
+        "TTFT ms",
+        lambda r: _sourced(r.ttft_s * 1000 if r.ttft_s else None, r.ttft_source),
+        "no tokens",
     ),
     Column(
         "TTFT p99 ms",
@@ -223,13 +244,13 @@ COLUMNS = (
         lambda r: _pct_or_dash(r.prefill_efficiency),
         "no prefill compute limit (peak unknown: pass --peak-tflops)",
     ),
-    Column("ms/token", lambda r: _fmt(r.per_token_ms, 2), "no tokens"),
+    Column("ms/token", lambda r: _sourced(r.per_token_ms, r.per_seq_source, 2), "no tokens"),
     Column(
         "server ms/token",
         lambda r: _fmt(r.server_per_token_ms, 2),
         "the engine returned no per-request timings (llama.cpp does; SGLang does not)",
     ),
-    Column("per-seq tok/s", lambda r: _fmt(r.per_seq_tok_s), "no tokens"),
+    Column("per-seq tok/s", lambda r: _sourced(r.per_seq_tok_s, r.per_seq_source), "no tokens"),
     Column("aggregate tok/s", lambda r: _fmt(r.aggregate_tok_s), "no tokens"),
     Column("limit tok/s", lambda r: _fmt(r.limit_tok_s), "no roofline (bandwidth unknown)"),
     Column("of limit", lambda r: _share_of_limit(r), "no roofline (bandwidth unknown)"),
@@ -288,6 +309,8 @@ def measurement_table(
             notes.append(f"{col.head}: not measured: {col.empty_why}")
             continue
         keep.append(j)
+    if any(ENGINE in (r.ttft_source, r.per_seq_source) for r in rows):
+        notes.append(ENGINE_CELLS)
     head = tuple(COLUMNS[j].head for j in keep)
     return head, [[row[j] for j in keep] for row in cells], notes
 

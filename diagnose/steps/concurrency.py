@@ -5,6 +5,7 @@ from __future__ import annotations
 from diagnose.decision.model import Row, Step
 from diagnose.decision.prefill import split_text
 from diagnose.decision.roofline import row_roofline_text
+from diagnose.decision.sources import ttft_text
 from diagnose.engine_run import EngineRun, LoadStep
 from diagnose.steps.base import STEP_QUESTIONS
 
@@ -52,9 +53,7 @@ def level_text(run: EngineRun, c: int, row: Row) -> str:
         else ""
     )
     queue = f", {row.waiting_avg:.1f} waiting on average" if row.waiting_avg else ""
-    # No first token seen (an engine streaming empty text): say so, never "0.000 s".
-    ttft = f"{row.ttft_s:.3f} s" if row.ttft_s else "not measured (no streamed text)"
     return (
-        f"c={c}: {row.aggregate_tok_s or 0:.1f} tok/s aggregate{scale}, TTFT p50 "
-        f"{ttft}{split_text(row)}{queue}{row_roofline_text(run.result, row)}"
+        f"c={c}: {row.aggregate_tok_s or 0:.1f} tok/s aggregate{scale}, {ttft_text(row)}"
+        f"{split_text(row)}{queue}{row_roofline_text(run.result, row)}"
     )

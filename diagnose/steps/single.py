@@ -5,6 +5,7 @@ from __future__ import annotations
 from diagnose.decision.model import NOT_MEASURED, Step
 from diagnose.decision.prefill import prefill_text, split_text
 from diagnose.decision.roofline import roofline, roofline_text
+from diagnose.decision.sources import decode_text
 from diagnose.engine_run import EngineRun, LoadStep
 from diagnose.steps.base import STEP_QUESTIONS
 
@@ -21,10 +22,11 @@ class SingleStep:
             row = await run.load_row(LoadStep("single", 1, opts.prompt_tokens, opts.rounds))
         res = run.result
         res.roofline = roof = roofline(res)
-        if row.error or not row.per_seq_tok_s:
+        decode = decode_text(row)
+        if row.error or decode is None:
             answer = f"failed: {row.error}" if row.error else NOT_MEASURED + "no decode timings"
         else:
-            answer = f"{row.per_seq_tok_s:.1f} tok/s per sequence ({row.per_token_ms:.1f} ms/token)"
+            answer = decode
             if roof.limit_tok_s and roof.efficiency is not None:
                 answer += roofline_text(roof)
             else:
@@ -34,6 +36,7 @@ class SingleStep:
         run.say("single", answer)
         numbers: dict[str, object] = {
             "per_seq_tok_s": row.per_seq_tok_s,
+            "per_seq_source": row.per_seq_source,
             "roofline_tok_s": roof.limit_tok_s,
             "efficiency": roof.efficiency,
             "bytes_per_step": roof.bytes_per_step,

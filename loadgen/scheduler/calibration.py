@@ -68,3 +68,17 @@ async def calibrate_within(ctx: RunContext, spec: RunSpec, client: StreamClient)
             f"{client.target.name}: prompt calibration not finished within {limit:g} s "
             "(the engine does not answer; see --timeout)"
         ) from None
+
+
+async def calibrate_first(ctx: RunContext, spec: RunSpec) -> PromptSet:
+    """The spec's prompts, calibrated now on its first target (once per run, as in a step).
+
+    A caller that reads the engine's own timings over a step window calls it before the
+    window opens: the calibration probes are requests the engine times too.
+    """
+    target = spec.targets[0]
+    async with StreamClient(
+        target, pool_size=1, endpoint=spec.endpoint, connect_timeout=spec.connect_timeout
+    ) as client:
+        await client.open(1)
+        return await calibrate_within(ctx, spec, client)

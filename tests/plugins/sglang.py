@@ -14,6 +14,10 @@ Fixtures (each server starts once per test session, on 127.0.0.1 and a free port
 * `sglang_launcher` (function): a factory `sglang_launcher(spec, wait=True)` for servers a test
   owns (e.g. to watch the warm-up); each is stopped at the test's end.
 
+`silent_model_dir(path)` writes a model folder (MODEL_DIR's config, a tokenizer whose every
+token is special) for a server that streams every token as empty text
+(`ServerSpec(model=...)`; tests/system/test_sglang_empty_text.py).
+
 Requests to these servers need `"ignore_eos": true` with `max_tokens`: the weights are random.
 
 `python -m tests.plugins.sglang --venv-dir` prints where the venv lives (install-sglang.sh uses
@@ -59,6 +63,7 @@ class ServerSpec:
     max_running_requests: int
     context_length: int
     extra: tuple[str, ...] = ()
+    model: Path = MODEL_DIR
 
 
 SGLANG_SERVER = ServerSpec(max_total_tokens=16384, max_running_requests=8, context_length=2048)
@@ -116,7 +121,7 @@ def server_argv(python: Path, port: int, spec: ServerSpec) -> list[str]:
         "-m",
         "sglang.launch_server",
         "--model-path",
-        str(MODEL_DIR),
+        str(spec.model),
         "--served-model-name",
         SERVED_MODEL_NAME,
         "--device",
@@ -240,6 +245,47 @@ def start_sglang_server(
     if wait:
         server.wait_ready()
     return server
+
+
+# -- a model whose every generated id decodes to "" ---------------------------------------------
+SILENT_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>")  # MODEL_DIR's ids first
+
+
+def silent_model_dir(path: Path) -> Path:
+    """MODEL_DIR's config with a tokenizer whose every token is special, written into `path`.
+
+    A prompt encodes one token per word (each of the load generator's prompt words has an id,
+    any other word is `<unk>`), so prompts still differ and calibrate. Every id the random
+    weights generate decodes to "": SGLang skips special tokens (`skip_special_tokens`, on by
+    default), and ids beyond the tokenizer's vocabulary decode to nothing. SGLang then streams
+    a chunk per token with empty text, as the H200 runs' models with random ids did.
+    """
+    from loadgen.prompts import FILLER_WORDS, ID_WORDS
+
+    words = [*SILENT_SPECIALS, "Request", *dict.fromkeys(ID_WORDS + FILLER_WORDS)]
+    added = [
+        {"id": i, "content": w, "single_word": i >= len(SILENT_SPECIALS), "lstrip": False,
+         "rstrip": False, "normalized": False, "special": True}
+        for i, w in enumerate(words)
+    ]  # fmt: skip
+    tokenizer = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": None,
+        "decoder": None,
+        "model": {"type": "WordLevel", "vocab": {w: i for i, w in enumerate(words)},
+                  "unk_token": "<unk>"},
+    }  # fmt: skip
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text((MODEL_DIR / "config.json").read_text())
+    config = json.loads((MODEL_DIR / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**config, "unk_token": "<unk>"}))
+    (path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return path
 
 
 # -- requests to the test servers ----------------------------------------------------------------

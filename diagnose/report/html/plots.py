@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from diagnose.decision.model import EngineResult, Row
+from diagnose.decision.sources import ENGINE, ENGINE_NOTE
 from diagnose.report.hints import (
     FIX_CONTEXT_SWEEP,
     GIB,
@@ -299,7 +300,7 @@ def plot_decode_per_sequence(engines: list[EngineResult]) -> Plot:
         else:
             plot.notes.append(f"No card limit drawn for {e.name}: {roofline_unknown(e)}.")
 
-    return _load_plot(
+    _load_plot(
         plot,
         engines,
         lambda r: bool(r.per_seq_tok_s),
@@ -309,6 +310,7 @@ def plot_decode_per_sequence(engines: list[EngineResult]) -> Plot:
         "tok/s per sequence",
         card_limit,
     )
+    return _source_notes(plot, engines, lambda r: r.per_seq_source, "")
 
 
 def plot_decode_aggregate(engines: list[EngineResult]) -> Plot:
@@ -331,16 +333,28 @@ def plot_decode_aggregate(engines: list[EngineResult]) -> Plot:
 
 
 def plot_ttft(engines: list[EngineResult]) -> Plot:
-    """Mean time to first token against concurrency."""
-    return _load_plot(
+    """Time to first token against concurrency (never a 0: a TTFT not measured is no point)."""
+    plot = _load_plot(
         Plot("ttft-vs-concurrency", "Time to first token vs concurrency"),
         engines,
-        lambda r: r.ttft_s is not None,
+        lambda r: bool(r.ttft_s),
         lambda r: (r.ttft_s or 0) * 1000,
         "o",
         lambda e: e.name,
         "TTFT (ms)",
     )
+    return _source_notes(plot, engines, lambda r: r.ttft_source, ", the mean of each step")
+
+
+def _source_notes(
+    plot: Plot, engines: list[EngineResult], source: Callable[[Row], str | None], what: str
+) -> Plot:
+    """A note for each engine whose points are its own timing (the streamed text was empty)."""
+    if plot.svg is not None:
+        for e in engines:
+            if any(source(r) == ENGINE for r in _by_concurrency(e)):
+                plot.notes.append(f"{e.name}'s points: {ENGINE_NOTE}{what}.")
+    return plot
 
 
 def build_plots(engines: list[EngineResult]) -> list[Plot]:
