@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from diagnose import cli as diagnose_cli
-from exporter import __version__
+from exporter import versioned_parser
 from loadgen import cli as loadgen_cli
 from loadgen.options import EXIT_USAGE, Command, HelpFormatter, UsageError
 
@@ -34,13 +34,12 @@ def default_commands() -> list[Command]:
 
 def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
     """The top-level parser with one subparser per command."""
-    parser = argparse.ArgumentParser(
-        prog="llmb-loadgen",
+    parser = versioned_parser(
+        "llmb-loadgen",
+        "Fixed-prompt load generator for llama.cpp and SGLang with verified token counts and "
+        "live Prometheus metrics.",
         formatter_class=HelpFormatter,
-        description="Fixed-prompt load generator for llama.cpp and SGLang with verified token "
-        "counts and live Prometheus metrics.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument(
         "--log-level",
         default=os.environ.get("LLMB_LOG_LEVEL", "INFO"),

@@ -163,10 +163,14 @@ EXPERTS_HOST_ACTION = (
 )
 
 
+# Requests queue: at least `queue_min` waiting on average over `queue_window`.
+_QUEUED = Compare("waiting_avg", ">=", "queue_min")
+
+
 def _waiting_below_cap(*more: Compare) -> AllOf:
     """Requests queue while running stays below its cap, and `more`."""
     return AllOf.of(
-        Compare("waiting_avg", ">=", "queue_min"),
+        _QUEUED,
         Compare("running_slots_ratio", "<", "slots_full_ratio"),
         *more,
     )
@@ -214,10 +218,7 @@ CONDITIONS: tuple[Condition, ...] = (
         (
             Evidence(
                 "usage_and_queue",
-                AllOf.of(
-                    Compare("kv_usage_avg", ">=", "kv_usage_high"),
-                    Compare("waiting_avg", ">=", "queue_min"),
-                ),
+                AllOf.of(Compare("kv_usage_avg", ">=", "kv_usage_high"), _QUEUED),
                 "KV usage >= `kv_usage_high` with >= `queue_min` requests waiting "
                 "(averages over `queue_window`)",
             ),
@@ -251,15 +252,12 @@ CONDITIONS: tuple[Condition, ...] = (
         (
             Evidence(
                 "queue",
-                Compare("waiting_avg", ">=", "queue_min"),
+                _QUEUED,
                 ">= `queue_min` requests waiting (average over `queue_window`)",
             ),
             Evidence(
                 "slots_full",
-                AllOf.of(
-                    Compare("waiting_avg", ">=", "queue_min"),
-                    Compare("running_slots_ratio", ">=", "slots_full_ratio"),
-                ),
+                AllOf.of(_QUEUED, Compare("running_slots_ratio", ">=", "slots_full_ratio")),
                 "with running peaking at `slots_full_ratio` or more of its cap (`queue_window`)",
                 SLOTS_FULL_ACTION,
             ),

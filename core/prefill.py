@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from core.roofline import decode_efficiency
+from core.roofline import decode_efficiency, known_ratio
 from core.thresholds import threshold_number, threshold_promql
 
 # The peak the prefill roofline uses: dense BF16/FP16 tensor FLOP/s (`llmb_gpu_peak_flops`).
@@ -66,9 +66,7 @@ def prefill_limit_tokens_per_second(
     peak_flops: float | None, flops_per_token: float | None
 ) -> float | None:
     """The card's prefill limit: peak FLOP/s / FLOPs per prompt token (None if unknown)."""
-    if peak_flops is None or flops_per_token is None or not flops_per_token > 0:
-        return None
-    return peak_flops / flops_per_token
+    return known_ratio(peak_flops, flops_per_token)
 
 
 def prefill_efficiency(measured_tok_s: float | None, limit_tok_s: float | None) -> float | None:
@@ -103,9 +101,9 @@ def ttft_wait_share(wait: float | None, prefill: float | None) -> float | None:
     The rules take both as Little's-law occupancies (average requests waiting, average
     requests in prefill: `rate(prompt_seconds)`), which is the same ratio of mean times.
     """
-    if wait is None or prefill is None or not (wait + prefill) > 0:
+    if wait is None or prefill is None:
         return None
-    return wait / (wait + prefill)
+    return known_ratio(wait, wait + prefill)
 
 
 # The prefill conditions of the core's table (core/conditions.py): (name, evidence label,

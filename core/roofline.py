@@ -178,18 +178,23 @@ def roofline_tokens_per_second(
     Each step yields one token per running sequence (`accept_length` with speculative
     decoding), so per-sequence speed cannot exceed this. None without a bandwidth or bytes.
     """
-    if bandwidth_bytes_per_second is None or bytes_per_step is None or not bytes_per_step > 0:
+    if bandwidth_bytes_per_second is None:
         return None
-    return bandwidth_bytes_per_second * accepted_tokens(accept_length) / bytes_per_step
+    return known_ratio(bandwidth_bytes_per_second * accepted_tokens(accept_length), bytes_per_step)
+
+
+def known_ratio(num: float | None, den: float | None) -> float | None:
+    """`num / den`; None when either is unknown or `den` is not above 0 (PromQL `/ (den > 0)`)."""
+    if num is None or den is None or not den > 0:
+        return None
+    return num / den
 
 
 def decode_efficiency(
     decode_tokens_per_second: float | None, roofline: float | None
 ) -> float | None:
     """Measured per-sequence decode tok/s / roofline tok/s (None when either is unknown)."""
-    if decode_tokens_per_second is None or roofline is None or not roofline > 0:
-        return None
-    return decode_tokens_per_second / roofline
+    return known_ratio(decode_tokens_per_second, roofline)
 
 
 def tp_bandwidth(

@@ -92,25 +92,11 @@ def _records() -> dict[str, str]:
         "generation_tokens_per_second": f"engine:llmb_generation_tokens_per_second:rate{rw}",
         "decode_efficiency": f"engine:llmb_decode_efficiency:ratio{rw}",
         "experts_host_layers": "engine:llmb_experts_host_layers:max",
-        **card_records(),
-    }
-
-
-def card_records() -> dict[str, str]:
-    """The card-state signals' recorded series (mixin/rules/card.py)."""
-    rw = threshold_promql("rate_window")
-    return {
+        # the card's own state (mixin/rules/card.py)
         "card_power_slowdown": f"engine:llmb_gpu_power_slowdown:avg{rw}",
         "card_thermal_slowdown": f"engine:llmb_gpu_thermal_slowdown:avg{rw}",
         "sm_clock_ratio": f"engine:llmb_gpu_sm_clock:ratio{rw}",
-        **prefill_records(),
-    }
-
-
-def prefill_records() -> dict[str, str]:
-    """The prefill signals' recorded series (mixin/rules/prefill.py)."""
-    rw = threshold_promql("rate_window")
-    return {
+        # prefill (mixin/rules/prefill.py)
         "prompt_tokens_mean": f"engine:llmb_request_prompt_tokens:mean{rw}",
         "prefill_efficiency": f"engine:llmb_prefill_efficiency:ratio{rw}",
         "ttft_wait_share": f"engine:llmb_ttft_wait:ratio{rw}",

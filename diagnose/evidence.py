@@ -26,10 +26,7 @@ from diagnose.decision.model import Row
 from diagnose.decision.roofline import bytes_per_step, row_batch
 from diagnose.engine_run import EngineRun
 from diagnose.monitor import RESULT_STRUCTURE_SERIES
-from loadgen.exporter_series import Series
-
-WAITING = "llmb_engine_requests_waiting"
-KV_USAGE = "llmb_engine_kv_cache_usage_ratio"
+from loadgen.exporter_series import KV_USAGE, WAITING, Series
 
 
 def step_evidence(run: EngineRun, row: Row, t0: float, t1: float) -> None:

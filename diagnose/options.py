@@ -7,7 +7,14 @@ from typing import Any
 
 from config.settings import GpuConfig
 from core.slo import Slo
-from loadgen.options import SLO_HELP, positive_int, slo_arg
+from loadgen.options import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_TIMEOUT_S,
+    SLO_HELP,
+    positive_int,
+    slo_arg,
+)
 
 # `compare`'s --rounds default: a difference is called only beyond the spread of rounds.
 DEFAULT_ROUNDS = 3
@@ -19,7 +26,7 @@ class Options:
 
     concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     prompt_tokens: int = 128
-    max_tokens: int = 128
+    max_tokens: int = DEFAULT_MAX_TOKENS
     rounds: int = 1
     requests_per_slot: int = 2
     # None: automatic (double up to the trained context); []: no context sweep.
@@ -36,8 +43,8 @@ class Options:
     bandwidth_bytes_per_s: float | None = None
     # The card's dense peak compute for the prefill roofline (--peak-tflops; None: table).
     peak_flops: float | None = None
-    timeout: float = 600.0
-    connect_timeout: float = 5.0
+    timeout: float = DEFAULT_TIMEOUT_S
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
     sample_interval: float = 0.5
     # The model name sent with every request (--model; None: the engine's first model).
     model: str | None = None

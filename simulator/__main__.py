@@ -10,7 +10,7 @@ from pathlib import Path
 from aiohttp import web
 
 from config.kinds import KINDS
-from exporter import __version__
+from exporter import versioned_parser
 from simulator import scenarios
 from simulator.common import Faults, SimBase, SimOptions
 from simulator.llamacpp.server import LlamaCppSim
@@ -25,12 +25,11 @@ SIMULATORS: dict[str, type[SimBase]] = {"llamacpp": LlamaCppSim, "sglang": Sglan
 
 def build_parser() -> argparse.ArgumentParser:
     """Options mirror the engines' own flags where one exists."""
-    p = argparse.ArgumentParser(
-        prog="llmb-sim",
-        description="Simulated llama-server / SGLang with a performance model (tests, demo). "
+    p = versioned_parser(
+        "llmb-sim",
+        "Simulated llama-server / SGLang with a performance model (tests, demo). "
         "Run `llmb-sim demo --help` for the all-in-one demo.",
     )
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("--kind", choices=KINDS, required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)

@@ -7,11 +7,11 @@ from mixin.config import MixinConfig
 from mixin.dashboards.panels import (
     RW,
     SEL,
+    Annotation,
     Dashboard,
     Limit,
     Row,
     Target,
-    annotation,
     decode_vs_roofline,
     engine_share,
     latency_panel,
@@ -142,6 +142,18 @@ def _scheduling_row(cfg: MixinConfig) -> Row:
     )
 
 
+# Every restart, marked on every panel.
+RESTART_MARKS = Annotation(
+    "Engine restarts",
+    restarts("1m"),
+    "red",
+    "30s",
+    "{{host}}/{{engine}} restarted",
+    "host,engine",
+    value_is_time=False,
+)
+
+
 def _restarts_row(cfg: MixinConfig) -> Row:
     """Engine restarts per window."""
     return Row(
@@ -168,18 +180,6 @@ def _restarts_row(cfg: MixinConfig) -> Row:
 
 def engines(cfg: MixinConfig) -> Dashboard:
     """Engines side by side: decode vs roofline, throughput, latency, queue, KV, restarts."""
-
-    annotations = [
-        annotation(
-            "Engine restarts",
-            restarts("1m"),
-            "red",
-            "30s",
-            "{{host}}/{{engine}} restarted",
-            "host,engine",
-            value_is_time=False,
-        )
-    ]
     rows = [_decode_row(cfg), _latency_row(cfg), _scheduling_row(cfg), _restarts_row(cfg)]
     return Dashboard(
         "llmb-engines",
@@ -187,5 +187,5 @@ def engines(cfg: MixinConfig) -> Dashboard:
         "llama.cpp and SGLang under the same labels: decode against the roofline, latency, "
         "scheduling, KV and restarts.",
         rows,
-        annotations,
+        [RESTART_MARKS],
     )

@@ -164,7 +164,7 @@ def dashboard_json(dash: Dashboard) -> dict[str, Any]:
         "schemaVersion": 39,
         "time": {"from": "now-1h", "to": "now"},
         "timezone": "",
-        "annotations": {"list": dash.annotations},
+        "annotations": {"list": [a.to_json() for a in dash.annotations]},
         "templating": {
             "list": [
                 datasource_variable(),

@@ -7,16 +7,27 @@ from mixin.config import MixinConfig
 from mixin.dashboards.panels import (
     RW,
     SEL,
+    Annotation,
     Dashboard,
     Limit,
     Panel,
     Row,
     Target,
-    annotation,
     engine_share,
     gpu_used_and_peak,
     latency_panel,
     ts,
+)
+
+# The start of every load step, marked on every panel.
+STEP_MARKS = Annotation(
+    "Load steps",
+    f"llmb_loadgen_step_start_timestamp_seconds{{{SEL}}} * 1000",
+    "purple",
+    "5s",
+    "{{host}}/{{engine}} step {{step}}",
+    "engine,step",
+    value_is_time=True,
 )
 
 
@@ -222,22 +233,11 @@ def _memory_row(cfg: MixinConfig) -> Row:
 
 def load_run(cfg: MixinConfig) -> Dashboard:
     """The load generator's steps as annotations over throughput, latency and memory."""
-    annotations = [
-        annotation(
-            "Load steps",
-            f"llmb_loadgen_step_start_timestamp_seconds{{{SEL}}} * 1000",
-            "purple",
-            "5s",
-            "{{host}}/{{engine}} step {{step}}",
-            "engine,step",
-            value_is_time=True,
-        )
-    ]
     rows = [_load_row(cfg), _throughput_row(cfg), _latency_row(cfg), _memory_row(cfg)]
     return Dashboard(
         "llmb-load-run",
         "LLM bottleneck: load run",
         "One llmb-loadgen run: its steps as annotations over load, throughput, latency and memory.",
         rows,
-        annotations,
+        [STEP_MARKS],
     )

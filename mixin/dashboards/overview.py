@@ -250,16 +250,13 @@ def _decode_row(cfg: MixinConfig) -> Row:
         "5. Is decode at the card's memory-bandwidth limit?",
         [
             decode_check(cfg),
-            ts(
+            engine_share(
                 "Decode efficiency (measured / roofline)",
-                Target(
-                    # No number beyond physics: a misfit shows in the check, not here.
-                    f"engine:llmb_decode_efficiency:ratio{RW}{{{SEL}}} {UNLESS_MISFIT}",
-                    "{{host}}/{{engine}}",
-                ),
-                unit="percentunit",
-                width=9,
-                limit=Limit("decode_efficiency_at_limit", "above", bad_color="orange"),
+                f"engine:llmb_decode_efficiency:ratio{RW}",
+                Limit("decode_efficiency_at_limit", "above", bad_color="orange"),
+                9,
+                # No number beyond physics: a misfit shows in the check, not here.
+                gate=UNLESS_MISFIT,
                 description=(
                     "Per-sequence decode tok/s / roofline tok/s "
                     f"(`engine:llmb_decode_efficiency:ratio{RW}`). At or above the line "

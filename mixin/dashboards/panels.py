@@ -107,7 +107,7 @@ class Dashboard:
     title: str
     description: str
     rows: list[Row]
-    annotations: list[dict[str, Any]] = field(default_factory=list)
+    annotations: list[Annotation] = field(default_factory=list)
 
 
 def ts(title: str, *targets: Target, unit: str, description: str, **kw: Any) -> Panel:
@@ -116,10 +116,18 @@ def ts(title: str, *targets: Target, unit: str, description: str, **kw: Any) -> 
 
 
 def engine_share(
-    title: str, record: str, limit: Limit, width: int, description: str, legend: str = ""
+    title: str,
+    record: str,
+    limit: Limit,
+    width: int,
+    description: str,
+    legend: str = "",
+    gate: str = "",
 ) -> Panel:
-    """A per-engine share (0-1) of a recording rule against its threshold line `limit`."""
-    target = Target(f"{record}{{{SEL}}}", "{{host}}/{{engine}}" + legend)
+    """A per-engine share (0-1) of a recording rule against its threshold line `limit`;
+    `gate` (PromQL after the selector) drops what must not be drawn."""
+    expr = f"{record}{{{SEL}}}" + (f" {gate}" if gate else "")
+    target = Target(expr, "{{host}}/{{engine}}" + legend)
     return ts(title, target, unit="percentunit", width=width, limit=limit, description=description)
 
 
@@ -128,21 +136,30 @@ def stat(title: str, *targets: Target, unit: str, description: str, **kw: Any) -
     return Panel(title, list(targets), "stat", unit, description, **kw)
 
 
-def annotation(
-    name: str, expr: str, color: str, step: str, title: str, tags: str, value_is_time: bool
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Annotation:
     """An annotation query drawn on every panel; `value_is_time`: the value is the moment."""
-    return {
-        "datasource": DATASOURCE,
-        "enable": True,
-        "iconColor": color,
-        "name": name,
-        "expr": expr,
-        "step": step,
-        "titleFormat": title,
-        "tagKeys": tags,
-        "useValueForTime": value_is_time,
-    }
+
+    name: str
+    expr: str
+    color: str
+    step: str
+    title: str
+    tags: str
+    value_is_time: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "datasource": DATASOURCE,
+            "enable": True,
+            "iconColor": self.color,
+            "name": self.name,
+            "expr": self.expr,
+            "step": self.step,
+            "titleFormat": self.title,
+            "tagKeys": self.tags,
+            "useValueForTime": self.value_is_time,
+        }
 
 
 def gpu_used_and_peak() -> list[Target]:

@@ -4,7 +4,7 @@ time before the first token split into waiting and the prompt's own work."""
 from __future__ import annotations
 
 from core.thresholds import threshold_promql
-from mixin.dashboards.panels import RW, SEL, Limit, Row, Target, check, ts
+from mixin.dashboards.panels import RW, SEL, Limit, Row, Target, check, engine_share, ts
 
 
 def prefill_row() -> Row:
@@ -30,17 +30,13 @@ def prefill_row() -> Row:
                 "the first token (long prompts): admission and prefill batching, not the "
                 "card, set it.",
             ),
-            ts(
+            engine_share(
                 "Prefill efficiency (measured / compute limit)",
-                Target(
-                    # No number beyond physics: above the gate the line stops.
-                    f"engine:llmb_prefill_efficiency:ratio{RW}{{{SEL}}} "
-                    f"<= {t['decode_efficiency_physical_max']}",
-                    "{{host}}/{{engine}}",
-                ),
-                unit="percentunit",
-                width=6,
-                limit=Limit("prefill_efficiency_at_limit", "above", bad_color="orange"),
+                f"engine:llmb_prefill_efficiency:ratio{RW}",
+                Limit("prefill_efficiency_at_limit", "above", bad_color="orange"),
+                6,
+                # No number beyond physics: above the gate the line stops.
+                gate=f"<= {t['decode_efficiency_physical_max']}",
                 description=(
                     "Prompt tok/s x FLOPs per prompt token (2 x the active parameters plus "
                     "attention at the mean prompt) / the card's dense BF16 peak "

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.card import IDLE_REASON, POWER_REASONS, THERMAL_REASONS
-from core.signals import card_records
+from core.signals import SIGNAL_RECORDS
 from core.thresholds import threshold_promql
 from mixin.rules.common import E, rec
 
@@ -20,9 +20,8 @@ REASON = "llmb_gpu_clock_event_reason_active"
 def gpu_names() -> dict[str, str]:
     """Per-GPU records: power and thermal slowdown shares, SM and memory clock ratios (the
     per-engine records' names with `gpu:`)."""
-    engine = card_records()
     per_gpu = {
-        short: engine[signal].replace("engine:", "gpu:", 1)
+        short: SIGNAL_RECORDS[signal].replace("engine:", "gpu:", 1)
         for short, signal in (
             ("power", "card_power_slowdown"),
             ("thermal", "card_thermal_slowdown"),
@@ -67,7 +66,6 @@ def card_rules() -> list[dict[str, Any]]:
     """The llmb-card group, in evaluation order."""
     rw = threshold_promql("rate_window")
     gpu = gpu_names()
-    engine = card_records()
     # Every sample of the window said GPU idle: its clocks drop by design.
     idle = f'max by (host, gpu) (min_over_time({REASON}{{reason="{IDLE_REASON}"}}[{rw}])) == 1'
     return [
@@ -99,8 +97,8 @@ def card_rules() -> list[dict[str, Any]]:
               {idle}
             """,
         ),
-        rec(engine["card_power_slowdown"], _per_engine(gpu["power"], "max")),
-        rec(engine["card_thermal_slowdown"], _per_engine(gpu["thermal"], "max")),
+        rec(SIGNAL_RECORDS["card_power_slowdown"], _per_engine(gpu["power"], "max")),
+        rec(SIGNAL_RECORDS["card_thermal_slowdown"], _per_engine(gpu["thermal"], "max")),
         # The slowest GPU sets the pace of a step spread over several.
-        rec(engine["sm_clock_ratio"], _per_engine(gpu["sm"], "min")),
+        rec(SIGNAL_RECORDS["sm_clock_ratio"], _per_engine(gpu["sm"], "min")),
     ]

@@ -12,6 +12,7 @@ from prometheus_client.metrics_core import Metric
 
 from config.settings import EngineConfig
 from exporter.attribution import Attribution
+from exporter.collectors import Scrape
 from exporter.collectors.llamacpp.collector import LlamaCppCollector
 from exporter.collectors.llamacpp.log import LogFollower
 from tests.paths import FIXTURES
@@ -107,6 +108,11 @@ def collector(transport: httpx.MockTransport, **engine_kw: object) -> LlamaCppCo
     return LlamaCppCollector(engine, client, 2.0, Attribution([engine]))
 
 
+async def scrape_once(transport: httpx.MockTransport, **engine_kw: object) -> Scrape:
+    """One scrape by a fresh collector behind `transport`."""
+    return await collector(transport, **engine_kw).collect()
+
+
 def values(metrics: list[Metric]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     out = {}
     for fam in metrics:
@@ -123,8 +129,7 @@ def v(metrics: list[Metric], name: str, **labels: str) -> float:
 
 
 async def test_cpu_busy_capture_maps_to_schema() -> None:
-    c = collector(cpu_busy_transport(_read(CPU / "llamacpp_metrics_busy.txt")))
-    scrape = await c.collect()
+    scrape = await scrape_once(cpu_busy_transport(_read(CPU / "llamacpp_metrics_busy.txt")))
     assert scrape.up and not scrape.errors
     m = scrape.metrics
     raw = {
@@ -168,7 +173,7 @@ async def test_cpu_busy_capture_maps_to_schema() -> None:
 
 
 async def test_h200_np4_c4_capture_slots_and_log() -> None:
-    c = collector(
+    scrape = await scrape_once(
         make_transport(
             _read(H200 / "metrics_np4_c4.txt"),
             _read(H200 / "slots_np4_c4.json"),
@@ -177,7 +182,7 @@ async def test_h200_np4_c4_capture_slots_and_log() -> None:
         ),
         log_file=str(H200 / "server_c32k_np4.log"),
     )
-    m = (await c.collect()).metrics
+    m = scrape.metrics
     assert v(m, "llmb_engine_requests_running") == 4
     assert v(m, "llmb_engine_requests_waiting") == 0
     assert v(m, "llmb_engine_slots") == 4
@@ -190,11 +195,10 @@ async def test_h200_np4_c4_capture_slots_and_log() -> None:
 
 
 async def test_metrics_disabled_and_no_slots_keep_other_series() -> None:
-    c = collector(
+    scrape = await scrape_once(
         make_transport(None, None, _read(CPU / "props.json"), _read(CPU / "v1_models.json")),
         log_file=str(CPU / "server.log"),
     )
-    scrape = await c.collect()
     m = scrape.metrics
     assert scrape.up and not scrape.errors  # 501 is a setting, not a failure
     assert v(m, "llmb_engine_up") == 1
@@ -214,16 +218,14 @@ async def test_metrics_disabled_and_no_slots_keep_other_series() -> None:
 
 async def test_loading_engine_reports_loading_not_error() -> None:
     body = _read(CPU / "health_503_loading.json")
-    c = collector(make_transport(None, None, "{}", "{}", health=(503, body)))
-    scrape = await c.collect()
+    scrape = await scrape_once(make_transport(None, None, "{}", "{}", health=(503, body)))
     assert scrape.up and not scrape.errors
     assert v(scrape.metrics, "llmb_engine_up") == 0
     assert v(scrape.metrics, "llmb_engine_loading") == 1
 
 
 async def test_garbage_metrics_is_a_parse_error_and_other_series_stay() -> None:
-    c = collector(cpu_busy_transport("this is {not an exposition\n"))
-    scrape = await c.collect()
+    scrape = await scrape_once(cpu_busy_transport("this is {not an exposition\n"))
     assert not scrape.up
     assert [e.reason for e in scrape.errors] == ["parse"]
     assert v(scrape.metrics, "llmb_engine_up") == 1
@@ -231,8 +233,7 @@ async def test_garbage_metrics_is_a_parse_error_and_other_series_stay() -> None:
 
 
 async def test_http_error_reason() -> None:
-    c = collector(cpu_busy_transport("x 1\n", metrics_status=500))
-    scrape = await c.collect()
+    scrape = await scrape_once(cpu_busy_transport("x 1\n", metrics_status=500))
     assert [e.reason for e in scrape.errors] == ["http"]
 
 
@@ -246,8 +247,7 @@ async def test_connection_refused_is_engine_down() -> None:
 
 
 async def test_legacy_build_with_kv_metrics() -> None:
-    c = collector(cpu_busy_transport(LEGACY_METRICS))
-    m = (await c.collect()).metrics
+    m = (await scrape_once(cpu_busy_transport(LEGACY_METRICS))).metrics
     assert v(m, "llmb_engine_kv_cache_usage_ratio") == 0.25
     assert v(m, "llmb_engine_kv_cache_used_tokens") == 1024
     assert v(m, "llmb_engine_decode_tokens_total") == 640
@@ -415,8 +415,7 @@ async def test_histogram_and_nan_values_are_dropped_not_fatal() -> None:
 async def test_too_large_body_is_not_read() -> None:
     padding = ("# " + "x" * 1000 + "\n") * 5000  # 5 MB of comments
     huge = padding + _read(CPU / "llamacpp_metrics_busy.txt")
-    c = collector(_real(metrics=huge))
-    scrape = await c.collect()
+    scrape = await scrape_once(_real(metrics=huge))
     assert _reasons(scrape) == ["too_large"]
     assert v(scrape.metrics, "llmb_engine_up") == 1
     assert v(scrape.metrics, "llmb_engine_slots") == 2

@@ -29,6 +29,13 @@ def _summary(out: Path) -> dict[str, Any]:
     return json.loads((out / "summary.json").read_text())
 
 
+def _run_short(out: Path, server: ThreadedStub, max_tokens: int, *args: str) -> int:
+    """`run` against `server` with 20-token prompts and `max_tokens`-token answers."""
+    return run_cli(
+        out, "--url", server.url, "--prompt-tokens", "20", "--max-tokens", str(max_tokens), *args
+    )
+
+
 def test_run_writes_records_and_summaries(stub: StubFactory, tmp_path: Path) -> None:
     server = stub(ttft=0.02, itl=0.004)
     code = run_cli(
@@ -106,10 +113,8 @@ def test_completions_endpoint_and_prompt_file(stub: StubFactory, tmp_path: Path)
 def test_open_loop_constant_rate(stub: StubFactory, tmp_path: Path) -> None:
     server = stub()
     t0 = time.perf_counter()
-    code = run_cli(
-        tmp_path,
-        *("--url", server.url, "--prompt-tokens", "20", "--max-tokens", "3"),
-        *("--rate", "40", "--arrival", "constant", "--requests", "20"),
+    code = _run_short(
+        tmp_path, server, 3, "--rate", "40", "--arrival", "constant", "--requests", "20"
     )
     assert code == 0
     starts = sorted(r["start_time"] for r in request_lines(tmp_path))
@@ -121,11 +126,7 @@ def test_open_loop_constant_rate(stub: StubFactory, tmp_path: Path) -> None:
 def test_duration_bounds_the_run(stub: StubFactory, tmp_path: Path) -> None:
     server = stub(itl=0.01)
     t0 = time.perf_counter()
-    code = run_cli(
-        tmp_path,
-        *("--url", server.url, "--prompt-tokens", "20", "--max-tokens", "10"),
-        *("--concurrency", "2", "--duration", "1"),
-    )
+    code = _run_short(tmp_path, server, 10, "--concurrency", "2", "--duration", "1")
     elapsed = time.perf_counter() - t0
     assert code == 0
     lines = request_lines(tmp_path)
@@ -136,11 +137,8 @@ def test_duration_bounds_the_run(stub: StubFactory, tmp_path: Path) -> None:
 
 def test_failures_are_recorded_and_the_run_goes_on(stub: StubFactory, tmp_path: Path) -> None:
     server = stub(fail_every=4, malformed_every=5)
-    code = run_cli(
-        tmp_path,
-        *("--url", server.url, "--prompt-tokens", "20", "--max-tokens", "6", "--requests", "20"),
-        *("--max-errors", "1"),  # never abort for the error share
-    )
+    # --max-errors 1: never abort for the error share.
+    code = _run_short(tmp_path, server, 6, "--requests", "20", "--max-errors", "1")
     lines = request_lines(tmp_path)
     assert len(lines) == 20
     errors = {r["error"] for r in lines}
@@ -159,10 +157,8 @@ def test_failures_are_recorded_and_the_run_goes_on(stub: StubFactory, tmp_path: 
 
 def test_too_many_errors_abort_the_run(stub: StubFactory, tmp_path: Path) -> None:
     server = stub(fail_every=4, malformed_every=5)
-    code = run_cli(
-        tmp_path,
-        *("--url", server.url, "--prompt-tokens", "20", "--max-tokens", "6", "--requests", "200"),
-        *("--max-errors", "0.2", "--concurrency", "1,2"),
+    code = _run_short(
+        tmp_path, server, 6, "--requests", "200", "--max-errors", "0.2", "--concurrency", "1,2"
     )
     assert code == 1
     document = _summary(tmp_path)
@@ -179,10 +175,8 @@ def test_too_many_errors_abort_the_run(stub: StubFactory, tmp_path: Path) -> Non
 def test_timeout_per_request(stub: StubFactory, tmp_path: Path) -> None:
     server = stub(itl=0.1)
     t0 = time.perf_counter()
-    code = run_cli(
-        tmp_path,
-        *("--url", server.url, "--prompt-tokens", "20", "--max-tokens", "30"),
-        *("--requests", "2", "--timeout", "0.5", "--concurrency", "2"),
+    code = _run_short(
+        tmp_path, server, 30, "--requests", "2", "--timeout", "0.5", "--concurrency", "2"
     )
     # A whole round of timeouts in a row: the engine is not answering, the run is aborted.
     assert code == 1
@@ -194,10 +188,7 @@ def test_timeout_per_request(stub: StubFactory, tmp_path: Path) -> None:
 
 def test_early_stop_marks_the_run_invalid(stub: StubFactory, tmp_path: Path) -> None:
     server = stub(stop_after=5)
-    code = run_cli(
-        tmp_path,
-        *("--url", server.url, "--prompt-tokens", "20", "--max-tokens", "8", "--requests", "3"),
-    )
+    code = _run_short(tmp_path, server, 8, "--requests", "3")
     assert code == 3
     assert [r["error"] for r in request_lines(tmp_path)] == ["early_stop"] * 3
     summary = _summary(tmp_path)

@@ -12,7 +12,7 @@ from pathlib import Path
 from gguf.constants import Keys
 from tqdm import tqdm
 
-from exporter import __version__
+from exporter import versioned_parser
 from tools.synth_model.gguf_file import file_bytes, save_tokenizer, write_model
 from tools.synth_model.metadata import read_metadata, read_tokenizer, synthetic_tokenizer
 from tools.synth_model.plan import Model, build_model, weight_split, weights_step_bytes
@@ -73,12 +73,11 @@ def _source_arch(path: Path) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="llmb-synth-model",
-        description="Write a GGUF with the exact tensor shapes of a real model and random weights "
+    p = versioned_parser(
+        "llmb-synth-model",
+        "Write a GGUF with the exact tensor shapes of a real model and random weights "
         "(nonsense text; the real model's compute, bandwidth and memory).",
     )
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("--like", choices=list(SPECS), help="architecture to copy")
     p.add_argument("--type", dest="wtype", default="q4_0", choices=list(WEIGHT_TYPES))
     p.add_argument(

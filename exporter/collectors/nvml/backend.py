@@ -177,6 +177,10 @@ class PynvmlBackend:
         except self._nvml.NVMLError as exc:
             raise NvmlError(str(exc), getattr(exc, "value", None)) from exc
 
+    def _query(self, i: int, fn: Any, *args: Any) -> Any:
+        """NVML's `fn` on device `i` (its handle first, then `args`)."""
+        return self._call(fn, self._handles[i], *args)
+
     def init(self) -> None:
         try:
             import pynvml
@@ -206,20 +210,19 @@ class PynvmlBackend:
         return len(self._handles)
 
     def index(self, i: int) -> int:
-        return int(self._call(self._nvml.nvmlDeviceGetIndex, self._handles[i]))
+        return int(self._query(i, self._nvml.nvmlDeviceGetIndex))
 
     def name(self, i: int) -> str:
-        return str(self._call(self._nvml.nvmlDeviceGetName, self._handles[i]))
+        return str(self._query(i, self._nvml.nvmlDeviceGetName))
 
     def uuid(self, i: int) -> str:
-        return str(self._call(self._nvml.nvmlDeviceGetUUID, self._handles[i]))
+        return str(self._query(i, self._nvml.nvmlDeviceGetUUID))
 
     def memory(self, i: int) -> MemoryInfo:
         nv = self._nvml
-        handle = self._handles[i]
         if i not in self._v1_only:
             try:
-                m = self._call(nv.nvmlDeviceGetMemoryInfo, handle, nv.nvmlMemory_v2)
+                m = self._query(i, nv.nvmlDeviceGetMemoryInfo, nv.nvmlMemory_v2)
                 return MemoryInfo(int(m.total), int(m.used), int(m.free), int(m.reserved))
             except NvmlError as exc:
                 # Drivers before r510 lack the v2 query; remember so that the 10 Hz
@@ -227,41 +230,38 @@ class PynvmlBackend:
                 if not exc.not_supported and exc.code != NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
                     raise
                 self._v1_only.add(i)
-        m = self._call(nv.nvmlDeviceGetMemoryInfo, handle)
+        m = self._query(i, nv.nvmlDeviceGetMemoryInfo)
         return MemoryInfo(int(m.total), int(m.used), int(m.free), None)
 
     def utilization(self, i: int) -> Utilization:
-        u = self._call(self._nvml.nvmlDeviceGetUtilizationRates, self._handles[i])
+        u = self._query(i, self._nvml.nvmlDeviceGetUtilizationRates)
         return Utilization(float(u.gpu), float(u.memory))
 
-    def memory_clock_mhz(self, i: int) -> tuple[int, int]:
+    def _clock_mhz(self, i: int, clock: int) -> tuple[int, int]:
+        """The current and the maximum of one clock (`NVML_CLOCK_MEM`, `NVML_CLOCK_SM`)."""
         nv = self._nvml
-        handle = self._handles[i]
-        current = self._call(nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_MEM)
-        maximum = self._call(nv.nvmlDeviceGetMaxClockInfo, handle, nv.NVML_CLOCK_MEM)
+        current = self._query(i, nv.nvmlDeviceGetClockInfo, clock)
+        maximum = self._query(i, nv.nvmlDeviceGetMaxClockInfo, clock)
         return int(current), int(maximum)
+
+    def memory_clock_mhz(self, i: int) -> tuple[int, int]:
+        return self._clock_mhz(i, self._nvml.NVML_CLOCK_MEM)
 
     def bus_width_bits(self, i: int) -> int:
-        return int(self._call(self._nvml.nvmlDeviceGetMemoryBusWidth, self._handles[i]))
+        return int(self._query(i, self._nvml.nvmlDeviceGetMemoryBusWidth))
 
     def sm_clock_mhz(self, i: int) -> tuple[int, int | None]:
-        nv = self._nvml
-        handle = self._handles[i]
-        current = self._call(nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_SM)
-        maximum = self._call(nv.nvmlDeviceGetMaxClockInfo, handle, nv.NVML_CLOCK_SM)
-        return int(current), int(maximum)
+        return self._clock_mhz(i, self._nvml.NVML_CLOCK_SM)
 
     def power_mw(self, i: int) -> int:
-        return int(self._call(self._nvml.nvmlDeviceGetPowerUsage, self._handles[i]))
+        return int(self._query(i, self._nvml.nvmlDeviceGetPowerUsage))
 
     def power_limit_mw(self, i: int) -> int:
-        return int(self._call(self._nvml.nvmlDeviceGetEnforcedPowerLimit, self._handles[i]))
+        return int(self._query(i, self._nvml.nvmlDeviceGetEnforcedPowerLimit))
 
     def temperature_c(self, i: int) -> int:
-        nv = self._nvml
-        return int(
-            self._call(nv.nvmlDeviceGetTemperature, self._handles[i], nv.NVML_TEMPERATURE_GPU)
-        )
+        sensor = self._nvml.NVML_TEMPERATURE_GPU  # the GPU die
+        return int(self._query(i, self._nvml.nvmlDeviceGetTemperature, sensor))
 
     def clock_event_reasons(self, i: int) -> int:
         nv = self._nvml
@@ -270,18 +270,17 @@ class PynvmlBackend:
             getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
             or nv.nvmlDeviceGetCurrentClocksThrottleReasons
         )
-        return int(self._call(fn, self._handles[i]))
+        return int(self._query(i, fn))
 
     def processes(self, i: int) -> list[GpuProcess]:
         nv = self._nvml
-        handle = self._handles[i]
         groups = []
         for fn in (
             nv.nvmlDeviceGetComputeRunningProcesses,
             nv.nvmlDeviceGetGraphicsRunningProcesses,
         ):
             try:
-                procs = self._call(fn, handle)
+                procs = self._query(i, fn)
             except NvmlError as exc:
                 if not exc.not_supported:
                     raise
