@@ -11,9 +11,8 @@ from loadgen.options import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_MAX_TOKENS,
     DEFAULT_TIMEOUT_S,
-    SLO_HELP,
+    add_slo_option,
     positive_int,
-    slo_arg,
 )
 
 # `compare`'s --rounds default: a difference is called only beyond the spread of rounds.
@@ -70,12 +69,7 @@ def add_answer_arguments(group: Any) -> None:
         "--load-from (compare, decide) (default: the answer at every measured load, the "
         "highest deciding)",
     )
-    group.add_argument(
-        "--slo",
-        type=slo_arg,
-        metavar="SPEC",
-        help=SLO_HELP + ": goodput per step and the highest load within it",
-    )
+    add_slo_option(group, "goodput per step and the highest load within it")
 
 
 def add_find_max_argument(group: Any) -> None:

@@ -112,7 +112,7 @@ def add_load_arguments(parser: argparse.ArgumentParser, sweep: bool = False) -> 
     out = parser.add_argument_group("output")
     add_out_option(out)
     add_metrics_server_options(out)
-    add_slo_option(out)
+    add_slo_option(out, "live goodput series (llmb_loadgen_goodput_*) count the requests within it")
     add_exporter_option(out)
     out.add_argument("--prometheus-url", help="read GPU/KV/queue from Prometheus after each step")
     out.add_argument(

@@ -284,7 +284,7 @@ def slo_arg(text: str) -> Slo:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
-SLO_HELP = (
+_SLO_HELP = (
     "service-level objective, e.g. ttft_p99=2s,itl_p99=100ms (any of ttft, itl, e2e at p50, "
     "p90, p99; limits in ms or s)"
 )
@@ -307,15 +307,9 @@ def add_metrics_server_options(parser: Parser, default_port: int = DEFAULT_METRI
     )
 
 
-def add_slo_option(parser: Parser) -> None:
-    """--slo of run and sweep: the live goodput series count the requests within it."""
-    parser.add_argument(
-        "--slo",
-        type=slo_arg,
-        metavar="SPEC",
-        help=SLO_HELP + ": live goodput series (llmb_loadgen_goodput_*) count the requests "
-        "within it",
-    )
+def add_slo_option(parser: Parser, use: str) -> None:
+    """--slo, the same in every command; `use` says what the command does with it."""
+    parser.add_argument("--slo", type=slo_arg, metavar="SPEC", help=f"{_SLO_HELP}: {use}")
 
 
 def add_out_option(parser: Parser, required: bool = False) -> None:

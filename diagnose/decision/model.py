@@ -16,18 +16,17 @@ if TYPE_CHECKING:
     from diagnose.decision.loads import LoadAnswer
     from diagnose.decision.slo import SloAnswer
 
-# The recommendation vocabulary of results.json (`switch_to:<engine>` names the engine).
+# The recommendation vocabulary of results.json, and `switch_to(engine)` below.
 STAY_AND_TUNE = "stay_and_tune"
 FIX_MEMORY_FIRST = "fix_memory_first"
 INCONCLUSIVE = "inconclusive"
-SWITCH_TO = "switch_to:"
 
 NOT_MEASURED = "not measured: "
 
 
 def switch_to(engine: str) -> str:
-    """The recommendation to switch to `engine`."""
-    return SWITCH_TO + engine
+    """The recommendation to switch to `engine`: `switch_to:<engine>`."""
+    return f"switch_to:{engine}"
 
 
 def utc_now() -> str:
