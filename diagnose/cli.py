@@ -29,10 +29,10 @@ from diagnose import decide as decide_cmd
 from diagnose.answer import exit_status, print_answer, write_outputs
 from diagnose.decision.model import RunInfo, utc_now
 from diagnose.decision.two_engines import CompareInputs
-from diagnose.options import DEFAULT_ROUNDS, Options, add_answer_arguments, add_find_max_argument
+from diagnose.options import DEFAULT_ROUNDS, Options, add_answer_arguments
 from diagnose.phase_marks import PhasePublisher, say
 from diagnose.procedure import compare, diagnose
-from diagnose.served_load import add_load_from_arguments, load_query, user_load
+from diagnose.served_load import load_query, user_load
 from diagnose.steps.base import STEPS
 from diagnose.targets import measured_engines, path_origins
 from exporter import __version__
@@ -63,9 +63,9 @@ from loadgen.resolve import (
 log = logging.getLogger(__name__)
 
 
-def add_measure_arguments(parser: argparse.ArgumentParser, rounds: int) -> Any:
+def add_measure_arguments(parser: argparse.ArgumentParser, rounds: int, load_from: bool) -> None:
     """Flags shared by diagnose and compare (besides the shared target/timeout options);
-    returns their group."""
+    `load_from`: also --load-from and its window and engine (compare)."""
     add_out_option(parser, required=True)
     m = parser.add_argument_group("measurement")
     m.add_argument(
@@ -122,14 +122,6 @@ def add_measure_arguments(parser: argparse.ArgumentParser, rounds: int) -> Any:
         metavar="S",
         help="seconds to wait after a launch (default: the config's settle_seconds)",
     )
-    _add_launch_and_sources(m)
-    add_answer_arguments(m)
-    add_find_max_argument(m)
-    return m
-
-
-def _add_launch_and_sources(m: Any) -> None:
-    """Launch, exporter and bandwidth flags of the measurement group."""
     m.add_argument(
         "--parallel",
         type=positive_int,
@@ -137,6 +129,12 @@ def _add_launch_and_sources(m: Any) -> None:
         help="slots to launch with when the template has {parallel} "
         "(default: the largest concurrency)",
     )
+    _add_sources(m)
+    add_answer_arguments(m, find_max=True, load_from=load_from)
+
+
+def _add_sources(m: Any) -> None:
+    """Exporter, bandwidth and peak-compute flags of the measurement group, and --fail-on."""
     add_exporter_option(
         m,
         "llmb-exporter to read GPU memory, residency, KV and queue from "
@@ -323,9 +321,8 @@ class Measurement:
         parser.epilog = EXIT_CODES
         add_target_options(parser)
         add_timeout_options(parser)
-        group = add_measure_arguments(parser, rounds=self.rounds)
-        if self.engines > 1:  # the user's load picks between two engines only
-            add_load_from_arguments(group)
+        # The user's load picks between two engines only.
+        add_measure_arguments(parser, rounds=self.rounds, load_from=self.engines > 1)
         _add_evidence(parser, per_engine=self.engines > 1)
 
     def run(self, args: argparse.Namespace) -> int:

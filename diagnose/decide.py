@@ -23,7 +23,7 @@ from diagnose.decision.results import engine_from_dict
 from diagnose.decision.slo import add_slo
 from diagnose.decision.two_engines import CompareInputs, decide_compare
 from diagnose.options import add_answer_arguments
-from diagnose.served_load import LoadQuery, add_load_from_arguments, user_load
+from diagnose.served_load import LoadQuery, user_load
 from loadgen.options import HelpFormatter, UsageError, add_out_option
 
 RESULTS_FILE = "results.json"
@@ -91,8 +91,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="the engine you run now (default: the first engine of the run, compare's A)",
     )
-    add_answer_arguments(g)
-    add_load_from_arguments(g)
+    add_answer_arguments(g, find_max=False, load_from=True)
 
 
 def copy_requests(src_dir: Path, out: Path) -> None:

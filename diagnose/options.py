@@ -7,6 +7,7 @@ from typing import Any
 
 from config.settings import GpuConfig
 from core.slo import Slo
+from diagnose.served_load import add_load_from_arguments
 from loadgen.options import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_MAX_TOKENS,
@@ -59,8 +60,10 @@ class Options:
     find_max: bool = False
 
 
-def add_answer_arguments(group: Any) -> None:
-    """--load and --slo: what the answer is given for (compare, diagnose and decide)."""
+def add_answer_arguments(group: Any, *, find_max: bool, load_from: bool) -> None:
+    """What the answer is for: --load and --slo (compare, diagnose and decide); with
+    `find_max` --find-max (diagnose and compare: it measures more levels); with `load_from`
+    the load read from Prometheus (compare and decide: `diagnose.served_load`)."""
     group.add_argument(
         "--load",
         type=positive_int,
@@ -70,13 +73,12 @@ def add_answer_arguments(group: Any) -> None:
         "highest deciding)",
     )
     add_slo_option(group, "goodput per step and the highest load within it")
-
-
-def add_find_max_argument(group: Any) -> None:
-    """--find-max (diagnose and compare: it measures more levels)."""
-    group.add_argument(
-        "--find-max",
-        action="store_true",
-        help="with --slo: measure between the concurrency levels (bisection) for the highest "
-        "load within the SLO",
-    )
+    if find_max:
+        group.add_argument(
+            "--find-max",
+            action="store_true",
+            help="with --slo: measure between the concurrency levels (bisection) for the "
+            "highest load within the SLO",
+        )
+    if load_from:
+        add_load_from_arguments(group)
