@@ -29,10 +29,10 @@ from diagnose import decide as decide_cmd
 from diagnose.answer import exit_status, print_answer, write_outputs
 from diagnose.decision.model import RunInfo, utc_now
 from diagnose.decision.two_engines import CompareInputs
-from diagnose.options import DEFAULT_ROUNDS, Options, add_answer_arguments
+from diagnose.options import DEFAULT_ROUNDS, Options
 from diagnose.phase_marks import PhasePublisher, say
 from diagnose.procedure import compare, diagnose
-from diagnose.served_load import load_query, user_load
+from diagnose.served_load import add_answer_arguments, load_query, user_load
 from diagnose.steps.base import STEPS
 from diagnose.targets import measured_engines, path_origins
 from exporter import __version__

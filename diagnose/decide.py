@@ -22,8 +22,7 @@ from diagnose.decision.requests import REQUESTS_FILE, load_requests
 from diagnose.decision.results import engine_from_dict
 from diagnose.decision.slo import add_slo
 from diagnose.decision.two_engines import CompareInputs, decide_compare
-from diagnose.options import add_answer_arguments
-from diagnose.served_load import LoadQuery, user_load
+from diagnose.served_load import LoadQuery, add_answer_arguments, user_load
 from loadgen.options import HelpFormatter, UsageError, add_out_option
 
 RESULTS_FILE = "results.json"

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from config.settings import GpuConfig
 from core.slo import Slo
-from diagnose.served_load import add_load_from_arguments
 from loadgen.options import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_MAX_TOKENS,
     DEFAULT_TIMEOUT_S,
-    add_slo_option,
-    positive_int,
 )
 
 # `compare`'s --rounds default: a difference is called only beyond the spread of rounds.
@@ -58,27 +54,3 @@ class Options:
     load_source: str | None = None
     # --find-max: bisect between measured concurrencies for the highest within --slo.
     find_max: bool = False
-
-
-def add_answer_arguments(group: Any, *, find_max: bool, load_from: bool) -> None:
-    """What the answer is for: --load and --slo (compare, diagnose and decide); with
-    `find_max` --find-max (diagnose and compare: it measures more levels); with `load_from`
-    the load read from Prometheus (compare and decide: `diagnose.served_load`)."""
-    group.add_argument(
-        "--load",
-        type=positive_int,
-        metavar="N",
-        help="the concurrency you serve: the recommendation is for this load; it wins over "
-        "--load-from (compare, decide) (default: the answer at every measured load, the "
-        "highest deciding)",
-    )
-    add_slo_option(group, "goodput per step and the highest load within it")
-    if find_max:
-        group.add_argument(
-            "--find-max",
-            action="store_true",
-            help="with --slo: measure between the concurrency levels (bisection) for the "
-            "highest load within the SLO",
-        )
-    if load_from:
-        add_load_from_arguments(group)

@@ -6,6 +6,7 @@ over a window (`--load-window`, default 1h), rounded up to whole requests (the c
 the engine had to serve 90 % of the time). `--load N` given wins and Prometheus is not asked.
 Prometheus unreachable, a failed query, no samples of that engine in the window: a
 `LoadQueryError` (a usage error: one message, exit 2) before anything is measured.
+`add_answer_arguments` adds these flags, with --slo and --find-max, to each command.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from loadgen.options import UsageError, http_url
+from loadgen.options import UsageError, add_slo_option, http_url, positive_int
 
 RUNNING = "llmb_engine_requests_running"
 QUANTILE = 0.9
@@ -169,29 +170,48 @@ class LoadQuery:
         )
 
 
-def add_load_from_arguments(group: Any) -> None:
-    """--load-from, --load-window, --load-engine (compare and decide: the answer's load)."""
+def add_answer_arguments(group: Any, *, find_max: bool, load_from: bool) -> None:
+    """The flags of what the answer is for: --load and --slo (compare, diagnose and decide);
+    with `find_max` --find-max (diagnose and compare: it measures more levels); with
+    `load_from` --load-from, --load-window, --load-engine (compare and decide)."""
     group.add_argument(
-        "--load-from",
-        type=http_url,
-        metavar="PROMETHEUS_URL",
-        help="without --load: the load is the p90 of running requests "
-        f"({RUNNING}) of the engine in use over --load-window, asked of this Prometheus "
-        "(the one scraping the exporter); unreachable or no samples: exit 2",
+        "--load",
+        type=positive_int,
+        metavar="N",
+        help="the concurrency you serve: the recommendation is for this load; it wins over "
+        "--load-from (compare, decide) (default: the answer at every measured load, the "
+        "highest deciding)",
     )
-    group.add_argument(
-        "--load-window",
-        type=prom_duration,
-        default=DEFAULT_WINDOW,
-        metavar="DURATION",
-        help="with --load-from: the window of the p90 (a Prometheus duration: 30m, 1h, 1d)",
-    )
-    group.add_argument(
-        "--load-engine",
-        metavar="NAME",
-        help="with --load-from: the engine's name in Prometheus (its engine label) when it "
-        "differs (default: the engine in use, compare's A or decide's --in-use)",
-    )
+    add_slo_option(group, "goodput per step and the highest load within it")
+    if find_max:
+        group.add_argument(
+            "--find-max",
+            action="store_true",
+            help="with --slo: measure between the concurrency levels (bisection) for the "
+            "highest load within the SLO",
+        )
+    if load_from:
+        group.add_argument(
+            "--load-from",
+            type=http_url,
+            metavar="PROMETHEUS_URL",
+            help="without --load: the load is the p90 of running requests "
+            f"({RUNNING}) of the engine in use over --load-window, asked of this Prometheus "
+            "(the one scraping the exporter); unreachable or no samples: exit 2",
+        )
+        group.add_argument(
+            "--load-window",
+            type=prom_duration,
+            default=DEFAULT_WINDOW,
+            metavar="DURATION",
+            help="with --load-from: the window of the p90 (a Prometheus duration: 30m, 1h, 1d)",
+        )
+        group.add_argument(
+            "--load-engine",
+            metavar="NAME",
+            help="with --load-from: the engine's name in Prometheus (its engine label) when it "
+            "differs (default: the engine in use, compare's A or decide's --in-use)",
+        )
 
 
 def load_query(args: argparse.Namespace) -> LoadQuery | None:
