@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from config.kinds import engine_kind
+from core.stats import percentile
 from diagnose.decision.model import Row
 from diagnose.decision.prefill import PromptTiming, prefill_row, row_prefill, ttft_split
 from diagnose.decision.roofline import row_roofline
@@ -243,8 +244,4 @@ def _log_events(run: EngineRun) -> float:
 
 def median(values: list[float]) -> float | None:
     """The median (None of nothing)."""
-    if not values:
-        return None
-    data = sorted(values)
-    mid = len(data) // 2
-    return data[mid] if len(data) % 2 else (data[mid - 1] + data[mid]) / 2
+    return percentile(values, 50)

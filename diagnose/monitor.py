@@ -52,10 +52,15 @@ class HostProcess(Protocol):
     def rss_bytes(self) -> int | None: ...
 
 
+# What `increase` reads: counters and a histogram's sum and count.
+COUNTER_SUFFIXES = ("_total", "_sum", "_count")
+
+
 def counters_from_zero(
-    scrapes: list[tuple[float, Series]], engine: str
+    scrapes: list[tuple[float, Series]], engine: str, suffixes: tuple[str, ...] = ("_total",)
 ) -> list[tuple[float, Series]]:
-    """A window's scrapes, with 0 at its first scrape for each counter the engine began later.
+    """A window's scrapes, with 0 at its first scrape for each counter (a series named with
+    one of `suffixes`) the engine began later.
 
     SGLang creates a metric family at its first observation (the inter-token histogram that
     gives the decode counters after the first streamed request, the retraction counter at
@@ -70,7 +75,7 @@ def counters_from_zero(
         key
         for _, later in scrapes[1:]
         for key in later
-        if key not in head and key[0].endswith("_total") and ("engine", engine) in key[1]
+        if key not in head and key[0].endswith(suffixes) and ("engine", engine) in key[1]
     }
     if not born:
         return scrapes
@@ -239,13 +244,13 @@ class Monitor:
         )
         if len(scrapes) < 2:
             return None
+        scrapes = counters_from_zero(scrapes, self.exporter_engine, COUNTER_SUFFIXES)
         head, tail = scrapes[0][1], scrapes[-1][1]
         engine = ("engine", self.exporter_engine)
-        start = 0.0 if first(head, "llmb_engine_up", engine=self.exporter_engine) == 1 else None
         rises = []
         for key, value in tail.items():
             if key[0] == name and engine in key[1]:
-                before = head.get(key, start)
+                before = head.get(key)
                 if before is None or value < before:
                     return None
                 rises.append(value - before)

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from loadgen.options import UsageError, add_slo_option, http_url, positive_int
+from loadgen.prom_api import QueryError, vector_values
 
 RUNNING = "llmb_engine_requests_running"
 QUANTILE = 0.9
@@ -76,22 +77,6 @@ def p90_query(engine: str, window: str) -> str:
     return f"quantile_over_time({QUANTILE}, {running_selector(engine, window)})"
 
 
-def vector_values(body: Any) -> list[tuple[dict[str, str], float]]:
-    """The (labels, value) pairs of an instant query's answer; ValueError when it is none."""
-    if not isinstance(body, dict):
-        raise ValueError("the answer is not a JSON object")
-    if body.get("status") != "success":
-        raise ValueError(str(body.get("error") or f"status {body.get('status')!r}"))
-    data = body.get("data")
-    if not isinstance(data, dict) or data.get("resultType") != "vector":
-        raise ValueError("the answer is not an instant vector")
-    out = []
-    for item in data.get("result") or []:
-        labels, (_, value) = item["metric"], item["value"]
-        out.append((dict(labels), float(value)))
-    return out
-
-
 @dataclass(frozen=True)
 class LoadQuery:
     """Where and how to read the served load: `--load-from`, `--load-window`, `--load-engine`."""
@@ -120,7 +105,7 @@ class LoadQuery:
             ) from None
         try:
             return vector_values(body)
-        except (ValueError, KeyError, TypeError) as exc:
+        except QueryError as exc:
             raise LoadQueryError(
                 f"--load-from: {where} did not answer {expr!r} (HTTP {resp.status_code}: {exc})"
             ) from None

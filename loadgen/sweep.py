@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from loadgen.exporter_series import GPU_PEAK, KV_USAGE, WAITING, ExporterStepProbe
+from loadgen.prom_api import QueryError, vector_values
 from loadgen.scheduler.context import ProbeFactory
 from loadgen.scheduler.spec import RunSpec
 from loadgen.target import Target
@@ -79,11 +80,11 @@ class PrometheusProbe:
                         self.url + "/api/v1/query", params={"query": query}
                     ) as resp:
                         data = await resp.json(content_type=None)
-                    result = data.get("data", {}).get("result", [])
-                    if data.get("status") != "success":
-                        errors.append(f"{key}: {data.get('error', 'query failed')}")
-                    elif result:
-                        out[key] = float(result[0]["value"][1])
+                    values = vector_values(data)
+                    if values:
+                        out[key] = values[0][1]
+                except QueryError as exc:
+                    errors.append(f"{key}: {exc}")
                 except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
                     errors.append(f"{key}: {type(exc).__name__}: {exc}")
         if errors:

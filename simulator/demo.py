@@ -27,6 +27,7 @@ import httpx
 import yaml
 
 from config.kinds import KINDS, engine_kind
+from loadgen.prom_api import vector_values
 from simulator import scenarios
 
 # The repository's prometheus/ folder (rules, alertmanager.yml); present in a clone and an
@@ -225,10 +226,10 @@ def verdicts(prom_url: str) -> dict[str, str]:
     """Active verdict per engine from Prometheus (empty while none is recorded)."""
     try:
         resp = httpx.get(f"{prom_url}/api/v1/query", params={"query": f"{VERDICT} == 1"}, timeout=5)
-        rows: list[dict[str, Any]] = resp.json()["data"]["result"]
-    except (httpx.HTTPError, ValueError, KeyError):
+        rows = vector_values(resp.json())
+    except (httpx.HTTPError, ValueError):
         return {}
-    return {r["metric"].get("engine", ""): r["metric"].get("verdict", "") for r in rows}
+    return {labels.get("engine", ""): labels.get("verdict", "") for labels, _ in rows}
 
 
 def prometheus_config(exporter: str, alertmanager: str | None, interval: str) -> dict[str, Any]:

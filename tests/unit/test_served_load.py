@@ -24,8 +24,8 @@ from diagnose.served_load import (
     prom_duration,
     round_load,
     user_load,
-    vector_values,
 )
+from loadgen.prom_api import QueryError, vector_values
 from tests.conftest import get_free_port
 from tests.paths import ROOT
 from tests.plugins.engine_stubs import ThreadedApp
@@ -126,6 +126,8 @@ def test_vector_values_reads_labels_and_numbers() -> None:
         vector_values({"status": "error", "errorType": "bad_data", "error": "parse error"})
     with pytest.raises(ValueError, match="instant vector"):
         vector_values({"status": "success", "data": {"resultType": "matrix", "result": []}})
+    with pytest.raises(QueryError, match="not a sample"):
+        vector_values({"status": "success", "data": {"resultType": "vector", "result": [{}]}})
 
 
 def test_load_given_wins_and_prometheus_is_not_asked() -> None:
