@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from config.kinds import engine_kind
+from core.prefill import prefill_physical
 from core.roofline import MISFIT_BY_NAME, misfit_text
 from diagnose.decision.model import EngineResult, Row
 from diagnose.decision.sources import ENGINE, ENGINE_NOTE, source_note
@@ -172,6 +173,14 @@ def facts_table(engines: list[EngineResult]) -> tuple[tuple[str, ...], list[list
     return head, rows
 
 
+def _prefill_share(efficiency: float | None) -> str:
+    """A row's prompts as a share of the card's compute limit; never beyond physics (the
+    decode column's gate, `core.prefill.prefill_physical`)."""
+    if efficiency is not None and not prefill_physical(efficiency):
+        return "does not fit (beyond physics)"
+    return _pct_or_dash(efficiency)
+
+
 def _share_of_limit(r: Row) -> str:
     """A row's per-sequence decode as a share of its limit; never beyond physics."""
     if r.efficiency is None:
@@ -241,7 +250,7 @@ COLUMNS = (
     Column("prefill tok/s", lambda r: _fmt(r.prefill_tok_s), NO_PROMPT_TIMINGS),
     Column(
         "of compute limit",
-        lambda r: _pct_or_dash(r.prefill_efficiency),
+        lambda r: _prefill_share(r.prefill_efficiency),
         "no prefill compute limit (peak unknown: pass --peak-tflops)",
     ),
     Column("ms/token", lambda r: _sourced(r.per_token_ms, r.per_seq_source, 2), "no tokens"),

@@ -13,7 +13,9 @@ from core.prefill import (
     ttft_wait_share,
 )
 from core.rules import rule_values_at
+from diagnose.decision.model import EngineResult, Row
 from diagnose.decision.prefill import PromptTiming, ttft_split
+from diagnose.report.tables import measurement_table
 from model.flops import hf_attention_dims, prefill_flops
 from model.geometry import geometry_from_hf_config
 from model.gpu_specs import table_peak_flops
@@ -65,6 +67,16 @@ def test_peak_table_is_dense_and_by_name() -> None:
 
 def test_physics_gate_is_the_decodes() -> None:
     assert prefill_physical(None) and prefill_physical(1.1) and not prefill_physical(1.11)
+
+
+def test_the_report_table_shows_no_prefill_share_beyond_physics() -> None:
+    rows = [
+        Row("e", "single", 1, prefill_tok_s=900.0, prefill_efficiency=0.42),
+        Row("e", "concurrency", 4, prefill_tok_s=3000.0, prefill_efficiency=1.5),
+    ]
+    head, cells, _ = measurement_table([EngineResult("e", "llamacpp", rows=rows)])
+    shares = [dict(zip(head, r, strict=True))["of compute limit"] for r in cells]
+    assert shares == ["42 %", "does not fit (beyond physics)"]
 
 
 def test_ttft_split_counts_overlapping_prompts_once() -> None:
