@@ -207,7 +207,7 @@ async def measure_row(run: EngineRun, load: LoadStep) -> Row:
     # The step's window opens with a scrape of its own: every counter's value before the
     # first request (the background sampler's next scrape may come after it finished, and
     # a step seen by one scrape has no rate: `idle`, no decode efficiency).
-    await run.monitor.sample()
+    await run.monitor.sample(fresh=True)
     events0 = _log_events(run)
     started = time.time()
     acc, stopped = await _run_rounds(run, row, load.prompt_tokens, load.rounds, load.requests)
@@ -221,7 +221,7 @@ async def measure_row(run: EngineRun, load: LoadStep) -> Row:
     # llama.cpp logs a slot's release (and its truncation) after the stream has ended:
     # one more sample interval lets the log and the exporter catch up with the step.
     await asyncio.sleep(run.opts.sample_interval)
-    await run.monitor.sample()
+    await run.monitor.sample(fresh=True)
     t1 = time.time()
     # Series that appear only once requests finished (the speculative accept length).
     structure_facts(run)

@@ -130,7 +130,7 @@ class Monitor:
             embedded, self.embedded = self.embedded, None
             await embedded.close()
 
-    async def _read(self) -> Series | None:
+    async def _read(self, fresh: bool = False) -> Series | None:
         if self.opts.exporter_url:
             try:
                 series = await asyncio.to_thread(read_exporter, self.opts.exporter_url)
@@ -142,16 +142,18 @@ class Monitor:
             self.exporter_engine = exporter_engine(series, self.exporter_engine)
             return series
         if self.embedded is not None:
-            return await self.embedded.read()
+            return await self.embedded.read(fresh)
         return None
 
-    async def sample(self) -> None:
-        """Take one sample of every source."""
+    async def sample(self, fresh: bool = False) -> None:
+        """Take one sample of every source; `fresh`: the embedded collectors read after this
+        call (a step's window edges: a collection the background loop began earlier may
+        have read the engine before the step's calibration requests ended)."""
         now = time.time()
         if self.opts.exporter_url is None and self.embedded is None:
             series = None
         else:
-            series = await self._read()
+            series = await self._read(fresh)
             if series is None:
                 return
         used: float | None = None

@@ -203,6 +203,24 @@ class Runner:
         # A scraper that disconnects must not cancel the collection the others wait for.
         return await asyncio.shield(task)
 
+    async def collect_new(self, deadline: float | None = None) -> Collection:
+        """A collection that began after this call: never a recent one, nor one already in
+        flight (whose sources may have been read before what the caller just did)."""
+        asked = self.clock()
+        while True:
+            task = self._inflight
+            if task is None:
+                budget = self.default_deadline if deadline is None else deadline
+                task = asyncio.ensure_future(self._collect(budget))
+                self._inflight = task
+                self._inflight_ends = time.monotonic() + budget
+                task.add_done_callback(self._finished)
+            collection = await asyncio.shield(task)
+            if collection.started >= asked:
+                return collection
+            if self._inflight is task:  # done: the next turn starts a new one
+                self._inflight = None
+
     def _finished(self, task: asyncio.Future[Collection]) -> None:
         if self._inflight is task:
             self._inflight = None

@@ -147,9 +147,13 @@ class EmbeddedExporter:
         """Start the collectors."""
         await self._runner.start()
 
-    async def read(self) -> Series:
-        """One scrape of every collector."""
-        families = await self._runner.scrape()
+    async def read(self, fresh: bool = False) -> Series:
+        """One scrape of every collector; `fresh`: one that began after this call (not the
+        collection a background sampler has in flight)."""
+        if fresh:
+            families = (await self._runner.collect_new()).families
+        else:
+            families = await self._runner.scrape()
         return {
             (s.name, tuple(sorted(s.labels.items()))): float(s.value)
             for family in families

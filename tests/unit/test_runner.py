@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -67,6 +68,22 @@ async def test_sources_run_concurrently_and_crash_is_contained() -> None:
         if s.name == "llmb_source_up" and s.labels["source"] == "crash"
     ]
     assert text_up[0].value == 0
+
+
+async def test_collect_new_begins_after_the_call_not_with_the_collection_in_flight() -> None:
+    source = Fixed("e", delay=0.2)
+    runner = Runner([source], default_deadline=5, min_interval=10.0)
+    background = asyncio.ensure_future(runner.collect())  # a sampler's collection in flight
+    await asyncio.sleep(0.05)
+    asked = runner.clock()
+    joined = await runner.collect()  # joins the one in flight
+    new = await runner.collect_new()
+    assert joined is await background and joined.started < asked
+    assert new.started >= asked and source.calls == 2
+    # A recent collection (within min_interval) is what collect() gives; collect_new never.
+    assert await runner.collect() is new
+    newer = await runner.collect_new()
+    assert newer is not new and source.calls == 3
 
 
 async def test_openmetrics_negotiation() -> None:
