@@ -8,7 +8,10 @@ round, so none always goes first. Shapes:
 * `short`: zero-delay stub, c=64, 1-token requests (the bench_serving comparison's shape);
 * `long`: zero-delay stub, c=64, 256-token streams;
 * `timing-C`: the stub sends the first token 200 ms after a request arrived and one every
-  20 ms after (absolute schedule), 20 tokens, 3 x C requests, C = 64 and 256.
+  20 ms after (absolute schedule), 20 tokens, 3 x C requests, C = 64 and 256. There, the
+  `-ramp` variants of llmb-loadgen and AIPerf also start their C requests over 0.1 s
+  (bench/peer_tools.RAMP_S, each tool's own ramp flag), and `llmb-loadgen-paced` offers the
+  load of inference-perf's `concurrent` mode.
 
 Per tool, shape and round, from the tool's *own* per-request records:
 
@@ -49,7 +52,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.loadgen_accuracy import ITL, TTFT, errors_ms, with_fresh_stub  # noqa: E402
-from bench.peer_tools import PEER_TOOLS, TOOLS, Shape, make_tokenizer, versions  # noqa: E402
+from bench.peer_tools import (  # noqa: E402
+    PEER_TOOLS,
+    TOOLS,
+    VENV_OF,
+    Shape,
+    make_tokenizer,
+    versions,
+)
 from bench.peer_venvs import PEERS, missing_reason, peers_root  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -193,19 +203,22 @@ def medians(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, float
     }
 
 
-# Tools that only run the timing shapes (an offered-load variant, not a throughput client).
-TIMING_ONLY = ("llmb-loadgen-paced",)
+# Tools that only run the timing shapes: a start or an offered load that matters to timing,
+# not to a throughput client.
+TIMING_ONLY = ("llmb-loadgen-ramp", "llmb-loadgen-paced", "aiperf-ramp")
 
 
 def verdict(med: dict[tuple[str, str], dict[str, float]], shapes: list[Shape]) -> list[str]:
-    """llmb-loadgen against the best peer per shape: rates >= 1.5x, errors and CPU <=; on the
-    timing shapes also the paced variant against inference-perf, at the same offered load."""
+    """llmb-loadgen against the best peer per shape: rates >= 1.5x, errors and CPU <=. On the
+    timing shapes also its ramped start against the best peer (AIPerf ramped too), and the
+    paced variant against inference-perf, at the same offered load."""
     lines = []
     for shape in shapes:
         peers = [med[(shape.name, p)] for p in PEER_TOOLS if (shape.name, p) in med]
-        ours = med.get((shape.name, "llmb-loadgen"))
-        if ours and peers:
-            lines.append(f"{shape.name}: " + "; ".join(_checks(shape, ours, peers)))
+        for tool in ("llmb-loadgen", "llmb-loadgen-ramp"):
+            ours = med.get((shape.name, tool))
+            if ours and peers:
+                lines.append(f"{shape.name} {tool}: " + "; ".join(_checks(shape, ours, peers)))
         paced = med.get((shape.name, "llmb-loadgen-paced"))
         same = med.get((shape.name, "inference-perf"))
         if shape.delays and paced and same:
@@ -293,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown tool(s): {', '.join(unknown)}")
     # The tokenizer the peers need is made with the AIPerf venv's transformers.
-    needed = {"aiperf"} | {t for t in tools if t in PEERS} if set(tools) & set(PEERS) else set()
+    venvs = {VENV_OF[t] for t in tools if t in VENV_OF}
+    needed = {"aiperf"} | venvs if venvs else set()
     missing = [r for t in sorted(needed) if (r := missing_reason(PEERS[t]))]
     if missing:
         print("loadgen_peers: " + "; ".join(missing), file=sys.stderr)

@@ -122,6 +122,20 @@ def llmb_loadgen_paced(url: str, shape: Shape, work: Path, tokenizer: Path) -> I
     return replace(inv, cmd=[*inv.cmd, "--rate", str(shape.requests), "--arrival", "poisson"])
 
 
+# The ramp of the `-ramp` variants: every tool that has one starts its C requests over this
+# many seconds (llmb-loadgen `--ramp-up`, AIPerf `--concurrency-ramp-duration`). A tenth of a
+# second spreads a wave of 256 over 0.4 ms each, more than the stub needs to read one request,
+# and costs the 3-wave timing runs about 3 % of their request-seconds.
+RAMP_S = 0.1
+
+
+def llmb_loadgen_ramp(url: str, shape: Shape, work: Path, tokenizer: Path) -> Invocation:
+    """llmb-loadgen's closed loop started over RAMP_S (`--ramp-up`): equal requests keep the
+    spread, so the stub never reads a whole wave of C requests in one instant."""
+    inv = llmb_loadgen(url, shape, work, tokenizer)
+    return replace(inv, cmd=[*inv.cmd, "--ramp-up", str(RAMP_S)])
+
+
 def aiperf(url: str, shape: Shape, work: Path, tokenizer: Path) -> Invocation:
     """`aiperf profile`, synthetic fixed-length prompts, no UI, no server/GPU metrics polling
     (the stub has none; a poller would cost the stub CPU that no other tool takes)."""
@@ -151,6 +165,13 @@ def aiperf(url: str, shape: Shape, work: Path, tokenizer: Path) -> Invocation:
 
     env = OFFLINE | {"HF_HOME": str(tokenizer.parent / "hf")}
     return Invocation(cmd, env, parse)
+
+
+def aiperf_ramp(url: str, shape: Shape, work: Path, tokenizer: Path) -> Invocation:
+    """AIPerf with its own ramp over RAMP_S (`--concurrency-ramp-duration`: concurrency from
+    1 to C), the same start llmb-loadgen-ramp gets."""
+    inv = aiperf(url, shape, work, tokenizer)
+    return replace(inv, cmd=[*inv.cmd, "--concurrency-ramp-duration", str(RAMP_S)])
 
 
 def inference_perf(url: str, shape: Shape, work: Path, tokenizer: Path) -> Invocation:
@@ -218,12 +239,16 @@ def bare(url: str, shape: Shape, work: Path, tokenizer: Path) -> Invocation:
 Adapter = Callable[[str, Shape, Path, Path], Invocation]
 TOOLS: dict[str, Adapter] = {
     "llmb-loadgen": llmb_loadgen,
+    "llmb-loadgen-ramp": llmb_loadgen_ramp,
     "llmb-loadgen-paced": llmb_loadgen_paced,
     "aiperf": aiperf,
+    "aiperf-ramp": aiperf_ramp,
     "inference-perf": inference_perf,
     "bare": bare,
 }
-PEER_TOOLS = ("aiperf", "inference-perf")
+PEER_TOOLS = ("aiperf", "aiperf-ramp", "inference-perf")
+# The peer whose venv a tool runs from (bench/peer_venvs.py's PEERS).
+VENV_OF = {"aiperf": "aiperf", "aiperf-ramp": "aiperf", "inference-perf": "inference-perf"}
 
 
 def versions() -> dict[str, str]:

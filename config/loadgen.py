@@ -50,6 +50,7 @@ class LoadgenSettings(BaseModel):
     pause: float | None = None
     rate: float | None = None
     arrival: Literal["poisson", "constant"] | None = None
+    ramp_up: float | None = Field(default=None, ge=0)
     requests: int | None = None
     duration: float | None = None
     warmup: int | None = None

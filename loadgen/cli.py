@@ -78,6 +78,15 @@ def add_load_arguments(parser: argparse.ArgumentParser, sweep: bool = False) -> 
         help="open-loop arrival process",
     )
     load.add_argument(
+        "--ramp-up",
+        type=non_negative_float,
+        default=0.0,
+        metavar="SECONDS",
+        help="closed loop: start the --concurrency workers evenly over this many seconds "
+        "instead of all at once (default 0); equal requests keep the spread, so the server "
+        "never reads a whole wave at once",
+    )
+    load.add_argument(
         "--requests", type=positive_int, help="measured requests per engine and step (default 32)"
     )
     load.add_argument(
@@ -160,6 +169,11 @@ def apply_config_defaults(
 def _base_spec(args: argparse.Namespace, targets: list[Target]) -> RunSpec:
     if args.requests is not None and args.duration is not None:
         raise UsageError("use --requests or --duration, not both")
+    if args.ramp_up and args.rate is not None:
+        raise UsageError(
+            "--ramp-up spreads the closed loop's start; with --rate the arrivals are already "
+            "spread (drop one)"
+        )
     prompt_text = None
     if args.prompt_file is not None:
         try:
@@ -173,6 +187,7 @@ def _base_spec(args: argparse.Namespace, targets: list[Target]) -> RunSpec:
         max_tokens=args.max_tokens,
         rate=args.rate,
         arrival=args.arrival,
+        ramp_up=args.ramp_up,
         requests=args.requests,
         duration=args.duration,
         warmup=args.warmup,

@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp.payload import BytesPayload
 
 from loadgen.target import Target
 
@@ -84,6 +85,26 @@ loads = orjson.loads
 
 _CHAT_PATH = "/v1/chat/completions"
 _COMPLETIONS_PATH = "/v1/completions"
+
+
+class _SentStamp(BytesPayload):
+    """A request body that notes when it is handed to the socket (`sent`, perf_counter).
+
+    TTFT counts from there, not from the call to `post`: on Python < 3.12 aiohttp writes the
+    body (with the headers coalesced into it) from a task of its own, which runs only after
+    every request launched in the same event-loop turn had its turn. A closed loop's wave of
+    C requests would otherwise add the client's own launch queue to every TTFT but the first.
+    """
+
+    sent = 0.0
+
+    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
+        self.sent = self.sent or time.perf_counter()
+        await super().write_with_length(writer, content_length)
+
+    async def write(self, writer: Any) -> None:  # aiohttp < 3.12 calls this one
+        self.sent = self.sent or time.perf_counter()
+        await super().write(writer)
 
 
 class TargetUnreachable(Exception):
@@ -311,9 +332,10 @@ class StreamClient:
     async def _attempt(self, body: bytes, timeout: float) -> StreamResult:
         result = StreamResult()
         result.t_send = time.perf_counter()
+        payload = _SentStamp(body, content_type="application/json")
         try:
             async with self.session.post(
-                self._post_url, data=body, timeout=self._request_timeout(timeout)
+                self._post_url, data=payload, timeout=self._request_timeout(timeout)
             ) as resp:
                 result.status = resp.status
                 if resp.status != 200:
@@ -332,6 +354,7 @@ class StreamClient:
             result.error, result.error_detail = DISCONNECTED, f"{type(exc).__name__}: {exc}"
         except OSError as exc:
             result.error, result.error_detail = CONNECT, f"{type(exc).__name__}: {exc}"
+        result.t_send = payload.sent or result.t_send  # unsent (refused): the call's time
         result.t_end = time.perf_counter()
         result.parsed = False
         return result

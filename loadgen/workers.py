@@ -59,6 +59,13 @@ def _share(total: int, workers: int, worker: int) -> int:
     return total // workers + (1 if worker < total % workers else 0)
 
 
+def _offset(spec: RunSpec, workers: int, w: int) -> float:
+    """Where worker w's share starts: its arrival clock (open loop) or its ramp (closed)."""
+    if spec.rate is not None:
+        return w / spec.rate
+    return spec.ramp_up * w / max(1, spec.concurrency or 1)
+
+
 def split_spec(spec: RunSpec, workers: int) -> list[RunSpec]:
     """The per-worker shares of `spec`; raises ValueError when it cannot be split that far."""
     if workers < 1:
@@ -86,7 +93,8 @@ def split_spec(spec: RunSpec, workers: int) -> list[RunSpec]:
                 index_step=workers,
                 arrival_seed=spec.seed + 7919 * w,
                 # Constant arrivals: spread the workers' ticks evenly over one total period.
-                arrival_offset=0.0 if spec.rate is None else w / spec.rate,
+                # A closed loop's ramp: worker w's slots start w ramp steps later.
+                arrival_offset=_offset(spec, workers, w),
             )
         )
     return shares

@@ -150,14 +150,24 @@ class _Paced:
     head: int  # events before the first token (a chat stream's role chunk)
     malformed: bool
 
-    async def write(self, resp: web.StreamResponse, events: list[bytes]) -> bool:
-        """Write `events`; False when a malformed chunk ended the stream early."""
+    async def write(self, resp: web.StreamResponse, events: list[bytes]) -> bytes | None:
+        """Write the token events on their deadlines and return the rest (finish, usage,
+        DONE) for the caller's `write_eof`; None when a malformed chunk ended the stream.
+
+        The rest goes out in one write: it is due at once, and a send per event would cost
+        the stub a system call each while a closed loop's whole wave ends together.
+        """
         options, n_out = self.options, self.n_out
         delayed = options.ttft > 0 or options.itl > 0
         sent: list[float] = []
+        tail: list[bytes] = []
         for k, event in enumerate(events):
             token = k - self.head
-            if delayed and 0 <= token < n_out:
+            if token >= n_out:
+                last = options.report_sends and k == len(events) - 2
+                tail.append(_with_sends(event, self.t_arrival, sent) if last else event)
+                continue
+            if delayed and token >= 0:
                 due = self.t_arrival + options.ttft + token * options.itl
                 wait = due - time.perf_counter()
                 if wait > 0:
@@ -165,18 +175,27 @@ class _Paced:
                 self.state.lateness.append(time.perf_counter() - due)
             if self.malformed and token == n_out // 2:
                 await resp.write(b"data: {not json\n\n")
-                return False
-            if options.report_sends and k == len(events) - 2:
-                event = _with_sends(event, self.t_arrival, sent)
+                return None
             await resp.write(event)
-            if 0 <= token < n_out:
+            if token >= 0:
                 sent.append(time.perf_counter())
-        return True
+        return b"".join(tail)
 
 
 def make_app(options: StubOptions, state: StubState) -> web.Application:
     """The aiohttp application of the stub."""
-    rendered: dict[tuple[bool, int, int, int], bytes] = {}
+    # Every event of a response depends only on its shape: rendered once per shape (at most
+    # 256 kept), so a request costs the stub no JSON work.
+    rendered: dict[tuple[bool, int, int, int], list[bytes]] = {}
+    joined: dict[tuple[bool, int, int, int], bytes] = {}  # a kept shape's events in one piece
+
+    def events_of(shape: tuple[bool, int, int, int]) -> list[bytes]:
+        events = rendered.get(shape)
+        if events is None:
+            events = _events(options, *shape)
+            if len(rendered) < 256:
+                rendered[shape] = events
+        return events
 
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": options.model}]})
@@ -226,22 +245,23 @@ def make_app(options: StubOptions, state: StubState) -> web.Application:
         delayed = options.ttft > 0 or options.itl > 0
         try:
             await resp.prepare(request)
+            shape = (chat, n_out, prompt_tokens, cached)
+            events = events_of(shape)
             if not delayed and not malformed:
-                # Zero-delay mode: the whole stream in one write, rendered once per shape, so
-                # the stub spends almost nothing per chunk and the client is what is measured.
-                shape = (chat, n_out, prompt_tokens, cached)
-                payload = rendered.get(shape)
-                if payload is None:
-                    payload = b"".join(_events(options, chat, n_out, prompt_tokens, cached))
-                    if len(rendered) < 256:
-                        rendered[shape] = payload
-                await resp.write(payload)
+                # Zero-delay mode: the whole stream in one write, so the stub spends almost
+                # nothing per chunk and the client is what is measured.
+                whole = joined.get(shape)
+                if whole is None:
+                    whole = b"".join(events)
+                    if shape in rendered:
+                        joined[shape] = whole
+                await resp.write_eof(whole)
             else:
-                events = _events(options, chat, n_out, prompt_tokens, cached)
                 paced = _Paced(options, state, t_arrival, n_out, 1 if chat else 0, malformed)
-                if not await paced.write(resp, events):
+                tail = await paced.write(resp, events)
+                if tail is None:
                     return resp  # a malformed chunk ends the stream
-            await resp.write_eof()
+                await resp.write_eof(tail)
         finally:
             state.in_flight -= 1
         return resp

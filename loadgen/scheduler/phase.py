@@ -331,7 +331,7 @@ class EnginePhase:
         limit = self.spec.phase_deadline(self.measured)
         if self.spec.rate is None:
             workers = max(1, self.spec.concurrency or 1)
-            body: Awaitable[Any] = asyncio.gather(*(self._worker() for _ in range(workers)))
+            body: Awaitable[Any] = asyncio.gather(*(self._worker(i) for i in range(workers)))
         else:
             body = self._open_loop(self.spec.rate)
         recorder = asyncio.create_task(self._recorder())
@@ -387,7 +387,13 @@ class EnginePhase:
         finished = not isinstance(error, asyncio.CancelledError)
         return finished or self.aborted.is_set()
 
-    async def _worker(self) -> None:
+    async def _worker(self, slot: int) -> None:
+        # With --ramp-up the workers start spread out. Equal requests then keep that spread,
+        # so the server never reads a whole wave of C requests in one instant (which adds
+        # its own read queue to every TTFT but the first).
+        delay = self.spec.start_delay(slot)
+        if delay > 0:
+            await asyncio.sleep(delay)
         while (index := self.claim()) is not None:
             await self.one(index)
 

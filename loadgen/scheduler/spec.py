@@ -20,6 +20,8 @@ class RunSpec:
     concurrency: int | None = 1
     rate: float | None = None
     arrival: str = "poisson"  # poisson | constant (open loop only)
+    # Closed loop: seconds over which the `concurrency` workers start, evenly (0: together).
+    ramp_up: float = 0.0
     requests: int | None = None
     duration: float | None = None
     warmup: int = 0
@@ -41,7 +43,8 @@ class RunSpec:
     index_start: int = 0
     index_step: int = 1
     # Open loop: seed and start offset of this share's arrival clock (None: `seed`), so the
-    # shares do not fire in lockstep.
+    # shares do not fire in lockstep. Closed loop with `ramp_up`: the offset of this share's
+    # first start, so the shares' ramps interleave.
     arrival_seed: int | None = None
     arrival_offset: float = 0.0
 
@@ -84,7 +87,13 @@ class RunSpec:
             # Arrivals alone take count / rate; the last request then has its own timeout.
             return count / self.rate + self.timeout + self.connect_timeout
         waves = -(-count // max(1, self.concurrency or 1))
-        return waves * (self.timeout + self.connect_timeout)
+        return self.ramp_up + waves * (self.timeout + self.connect_timeout)
+
+    def start_delay(self, slot: int) -> float:
+        """Closed loop: seconds before worker `slot` (0-based) sends its first request."""
+        if not self.ramp_up:
+            return 0.0
+        return self.arrival_offset + self.ramp_up * slot / max(1, self.concurrency or 1)
 
     def request_limit(self) -> int | None:
         """Measured requests to send (None: until `duration`)."""

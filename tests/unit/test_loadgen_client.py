@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -242,3 +243,31 @@ def test_summary_document_keeps_its_keys_and_order() -> None:
         "run", "steps",
     ]  # fmt: skip
     assert run.to_dict()["steps"] == [row.to_dict()]
+
+
+async def test_ttft_counts_from_the_request_leaving_not_from_the_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client held up between `stream()` and the socket write (other requests of a closed
+    loop's wave taking their turn first) does not count the hold-up as the server's TTFT."""
+    from aiohttp.client_reqrep import ClientRequest
+
+    from simulator.stub import StubOptions, ThreadedStub
+
+    write_bytes = ClientRequest.write_bytes
+
+    async def held_up(self: ClientRequest, *args: object, **kwargs: object) -> None:
+        time.sleep(0.3)  # noqa: ASYNC251 (the point: the loop is busy before this body goes out)
+        await write_bytes(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    with ThreadedStub(StubOptions(ttft=0.1)) as stub:
+        async with StreamClient(Target("stub", stub.url), pool_size=1) as client:
+            await client.open()
+            monkeypatch.setattr(ClientRequest, "write_bytes", held_up)
+            called = time.perf_counter()
+            params = {"max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}
+            result = await client.stream(client.build_body("hello there", params), timeout=10)
+    record = build_record(result, engine="stub", step=0, index=0, max_tokens=2, wall_offset=0)
+    assert record.error is None and record.completion_tokens == 2
+    assert result.t_send - called >= 0.29  # stamped when the body was handed to the socket
+    assert record.ttft_s == pytest.approx(0.1, abs=0.08)  # the stub's 100 ms, not 400

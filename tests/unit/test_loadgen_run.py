@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import itertools
 import json
 import time
 from pathlib import Path
@@ -133,6 +134,27 @@ def test_duration_bounds_the_run(stub: StubFactory, tmp_path: Path) -> None:
     assert 6 <= len(lines) <= 25
     assert max(r["start_time"] for r in lines) - min(r["start_time"] for r in lines) < 1.0
     assert elapsed < 6
+
+
+def test_ramp_up_spreads_the_closed_loop_start(stub: StubFactory, tmp_path: Path) -> None:
+    server = stub(ttft=0.4)  # longer than the ramp: the first three starts are the slots'
+    args = ("--concurrency", "3", "--requests", "6")
+    assert _run_short(tmp_path / "burst", server, 2, *args) == 0
+    assert _run_short(tmp_path / "ramp", server, 2, *args, "--ramp-up", "0.36") == 0
+
+    def first_starts(out: Path) -> list[float]:
+        starts = sorted(r["start_time"] for r in request_lines(out))[:3]
+        return [s - starts[0] for s in starts]
+
+    # Without a ramp the three workers send at once; with --ramp-up 0.36 one every 0.12 s.
+    assert first_starts(tmp_path / "burst")[-1] < 0.05
+    assert first_starts(tmp_path / "ramp") == pytest.approx([0.0, 0.12, 0.24], abs=0.05)
+    # Each slot's second request follows its own first, so the spread holds: no wave.
+    later = sorted(r["start_time"] for r in request_lines(tmp_path / "ramp"))[3:]
+    assert [b - a for a, b in itertools.pairwise(later)] == pytest.approx([0.12] * 2, abs=0.05)
+    assert server.state.max_in_flight == 3
+    summary = _summary(tmp_path / "ramp")
+    assert summary["steps"][0]["requests_ok"] == 6
 
 
 def test_failures_are_recorded_and_the_run_goes_on(stub: StubFactory, tmp_path: Path) -> None:
@@ -330,6 +352,8 @@ def test_unreachable_target_fails_within_seconds(
         (["--url", "http://x", "--requests", "2", "--duration", "3"], "not both"),
         (["--url", "http://x", "--concurrency", "0"], "expected positive integers"),
         (["--url", "http://x", "--cache", "maybe"], "invalid choice"),
+        (["--url", "http://x", "--rate", "5", "--ramp-up", "1"], "arrivals are already spread"),
+        (["--url", "http://x", "--ramp-up", "-1"], "--ramp-up"),
     ],
 )
 def test_invalid_arguments_exit_2(

@@ -43,6 +43,17 @@ def test_split_spec_shares_add_up_and_interleave() -> None:
         split_spec(spec, 8)
 
 
+def test_a_ramp_is_shared_by_the_workers_without_collisions() -> None:
+    spec = RunSpec(targets=[Target("t", "http://127.0.0.1:1")], concurrency=8, ramp_up=0.8)
+    assert [spec.start_delay(i) for i in range(8)] == pytest.approx([i / 10 for i in range(8)])
+    assert spec.phase_deadline() == pytest.approx(0.8 + 4 * (spec.timeout + 5.0))
+    shares = split_spec(spec, 2)
+    starts = sorted(s.start_delay(i) for s in shares for i in range(s.concurrency or 0))
+    # Two workers of four slots each interleave into the one ramp of eight.
+    assert starts == pytest.approx([i / 10 for i in range(8)])
+    assert RunSpec(targets=spec.targets, concurrency=8).start_delay(7) == 0.0
+
+
 def test_two_workers_merge_into_one_report(stub: StubFactory, tmp_path: Path) -> None:
     server = stub(ttft=0.01, itl=0.003)
     args = ("--url", server.url, "--prompt-tokens", "48", "--max-tokens", "10")
