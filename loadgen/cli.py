@@ -68,24 +68,7 @@ def add_load_arguments(parser: argparse.ArgumentParser, sweep: bool = False) -> 
         load.add_argument(
             "--pause", type=non_negative_float, default=10.0, help="seconds between steps"
         )
-    load.add_argument(
-        "--rate", type=positive_float, help="open loop: requests per second (default: closed loop)"
-    )
-    load.add_argument(
-        "--arrival",
-        choices=["poisson", "constant"],
-        default="poisson",
-        help="open-loop arrival process",
-    )
-    load.add_argument(
-        "--ramp-up",
-        type=non_negative_float,
-        default=0.0,
-        metavar="SECONDS",
-        help="closed loop: start the --concurrency workers evenly over this many seconds "
-        "instead of all at once (default 0); equal requests keep the spread, so the server "
-        "never reads a whole wave at once",
-    )
+    _add_arrival_arguments(load)
     load.add_argument(
         "--requests", type=positive_int, help="measured requests per engine and step (default 32)"
     )
@@ -126,6 +109,28 @@ def add_load_arguments(parser: argparse.ArgumentParser, sweep: bool = False) -> 
     out.add_argument("--prometheus-url", help="read GPU/KV/queue from Prometheus after each step")
     out.add_argument(
         "--no-progress", action="store_true", help="plain log lines even on a terminal"
+    )
+
+
+def _add_arrival_arguments(load: argparse._ArgumentGroup) -> None:
+    """How requests start: open loop (--rate, --arrival) or the closed loop's --ramp-up."""
+    load.add_argument(
+        "--rate", type=positive_float, help="open loop: requests per second (default: closed loop)"
+    )
+    load.add_argument(
+        "--arrival",
+        choices=["poisson", "constant"],
+        default="poisson",
+        help="open-loop arrival process",
+    )
+    load.add_argument(
+        "--ramp-up",
+        type=non_negative_float,
+        default=0.0,
+        metavar="SECONDS",
+        help="closed loop: start the --concurrency workers evenly over this many seconds "
+        "instead of all at once (default 0); equal requests keep the spread, so the server "
+        "never reads a whole wave at once",
     )
 
 

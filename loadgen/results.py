@@ -11,14 +11,8 @@ from typing import IO
 import orjson
 
 from core.stats import percentile
-from loadgen.client import (
-    CANCELLED,
-    EARLY_STOP,
-    ERROR_KINDS,
-    INTERRUPTED,
-    StreamResult,
-    finish,
-)
+from loadgen.client import StreamResult, finish
+from loadgen.outcomes import CANCELLED, EARLY_STOP, ERROR_KINDS, INTERRUPTED
 
 
 def mean(values: Sequence[float]) -> float | None:

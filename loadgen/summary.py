@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Literal
 
-from loadgen.client import EARLY_STOP, KV_EXHAUSTED
+from loadgen.outcomes import EARLY_STOP, KV_EXHAUSTED
 from loadgen.results import RequestRecord, mean, percentile
 from loadgen.target import Target
 

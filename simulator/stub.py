@@ -182,20 +182,40 @@ class _Paced:
         return b"".join(tail)
 
 
+Shape = tuple[bool, int, int, int]  # chat?, output tokens, prompt tokens, cached tokens
+
+
+class _Rendered:
+    """Every event of a response depends only on its shape: rendered once per shape (at most
+    256 kept), so a request costs the stub no JSON work."""
+
+    def __init__(self, options: StubOptions):
+        self.options = options
+        self.kept: dict[Shape, list[bytes]] = {}
+        self.joined: dict[Shape, bytes] = {}
+
+    def events(self, shape: Shape) -> list[bytes]:
+        """The response's events, in order."""
+        events = self.kept.get(shape)
+        if events is None:
+            events = _events(self.options, *shape)
+            if len(self.kept) < 256:
+                self.kept[shape] = events
+        return events
+
+    def whole(self, shape: Shape) -> bytes:
+        """The response's events in one piece (the zero-delay stream)."""
+        whole = self.joined.get(shape)
+        if whole is None:
+            whole = b"".join(self.events(shape))
+            if shape in self.kept:
+                self.joined[shape] = whole
+        return whole
+
+
 def make_app(options: StubOptions, state: StubState) -> web.Application:
     """The aiohttp application of the stub."""
-    # Every event of a response depends only on its shape: rendered once per shape (at most
-    # 256 kept), so a request costs the stub no JSON work.
-    rendered: dict[tuple[bool, int, int, int], list[bytes]] = {}
-    joined: dict[tuple[bool, int, int, int], bytes] = {}  # a kept shape's events in one piece
-
-    def events_of(shape: tuple[bool, int, int, int]) -> list[bytes]:
-        events = rendered.get(shape)
-        if events is None:
-            events = _events(options, *shape)
-            if len(rendered) < 256:
-                rendered[shape] = events
-        return events
+    rendered = _Rendered(options)
 
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": options.model}]})
@@ -246,19 +266,13 @@ def make_app(options: StubOptions, state: StubState) -> web.Application:
         try:
             await resp.prepare(request)
             shape = (chat, n_out, prompt_tokens, cached)
-            events = events_of(shape)
             if not delayed and not malformed:
                 # Zero-delay mode: the whole stream in one write, so the stub spends almost
                 # nothing per chunk and the client is what is measured.
-                whole = joined.get(shape)
-                if whole is None:
-                    whole = b"".join(events)
-                    if shape in rendered:
-                        joined[shape] = whole
-                await resp.write_eof(whole)
+                await resp.write_eof(rendered.whole(shape))
             else:
                 paced = _Paced(options, state, t_arrival, n_out, 1 if chat else 0, malformed)
-                tail = await paced.write(resp, events)
+                tail = await paced.write(resp, rendered.events(shape))
                 if tail is None:
                     return resp  # a malformed chunk ends the stream
                 await resp.write_eof(tail)

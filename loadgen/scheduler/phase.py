@@ -13,16 +13,8 @@ from collections.abc import Awaitable
 from typing import Any, TypedDict
 from urllib.parse import urlsplit
 
-from loadgen.client import (
-    CANCELLED,
-    CONNECT,
-    EARLY_STOP,
-    INTERRUPTED,
-    TIMEOUT,
-    StreamClient,
-    StreamResult,
-    finish,
-)
+from loadgen.client import StreamClient, StreamResult, finish
+from loadgen.outcomes import CANCELLED, CONNECT, EARLY_STOP, INTERRUPTED, TIMEOUT
 from loadgen.prompts import PromptSet
 from loadgen.results import RequestRecord, build_record
 from loadgen.scheduler.context import RunContext

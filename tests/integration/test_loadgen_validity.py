@@ -20,15 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loadgen.client import (
-    KV_EXHAUSTED,
-    SERVER_ERROR,
-    StreamResult,
-    _decode_event,
-    _parse_crlf,
-    is_kv_exhausted,
-    parse_events,
-)
+from loadgen.client import StreamResult, _decode_event, _parse_crlf, parse_events
+from loadgen.outcomes import KV_EXHAUSTED, SERVER_ERROR, is_kv_exhausted
 from tests.conftest import get_free_port
 from tests.paths import ROOT
 from tests.plugins.loadgen import loadgen_process, records_so_far, wait_for_records

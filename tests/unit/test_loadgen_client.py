@@ -10,7 +10,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from loadgen.client import (
+from loadgen.client import StreamClient, TargetUnreachable
+from loadgen.outcomes import (
     CONNECT,
     DISCONNECTED,
     EARLY_STOP,
@@ -18,8 +19,6 @@ from loadgen.client import (
     MALFORMED,
     SERVER_ERROR,
     TIMEOUT,
-    StreamClient,
-    TargetUnreachable,
 )
 from loadgen.results import build_record, percentile, verify_tokens
 from loadgen.summary import ABSENT, RunSummary, summarize

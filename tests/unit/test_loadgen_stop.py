@@ -12,7 +12,8 @@ import json
 import time
 from pathlib import Path
 
-from loadgen.client import CANCELLED, Target
+from loadgen.client import Target
+from loadgen.outcomes import CANCELLED
 from loadgen.scheduler.context import RunContext
 from loadgen.scheduler.phase import ABORT_ENGINE_GONE, SILENT_S
 from loadgen.scheduler.spec import RunSpec
