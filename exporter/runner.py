@@ -189,10 +189,7 @@ class Runner:
         budget = self.default_deadline if deadline is None else deadline
         task = self._inflight
         if task is None:
-            task = asyncio.ensure_future(self._collect(budget))
-            self._inflight = task
-            self._inflight_ends = time.monotonic() + budget
-            task.add_done_callback(self._finished)
+            task = self._start(budget)
         elif self._inflight_ends > time.monotonic() + budget:
             try:
                 return await asyncio.wait_for(asyncio.shield(task), budget)
@@ -210,16 +207,20 @@ class Runner:
         while True:
             task = self._inflight
             if task is None:
-                budget = self.default_deadline if deadline is None else deadline
-                task = asyncio.ensure_future(self._collect(budget))
-                self._inflight = task
-                self._inflight_ends = time.monotonic() + budget
-                task.add_done_callback(self._finished)
+                task = self._start(self.default_deadline if deadline is None else deadline)
             collection = await asyncio.shield(task)
             if collection.started >= asked:
                 return collection
             if self._inflight is task:  # done: the next turn starts a new one
                 self._inflight = None
+
+    def _start(self, budget: float) -> asyncio.Future[Collection]:
+        """Begin the collection that requests arriving meanwhile will share."""
+        task = asyncio.ensure_future(self._collect(budget))
+        self._inflight = task
+        self._inflight_ends = time.monotonic() + budget
+        task.add_done_callback(self._finished)
+        return task
 
     def _finished(self, task: asyncio.Future[Collection]) -> None:
         if self._inflight is task:

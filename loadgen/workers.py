@@ -59,7 +59,7 @@ def _share(total: int, workers: int, worker: int) -> int:
     return total // workers + (1 if worker < total % workers else 0)
 
 
-def _offset(spec: RunSpec, workers: int, w: int) -> float:
+def _offset(spec: RunSpec, w: int) -> float:
     """Where worker w's share starts: its arrival clock (open loop) or its ramp (closed)."""
     if spec.rate is not None:
         return w / spec.rate
@@ -94,7 +94,7 @@ def split_spec(spec: RunSpec, workers: int) -> list[RunSpec]:
                 arrival_seed=spec.seed + 7919 * w,
                 # Constant arrivals: spread the workers' ticks evenly over one total period.
                 # A closed loop's ramp: worker w's slots start w ramp steps later.
-                arrival_offset=_offset(spec, workers, w),
+                arrival_offset=_offset(spec, w),
             )
         )
     return shares
