@@ -154,8 +154,10 @@ def run_tool(name: str, shape: Shape, url: str, tokenizer: Path) -> dict[str, An
         "cpu_to_exit_us_per_request": round(after_start / len(records) * 1e6),
         "span_s": round(span, 3),
         # The concurrency the tool really held: request-seconds over the span. A tool that
-        # keeps fewer in flight than asked offers the server a lighter load.
-        "mean_in_flight": round(sum(r.end - r.start for r in records) / span, 1),
+        # keeps fewer in flight than asked offers the server a lighter load. Three significant
+        # figures: a paced tool on a fast stub holds a few hundredths, which one decimal
+        # rounded to a false zero.
+        "mean_in_flight": float(f"{sum(r.end - r.start for r in records) / span:.3g}"),
         "process_wall_s": round(time.time() - t0, 2),
         "process_cpu_s": round(whole, 2),
         "command": portable(inv.cmd, work),

@@ -163,7 +163,9 @@ def aiperf(url: str, shape: Shape, work: Path, tokenizer: Path) -> Invocation:
                            percentile(gaps, 99), len(gaps) + 1))  # fmt: skip
         return out
 
-    env = OFFLINE | {"HF_HOME": str(tokenizer.parent / "hf")}
+    # TMPDIR: AIPerf keeps its dataset in `aiperf_mmap_<id>` under the temporary folder and
+    # leaves the folder behind; in the run's own folder it goes with the run.
+    env = OFFLINE | {"HF_HOME": str(tokenizer.parent / "hf"), "TMPDIR": str(work)}
     return Invocation(cmd, env, parse)
 
 

@@ -103,10 +103,14 @@ def test_server_killed_mid_run_still_writes_the_summary(llama_server: Any, tmp_p
     errors = [r["error"] for r in records]
     assert errors.count(None) >= 2
     # A stream cut mid-answer is `disconnected`; one still in prefill (no answer yet) is
-    # re-sent once and then refused like every later one: `connect_error`.
+    # re-sent once and then refused like every later one: `connect_error`. The request the
+    # other worker has in flight when the step gives up is `cancelled`, with the reason.
     assert "connect_error" in errors, errors
-    assert set(errors) <= {None, "disconnected", "connect_error"}, errors
+    assert set(errors) <= {None, "disconnected", "connect_error", "cancelled"}, errors
     summary = json.loads((out / "summary.json").read_text())
+    gave_up = summary["abort_reason"].removeprefix("step 0: ")
+    cancelled = [r["error_detail"] for r in records if r["error"] == "cancelled"]
+    assert cancelled == [f"cancelled in flight: {gave_up}"] * len(cancelled) and len(cancelled) <= 1
     step = summary["steps"][0]
     assert step["requests_failed"] == len(records) - errors.count(None) > 0
     assert step["requests_ok"] == errors.count(None)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,8 +31,16 @@ def test_every_tool_ran_and_produced_numbers(tmp_path: Path) -> None:
     cmd = [sys.executable, "bench/loadgen_peers.py", "--rounds", "1",
            "--throughput-concurrency", "8", "--short-requests", "64", "--long-requests", "16",
            "--long-tokens", "32", "--timing-concurrency", "8", "--json", str(out)]  # fmt: skip
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=840)
+    # A temporary folder of the run's own, to see that every tool's files go with its run
+    # (AIPerf leaves its dataset and socket folders in the temporary folder unless pointed
+    # elsewhere). Short, not under tmp_path: AIPerf's sockets live there, and a socket's path
+    # has a 107-byte limit.
+    with tempfile.TemporaryDirectory(prefix="peers-") as scratch:
+        env = os.environ | {"TMPDIR": scratch}
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=840, env=env)
+        left = os.listdir(scratch)
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    assert not left, f"left behind in the temporary folder: {left}"
     data = json.loads(out.read_text())
     assert data["versions"]["aiperf"] == PEERS["aiperf"].version
     assert data["versions"]["inference-perf"] == PEERS["inference-perf"].version

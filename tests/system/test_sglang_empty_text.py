@@ -135,9 +135,10 @@ def test_diagnose_reports_decode_and_ttft_from_sglang_s_own_histograms(
         decode = rise(before, after, ITL + "_count") / rise(before, after, ITL + "_sum")
         assert row["ttft_s"] == pytest.approx(ttft, rel=1e-6), row
         assert row["per_seq_tok_s"] == pytest.approx(decode, rel=1e-6), row
-        assert (
-            0 < row["ttft_s"] < min(r["e2e_s"] for r in records if r["step"] in row["record_steps"])
-        )
+        # Each request's TTFT is within its own e2e, so the mean is within the mean e2e (not
+        # within the fastest request's: on a loaded CPU a step's requests vary by 10x).
+        e2e = [r["e2e_s"] for r in records if r["step"] in row["record_steps"]]
+        assert 0 < row["ttft_s"] < sum(e2e) / len(e2e), (row, e2e)
     # Every surface says where the figures came from; no TTFT reads 0.000 s.
     steps = {s["key"]: s["answer"] for s in doc["decision"]["steps"]}
     assert steps["single"].startswith(f"{rows[0]['per_seq_tok_s']:.1f} tok/s per sequence")
