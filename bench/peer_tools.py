@@ -163,8 +163,8 @@ def aiperf(url: str, shape: Shape, work: Path, tokenizer: Path) -> Invocation:
                            percentile(gaps, 99), len(gaps) + 1))  # fmt: skip
         return out
 
-    # TMPDIR: AIPerf keeps its dataset in `aiperf_mmap_<id>` under the temporary folder and
-    # leaves the folder behind; in the run's own folder it goes with the run.
+    # TMPDIR: AIPerf puts its dataset (`aiperf_mmap_<id>`) and its ZMQ sockets (`tmp*/aiperf`)
+    # in the temporary folder and leaves both behind; in the run's own folder they go with it.
     env = OFFLINE | {"HF_HOME": str(tokenizer.parent / "hf"), "TMPDIR": str(work)}
     return Invocation(cmd, env, parse)
 
