@@ -176,7 +176,8 @@ def _waiting_below_cap(*more: Compare) -> AllOf:
     )
 
 
-CONDITIONS: tuple[Condition, ...] = (
+# The engine-side conditions; `CONDITIONS` (below) holds all of them in decision order.
+_ENGINE_CONDITIONS: tuple[Condition, ...] = (
     Condition(
         "weights_not_resident",
         (
@@ -328,7 +329,7 @@ PREFILL_CONDITIONS: tuple[Condition, ...] = tuple(
     Condition(n, (Evidence(lab, AllOf(tuple(Compare(*c) for c in tests)), prefill.TEXT[n]),))
     for n, lab, tests in prefill.CONDITION_TESTS
 )
-_ALL_CONDITIONS = CONDITIONS + CARD_CONDITIONS + PREFILL_CONDITIONS
+_ALL_CONDITIONS = _ENGINE_CONDITIONS + CARD_CONDITIONS + PREFILL_CONDITIONS
 CONDITION_BY_NAME: dict[str, Condition] = {c.name: c for c in _ALL_CONDITIONS}
 
 # ------------------------------------------------------------------------------ verdicts

@@ -33,7 +33,7 @@ from diagnose.options import DEFAULT_ROUNDS, Options
 from diagnose.phase_marks import PhasePublisher, say
 from diagnose.procedure import compare, diagnose
 from diagnose.served_load import add_answer_arguments, load_query, user_load
-from diagnose.steps.base import STEPS
+from diagnose.step_table import STEPS
 from diagnose.targets import measured_engines, path_origins
 from exporter import __version__
 from loadgen.client import TargetUnreachable

@@ -30,7 +30,7 @@ from diagnose.launcher import (
 from diagnose.monitor import Monitor
 from diagnose.options import Options
 from diagnose.phase_marks import PhasePublisher, say
-from diagnose.steps.base import STEP_QUESTIONS
+from diagnose.step_table import STEP_QUESTIONS
 from loadgen.scheduler.context import RunContext
 from loadgen.target import Target
 

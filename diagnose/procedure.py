@@ -46,7 +46,8 @@ from diagnose.find_max import find_max
 from diagnose.load import measure_row
 from diagnose.options import Options
 from diagnose.phase_marks import PhasePublisher
-from diagnose.steps.base import STEP_QUESTIONS, STEPS, ProcedureStep
+from diagnose.step_table import STEP_QUESTIONS, STEPS
+from diagnose.steps.base import ProcedureStep
 from diagnose.steps.concurrency import ConcurrencyStep
 from diagnose.steps.context import ContextStep
 from diagnose.steps.kv import KvPressureStep

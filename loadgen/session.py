@@ -26,8 +26,8 @@ from loadgen.report import invalid_banner, to_console, write_reports
 from loadgen.scheduler.context import ProbeFactory, RunContext
 from loadgen.scheduler.progress import Progress
 from loadgen.scheduler.spec import RunSpec
-from loadgen.scheduler.step import StepResult, run_step
-from loadgen.summary import RunSummary, build_summary
+from loadgen.scheduler.step import run_step
+from loadgen.summary import RunSummary, StepResult, build_summary
 
 log = logging.getLogger(__name__)
 

@@ -10,15 +10,12 @@ import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from importlib import metadata
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from loadgen.outcomes import EARLY_STOP, KV_EXHAUSTED
 from loadgen.results import RequestRecord, mean, percentile
+from loadgen.scheduler.spec import RunSpec
 from loadgen.target import Target
-
-if TYPE_CHECKING:
-    from loadgen.scheduler.spec import RunSpec
-    from loadgen.scheduler.step import StepResult
 
 
 class Absent(enum.Enum):
@@ -254,6 +251,26 @@ class RunSummary:
         return out
 
 
+@dataclass
+class StepResult:
+    """What one step produced: summaries and records per engine, and the verification."""
+
+    step: int
+    spec: RunSpec
+    summaries: list[StepSummary]
+    records: dict[str, list[RequestRecord]]
+    reasons: list[str]
+    interrupted: bool = False
+    # The step stopped before its planned end (engine gone, too many errors, deadline,
+    # interrupted); `abort_reason` says which and why.
+    aborted: bool = False
+    abort_reason: str | None = None
+
+    @property
+    def valid(self) -> bool:
+        return not self.reasons and not self.aborted
+
+
 def build_summary(
     steps: Sequence[StepResult],
     run_info: dict[str, Any],
@@ -292,6 +309,7 @@ def tool_version() -> str:
 __all__ = [
     "ABSENT",
     "RunSummary",
+    "StepResult",
     "StepSummary",
     "build_summary",
     "engine_summary",

@@ -31,7 +31,6 @@ from loadgen.metrics import LoadgenMetrics, StepStart
 from loadgen.options import EXIT_FAILED, EXIT_INTERRUPTED
 from loadgen.results import JsonlWriter, RequestRecord, step_reasons
 from loadgen.scheduler.spec import RunSpec
-from loadgen.scheduler.step import StepResult
 from loadgen.session import (
     SessionOptions,
     SessionResult,
@@ -41,7 +40,7 @@ from loadgen.session import (
     serve_metrics,
     signals_handled,
 )
-from loadgen.summary import ServerFigures, engine_summary, mark_validity
+from loadgen.summary import ServerFigures, StepResult, engine_summary, mark_validity
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The interface of a step of the procedure, and the steps' names and questions."""
+"""The interface of a step of the procedure (names and questions: `diagnose.step_table`)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,6 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from diagnose.decision.model import Step
     from diagnose.engine_run import EngineRun
-
-STEPS = ("residency", "single", "concurrency", "kv_pressure", "context")
-STEP_QUESTIONS = {
-    "residency": "Do the weights fit and stay resident on the GPU?",
-    "single": "Single-request decode: how close to the card's limit?",
-    "concurrency": "Concurrency: does aggregate throughput grow, do requests queue?",
-    "kv_pressure": "KV pressure: do long prompts in every slot fit in the KV cache?",
-    "context": "Long context: where does memory give out?",
-}
 
 
 class ProcedureStep(Protocol):

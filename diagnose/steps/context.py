@@ -8,7 +8,7 @@ from core.thresholds import threshold_number
 from diagnose.decision.model import Row, Step
 from diagnose.decision.prefill import row_prefill
 from diagnose.engine_run import EngineRun, LoadStep, StepStopped, gib
-from diagnose.steps.base import STEP_QUESTIONS
+from diagnose.step_table import STEP_QUESTIONS
 from loadgen.client import TargetUnreachable
 
 

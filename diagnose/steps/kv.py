@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from diagnose.decision.model import Row, Step
 from diagnose.engine_run import EngineRun, LoadStep
-from diagnose.steps.base import STEP_QUESTIONS
+from diagnose.step_table import STEP_QUESTIONS
 
 # The longest KV-pressure prompt chosen automatically: longer prompts cost minutes of prefill.
 KV_PROMPT_CAP = 16384

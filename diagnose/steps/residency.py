@@ -13,7 +13,7 @@ from core.conditions import evaluate
 from core.signals import Signals
 from diagnose.decision.model import EngineResult, Step
 from diagnose.engine_run import EngineRun, gib, num
-from diagnose.steps.base import STEP_QUESTIONS
+from diagnose.step_table import STEP_QUESTIONS
 
 
 class ResidencyStep:

@@ -7,7 +7,7 @@ from diagnose.decision.prefill import prefill_text, split_text
 from diagnose.decision.roofline import roofline, roofline_text
 from diagnose.decision.sources import decode_text
 from diagnose.engine_run import EngineRun, LoadStep
-from diagnose.steps.base import STEP_QUESTIONS
+from diagnose.step_table import STEP_QUESTIONS
 
 
 class SingleStep:

@@ -1,7 +1,7 @@
 """The source columns of docs/metrics.md, one table per registered engine kind.
 
 Each kind's `sources.py` (beside its collector) maps every `llmb_*` series to where it comes
-from on that engine; `exporter.schema.markdown_table` renders one column per entry here.
+from on that engine; `exporter.metrics_doc.markdown_table` renders one column per entry here.
 """
 
 from __future__ import annotations

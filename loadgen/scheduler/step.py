@@ -17,29 +17,9 @@ from loadgen.scheduler.calibration import calibrate_within
 from loadgen.scheduler.context import RunContext
 from loadgen.scheduler.phase import ABORT_INTERRUPTED, EnginePhase
 from loadgen.scheduler.spec import RunSpec
-from loadgen.summary import StepSummary, engine_summary, mark_validity
+from loadgen.summary import StepResult, StepSummary, engine_summary, mark_validity
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class StepResult:
-    """What one step produced: summaries and records per engine, and the verification."""
-
-    step: int
-    spec: RunSpec
-    summaries: list[StepSummary]
-    records: dict[str, list[RequestRecord]]
-    reasons: list[str]
-    interrupted: bool = False
-    # The step stopped before its planned end (engine gone, too many errors, deadline,
-    # interrupted); `abort_reason` says which and why.
-    aborted: bool = False
-    abort_reason: str | None = None
-
-    @property
-    def valid(self) -> bool:
-        return not self.reasons and not self.aborted
 
 
 @dataclass

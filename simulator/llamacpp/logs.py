@@ -6,14 +6,10 @@ The exporter's log follower reads these lines as it reads the real server's.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from model.geometry import geometry_from_gguf
-from simulator.llamacpp.payloads import request_ms
+from simulator.llamacpp.payloads import LlamaCppSim, request_ms
 from simulator.model import MIB, Request
-
-if TYPE_CHECKING:
-    from simulator.llamacpp.server import LlamaCppSim
 
 
 def _mapped_span(sim: LlamaCppSim) -> int | None:

@@ -4,15 +4,40 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
-from simulator.common import json_response
+from simulator.common import SimOptions, json_response
+from simulator.engine import Engine
 from simulator.model import Request
+from simulator.tokenizer import Tokenizer
 
-if TYPE_CHECKING:
-    from simulator.llamacpp.server import LlamaCppSim
+
+class LlamaCppSim(Protocol):
+    """What the documents and the log read of the llama.cpp simulator (`server.LlamaCppSim`):
+    declared here so that they need not import the server that imports them."""
+
+    opts: SimOptions
+    engine: Engine
+    tokenizer: Tokenizer
+    task_params: dict[int, dict[str, Any]]
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def model_path(self) -> str: ...
+
+    @property
+    def speculative(self) -> bool: ...
+
+    def log(self, level: str, text: str) -> None: ...
+
+    def sampling(
+        self, body: dict[str, Any], n_predict: int, full: bool = False
+    ) -> dict[str, Any]: ...
+
 
 BUILD_INFO = "b0-llmb-sim"
 BOS = "<bos>"

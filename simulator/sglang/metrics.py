@@ -7,16 +7,13 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client.core import Metric
 
 from simulator.model import Request
 from simulator.scenarios import GIB
+from simulator.sglang.payloads import SglangSim
 from simulator.sglang.spec import FAMILIES, FAMILIES_BY_VERSION, FamilySpec
-
-if TYPE_CHECKING:
-    from simulator.sglang.server import SglangSim
 
 ENGINE_TYPE = "unified"
 

@@ -4,16 +4,33 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
-from simulator.common import json_response
+from simulator.common import SimOptions, json_response
+from simulator.engine import Engine
 from simulator.model import Request
 from simulator.scenarios import GIB
 
-if TYPE_CHECKING:
-    from simulator.sglang.server import SglangSim
+
+class SglangSim(Protocol):
+    """What the documents and the metrics read of the SGLang simulator (`server.SglangSim`):
+    declared here so that they need not import the server that imports them."""
+
+    opts: SimOptions
+    engine: Engine
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def model_path(self) -> str: ...
+
+    def cmdline(self) -> str: ...
+
+    def idle_seconds(self) -> float: ...
+
 
 # What 0.5.11 does not answer yet (the real server's /server_info, its internal_states and
 # /get_model_info in tests/fixtures/sglang-0.5.11-cpu/); its memory_usage has only these keys.

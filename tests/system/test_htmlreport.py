@@ -47,7 +47,7 @@ from diagnose.report.html.plots import (
     plot_ttft,
 )
 from diagnose.report.html.write import write_report
-from diagnose.steps.base import STEP_QUESTIONS, STEPS
+from diagnose.step_table import STEP_QUESTIONS, STEPS
 from tests.paths import ROOT
 from tests.plugins.llama import LlamaServer
 from tests.report_browser import Page, colored_pixels, dark_pixels, render

@@ -23,7 +23,8 @@ from exporter.app import COLLECTORS, build_runner
 from exporter.attribution import Attribution
 from exporter.collectors import EngineCollector
 from exporter.collectors.sources import SOURCE_COLUMNS
-from exporter.schema import SCHEMA, markdown_table
+from exporter.metrics_doc import markdown_table
+from exporter.schema import SCHEMA
 from loadgen.options import add_target_options
 from simulator.__main__ import SIMULATORS, build_parser
 from simulator.common import SimBase

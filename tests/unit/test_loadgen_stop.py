@@ -17,7 +17,8 @@ from loadgen.outcomes import CANCELLED
 from loadgen.scheduler.context import RunContext
 from loadgen.scheduler.phase import ABORT_ENGINE_GONE, SILENT_S
 from loadgen.scheduler.spec import RunSpec
-from loadgen.scheduler.step import StepResult, run_step
+from loadgen.scheduler.step import run_step
+from loadgen.summary import StepResult
 
 
 def _event(obj: dict[str, object]) -> bytes:

@@ -11,8 +11,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from exporter.collectors import Collector, Scrape, SourceError
+from exporter.metrics_doc import markdown_table
 from exporter.runner import Runner, deadline_from_header
-from exporter.schema import SCHEMA, MetricSet, markdown_table
+from exporter.schema import SCHEMA, MetricSet
 from exporter.server import make_app
 from tests.paths import ROOT
 from tests.plugins.collectors import Fixed
@@ -130,7 +131,7 @@ def test_docs_table_matches_schema() -> None:
     start = doc.index("<!-- BEGIN exporter schema -->\n") + len("<!-- BEGIN exporter schema -->\n")
     end = doc.index("<!-- END exporter schema -->")
     assert doc[start:end] == markdown_table(), (
-        "run: python -m exporter.schema and paste into docs/metrics.md"
+        "run: python -m exporter.metrics_doc and paste into docs/metrics.md"
     )
 
 

@@ -1,6 +1,6 @@
 """Where each `llmb_*` series comes from on llama.cpp: the llama.cpp column of docs/metrics.md.
 
-Registered in exporter/collectors/sources.py; `python -m exporter.schema` renders the
+Registered in exporter/collectors/sources.py; `python -m exporter.metrics_doc` renders the
 table. A series not listed is absent on llama.cpp.
 """
 

@@ -1,6 +1,6 @@
 """Where each `llmb_*` series comes from on SGLang: the SGLang columns of docs/metrics.md.
 
-Registered in exporter/collectors/sources.py; `python -m exporter.schema` renders the
+Registered in exporter/collectors/sources.py; `python -m exporter.metrics_doc` renders the
 table. A series not listed in SOURCES is absent on SGLang.
 """
 
