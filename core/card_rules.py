@@ -11,12 +11,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 
 from core.card import IDLE_REASON, POWER_REASONS, THERMAL_REASONS
-from core.rules import (
-    EngineKey,
-    _Data,
-    _max_by,
-    _max_over_time,
-)
+from core.promql import Data, EngineKey, max_by, max_over_time
 from core.thresholds import threshold_seconds
 
 GpuKey = tuple[str, str]  # (host, gpu)
@@ -27,17 +22,17 @@ def _gpu(labels: dict[str, str]) -> GpuKey:
     return labels.get("host", ""), labels.get("gpu", "")
 
 
-def _share(d: _Data, reasons: tuple[str, ...]) -> dict[GpuKey, float]:
+def _share(d: Data, reasons: tuple[str, ...]) -> dict[GpuKey, float]:
     """Of the samples in which the GPU was busy (not `gpu_idle`), the share in which the most
     persistent of `reasons` was active: `clamp_max(max by (host, gpu) (sum_over_time(
     reason{reason=~...}[rw])) / (busy samples > 0), 1)`."""
     rw = threshold_seconds("rate_window")
-    held = _max_by(
+    held = max_by(
         (_gpu(lab), sum(v for _, v in pts))
         for lab, pts in d.range(REASON, rw)
         if lab.get("reason", "") in reasons
     )
-    busy = _max_by(
+    busy = max_by(
         (_gpu(lab), len(pts) - sum(v for _, v in pts))
         for lab, pts in d.range(REASON, rw)
         if lab.get("reason", "") == IDLE_REASON
@@ -45,33 +40,33 @@ def _share(d: _Data, reasons: tuple[str, ...]) -> dict[GpuKey, float]:
     return {k: min(v / busy[k], 1.0) for k, v in held.items() if k in busy and busy[k] > 0}
 
 
-def _clock_ratio(d: _Data, clock: str) -> dict[GpuKey, float]:
+def _clock_ratio(d: Data, clock: str) -> dict[GpuKey, float]:
     """`max by (host, gpu) (max_over_time(clock[rw])) / (max by (host, gpu) (clock_max) > 0)`."""
     rw = threshold_seconds("rate_window")
-    high = _max_by((_gpu(lab), _max_over_time(pts)) for lab, pts in d.range(clock, rw))
-    top = _max_by((_gpu(lab), v) for lab, v in d.instant(clock.replace("_hertz", "_max_hertz")))
+    high = max_by((_gpu(lab), max_over_time(pts)) for lab, pts in d.range(clock, rw))
+    top = max_by((_gpu(lab), v) for lab, v in d.instant(clock.replace("_hertz", "_max_hertz")))
     return {k: v / top[k] for k, v in high.items() if k in top and top[k] > 0}
 
 
-def _always_idle(d: _Data) -> dict[GpuKey, float]:
+def _always_idle(d: Data) -> dict[GpuKey, float]:
     """`max by (host, gpu) (min_over_time(reason{reason="gpu_idle"}[rw]))`: 1 where every
     sample of the window said GPU idle."""
     rw = threshold_seconds("rate_window")
-    return _max_by(
+    return max_by(
         (_gpu(lab), min(v for _, v in pts))
         for lab, pts in d.range(REASON, rw)
         if lab.get("reason", "") == IDLE_REASON
     )
 
 
-def sm_clock_ratio(d: _Data) -> dict[GpuKey, float]:
+def sm_clock_ratio(d: Data) -> dict[GpuKey, float]:
     """The SM clock ratio per GPU, absent where the GPU was idle in every sample."""
     idle = _always_idle(d)
     ratio = _clock_ratio(d, "llmb_gpu_sm_clock_hertz")
     return {k: v for k, v in ratio.items() if idle.get(k) != 1}
 
 
-def memory_clock_ratio(d: _Data) -> dict[GpuKey, float]:
+def memory_clock_ratio(d: Data) -> dict[GpuKey, float]:
     """`clamp_max(memory clock ratio, 1)` per GPU: what the roofline's bandwidth scales by;
     absent (no scaling) where the GPU was idle in every sample (GDDR drops its clock then)."""
     idle = _always_idle(d)
@@ -80,7 +75,7 @@ def memory_clock_ratio(d: _Data) -> dict[GpuKey, float]:
 
 
 def _per_engine(
-    d: _Data,
+    d: Data,
     per_gpu: dict[GpuKey, float],
     pick: Callable[[Iterable[float]], float],
 ) -> dict[EngineKey, float]:
@@ -103,7 +98,7 @@ def _per_engine(
     return out
 
 
-def card_values(d: _Data) -> dict[str, dict[EngineKey, float]]:
+def card_values(d: Data) -> dict[str, dict[EngineKey, float]]:
     """The card-state Signals fields per engine (field -> values)."""
     return {
         "card_power_slowdown": _per_engine(d, _share(d, POWER_REASONS), max),

@@ -6,8 +6,8 @@ that prompt, the compute limit, the efficiency, and the time before the first to
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
+from core import promql
 from core.prefill import (
     PEAK_DTYPE,
     PrefillStructure,
@@ -16,6 +16,7 @@ from core.prefill import (
     prefill_limit_tokens_per_second,
     ttft_wait_share,
 )
+from core.promql import Data, EngineKey
 from core.thresholds import threshold_seconds
 
 # The prefill model's series (exporter/schema.py).
@@ -24,39 +25,33 @@ ATTENTION = "llmb_model_prefill_attention_flops_per_position"
 WINDOW = "llmb_model_sliding_window_tokens"
 
 
-def prefill_values(d: Any) -> dict[str, dict[Any, float]]:
-    """The prefill Signals fields per engine (field -> {EngineKey: value}).
-
-    `d` is `core.rules._Data` at one time; the selector helpers are `core.rules`' (imported
-    when called: that module imports this one).
-    """
-    from core import rules
-
+def prefill_values(d: Data) -> dict[str, dict[EngineKey, float]]:
+    """The prefill Signals fields per engine (field -> {EngineKey: value}) at `d`'s time."""
     rw = threshold_seconds("rate_window")
-    rate: Callable[[str], dict[Any, float]] = lambda name: rules._rate_max(d, name, rw)  # noqa: E731
+    rate: Callable[[str], dict[EngineKey, float]] = lambda name: promql.rate_max(d, name, rw)  # noqa: E731
     prompt_s = rate("llmb_engine_prompt_seconds_total")
-    prompt = rules._divide(
+    prompt = promql.divide(
         rate("llmb_engine_prompt_tokens_total"), rate("llmb_engine_requests_finished_total")
     )
-    peaks = rules._max_by(
+    peaks = promql.max_by(
         ((lab.get("host", ""), lab.get("gpu", "")), v)
         for lab, v in d.instant("llmb_gpu_peak_flops", lambda lab: lab.get("dtype") == PEAK_DTYPE)
     )
-    peak = rules._engine_gpus(d, peaks)
-    measured = prefill_tokens_per_second(d, rules, rate, prompt_s)
-    efficiency: dict[Any, float] = {}
-    for key, matmul in rules._instant_max(d, MATMUL).items():
-        model = structure(d, rules, key, matmul)
+    peak = promql.engine_gpus(d, peaks)
+    measured = prefill_tokens_per_second(rate, prompt_s)
+    efficiency: dict[EngineKey, float] = {}
+    for key, matmul in promql.instant_max(d, MATMUL).items():
+        model = structure(d, key, matmul)
         limit = prefill_limit_tokens_per_second(
             peak.get(key), prefill_flops_per_token(model, prompt.get(key))
         )
         value = prefill_efficiency(measured.get(key), limit)
         if value is not None:
             efficiency[key] = value
-    waiting = rules._avg_max(d, "llmb_engine_requests_waiting", rw)
+    waiting = promql.avg_max(d, "llmb_engine_requests_waiting", rw)
     decode_s = rate("llmb_engine_decode_seconds_total")
-    wait_share: dict[Any, float] = {}
-    time_share: dict[Any, float] = {}
+    wait_share: dict[EngineKey, float] = {}
+    time_share: dict[EngineKey, float] = {}
     for key, p in prompt_s.items():
         share = ttft_wait_share(waiting.get(key), p)
         if share is not None:
@@ -72,22 +67,22 @@ def prefill_values(d: Any) -> dict[str, dict[Any, float]]:
 
 
 def prefill_tokens_per_second(
-    d: Any, rules: Any, rate: Callable[[str], dict[Any, float]], prompt_s: Mapping[Any, float]
-) -> dict[Any, float]:
+    rate: Callable[[str], dict[EngineKey, float]], prompt_s: Mapping[EngineKey, float]
+) -> dict[EngineKey, float]:
     """`engine:llmb_prefill_tokens_per_second:rate<rw>`: uncached prompt tokens / prompt
     seconds (a per-sequence speed: overlapping prompts each count their own time)."""
     tokens = rate("llmb_engine_prompt_tokens_total")
     cached = rate("llmb_engine_prompt_tokens_cached_total")
     computed = {k: v - cached.get(k, 0 * v) for k, v in tokens.items()}
-    return rules._divide(computed, dict(prompt_s))
+    return promql.divide(computed, dict(prompt_s))
 
 
-def structure(d: Any, rules: Any, key: Any, matmul: float) -> PrefillStructure:
+def structure(d: Data, key: EngineKey, matmul: float) -> PrefillStructure:
     """One engine's prefill structure from the model series (absent attention counts 0)."""
-    attention = rules._max_by(
-        ((rules._key(lab), lab.get("layers", "")), v) for lab, v in d.instant(ATTENTION)
+    attention = promql.max_by(
+        ((promql.engine_key(lab), lab.get("layers", "")), v) for lab, v in d.instant(ATTENTION)
     )
-    window = rules._instant_max(d, WINDOW).get(key)
+    window = promql.instant_max(d, WINDOW).get(key)
     return PrefillStructure(
         matmul,
         attention.get((key, "full"), 0.0),

@@ -18,8 +18,9 @@ import time
 from dataclasses import replace
 
 from core.conditions import evaluate
+from core.promql import series_from_scrapes
 from core.roofline import decode_efficiency, roofline_tokens_per_second
-from core.rules import RuleValues, rule_values_at, series_from_scrapes
+from core.rules import RuleValues, rule_values_at
 from core.signals import Signals
 from core.thresholds import threshold_seconds
 from diagnose.decision.model import Row

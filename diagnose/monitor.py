@@ -20,7 +20,8 @@ from typing import Protocol
 import httpx
 
 from config.settings import EngineConfig, GpuConfig
-from core.rules import STRUCTURE_SERIES, RuleValues, rule_values_at, series_from_scrapes
+from core.promql import series_from_scrapes
+from core.rules import STRUCTURE_SERIES, RuleValues, rule_values_at
 from diagnose.options import Options
 from loadgen.exporter_series import (
     EmbeddedExporter,

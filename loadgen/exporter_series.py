@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from config.settings import Config, EngineConfig, GpuConfig, ProcessMatch
-from core.rules import SeriesKey
+from core.promql import SeriesKey
 from exporter.app import build_runner
 from exporter.collectors.nvml.backend import NvmlError, PynvmlBackend
 from exporter.promtext import parse_exposition

@@ -36,7 +36,8 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from core.conditions import VERDICTS, evaluate
-from core.rules import EngineKey, RuleValues, rule_values_at
+from core.promql import EngineKey
+from core.rules import RuleValues, rule_values_at
 from core.signals import SIGNAL_RECORDS
 from core.thresholds import threshold_promql
 

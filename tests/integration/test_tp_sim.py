@@ -21,7 +21,8 @@ import httpx
 import pytest
 import yaml
 
-from core.rules import rule_values_at, series_from_scrapes
+from core.promql import series_from_scrapes
+from core.rules import rule_values_at
 from simulator.gpu_state import write_atomic
 from tests.conftest import get_free_port
 from tests.paths import ROOT

@@ -40,6 +40,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.conditions import CONDITIONS, VERDICT_INFO, VERDICTS, evaluate
+from core.promql import EngineKey
 from core.roofline import (
     MISFIT_REASONS,
     ModelStructure,
@@ -55,7 +56,7 @@ from core.roofline import (
     roofline_tokens_per_second,
     tp_bandwidth,
 )
-from core.rules import EngineKey, rule_values_at, verdicts_at
+from core.rules import rule_values_at, verdicts_at
 from core.signals import SIGNAL_FIELDS, SIGNAL_RECORDS, Signals
 from core.thresholds import THRESHOLDS, threshold_number, threshold_seconds
 from simulator.demo import PREFILL_LOADS

@@ -17,7 +17,8 @@ import pytest
 from config.settings import EngineConfig, GpuConfig
 from core import card
 from core.conditions import Verdict, evaluate
-from core.rules import EngineKey, RuleValues, SeriesKey, rule_values_at, series_from_scrapes
+from core.promql import EngineKey, SeriesKey, series_from_scrapes
+from core.rules import RuleValues, rule_values_at
 from exporter.attribution import Attribution
 from exporter.collectors.nvml.backend import NvmlFileBackend
 from exporter.collectors.nvml.collector import NvmlCollector

@@ -14,8 +14,9 @@ from cli.loadgen import main as loadgen_main
 from config.endpoints import sglang_server_info_facts as sglang_facts
 from config.settings import parse_config
 from core.conditions import evaluate
+from core.promql import series_from_scrapes
 from core.roofline import roofline_tokens_per_second
-from core.rules import rule_values_at, series_from_scrapes
+from core.rules import rule_values_at
 from core.signals import Signals
 from diagnose.decision.model import EngineResult, Row
 from diagnose.decision.roofline import roofline

@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from core.conditions import evaluate
-from core.rules import EngineKey, rule_values_at, series_from_scrapes
+from core.promql import EngineKey, series_from_scrapes
+from core.rules import rule_values_at
 from core.signals import Signals
 
 KEY = EngineKey("h", "llama", "llamacpp")

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from core.conditions import POOL_ACTION, Verdict
-from core.rules import EngineKey, verdicts_at
+from core.promql import EngineKey
+from core.rules import verdicts_at
 from tests.paths import ROOT
 from tests.system.test_verdict_parity import promtool_test
 from tools.gpu_report import Key
