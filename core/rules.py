@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from config.kinds import engine_kind, kinds
 from core.card_rules import card_values, memory_clock_ratio
 from core.conditions import Verdict, evaluate
 from core.prefill_rules import prefill_values
@@ -73,8 +74,10 @@ class RuleValues:
     experts_host_bound_tokens_per_second: float | None = None
 
 
-def _is_sglang(lab: Mapping[str, str]) -> bool:
-    return lab.get("kind", "") == "sglang"
+def _preallocates_kv(lab: Mapping[str, str]) -> bool:
+    """The engine's kind preallocates its KV pool (config/kinds.py `kv_pool_preallocated`)."""
+    kind = lab.get("kind", "")
+    return kind in kinds() and engine_kind(kind).kv_pool_preallocated
 
 
 def admission_values(d: Data) -> dict[str, dict[EngineKey, float]]:
@@ -109,7 +112,7 @@ def admission_values(d: Data) -> dict[str, dict[EngineKey, float]]:
         if key in prompt and key in generated and key in finished and finished[key] > 0:
             per_request = (prompt[key] + generated[key]) / finished[key]
             out["kv_demand_finished_ratio"][key] = (r + 1) * per_request / c
-    sglang = _is_sglang
+    sglang = _preallocates_kv
     process = instant_max(d, "llmb_engine_process_gpu_memory_bytes", sglang)
     reported = sum_of_device_max(
         d, "llmb_engine_kv_cache_bytes", lambda lab: sglang(lab) and not_cpu(lab)

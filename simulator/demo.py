@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import yaml
 
-from config.kinds import KINDS, engine_kind
+from config.kinds import engine_kind, kinds
 from loadgen.prom_api import vector_values
 from simulator import scenarios
 
@@ -35,6 +35,8 @@ from simulator import scenarios
 PROMETHEUS_DIR = Path(__file__).resolve().parents[1] / "prometheus"
 RULE_FILES = ("recording.yml", "verdict.yml", "alerts.yml")
 VERDICT = "llmb:engine_bottleneck:verdict"
+# One simulated engine of each kind registered when the demo starts.
+KINDS: tuple[str, ...] = kinds()
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
 """Where each `llmb_*` series comes from on llama.cpp: the llama.cpp column of docs/metrics.md.
 
-Registered in exporter/collectors/sources.py; `python -m exporter.metrics_doc` renders the
-table. A series not listed is absent on llama.cpp.
+Named by its row in config/kinds.py (`sources`: `COLUMNS`); `python -m exporter.metrics_doc`
+renders the table. A series not listed is absent on llama.cpp.
 """
 
 from __future__ import annotations
+
+from exporter.collectors.sources import SourceColumn
 
 SOURCES: dict[str, str] = {
     "llmb_engine_up": "`/health` 200",
@@ -85,3 +87,6 @@ SOURCES: dict[str, str] = {
     ),
     "llmb_model_draft_weights_bytes": "log: model buffers of the second (draft) model load (-lv 4)",
 }
+
+# The kind's columns of docs/metrics.md, the main one first.
+COLUMNS: tuple[SourceColumn, ...] = (SourceColumn(SOURCES),)
