@@ -3,28 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import pkgutil
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 from aiohttp import web
 
-from config.kinds import engine_kind, kinds
+from config.kinds import kinds
 from exporter import versioned_parser
 from simulator import scenarios
-from simulator.common import Faults, SimBase, SimOptions
+from simulator.common import Faults, SimBase, SimOptions, simulator_class
 from simulator.model import LLAMACPP_KV_TYPES, SGLANG_KV_BYTES
 from simulator.sglang.spec import DEFAULT_VERSION, VERSIONS
 from simulator.tokenizer import NAMES as TOKENIZERS
-
-
-def simulator_class(kind: str) -> type[SimBase]:
-    """The simulator class a kind's row names (config/kinds.py `simulator`)."""
-    cls = pkgutil.resolve_name(engine_kind(kind).simulator)
-    if not (isinstance(cls, type) and issubclass(cls, SimBase) and cls.kind == kind):
-        raise TypeError(f"{kind}: {engine_kind(kind).simulator} is not its SimBase subclass")
-    return cls
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -126,9 +126,7 @@ async def test_diagnose_url_asks_v1_models_once(serve: Any, tmp_path: Path) -> N
     )
 
 
-async def test_a_configured_engine_is_probed_by_the_facts_once(
-    serve: Any, tmp_path: Path
-) -> None:
+async def test_a_configured_engine_is_probed_by_the_facts_once(serve: Any, tmp_path: Path) -> None:
     """An engine of the config (no --url resolution) is probed by collect_facts, once."""
     url, seen = await serve({"/props": PROPS, "/v1/models": MODELS})
     args = build_parser(default_commands()).parse_args(
