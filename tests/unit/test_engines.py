@@ -344,5 +344,6 @@ def test_no_engine_kind_is_spelled_outside_the_registry() -> None:
 
 
 def test_the_literal_count_sees_a_kind_and_a_selector() -> None:
-    planted = '"""sglang"""\nX = "sglang"  # llamacpp\nY = f\'m{{kind="llamacpp"}}\'\nZ = "openai"\n'
+    planted = '"""sglang"""\nX = "sglang"  # llamacpp\n'
+    planted += 'Y = f\'m{{kind="llamacpp"}}\'\nZ = "openai"\n'
     assert _kind_literals(planted) == [2, 3, 4]
