@@ -106,13 +106,13 @@ class KvStyle:
     # running requests when full and rejects a prompt larger than the pool (SGLang).
     slots: bool
     # K and V cache types set apart (-ctk/-ctv), else one --kv-cache-dtype.
-    split_kv_types: bool
+    split_kv_types: bool = False
     # Routed experts of the first offloaded layers may stay in host memory (--n-cpu-moe).
-    experts_on_host: bool
+    experts_on_host: bool = False
     # The weight bytes of the HF checkpoint where the model has them (SGLang's figure).
-    checkpoint_weights: bool
+    checkpoint_weights: bool = False
     # One KV page more than the pool's tokens (SGLang's padding slot).
-    padding_page: bool
+    padding_page: bool = False
 
 
 @dataclass

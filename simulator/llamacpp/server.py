@@ -24,13 +24,7 @@ class LlamaCppSim(SimBase):
     """A llama-server stand-in driven by the performance model."""
 
     kind = "llamacpp"
-    style = KvStyle(
-        slots=True,
-        split_kv_types=True,
-        experts_on_host=True,
-        checkpoint_weights=False,
-        padding_page=False,
-    )
+    style = KvStyle(slots=True, split_kv_types=True, experts_on_host=True)
     demo_log = "llama-server.log"
     DOCUMENTS = ((payloads.props, ("/props",)), (payloads.models, ("/v1/models", "/models")))
 

@@ -26,13 +26,7 @@ class SglangSim(SimBase):
     """An SGLang stand-in driven by the performance model."""
 
     kind = "sglang"
-    style = KvStyle(
-        slots=False,
-        split_kv_types=False,
-        experts_on_host=False,
-        checkpoint_weights=True,
-        padding_page=True,
-    )
+    style = KvStyle(slots=False, checkpoint_weights=True, padding_page=True)
     # Its pool holds more tokens than llama.cpp's slots: more and longer requests fill it.
     demo_loads: ClassVar[dict[str, tuple[int, int, int]]] = {"kv_saturated": (12, 1500, 600)}
     DOCUMENTS = (
