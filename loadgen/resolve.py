@@ -47,13 +47,14 @@ async def probe_target(client: StreamClient, kind: str, info: bool = True) -> Ta
     kind's info endpoints that answers a JSON object; the generic kind is told by the first
     registered kind whose endpoint does. Network errors leave a part unknown (the client's
     `probe_json` catches them by type); anything else is a bug and propagates."""
-    models = await client.probe_json("/v1/models")
+    wait = client.connect_timeout  # --connect-timeout bounds each probe
+    models = await client.probe_json("/v1/models", wait)
     if not info:
         return TargetProbe(kind, models)
     rows = engines() if kind == GENERIC else (engine_kind(kind),)
     for row in rows:
         for path in row.info.paths:
-            body = await client.probe_json(path)
+            body = await client.probe_json(path, wait)
             if isinstance(body, dict):
                 return TargetProbe(row.kind, models, body)
     return TargetProbe(kind, models)
