@@ -42,7 +42,8 @@ from exporter.schema import SCHEMA, MetricSet
 from exporter.server import make_app
 from loadgen.options import add_target_options
 from loadgen.resolve import probe_url
-from simulator.__main__ import build_parser, simulator_class
+from simulator.__main__ import build_parser
+from simulator.common import simulator_class
 from tests.conftest import get_free_port
 from tests.paths import ROOT
 
