@@ -27,6 +27,7 @@ from diagnose.probe import engine_facts
 from diagnose.procedure import Diagnoser
 from diagnose.targets import measured_engines
 from loadgen.client import StreamClient, probe_client
+from loadgen.options import UsageError
 from loadgen.resolve import TargetProbe, probe_target, probe_url
 from tests.conftest import get_free_port
 
@@ -165,3 +166,15 @@ def test_odd_shapes_leave_facts_unknown_but_a_reader_bug_propagates() -> None:
     assert engine_facts(TargetProbe("sglang", ["no", "object"], {})).known() == {}
     with pytest.raises(AttributeError):
         engine_facts(TargetProbe("llamacpp", None, "not a dict"))  # type: ignore[arg-type]
+
+
+async def test_a_server_of_no_registered_kind_is_told_how_to_say_it(serve: Any) -> None:
+    url, seen = await serve({"/v1/models": MODELS})
+    args = build_parser(default_commands()).parse_args(["diagnose", "--url", url, "--out", "o"])
+    with pytest.raises(UsageError) as err:
+        await asyncio.to_thread(measured_engines, "diagnose", args, None)
+    assert str(err.value) == (
+        f"{url} answers neither llama.cpp's /props nor SGLang's /server_info; "
+        "pass --kind llamacpp or --kind sglang"
+    )
+    assert [p for p, _ in seen] == ["/v1/models"]  # once; /props and /server_info: 404
