@@ -12,6 +12,7 @@ rules `engine:llmb_prefill_flops_per_token:avg<rate_window>` and
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from core.roofline import decode_efficiency, known_ratio
@@ -93,6 +94,65 @@ def prefill_misfit_text(efficiency: float) -> str:
         "the peak is for another dtype (pass --peak-tflops), prompt tokens served from the "
         "prefix cache, or the model's structure is unknown"
     )
+
+
+def busy_seconds(spans: Iterable[tuple[float, float]]) -> float:
+    """The wall time in which any prompt was being computed: the length of the union of the
+    prompt spans [start, end]. Prompts computed together in one batch count once."""
+    total, end = 0.0, -math.inf
+    for lo, hi in sorted(spans):
+        if hi <= end:
+            continue
+        total += hi - max(lo, end)
+        end = hi
+    return total
+
+
+def prefill_tokens_per_second(tokens: float | None, busy_s: float | None) -> float | None:
+    """THE prefill throughput: prompt tokens computed (cache hits left out) over the wall time
+    in which prefill ran (`busy_seconds`; the counter `llmb_engine_prefill_busy_seconds_total`).
+    Diagnose, the rules, the report and the dashboard all show this figure. None when either
+    is unknown or no prefill ran."""
+    if tokens is None or busy_s is None or not busy_s > 0:
+        return None
+    return tokens / busy_s
+
+
+class PrefillBusy:
+    """The running union of prompt spans, as a counter: `add` returns the seconds a new span
+    adds to the time in which prefill ran (its part outside every span seen before).
+
+    Spans arrive when their requests end, so out of order; the ones ending more than
+    `horizon_s` before the latest are forgotten (a span that old counts in full).
+    """
+
+    def __init__(self, horizon_s: float = 3600.0) -> None:
+        self.horizon_s = horizon_s
+        self.total = 0.0
+        self._merged: list[tuple[float, float]] = []
+
+    def add(self, start: float, end: float) -> float:
+        """Count the span [start, end]; the seconds it added."""
+        if not end > start:
+            return 0.0
+        before = busy_seconds(self._merged)
+        merged = _merge([*self._merged, (start, end)])
+        added = busy_seconds(merged) - before
+        latest = merged[-1][1]
+        self._merged = [s for s in merged if s[1] >= latest - self.horizon_s]
+        self.total += added
+        return added
+
+
+def _merge(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, disjoint spans covering the same time."""
+    out: list[tuple[float, float]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
 
 
 def ttft_wait_share(wait: float | None, prefill: float | None) -> float | None:

@@ -204,13 +204,16 @@ def step_values(run: EngineRun, row: Row, t1: float) -> RuleValues:
 
 
 def _own_prefill(run: EngineRun, sig: Signals, row: Row) -> Signals:
-    """The step's prefill efficiency from the engine's own prompt timings where the rules
-    have none (no peak-compute series: a CPU, an unknown card, --peak-tflops)."""
-    if sig.prefill_efficiency is not None or row.prefill_efficiency is None:
+    """The step's prefill efficiency from the engine's own prompt timings of the step's
+    requests where it has them: the same figure as the rules' (`core.prefill`: prompt tokens
+    computed over the time prefill ran), over exactly the step's prompts rather than the
+    rate window, and the one the report shows."""
+    if row.prefill_efficiency is None:
         return sig
-    source = run.result.prefill.peak_source or "the peak given"
-    run.note(
-        f"{row.step}: prefill efficiency from the engine's prompt timings and {source} "
-        "(no peak-compute series for the rules: the Prometheus verdict cannot see it)"
-    )
+    if sig.prefill_efficiency is None:
+        source = run.result.prefill.peak_source or "the peak given"
+        run.note(
+            f"{row.step}: prefill efficiency from the engine's prompt timings and {source} "
+            "(no peak-compute series for the rules: the Prometheus verdict cannot see it)"
+        )
     return replace(sig, prefill_efficiency=row.prefill_efficiency)
