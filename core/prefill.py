@@ -200,7 +200,8 @@ VERDICT_ROWS = (
 TEXT: dict[str, str] = {
     "ttft_waiting": "long prompts (>= `prefill_prompt_tokens_min` tokens per request) and "
     "waiting for admission >= `ttft_wait_share_high` of the time before the first token "
-    "(average requests waiting / (waiting + in prefill), `rate_window`)",
+    "(an estimate by Little's law: average requests waiting / (waiting + in prefill, each "
+    "request's own prompt time), `rate_window`)",
     "prefill_at_card_limit": "long prompts, prefill efficiency (prompt tok/s x FLOPs per "
     "token / the card's dense BF16 peak) >= `prefill_efficiency_at_limit` and <= "
     "`decode_efficiency_physical_max`, waiting < `ttft_wait_share_low` of the time before the "

@@ -41,7 +41,7 @@ def prefill_values(d: Data) -> dict[str, dict[EngineKey, float]]:
         for lab, v in d.instant("llmb_gpu_peak_flops", lambda lab: lab.get("dtype") == PEAK_DTYPE)
     )
     peak = promql.engine_gpus(d, peaks)
-    measured = measured_tokens_per_second(rate)
+    measured = measured_tokens_per_second(d)
     efficiency: dict[EngineKey, float] = {}
     for key, matmul in promql.instant_max(d, MATMUL).items():
         model = structure(d, key, matmul)
@@ -69,13 +69,13 @@ def prefill_values(d: Data) -> dict[str, dict[EngineKey, float]]:
     }
 
 
-def measured_tokens_per_second(
-    rate: Callable[[str], dict[EngineKey, float]],
-) -> dict[EngineKey, float]:
+def measured_tokens_per_second(d: Data) -> dict[EngineKey, float]:
     """`engine:llmb_prefill_tokens_per_second:rate<rw>` (mixin/rules/recording.py): prompt
     tokens computed (cache hits left out) over the wall time in which prefill ran
     (`core.prefill.prefill_tokens_per_second`; a PromQL rate of the busy counter is the
     busy seconds per second)."""
+    rw = threshold_seconds("rate_window")
+    rate: Callable[[str], dict[EngineKey, float]] = lambda name: promql.rate_max(d, name, rw)  # noqa: E731
     tokens = rate("llmb_engine_prompt_tokens_total")
     cached = rate("llmb_engine_prompt_tokens_cached_total")
     busy = rate(BUSY)

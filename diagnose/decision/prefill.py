@@ -43,6 +43,7 @@ class TtftSplit:
     prefill_tok_s: float | None
     queue_wait_s: float
     prefill_s: float
+    source: str = "requests"
 
 
 def ttft_split(timings: Iterable[PromptTiming]) -> TtftSplit | None:
@@ -59,6 +60,16 @@ def ttft_split(timings: Iterable[PromptTiming]) -> TtftSplit | None:
     work = [t.prompt_ms / 1e3 for t in rows]
     wait = [max(t.ttft_s - w, 0.0) for t, w in zip(rows, work, strict=True)]
     return TtftSplit(speed, sum(wait) / len(wait), sum(work) / len(work))
+
+
+def histogram_split(ttft_s: float | None, queue_s: float | None) -> TtftSplit | None:
+    """The split from the engine's own histograms over a step where it times no request's
+    prompt for the client (SGLang): waiting is the mean of its queue-time histogram, computing
+    the rest of the mean of its TTFT histogram (both per request, from admission). No prompt
+    tok/s: a histogram has no spans to take the union of. None without both."""
+    if ttft_s is None or queue_s is None:
+        return None
+    return TtftSplit(None, queue_s, max(ttft_s - queue_s, 0.0), "histograms")
 
 
 def structure(engine: EngineResult) -> PrefillStructure | None:
@@ -102,13 +113,17 @@ def prefill_row(engine: EngineResult) -> Row | None:
 
 
 def split_text(row: Row) -> str:
-    """`: waiting W s, prompt P s at N tok/s` (the TTFT split), or '' without timings."""
-    if row.prefill_tok_s is None or row.queue_wait_s is None or row.prefill_s is None:
+    """` (waiting W s, prompt P s at N tok/s)` (the TTFT split), its source where it is not
+    each request's own prompt time, or '' without one."""
+    if row.queue_wait_s is None or row.prefill_s is None:
         return ""
-    return (
-        f" (waiting {row.queue_wait_s:.3f} s, prompt {row.prefill_s:.3f} s at "
-        f"{row.prefill_tok_s:.0f} tok/s)"
+    speed = f" at {row.prefill_tok_s:.0f} tok/s" if row.prefill_tok_s is not None else ""
+    source = (
+        ": the means of the engine's queue-time and TTFT histograms over the step"
+        if row.ttft_split_source == "histograms"
+        else ""
     )
+    return f" (waiting {row.queue_wait_s:.3f} s, prompt {row.prefill_s:.3f} s{speed}{source})"
 
 
 def prefill_text(p: Prefill) -> str:

@@ -19,7 +19,7 @@ from core.prefill import (
 )
 from core.rules import rule_values_at
 from diagnose.decision.model import EngineResult, Row
-from diagnose.decision.prefill import PromptTiming, ttft_split
+from diagnose.decision.prefill import PromptTiming, histogram_split, split_text, ttft_split
 from diagnose.report.tables import measurement_table
 from exporter.collectors.llamacpp.log import LogState
 from model.flops import hf_attention_dims, prefill_flops
@@ -152,6 +152,22 @@ def test_ttft_split_takes_each_prompts_own_time_as_computing() -> None:
     assert ttft_wait_share(1.0, 3.0) == 0.25 and ttft_wait_share(0.0, 0.0) is None
 
 
+def test_without_per_request_timings_the_split_is_the_engines_histograms_and_says_so() -> None:
+    # SGLang over a step: mean TTFT 3.0 s, mean queue time 0.5 s, both its own histograms.
+    split = histogram_split(3.0, 0.5)
+    assert split is not None and split.source == "histograms" and split.prefill_tok_s is None
+    assert (split.queue_wait_s, split.prefill_s) == (0.5, 2.5)
+    assert histogram_split(3.0, None) is None and histogram_split(None, 0.5) is None
+    row = Row("e", "single", 1, queue_wait_s=0.5, prefill_s=2.5, ttft_split_source="histograms")
+    assert split_text(row) == (
+        " (waiting 0.500 s, prompt 2.500 s: the means of the engine's queue-time and TTFT "
+        "histograms over the step)"
+    )
+    timed = Row("e", "single", 1, queue_wait_s=0.01, prefill_s=2.0, prefill_tok_s=4096.0,
+                ttft_split_source="requests")  # fmt: skip
+    assert split_text(timed) == " (waiting 0.010 s, prompt 2.000 s at 4096 tok/s)"
+
+
 def _series(rate: dict[str, float], gauges: dict[str, float]) -> dict[tuple, list]:
     key = (("engine", "e"), ("kind", "llamacpp"))
     out: dict[tuple, list] = {}
@@ -194,6 +210,7 @@ def test_rules_arithmetic_matches_the_core() -> None:
     sig = values.signals
     assert sig.prompt_tokens_mean == pytest.approx(4000)
     flops = prefill_flops_per_token(PrefillStructure(1e10, 0.0, 1e5, 1024.0), 4000)
+    assert values.prefill_tokens_per_second == pytest.approx(40000)
     assert sig.prefill_efficiency == pytest.approx(40000 * flops / 1e15)
     assert sig.ttft_wait_share == pytest.approx(0.1 / 0.2)
     assert sig.prefill_time_share == pytest.approx(0.25)
