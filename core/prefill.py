@@ -11,6 +11,7 @@ rules `engine:llmb_prefill_flops_per_token:avg<rate_window>` and
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -123,7 +124,8 @@ class PrefillBusy:
     adds to the time in which prefill ran (its part outside every span seen before).
 
     Spans arrive when their requests end, so out of order; the ones ending more than
-    `horizon_s` before the latest are forgotten (a span that old counts in full).
+    `horizon_s` before the latest are forgotten (a span that old counts in full). Each `add`
+    touches only the spans it overlaps (the union is kept sorted and disjoint).
     """
 
     def __init__(self, horizon_s: float = 3600.0) -> None:
@@ -135,24 +137,25 @@ class PrefillBusy:
         """Count the span [start, end]; the seconds it added."""
         if not end > start:
             return 0.0
-        before = busy_seconds(self._merged)
-        merged = _merge([*self._merged, (start, end)])
-        added = busy_seconds(merged) - before
-        latest = merged[-1][1]
-        self._merged = [s for s in merged if s[1] >= latest - self.horizon_s]
+        spans = self._merged
+        i = bisect.bisect_left(spans, (start, -math.inf))
+        if i > 0 and spans[i - 1][1] >= start:
+            i -= 1
+        j, covered, lo, hi = i, 0.0, start, end
+        while j < len(spans) and spans[j][0] <= end:
+            covered += min(spans[j][1], end) - max(spans[j][0], start)
+            lo, hi = min(lo, spans[j][0]), max(hi, spans[j][1])
+            j += 1
+        spans[i:j] = [(lo, hi)]
+        # Disjoint and sorted by start, so sorted by end too: the latest ends last.
+        del spans[: bisect.bisect_left(spans, spans[-1][1] - self.horizon_s, key=_end)]
+        added = max(0.0, (end - start) - covered)
         self.total += added
         return added
 
 
-def _merge(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Sorted, disjoint spans covering the same time."""
-    out: list[tuple[float, float]] = []
-    for lo, hi in sorted(spans):
-        if out and lo <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
-    return out
+def _end(span: tuple[float, float]) -> float:
+    return span[1]
 
 
 def ttft_wait_share(wait: float | None, prefill: float | None) -> float | None:

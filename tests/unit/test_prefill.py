@@ -3,6 +3,7 @@ and the recording rules' arithmetic over raw samples."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,19 @@ def test_busy_seconds_is_the_union_of_the_prompt_spans() -> None:
     assert busy.add(1.0, 5.5) == pytest.approx(3.0)
     assert busy.add(1.0, 2.0) == 0.0 and busy.add(3.0, 3.0) == 0.0
     assert busy.total == pytest.approx(6.0)
+    # Any order of arrival gives the union's length.
+    rng = random.Random(7)
+    for _ in range(50):
+        spans = [(a, a + rng.uniform(0.0, 20.0)) for a in (rng.uniform(0, 100) for _ in range(20))]
+        running = PrefillBusy()
+        for lo, hi in spans:
+            running.add(lo, hi)
+        assert running.total == pytest.approx(busy_seconds(spans), abs=1e-9)
+    # Spans ending more than the horizon before the latest are forgotten: counted again.
+    short = PrefillBusy(horizon_s=10.0)
+    short.add(0.0, 5.0)
+    short.add(100.0, 101.0)
+    assert short.add(0.0, 5.0) == 5.0 and short.add(100.5, 102.0) == pytest.approx(1.0)
     assert prefill_tokens_per_second(8192.0, 2.0) == 4096.0
     assert prefill_tokens_per_second(8192.0, 0.0) is None
 
