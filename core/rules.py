@@ -16,12 +16,12 @@ From raw samples
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from config.kinds import engine_kind, kinds
 from core.card_rules import card_values, memory_clock_ratio
 from core.conditions import Verdict, evaluate
-from core.prefill_rules import prefill_values
+from core.prefill_rules import measured_tokens_per_second, prefill_values
 from core.promql import (
     Data,
     EngineKey,
@@ -72,6 +72,8 @@ class RuleValues:
     misfit: str | None = None
     # Expert offload: per-sequence decode bound by host memory (None: no experts on host).
     experts_host_bound_tokens_per_second: float | None = None
+    # Prompt tokens computed / the wall time prefill ran (`core.prefill`): the prefill figure.
+    prefill_tokens_per_second: float | None = None
 
 
 def _preallocates_kv(lab: Mapping[str, str]) -> bool:
@@ -248,11 +250,12 @@ def rule_values_at(series: Mapping[SeriesKey, Points], at: float) -> dict[Engine
     gpu_hosts = {lab.get("host", "") for lab, _ in d.instant("llmb_gpu_memory_total_bytes")}
     signals = _signal_values(d)
     decode = _Decode.read(d)
+    prefill = measured_tokens_per_second(d)
     out: dict[EngineKey, RuleValues] = {}
     for key in sorted(up):
         fields: dict[str, object] = {name: v.get(key) for name, v in signals.items()}
         fields["host_has_gpu"] = key.host in gpu_hosts
-        out[key] = decode.values(key, fields)
+        out[key] = replace(decode.values(key, fields), prefill_tokens_per_second=prefill.get(key))
     return out
 
 

@@ -33,7 +33,13 @@ SOURCES: dict[str, str] = {
     "llmb_engine_kv_cache_bytes": "log `KV buffer size` (-lv 4)",
     "llmb_engine_prompt_tokens_total": "`prompt_tokens_total` + `prompt_tokens_cached_total`",
     "llmb_engine_prompt_tokens_cached_total": "`llamacpp:prompt_tokens_cached_total`",
-    "llmb_engine_prompt_seconds_total": "`llamacpp:prompt_seconds_total` (or log)",
+    "llmb_engine_prompt_seconds_total": (
+        "log `prompt eval time` summed per request (without a log: `prompt_seconds_total`)"
+    ),
+    "llmb_engine_prefill_busy_seconds_total": (
+        "log: union of the requests' `prompt eval time` spans (without a log: "
+        "`prompt_seconds_total`, timed per prompt batch)"
+    ),
     "llmb_engine_generation_tokens_total": "`llamacpp:tokens_predicted_total` (or log)",
     "llmb_engine_decode_tokens_total": (
         "log `eval time` tokens − 1 per request (without a log: `tokens_predicted_total`)"
