@@ -30,8 +30,9 @@ log() { echo "== $(date -u +%T) [${SECONDS}s] $*"; }
 wanted() { [[ " $ONLY " == *" $1 "* ]]; }
 
 wait_build() {
-  # Wait for the CUDA llama-server build that `gpu_device.sh build` started, then pack its
-  # binaries in the background (a later machine can unpack them instead of building again).
+  # Wait for the CUDA llama-server build that `gpu_device.sh build` started; `wait_build pack`
+  # then packs its binaries in the background (a later machine can unpack them instead of
+  # building again; xz takes every core for a while, so only where no run is disturbed by it).
   [ -n "${LLMB_SERVER:-}" ] && touch "$W/build.ok"
   for _ in $(seq 1 1500); do
     [ -f "$W/build.ok" ] || [ -f "$W/build.failed" ] && break
@@ -43,7 +44,7 @@ wait_build() {
     return 1
   fi
   log "llama-server built"
-  [ -n "${LLMB_SERVER:-}" ] && return 0
+  [ -n "${LLMB_SERVER:-}" ] || [ "${1:-}" != pack ] && return 0
   (
     cd "$W/build" && tar -cf - bin/llama-server bin/*.so* 2>/dev/null | xz -T0 -6 >"$W/llama-bin.tar.xz" &&
       split -b 15M -d "$W/llama-bin.tar.xz" "$W/llama-bin.tar.xz." && log "llama-server binaries packed"

@@ -160,7 +160,7 @@ PY
 fi
 
 # --- the build ------------------------------------------------------------------------------------
-if ! wait_build; then
+if ! wait_build pack; then
   touch "$W/pipeline.done"
   exit 1
 fi
