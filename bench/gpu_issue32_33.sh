@@ -205,10 +205,13 @@ if wanted sglang-prefill; then
   for _ in $(seq 1 300); do [ -f "$W/site/.sglang" ] || [ -n "${LLMB_SGLANG_PY:-}" ] && break; sleep 1; done
   sglang_env
   smi_state "$D/smi-before.txt"
-  # No CUDA graphs: they serve decode, and capturing them costs start-up time.
+  # No CUDA graphs: they serve decode, and capturing them costs start-up time. Each finished
+  # request's own queue, prefill and decode times go to the log (SGLang's figures, for the
+  # write-up beside the tool's split).
   cmd=("$SGL_PY" -m sglang.launch_server --model-path "$HF7" --load-format dummy --port 30000
     --host 127.0.0.1 --enable-metrics --sampling-backend pytorch --grammar-backend none
-    --disable-cuda-graph --context-length $((LONG * 2)) --log-level info "${SGL_FLAGS[@]}")
+    --disable-cuda-graph --context-length $((LONG * 2)) --log-level info
+    --enable-request-time-stats-logging "${SGL_FLAGS[@]}")
   echo "${cmd[*]}" >>"$D/commands.txt"
   # SGLang's own packages only (the carried closure), not the project's.
   PYTHONPATH=$W/site setsid "${cmd[@]}" >"$D/server.log" 2>&1 </dev/null &
