@@ -1,15 +1,16 @@
-"""The card's own state (issue 27): per GPU, then per engine over the GPUs it holds.
+"""The card's own state (issues 27, 32): per GPU, then per engine over the GPUs it holds.
 
 Python equivalent: `core.card_rules.card_values` (the parity test ties them). Evaluated after
 llmb-gpu (it joins `engine_gpu:llmb_gpu_process_memory_used_bytes:sum`) and before
-llmb-roofline (the bandwidth rule reads the memory clock ratio).
+llmb-roofline (the bandwidth rule reads the memory clock ratio); `shortfall_rule` closes
+llmb-roofline (it reads the decode and prefill efficiencies).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from core.card import IDLE_REASON, POWER_REASONS, THERMAL_REASONS
+from core.card import BRAKE_REASONS, IDLE_REASON, POWER_REASONS, THERMAL_REASONS
 from core.signals import SIGNAL_RECORDS
 from core.thresholds import threshold_promql
 from mixin.rules.common import E, rec
@@ -26,6 +27,8 @@ def gpu_names() -> dict[str, str]:
             ("power", "card_power_slowdown"),
             ("thermal", "card_thermal_slowdown"),
             ("sm", "sm_clock_ratio"),
+            ("brake", "card_brake_slowdown"),
+            ("limit", "power_limit_ratio"),
         )
     }
     return per_gpu | {"memory": f"gpu:llmb_gpu_memory_clock:ratio{threshold_promql('rate_window')}"}
@@ -72,15 +75,14 @@ def card_rules() -> list[dict[str, Any]]:
         rec(gpu["power"], _share(POWER_REASONS)),
         rec(gpu["thermal"], _share(THERMAL_REASONS)),
         rec(
-            # The highest SM clock of the window against the maximum: a busy card reaches
-            # its boost clock unless something holds it down. Absent while the GPU was idle
-            # in every sample (its clock then drops by design).
+            # The mean SM clock of the busy samples against the maximum: the exporter writes
+            # `llmb_gpu_sm_clock_busy_hertz` only while the GPU is busy, so the idle samples
+            # around the requests (boost clock, no work) do not hide a clock held down under
+            # load. Absent without a busy sample.
             gpu["sm"],
             f"""
-              max by (host, gpu) (max_over_time(llmb_gpu_sm_clock_hertz[{rw}]))
+              max by (host, gpu) (avg_over_time(llmb_gpu_sm_clock_busy_hertz[{rw}]))
             / (max by (host, gpu) (llmb_gpu_sm_clock_max_hertz) > 0)
-            unless on (host, gpu)
-              {idle}
             """,
         ),
         rec(
@@ -97,8 +99,43 @@ def card_rules() -> list[dict[str, Any]]:
               {idle}
             """,
         ),
+        rec(gpu["brake"], _share(BRAKE_REASONS)),
+        rec(
+            # Below the default someone lowered it (`nvidia-smi -pl`, a host or BMC cap).
+            gpu["limit"],
+            """
+              max by (host, gpu) (llmb_gpu_power_limit_watts)
+            / (max by (host, gpu) (llmb_gpu_power_limit_default_watts) > 0)
+            """,
+        ),
         rec(SIGNAL_RECORDS["card_power_slowdown"], _per_engine(gpu["power"], "max")),
         rec(SIGNAL_RECORDS["card_thermal_slowdown"], _per_engine(gpu["thermal"], "max")),
         # The slowest GPU sets the pace of a step spread over several.
         rec(SIGNAL_RECORDS["sm_clock_ratio"], _per_engine(gpu["sm"], "min")),
+        rec(SIGNAL_RECORDS["card_brake_slowdown"], _per_engine(gpu["brake"], "max")),
+        # The most lowered limit of the engine's GPUs.
+        rec(SIGNAL_RECORDS["power_limit_ratio"], _per_engine(gpu["limit"], "min")),
     ]
+
+
+def shortfall_rule() -> dict[str, Any]:
+    """`core.card.shortfall_explained`: (1 - SM clock ratio) / (1 - the lowest of decode and
+    prefill efficiency), the gap 1 without either (or at or beyond the roofline), at most 1."""
+    sm = SIGNAL_RECORDS["sm_clock_ratio"]
+    decode = SIGNAL_RECORDS["decode_efficiency"]
+    prefill = SIGNAL_RECORDS["prefill_efficiency"]
+    return rec(
+        SIGNAL_RECORDS["card_shortfall_explained"],
+        f"""
+        clamp_max(
+            (1 - {sm})
+          / on ({E})
+            (
+                (1 - (({decode} <= {prefill}) or {prefill} or {decode})) > 0
+              or
+                0 * {sm} + 1
+            ),
+          1
+        )
+        """,
+    )
