@@ -116,6 +116,18 @@ EVIDENCE: tuple[tuple[str, tuple[Test, ...], str, str], ...] = (
 )
 
 
+def clock_scale(sm_clock_ratio: float | None) -> float:
+    """What a compute roofline scales by: the SM clock under load / its maximum where it is
+    below 1 (a card that boosts past its maximum gains nothing here), else 1."""
+    return sm_clock_ratio if sm_clock_ratio is not None and sm_clock_ratio < 1 else 1.0
+
+
+def clock_scaled_peak(peak_flops: float, sm_clock_ratio: float | None) -> float:
+    """A GPU's dense peak FLOP/s at the SM clock it ran under load (prefill's roofline):
+    `peak * on (host, gpu) ((sm ratio < 1) or 1)` in the rules."""
+    return peak_flops * clock_scale(sm_clock_ratio)
+
+
 def shortfall_explained(
     sm_clock_ratio: float | None,
     decode_efficiency: float | None,
@@ -123,9 +135,13 @@ def shortfall_explained(
 ) -> float | None:
     """The share of the gap to the roofline the lost SM clock explains, at most 1:
     (1 - clock ratio) / (1 - the lowest efficiency known), the gap 1 without a roofline (or
-    at or beyond it). As the rule `engine:llmb_card_shortfall_explained:ratio<rw>`."""
+    at or beyond it). Prefill's efficiency is against the clock-scaled peak, so it is taken
+    back to the maximum clock's (x the ratio) first. As the rule
+    `engine:llmb_card_shortfall_explained:ratio<rw>`."""
     if sm_clock_ratio is None:
         return None
+    if prefill_efficiency is not None:
+        prefill_efficiency = prefill_efficiency * clock_scale(sm_clock_ratio)
     known = [e for e in (decode_efficiency, prefill_efficiency) if e is not None]
     gap = 1 - min(known) if known else 1.0
     if not gap > 0:
@@ -142,37 +158,71 @@ def _pct(ratio: float) -> str:
     return f"{ratio * 100:.0f} %"
 
 
+# Said beside a prefill efficiency whose peak the clock under load scaled (`clock_scaled_peak`).
+SCALED_NOTE = "Prefill's compute roofline is taken at this clock, not the maximum."
+
+
+def limit_words(lowered_to: str | None, watts: str = "") -> str:
+    """The power limit in the card sentence: lowered to `lowered_to` of the default, or the
+    stock one (`watts`: " 700 W", or empty)."""
+    if lowered_to is not None:
+        return f", its enforced{watts} power limit lowered to {lowered_to} of the default"
+    return f" at its stock{watts} power limit"
+
+
+def sentence(
+    clock: str,
+    limit: str = "",
+    reasons: str = "",
+    explained: str | None = None,
+    cause: bool = False,
+) -> str:
+    """The card sentence from its parts, already written: numbers in Python (`card_sentence`),
+    Go templates in the alert (mixin/rules/alerts.py), so both say it alike."""
+    text = f"The card ran at {clock} of its maximum SM clock under load{limit}"
+    if reasons:
+        text += f" ({reasons} of the busy samples)"
+    if explained is None:
+        return text + "."
+    verdict = "the card is the cause" if cause else "not the cause"
+    return f"{text}: the lost clock explains {explained} of the gap to the roofline, {verdict}."
+
+
 def card_sentence(signals: Signals, limit_watts: float | None = None) -> str | None:
     """What the card did under load, in one sentence shown beside any verdict (the CLI
-    answer, the report, the dashboard and the alert say this); None without a busy sample.
-    `limit_watts`: the enforced power limit, where the caller has it."""
+    answer and the report; the alert writes the same parts as templates); None without a
+    busy sample. `limit_watts`: the enforced power limit, where the caller has it."""
     s = signals
     if s.sm_clock_ratio is None:
         return None
     watts = f" {limit_watts:.0f} W" if limit_watts is not None else ""
-    text = f"The card ran at {_pct(s.sm_clock_ratio)} of its maximum SM clock under load"
-    if s.power_limit_ratio is not None and s.power_limit_ratio < threshold_number(
-        "power_limit_lowered_ratio"
-    ):
-        text += f", its enforced{watts} power limit lowered to {_pct(s.power_limit_ratio)} of "
-        text += "the default"
-    elif s.power_limit_ratio is not None:
-        text += f" at its stock{watts} power limit"
-    shares = [
-        (what, share)
+    limit = ""
+    if s.power_limit_ratio is not None:
+        lowered = s.power_limit_ratio < threshold_number("power_limit_lowered_ratio")
+        limit = limit_words(_pct(s.power_limit_ratio) if lowered else None, watts)
+    reasons = ", ".join(
+        f"{what} in {_pct(share)}"
         for what, share in (
             ("a power reason", s.card_power_slowdown),
             ("HW slowdown or the power brake", s.card_brake_slowdown),
             ("a thermal slowdown", s.card_thermal_slowdown),
         )
         if share is not None and share > 0
-    ]
-    if shares:
-        text += " (" + ", ".join(f"{w} in {_pct(v)}" for w, v in shares)
-        text += " of the busy samples)"
+    )
     explained = s.card_shortfall_explained
-    if explained is None:
-        return text + "."
-    cause = "the card is the cause" if explains(explained) else "not the cause"
-    share = _pct(max(explained, 0.0))
-    return f"{text}: the lost clock explains {share} of the gap to the roofline, {cause}."
+    text = sentence(
+        _pct(s.sm_clock_ratio),
+        limit,
+        reasons,
+        None if explained is None else _pct(max(explained, 0.0)),
+        explains(explained),
+    )
+    if s.prefill_efficiency is not None and clock_scale(s.sm_clock_ratio) < 1:
+        text += " " + SCALED_NOTE
+    return text
+
+
+def cause_actions() -> tuple[tuple[str, str], ...]:
+    """(evidence label, action) of card_throttled's causes, in the order the verdict picks
+    the first that holds (the dashboard lists them; the alert says the first)."""
+    return tuple((label, action) for label, _, _, action in EVIDENCE)

@@ -172,8 +172,9 @@ THRESHOLDS: dict[str, Threshold] = {
     "prefill_efficiency_at_limit": Threshold(
         "0.5",
         "ratio",
-        "Measured prompt tok/s x FLOPs per prompt token / the card's dense BF16 peak at or "
-        "above which prefill is at the card's compute limit. Tuned GEMMs reach 60-80 % of the "
+        "Measured prompt tok/s x FLOPs per prompt token / the card's dense BF16 peak (at the "
+        "SM clock it ran under load, issue 32) at or above which prefill is at the card's "
+        "compute limit. Tuned GEMMs reach 60-80 % of the "
         "datasheet peak; llama.cpp Q4_0 on an H200 measured about 0.15 (3000 tok/s at 8k "
         "tokens of a 27B model). Above `decode_efficiency_physical_max` no claim is made.",
     ),

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from core import card
 from core.card import BRAKE_REASONS, IDLE_REASON, POWER_REASONS, THERMAL_REASONS
 from core.signals import SIGNAL_RECORDS
-from core.thresholds import threshold_promql
+from core.thresholds import THRESHOLDS, threshold_promql
 from mixin.rules.common import E, rec
 
 REASON = "llmb_gpu_clock_event_reason_active"
+GPU_SM = SIGNAL_RECORDS["sm_clock_ratio"].replace("engine:", "gpu:", 1)
 
 
 def gpu_names() -> dict[str, str]:
@@ -118,12 +120,24 @@ def card_rules() -> list[dict[str, Any]]:
     ]
 
 
+def clock_scaled(per_gpu_peak: str) -> str:
+    """`core.card.clock_scaled_peak` per GPU: the peak x the SM clock ratio under load where
+    it is below 1 (prefill's compute roofline at the clock the card ran)."""
+    return f"""
+    ({per_gpu_peak})
+      * on (host, gpu) group_left ()
+        (({GPU_SM} < 1) or on (host, gpu) (0 * ({per_gpu_peak}) + 1))
+    """
+
+
 def shortfall_rule() -> dict[str, Any]:
     """`core.card.shortfall_explained`: (1 - SM clock ratio) / (1 - the lowest of decode and
     prefill efficiency), the gap 1 without either (or at or beyond the roofline), at most 1."""
     sm = SIGNAL_RECORDS["sm_clock_ratio"]
     decode = SIGNAL_RECORDS["decode_efficiency"]
-    prefill = SIGNAL_RECORDS["prefill_efficiency"]
+    # Prefill's efficiency against the maximum clock's peak (it is against the scaled one).
+    rec_prefill = SIGNAL_RECORDS["prefill_efficiency"]
+    prefill = f"(({rec_prefill} * on ({E}) ({sm} < 1)) or {rec_prefill})"
     return rec(
         SIGNAL_RECORDS["card_shortfall_explained"],
         f"""
@@ -139,3 +153,52 @@ def shortfall_rule() -> dict[str, Any]:
         )
         """,
     )
+
+
+# --- LLMCardThrottled's words: the core's sentence and cause actions as Go templates --------
+def _promql_test(test: card.Test, sel: str) -> str:
+    """One comparison of a cause on one engine's record (`sel` its selector), as PromQL; an
+    absent-holds one is written as `unless` the opposite (the first never is)."""
+    signal, op, threshold = test[:3]
+    value = threshold_promql(threshold) if threshold in THRESHOLDS else threshold
+    if len(test) == 4 and test[3]:
+        opposite = {">=": "<", "<": ">=", ">": "<=", "<=": ">"}[op]
+        return f" unless on ({E}) {SIGNAL_RECORDS[signal]}{sel} {opposite} {value}"
+    return f" and on ({E}) {SIGNAL_RECORDS[signal]}{sel} {op} {value}"
+
+
+def _query(tests: tuple[card.Test, ...], sel: str, args: str) -> str:
+    """`printf "<query>" <args per selector> | query` for a cause's comparisons, joined."""
+    text = "".join(_promql_test(t, sel) for t in tests).removeprefix(f" and on ({E}) ")
+    return f'printf "{text}" {" ".join([args] * len(tests))} | query'
+
+
+def _value(record: str, sel: str, args: str) -> str:
+    """The engine's value of `record` as a percentage (Go template)."""
+    shown = "{{ . | first | value | humanizePercentage }}"
+    return f'{{{{ with printf "{record}{sel}" {args} | query }}}}{shown}{{{{ end }}}}'
+
+
+def card_alert_text(sel: str, args: str) -> str:
+    """The card sentence (`core.card.sentence`) and the first cause's action (the order of
+    `core.card.EVIDENCE`, as the verdict chooses it) for one engine, as Go templates."""
+    limit_rec = SIGNAL_RECORDS["power_limit_ratio"]
+    lowered = threshold_promql("power_limit_lowered_ratio")
+    stock = card.limit_words(None)
+    limit = (
+        f'{{{{ with printf "{limit_rec}{sel} < {lowered}" {args} | query }}}}'
+        + card.limit_words("{{ . | first | value | humanizePercentage }}")
+        + f'{{{{ else }}}}{{{{ with printf "{limit_rec}{sel}" {args} | query }}}}{stock}'
+        + "{{ end }}{{ end }}"
+    )
+    text = card.sentence(
+        _value(SIGNAL_RECORDS["sm_clock_ratio"], sel, args),
+        limit,
+        explained=_value(SIGNAL_RECORDS["card_shortfall_explained"], sel, args),
+        cause=True,
+    )
+    causes = "".join(
+        f"{{{{ with {_query(tests, sel, args)} }}}}{action}{{{{ else }}}}"
+        for _, tests, _, action in card.EVIDENCE
+    )
+    return f"{text} {causes}{card.VERDICT_TEXT[1]}" + "{{ end }}" * len(card.EVIDENCE)

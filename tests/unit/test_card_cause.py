@@ -25,6 +25,7 @@ from core.promql import SeriesKey, series_from_scrapes
 from core.rules import RuleValues, rule_values_at
 from core.signals import Signals
 from core.thresholds import threshold_number
+from model.gpu_specs import table_peak_flops
 from tests.paths import FIXTURES
 from tests.unit.test_card_throttled import CARD, ENGINE, KEY, decide, gpu_samples
 
@@ -155,7 +156,7 @@ def test_the_f16_run_at_its_stock_limit_is_not_card_throttled(tmp_path: Path) ->
         f"The card ran at {s.sm_clock_ratio * 100:.0f} % of its maximum SM clock under load "
         "at its stock 700 W power limit (a power reason in "
     )
-    assert sentence.endswith("of the gap to the roofline, not the cause.")
+    assert sentence.endswith("of the gap to the roofline, not the cause. " + card.SCALED_NOTE)
 
 
 def test_a_lowered_enforced_limit_is_card_throttled_with_the_pl_action(tmp_path: Path) -> None:
@@ -191,7 +192,9 @@ def test_a_few_percent_at_the_stock_limit_is_evidence_not_the_verdict(tmp_path: 
     ("ratio", "decode", "prefill", "explained"),
     [
         (0.95, 0.3, None, 0.05 / 0.7),
-        (0.95, 0.3, 0.1, 0.05 / 0.9),  # the lowest efficiency: the larger gap
+        # the lowest efficiency, the larger gap; prefill's (against the clock-scaled peak)
+        # taken back to the maximum clock's
+        (0.95, 0.3, 0.1, 0.05 / (1 - 0.1 * 0.95)),
         (0.95, None, None, 0.05),  # no roofline: the gap is the whole speed
         (0.6, 0.9, None, 1.0),  # at most 1
         (0.95, 1.2, None, 0.05),  # beyond the roofline: no gap to divide by
@@ -206,3 +209,18 @@ def test_shortfall_explained(
 
 def test_no_busy_sample_says_nothing() -> None:
     assert card.card_sentence(Signals()) is None
+
+
+def test_the_prefill_roofline_is_taken_at_the_clock_under_load(tmp_path: Path) -> None:
+    """The F16 run's busy clock (0.96 of the maximum) scales the bf16 peak prefill is held
+    against: the same tokens read 1/0.96 as efficient as against the datasheet peak."""
+    values = f16_values(tmp_path)
+    s = values.signals
+    assert s.sm_clock_ratio is not None and s.prefill_efficiency is not None
+    totals = engine_totals()
+    peak = table_peak_flops("NVIDIA H200")["bf16"]
+    tok_s = totals["prompt"] / totals["prompt_s"]
+    assert s.prefill_efficiency == pytest.approx(
+        tok_s * FLOPS_PER_TOKEN / card.clock_scaled_peak(peak, s.sm_clock_ratio)
+    )
+    assert card.clock_scaled_peak(peak, 1.02) == peak  # above the maximum: no gain
