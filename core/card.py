@@ -67,7 +67,6 @@ _SLOW = (
     ", the lost SM clock explains `card_shortfall_explained_min` or more of the gap to the "
     "roofline, and decode runs below `decode_efficiency_at_limit` (or no roofline)"
 )
-_SHARE = ("card_slowdown_share_min", "of the busy samples of `rate_window`")
 _NOT_LOWERED = ("power_limit_ratio", ">=", "power_limit_lowered_ratio", True)
 
 Test = tuple[str, str, str] | tuple[str, str, str, bool]
