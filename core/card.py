@@ -64,8 +64,8 @@ VERDICT_TEXT = (
 # card's limit (or has no roofline).
 EXPLAINS = ("card_shortfall_explained", ">=", "card_shortfall_explained_min")
 _SLOW = (
-    ", the lost SM clock explains `card_shortfall_explained_min` or more of the gap to the "
-    "roofline, and decode runs below `decode_efficiency_at_limit` (or no roofline)"
+    ", the lost SM or memory clock explains `card_shortfall_explained_min` or more of the gap "
+    "to the roofline, and decode runs below `decode_efficiency_at_limit` (or no roofline)"
 )
 _NOT_LOWERED = ("power_limit_ratio", ">=", "power_limit_lowered_ratio", True)
 
@@ -131,21 +131,28 @@ def shortfall_explained(
     sm_clock_ratio: float | None,
     decode_efficiency: float | None,
     prefill_efficiency: float | None,
+    memory_clock_ratio: float | None = None,
 ) -> float | None:
-    """The share of the gap to the roofline the lost SM clock explains, at most 1:
-    (1 - clock ratio) / (1 - the lowest efficiency known), the gap 1 without a roofline (or
-    at or beyond it). Prefill's efficiency is against the clock-scaled peak, so it is taken
-    back to the maximum clock's (x the ratio) first. As the rule
+    """The share of the gap to the roofline the lost clock explains, at most 1: (1 - the
+    lower of the SM and memory clock ratios) / (1 - the lowest efficiency known, each taken
+    back to the maximum clocks: prefill's x the SM ratio, decode's x the memory ratio, as
+    their roofline scale with them), the gap 1 without a roofline (or at or beyond it).
+    Absent without an SM clock under load. As the rule
     `engine:llmb_card_shortfall_explained:ratio<rw>`."""
     if sm_clock_ratio is None:
         return None
     if prefill_efficiency is not None:
         prefill_efficiency = prefill_efficiency * clock_scale(sm_clock_ratio)
+    if decode_efficiency is not None:
+        decode_efficiency = decode_efficiency * clock_scale(memory_clock_ratio)
     known = [e for e in (decode_efficiency, prefill_efficiency) if e is not None]
     gap = 1 - min(known) if known else 1.0
     if not gap > 0:
         gap = 1.0
-    return min((1 - sm_clock_ratio) / gap, 1.0)
+    lost = 1 - sm_clock_ratio
+    if memory_clock_ratio is not None and 1 - memory_clock_ratio > lost:
+        lost = 1 - memory_clock_ratio
+    return min(lost / gap, 1.0)
 
 
 def explains(explained: float | None) -> bool:

@@ -117,4 +117,5 @@ def card_values(d: Data) -> dict[str, dict[EngineKey, float]]:
         "sm_clock_ratio": _per_engine(d, sm_clock_ratio(d), min),
         "card_brake_slowdown": _per_engine(d, _share(d, BRAKE_REASONS), max),
         "power_limit_ratio": _per_engine(d, power_limit_ratio(d), min),
+        "memory_clock_ratio": _per_engine(d, memory_clock_ratio(d), min),
     }

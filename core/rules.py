@@ -231,6 +231,7 @@ class _Decode:
             _number(fields.get("sm_clock_ratio")),
             efficiency,
             _number(fields.get("prefill_efficiency")),
+            _number(fields.get("memory_clock_ratio")),
         )
         return RuleValues(
             Signals(**fields, decode_efficiency=efficiency, card_shortfall_explained=explained),  # type: ignore[arg-type]

@@ -66,9 +66,12 @@ class Signals:
     # engine:llmb_gpu_power_limit:ratio: enforced power limit / the card's default (lowest
     # of the engine's GPUs)
     power_limit_ratio: float | None = None
-    # engine:llmb_card_shortfall_explained:ratio<rate_window>: (1 - sm_clock_ratio) / (1 -
-    # the lowest of decode and prefill efficiency, 1 without either), at most 1
+    # engine:llmb_card_shortfall_explained:ratio<rate_window>: (1 - the lower clock ratio) /
+    # (1 - the lowest of decode and prefill efficiency at the maximum clocks), at most 1
     card_shortfall_explained: float | None = None
+    # engine:llmb_gpu_memory_clock:ratio<rate_window>: the highest memory clock of the window
+    # / its maximum, at most 1 (lowest of the engine's GPUs; absent while idle throughout)
+    memory_clock_ratio: float | None = None
     # --- prefill and the time before the first token (issue 27) ---
     # engine:llmb_request_prompt_tokens:mean<rate_window>: prompt tokens per finished request
     prompt_tokens_mean: float | None = None
@@ -108,6 +111,7 @@ def _records() -> dict[str, str]:
         "card_brake_slowdown": f"engine:llmb_gpu_brake_slowdown:avg{rw}",
         "power_limit_ratio": "engine:llmb_gpu_power_limit:ratio",
         "card_shortfall_explained": f"engine:llmb_card_shortfall_explained:ratio{rw}",
+        "memory_clock_ratio": f"engine:llmb_gpu_memory_clock:ratio{rw}",
         # prefill (mixin/rules/prefill.py)
         "prompt_tokens_mean": f"engine:llmb_request_prompt_tokens:mean{rw}",
         "prefill_efficiency": f"engine:llmb_prefill_efficiency:ratio{rw}",

@@ -145,9 +145,10 @@ THRESHOLDS: dict[str, Threshold] = {
     "card_shortfall_explained_min": Threshold(
         "0.2",
         "ratio",
-        "Share of the gap to the roofline that the lost SM clock explains, (1 - SM clock "
-        "ratio) / (1 - the lowest of decode and prefill efficiency; 1 without a roofline), "
-        "at or above which the card's state is the cause (`card_throttled`): below it, "
+        "Share of the gap to the roofline that the lost clock explains, (1 - the lower of "
+        "the SM clock ratio under load and the memory clock ratio) / (1 - the lowest of "
+        "decode and prefill efficiency against the maximum clocks' roofline; 1 without a "
+        "roofline), at or above which the card's state is the cause (`card_throttled`): below it, "
         "restoring every lost MHz would recover less than a fifth of what is missing and the "
         "engine is the larger lever. A fifth matches `sm_clock_ratio_min`: clocks held below "
         "0.8 always explain it. Issue 32's F16 prefill on an H200 at its stock 700 W: 4 % of "

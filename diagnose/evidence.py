@@ -104,7 +104,7 @@ def complete(
             )
     # The share of the gap the lost clock explains follows the efficiencies used here.
     explained = shortfall_explained(
-        sig.sm_clock_ratio, sig.decode_efficiency, sig.prefill_efficiency
+        sig.sm_clock_ratio, sig.decode_efficiency, sig.prefill_efficiency, sig.memory_clock_ratio
     )
     return replace(sig, card_shortfall_explained=explained)
 

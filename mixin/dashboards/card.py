@@ -113,8 +113,8 @@ def _slowdown_panels(cfg: MixinConfig) -> list[Panel]:
             description=(
                 f"Share of the busy samples of the last {RW} in which a power or thermal "
                 "reason held the clocks of the engine's GPUs down, and the share of the gap "
-                "to the roofline the lost SM clock explains. With a reason above the line "
-                "(`card_slowdown_share_min`), the explained share at or above "
+                "to the roofline the lost SM or memory clock explains. With a reason above "
+                "the line (`card_slowdown_share_min`), the explained share at or above "
                 "`card_shortfall_explained_min` and decode below the card's limit the verdict "
                 "is `card_throttled` and LLMCardThrottled fires; below it what the card did "
                 "is evidence, not the cause. The action by cause, first that holds: "

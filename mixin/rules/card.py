@@ -117,6 +117,7 @@ def card_rules() -> list[dict[str, Any]]:
         rec(SIGNAL_RECORDS["card_brake_slowdown"], _per_engine(gpu["brake"], "max")),
         # The most lowered limit of the engine's GPUs.
         rec(SIGNAL_RECORDS["power_limit_ratio"], _per_engine(gpu["limit"], "min")),
+        rec(SIGNAL_RECORDS["memory_clock_ratio"], _per_engine(gpu["memory"], "min")),
     ]
 
 
@@ -131,18 +132,22 @@ def clock_scaled(per_gpu_peak: str) -> str:
 
 
 def shortfall_rule() -> dict[str, Any]:
-    """`core.card.shortfall_explained`: (1 - SM clock ratio) / (1 - the lowest of decode and
-    prefill efficiency), the gap 1 without either (or at or beyond the roofline), at most 1."""
+    """`core.card.shortfall_explained`: (1 - the lower of the SM and memory clock ratios) /
+    (1 - the lowest of decode and prefill efficiency at the maximum clocks), the gap 1
+    without either (or at or beyond the roofline), at most 1."""
     sm = SIGNAL_RECORDS["sm_clock_ratio"]
-    decode = SIGNAL_RECORDS["decode_efficiency"]
-    # Prefill's efficiency against the maximum clock's peak (it is against the scaled one).
+    memory = SIGNAL_RECORDS["memory_clock_ratio"]
+    # Each efficiency against the maximum clocks' roofline (theirs scale with the clocks).
     rec_prefill = SIGNAL_RECORDS["prefill_efficiency"]
     prefill = f"(({rec_prefill} * on ({E}) ({sm} < 1)) or {rec_prefill})"
+    rec_decode = SIGNAL_RECORDS["decode_efficiency"]
+    decode = f"(({rec_decode} * on ({E}) ({memory} < 1)) or {rec_decode})"
+    lost = f"(((1 - {memory}) > on ({E}) (1 - {sm})) or (1 - {sm}))"
     return rec(
         SIGNAL_RECORDS["card_shortfall_explained"],
         f"""
         clamp_max(
-            (1 - {sm})
+            {lost}
           / on ({E})
             (
                 (1 - (({decode} <= {prefill}) or {prefill} or {decode})) > 0

@@ -189,22 +189,30 @@ def test_a_few_percent_at_the_stock_limit_is_evidence_not_the_verdict(tmp_path: 
 
 
 @pytest.mark.parametrize(
-    ("ratio", "decode", "prefill", "explained"),
+    ("ratio", "decode", "prefill", "memory", "explained"),
     [
-        (0.95, 0.3, None, 0.05 / 0.7),
+        (0.95, 0.3, None, None, 0.05 / 0.7),
         # the lowest efficiency, the larger gap; prefill's (against the clock-scaled peak)
         # taken back to the maximum clock's
-        (0.95, 0.3, 0.1, 0.05 / (1 - 0.1 * 0.95)),
-        (0.95, None, None, 0.05),  # no roofline: the gap is the whole speed
-        (0.6, 0.9, None, 1.0),  # at most 1
-        (0.95, 1.2, None, 0.05),  # beyond the roofline: no gap to divide by
-        (None, 0.3, None, None),
+        (0.95, 0.3, 0.1, None, 0.05 / (1 - 0.1 * 0.95)),
+        (0.95, None, None, None, 0.05),  # no roofline: the gap is the whole speed
+        (0.6, 0.9, None, None, 1.0),  # at most 1
+        (0.95, 1.2, None, None, 0.05),  # beyond the roofline: no gap to divide by
+        (None, 0.3, None, 0.5, None),  # no SM clock under load: no claim
+        # The memory clock at half: decode's 0.6 of the halved roofline is 0.3 of the full
+        # one, and half the clock lost explains 0.5 / 0.7 of that gap.
+        (1.0, 0.6, None, 0.5, 0.5 / 0.7),
+        (0.9, 0.3, None, 1.0, 0.1 / 0.7),  # the memory clock at its maximum: the SM's loss
     ],
 )
 def test_shortfall_explained(
-    ratio: float | None, decode: float | None, prefill: float | None, explained: float | None
+    ratio: float | None,
+    decode: float | None,
+    prefill: float | None,
+    memory: float | None,
+    explained: float | None,
 ) -> None:
-    assert card.shortfall_explained(ratio, decode, prefill) == pytest.approx(explained)
+    assert card.shortfall_explained(ratio, decode, prefill, memory) == pytest.approx(explained)
 
 
 def test_no_busy_sample_says_nothing() -> None:
@@ -224,3 +232,24 @@ def test_the_prefill_roofline_is_taken_at_the_clock_under_load(tmp_path: Path) -
         tok_s * FLOPS_PER_TOKEN / card.clock_scaled_peak(peak, s.sm_clock_ratio)
     )
     assert card.clock_scaled_peak(peak, 1.02) == peak  # above the maximum: no gain
+
+
+def test_a_lost_memory_clock_explains_the_decode_gap(tmp_path: Path) -> None:
+    """A thermal slowdown that halves the memory clock (1600 of 3201 MHz) and costs the SM
+    clock 4 %: decode at 0.32 of the halved roofline is 0.16 of the full one, and the lost
+    memory clock explains 0.5 / 0.84 of that gap, so the card is the cause."""
+    verdict, values = decide(
+        tmp_path,
+        "reason-sw_thermal_slowdown.json",
+        decode_tok_s=50.0,
+        sm_clock_mhz=1900,
+        mem_clock_mhz=1600,
+    )
+    s = values.signals
+    assert s.memory_clock_ratio == pytest.approx(1600 / 3201)
+    assert s.decode_efficiency is not None and s.decode_efficiency < 0.5
+    lost = 1 - 1600 / 3201
+    assert s.card_shortfall_explained == pytest.approx(
+        lost / (1 - s.decode_efficiency * (1600 / 3201))
+    )
+    assert verdict.name == "card_throttled" and verdict.evidence[0] == "thermal"
