@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from config.kinds import engine_kind, kinds
+from core.card import shortfall_explained
 from core.card_rules import card_values, memory_clock_ratio
 from core.conditions import Verdict, evaluate
 from core.prefill_rules import measured_tokens_per_second, prefill_values
@@ -182,6 +183,10 @@ def _signal_values(d: Data) -> dict[str, dict[EngineKey, float]]:
     }
 
 
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 @dataclass
 class _Decode:
     """The decode/roofline inputs per engine."""
@@ -227,8 +232,14 @@ class _Decode:
         roofline = roofline_tokens_per_second(bandwidth, bytes_step, accept)
         efficiency = decode_efficiency(self.rate.get(key), roofline)
         reason = roofline_misfit(efficiency, roofline_facts(model, accept))
+        explained = shortfall_explained(
+            _number(fields.get("sm_clock_ratio")),
+            efficiency,
+            _number(fields.get("prefill_efficiency")),
+            _number(fields.get("memory_clock_ratio")),
+        )
         return RuleValues(
-            Signals(**fields, decode_efficiency=efficiency),  # type: ignore[arg-type]
+            Signals(**fields, decode_efficiency=efficiency, card_shortfall_explained=explained),  # type: ignore[arg-type]
             self.rate.get(key),
             bandwidth,
             bytes_step,

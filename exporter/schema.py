@@ -88,8 +88,20 @@ SCHEMA: dict[str, Spec] = {
         "llmb_gpu_sm_clock_hertz": _g("Current SM (graphics) clock.", GPU),
         "llmb_gpu_sm_clock_max_hertz": _g("Maximum SM (graphics) clock.", GPU),
         "llmb_gpu_power_watts": _g("Power draw of the GPU.", GPU),
+        "llmb_gpu_sm_clock_busy_hertz": _g(
+            "SM clock, only in samples while the GPU is busy (utilization at or above "
+            "`card_busy_utilization_min`): averaged over a window, the clock under load.",
+            GPU,
+        ),
         "llmb_gpu_power_limit_watts": _g(
             "Power limit the driver enforces (the lowest of the set limits).", GPU
+        ),
+        "llmb_gpu_power_limit_default_watts": _g(
+            "The card's default (stock) power limit: an enforced limit below it was lowered.",
+            GPU,
+        ),
+        "llmb_gpu_power_limit_max_watts": _g(
+            "The highest power limit the card accepts (`nvidia-smi -pl`).", GPU
         ),
         "llmb_gpu_temperature_celsius": _g("GPU core temperature.", GPU),
         "llmb_gpu_clock_event_reason_active": _g(

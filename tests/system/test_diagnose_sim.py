@@ -124,6 +124,12 @@ def test_diagnose_names_the_preset_bottleneck(
     if expected == "card_throttled":
         assert result.signals["card_power_slowdown"] >= threshold_number("card_slowdown_share_min")
         assert "power limit" in decision.action and "engine is not the cause" in decision.action
+        # What the card did, beside the verdict (core.card.card_sentence): 1155 of 1980 MHz
+        # at its stock 700 W limit explains the shortfall.
+        assert result.evidence["card"].startswith(
+            "The card ran at 58 % of its maximum SM clock under load at its stock 700 W"
+        )
+        assert "the card is the cause." in result.evidence["card"]
     if expected == "decode_at_card_limit":
         assert result.signals["decode_efficiency"] >= threshold_number("decode_efficiency_at_limit")
         assert "of the card's limit" in steps["single"].answer
