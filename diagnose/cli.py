@@ -29,7 +29,12 @@ from diagnose import decide as decide_cmd
 from diagnose.answer import exit_status, print_answer, write_outputs
 from diagnose.decision.model import RunInfo, utc_now
 from diagnose.decision.two_engines import CompareInputs
-from diagnose.options import DEFAULT_ROUNDS, Options
+from diagnose.options import (
+    DEFAULT_ROUNDS,
+    Options,
+    add_host_bandwidth_option,
+    run_host_bandwidth,
+)
 from diagnose.phase_marks import PhasePublisher, say
 from diagnose.procedure import compare, diagnose
 from diagnose.served_load import add_answer_arguments, load_query, user_load
@@ -151,6 +156,7 @@ def _add_sources(m: Any) -> None:
         metavar="GB/S",
         help="GPU memory bandwidth for the roofline (default: exporter, NVML table)",
     )
+    add_host_bandwidth_option(m)
     m.add_argument(
         "--peak-tflops",
         type=positive_float,
@@ -363,6 +369,9 @@ def run_measurement(command: str, args: argparse.Namespace) -> int:
     engines = measured_engines(command, args, config)
     opts = options_from_args(args, config)
     opts.path_origins = path_origins(args, engines)
+    opts.host_bandwidth = run_host_bandwidth(args, config)
+    if opts.host_bandwidth is not None:
+        say(f"host memory bandwidth: {opts.host_bandwidth.describe()}")
     if command == "compare":
         # Asked before measuring: a Prometheus that cannot answer costs no measurement.
         served = user_load(args.load, load_query(args), engines[0].name)

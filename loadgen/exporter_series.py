@@ -27,6 +27,7 @@ from exporter.promtext import parse_exposition
 from exporter.runner import Runner
 from loadgen.options import metrics_url
 from loadgen.resolve import model_label
+from model.host_memory import HostBandwidth
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,12 @@ class EmbeddedExporter:
     """The exporter's collectors for one engine, run in this process."""
 
     def __init__(
-        self, engine: EngineConfig, log_file: Path | None, pid: int | None, gpu: GpuConfig | None
+        self,
+        engine: EngineConfig,
+        log_file: Path | None,
+        pid: int | None,
+        gpu: GpuConfig | None,
+        host_bandwidth: HostBandwidth | None = None,
     ):
         update: dict[str, Any] = {}
         if log_file is not None:
@@ -141,7 +147,7 @@ class EmbeddedExporter:
             engines=[engine.model_copy(update=update)],
             gpu=gpu if gpu is not None else GpuConfig(enabled=False),
         )
-        self._runner: Runner = build_runner(config)
+        self._runner: Runner = build_runner(config, host_bandwidth=host_bandwidth)
 
     async def start(self) -> None:
         """Start the collectors."""

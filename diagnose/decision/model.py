@@ -201,6 +201,11 @@ class EngineResult:
     # Expert offload: layers whose routed experts live in host memory, and their bytes.
     experts_host_layers: float | None = None
     experts_host_bytes: float | None = None
+    # Host memory bandwidth for the expert-offload bound, and its source ("measured": the
+    # exporter's copy at start; "flag": --host-bandwidth-gbs; "config"), and free VRAM.
+    host_bandwidth_bytes_per_s: float | None = None
+    host_bandwidth_source: str | None = None
+    gpu_free_bytes: float | None = None
     trained_context: int | None = None
     slot_context: int | None = None
     memory_source: str | None = None

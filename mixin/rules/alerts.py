@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.roofline import MISFIT_REASONS
-from core.thresholds import threshold_number, threshold_promql
+from core.thresholds import threshold_promql
 from mixin.config import MixinConfig
 from mixin.rules.common import E, q
 from mixin.rules.roofline import MISFIT_RECORD
@@ -275,8 +275,11 @@ def expert_offload_annotation() -> str:
         f'{{{{ with printf "engine:llmb_experts_host_bound_tokens_per_second:avg{rw}{sel}" '
         f"{args} | query }}}}"
         ', which bounds decode near {{ . | first | value | printf "%.1f" }} tok/s per '
-        f"sequence at {threshold_number('host_memory_bandwidth_bytes_per_second') / 1e9:.0f} GB/s "
-        "of host memory bandwidth (`host_memory_bandwidth_bytes_per_second`){{ end }}. Keep "
+        "sequence"
+        f'{{{{ with printf "max(llmb_host_memory_bandwidth_bytes_per_second{{host=%q}})" '
+        "$labels.host | query }}"
+        " at {{ . | first | value | humanize }}B/s of host memory bandwidth{{ end }}"
+        " (llmb_host_memory_bandwidth_bytes_per_second){{ end }}. Keep "
         "fewer experts on the host (a lower `--n-cpu-moe`, no `-ot exps=CPU`) if VRAM allows, or "
         "use a smaller quantization.{{ end }}"
     )

@@ -309,13 +309,53 @@ def test_beyond_physics_gives_no_estimate_in_compare() -> None:
     assert d.estimates == [] and "beyond physics" in d.steps[1].answer
 
 
-def test_expert_offload_names_layers_bytes_and_the_host_bound() -> None:
-    e = moe_engine(structure=True, experts_host_layers=20.0, experts_host_bytes=12.8e9)
+def _offload(tok_s: float, **extra: Any) -> str:
+    """diagnose's action for 20 layers' experts (12.8 GB) on a host of 40 GB/s, measured."""
+    e = moe_engine(structure=True, tok_s=tok_s, experts_host_layers=20.0, experts_host_bytes=12.8e9)
+    e.host_bandwidth_bytes_per_s, e.host_bandwidth_source = 40e9, "measured"
+    for key, value in extra.items():
+        setattr(e, key, value)
     signals = Signals(layers_ratio=1.0, experts_host_layers=20.0, host_has_gpu=True)
     verdict, action = engine_verdict(e, signals)
     assert verdict == "weights_not_resident"
     assert evaluate(signals).evidence == ("experts_host",)
+    return action
+
+
+def test_expert_offload_names_layers_bytes_and_the_measured_host_bound() -> None:
+    action = _offload(20.0)
     assert "the routed experts of 20 layers live in host memory" in action
     assert "11.92 GiB" in action and "--n-cpu-moe" in action
-    # 12.8 GB x 8/128 read per step from 100 GB/s host memory: 125 tok/s at most.
-    assert "125.0 tok/s" in action
+    # 12.8 GB x 8/128 read per step from 40 GB/s of host memory: 50 tok/s at most.
+    assert "bound near 50.0 tok/s per sequence by host memory (40.0 GB/s, measured" in action
+    # 20 tok/s is 40 % of the bound: not near it, so no claim that host memory is the limit.
+    assert "host memory is the limit" not in action and "-ngl" not in action
+
+
+def test_expert_offload_without_a_host_bandwidth_gives_no_bound() -> None:
+    action = _offload(20.0, host_bandwidth_bytes_per_s=None, host_bandwidth_source=None)
+    assert "host memory bandwidth unknown (pass --host-bandwidth-gbs)" in action
+    assert "bound near" not in action and "100 GB/s" not in action
+
+
+def test_decode_near_the_host_bound_says_what_more_layers_on_the_gpu_buy() -> None:
+    # 46 tok/s against a 50 tok/s bound: 92 %, within 20 %. 0.64 GB of experts per layer;
+    # 5 GB free holds 7 more layers: 13 layers' experts stay, the bound rises to 50 x 20/13.
+    action = _offload(46.0, gpu_free_bytes=5e9)
+    assert "Measured decode 46.0 tok/s per sequence is 92 % of that bound" in action
+    assert "host memory is the limit" in action
+    assert "Moving 7 more layers' experts to the GPU (a `--n-cpu-moe` lower by 7" in action
+    assert "7 x 0.60 GiB = 4.17 GiB of VRAM; 4.66 GiB free" in action
+    assert "raises the bound to 76.9 tok/s per sequence" in action
+
+
+def test_near_the_host_bound_without_room_or_free_vram_known() -> None:
+    full = _offload(46.0, gpu_free_bytes=0.5e9)
+    assert "needs 0.60 GiB of VRAM, more than the 0.47 GiB free: make room first" in full
+    # Free VRAM unknown: half the host layers, the VRAM they need, said to be unknown.
+    unknown = _offload(46.0)
+    assert "Moving 10 more layers' experts" in unknown and "free VRAM unknown" in unknown
+    assert "raises the bound to 100.0 tok/s" in unknown
+    roomy = _offload(46.0, gpu_free_bytes=20e9)
+    assert "Moving all 20 layers' experts to the GPU" in roomy
+    assert "removes the host bound" in roomy

@@ -1,0 +1,140 @@
+"""Host memory bandwidth: what bounds decode when routed experts live in host memory.
+
+At decode batch sizes below 32 llama.cpp computes the experts that `--n-cpu-moe` or
+`-ot exps=CPU` leave in host memory on the CPU, which reads them from host DRAM every
+step; host memory bandwidth / those bytes bounds decode. No vendor table knows a host's
+bandwidth (channels populated, DIMM speed, NUMA, a VM's share), so it is measured once:
+`measure_host_bandwidth` copies a buffer several times larger than the last-level cache in
+one thread per usable core and counts read + write, 2x the bytes copied, over the best pass.
+
+A copy reads and writes; llama.cpp's expert matmuls mostly read, at the engine's own thread
+count and access pattern, so the engine may draw less than a copy moves (on the H200 host of
+issue 32 it drew about 41.5 GiB/s). The figure is a measurement of this host, not a ceiling
+proven for every access pattern: `--host-bandwidth-gbs` (diagnose, compare, decide, the
+exporter) and the config's `host_memory_bandwidth_bytes_per_second` override it, and the
+series `llmb_host_memory_bandwidth_bytes_per_second{source}` says which figure is in use.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+HostBandwidthSource = Literal["measured", "flag", "config"]
+
+# The buffer is this many times the last-level cache (clamped below), so that no pass is
+# served from cache; 256 MiB when sysfs names no cache.
+_CACHE_MULTIPLE = 4
+_MIN_BYTES = 64 * 2**20
+_MAX_BYTES = 512 * 2**20
+_DEFAULT_BYTES = 256 * 2**20
+# Copy passes stop after this many seconds (and at least _MIN_PASSES passes): with the
+# allocation and first touch the whole measurement stays well under a second.
+_PASS_SECONDS = 0.25
+_MIN_PASSES = 3
+_MAX_THREADS = 64
+
+
+@dataclass(frozen=True)
+class HostBandwidth:
+    """Host memory bandwidth in bytes/s and where the figure comes from."""
+
+    bytes_per_second: float
+    source: HostBandwidthSource
+
+    def describe(self) -> str:
+        """'41.5 GB/s, measured' as the answers print it."""
+        return f"{self.bytes_per_second / 1e9:.1f} GB/s, {self.source}"
+
+
+def last_level_cache_bytes(sysfs: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """The largest cache of CPU 0 as sysfs names it (None when unreadable)."""
+    best = None
+    for index in sysfs.glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        try:
+            size = int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+        except (ValueError, IndexError):
+            continue
+        best = size if best is None or size > best else best
+    return best
+
+
+def _threads() -> int:
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        usable = os.cpu_count() or 1
+    return max(1, min(usable, _MAX_THREADS))
+
+
+def measure_host_bandwidth(
+    buffer_bytes: int | None = None,
+    threads: int | None = None,
+    pass_seconds: float = _PASS_SECONDS,
+) -> float:
+    """Bytes/s of host memory: 2 x bytes copied / seconds of the fastest copy pass.
+
+    Each of `threads` threads copies its slice of a source buffer into a destination one
+    with `ctypes.memmove`, which releases the GIL, so the threads copy in parallel. Both
+    buffers are written before timing (no lazily mapped zero pages, no first-touch faults
+    in the timed passes).
+    """
+    if buffer_bytes is None:
+        llc = last_level_cache_bytes()
+        want = _CACHE_MULTIPLE * llc if llc else _DEFAULT_BYTES
+        buffer_bytes = max(_MIN_BYTES, min(_MAX_BYTES, want))
+    n = threads or _threads()
+    chunk = max(4096, buffer_bytes // n // 4096 * 4096)
+    size = chunk * n
+    src = (ctypes.c_char * size)()
+    dst = (ctypes.c_char * size)()
+    ctypes.memset(src, 1, size)
+    ctypes.memset(dst, 2, size)
+    base_src, base_dst = ctypes.addressof(src), ctypes.addressof(dst)
+
+    def copy(i: int) -> None:
+        ctypes.memmove(base_dst + i * chunk, base_src + i * chunk, chunk)
+
+    best = float("inf")
+    passes = 0
+    deadline = time.perf_counter() + pass_seconds
+    while passes < _MIN_PASSES or time.perf_counter() < deadline:
+        best = min(best, _timed_pass(copy, n))
+        passes += 1
+    return 2.0 * size / best
+
+
+def _timed_pass(copy: Callable[[int], None], n: int) -> float:
+    """Seconds for `n` threads to copy their slices once (all started, all joined)."""
+    workers = [threading.Thread(target=copy, args=(i,)) for i in range(n)]
+    t0 = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return max(time.perf_counter() - t0, 1e-9)
+
+
+def host_bandwidth(
+    flag_bytes_per_second: float | None,
+    config_bytes_per_second: float | None,
+    measure: Callable[[], float] = measure_host_bandwidth,
+) -> HostBandwidth:
+    """The figure to use: the flag, else the config key, else `measure()` (the seam tests
+    replace: they inject a value rather than copy hundreds of MiB)."""
+    if flag_bytes_per_second is not None:
+        return HostBandwidth(flag_bytes_per_second, "flag")
+    if config_bytes_per_second is not None:
+        return HostBandwidth(config_bytes_per_second, "config")
+    return HostBandwidth(measure(), "measured")
