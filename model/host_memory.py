@@ -4,8 +4,9 @@ At decode batch sizes below 32 llama.cpp computes the experts that `--n-cpu-moe`
 `-ot exps=CPU` leave in host memory on the CPU, which reads them from host DRAM every
 step; host memory bandwidth / those bytes bounds decode. No vendor table knows a host's
 bandwidth (channels populated, DIMM speed, NUMA, a VM's share), so it is measured once:
-`measure_host_bandwidth` copies a buffer several times larger than the last-level cache in
-one thread per usable core and counts read + write, 2x the bytes copied, over the best pass.
+`measure_host_bandwidth` copies a buffer larger than the last-level cache (source and
+destination together 4x the cache, 256 MiB at most) in one thread per usable core and counts
+read + write, 2x the bytes copied, over the fastest pass.
 
 A copy reads and writes; llama.cpp's expert matmuls mostly read, at the engine's own thread
 count and access pattern, so the engine may draw less than a copy moves (on the H200 host of
@@ -28,12 +29,14 @@ from typing import Literal
 
 HostBandwidthSource = Literal["measured", "flag", "config"]
 
-# The buffer is this many times the last-level cache (clamped below), so that no pass is
-# served from cache; 256 MiB when sysfs names no cache.
-_CACHE_MULTIPLE = 4
-_MIN_BYTES = 64 * 2**20
-_MAX_BYTES = 512 * 2**20
-_DEFAULT_BYTES = 256 * 2**20
+# Each of the two buffers is this many times the last-level cache (clamped below), so that a
+# pass (source + destination: 4x the cache) is not served from cache; 128 MiB when sysfs names
+# no cache. The cap keeps the exporter within its container's memory (deploy/kubernetes:
+# 512 MiB): both buffers together are 256 MiB at most, freed when the measurement returns.
+_CACHE_MULTIPLE = 2
+_MIN_BYTES = 32 * 2**20
+_MAX_BYTES = 128 * 2**20
+_DEFAULT_BYTES = 128 * 2**20
 # Copy passes stop after this many seconds (and at least _MIN_PASSES passes): with the
 # allocation and first touch the whole measurement stays well under a second.
 _PASS_SECONDS = 0.25

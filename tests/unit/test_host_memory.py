@@ -26,7 +26,7 @@ from model.host_memory import (
 
 
 def test_the_copy_counts_read_and_write_over_its_fastest_pass() -> None:
-    # A small buffer (the real one is 4 x the last-level cache): the arithmetic, not the host.
+    # A small buffer (the real one is 2 x the last-level cache): the arithmetic, not the host.
     bw = measure_host_bandwidth(buffer_bytes=4 * 2**20, threads=2, pass_seconds=0.0)
     # Anything a real memory system moves: above 100 MB/s, below 10 TB/s.
     assert 1e8 < bw < 1e13
