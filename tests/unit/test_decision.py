@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from core.conditions import VERDICT_INFO, VERDICTS, evaluate
+from core.conditions import LAYERS_ACTION, VERDICT_INFO, VERDICTS, evaluate
 from core.signals import Signals
 from diagnose.decision.model import (
     FIX_MEMORY_FIRST,
@@ -151,6 +151,19 @@ def test_weights_not_resident_comes_first() -> None:
     assert d.recommendation == FIX_MEMORY_FIRST
     assert d.verdict == {"a": "weights_not_resident", "b": "decode_below_card_limit"}
     assert VERDICT_INFO["weights_not_resident"].action in d.action
+
+
+def test_compare_gives_the_engines_own_expert_offload_action_not_the_layers_advice() -> None:
+    # Issue 32: every layer on the GPU, experts of 20 layers on the host (diagnose's action).
+    a = moe_engine(structure=True, tok_s=46.0, experts_host_layers=20.0, experts_host_bytes=12.8e9)
+    a.host_bandwidth_bytes_per_s, a.host_bandwidth_source = 40e9, "flag"
+    signals = Signals(layers_ratio=1.0, experts_host_layers=20.0, host_has_gpu=True)
+    a.verdict, a.action = engine_verdict(a, signals)
+    b = engine("b", agg={4: [100.0, 104.0, 101.0]})
+    d = decide_compare(a, b)
+    assert d.recommendation == FIX_MEMORY_FIRST
+    assert a.action in d.action and "host memory is the limit" in d.action
+    assert "-ngl" not in d.action and LAYERS_ACTION not in d.action
 
 
 def test_long_context_decides_when_only_one_engine_loads_it() -> None:
