@@ -64,6 +64,7 @@ from loadgen.options import (
 from loadgen.resolve import (
     load_config_or_usage,
 )
+from model.host_memory import HostBandwidth
 
 log = logging.getLogger(__name__)
 
@@ -426,7 +427,14 @@ def run_decide(args: argparse.Namespace) -> int:
     decide_cmd.check_out(args)
     with quiet_libraries():
         inputs = CompareInputs(load=args.load, slo=args.slo)
-        engines, decision = decide_cmd.redecide(args.dir, args.in_use, inputs, load_query(args))
+        host = (
+            HostBandwidth(args.host_bandwidth_gbs * 1e9, "flag")
+            if args.host_bandwidth_gbs
+            else None
+        )
+        engines, decision = decide_cmd.redecide(
+            args.dir, args.in_use, inputs, load_query(args), host
+        )
         decide_cmd.copy_requests(args.dir, args.out)
         write_outputs(args.out, engines, decision, info, title=decide_cmd.title_of(engines))
     print_answer(engines, decision, args.out)

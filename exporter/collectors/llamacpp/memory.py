@@ -38,8 +38,8 @@ def host_experts(state: LogState, geom: ModelGeometry | None) -> tuple[int, floa
     n = n_cpu_moe_layers(buffers, geom)
     # `--n-cpu-moe N` names the first N layers, leading dense ones included (DeepSeek's
     # `first_k_dense_replace`): the count is of those that hold experts, as at -lv 5.
-    host = geom.routed_expert_bytes_by_layer[:n]
-    return sum(1 for b in host if b), float(sum(host))
+    first_n = geom.routed_expert_bytes_by_layer[:n]
+    return sum(1 for b in first_n if b), float(sum(first_n))
 
 
 def n_cpu_moe_layers(buffers: dict[str, float], geom: ModelGeometry) -> int:
