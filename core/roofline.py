@@ -370,6 +370,21 @@ class HostOffload:
         return bound is not None and measured is not None and measured >= near * bound
 
 
+def host_bound_text(o: HostOffload) -> str:
+    """The bound beside the measured decode, as the answer's `expert offload` line says it."""
+    bound = o.bound
+    if bound is None or o.bandwidth is None:
+        return "host bound unknown (no host memory bandwidth: pass --host-bandwidth-gbs)"
+    text = (
+        f"host bound {bound:.1f} tok/s per sequence at {o.bandwidth / 1e9:.1f} GB/s "
+        f"({o.bandwidth_source or 'given'})"
+    )
+    measured = o.decode_tokens_per_second
+    if measured is not None:
+        text += f", measured {measured:.1f} tok/s ({measured / bound * 100:.0f} % of it)"
+    return text
+
+
 def expert_offload_action(offload: HostOffload) -> str:
     """The expert-offload finding: its layers, bytes, the host-side bound, and, when the
     measured decode is near that bound, what moving more layers' experts to the GPU buys."""

@@ -7,13 +7,7 @@ the Prometheus recording rules are generated from, and only words the action.
 from __future__ import annotations
 
 from core.conditions import evaluate
-from core.roofline import (
-    HostOffload,
-    expert_offload_action,
-    expert_share,
-    misfit_text,
-    roofline_misfit,
-)
+from core.roofline import expert_offload_action, misfit_text, roofline_misfit
 from core.signals import Signals
 from diagnose.decision.model import (
     FIX_MEMORY_FIRST,
@@ -40,27 +34,8 @@ def engine_verdict(engine: EngineResult, signals: Signals) -> tuple[str, str]:
     if reason is not None and eff is not None and decided.name == "decode_below_card_limit":
         action = misfit_text(eff, reason) + "."
     if decided.name == "weights_not_resident" and "experts_host" in decided.evidence:
-        action = expert_offload_action(host_offload(engine)) + " " + action
+        action = expert_offload_action(engine.host_offload()) + " " + action
     return str(decided.name), action
-
-
-def host_offload(engine: EngineResult) -> HostOffload:
-    """The expert-offload facts of `engine`: its host experts, the share one sequence's step
-    reads, the host's bandwidth, the measured per-sequence decode and the free VRAM."""
-    model = engine.structure()
-    share = 1.0
-    if model is not None and model.experts_known and model.experts and model.experts_used:
-        share = expert_share(model.experts, model.experts_used, 1.0)
-    single = engine.single()
-    return HostOffload(
-        engine.experts_host_layers,
-        engine.experts_host_bytes,
-        share,
-        engine.host_bandwidth_bytes_per_s,
-        engine.host_bandwidth_source,
-        engine.roofline.measured_tok_s or (single.per_seq_tok_s if single else None),
-        engine.gpu_free_bytes,
-    )
 
 
 def recommendation_for(verdict: str | None) -> str:

@@ -70,7 +70,14 @@ def test_without_a_bandwidth_the_saved_run_gets_no_bound(tmp_path: Path, capsys:
         "flag",
     )
     assert "by host memory (44.6 GB/s, flag" in doc["action"]
-    assert "host memory is the limit" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "host memory is the limit" in out
+    # The answer's expert-offload line: the bound beside the measured decode.
+    assert (
+        "moe_ncpumoe24: experts of 24 layers in host memory (14.34 GiB); host bound 46.3 tok/s "
+        "per sequence at 44.6 GB/s (flag), measured 47.0 tok/s (102 % of it)"
+    ) in out
+    assert "host bound 46.3 tok/s" in (flagged / "report.md").read_text(encoding="utf-8")
 
 
 def test_a_saved_run_gains_todays_log_parser(tmp_path: Path) -> None:
