@@ -7,6 +7,7 @@ fixture folder has a PROVENANCE.md with the exact flags.
 
 from __future__ import annotations
 
+import lzma
 from pathlib import Path
 
 import httpx
@@ -320,3 +321,30 @@ def test_n_cpu_moe_counts_the_layers_that_hold_experts(deepseek_v2_lite: ModelGe
                 "buffer type overridden to CPU"
             )
     assert host_experts(state, g) == (7, on_host)
+
+
+DEEPSEEK_CPU = FIX / "llamacpp-cpu-deepseek2-synth-ncpumoe8"
+
+
+def test_a_real_n_cpu_moe_8_log_of_a_deepseek_shape_says_7_layers(tmp_path: Path) -> None:
+    """The real CPU llama-server's -lv 5 log (`--n-cpu-moe 8`, layer 0 dense): its override
+    lines name layers 1-7, and the exporter's reading counts 7 with their GGUF bytes."""
+    header = tmp_path / "model.header.gguf"
+    header.write_bytes(lzma.decompress((DEEPSEEK_CPU / "model.header.gguf.xz").read_bytes()))
+    g = geometry_from_gguf(header)
+    by_layer = g.routed_expert_bytes_by_layer
+    assert g.leading_dense_block_count == 1 and by_layer[0] == 0 and all(by_layer[1:])
+    raw = lzma.decompress((DEEPSEEK_CPU / "server-ncmoe8-lv5.log.xz").read_bytes())
+    log = raw.decode("utf-8", errors="replace")  # the random model's text is not UTF-8
+    state = LogState()
+    for line in log.splitlines():
+        state.feed(line)
+    assert {layer for layer, _ in state.expert_overrides.values()} == set(range(1, 8))
+    assert host_experts(state, g) == (7, float(sum(by_layer[1:8])))
+    # The same file on a GPU at -lv 4 (buffer sizes only): the span of --n-cpu-moe 8, 7 layers.
+    span = g.host_mapped_bytes_by_layers[8]
+    device = ((g.weight_bytes or 0) - span) / MIB
+    assert host_experts(gpu_load_log(span / MIB, device, "28/28"), g) == (
+        7,
+        float(sum(by_layer[1:8])),
+    )
