@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     announce_engines(config)
     flag = args.host_bandwidth_gbs * 1e9 if args.host_bandwidth_gbs else None
     bandwidth = host_bandwidth(flag, config.host_memory_bandwidth_bytes_per_second)
-    logging.getLogger("exporter").info("host memory bandwidth %s", bandwidth.describe())
+    if bandwidth is not None:
+        logging.getLogger("exporter").info("host memory bandwidth %s", bandwidth.describe())
     return serve(config, web, sock, bandwidth)
 
 

@@ -27,7 +27,7 @@ from model.host_memory import (
 
 def test_the_copy_counts_read_and_write_over_its_fastest_pass() -> None:
     # A small buffer (the real one is 2 x the last-level cache): the arithmetic, not the host.
-    bw = measure_host_bandwidth(buffer_bytes=4 * 2**20, threads=2, pass_seconds=0.0)
+    bw = measure_host_bandwidth(buffer_bytes=4 * 2**20, threads=2, budget_seconds=0.0)
     # Anything a real memory system moves: above 100 MB/s, below 10 TB/s.
     assert 1e8 < bw < 1e13
 
@@ -162,3 +162,13 @@ def test_diagnose_takes_the_exporter_series_unless_given_a_figure() -> None:
     bare = EngineResult("moe", "llamacpp")
     host_bandwidth_facts(bare, HostBandwidth(50e9, "measured"), None)
     assert (bare.host_bandwidth_bytes_per_s, bare.host_bandwidth_source) == (50e9, "measured")
+
+
+def test_a_failed_measurement_gives_no_figure_and_no_crash(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def no_memory() -> float:
+        raise MemoryError("256 MiB")
+
+    assert host_bandwidth(None, None, no_memory) is None
+    assert "host memory bandwidth not measured: MemoryError: 256 MiB" in caplog.text
