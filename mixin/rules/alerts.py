@@ -279,7 +279,15 @@ def expert_offload_annotation() -> str:
         f'{{{{ with printf "max(llmb_host_memory_bandwidth_bytes_per_second{{host=%q}})" '
         "$labels.host | query }}"
         " at {{ . | first | value | humanize }}B/s of host memory bandwidth{{ end }}"
-        " (llmb_host_memory_bandwidth_bytes_per_second){{ end }}. Keep "
+        " (llmb_host_memory_bandwidth_bytes_per_second){{ end }}"
+        # Near the bound (core/roofline.py HostOffload.near_bound): host memory is the limit.
+        f'{{{{ with printf "engine:llmb_decode_tokens_per_second:rate{rw}{sel}'
+        f" / engine:llmb_experts_host_bound_tokens_per_second:avg{rw}{sel}"
+        f' >= {threshold_promql("experts_host_bound_near_ratio")}" '
+        f"{args} {args} | query }}}}"
+        "; decode per sequence reaches {{ . | first | value | humanizePercentage }} of it: "
+        "host memory is the limit, and each layer's experts moved to the GPU raise the bound"
+        "{{ end }}. Keep "
         "fewer experts on the host (a lower `--n-cpu-moe`, no `-ot exps=CPU`) if VRAM allows, or "
         "use a smaller quantization.{{ end }}"
     )
