@@ -79,8 +79,9 @@ async def test_the_exporter_exports_the_figure_with_its_source() -> None:
     configured = build_runner(Config(gpu=gpu_off, host_memory_bandwidth_bytes_per_second=6e10))
     assert await _host_series(configured) == {"config": 6e10}
     # Nothing given and nothing measured (the caller measures, not build_runner): no series.
-    assert await _host_series(build_runner(Config(gpu=gpu_off))) == {}
-    for r in (measured, configured):
+    bare = build_runner(Config(gpu=gpu_off))
+    assert await _host_series(bare) == {}
+    for r in (measured, configured, bare):
         await r.close()
 
 
