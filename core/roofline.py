@@ -406,7 +406,7 @@ def expert_offload_action(offload: HostOffload) -> str:
                 "decode is given"
             )
     text += "."
-    if o.near_bound():
+    if o.near_bound() and o.layers and round(o.layers) > 0:
         text += " " + _more_layers_text(o)
     # What to do is the `experts_host` evidence's own action (core/conditions.py).
     return text
