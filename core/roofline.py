@@ -363,11 +363,22 @@ class HostOffload:
         per_step = self.per_step
         return self.bandwidth / per_step if self.bandwidth and per_step else None
 
-    def near_bound(self) -> bool:
-        """Whether the measured decode reaches `experts_host_bound_near_ratio` of the bound."""
+    def bound_ratio(self) -> float | None:
+        """Measured per-sequence decode / the bound (None: either unknown)."""
         bound, measured = self.bound, self.decode_tokens_per_second
-        near = threshold_number("experts_host_bound_near_ratio")
-        return bound is not None and measured is not None and measured >= near * bound
+        return measured / bound if bound and measured is not None else None
+
+    def near_bound(self) -> bool:
+        """Whether the measured decode is within 1 - `experts_host_bound_near_ratio` (20 %)
+        of the bound, on either side: host memory is the limit."""
+        ratio, near = self.bound_ratio(), threshold_number("experts_host_bound_near_ratio")
+        return ratio is not None and near <= ratio <= 2 - near
+
+    def above_bound(self) -> bool:
+        """Whether the measured decode is further above the bound than that: the bandwidth
+        figure is lower than what the engine draws (a copy is not its access pattern)."""
+        ratio, near = self.bound_ratio(), threshold_number("experts_host_bound_near_ratio")
+        return ratio is not None and ratio > 2 - near
 
 
 def host_bound_text(o: HostOffload) -> str:
@@ -408,6 +419,14 @@ def expert_offload_action(offload: HostOffload) -> str:
     text += "."
     if o.near_bound() and o.layers and round(o.layers) > 0:
         text += " " + _more_layers_text(o)
+    elif o.above_bound() and o.bandwidth is not None:
+        ratio = o.bound_ratio() or 0.0
+        text += (
+            f" Measured decode {o.decode_tokens_per_second:.1f} tok/s per sequence is "
+            f"{ratio * 100:.0f} % of that bound: the engine draws more than "
+            f"{o.bandwidth / 1e9:.1f} GB/s from host memory, so that figure is low for its "
+            "access pattern; give the host's own with --host-bandwidth-gbs."
+        )
     # What to do is the `experts_host` evidence's own action (core/conditions.py).
     return text
 

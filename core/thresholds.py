@@ -170,9 +170,11 @@ THRESHOLDS: dict[str, Threshold] = {
         "0.8",
         "ratio",
         "Measured per-sequence decode / the expert-offload bound (host memory bandwidth / "
-        "host expert bytes a step reads) at or above which host memory is the limit: the "
-        "action then says what moving more layers' experts to the GPU buys. The bandwidth "
-        "is measured on the host (llmb_host_memory_bandwidth_bytes_per_second) or given.",
+        "host expert bytes a step reads) from which, up to 2 - this, host memory is the "
+        "limit (within 20 % of the bound): the action then says what moving more layers' "
+        "experts to the GPU buys. Further above, the bandwidth figure is too low for the "
+        "engine's access pattern. The bandwidth is measured on the host "
+        "(llmb_host_memory_bandwidth_bytes_per_second) or given.",
     ),
     "gpu_headroom_min_bytes": Threshold(
         "536870912",

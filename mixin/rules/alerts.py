@@ -264,6 +264,7 @@ def misfit_annotation() -> str:
 def expert_offload_annotation() -> str:
     """The expert-offload sentence of LLMWeightsNotResident (empty without host experts)."""
     rw = threshold_promql("rate_window")
+    near = threshold_promql("experts_host_bound_near_ratio")
     sel = "{host=%q,engine=%q,kind=%q}"
     args = "$labels.host $labels.engine $labels.kind"
     return (
@@ -283,7 +284,7 @@ def expert_offload_annotation() -> str:
         # Near the bound (core/roofline.py HostOffload.near_bound): host memory is the limit.
         f'{{{{ with printf "engine:llmb_decode_tokens_per_second:rate{rw}{sel}'
         f" / engine:llmb_experts_host_bound_tokens_per_second:avg{rw}{sel}"
-        f' >= {threshold_promql("experts_host_bound_near_ratio")}" '
+        f' >= {near} <= 2 - {near}" '
         f"{args} {args} | query }}}}"
         "; decode per sequence reaches {{ . | first | value | humanizePercentage }} of it: "
         "host memory is the limit, and each layer's experts moved to the GPU raise the bound"

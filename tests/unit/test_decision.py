@@ -372,3 +372,13 @@ def test_near_the_host_bound_without_room_or_free_vram_known() -> None:
     roomy = _offload(46.0, gpu_free_bytes=20e9)
     assert "Moving all 20 layers' experts to the GPU" in roomy
     assert "removes the host bound" in roomy
+
+
+def test_decode_far_above_the_host_bound_says_the_figure_is_low() -> None:
+    # 80 tok/s against a 50 tok/s bound: the engine draws more than 40 GB/s from the host.
+    action = _offload(80.0)
+    assert "Measured decode 80.0 tok/s per sequence is 160 % of that bound" in action
+    assert "so that figure is low for its access pattern" in action
+    assert "--host-bandwidth-gbs" in action and "host memory is the limit" not in action
+    # 59 tok/s is 118 %: within 20 %, host memory is the limit.
+    assert "host memory is the limit" in _offload(59.0)
