@@ -96,3 +96,19 @@ def test_a_saved_run_gains_todays_log_parser(tmp_path: Path) -> None:
     assert e.signals["experts_host_layers"] == 24
     assert "the routed experts of 24 layers live in host memory" in decision.action
     assert "-ngl" not in decision.action
+
+
+def test_a_run_saved_with_its_measured_bandwidth_keeps_it(tmp_path: Path) -> None:
+    """Today's diagnose saves the host bandwidth it used; decide takes it without a flag."""
+    folder = tmp_path / "saved"
+    shutil.copytree(SAVED, folder)
+    path = folder / "results.json"
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    doc["engines"][0] |= {
+        "host_bandwidth_bytes_per_s": 44.56e9,
+        "host_bandwidth_source": "measured",
+    }
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    (e,), decision = redecide(folder, None, CompareInputs(), None, None)
+    assert "by host memory (44.6 GB/s, measured" in decision.action
+    assert e.host_bandwidth_source == "measured"
