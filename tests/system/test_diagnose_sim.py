@@ -187,7 +187,11 @@ def test_cli_against_a_running_server_with_url_only(
         assert f"] {step}: " in progress, step
     assert "context: not measured: the engine was already running" in progress
     assert "prompt calibrated" not in progress and "HTTP Request" not in progress
+    # The host's memory bandwidth, measured once before the run (the expert-offload bound).
+    assert re.search(r"host memory bandwidth: [\d.]+ GB/s, measured", progress), progress
     doc = json.loads((out / "results.json").read_text())
+    assert doc["engines"][0]["host_bandwidth_source"] == "measured"
+    assert doc["engines"][0]["host_bandwidth_bytes_per_s"] > 1e8
     assert doc["verdict"] == {"llmb-sim-8b-q4_k_m": "scheduling_bound"}
     assert doc["recommendation"] == STAY_AND_TUNE and doc["comparable"] is True
     assert doc["tool_version"] and doc["command"].startswith("llmb-loadgen diagnose --url")
