@@ -79,6 +79,8 @@ class LoadgenSettings(BaseModel):
     exporter_engine: str | None = None
     bandwidth_gbs: float | None = None
     peak_tflops: float | None = Field(default=None, gt=0)
+    # --host-bandwidth-gbs's default (diagnose, compare, decide; reported as source "flag").
+    host_bandwidth_gbs: float | None = Field(default=None, gt=0)
     fail_on: list[str] | None = None
     # --log-file / --model-path of the engine diagnose measures (compare: give them as flags).
     log_file: str | None = None

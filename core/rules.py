@@ -198,6 +198,8 @@ class _Decode:
     running_avg: dict[EngineKey, float]
     accept: dict[EngineKey, float]
     host_bytes: dict[EngineKey, float]
+    # Host memory bandwidth per host (`max by (host)`): the exporter's measurement or flag.
+    host_bandwidth: dict[str, float]
     structure: dict[str, dict[EngineKey, float]]
 
     @classmethod
@@ -214,6 +216,10 @@ class _Decode:
             running_avg=avg_max(d, "llmb_engine_requests_running", rw),
             accept=instant_max(d, "llmb_engine_spec_accept_length"),
             host_bytes=instant_max(d, "llmb_engine_experts_host_bytes"),
+            host_bandwidth=max_by(
+                (lab.get("host", ""), v)
+                for lab, v in d.instant("llmb_host_memory_bandwidth_bytes_per_second")
+            ),
             structure={f: instant_max(d, name) for f, name in STRUCTURE_SERIES.items()},
         )
 
@@ -249,7 +255,11 @@ class _Decode:
             accepted_tokens_per_step=accepted_tokens(accept),
             misfit=reason.name if reason is not None else None,
             experts_host_bound_tokens_per_second=experts_host_bound(
-                self.host_bytes.get(key), model.experts, model.experts_used, batch
+                self.host_bytes.get(key),
+                model.experts,
+                model.experts_used,
+                batch,
+                self.host_bandwidth.get(key.host),
             ),
         )
 

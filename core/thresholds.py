@@ -197,15 +197,15 @@ THRESHOLDS: dict[str, Threshold] = {
         "Prompt seconds / (prompt + decode seconds) at or above which the engine spends most "
         "of a request computing its prompt: prefill, not decode, sets the speed.",
     ),
-    "host_memory_bandwidth_bytes_per_second": Threshold(
-        "1e+11",
-        "bytes/s",
-        "Host memory bandwidth for the bound of expert offload (llama.cpp `--n-cpu-moe`, "
-        "`-ot exps=CPU`). At decode batch sizes below 32 llama.cpp computes the experts that "
-        "live in host memory on the CPU, which reads them from host DRAM (PCIe carries them "
-        "only for larger batches, `op_offload`); 100 GB/s is a server socket's DDR5 in "
-        "practice (8 x DDR5-4800 peaks at 307 GB/s, desktops reach 60-90 GB/s). Nothing "
-        "measures it: the bound is a ceiling for the advice, never a verdict.",
+    "experts_host_bound_near_ratio": Threshold(
+        "0.8",
+        "ratio",
+        "Measured per-sequence decode / the expert-offload bound (host memory bandwidth / "
+        "host expert bytes a step reads) from which, up to 2 - this, host memory is the "
+        "limit (within 20 % of the bound): the action then says what moving more layers' "
+        "experts to the GPU buys. Further above, the bandwidth figure is too low for the "
+        "engine's access pattern. The bandwidth is measured on the host "
+        "(llmb_host_memory_bandwidth_bytes_per_second) or given.",
     ),
     "gpu_headroom_min_bytes": Threshold(
         "536870912",

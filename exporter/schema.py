@@ -252,6 +252,13 @@ SCHEMA: dict[str, Spec] = {
     "llmb_model_draft_weights_bytes": _g(
         "Weight bytes of the speculative-decoding draft model (llama.cpp -md)."
     ),
+    # --- The host ---------------------------------------------------------------------------
+    "llmb_host_memory_bandwidth_bytes_per_second": _g(
+        "Host memory bandwidth for the expert-offload bound: a multi-threaded copy at exporter "
+        "start, read + write counted (source=measured), or --host-bandwidth-gbs (flag) or "
+        "host_memory_bandwidth_bytes_per_second (config).",
+        ("source",),
+    ),
     # --- Exporter self-metrics --------------------------------------------------------------
     "llmb_source_up": _g("1 when the source was read successfully in this scrape.", ("source",)),
     "llmb_source_duration_seconds": _g(

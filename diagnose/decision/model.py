@@ -10,7 +10,7 @@ import statistics
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from core.roofline import ModelStructure
+from core.roofline import HostOffload, ModelStructure, expert_share
 
 if TYPE_CHECKING:
     from diagnose.decision.loads import LoadAnswer
@@ -209,6 +209,11 @@ class EngineResult:
     # Expert offload: layers whose routed experts live in host memory, and their bytes.
     experts_host_layers: float | None = None
     experts_host_bytes: float | None = None
+    # Host memory bandwidth for the expert-offload bound, and its source ("measured": the
+    # exporter's copy at start; "flag": --host-bandwidth-gbs; "config"), and free VRAM.
+    host_bandwidth_bytes_per_s: float | None = None
+    host_bandwidth_source: str | None = None
+    gpu_free_bytes: float | None = None
     trained_context: int | None = None
     slot_context: int | None = None
     memory_source: str | None = None
@@ -264,6 +269,24 @@ class EngineResult:
         if not self.weights_bytes and not model.structure_known:
             return None
         return model
+
+    def host_offload(self) -> HostOffload:
+        """The expert-offload facts: host experts, the share one sequence's step reads, the
+        host's bandwidth and its source, the measured per-sequence decode, free VRAM."""
+        model = self.structure()
+        share = 1.0
+        if model is not None and model.experts_known and model.experts and model.experts_used:
+            share = expert_share(model.experts, model.experts_used, 1.0)
+        single = self.single()
+        return HostOffload(
+            self.experts_host_layers,
+            self.experts_host_bytes,
+            share,
+            self.host_bandwidth_bytes_per_s,
+            self.host_bandwidth_source,
+            self.roofline.measured_tok_s or (single.per_seq_tok_s if single else None),
+            self.gpu_free_bytes,
+        )
 
     def bytes_per_parameter(self) -> float | None:
         """Weight bytes per parameter (the precision actually served)."""

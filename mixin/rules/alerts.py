@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.roofline import MISFIT_REASONS
-from core.thresholds import threshold_number, threshold_promql
+from core.thresholds import threshold_promql
 from mixin.config import MixinConfig
 from mixin.rules.card import card_alert_text
 from mixin.rules.common import E, q
@@ -239,6 +239,7 @@ def misfit_annotation() -> str:
 def expert_offload_annotation() -> str:
     """The expert-offload sentence of LLMWeightsNotResident (empty without host experts)."""
     rw = threshold_promql("rate_window")
+    near = threshold_promql("experts_host_bound_near_ratio")
     sel = "{host=%q,engine=%q,kind=%q}"
     args = "$labels.host $labels.engine $labels.kind"
     return (
@@ -250,8 +251,19 @@ def expert_offload_annotation() -> str:
         f'{{{{ with printf "engine:llmb_experts_host_bound_tokens_per_second:avg{rw}{sel}" '
         f"{args} | query }}}}"
         ', which bounds decode near {{ . | first | value | printf "%.1f" }} tok/s per '
-        f"sequence at {threshold_number('host_memory_bandwidth_bytes_per_second') / 1e9:.0f} GB/s "
-        "of host memory bandwidth (`host_memory_bandwidth_bytes_per_second`){{ end }}. Keep "
+        "sequence"
+        f'{{{{ with printf "max(llmb_host_memory_bandwidth_bytes_per_second{{host=%q}})" '
+        "$labels.host | query }}"
+        " at {{ . | first | value | humanize }}B/s of host memory bandwidth{{ end }}"
+        " (llmb_host_memory_bandwidth_bytes_per_second){{ end }}"
+        # Near the bound (core/roofline.py HostOffload.near_bound): host memory is the limit.
+        f'{{{{ with printf "engine:llmb_decode_tokens_per_second:rate{rw}{sel}'
+        f" / engine:llmb_experts_host_bound_tokens_per_second:avg{rw}{sel}"
+        f' >= {near} <= 2 - {near}" '
+        f"{args} {args} | query }}}}"
+        "; decode per sequence reaches {{ . | first | value | humanizePercentage }} of it: "
+        "host memory is the limit, and each layer's experts moved to the GPU raise the bound"
+        "{{ end }}. Keep "
         "fewer experts on the host (a lower `--n-cpu-moe`, no `-ot exps=CPU`) if VRAM allows, or "
         "use a smaller quantization.{{ end }}"
     )
