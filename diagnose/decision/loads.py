@@ -13,33 +13,16 @@ load loses to one that meets it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from diagnose.decision.calls import Call
 from diagnose.decision.model import (
     INCONCLUSIVE,
     STAY_AND_TUNE,
     EngineResult,
+    LoadAnswer,
+    SloAnswer,
     switch_to,
 )
-from diagnose.decision.slo import SloAnswer
-
-
-@dataclass
-class LoadAnswer:
-    """Who is ahead at one concurrency, by how much (with its interval), on which figure."""
-
-    concurrency: int
-    what: str
-    winner: str | None
-    lead: str
-    a: float
-    b: float
-    # What the call was taken over (the bootstrap's requests, or the rounds).
-    basis: str = ""
-    ratio_lo: float | None = None
-    ratio_hi: float | None = None
-    decidable: bool = True
 
 
 def level_answers(calls: Sequence[Call]) -> list[LoadAnswer]:

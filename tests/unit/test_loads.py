@@ -11,8 +11,7 @@ from diagnose.decision.loads import (
     per_load_text,
     recommend,
 )
-from diagnose.decision.model import EngineResult, switch_to
-from diagnose.decision.slo import SloAnswer
+from diagnose.decision.model import EngineResult, SloAnswer, switch_to
 
 
 def lv(c: int, winner: str | None) -> LoadAnswer:
