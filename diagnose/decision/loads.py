@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from diagnose.decision.calls import Call
 from diagnose.decision.model import (
     INCONCLUSIVE,
+    STAY,
     STAY_AND_TUNE,
     EngineResult,
     LoadAnswer,
@@ -148,7 +149,9 @@ def recommend(
             return INCONCLUSIVE, "nothing was measured on both engines under the same load"
         # No load given: the highest measured load decides; the answer per load says the rest.
         decided = [lv for lv in levels if lv.winner]
-        lv = decided[-1] if decided else levels[-1]
+        if not decided:
+            return _no_difference(a, b, levels, ctx_winner, per_load)
+        lv = decided[-1]
         where = f"at c={lv.concurrency}, the highest load where one is ahead"
         tail = (
             f". Per load: {per_load}; pass --load N (or --load-from PROMETHEUS_URL) for the "
@@ -161,6 +164,8 @@ def recommend(
         lv = found
         tail = f". Per load: {per_load}"
     if lv.winner is None:
+        if not lv.decidable:
+            return INCONCLUSIVE, f"{where}: {_level_text(lv)}{tail}"
         same = (
             f"no difference beyond the noise {where} ({lv.what}: {a.name} {lv.a:.3g}, "
             f"{b.name} {lv.b:.3g})"
@@ -170,10 +175,34 @@ def recommend(
             return _finish(
                 a, b, ctx_winner, f"{same}, and its memory lasts longer at long context{tail}", None
             )
-        return INCONCLUSIVE, same + tail
+        return STAY, f"stay on {a.name}: {same}{tail}"
     return _finish(
         a, b, lv.winner, f"{where}: {lv.winner} ahead, {lv.lead} {lv.what}{tail}", ctx_winner
     )
+
+
+def _no_difference(
+    a: EngineResult,
+    b: EngineResult,
+    levels: Sequence[LoadAnswer],
+    ctx_winner: str | None,
+    per_load: str,
+) -> tuple[str, str]:
+    """No load given and no level with a winner: `stay` (the engine in use), unless a level
+    could not be called at all (too few samples: inconclusive, naming it) or long context
+    decides."""
+    called = [lv for lv in levels if lv.decidable]
+    undecided = [lv for lv in levels if not lv.decidable]
+    if undecided:
+        why = "; ".join(f"c={lv.concurrency}: {_level_text(lv)}" for lv in undecided)
+        return INCONCLUSIVE, f"too few samples to call a difference ({why}). Per load: {per_load}"
+    where = "at " + ", ".join(f"c={lv.concurrency}" for lv in called)
+    same = f"no difference beyond the noise {where}"
+    if ctx_winner:
+        return _finish(
+            a, b, ctx_winner, f"{same}, and its memory lasts longer at long context", None
+        )
+    return STAY, f"stay on {a.name}: {same}. Per load: {per_load}"
 
 
 def _by_slo(

@@ -15,6 +15,8 @@ from core.slo import StepSlo
 
 # The recommendation vocabulary of results.json, and `switch_to(engine)` below.
 STAY_AND_TUNE = "stay_and_tune"
+# compare: nothing differs beyond the noise, so the engine in use stays (no tuning implied).
+STAY = "stay"
 FIX_MEMORY_FIRST = "fix_memory_first"
 INCONCLUSIVE = "inconclusive"
 

@@ -54,7 +54,10 @@ def test_seed_sglang_ahead_at_16_and_64_with_intervals(tmp_path: Path, capsys: A
     for c in (16, 64):
         assert lv[c]["winner"] == "sglang" and lv[c]["ratio_lo"] > 1.05
         assert "[" in lv[c]["lead"]
-    assert 6.0 < lv[64]["ratio_lo"] <= 6.74 <= lv[64]["ratio_hi"] < 7.5
+    # One round of two waves of 64: the waves are resampled as blocks, so the interval is
+    # wider than the requests alone would make it, and still far above 1.
+    assert 4.5 < lv[64]["ratio_lo"] <= 6.74 <= lv[64]["ratio_hi"] < 9.5
+    assert "1 round in waves of 64" in lv[64]["basis"]
     assert doc["recommendation"] == "switch_to:sglang"
     assert "6.7× [" in doc["action"]
     assert "recommendation  switch_to:sglang" in capsys.readouterr().out
@@ -81,8 +84,12 @@ def test_same_weights_llama_alone_sglang_from_the_crossover(tmp_path: Path) -> N
     lv = levels(doc)
     assert lv[1]["winner"] == "llama" and lv[1]["what"] == "single-request decode tok/s"
     assert lv[1]["ratio_hi"] < 1 / 1.05  # sglang / llama, wholly below the floor
-    assert [lv[c]["winner"] for c in (4, 16, 64)] == ["sglang"] * 3
-    assert doc["decision"]["crossover"] == 4
+    # c=4: sglang's rounds are 7 % and 18 % above llama's; two rounds resolve 10 % and the
+    # interval of the ratio reaches below that: no difference beyond the noise.
+    assert lv[4]["winner"] is None and lv[4]["ratio_lo"] < 1.10 < lv[4]["ratio_hi"]
+    assert "with 2 rounds a difference under 10 % is not resolved" in lv[4]["basis"]
+    assert [lv[c]["winner"] for c in (16, 64)] == ["sglang"] * 2
+    assert doc["decision"]["crossover"] == 16
     assert doc["recommendation"] == "stay_and_tune"
     doc64, _ = decide(tmp_path, SAME, "--load", "64")
     assert doc64["recommendation"] == "switch_to:sglang"
