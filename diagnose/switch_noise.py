@@ -12,10 +12,19 @@ docs/diagnose.md; the unit tests run its short form.
 from __future__ import annotations
 
 import random
+import statistics
 from dataclasses import dataclass
 
-from diagnose.decision.calls import AGGREGATE, aggregate_stat, measured_call
-from diagnose.decision.model import EngineResult
+from diagnose.decision.calls import (
+    AGGREGATE,
+    aggregate_stat,
+    decode_stat,
+    measured_call,
+    ttft_stat,
+)
+from diagnose.decision.model import EngineResult, Row
+from diagnose.decision.requests import EngineRequests
+from diagnose.decision.sources import CLIENT
 from loadgen.results import RequestRecord
 
 # Tokens per request and the TTFT every request pays before its first token.
@@ -47,15 +56,17 @@ class Outcome:
         return self.switch + self.stay_ahead
 
 
-def _record(engine: str, index: int, start: float, rate: float) -> RequestRecord:
-    e2e = TTFT_S + (TOKENS - 1) / rate
+def _record(
+    engine: str, index: int, start: float, rate: float, ttft: float = TTFT_S
+) -> RequestRecord:
+    e2e = ttft + (TOKENS - 1) / rate
     return RequestRecord(
         engine=engine,
         step=0,
         index=index,
         start_time=start,
         end_time=start + e2e,
-        ttft_s=TTFT_S,
+        ttft_s=ttft,
         itl_mean_s=1 / rate,
         itl_p50_s=1 / rate,
         itl_p99_s=1 / rate,
@@ -85,6 +96,7 @@ def step_records(
     rounds: int,
     waves: int,
     noise: Noise,
+    ttft: float = TTFT_S,
 ) -> list[list[RequestRecord]]:
     """One engine's step: rounds of `waves` consecutive waves of `concurrency` requests."""
     out = []
@@ -95,7 +107,7 @@ def step_records(
             w_speed = r_speed * rng.lognormvariate(0, noise.wave)
             for _ in range(concurrency):
                 rate = w_speed * rng.lognormvariate(0, noise.request)
-                records.append(_record(engine, index, t + index * 1e-4, rate))
+                records.append(_record(engine, index, t + index * 1e-4, rate, ttft))
                 index += 1
             t = max(x.end_time for x in records)
         out.append(records)
@@ -145,3 +157,46 @@ def smallest_called(
         if got.switch * 20 >= 19 * runs:
             return d
     return None
+
+
+def simulated_engine(
+    rng: random.Random,
+    name: str,
+    levels: tuple[int, ...],
+    rounds: int,
+    *,
+    speed: float = SPEED,
+    ttft: float = TTFT_S,
+    noise: Noise = Noise(),
+    waves: int = 2,
+) -> tuple[EngineResult, EngineRequests]:
+    """An engine measured at `levels` (1 is the single row): its rows, with the headline
+    figures a step reports (medians over rounds), and the requests behind each row."""
+    engine = EngineResult(name, "sim", weights_bytes=1e9, verdict="decode_below_card_limit")
+    reqs = EngineRequests(name)
+    for c in levels:
+        rs = step_records(rng, name, speed, c, rounds, waves, noise, ttft)
+        agg = [v for v in (aggregate_stat(c)(r) for r in rs) if v is not None]
+        dec = [v for v in (decode_stat(r) for r in rs) if v is not None]
+        first = [v for v in (ttft_stat(r) for r in rs) if v is not None]
+        reqs.by_row[len(engine.rows)] = rs
+        engine.rows.append(
+            Row(
+                name,
+                "single" if c == 1 else "concurrency",
+                c,
+                max_tokens=TOKENS,
+                requests=sum(len(r) for r in rs),
+                completion_tokens=TOKENS * sum(len(r) for r in rs),
+                tokens_ok=True,
+                aggregate_tok_s=statistics.median(agg),
+                aggregate_rounds=agg,
+                per_seq_tok_s=statistics.median(dec),
+                per_seq_rounds=dec,
+                ttft_s=statistics.median(first),
+                ttft_rounds=first,
+                per_seq_source=CLIENT,
+                ttft_source=CLIENT,
+            )
+        )
+    return engine, reqs

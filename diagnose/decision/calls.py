@@ -32,6 +32,8 @@ Stat = Callable[[Sequence[RequestRecord]], float | None]
 DECODE = "single-request decode tok/s"
 AGGREGATE = "aggregate tok/s"
 TTFT = "TTFT s"
+# The whole request at low load: TTFT + decode, what one user waits for.
+E2E = "end-to-end s per request"
 # The basis of a call on an engine's figure over a whole step (no per-request samples).
 STEP_ONLY = "no per-request samples: nothing called"
 
@@ -66,6 +68,8 @@ class Call:
     # chunks, or a run saved before these fields).
     a_source: str | None = None
     b_source: str | None = None
+    # What is shown beside the figure (the whole request's parts: decode and TTFT).
+    beside: str = ""
 
     def ratio(self) -> float:
         return self.b / self.a if self.a else math.inf
@@ -117,6 +121,13 @@ def decode_stat(rs: Sequence[RequestRecord]) -> float | None:
     """Mean per-sequence decode tok/s (the client's chunks, else the engine's own figure)."""
     rates = [v for v, _ in map(decode_rate, rs) if v]
     return sum(rates) / len(rates) if rates else None
+
+
+def e2e_stat(rs: Sequence[RequestRecord]) -> float | None:
+    """Mean end-to-end seconds of the successful requests (the client's wall time of each,
+    measured whether or not the streamed text was empty)."""
+    values = [r.e2e_s for r in rs if r.error is None and r.e2e_s > 0]
+    return sum(values) / len(values) if values else None
 
 
 def ttft_stat(rs: Sequence[RequestRecord]) -> float | None:

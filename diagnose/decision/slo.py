@@ -36,7 +36,7 @@ def slo_step(slo: SloAnswer) -> Step:
     """The SLO's step of the answer: each engine's highest load within it."""
     return Step(
         "slo",
-        f"Which load is served within {slo.slo}?",
+        f"Which load is served within {slo.slo} (each level judged with 95 % confidence)?",
         slo.text(),
         True,
         {"max_within": dict(slo.max_within)},
