@@ -21,13 +21,24 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=40, help="runs per cell (default 40)")
     p.add_argument("--rounds", default="1,2,3", help="round counts (default 1,2,3)")
-    args = p.parse_args()
-    print(
-        "| round / wave / request noise | rounds | identical: switch (A ahead) | 10 %: switch "
-        "| 30 %: switch | smallest called 19 in 20 |"
+    p.add_argument(
+        "--noise",
+        action="append",
+        metavar="R,W,Q",
+        help="round, wave and request noise (default 0.03,0.03,0.10 and 0.05,0.05,0.10)",
     )
-    print("|---|---|---|---|---|---|")
-    for noise in NOISES:
+    p.add_argument("--no-header", action="store_true", help="rows only")
+    args = p.parse_args()
+    noises = (
+        [Noise(*(float(x) for x in n.split(","))) for n in args.noise] if args.noise else NOISES
+    )
+    if not args.no_header:
+        print(
+            "| round / wave / request noise | rounds | identical: switch (A ahead) | 10 %: switch "
+            "| 30 %: switch | smallest called 19 in 20 |"
+        )
+        print("|---|---|---|---|---|---|")
+    for noise in noises:
         for rounds in (int(x) for x in args.rounds.split(",")):
             same = outcome(0.0, rounds, args.runs, noise=noise)
             d10 = outcome(0.10, rounds, args.runs, noise=noise)

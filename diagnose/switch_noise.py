@@ -15,6 +15,7 @@ import random
 import statistics
 from dataclasses import dataclass
 
+from core.stats import resolvable
 from diagnose.decision.calls import (
     AGGREGATE,
     aggregate_stat,
@@ -132,8 +133,8 @@ def outcome(
         rng = random.Random(seed * 100_003 + i)
         ra = step_records(rng, "a", SPEED, concurrency, rounds, waves, noise)
         rb = step_records(rng, "b", SPEED * (1 + difference), concurrency, rounds, waves, noise)
-        va = [stat(r) for r in ra]
-        vb = [stat(r) for r in rb]
+        va = [v for v in map(stat, ra) if v is not None]
+        vb = [v for v in map(stat, rb) if v is not None]
         values = (sorted(va)[len(va) // 2], sorted(vb)[len(vb) // 2])
         call = measured_call(AGGREGATE, concurrency, a, b, values, ([], []), (ra, rb), stat)
         assert call is not None
@@ -151,8 +152,9 @@ def smallest_called(
     waves: int = 2,
     steps: tuple[float, ...] = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0),
 ) -> float | None:
-    """The smallest difference of `steps` called in 19 of 20 runs (None: none of them)."""
-    for d in steps:
+    """The smallest difference of `steps` called in 19 of 20 runs (None: none of them); the
+    scan starts at the difference the run can resolve (nothing smaller is ever called)."""
+    for d in (x for x in steps if x >= resolvable(rounds)):
         got = outcome(d, rounds, runs, noise=noise, concurrency=concurrency, waves=waves, seed=7)
         if got.switch * 20 >= 19 * runs:
             return d

@@ -224,13 +224,12 @@ def _by_slo(
                 return who, f"at c={load} only {who} meets the SLO ({slo.text()})"
         return None
     ma, mb = slo.max_within.get(a.name), slo.max_within.get(b.name)
-    for who, mine, other, name in ((b.name, mb, ma, a.name), (a.name, ma, mb, b.name)):
-        if mine is not None and (other is None or mine > other):
-            if slo.judged(name, mine) is False:
-                return who, (
-                    f"at your SLO, {b.name} serves up to {mb or 0} concurrent requests, "
-                    f"{a.name} {ma or 0}, and {name} misses it at c={mine} ({slo.text()})"
-                )
+    for who, top, low, name in ((b.name, mb, ma, a.name), (a.name, ma, mb, b.name)):
+        if top is not None and (low is None or top > low) and slo.judged(name, top) is False:
+            return who, (
+                f"at your SLO, {b.name} serves up to {mb or 0} concurrent requests, "
+                f"{a.name} {ma or 0}, and {name} misses it at c={top} ({slo.text()})"
+            )
     return None
 
 
