@@ -1,13 +1,21 @@
 """Service-level objectives over per-request samples: parse `--slo`, judge a step, goodput.
 
-`--slo ttft_p99=2s,itl_p99=100ms,e2e_p90=5s`: each term is a metric (`ttft`, `itl`, `e2e`)
-at a percentile (`p50`, `p90`, `p99`) and a limit (`ms` or `s`). A step meets the SLO when,
-for every term, that percentile over the step's successful requests is within the limit. A
-request is *within* the SLO when each of its own figures is within every limit (its TTFT,
-its end-to-end time, its own inter-token gap at the term's percentile: `itl_p50` reads the
-request's median gap, `itl_p90` and `itl_p99` its p99 gap). Goodput is the requests/s and
-tokens/s of the requests within the SLO over the step's wall time; the share is their part
-of all requests sent.
+`--slo ttft_p99=2s,tpot_p99=50ms,e2e_p90=5s`: each term is a metric at a percentile (`p50`,
+`p90`, `p99`) and a limit (`ms` or `s`). Each metric is a figure of one request, and the
+term's percentile is taken over the step's successful requests:
+
+- `ttft`: its time to the first token;
+- `tpot`: its mean time per output token after the first, (end - first token) / (tokens -
+  1) (`RequestRecord.tpot_s`): AIPerf's and GuideLLM's TPOT/ITL;
+- `itl`: its own inter-token gap at the term's percentile (`itl_p50` its median gap,
+  `itl_p90` and `itl_p99` its p99 gap): the project's meaning since `--slo` exists, not
+  vLLM's ITL (the percentile of all gaps pooled, which requests.jsonl cannot give back);
+- `e2e`: its end-to-end time.
+
+A step meets the SLO when, for every term, that percentile is within the limit with
+confidence (`judge_step`). A request is *within* the SLO when each of its own figures is
+within every limit. Goodput is the requests/s and tokens/s of the requests within the SLO
+over the step's wall time; the share is their part of all requests sent.
 """
 
 from __future__ import annotations
@@ -19,9 +27,9 @@ from typing import Protocol
 
 from core.stats import percentile, quantile_bounds, requests_needed
 
-METRICS = ("ttft", "itl", "e2e")
+METRICS = ("ttft", "tpot", "itl", "e2e")
 PERCENTILES = (50, 90, 99)
-_TERM = re.compile(r"^(ttft|itl|e2e)_p(50|90|99)=([0-9]*\.?[0-9]+)(ms|s)$")
+_TERM = re.compile(r"^(ttft|tpot|itl|e2e)_p(50|90|99)=([0-9]*\.?[0-9]+)(ms|s)$")
 
 
 class RequestSample(Protocol):
@@ -37,6 +45,8 @@ class RequestSample(Protocol):
     def itl_p50_s(self) -> float | None: ...
     @property
     def itl_p99_s(self) -> float | None: ...
+    @property
+    def tpot_s(self) -> float | None: ...
     @property
     def e2e_s(self) -> float: ...
     @property
@@ -63,6 +73,8 @@ class Term:
             return r.ttft_s
         if self.metric == "e2e":
             return r.e2e_s
+        if self.metric == "tpot":
+            return r.tpot_s
         return r.itl_p50_s if self.q == 50 else r.itl_p99_s
 
     def text(self) -> str:

@@ -37,6 +37,7 @@ class Req:
     itl_p99_s: float | None
     e2e_s: float
     completion_tokens: int | None = 96
+    tpot_s: float | None = 0.01
     error: str | None = None
 
 
@@ -124,7 +125,9 @@ def test_parse_slo_terms_and_errors() -> None:
         ("e2e_p50", 1.5),
     ]
     assert slo.text() == "ttft_p99=2s,itl_p99=100ms,e2e_p50=1.5s"
-    for bad in ("ttft_p95=2s", "tpot_p99=1s", "ttft_p99=2", "ttft_p99=2s,ttft_p99=3s"):
+    tpot = parse_slo("tpot_p99=50ms").terms[0]
+    assert (tpot.metric, tpot.q, tpot.limit_s) == ("tpot", 99, 0.05)
+    for bad in ("ttft_p95=2s", "tpot_p95=1s", "ttft_p99=2", "ttft_p99=2s,ttft_p99=3s"):
         with pytest.raises(ValueError):
             parse_slo(bad)
 
@@ -239,3 +242,13 @@ def test_a_slow_wave_is_resampled_as_a_block() -> None:
     assert waved.hi - waved.lo > 2.5 * (flat.hi - flat.lo)
     assert waved.lo == pytest.approx(0.057) and waved.hi == pytest.approx(0.233)
     assert [len(w) for w in waves(list(range(10)), 4)] == [4, 4, 2]
+
+
+def test_tpot_reads_each_requests_mean_time_per_token_and_itl_its_own_gap() -> None:
+    # Steady 10 ms per token with one 300 ms stall per request: the mean time per token
+    # (tpot, AIPerf's and GuideLLM's) stays near 12 ms, the request's own p99 gap does not.
+    reqs = [Req(0.0, 1.0, 0.1, 0.01, 0.3, 1.0, tpot_s=0.012) for _ in range(40)]
+    s = judge_step(parse_slo("tpot_p90=50ms,itl_p90=50ms"), 4, [reqs])
+    assert s.observed == {"tpot_p90": pytest.approx(0.012), "itl_p90": pytest.approx(0.3)}
+    assert s.met is False and "tpot_p90" not in s.unjudged
+    assert judge_step(parse_slo("tpot_p90=50ms"), 4, [reqs]).met is True
