@@ -290,3 +290,15 @@ def threshold_seconds(name: str) -> float:
 # (clocks, other tenants, the allocator), so a difference smaller than this is noise,
 # however many requests measured it. Also the floor `compare` used between rounds before.
 COMPARE_NOISE_FLOOR = 0.05
+# From this many rounds on, the bootstrap resamples whole rounds and its interval carries
+# the round-to-round noise; `compare`'s default `--rounds`.
+FULL_ROUNDS = 3
+# The smallest difference (B/A - 1, or its inverse) called with 1 or 2 rounds. One round shows
+# no round-to-round spread and two a poor estimate of it, while a whole round of one engine
+# moves by several percent (warm-up, clocks, other tenants; 2-7 % between the two rounds of
+# most steps of the H200 same-weights run). With 5 % round noise per engine, the ratio of two
+# single rounds moves by sqrt(2) x 5 % = 7 %, so 1.96 x 7 % = 14 % -> 15 %; two rounds are
+# resampled (about half of that noise is seen) -> 10 %. Checked by simulation: identical
+# engines called different in at most 1 run of 40 (`bench/switch_noise.py`, docs/diagnose.md
+# "How much noise can flip the call").
+RESOLVABLE_DIFFERENCE = {1: 0.15, 2: 0.10}

@@ -414,7 +414,7 @@ DIAGNOSE = Measurement(
 ).command()
 COMPARE = Measurement(
     "compare",
-    "the same requests against two engines: stay_and_tune, switch_to, fix_memory_first "
+    "the same requests against two engines: stay, stay_and_tune, switch_to, fix_memory_first "
     "or inconclusive",
     "Send the same requests to two engines (--engine A --engine B, or two running engines: "
     "--url A --url B; A in use) and say whether to stay and tune, switch, or fix memory first.",

@@ -16,6 +16,7 @@ from core.signals import Signals
 from diagnose.decision.model import (
     FIX_MEMORY_FIRST,
     INCONCLUSIVE,
+    STAY,
     STAY_AND_TUNE,
     EngineResult,
     Row,
@@ -121,11 +122,13 @@ def test_batching_beyond_spread_recommends_the_better_engine_at_that_concurrency
     assert "no difference beyond the noise" in next(s for s in d.steps if s.key == "decode").answer
 
 
-def test_difference_within_spread_is_inconclusive() -> None:
+def test_difference_within_spread_is_stay() -> None:
     a = engine("a", agg={4: [100.0, 130.0, 110.0]})
     b = engine("b", agg={4: [105.0, 125.0, 120.0]})
     d = decide_compare(a, b)
-    assert d.recommendation == INCONCLUSIVE
+    # Nothing differs beyond the noise: the engine in use stays (not "inconclusive").
+    assert d.recommendation == STAY
+    assert d.action.startswith("stay on a: no difference beyond the noise at c=1, c=4")
     assert "spread" in d.action
 
 
@@ -134,7 +137,9 @@ def test_one_round_calls_nothing() -> None:
     b = engine("b", agg={4: [300.0]})
     d = decide_compare(a, b)
     assert "one round: no spread" in next(s for s in d.steps if s.key == "batching").answer
+    # c=4 could not be compared at all (one round, no requests): that is what is missing.
     assert d.recommendation == INCONCLUSIVE
+    assert "too few samples to call a difference (c=4: not decided" in d.action
 
 
 def test_engine_in_use_winning_means_stay_and_tune() -> None:
