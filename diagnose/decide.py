@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from config.kinds import engine_kind, kinds
 from core.signals import Signals
 from diagnose.decision.model import Decision, EngineResult, Step
 from diagnose.decision.one_engine import decide_single, engine_verdict
@@ -76,7 +77,8 @@ def refresh(engine: EngineResult, folder: Path, host: HostBandwidth | None) -> N
     """The saved engine read with today's code: its saved logs through today's log parser
     (expert offload), the host bandwidth given (--host-bandwidth-gbs), and the verdict and
     action decided again from the saved signals (the action diagnose prints today)."""
-    if engine.kind == "llamacpp":
+    # Kinds whose log's load lines diagnose reads (llama.cpp): their log says expert offload.
+    if engine.kind in kinds() and engine_kind(engine.kind).log_load_lines:
         model = Path(engine.model) if engine.model else None
         for log in saved_logs(folder, engine):
             found = saved_log_experts(log, model)
