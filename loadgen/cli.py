@@ -53,6 +53,8 @@ __all__ = [
     "default_out_dir",
 ]
 
+# The file `served-mix --out FOLDER` writes.
+MIX_FILE = "served-mix.json"
 # Third-party loggers that would otherwise print their INFO lines between ours.
 QUIET_LOGGERS = ("aiohttp.access", "httpx", "httpcore", "matplotlib", "asyncio", "urllib3")
 
@@ -352,7 +354,8 @@ SWEEP = Command(
 
 
 def _configure_served_mix(parser: argparse.ArgumentParser) -> None:
-    # dest names of their own: the config file's `loadgen: {engine, out}` mean other things.
+    # --engine, --out and --seed parse as in the other commands (and take the config file's
+    # `loadgen:` keys alike): one engine here, and --out may be a folder.
     parser.add_argument(
         "--prometheus",
         type=http_url,
@@ -370,27 +373,29 @@ def _configure_served_mix(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--engine",
-        dest="mix_engine",
+        action="append",
         metavar="NAME",
-        help="the engine's name in Prometheus (its engine label) (default: the only engine "
-        "Prometheus has samples of)",
+        help="the engine's name in Prometheus (its engine label), once (default: the only "
+        "engine Prometheus has samples of)",
     )
     parser.add_argument(
         "--seed", type=int, default=DEFAULT_SEED, help="the seed written into the mix"
     )
     parser.add_argument(
         "--out",
-        dest="mix_file",
         type=Path,
         metavar="FILE",
-        help="write the length mix (JSON) here and the summary to stdout (default: the JSON "
-        "to stdout, the summary to stderr)",
+        help=f"write the length mix (JSON) here, or into FOLDER/{MIX_FILE} when it is a "
+        "folder, and the summary to stdout (default: the JSON to stdout, the summary to stderr)",
     )
 
 
 def served_mix_command(args: argparse.Namespace) -> int:
     """`served-mix`: the lengths, rate and load an engine served, from Prometheus, as a mix."""
-    mix = served_mix(args.prometheus, args.window, args.mix_engine, seed=args.seed)
+    if args.engine and len(args.engine) > 1:
+        raise UsageError("served-mix reads one engine: give --engine once")
+    engine = args.engine[0] if args.engine else None
+    mix = served_mix(args.prometheus, args.window, engine, seed=args.seed)
     text = mix.to_mix_json()
     lines = [f"served mix of {mix.engine} ({mix.kind}) over the last {mix.window}"]
     for what, lengths in (("prompt", mix.prompt), ("output", mix.output)):
@@ -405,16 +410,17 @@ def served_mix_command(args: argparse.Namespace) -> int:
         lines.append(f"  cached  {mix.cached_share:.1%} of prompt tokens")
     lines += [f"  lacks   {item}" for item in mix.lacks]
     summary = "\n".join(lines)
-    if args.mix_file is None:
+    if args.out is None:
         sys.stdout.write(text)
         print(summary, file=sys.stderr)
         return 0
+    path = args.out / MIX_FILE if args.out.is_dir() else args.out
     try:
-        args.mix_file.write_text(text, encoding="utf-8")
+        path.write_text(text, encoding="utf-8")
     except OSError as exc:
-        raise UsageError(f"--out {args.mix_file}: {exc.strerror or exc}") from None
+        raise UsageError(f"--out {path}: {exc.strerror or exc}") from None
     print(summary)
-    print(f"wrote {args.mix_file}")
+    print(f"wrote {path}")
     return 0
 
 

@@ -268,3 +268,14 @@ def test_an_unwritable_out_is_one_message(tmp_path: Path, capsys: Any) -> None:
         code = main(["served-mix", "--prometheus", prom.url, "--engine", run["engine"],
                      "--out", str(tmp_path / "missing" / "mix.json")])  # fmt: skip
     assert code == 2 and "--out " in capsys.readouterr().err
+
+
+def test_out_may_be_a_folder_and_engine_is_given_once(tmp_path: Path, capsys: Any) -> None:
+    answers, run = recorded(SGLANG)
+    with RecordedPrometheus(answers) as prom:
+        args = ["served-mix", "--prometheus", prom.url, "--engine", run["engine"]]
+        assert main([*args, "--out", str(tmp_path)]) == 0
+        assert main([*args, "--engine", "llama"]) == 2
+    doc = json.loads((tmp_path / "served-mix.json").read_text(encoding="utf-8"))
+    assert doc["kind"] == MIX_KIND
+    assert "reads one engine: give --engine once" in capsys.readouterr().err
