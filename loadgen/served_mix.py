@@ -22,6 +22,7 @@ is `--load-from`'s load: `busiest_running` and `round_load` are shared with it).
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from dataclasses import dataclass
@@ -30,7 +31,14 @@ from typing import Any
 import httpx
 
 from loadgen.options import UsageError
-from loadgen.prom_api import Prometheus, PrometheusUnreachable, QueryError, duration_seconds, label
+from loadgen.prom_api import (
+    Prometheus,
+    PrometheusUnreachable,
+    QueryError,
+    duration_seconds,
+    label,
+    prom_duration,
+)
 
 RUNNING = "llmb_engine_requests_running"
 UP = "llmb_engine_up"
@@ -322,15 +330,29 @@ def _engine_kind(reader: _Reader, engine: str | None) -> tuple[str, str]:
     return engine, kinds[engine]
 
 
+def window_duration(window: str | float) -> str:
+    """The window as a Prometheus duration: `1h` as given, or seconds (3600 → `3600s`)."""
+    if isinstance(window, str):
+        try:
+            return prom_duration(window)
+        except argparse.ArgumentTypeError as exc:
+            raise ServedMixError(f"served-mix: window: {exc}") from None
+    if not math.isfinite(window) or window < 1:
+        raise ServedMixError(f"served-mix: window: at least 1 second, got {window!r}")
+    return f"{round(window)}s"
+
+
 def served_mix(
     prometheus_url: str,
-    window: str,
+    window: str | float,
     engine: str | None = None,
     seed: int = DEFAULT_SEED,
     timeout: float | None = None,
 ) -> ServedMix:
     """What `engine` (the only engine Prometheus has, when None) served over the last
-    `window` (a Prometheus duration); `ServedMixError` (exit 2) when it cannot be read."""
+    `window` (a Prometheus duration such as `1h`, or seconds); `ServedMixError` (exit 2) when
+    it cannot be read."""
+    window = window_duration(window)
     seconds = duration_seconds(window)
     prom = Prometheus(prometheus_url) if timeout is None else Prometheus(prometheus_url, timeout)
     try:

@@ -30,6 +30,7 @@ from loadgen.served_mix import (
     buckets_from_cumulative,
     round_load,
     served_mix,
+    window_duration,
 )
 from tests.conftest import get_free_port
 from tests.paths import FIXTURES
@@ -87,6 +88,14 @@ def test_cumulative_buckets_become_counts_per_bucket() -> None:
     buckets, above = buckets_from_cumulative([(100.0, 0.0), (300.0, 4.0), (inf, 5.0)])
     assert buckets == ((100.0, 0.0), (300.0, 5.0)) and above == 1.0
     assert buckets_from_cumulative([(100.0, 0.0), (inf, 0.0)]) == ((), 0.0)
+
+
+def test_the_window_is_a_duration_or_seconds() -> None:
+    assert window_duration("1h30m") == "1h30m" and window_duration(3600) == "3600s"
+    assert window_duration(90.4) == "90s"
+    for bad in ("1 h", "0m", 0.5, float("nan")):
+        with pytest.raises(ServedMixError, match="window"):
+            window_duration(bad)
 
 
 def test_lengths_shape_is_empirical_or_fixed_at_the_mean() -> None:
