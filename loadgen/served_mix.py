@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from config.kinds import engine_kind
 from loadgen.options import UsageError
 from loadgen.prom_api import (
     Prometheus,
@@ -56,20 +57,12 @@ _ROUND_SLACK = 1e-6
 # Weights below this (increase()'s extrapolation of an unchanged bucket) are no requests.
 _NO_WEIGHT = 1e-9
 
-MEAN_ONLY = {
-    "llamacpp": "llama.cpp exports only totals: the mix is the mean length",
-    "sglang": (
-        "no per-request length histograms (llmb_engine_request_*_tokens: an exporter before "
-        "issue 34 or an SGLang without them): the mix is the mean length"
-    ),
-}
-NO_REQUEST_COUNT = {
-    "llamacpp": (
-        "llama.cpp's /metrics counts tokens but not requests; the exporter counts finished "
-        "requests from llama-server's log: give the exporter the server's log (log_file in "
-        "its engine entry) and read again once it has scraped some"
-    ),
-}
+# llama.cpp's /metrics counts tokens, not requests: the exporter counts them from its log.
+NO_REQUEST_COUNT = (
+    "no count of finished requests ({finished}); llama.cpp's /metrics counts tokens but not "
+    "requests, and the exporter counts them from llama-server's log: give the exporter the "
+    "server's log (log_file in its engine entry) and read again once Prometheus has scraped some"
+)
 # What no engine's series give (said in every mix).
 ALWAYS_LACKS = (
     "no arrival times: the rate is the mean over the window",
@@ -79,6 +72,21 @@ ALWAYS_LACKS = (
 
 class ServedMixError(UsageError):
     """The served mix could not be read (the message says why and what to do; exit 2)."""
+
+
+def display_name(kind: str) -> str:
+    """How messages name an engine kind (config/kinds.py), the label itself when unknown."""
+    try:
+        return engine_kind(kind).display
+    except KeyError:
+        return kind or "the engine"
+
+
+def mean_only(kind: str) -> str:
+    """What a mix without length histograms says (llama.cpp's always does)."""
+    return (
+        f"{display_name(kind)} exports only totals (no {PROMPT_HIST}): the mix is the mean length"
+    )
 
 
 def round_load(p90: float) -> int:
@@ -300,8 +308,7 @@ def _lengths(
             f"{reader.engine!r} ({hist_name} nor {total_name}) in the last {reader.window}"
         )
     mean = tokens / requests
-    flag = MEAN_ONLY.get(kind, "no length histogram: the mix is the mean length")
-    return Lengths(mean, (), f"{flag} ({mean:.1f} tokens from {total_name})"), True
+    return Lengths(mean, (), f"{mean_only(kind)} ({mean:.1f} tokens from {total_name})"), True
 
 
 def _engine_kind(reader: _Reader, engine: str | None) -> tuple[str, str]:
@@ -372,8 +379,8 @@ def _read(reader: _Reader, engine: str | None, seconds: float, seed: int) -> Ser
     where = f"Prometheus at {reader.prom.url}"
     requests = reader.increase(FINISHED)
     if requests is None:
-        why = NO_REQUEST_COUNT.get(kind, f"no {FINISHED} series")
-        raise ServedMixError(f"served-mix: {name} ({kind}) on {where}: {why}")
+        why = NO_REQUEST_COUNT.format(finished=FINISHED)
+        raise ServedMixError(f"served-mix: {name} ({display_name(kind)}) on {where}: {why}")
     if requests < 0.5:
         raise ServedMixError(
             f"served-mix: {name} finished no request in the last {reader.window} ({where}): "
@@ -388,7 +395,7 @@ def _read(reader: _Reader, engine: str | None, seconds: float, seed: int) -> Ser
     p90 = busiest_running(reader.prom, reader.client, name, reader.window, 0.9)
     lacks = list(ALWAYS_LACKS)
     if prompt_mean_only or output_mean_only:
-        lacks.insert(0, MEAN_ONLY.get(kind, "no length histogram: the mix is the mean length"))
+        lacks.insert(0, mean_only(kind))
     return ServedMix(
         engine=name,
         kind=kind,

@@ -218,5 +218,8 @@ def test_llamacpp_served_mix_is_the_runs_mean_lengths(
         mean = statistics.fmean(r[key] for r in records)
         assert lengths.mean == pytest.approx(mean, rel=0.03), key
         assert lengths.buckets == () and lengths.shape() == {"fixed": round(lengths.mean)}
-    assert mix.lacks[0] == "llama.cpp exports only totals: the mix is the mean length"
+    assert mix.lacks[0] == (
+        "llama.cpp exports only totals (no llmb_engine_request_prompt_tokens): "
+        "the mix is the mean length"
+    )
     assert "llama.cpp exports only totals" in json.loads(mix.to_mix_json())["source"]

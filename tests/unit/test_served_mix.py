@@ -184,7 +184,10 @@ def test_llamacpp_mix_from_real_answers_is_the_mean_and_says_so() -> None:
         mean = statistics.fmean(pair[column] for pair in lengths)
         assert got.mean == pytest.approx(mean, rel=0.03)
         assert got.buckets == () and got.shape() == {"fixed": round(got.mean)}
-    assert mix.lacks[0] == "llama.cpp exports only totals: the mix is the mean length"
+    assert mix.lacks[0] == (
+        "llama.cpp exports only totals (no llmb_engine_request_prompt_tokens): "
+        "the mix is the mean length"
+    )
     assert "llama.cpp exports only totals" in mix.prompt.source
     assert mix.requests == pytest.approx(len(lengths), rel=0.05)
 
