@@ -27,8 +27,8 @@ IntList = int | list[int] | str
 
 
 class LoadgenSettings(BaseModel):
-    """The `loadgen:` mapping; every field is a flag of `run`, `sweep`, `diagnose`, `compare`
-    or `decide`."""
+    """The `loadgen:` mapping; every field is a flag of `run`, `sweep`, `served-mix`,
+    `diagnose`, `compare` or `decide`."""
 
     # allow_inf_nan=False: `1e400` is YAML for infinity, never a meant value.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -94,6 +94,9 @@ class LoadgenSettings(BaseModel):
     load_from: str | None = None
     load_window: str | None = None
     load_engine: str | None = None
+    # served-mix: the Prometheus to read and the window (--engine, --out, --seed as above).
+    prometheus: str | None = None
+    window: str | None = None
 
     def given(self) -> dict[str, Any]:
         """The keys the file sets (a null value included), as parsed."""

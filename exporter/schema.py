@@ -183,6 +183,15 @@ SCHEMA: dict[str, Spec] = {
     "llmb_engine_e2e_request_latency_seconds": Spec(
         "histogram", "Server-side end-to-end request latency.", ENGINE
     ),
+    # --- Per-request lengths (SGLang; llama.cpp exports only token totals) ----------------
+    "llmb_engine_request_prompt_tokens": Spec(
+        "histogram",
+        "Prompt length of each finished request in tokens, cached ones included.",
+        ENGINE,
+    ),
+    "llmb_engine_request_generation_tokens": Spec(
+        "histogram", "Generated tokens of each finished request.", ENGINE
+    ),
     # --- Memory residency -------------------------------------------------------------------
     "llmb_engine_process_gpu_memory_bytes": _g(
         "GPU memory of all processes attributed to the engine (NVML), summed over GPUs."
