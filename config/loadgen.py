@@ -12,18 +12,15 @@ the load generator.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from functools import partial
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from config.kinds import KINDS
+from config.kinds import kind_choice
 
 # `--kind`: a registered kind (config/kinds.py) or a plain OpenAI-compatible server.
-TARGET_KINDS: tuple[str, ...] = (*KINDS, "openai")
-if TYPE_CHECKING:
-    TargetKind = str
-else:
-    TargetKind = Literal[TARGET_KINDS]
+TargetKind = Annotated[str, BeforeValidator(partial(kind_choice, generic=True))]
 
 # A comma-list flag (`--concurrency 1,2,4`): `4`, `[1, 2]` or `'1,2'`.
 IntList = int | list[int] | str
@@ -82,6 +79,8 @@ class LoadgenSettings(BaseModel):
     exporter_engine: str | None = None
     bandwidth_gbs: float | None = None
     peak_tflops: float | None = Field(default=None, gt=0)
+    # --host-bandwidth-gbs's default (diagnose, compare, decide; reported as source "flag").
+    host_bandwidth_gbs: float | None = Field(default=None, gt=0)
     fail_on: list[str] | None = None
     # --log-file / --model-path of the engine diagnose measures (compare: give them as flags).
     log_file: str | None = None

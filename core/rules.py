@@ -16,11 +16,13 @@ From raw samples
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from config.kinds import engine_kind, kinds
+from core.card import shortfall_explained
 from core.card_rules import card_values, memory_clock_ratio
 from core.conditions import Verdict, evaluate
-from core.prefill_rules import prefill_values
+from core.prefill_rules import measured_tokens_per_second, prefill_values
 from core.promql import (
     Data,
     EngineKey,
@@ -71,10 +73,14 @@ class RuleValues:
     misfit: str | None = None
     # Expert offload: per-sequence decode bound by host memory (None: no experts on host).
     experts_host_bound_tokens_per_second: float | None = None
+    # Prompt tokens computed / the wall time prefill ran (`core.prefill`): the prefill figure.
+    prefill_tokens_per_second: float | None = None
 
 
-def _is_sglang(lab: Mapping[str, str]) -> bool:
-    return lab.get("kind", "") == "sglang"
+def _preallocates_kv(lab: Mapping[str, str]) -> bool:
+    """The engine's kind preallocates its KV pool (config/kinds.py `kv_pool_preallocated`)."""
+    kind = lab.get("kind", "")
+    return kind in kinds() and engine_kind(kind).kv_pool_preallocated
 
 
 def admission_values(d: Data) -> dict[str, dict[EngineKey, float]]:
@@ -109,7 +115,7 @@ def admission_values(d: Data) -> dict[str, dict[EngineKey, float]]:
         if key in prompt and key in generated and key in finished and finished[key] > 0:
             per_request = (prompt[key] + generated[key]) / finished[key]
             out["kv_demand_finished_ratio"][key] = (r + 1) * per_request / c
-    sglang = _is_sglang
+    sglang = _preallocates_kv
     process = instant_max(d, "llmb_engine_process_gpu_memory_bytes", sglang)
     reported = sum_of_device_max(
         d, "llmb_engine_kv_cache_bytes", lambda lab: sglang(lab) and not_cpu(lab)
@@ -177,6 +183,10 @@ def _signal_values(d: Data) -> dict[str, dict[EngineKey, float]]:
     }
 
 
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 @dataclass
 class _Decode:
     """The decode/roofline inputs per engine."""
@@ -188,6 +198,8 @@ class _Decode:
     running_avg: dict[EngineKey, float]
     accept: dict[EngineKey, float]
     host_bytes: dict[EngineKey, float]
+    # Host memory bandwidth per host (`max by (host)`): the exporter's measurement or flag.
+    host_bandwidth: dict[str, float]
     structure: dict[str, dict[EngineKey, float]]
 
     @classmethod
@@ -204,6 +216,10 @@ class _Decode:
             running_avg=avg_max(d, "llmb_engine_requests_running", rw),
             accept=instant_max(d, "llmb_engine_spec_accept_length"),
             host_bytes=instant_max(d, "llmb_engine_experts_host_bytes"),
+            host_bandwidth=max_by(
+                (lab.get("host", ""), v)
+                for lab, v in d.instant("llmb_host_memory_bandwidth_bytes_per_second")
+            ),
             structure={f: instant_max(d, name) for f, name in STRUCTURE_SERIES.items()},
         )
 
@@ -222,8 +238,14 @@ class _Decode:
         roofline = roofline_tokens_per_second(bandwidth, bytes_step, accept)
         efficiency = decode_efficiency(self.rate.get(key), roofline)
         reason = roofline_misfit(efficiency, roofline_facts(model, accept))
+        explained = shortfall_explained(
+            _number(fields.get("sm_clock_ratio")),
+            efficiency,
+            _number(fields.get("prefill_efficiency")),
+            _number(fields.get("memory_clock_ratio")),
+        )
         return RuleValues(
-            Signals(**fields, decode_efficiency=efficiency),  # type: ignore[arg-type]
+            Signals(**fields, decode_efficiency=efficiency, card_shortfall_explained=explained),  # type: ignore[arg-type]
             self.rate.get(key),
             bandwidth,
             bytes_step,
@@ -233,7 +255,11 @@ class _Decode:
             accepted_tokens_per_step=accepted_tokens(accept),
             misfit=reason.name if reason is not None else None,
             experts_host_bound_tokens_per_second=experts_host_bound(
-                self.host_bytes.get(key), model.experts, model.experts_used, batch
+                self.host_bytes.get(key),
+                model.experts,
+                model.experts_used,
+                batch,
+                self.host_bandwidth.get(key.host),
             ),
         )
 
@@ -245,11 +271,12 @@ def rule_values_at(series: Mapping[SeriesKey, Points], at: float) -> dict[Engine
     gpu_hosts = {lab.get("host", "") for lab, _ in d.instant("llmb_gpu_memory_total_bytes")}
     signals = _signal_values(d)
     decode = _Decode.read(d)
+    prefill = measured_tokens_per_second(d)
     out: dict[EngineKey, RuleValues] = {}
     for key in sorted(up):
         fields: dict[str, object] = {name: v.get(key) for name, v in signals.items()}
         fields["host_has_gpu"] = key.host in gpu_hosts
-        out[key] = decode.values(key, fields)
+        out[key] = replace(decode.values(key, fields), prefill_tokens_per_second=prefill.get(key))
     return out
 
 

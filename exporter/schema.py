@@ -88,8 +88,20 @@ SCHEMA: dict[str, Spec] = {
         "llmb_gpu_sm_clock_hertz": _g("Current SM (graphics) clock.", GPU),
         "llmb_gpu_sm_clock_max_hertz": _g("Maximum SM (graphics) clock.", GPU),
         "llmb_gpu_power_watts": _g("Power draw of the GPU.", GPU),
+        "llmb_gpu_sm_clock_busy_hertz": _g(
+            "SM clock, only in samples while the GPU is busy (utilization at or above "
+            "`card_busy_utilization_min`): averaged over a window, the clock under load.",
+            GPU,
+        ),
         "llmb_gpu_power_limit_watts": _g(
             "Power limit the driver enforces (the lowest of the set limits).", GPU
+        ),
+        "llmb_gpu_power_limit_default_watts": _g(
+            "The card's default (stock) power limit: an enforced limit below it was lowered.",
+            GPU,
+        ),
+        "llmb_gpu_power_limit_max_watts": _g(
+            "The highest power limit the card accepts (`nvidia-smi -pl`).", GPU
         ),
         "llmb_gpu_temperature_celsius": _g("GPU core temperature.", GPU),
         "llmb_gpu_clock_event_reason_active": _g(
@@ -143,7 +155,15 @@ SCHEMA: dict[str, Spec] = {
         "Prompt tokens of finished/processed requests, incl. cached."
     ),
     "llmb_engine_prompt_tokens_cached_total": _c("Prompt tokens served from the prefix cache."),
-    "llmb_engine_prompt_seconds_total": _c("Time spent in prompt processing (llama.cpp)."),
+    "llmb_engine_prompt_seconds_total": _c(
+        "Time spent in prompt processing, each request's own prompt time summed (requests "
+        "computed together each count theirs; llama.cpp without its log: per prompt batch)."
+    ),
+    "llmb_engine_prefill_busy_seconds_total": _c(
+        "Wall time in which the engine computed prompts: the union of the requests' prompt "
+        "spans, so prompts computed together count once. Prompt tokens computed / this is "
+        "the prefill throughput."
+    ),
     "llmb_engine_generation_tokens_total": _c("Generated tokens."),
     "llmb_engine_decode_tokens_total": _c(
         "Tokens counted by the per-sequence decode timer; rate ratio with decode_seconds = "
@@ -231,6 +251,13 @@ SCHEMA: dict[str, Spec] = {
     ),
     "llmb_model_draft_weights_bytes": _g(
         "Weight bytes of the speculative-decoding draft model (llama.cpp -md)."
+    ),
+    # --- The host ---------------------------------------------------------------------------
+    "llmb_host_memory_bandwidth_bytes_per_second": _g(
+        "Host memory bandwidth for the expert-offload bound: a multi-threaded copy at exporter "
+        "start, read + write counted (source=measured), or --host-bandwidth-gbs (flag) or "
+        "host_memory_bandwidth_bytes_per_second (config).",
+        ("source",),
     ),
     # --- Exporter self-metrics --------------------------------------------------------------
     "llmb_source_up": _g("1 when the source was read successfully in this scrape.", ("source",)),

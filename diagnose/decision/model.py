@@ -10,7 +10,7 @@ import statistics
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from core.roofline import ModelStructure
+from core.roofline import HostOffload, ModelStructure, expert_share
 from core.slo import StepSlo
 
 # The recommendation vocabulary of results.json, and `switch_to(engine)` below.
@@ -103,6 +103,14 @@ class Row:
     prefill_s: float | None = None
     prefill_tok_s: float | None = None
     prefill_efficiency: float | None = None
+    # Where the split came from: "requests" (each request's TTFT less the engine's own prompt
+    # time for it, llama.cpp `timings.prompt_ms`), "histograms" (the means of the engine's
+    # queue-time and TTFT histograms over the step, SGLang); None: no split.
+    ttft_split_source: str | None = None
+    # The rules' prefill tok/s over the step's window (`engine:llmb_prefill_tokens_per_second`,
+    # what Prometheus shows), from the exporter's series: the same figure as `prefill_tok_s`
+    # from the engine's log and counters rather than the requests' timings. None: no series.
+    rules_prefill_tok_s: float | None = None
     # Where `per_seq_tok_s` and `ttft_s` came from (diagnose/decision/sources.py): "client"
     # (the streamed chunks) or "engine" (its own timing: the streamed text was empty); None:
     # not measured, or a run saved before these fields.
@@ -200,6 +208,11 @@ class EngineResult:
     # Expert offload: layers whose routed experts live in host memory, and their bytes.
     experts_host_layers: float | None = None
     experts_host_bytes: float | None = None
+    # Host memory bandwidth for the expert-offload bound, and its source ("measured": the
+    # exporter's copy at start; "flag": --host-bandwidth-gbs; "config"), and free VRAM.
+    host_bandwidth_bytes_per_s: float | None = None
+    host_bandwidth_source: str | None = None
+    gpu_free_bytes: float | None = None
     trained_context: int | None = None
     slot_context: int | None = None
     memory_source: str | None = None
@@ -255,6 +268,24 @@ class EngineResult:
         if not self.weights_bytes and not model.structure_known:
             return None
         return model
+
+    def host_offload(self) -> HostOffload:
+        """The expert-offload facts: host experts, the share one sequence's step reads, the
+        host's bandwidth and its source, the measured per-sequence decode, free VRAM."""
+        model = self.structure()
+        share = 1.0
+        if model is not None and model.experts_known and model.experts and model.experts_used:
+            share = expert_share(model.experts, model.experts_used, 1.0)
+        single = self.single()
+        return HostOffload(
+            self.experts_host_layers,
+            self.experts_host_bytes,
+            share,
+            self.host_bandwidth_bytes_per_s,
+            self.host_bandwidth_source,
+            self.roofline.measured_tok_s or (single.per_seq_tok_s if single else None),
+            self.gpu_free_bytes,
+        )
 
     def bytes_per_parameter(self) -> float | None:
         """Weight bytes per parameter (the precision actually served)."""

@@ -430,9 +430,17 @@ def _not_decided(
     """Earlier steps that stop the comparison: weights not resident, different precisions."""
     if not_resident:
         who = " and ".join(not_resident)
+        # Each engine's own action, the one diagnose prints (`engine_verdict`: expert offload
+        # names its layers and bound, never the layers advice when every layer is on the GPU).
+        own = [
+            (f"{e.name}: " if len(not_resident) > 1 else "")
+            + (e.action or VERDICT_INFO["weights_not_resident"].action)
+            for e in (a, b)
+            if e.name in not_resident
+        ]
         return FIX_MEMORY_FIRST, (
             f"fix memory first: the weights of {who} are not all on the GPU, so its speed "
-            "measures host memory, not the engine. " + VERDICT_INFO["weights_not_resident"].action
+            "measures host memory, not the engine. " + " ".join(own)
         )
     est = "; ".join(f"{e.basis} ≈ {e.tok_s:.1f} tok/s" for e in ests)
     return INCONCLUSIVE, (

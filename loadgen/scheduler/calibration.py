@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from config.kinds import BY_KIND
+from config.kinds import engine_kind, kinds
 from loadgen.client import StreamClient, StreamResult
 from loadgen.prompts import CalibrationError, PromptSet, calibrate, fixed_prompt
 from loadgen.scheduler.context import RunContext
@@ -42,7 +42,8 @@ async def prompts_for(ctx: RunContext, spec: RunSpec, client: StreamClient) -> P
         # A kind's tokenize endpoint (llama.cpp's /tokenize, with BOS) equals the prompt_tokens
         # of /v1/completions and costs no prefill; the chat template adds tokens only a real
         # request can count.
-        kind = BY_KIND.get(client.target.kind)
+        known = client.target.kind in kinds()
+        kind = engine_kind(client.target.kind) if known else None
         tokenize = kind.tokenize_path if kind and spec.endpoint == "completions" else None
 
         async def count(text: str) -> int:
