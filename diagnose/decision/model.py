@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from core.roofline import HostOffload, ModelStructure, expert_share
-from core.slo import StepSlo
+from core.slo import StepSlo, gaps
 
 # The recommendation vocabulary of results.json, and `switch_to(engine)` below.
 STAY_AND_TUNE = "stay_and_tune"
@@ -384,11 +384,7 @@ class SloAnswer:
             if m is not None
             else f"{engine} meets it at no measured load"
         )
-        holes = [
-            s.concurrency
-            for s in steps
-            if m is not None and s.concurrency < m and s.met is not True
-        ]
+        holes = [s.concurrency for s in gaps(steps)]
         if holes:
             head += ", but not at " + ", ".join(f"c={c}" for c in holes) + " below it"
         bits = [f"c={s.concurrency}: {_step_text(s)}" for s in steps]
