@@ -393,6 +393,8 @@ class SloAnswer:
 
 def _step_text(s: StepSlo) -> str:
     observed = ", ".join(f"{k} {v:.2f} s" for k, v in s.observed.items() if v is not None)
+    if s.per_request:
+        observed += f"; {', '.join(s.per_request)} from each request's own gap (gaps not saved)"
     if s.met is True:
         good = f", goodput {s.goodput_rps:.2f} req/s" if s.goodput_rps else ""
         return f"meets ({observed}{good})"
