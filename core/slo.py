@@ -7,9 +7,10 @@ term's percentile is taken over the step's successful requests:
 - `ttft`: its time to the first token;
 - `tpot`: its mean time per output token after the first, (end - first token) / (tokens -
   1) (`RequestRecord.tpot_s`): AIPerf's and GuideLLM's TPOT/ITL;
-- `itl`: its own inter-token gap at the term's percentile (`itl_p50` its median gap,
-  `itl_p90` and `itl_p99` its p99 gap): the project's meaning since `--slo` exists, not
-  vLLM's ITL (the percentile of all gaps pooled, which requests.jsonl cannot give back);
+- `itl`: the term's percentile of every inter-token gap of the step's requests, pooled:
+  vLLM's ITL. Requests saved before requests.jsonl kept their gaps (`itls`) are read as
+  each request's own gap at the percentile (its median for `itl_p50`, its p99 gap for
+  `itl_p90`/`itl_p99`), the meaning `itl` had before, and the step says so (`per_request`);
 - `e2e`: its end-to-end time.
 
 A step meets the SLO when, for every term, that percentile is within the limit with
@@ -47,6 +48,10 @@ class RequestSample(Protocol):
     def itl_p99_s(self) -> float | None: ...
     @property
     def tpot_s(self) -> float | None: ...
+    @property
+    def chunks(self) -> int: ...
+    @property
+    def itls(self) -> list[float]: ...
     @property
     def e2e_s(self) -> float: ...
     @property
@@ -146,6 +151,8 @@ class StepSlo:
     # Terms whose interval does not settle the limit, and the requests a bound would need.
     unjudged: list[str] = field(default_factory=list)
     needs: dict[str, int] = field(default_factory=dict)
+    # `itl` terms read from each request's own gap (requests saved without their gaps).
+    per_request: list[str] = field(default_factory=list)
 
     def why_not_judged(self) -> str:
         """`ttft_p99: 64 requests, a p99 needs 368` or `ttft_p99 0.19 s [0.12–0.25]`."""
@@ -174,6 +181,11 @@ def judge_step(slo: Slo, concurrency: int, rounds: Sequence[Sequence[RequestSamp
             out.observed[t.name] = None
             out.unmeasured.append(t.name)
             continue
+        if t.metric == "itl":
+            if _gaps_saved(ok):
+                values = [g for r in ok for g in r.itls]
+            else:
+                out.per_request.append(t.name)
         out.observed[t.name] = percentile(values, t.q)
         lo, hi = out.bounds[t.name] = quantile_bounds(values, t.q)
         if lo is not None and lo > t.limit_s:
@@ -193,6 +205,13 @@ def judge_step(slo: Slo, concurrency: int, rounds: Sequence[Sequence[RequestSamp
     out.goodput_rps = len(good) / wall if wall > 0 else None
     out.goodput_tok_s = sum(r.completion_tokens or 0 for r in good) / wall if wall > 0 else None
     return out
+
+
+def _gaps_saved(requests: Sequence[RequestSample]) -> bool:
+    """Whether every request carries its inter-token gaps (one fewer than its chunks)."""
+    return all(len(r.itls) == max(0, r.chunks - 1) for r in requests) and any(
+        r.itls for r in requests
+    )
 
 
 def max_concurrency_within(steps: Sequence[StepSlo]) -> int | None:

@@ -17,10 +17,10 @@ the same concurrencies and `--rounds` rounds of every load step. Then, in the se
 residency, comparability (weight bytes per parameter within 20 %, else the per-roofline
 comparison and a labelled estimate at the other's precision), single-request decode,
 batching at every measured concurrency (aggregate tok/s and TTFT at equal load), and where
-each engine's memory gives out. A difference is called only when it exceeds the spread
-between rounds. A is the engine in use; the recommendation is `stay` (no difference beyond
-the noise), `stay_and_tune`,
-`switch_to:B`, `fix_memory_first` or `inconclusive`.
+each engine's memory gives out. A difference is called only when its bootstrap interval
+(rounds, waves and requests) clears what the run can resolve (`core.stats.resolvable`). A is
+the engine in use; the recommendation is `stay` (no difference beyond the noise),
+`stay_and_tune`, `switch_to:B`, `fix_memory_first` or `inconclusive`.
 """
 
 from __future__ import annotations

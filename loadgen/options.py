@@ -10,6 +10,7 @@ Subparsers use `HelpFormatter`, which shows every default in `--help`.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -279,16 +280,27 @@ def add_exporter_option(parser: Parser, help: str = "") -> None:
 def slo_arg(text: str) -> Slo:
     """argparse type of --slo (a bad term is a usage error naming it)."""
     try:
-        return parse_slo(text)
+        slo = parse_slo(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
+    if any(t.metric == "itl" for t in slo.terms):
+        print(ITL_NOTICE, file=sys.stderr)
+    return slo
+
+
+# `itl_pQ` meant each request's own gap before tpot_pQ came (issue 33): said once per use.
+ITL_NOTICE = (
+    "notice: itl_pQ is now vLLM's ITL, the percentile of every inter-token gap pooled (it "
+    "was the percentile over requests of each request's own gap); AIPerf's and GuideLLM's "
+    "time per output token is tpot_pQ"
+)
 
 
 _SLO_HELP = (
     "service-level objective, e.g. ttft_p99=2s,tpot_p99=50ms (any of ttft, tpot, itl, e2e at "
-    "p50, p90, p99; limits in ms or s; the percentile is over requests of each request's "
-    "figure: tpot its mean time per output token after the first, as AIPerf and GuideLLM; "
-    "itl its own median (p50) or p99 gap, not vLLM's pooled gaps)"
+    "p50, p90, p99; limits in ms or s): ttft, tpot (each request's mean time per output token "
+    "after the first, as AIPerf and GuideLLM) and e2e are percentiles over requests; itl is "
+    "the percentile of every inter-token gap pooled, as vLLM"
 )
 
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from core.roofline import HostOffload, ModelStructure, expert_share
-from core.slo import StepSlo
+from core.slo import StepSlo, gaps
 
 # The recommendation vocabulary of results.json, and `switch_to(engine)` below.
 STAY_AND_TUNE = "stay_and_tune"
@@ -384,11 +384,7 @@ class SloAnswer:
             if m is not None
             else f"{engine} meets it at no measured load"
         )
-        holes = [
-            s.concurrency
-            for s in steps
-            if m is not None and s.concurrency < m and s.met is not True
-        ]
+        holes = [s.concurrency for s in gaps(steps)]
         if holes:
             head += ", but not at " + ", ".join(f"c={c}" for c in holes) + " below it"
         bits = [f"c={s.concurrency}: {_step_text(s)}" for s in steps]
@@ -397,6 +393,8 @@ class SloAnswer:
 
 def _step_text(s: StepSlo) -> str:
     observed = ", ".join(f"{k} {v:.2f} s" for k, v in s.observed.items() if v is not None)
+    if s.per_request:
+        observed += f"; {', '.join(s.per_request)} from each request's own gap (gaps not saved)"
     if s.met is True:
         good = f", goodput {s.goodput_rps:.2f} req/s" if s.goodput_rps else ""
         return f"meets ({observed}{good})"

@@ -8,7 +8,7 @@ and an engine 30 % faster must be called in 20 of 20.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -38,6 +38,8 @@ class Req:
     e2e_s: float
     completion_tokens: int | None = 96
     tpot_s: float | None = 0.01
+    chunks: int = 0
+    itls: list[float] = field(default_factory=list)
     error: str | None = None
 
 
@@ -244,11 +246,28 @@ def test_a_slow_wave_is_resampled_as_a_block() -> None:
     assert [len(w) for w in waves(list(range(10)), 4)] == [4, 4, 2]
 
 
-def test_tpot_reads_each_requests_mean_time_per_token_and_itl_its_own_gap() -> None:
-    # Steady 10 ms per token with one 300 ms stall per request: the mean time per token
-    # (tpot, AIPerf's and GuideLLM's) stays near 12 ms, the request's own p99 gap does not.
-    reqs = [Req(0.0, 1.0, 0.1, 0.01, 0.3, 1.0, tpot_s=0.012) for _ in range(40)]
+def test_tpot_reads_each_requests_mean_time_per_token_and_itl_pools_every_gap() -> None:
+    # 100 gaps of 10 ms and one stall of 300 ms per request: the mean time per token (tpot,
+    # AIPerf's and GuideLLM's) is 13 ms; vLLM's pooled ITL p90 is 10 ms; each request's own
+    # p99 gap (what itl read before) is near 300 ms.
+    gaps = [0.01] * 100 + [0.3]
+    reqs = [Req(0.0, 1.0, 0.1, 0.01, 0.297, 1.0, tpot_s=0.013, chunks=102, itls=gaps)
+            for _ in range(40)]  # fmt: skip
     s = judge_step(parse_slo("tpot_p90=50ms,itl_p90=50ms"), 4, [reqs])
-    assert s.observed == {"tpot_p90": pytest.approx(0.012), "itl_p90": pytest.approx(0.3)}
-    assert s.met is False and "tpot_p90" not in s.unjudged
-    assert judge_step(parse_slo("tpot_p90=50ms"), 4, [reqs]).met is True
+    assert s.observed == {"tpot_p90": pytest.approx(0.013), "itl_p90": pytest.approx(0.01)}
+    assert s.met is True and s.per_request == []
+    # Requests saved without their gaps: each request's own gap, and the step says so.
+    old = [Req(0.0, 1.0, 0.1, 0.01, 0.297, 1.0, chunks=102) for _ in range(40)]
+    s = judge_step(parse_slo("itl_p90=50ms"), 4, [old])
+    assert s.observed == {"itl_p90": pytest.approx(0.297)} and s.per_request == ["itl_p90"]
+    assert s.met is False
+
+
+def test_an_itl_slo_says_its_meaning_changed(capsys: pytest.CaptureFixture[str]) -> None:
+    from loadgen.options import ITL_NOTICE, slo_arg
+
+    slo_arg("ttft_p99=1s")
+    assert capsys.readouterr().err == ""
+    slo_arg("itl_p99=100ms")
+    assert capsys.readouterr().err == ITL_NOTICE + "\n"
+    assert "\n" not in ITL_NOTICE  # one line
