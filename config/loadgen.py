@@ -95,6 +95,10 @@ class LoadgenSettings(BaseModel):
     load_from: str | None = None
     load_window: str | None = None
     load_engine: str | None = None
+    # Your traffic (run): --traffic SPEC, --time-scale, --no-schedule.
+    traffic: str | None = None
+    time_scale: float | None = Field(default=None, gt=0)
+    no_schedule: bool | None = None
 
     def given(self) -> dict[str, Any]:
         """The keys the file sets (a null value included), as parsed."""
