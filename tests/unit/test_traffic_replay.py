@@ -4,6 +4,7 @@ for their answers, shared blocks reaching the engine as the same text, and usage
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ def test_the_example_trace_replays_token_exact_on_its_schedule(
             assert rec["start_time"] - first == pytest.approx(req.at_s * 0.25, abs=0.25)
     # A later turn waits for the answer before it, then the think time (scaled).
     for indexes in traffic.sessions().values():
-        for before, after in zip(indexes, indexes[1:]):
+        for before, after in itertools.pairwise(indexes):
             gap = lines[after]["start_time"] - lines[before]["end_time"]
             assert gap >= traffic.requests[after].think_s * 0.25 - 0.002
     step = _summary(tmp_path)["steps"][0]
@@ -56,7 +57,8 @@ def test_the_example_trace_replays_token_exact_on_its_schedule(
     assert run["traffic_mix"]["requests"] == 26 and run["traffic_mix"]["sessions"] == 2
     # The stub caches a prompt whose first 8 words began an earlier one: the shared blocks
     # reached it as the same words.
-    shared = [rec for rec, req in zip(lines, traffic.requests, strict=True) if req.blocks[0][0] < 100]
+    pairs = zip(lines, traffic.requests, strict=True)
+    shared = [rec for rec, req in pairs if req.blocks[0][0] < 100]
     assert sum(1 for r in shared if r["cached_tokens"]) >= len(shared) - 3
 
 
@@ -83,7 +85,8 @@ def test_late_sends_are_counted_not_shifted(stub: StubFactory, tmp_path: Path) -
     errors = [r["send_error_s"] for r in lines]
     assert errors[-1] > 0.5  # the last was due at 0.05 s, went out after five answers
     step = _summary(out)["steps"][0]
-    assert step["late_sends"] >= 4 and step["send_error_max_s"] == pytest.approx(max(errors), abs=1e-6)
+    assert step["late_sends"] >= 4
+    assert step["send_error_max_s"] == pytest.approx(max(errors), abs=1e-6)
 
 
 def test_no_schedule_is_a_closed_loop(stub: StubFactory, tmp_path: Path) -> None:
