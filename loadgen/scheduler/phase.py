@@ -353,7 +353,7 @@ class EnginePhase:
         limit = self.spec.phase_deadline(self.measured)
         body: Awaitable[Any]
         if self.traffic is not None and self.measured:
-            body = self._replay(self.traffic, t0)
+            body = self._replay(self.traffic)
         elif self.spec.rate is None:
             workers = max(1, self.spec.concurrency or 1)
             body = asyncio.gather(*(self._worker(i) for i in range(workers)))
@@ -375,11 +375,12 @@ class EnginePhase:
             self._drain()
         return time.perf_counter() - t0
 
-    def _replay(self, prompts: TrafficPrompts, t0: float) -> Awaitable[None]:
+    def _replay(self, prompts: TrafficPrompts) -> Awaitable[None]:
         sender = Sender(self.one, self.may_send, self.sent_to, self.due)
         if self.spec.open_loop():
             cap = self.spec.pool_size()
-            return replay_scheduled(prompts.traffic, sender, self.spec.time_scale, cap, t0)
+            # The schedule's clock starts when the replay does (after quiet_gc's collection).
+            return replay_scheduled(prompts.traffic, sender, self.spec.time_scale, cap)
         return replay_closed(prompts.traffic, sender, self.spec.concurrency or 1)
 
     async def _watch(self) -> None:
