@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 
+from core.stats import percentile
 from loadgen.summary import LATE_SEND_S
 from loadgen.traffic.spec import load_traffic
 from tests.plugins.loadgen import request_lines, run_cli
 
-pytestmark = pytest.mark.llamaserver
+pytestmark = [pytest.mark.llamaserver, pytest.mark.timeout(900)]
+SCHEDULE_SLACK_S = 0.5
 
 
 def mooncake_rows() -> list[dict[str, Any]]:
@@ -60,7 +62,7 @@ def replay(tmp_path: Path, url: str, kind: str, *extra: str) -> tuple[list[dict]
     )
     # The schedule kept: every send's error is recorded, the p99 in summary.json.
     errors = sorted(r["send_error_s"] for r in records)
-    assert step["send_error_p99_s"] == pytest.approx(errors[-1], abs=1e-6)
+    assert step["send_error_p99_s"] == pytest.approx(percentile(errors, 99), abs=1e-6)
     assert step["late_sends"] == sum(1 for e in errors if e > LATE_SEND_S)
     assert errors[0] >= 0
     return records, summary
@@ -70,9 +72,10 @@ def test_a_mooncake_trace_replays_on_llama_server(llama_server: Any, tmp_path: P
     server = llama_server(ctx=8192, parallel=2)
     records, summary = replay(tmp_path, server.url, "llamacpp")
     step = summary["steps"][0]
-    # Open loop on two shared cores: the sends keep the schedule within 50 ms (the 5 ms bound
-    # is measured in bench/, on a quiet machine).
-    assert step["send_error_p99_s"] < 0.05, step
+    # Open loop: the sends keep the schedule. Here within half a second: two cores shared with
+    # the engine's prefill, which takes seconds a request (a replay that waited for answers
+    # would be seconds late); the 5 ms bound is bench/traffic_timing.py's, docs/benchmarks.md.
+    assert step["send_error_p99_s"] < SCHEDULE_SLACK_S, step
     for rec, shared in zip(records, shared_tokens(tmp_path, records), strict=True):
         # The server's own timings: output as asked, cached + evaluated = the prompt.
         assert rec["server_predicted_n"] == rec["completion_tokens"]
