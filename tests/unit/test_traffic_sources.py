@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from loadgen.scheduler.calibration import traffic_prompts
 from loadgen.traffic.model import MOONCAKE_BLOCK_TOKENS, Traffic, TrafficError
 from loadgen.traffic.prompts import TrafficPrompts, block_words
 from loadgen.traffic.spec import load_traffic
@@ -234,3 +235,24 @@ def test_fuzz_the_grammar(body: str) -> None:
             load_traffic(kind + body, requests=3)
         except TrafficError:
             pass
+
+
+async def test_the_overhead_is_counted_once_and_checked(caplog: pytest.LogCaptureFixture) -> None:
+    traffic = load_traffic(str(MOONCAKE))
+    counted: list[str] = []
+
+    async def template_of_seven(text: str) -> int:
+        counted.append(text)
+        return len(text.split()) + 7
+
+    prompts = await traffic_prompts(traffic, template_of_seven)
+    assert prompts.overhead == 7 and len(counted) == 2
+    for i, req in enumerate(traffic.requests):
+        assert await template_of_seven(prompts.text(i)) == req.prompt_tokens
+    assert "not one token each" not in caplog.text
+
+    async def two_per_word(text: str) -> int:
+        return 2 * len(text.split()) + 3
+
+    await traffic_prompts(traffic, two_per_word)
+    assert "not one token each" in caplog.text
