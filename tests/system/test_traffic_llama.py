@@ -69,22 +69,27 @@ def replay(tmp_path: Path, url: str, kind: str, *extra: str) -> tuple[list[dict]
 
 
 def test_a_mooncake_trace_replays_on_llama_server(llama_server: Any, tmp_path: Path) -> None:
-    server = llama_server(ctx=8192, parallel=2)
+    # --swa-full: Gemma 3 attends through a sliding window, and llama-server reuses a cached
+    # prefix followed by other text only with the full-size window cache (without it a
+    # shared block is evaluated again: cache_n 1).
+    server = llama_server("--swa-full", ctx=8192, parallel=2)
     records, summary = replay(tmp_path, server.url, "llamacpp")
     step = summary["steps"][0]
     # Open loop: the sends keep the schedule. Here within half a second: two cores shared with
     # the engine's prefill, which takes seconds a request (a replay that waited for answers
     # would be seconds late); the 5 ms bound is bench/traffic_timing.py's, docs/benchmarks.md.
     assert step["send_error_p99_s"] < SCHEDULE_SLACK_S, step
-    for rec, shared in zip(records, shared_tokens(tmp_path, records), strict=True):
+    shared = shared_tokens(tmp_path, records)
+    for rec, tokens in zip(records, shared, strict=True):
         # The server's own timings: output as asked, cached + evaluated = the prompt.
         assert rec["server_predicted_n"] == rec["completion_tokens"]
         assert rec["server_cache_n"] + rec["server_prompt_n"] == rec["prompt_tokens"]
-        if shared:
-            # The blocks sent before come from the cache (the engine's timings.cache_n).
-            assert rec["server_cache_n"] >= shared - 16, (rec, shared)
-        else:
-            assert rec["server_cache_n"] < 16, (rec, shared)
+        if not tokens:  # nothing shared: at most the chat template's first tokens
+            assert rec["server_cache_n"] < 16, rec
+    # The blocks sent before come from the cache (the engine's own timings.cache_n): all but
+    # what a slot given to another request meanwhile lost.
+    cached = sum(r["server_cache_n"] for r, tokens in zip(records, shared, strict=True) if tokens)
+    assert sum(shared) >= 48 and cached >= 0.8 * sum(shared), (cached, shared)
 
 
 def shared_tokens(tmp_path: Path, records: list[dict]) -> list[int]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from loadgen.traffic.prompts import sample_text
 from loadgen.traffic.spec import load_traffic
 from tests.plugins.loadgen import StubFactory, request_lines, run_cli
 from tests.unit.test_traffic_sources import MOONCAKE
@@ -29,9 +30,7 @@ def test_the_example_trace_replays_token_exact_on_its_schedule(
     stub: StubFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     server = stub(ttft=0.01, itl=0.002)
-    code = run_cli(
-        tmp_path, "--url", server.url, "--traffic", str(MOONCAKE), "--time-scale", "0.5"
-    )
+    code = run_cli(tmp_path, "--url", server.url, "--traffic", str(MOONCAKE), "--time-scale", "0.5")
     assert code == 0
     traffic = load_traffic(str(MOONCAKE))
     lines = sorted(request_lines(tmp_path), key=lambda r: r["index"])
@@ -156,3 +155,28 @@ def test_time_scale_needs_traffic(
     server = stub()
     assert run_cli(tmp_path, "--url", server.url, "--time-scale", "2") == 2
     assert "go with --traffic" in capsys.readouterr().err
+
+
+def test_two_engines_get_the_identical_schedule(stub: StubFactory, tmp_path: Path) -> None:
+    one, two = stub(ttft=0.01), stub(ttft=0.03)
+    args = ("--url", one.url, "--url", two.url, "--name", "one", "--name", "two")
+    assert run_cli(tmp_path, *args, "--traffic", str(MOONCAKE), "--time-scale", "0.3") == 0
+    lines = request_lines(tmp_path)
+    by_engine = {
+        name: sorted((r for r in lines if r["engine"] == name), key=lambda r: r["index"])
+        for name in ("one", "two")
+    }
+    assert len(by_engine["one"]) == len(by_engine["two"]) == 26
+    # The same prompts, word for word (the first engine also answered the two probes that
+    # counted the template's tokens), and the same send times from each phase's start.
+    probes = {sample_text(16), sample_text(96)}
+    assert sorted(p for p in one.state.prompts if p not in probes) == sorted(two.state.prompts)
+    starts = {
+        n: [r["start_time"] - recs[0]["start_time"] for r in recs] for n, recs in by_engine.items()
+    }
+    for a, b, req in zip(
+        starts["one"], starts["two"], load_traffic(str(MOONCAKE)).requests, strict=True
+    ):
+        if req.turn == 0:
+            assert a == pytest.approx(b, abs=0.3)
+    assert _summary(tmp_path)["valid"]
