@@ -97,10 +97,13 @@ def test_no_schedule_is_a_closed_loop(stub: StubFactory, tmp_path: Path) -> None
     rows = [{"timestamp": 1000 * i, "input_length": 30, "output_length": 3} for i in range(6)]
     trace = _trace(tmp_path / "t.jsonl", rows)
     out = tmp_path / "out"
-    code = run_cli(out, "--url", server.url, "--traffic", str(trace), "--no-schedule")
-    assert code == 0
+    args = ("--traffic", str(trace), "--no-schedule", "--warmup", "2")
+    assert run_cli(out, "--url", server.url, *args) == 0
     lines = request_lines(out)
     assert len(lines) == 6 and all("send_error_s" not in r for r in lines)
+    # Two probes counted the template, two warm-up requests went unrecorded, then the six.
+    assert server.state.requests == 2 + 2 + 6
+    assert not set(server.state.prompts[2:4]) & set(server.state.prompts[4:])
     assert max(r["end_time"] for r in lines) - min(r["start_time"] for r in lines) < 2.0
     assert server.state.max_in_flight == 1
 
