@@ -17,6 +17,9 @@ from tests.plugins.loadgen import request_lines, run_cli
 
 pytestmark = [pytest.mark.llamaserver, pytest.mark.timeout(900)]
 SCHEDULE_SLACK_S = 0.5
+# Tokens a chat template puts around the text (Gemma 3's: 9 before, 15 after; the traffic's
+# prompts count them, calibrated), a bound of what prefix caching cannot share.
+TEMPLATE_TOKENS = 32
 
 
 def mooncake_rows() -> list[dict[str, Any]]:
@@ -79,27 +82,30 @@ def test_a_mooncake_trace_replays_on_llama_server(llama_server: Any, tmp_path: P
     # the engine's prefill, which takes seconds a request (a replay that waited for answers
     # would be seconds late); the 5 ms bound is bench/traffic_timing.py's, docs/benchmarks.md.
     assert step["send_error_p99_s"] < SCHEDULE_SLACK_S, step
-    shared = shared_tokens(tmp_path, records)
-    for rec, tokens in zip(records, shared, strict=True):
+    answered = shared_tokens(tmp_path, records, "end_time")
+    sent = shared_tokens(tmp_path, records, "start_time")
+    assert sum(answered) >= 48  # a session's first turn is always answered before its next
+    for rec, ready, maybe in zip(records, answered, sent, strict=True):
         # The server's own timings: output as asked, cached + evaluated = the prompt.
         assert rec["server_predicted_n"] == rec["completion_tokens"]
         assert rec["server_cache_n"] + rec["server_prompt_n"] == rec["prompt_tokens"]
-        if not tokens:  # nothing shared: at most the chat template's first tokens
-            assert rec["server_cache_n"] < 16, rec
-    # The blocks sent before come from the cache (the engine's own timings.cache_n): all but
-    # what a slot given to another request meanwhile lost.
-    cached = sum(r["server_cache_n"] for r, tokens in zip(records, shared, strict=True) if tokens)
-    assert sum(shared) >= 48 and cached >= 0.8 * sum(shared), (cached, shared)
+        # The shared blocks an answered request sent come from the cache (the engine's own
+        # timings.cache_n): all their tokens but where the chat template's tail sat in the
+        # earlier prompt (Gemma's: 15 tokens after the text).
+        assert rec["server_cache_n"] >= ready - TEMPLATE_TOKENS, (rec, ready)
+        if not maybe:  # no block of it sent before: at most the template's first tokens
+            assert rec["server_cache_n"] < TEMPLATE_TOKENS, rec
 
 
-def shared_tokens(tmp_path: Path, records: list[dict]) -> list[int]:
-    """Per request, its prompt's leading tokens a request answered before it was sent."""
+def shared_tokens(tmp_path: Path, records: list[dict], by: str) -> list[int]:
+    """Per request, its prompt's leading tokens that requests sent it before it was sent:
+    those answered by then (`by="end_time"`) or only sent (`by="start_time"`)."""
     traffic = load_traffic(str(tmp_path / "trace.jsonl"))
     out = []
     for rec, req in zip(records, traffic.requests, strict=True):
         sent: dict[int, int] = {}
         for other, before in zip(records, traffic.requests, strict=True):
-            if other["end_time"] <= rec["start_time"]:
+            if other is not rec and other[by] <= rec["start_time"]:
                 for block, tokens in before.blocks:
                     sent[block] = max(tokens, sent.get(block, 0))
         shared = 0
