@@ -1,18 +1,19 @@
-"""The engine kinds: the one table a new inference server is registered in.
+"""The engine kinds: an inference server is one `register(EngineKind(...))` call here.
 
 Each row holds what the project knows about one `kind` (the config's `engines[].kind` and the
 `kind` label) as plain facts: how docs name it, how its GPU processes are recognised, which
-endpoint tells diagnose what it serves, where residency figures come from, what a request
-sends to defeat its prompt cache, how a prompt's tokens are counted. Everything that
-branches on an engine kind reads these fields: `config.settings` (the allowed kinds),
-`exporter.attribution` (`process`), `diagnose.probe` (`info`), `diagnose.steps.residency` and
-the report's tables (`residency`), `diagnose.load` (`uncached_body`, `kv_events_in_log`),
-`loadgen.scheduler.calibration` (`tokenize_path`). docs/engines.md is the recipe.
+endpoint tells diagnose what it serves and names its model, whether its model is a file or a
+folder, what only its log tells, where residency figures come from, what a request sends to
+defeat its prompt cache, how a prompt's tokens are counted, whether it preallocates its KV
+pool. Everything that branches on an engine kind reads these fields, through `engine_kind`,
+`engines()` and `kinds()` (read at call time, so a kind registered later counts too).
 
-Code lives on the floors above, each in one table keyed by these kinds: the collector class
-in `exporter/app.py` (`COLLECTORS`), the source columns in `exporter/collectors/sources.py`,
-the simulator class in `simulator/__main__.py`. tests/unit/test_engines.py checks that every
-table has every kind.
+Code lives on the floors above, and the row names it as entry points ("module:attribute",
+resolved with `pkgutil.resolve_name` by the floor that owns it; this floor never imports
+them): its collector class and its source columns (the series map of docs/metrics.md) in its
+package `exporter/collectors/<kind>/`, its simulator class in `simulator/<kind>/`.
+docs/engines.md is the recipe; tests/unit/test_engines.py adds a fake kind through
+`register` and scrapes it.
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ class ResidencySources:
     layers_fix: str = ""  # how to make `layers` readable when it was not read
 
 
+# A plain OpenAI-compatible server (`llmb-loadgen run --kind`, a `--url` that answers no
+# registered info endpoint): no row, no collector, no simulator; only load is sent to it.
+GENERIC = "openai"
+
+
 @dataclass(frozen=True)
 class EngineKind:
     """One inference server the project can read, measure and simulate."""
@@ -68,6 +74,20 @@ class EngineKind:
     process: ProcessRule
     info: InfoEndpoint
     residency: ResidencySources
+    # Entry points on the floors above ("module:attribute"): the `EngineCollector` subclass,
+    # its `SourceColumn`s (docs/metrics.md, the main column first), the `SimBase` subclass.
+    collector: str
+    sources: str
+    simulator: str
+    # What only its log tells (diagnose's answer when no log is given).
+    log_only: str
+    # The model the engine serves: one file (GGUF) or a folder with config.json (HF).
+    model_layout: Literal["file", "folder"]
+    # Its log's load lines (layers and weight buffers on the GPU) are quoted by diagnose.
+    log_load_lines: bool = False
+    # It preallocates its KV pool from a memory fraction, so its process memory beyond the
+    # pool is the weights' residency figure (`weights_gpu_memory_beyond_kv`).
+    kv_pool_preallocated: bool = False
     # Request fields that stop the engine reusing a cached prompt or slot (diagnose's load).
     uncached_body: dict[str, Any] = field(default_factory=dict)
     # Its llmb_engine_kv_pressure_events_total counts KV events of its log (diagnose's KV step).
@@ -76,8 +96,67 @@ class EngineKind:
     # (body `{"content", "add_special"}`); None: a 1-token request counts the prompt.
     tokenize_path: str | None = None
 
+    @property
+    def model_named_by(self) -> str:
+        """The endpoint field that names the model path (said where it is not readable)."""
+        return f"{self.info.paths[0]} model_path"
 
-ENGINES: tuple[EngineKind, ...] = (
+
+# The registry: kind -> row, in registration order (docs columns, detection order).
+BY_KIND: dict[str, EngineKind] = {}
+
+
+def register(engine: EngineKind) -> EngineKind:
+    """Add an engine kind (once per kind; the generic `openai` is not one)."""
+    if engine.kind in BY_KIND or engine.kind == GENERIC:
+        raise ValueError(f"engine kind {engine.kind!r} is already registered")
+    BY_KIND[engine.kind] = engine
+    return engine
+
+
+def engines() -> tuple[EngineKind, ...]:
+    """The registered rows, in registration order."""
+    return tuple(BY_KIND.values())
+
+
+def kinds() -> tuple[str, ...]:
+    """The registered kinds, in registration order."""
+    return tuple(BY_KIND)
+
+
+def engine_kind(kind: str) -> EngineKind:
+    """The registered kind called `kind` (KeyError naming the known ones)."""
+    try:
+        return BY_KIND[kind]
+    except KeyError:
+        raise KeyError(f"unknown engine kind {kind!r} (known: {', '.join(kinds())})") from None
+
+
+def target_kinds() -> tuple[str, ...]:
+    """What `--kind` and `loadgen.kind` accept: the registered kinds and the generic one."""
+    return (*kinds(), GENERIC)
+
+
+def kind_choice(value: object, generic: bool = False) -> str:
+    """`value` as a registered kind (or, with `generic`, `openai`); ValueError naming them.
+
+    Checked at call time (pydantic's BeforeValidator), so a kind registered later is valid.
+    """
+    valid = target_kinds() if generic else kinds()
+    if isinstance(value, str) and value in valid:
+        return value
+    quoted = [f"'{k}'" for k in valid]
+    listed = f"{', '.join(quoted[:-1])} or {quoted[-1]}" if len(quoted) > 1 else quoted[0]
+    raise ValueError(f"Input should be {listed}")  # pydantic's own words for a Literal
+
+
+def preallocating_selector() -> str:
+    """The PromQL label matcher of the kinds that preallocate their KV pool."""
+    names = [e.kind for e in engines() if e.kv_pool_preallocated]
+    return f'kind="{names[0]}"' if len(names) == 1 else f'kind=~"{"|".join(names)}"'
+
+
+register(
     EngineKind(
         kind="llamacpp",
         display="llama.cpp",
@@ -94,7 +173,16 @@ ENGINES: tuple[EngineKind, ...] = (
         uncached_body={"cache_prompt": False},
         kv_events_in_log=True,
         tokenize_path="/tokenize",
-    ),
+        collector="exporter.collectors.llamacpp.collector:LlamaCppCollector",
+        sources="exporter.collectors.llamacpp.sources:COLUMNS",
+        simulator="simulator.llamacpp.server:LlamaCppSim",
+        log_only="layers and weight buffers on the GPU, KV cache types and bytes, expert "
+        "offload, the speculative acceptance and KV-pressure events",
+        model_layout="file",
+        log_load_lines=True,
+    )
+)
+register(
     EngineKind(
         kind="sglang",
         display="SGLang",
@@ -110,16 +198,11 @@ ENGINES: tuple[EngineKind, ...] = (
             weights="weight series, /server_info memory_usage, log or safetensors",
             layers=None,
         ),
-    ),
+        collector="exporter.collectors.sglang.collector:SGLangCollector",
+        sources="exporter.collectors.sglang.sources:COLUMNS",
+        simulator="simulator.sglang.server:SglangSim",
+        log_only="the load lines (weight memory, KV pool) when /server_info lacks them",
+        model_layout="folder",
+        kv_pool_preallocated=True,
+    )
 )
-
-KINDS: tuple[str, ...] = tuple(engine.kind for engine in ENGINES)
-BY_KIND: dict[str, EngineKind] = {engine.kind: engine for engine in ENGINES}
-
-
-def engine_kind(kind: str) -> EngineKind:
-    """The registered kind called `kind` (KeyError naming the known ones)."""
-    try:
-        return BY_KIND[kind]
-    except KeyError:
-        raise KeyError(f"unknown engine kind {kind!r} (known: {', '.join(KINDS)})") from None

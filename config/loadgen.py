@@ -12,18 +12,15 @@ the load generator.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from functools import partial
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from config.kinds import KINDS
+from config.kinds import kind_choice
 
 # `--kind`: a registered kind (config/kinds.py) or a plain OpenAI-compatible server.
-TARGET_KINDS: tuple[str, ...] = (*KINDS, "openai")
-if TYPE_CHECKING:
-    TargetKind = str
-else:
-    TargetKind = Literal[TARGET_KINDS]
+TargetKind = Annotated[str, BeforeValidator(partial(kind_choice, generic=True))]
 
 # A comma-list flag (`--concurrency 1,2,4`): `4`, `[1, 2]` or `'1,2'`.
 IntList = int | list[int] | str

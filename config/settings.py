@@ -13,12 +13,13 @@ import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -27,7 +28,7 @@ from pydantic import (
 )
 
 from config.expand import expand_config
-from config.kinds import KINDS
+from config.kinds import kind_choice
 from config.loadgen import LoadgenSettings  # pydantic alone: not the load generator itself
 
 ENV_PREFIX = "LLMB__"
@@ -39,12 +40,9 @@ Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
 # Deeper YAML than this is not a config file (PyYAML would recurse until RecursionError).
 MAX_YAML_DEPTH = 100
 
-if TYPE_CHECKING:
-    EngineKindName = str
-else:
-    # `engines[].kind`: one of the registered kinds (config/kinds.py), checked as a Literal
-    # so a wrong kind is told the valid ones.
-    EngineKindName = Literal[KINDS]
+# `engines[].kind`: one of the registered kinds (config/kinds.py), checked when validated
+# so a wrong kind is told the valid ones.
+EngineKindName = Annotated[str, BeforeValidator(kind_choice)]
 
 
 class ConfigError(Exception):

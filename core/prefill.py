@@ -11,7 +11,9 @@ rules `engine:llmb_prefill_flops_per_token:avg<rate_window>` and
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from core.roofline import decode_efficiency, known_ratio
@@ -95,6 +97,67 @@ def prefill_misfit_text(efficiency: float) -> str:
     )
 
 
+def busy_seconds(spans: Iterable[tuple[float, float]]) -> float:
+    """The wall time in which any prompt was being computed: the length of the union of the
+    prompt spans [start, end]. Prompts computed together in one batch count once."""
+    total, end = 0.0, -math.inf
+    for lo, hi in sorted(spans):
+        if hi <= end:
+            continue
+        total += hi - max(lo, end)
+        end = hi
+    return total
+
+
+def prefill_tokens_per_second(tokens: float | None, busy_s: float | None) -> float | None:
+    """THE prefill throughput: prompt tokens computed (cache hits left out) over the wall time
+    in which prefill ran (`busy_seconds`; the counter `llmb_engine_prefill_busy_seconds_total`).
+    Diagnose, the rules, the report and the dashboard all show this figure. None when either
+    is unknown or no prefill ran."""
+    if tokens is None or busy_s is None or not busy_s > 0:
+        return None
+    return tokens / busy_s
+
+
+class PrefillBusy:
+    """The running union of prompt spans, as a counter: `add` returns the seconds a new span
+    adds to the time in which prefill ran (its part outside every span seen before).
+
+    Spans arrive when their requests end, so out of order; the ones ending more than
+    `horizon_s` before the latest are forgotten (a span that old counts in full). Each `add`
+    touches only the spans it overlaps (the union is kept sorted and disjoint).
+    """
+
+    def __init__(self, horizon_s: float = 3600.0) -> None:
+        self.horizon_s = horizon_s
+        self.total = 0.0
+        self._merged: list[tuple[float, float]] = []
+
+    def add(self, start: float, end: float) -> float:
+        """Count the span [start, end]; the seconds it added."""
+        if not end > start:
+            return 0.0
+        spans = self._merged
+        i = bisect.bisect_left(spans, (start, -math.inf))
+        if i > 0 and spans[i - 1][1] >= start:
+            i -= 1
+        j, covered, lo, hi = i, 0.0, start, end
+        while j < len(spans) and spans[j][0] <= end:
+            covered += min(spans[j][1], end) - max(spans[j][0], start)
+            lo, hi = min(lo, spans[j][0]), max(hi, spans[j][1])
+            j += 1
+        spans[i:j] = [(lo, hi)]
+        # Disjoint and sorted by start, so sorted by end too: the latest ends last.
+        del spans[: bisect.bisect_left(spans, spans[-1][1] - self.horizon_s, key=_end)]
+        added = max(0.0, (end - start) - covered)
+        self.total += added
+        return added
+
+
+def _end(span: tuple[float, float]) -> float:
+    return span[1]
+
+
 def ttft_wait_share(wait: float | None, prefill: float | None) -> float | None:
     """wait / (wait + prefill): the share of the time before the first token spent waiting.
 
@@ -140,7 +203,8 @@ VERDICT_ROWS = (
 TEXT: dict[str, str] = {
     "ttft_waiting": "long prompts (>= `prefill_prompt_tokens_min` tokens per request) and "
     "waiting for admission >= `ttft_wait_share_high` of the time before the first token "
-    "(average requests waiting / (waiting + in prefill), `rate_window`)",
+    "(an estimate by Little's law: average requests waiting / (waiting + in prefill, each "
+    "request's own prompt time), `rate_window`)",
     "prefill_at_card_limit": "long prompts, prefill efficiency (prompt tok/s x FLOPs per "
     "token / the card's dense BF16 peak) >= `prefill_efficiency_at_limit` and <= "
     "`decode_efficiency_physical_max`, waiting < `ttft_wait_share_low` of the time before the "

@@ -5,7 +5,7 @@ that prompt, the compute limit, the efficiency, and the time before the first to
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from core import promql
 from core.prefill import (
@@ -14,6 +14,7 @@ from core.prefill import (
     prefill_efficiency,
     prefill_flops_per_token,
     prefill_limit_tokens_per_second,
+    prefill_tokens_per_second,
     ttft_wait_share,
 )
 from core.promql import Data, EngineKey
@@ -23,6 +24,8 @@ from core.thresholds import threshold_seconds
 MATMUL = "llmb_model_prefill_flops_per_token"
 ATTENTION = "llmb_model_prefill_attention_flops_per_position"
 WINDOW = "llmb_model_sliding_window_tokens"
+# The wall time in which prefill ran (exporter/schema.py).
+BUSY = "llmb_engine_prefill_busy_seconds_total"
 
 
 def prefill_values(d: Data) -> dict[str, dict[EngineKey, float]]:
@@ -38,7 +41,7 @@ def prefill_values(d: Data) -> dict[str, dict[EngineKey, float]]:
         for lab, v in d.instant("llmb_gpu_peak_flops", lambda lab: lab.get("dtype") == PEAK_DTYPE)
     )
     peak = promql.engine_gpus(d, peaks)
-    measured = prefill_tokens_per_second(rate, prompt_s)
+    measured = measured_tokens_per_second(d)
     efficiency: dict[EngineKey, float] = {}
     for key, matmul in promql.instant_max(d, MATMUL).items():
         model = structure(d, key, matmul)
@@ -66,15 +69,22 @@ def prefill_values(d: Data) -> dict[str, dict[EngineKey, float]]:
     }
 
 
-def prefill_tokens_per_second(
-    rate: Callable[[str], dict[EngineKey, float]], prompt_s: Mapping[EngineKey, float]
-) -> dict[EngineKey, float]:
-    """`engine:llmb_prefill_tokens_per_second:rate<rw>`: uncached prompt tokens / prompt
-    seconds (a per-sequence speed: overlapping prompts each count their own time)."""
+def measured_tokens_per_second(d: Data) -> dict[EngineKey, float]:
+    """`engine:llmb_prefill_tokens_per_second:rate<rw>` (mixin/rules/recording.py): prompt
+    tokens computed (cache hits left out) over the wall time in which prefill ran
+    (`core.prefill.prefill_tokens_per_second`; a PromQL rate of the busy counter is the
+    busy seconds per second)."""
+    rw = threshold_seconds("rate_window")
+    rate: Callable[[str], dict[EngineKey, float]] = lambda name: promql.rate_max(d, name, rw)  # noqa: E731
     tokens = rate("llmb_engine_prompt_tokens_total")
     cached = rate("llmb_engine_prompt_tokens_cached_total")
-    computed = {k: v - cached.get(k, 0 * v) for k, v in tokens.items()}
-    return promql.divide(computed, dict(prompt_s))
+    busy = rate(BUSY)
+    out: dict[EngineKey, float] = {}
+    for key, total in tokens.items():
+        value = prefill_tokens_per_second(total - cached.get(key, 0 * total), busy.get(key))
+        if value is not None:
+            out[key] = value
+    return out
 
 
 def structure(d: Data, key: EngineKey, matmul: float) -> PrefillStructure:

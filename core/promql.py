@@ -99,6 +99,10 @@ def extrapolated(
         return None
     first_t, first_v = points[0]
     last_t, last_v = points[-1]
+    if last_t <= first_t:
+        # Two samples of one millisecond (diagnose's sampler and a step's edge; Prometheus
+        # never stores both): no interval to extrapolate over, as with one sample.
+        return None
     result = last_v - first_v
     prev = first_v
     for _, v in points[1:]:

@@ -16,11 +16,12 @@ From raw samples
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from config.kinds import engine_kind, kinds
 from core.card_rules import card_values, memory_clock_ratio
 from core.conditions import Verdict, evaluate
-from core.prefill_rules import prefill_values
+from core.prefill_rules import measured_tokens_per_second, prefill_values
 from core.promql import (
     Data,
     EngineKey,
@@ -71,10 +72,14 @@ class RuleValues:
     misfit: str | None = None
     # Expert offload: per-sequence decode bound by host memory (None: no experts on host).
     experts_host_bound_tokens_per_second: float | None = None
+    # Prompt tokens computed / the wall time prefill ran (`core.prefill`): the prefill figure.
+    prefill_tokens_per_second: float | None = None
 
 
-def _is_sglang(lab: Mapping[str, str]) -> bool:
-    return lab.get("kind", "") == "sglang"
+def _preallocates_kv(lab: Mapping[str, str]) -> bool:
+    """The engine's kind preallocates its KV pool (config/kinds.py `kv_pool_preallocated`)."""
+    kind = lab.get("kind", "")
+    return kind in kinds() and engine_kind(kind).kv_pool_preallocated
 
 
 def admission_values(d: Data) -> dict[str, dict[EngineKey, float]]:
@@ -109,7 +114,7 @@ def admission_values(d: Data) -> dict[str, dict[EngineKey, float]]:
         if key in prompt and key in generated and key in finished and finished[key] > 0:
             per_request = (prompt[key] + generated[key]) / finished[key]
             out["kv_demand_finished_ratio"][key] = (r + 1) * per_request / c
-    sglang = _is_sglang
+    sglang = _preallocates_kv
     process = instant_max(d, "llmb_engine_process_gpu_memory_bytes", sglang)
     reported = sum_of_device_max(
         d, "llmb_engine_kv_cache_bytes", lambda lab: sglang(lab) and not_cpu(lab)
@@ -245,11 +250,12 @@ def rule_values_at(series: Mapping[SeriesKey, Points], at: float) -> dict[Engine
     gpu_hosts = {lab.get("host", "") for lab, _ in d.instant("llmb_gpu_memory_total_bytes")}
     signals = _signal_values(d)
     decode = _Decode.read(d)
+    prefill = measured_tokens_per_second(d)
     out: dict[EngineKey, RuleValues] = {}
     for key in sorted(up):
         fields: dict[str, object] = {name: v.get(key) for name, v in signals.items()}
         fields["host_has_gpu"] = key.host in gpu_hosts
-        out[key] = decode.values(key, fields)
+        out[key] = replace(decode.values(key, fields), prefill_tokens_per_second=prefill.get(key))
     return out
 
 

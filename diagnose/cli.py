@@ -360,9 +360,11 @@ def run_measurement(command: str, args: argparse.Namespace) -> int:
     """`diagnose` (one engine) or `compare` (two): measure, decide, answer, write."""
     info = run_info(getattr(args, "argv", None))
     config = load_config_or_usage(args.config)
-    engines = measured_engines(command, args, config)
+    measured = measured_engines(command, args, config)
+    engines = measured.engines
     opts = options_from_args(args, config)
     opts.path_origins = path_origins(args, engines)
+    opts.probes = measured.probes
     if command == "compare":
         # Asked before measuring: a Prometheus that cannot answer costs no measurement.
         served = user_load(args.load, load_query(args), engines[0].name)

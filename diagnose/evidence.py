@@ -29,12 +29,16 @@ from diagnose.engine_run import EngineRun
 from diagnose.monitor import RESULT_STRUCTURE_SERIES
 from loadgen.exporter_series import KV_USAGE, WAITING, Series
 
+# How far the rules' prefill tok/s may stray from the requests' before diagnose says so.
+PREFILL_AGREE = 0.10
+
 
 def step_evidence(run: EngineRun, row: Row, t0: float, t1: float) -> None:
     """The step's signals and verdict (appended to `run.step_verdicts`)."""
     mon = run.monitor
     values = mon.rule_values(t1, since=t0)
     if values is not None:
+        row.rules_prefill_tok_s = values.prefill_tokens_per_second
         sig = complete(run, values.signals, row, t1, values)
         kv = mon.window(KV_USAGE, t0, t1)
         waiting = mon.window(WAITING, t0, t1)
@@ -204,13 +208,23 @@ def step_values(run: EngineRun, row: Row, t1: float) -> RuleValues:
 
 
 def _own_prefill(run: EngineRun, sig: Signals, row: Row) -> Signals:
-    """The step's prefill efficiency from the engine's own prompt timings where the rules
-    have none (no peak-compute series: a CPU, an unknown card, --peak-tflops)."""
-    if sig.prefill_efficiency is not None or row.prefill_efficiency is None:
+    """The step's prefill efficiency from the engine's own prompt timings of the step's
+    requests where it has them: the same figure as the rules' (`core.prefill`: prompt tokens
+    computed over the time prefill ran), over exactly the step's prompts rather than the
+    rate window, and the one the report shows."""
+    rules, own = row.rules_prefill_tok_s, row.prefill_tok_s
+    if rules and own and abs(rules - own) > PREFILL_AGREE * own:
+        run.note(
+            f"{row.step}: prefill {own:.0f} tok/s from the requests' prompt timings, "
+            f"{rules:.0f} tok/s from the exporter's series over the step (the engine's log "
+            "and counters): they should agree"
+        )
+    if row.prefill_efficiency is None:
         return sig
-    source = run.result.prefill.peak_source or "the peak given"
-    run.note(
-        f"{row.step}: prefill efficiency from the engine's prompt timings and {source} "
-        "(no peak-compute series for the rules: the Prometheus verdict cannot see it)"
-    )
+    if sig.prefill_efficiency is None:
+        source = run.result.prefill.peak_source or "the peak given"
+        run.note(
+            f"{row.step}: prefill efficiency from the engine's prompt timings and {source} "
+            "(no peak-compute series for the rules: the Prometheus verdict cannot see it)"
+        )
     return replace(sig, prefill_efficiency=row.prefill_efficiency)

@@ -1,7 +1,8 @@
 """What is known about the engine before any load: its endpoints, its GGUF, the exporter.
 
 `collect_facts` fills the `EngineResult`'s model, precision, sizes, slots and contexts from
-the engine's endpoints (`diagnose.probe`), the GGUF it serves (the exporter's one GGUF
+the engine's one probe (`diagnose.probe`: the one `--url` resolution took, else its own), the
+GGUF it serves (the exporter's one GGUF
 reader) and the exporter's series; `gpu_facts` re-reads the series part (card, bandwidth,
 memory, layers, buffers), `structure_facts` the model-structure series.
 """
@@ -15,14 +16,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from config.kinds import engine_kind
 from core.prefill import PEAK_DTYPE
 from core.prefill_rules import ATTENTION, MATMUL, WINDOW
 from diagnose.decision.model import EngineResult
 from diagnose.engine_run import EngineRun
 from diagnose.monitor import RESULT_STRUCTURE_SERIES
 from diagnose.probe import engine_facts
-from loadgen.client import StreamClient
+from loadgen.client import probe_client
 from loadgen.exporter_series import Series, first, labelled
+from loadgen.resolve import probe_target
 from model.flops import prefill_flops
 from model.geometry import geometry_from_gguf
 
@@ -61,9 +64,12 @@ def structure_from_geometry(res: EngineResult, geo: Any) -> None:
 async def collect_facts(run: EngineRun) -> None:
     """The engine's endpoints, its GGUF (when readable here) and the exporter's series."""
     res = run.result
-    async with StreamClient(run.target(), pool_size=1, endpoint="completions") as client:
-        await client.open()
-        facts = await engine_facts(client, run.engine.kind)
+    probe = run.opts.probes.get(run.engine.name)
+    if probe is None:  # launched, or from the config: not probed yet
+        target = run.target()
+        async with probe_client(target.url, target.api_key, run.opts.connect_timeout) as client:
+            probe = await probe_target(client, run.engine.kind)
+    facts = engine_facts(probe)
     for key, value in facts.known().items():
         if key != "model_path":
             setattr(res, key, value)
@@ -174,21 +180,14 @@ def structure_facts(run: EngineRun) -> None:
             setattr(run.result, attr, value)
 
 
-# What only an engine's log tells, by kind (what an answer without the log lacks).
-LOG_ONLY = {
-    "llamacpp": "layers and weight buffers on the GPU, KV cache types and bytes, expert "
-    "offload, the speculative acceptance and KV-pressure events",
-    "sglang": "the load lines (weight memory, KV pool) when /server_info lacks them",
-}
-# Where each kind names its model path over HTTP.
-MODEL_ENDPOINT = {"llamacpp": "/props model_path", "sglang": "/server_info model_path"}
-
-
 def _readable_model(kind: str, path: str) -> bool:
-    """Whether the path an engine names is its model on this machine (GGUF, HF folder)."""
+    """Whether the path an engine names is its model on this machine (its row's
+    `model_layout`: one file, or a folder with config.json)."""
     try:
         p = Path(path)
-        return p.is_file() if kind == "llamacpp" else (p / "config.json").is_file()
+        if engine_kind(kind).model_layout == "file":
+            return p.is_file()
+        return (p / "config.json").is_file()
     except (OSError, ValueError):  # a name this filesystem cannot take
         return False
 
@@ -199,7 +198,7 @@ def model_evidence(run: EngineRun, reported: str | None) -> str:
     if engine.model_path is not None:
         origin = run.opts.path_origins.get(f"{engine.name}.model", "the config's model_path")
         return f"{origin} {engine.model_path}"
-    where = MODEL_ENDPOINT.get(engine.kind, "its endpoints")
+    where = engine_kind(engine.kind).model_named_by
     if reported and _readable_model(engine.kind, reported):
         return f"the engine's {where} {reported}"
     if reported:
@@ -223,14 +222,14 @@ def log_evidence(run: EngineRun) -> str:
     else:
         return (
             f"not seen: no --log-file ({engine.kind} does not name its log over HTTP), so "
-            f"{LOG_ONLY.get(engine.kind, 'what only the log says')} are not known"
+            f"{engine_kind(engine.kind).log_only} are not known"
         )
-    if engine.kind != "llamacpp":
+    if not engine_kind(engine.kind).log_load_lines:
         return source
-    return f"{source}: {llamacpp_load_lines(run)}"
+    return f"{source}: {load_lines(run)}"
 
 
-def llamacpp_load_lines(run: EngineRun) -> str:
+def load_lines(run: EngineRun) -> str:
     """What llama-server's load lines said (the exporter's series of its log), or their absence."""
     mon = run.monitor
     offloaded, total = mon.engine_value(LAYERS_OFFLOADED), mon.engine_value(LAYERS_TOTAL)

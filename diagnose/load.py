@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from config.kinds import engine_kind
 from core.stats import percentile
 from diagnose.decision.model import Row
-from diagnose.decision.prefill import PromptTiming, prefill_row, row_prefill, ttft_split
+from diagnose.decision.prefill import (
+    PromptTiming,
+    histogram_split,
+    prefill_row,
+    row_prefill,
+    ttft_split,
+)
 from diagnose.decision.roofline import row_roofline
 from diagnose.decision.sources import figure
 from diagnose.engine_run import EngineRun, LoadStep, StepStopped
@@ -33,6 +39,7 @@ KV_EVENTS = "llmb_engine_kv_pressure_events_total"
 # The engine's own timing of a step, as the exporter maps it (SGLang: its TTFT histogram, and
 # its inter-token histogram as the decode counters).
 TTFT = "llmb_engine_time_to_first_token_seconds"
+QUEUE = "llmb_engine_queue_time_seconds"
 DECODE_TOKENS = "llmb_engine_decode_tokens_total"
 DECODE_SECONDS = "llmb_engine_decode_seconds_total"
 
@@ -124,6 +131,8 @@ class EngineTiming:
 
     decode_tok_s: float | None = None
     ttft_s: float | None = None
+    # The mean time a request spent in the engine's waiting queue (SGLang's histogram).
+    queue_s: float | None = None
 
 
 def engine_timing(mon: Monitor, server_tok_s: list[float], t0: float, t1: float) -> EngineTiming:
@@ -138,7 +147,8 @@ def engine_timing(mon: Monitor, server_tok_s: list[float], t0: float, t1: float)
         mon.increase(DECODE_TOKENS, t0, t1), mon.increase(DECODE_SECONDS, t0, t1)
     )
     ttft = _per(mon.increase(TTFT + "_sum", t0, t1), mon.increase(TTFT + "_count", t0, t1))
-    return EngineTiming(decode, ttft)
+    queue = _per(mon.increase(QUEUE + "_sum", t0, t1), mon.increase(QUEUE + "_count", t0, t1))
+    return EngineTiming(decode, ttft, queue)
 
 
 def _per(num: float | None, den: float | None) -> float | None:
@@ -169,10 +179,10 @@ def _summarize(run: EngineRun, row: Row, acc: _Rounds, engine: EngineTiming) -> 
     roof = row_roofline(run.result, row)
     row.bytes_per_step, row.limit_tok_s = roof.bytes_per_step, roof.limit_tok_s
     row.efficiency, row.misfit = roof.efficiency, roof.misfit
-    split = ttft_split(acc.timings)
+    split = ttft_split(acc.timings) or histogram_split(engine.ttft_s, engine.queue_s)
     if split is not None:
         row.prefill_tok_s, row.queue_wait_s = split.prefill_tok_s, split.queue_wait_s
-        row.prefill_s = split.prefill_s
+        row.prefill_s, row.ttft_split_source = split.prefill_s, split.source
         row.prefill_efficiency = row_prefill(run.result, row).efficiency
 
 

@@ -11,6 +11,7 @@ from loadgen.options import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_TIMEOUT_S,
 )
+from loadgen.resolve import TargetProbe
 
 # `compare`'s --rounds default: a difference is called only beyond the spread of rounds.
 DEFAULT_ROUNDS = 3
@@ -47,6 +48,9 @@ class Options:
     # Where each engine's log and model path came from on the command line:
     # "<engine>.log" / "<engine>.model" -> "--log-file" / "--model-path" (else the config).
     path_origins: dict[str, str] = field(default_factory=dict)
+    # The one probe of each engine already running at --url, by engine name (the facts read
+    # it instead of asking the engine again).
+    probes: dict[str, TargetProbe] = field(default_factory=dict)
     # The user's concurrency (compare --load) and SLO (--slo): what the answer is given for.
     load: int | None = None
     slo: Slo | None = None

@@ -1,19 +1,18 @@
-"""Engine probing: what the engine's own endpoints say (model, precision, slots, contexts).
+"""What the engine's own endpoints say (model, precision, slots, contexts), from its one probe.
 
-`detect_kind` finds the registered kind whose info endpoint answers (config/kinds.py: llama.cpp
-`/props`, SGLang `/server_info`); `engine_facts` reads `/v1/models` plus that endpoint. A
-probe that fails leaves its facts unknown. Every probe goes through the load generator's own
-client (`loadgen.client.StreamClient`, aiohttp), as every later request.
+A target is probed once (`loadgen.resolve.probe_target`: `/v1/models` and the first of its
+kind's info endpoints that answers, config/kinds.py `info`); `engine_facts` reads that probe.
+A part that did not answer, or answered a field of the wrong shape, leaves its facts unknown.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, fields
 from typing import Any
 
-from config.kinds import ENGINES, engine_kind
-from loadgen.client import StreamClient, probe_client, server_model_async
+from config.endpoints import wire_number
+from config.kinds import engine_kind, kinds
+from loadgen.resolve import TargetProbe
 
 
 @dataclass(frozen=True)
@@ -34,51 +33,31 @@ class EngineFacts:
         return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
 
 
-async def engine_facts(client: StreamClient, kind: str) -> EngineFacts:
-    """Model, quantization, sizes, slots and contexts from the engine's own endpoints."""
+def models_facts(models: Any) -> dict[str, Any]:
+    """Model id, sizes and contexts of a `/v1/models` document (llama.cpp's `meta`, SGLang's
+    `max_model_len`)."""
+    data = models.get("data") if isinstance(models, dict) else None
+    first: dict[str, Any] = {}
+    if isinstance(data, list) and data and isinstance(data[0], dict):
+        first = data[0]
+    meta = first["meta"] if isinstance(first.get("meta"), dict) else {}
     facts: dict[str, Any] = {}
-    with contextlib.suppress(Exception):
-        models = await client.get_json("/v1/models")
-        first = (models.get("data") or [{}])[0]
-        facts["model"] = first.get("id")
-        meta = first.get("meta") or {}
-        for src, dst in (("size", "weights_bytes"), ("n_params", "parameters")):
-            if meta.get(src):
-                facts[dst] = float(meta[src])
-        if meta.get("n_ctx_train"):
-            facts["trained_context"] = int(meta["n_ctx_train"])
-        if first.get("max_model_len"):
-            facts["slot_context"] = int(first["max_model_len"])
-    with contextlib.suppress(Exception):
-        facts.update(engine_kind(kind).info.read(await _first_info(client, kind)))
+    if first.get("id") is not None:
+        facts["model"] = str(first["id"])
+    for key, value in (
+        ("weights_bytes", wire_number(meta.get("size"), float)),
+        ("parameters", wire_number(meta.get("n_params"), float)),
+        ("trained_context", wire_number(meta.get("n_ctx_train"), int)),
+        ("slot_context", wire_number(first.get("max_model_len"), int)),
+    ):
+        if value:
+            facts[key] = value
+    return facts
+
+
+def engine_facts(probe: TargetProbe) -> EngineFacts:
+    """Model, quantization, sizes, slots and contexts from the target's one probe."""
+    facts = models_facts(probe.models)
+    if probe.info and probe.kind in kinds():
+        facts.update(engine_kind(probe.kind).info.read(probe.info))
     return EngineFacts(**facts)
-
-
-async def _first_info(client: StreamClient, kind: str) -> dict[str, Any]:
-    """The body of the first of the kind's info endpoints that answers ({} when none does)."""
-    for path in engine_kind(kind).info.paths:
-        with contextlib.suppress(Exception):
-            body = await client.get_json(path)
-            if isinstance(body, dict):
-                return body
-    return {}
-
-
-async def detect_kind(client: StreamClient) -> str:
-    """The first registered kind whose info endpoint answers a JSON object, else openai."""
-    for engine in ENGINES:
-        for path in engine.info.paths:
-            if isinstance(await client.probe_json(path), dict):
-                return engine.kind
-    return "openai"
-
-
-async def probe_url(
-    url: str, api_key: str | None, kind: str, model: bool
-) -> tuple[str, str | None]:
-    """A bare `--url`: its kind (detected when `kind` is openai) and, when `model`, its model
-    id, over one client (the load generator's, as every later request)."""
-    async with probe_client(url, api_key) as client:
-        if kind == "openai":
-            kind = await detect_kind(client)
-        return kind, (await server_model_async(client) if model else None)

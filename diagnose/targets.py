@@ -2,32 +2,39 @@
 already running at `--url`, each with the log and model paths given for it.
 
 `--url`, `--name`, `--log-file` and `--model-path` are given once per engine, in order
-(compare takes two); a running engine's kind is asked of its endpoints.
+(compare takes two). A running engine is probed once, by the load generator's resolver
+(`loadgen.resolve.url_targets`): its kind (asked of its endpoints unless `--kind` says it),
+its model and its info endpoint, handed on to the facts by engine name (`Measured.probes`).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import itertools
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from config.kinds import ENGINES, KINDS
+from config.kinds import engines, kinds
 from config.settings import Config, EngineConfig
-from diagnose.probe import probe_url
 from loadgen.options import UsageError, listed
-from loadgen.resolve import api_key, engine_name, engines_from_config
+from loadgen.resolve import TargetProbe, api_key, engine_name, engines_from_config, url_targets
 
 
-def measured_engines(
-    command: str, args: argparse.Namespace, config: Config | None
-) -> list[EngineConfig]:
+@dataclass(frozen=True)
+class Measured:
+    """The engines a command measures, and the probe of each running one (by engine name)."""
+
+    engines: list[EngineConfig]
+    probes: dict[str, TargetProbe] = field(default_factory=dict)
+
+
+def measured_engines(command: str, args: argparse.Namespace, config: Config | None) -> Measured:
     """The command's engines (diagnose one, compare two); UsageError otherwise."""
     given = len(args.engine) or len(listed(args.url))
     # Counted before any engine is asked what it is.
     wanted = given in (0, 1 if command == "diagnose" else 2)
-    engines = engines_from_args(args, config) if wanted else []
+    measured = engines_from_args(args, config) if wanted else Measured([])
+    engines = measured.engines
     if command == "diagnose" and len(engines) != 1:
         raise UsageError("diagnose measures one engine: give one --engine (compare takes two)")
     if command == "compare" and len(engines) != 2:
@@ -39,39 +46,42 @@ def measured_engines(
             "--log-file is read by diagnose's own collectors; with --exporter-url the "
             "exporter reads the log its config names (log_file)"
         )
-    return engines
+    return measured
 
 
-def engines_from_args(args: argparse.Namespace, config: Config | None) -> list[EngineConfig]:
-    """Engines from --engine (config, with launch templates) or --url (already running),
-    with the --log-file and --model-path given for them, in order."""
-    engines = engines_from_config(args, config)
-    if not engines:
-        urls, names = listed(args.url), listed(args.name)
-        if len(names) > len(urls):
-            raise UsageError(f"--name is given {len(names)} times for {len(urls)} --url")
+def engines_from_args(args: argparse.Namespace, config: Config | None) -> Measured:
+    """Engines from --engine (config, with launch templates) or --url (already running, each
+    probed once), with the --log-file and --model-path given for them, in order."""
+    configured = engines_from_config(args, config)
+    probes: dict[str, TargetProbe] = {}
+    if not configured:
         key = api_key(args)  # an unset --api-key-env is an error here as in run
-        for url, name in itertools.zip_longest(urls, names[: len(urls)]):
-            engine = url_engine(url, args, key, name)
-            if any(e.name == engine.name for e in engines):  # two servers of one model
-                engine = engine.model_copy(update={"name": f"{engine.name}-{len(engines) + 1}"})
-            engines.append(engine)
+        for target in url_targets(args, key, info=True, label=_running_label):
+            assert target.probe is not None  # info=True probes every target
+            if target.probe.kind not in kinds():
+                endpoints = " nor ".join(f"{e.display}'s {e.info.paths[0]}" for e in engines())
+                raise UsageError(
+                    f"{target.url} answers neither {endpoints}; pass "
+                    + " or ".join(f"--kind {k}" for k in kinds())
+                )
+            configured.append(
+                EngineConfig(
+                    name=target.name,
+                    kind=target.probe.kind,
+                    url=target.url,
+                    api_key_env=args.api_key_env,
+                )
+            )
+            probes[target.name] = target.probe
     logs, models = listed(args.log_file), listed(args.model_path)
-    return with_paths(engines, [Path(p) for p in logs], [Path(p) for p in models])
+    paths = with_paths(configured, [Path(p) for p in logs], [Path(p) for p in models])
+    return Measured(paths, probes)
 
 
-def url_engine(
-    url: str, args: argparse.Namespace, key: str | None, name: str | None
-) -> EngineConfig:
-    """An engine already running at `url`: its kind (asked of it unless given) and name."""
-    kind, model = asyncio.run(probe_url(url, key, args.kind, model=not name))
-    if kind not in KINDS:
-        endpoints = " nor ".join(f"{e.display}'s {e.info.paths[0]}" for e in ENGINES)
-        raise UsageError(
-            f"{url} answers neither {endpoints}; pass " + " or ".join(f"--kind {k}" for k in KINDS)
-        )
-    name = name or model or kind
-    return EngineConfig(name=engine_name(name), kind=kind, url=url, api_key_env=args.api_key_env)
+def _running_label(name: str | None, probe: TargetProbe | None) -> str:
+    """A running engine's name: --name, else its model, else its kind (a config name)."""
+    assert probe is not None
+    return engine_name(name or probe.model or probe.kind)
 
 
 def with_paths(

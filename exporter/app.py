@@ -2,28 +2,31 @@
 
 from __future__ import annotations
 
+import pkgutil
+
 import httpx
 
+from config.kinds import engine_kind
 from config.settings import Config
 from exporter.attribution import Attribution
 from exporter.collectors import Collector, EngineCollector
-from exporter.collectors.llamacpp.collector import LlamaCppCollector
 from exporter.collectors.nvml.collector import NvmlCollector
-from exporter.collectors.sglang.collector import SGLangCollector
 from exporter.runner import Runner
 from exporter.transport import AiohttpTransport
 
-# The collector class of each engine kind of config/kinds.py.
-COLLECTORS: dict[str, type[EngineCollector]] = {
-    "llamacpp": LlamaCppCollector,
-    "sglang": SGLangCollector,
-}
+
+def collector_class(kind: str) -> type[EngineCollector]:
+    """The collector class a kind's row names (config/kinds.py `collector`)."""
+    cls = pkgutil.resolve_name(engine_kind(kind).collector)
+    if not (isinstance(cls, type) and issubclass(cls, EngineCollector)):
+        raise TypeError(f"{kind}: {engine_kind(kind).collector} is not an EngineCollector")
+    return cls
 
 
 def build_runner(config: Config, client: httpx.AsyncClient | None = None) -> Runner:
     """Create one collector per source (NVML when enabled, one per engine).
 
-    Each engine's collector class is its kind's entry in `COLLECTORS`.
+    Each engine's collector class is the one its kind's row names (`collector_class`).
     """
     # aiohttp underneath: httpx's own transport costs more CPU than parsing (exporter/transport.py).
     http = client or httpx.AsyncClient(follow_redirects=True, transport=AiohttpTransport())
@@ -33,7 +36,7 @@ def build_runner(config: Config, client: httpx.AsyncClient | None = None) -> Run
         collectors.append(NvmlCollector(config.gpu, attribution))
     for engine in config.engines:
         timeout = engine.timeout_seconds or config.source_timeout_seconds
-        collectors.append(COLLECTORS[engine.kind](engine, http, timeout, attribution))
+        collectors.append(collector_class(engine.kind)(engine, http, timeout, attribution))
     runner = Runner(
         collectors,
         default_deadline=config.scrape_timeout_seconds,

@@ -6,8 +6,8 @@ Above both the schema and the collectors' source tables, so that neither imports
 
 from __future__ import annotations
 
-from config.kinds import ENGINES
-from exporter.collectors.sources import SOURCE_COLUMNS
+from config.kinds import engines
+from exporter.collectors.sources import source_columns
 from exporter.schema import SCHEMA
 
 _UNITS = (
@@ -36,8 +36,8 @@ def _unit(name: str) -> str:
 def _source_columns() -> list[tuple[str, dict[str, str], dict[str, str] | None]]:
     """(header, main table, release table or None) per column, in config/kinds.py's order."""
     columns: list[tuple[str, dict[str, str], dict[str, str] | None]] = []
-    for engine in ENGINES:
-        main, *releases = SOURCE_COLUMNS[engine.kind]
+    for engine in engines():
+        main, *releases = source_columns(engine.kind)
         columns.append((f"{engine.display} source", main.table, None))
         for column in releases:
             header = f"{engine.display} {column.release} source"

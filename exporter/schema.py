@@ -143,7 +143,15 @@ SCHEMA: dict[str, Spec] = {
         "Prompt tokens of finished/processed requests, incl. cached."
     ),
     "llmb_engine_prompt_tokens_cached_total": _c("Prompt tokens served from the prefix cache."),
-    "llmb_engine_prompt_seconds_total": _c("Time spent in prompt processing (llama.cpp)."),
+    "llmb_engine_prompt_seconds_total": _c(
+        "Time spent in prompt processing, each request's own prompt time summed (requests "
+        "computed together each count theirs; llama.cpp without its log: per prompt batch)."
+    ),
+    "llmb_engine_prefill_busy_seconds_total": _c(
+        "Wall time in which the engine computed prompts: the union of the requests' prompt "
+        "spans, so prompts computed together count once. Prompt tokens computed / this is "
+        "the prefill throughput."
+    ),
     "llmb_engine_generation_tokens_total": _c("Generated tokens."),
     "llmb_engine_decode_tokens_total": _c(
         "Tokens counted by the per-sequence decode timer; rate ratio with decode_seconds = "

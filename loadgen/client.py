@@ -473,8 +473,3 @@ def probe_client(url: str, api_key: str | None, timeout: float = 5.0) -> StreamC
     """
     target = Target("probe", url, api_key=api_key)
     return StreamClient(target, pool_size=1, connect_timeout=timeout)
-
-
-async def server_model_async(client: StreamClient, timeout: float = 5.0) -> str | None:
-    """The first model id of the server's `/v1/models`, None when nothing answers."""
-    return model_id(await client.probe_json("/v1/models", timeout))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from config.loadgen import TARGET_KINDS
+from config.kinds import GENERIC, target_kinds
 from config.settings import config_file_from_env
 from core.slo import Slo, parse_slo
 
@@ -180,8 +180,8 @@ def add_target_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--kind",
-        choices=TARGET_KINDS,
-        default="openai",
+        choices=target_kinds(),
+        default=GENERIC,
         help="server kind with --url (llamacpp enables /tokenize calibration)",
     )
     group.add_argument(

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from config.kinds import GENERIC
+
 
 @dataclass(frozen=True)
 class Target:
@@ -15,6 +17,6 @@ class Target:
 
     name: str
     url: str
-    kind: str = "openai"  # llamacpp | sglang | openai
+    kind: str = GENERIC  # a registered kind (config/kinds.py) or the generic openai
     api_key: str | None = None
     model: str | None = None

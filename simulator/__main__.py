@@ -9,18 +9,13 @@ from pathlib import Path
 
 from aiohttp import web
 
-from config.kinds import KINDS
+from config.kinds import kinds
 from exporter import versioned_parser
 from simulator import scenarios
-from simulator.common import Faults, SimBase, SimOptions
-from simulator.llamacpp.server import LlamaCppSim
+from simulator.common import Faults, SimBase, SimOptions, simulator_class
 from simulator.model import LLAMACPP_KV_TYPES, SGLANG_KV_BYTES
-from simulator.sglang.server import SglangSim
 from simulator.sglang.spec import DEFAULT_VERSION, VERSIONS
 from simulator.tokenizer import NAMES as TOKENIZERS
-
-# The simulator class of each engine kind of config/kinds.py (its `kind` attribute the same).
-SIMULATORS: dict[str, type[SimBase]] = {"llamacpp": LlamaCppSim, "sglang": SglangSim}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Simulated llama-server / SGLang with a performance model (tests, demo). "
         "Run `llmb-sim demo --help` for the all-in-one demo.",
     )
-    p.add_argument("--kind", choices=KINDS, required=True)
+    p.add_argument("--kind", choices=kinds(), required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--scenario", default="healthy", choices=sorted(scenarios.SCENARIOS))
@@ -131,8 +126,8 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
 
 
 def make_sim(opts: SimOptions) -> SimBase:
-    """The simulator object for `opts.kind` (its class is the kind's entry in `SIMULATORS`)."""
-    return SIMULATORS[opts.kind](opts)
+    """The simulator object for `opts.kind` (the class its row names)."""
+    return simulator_class(opts.kind)(opts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,19 +7,21 @@ import contextlib
 import json
 import logging
 import os
+import pkgutil
 import random
 import secrets
 import string
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from aiohttp import web
 
+from config.kinds import engine_kind
 from simulator import gpu_state
 from simulator.engine import Engine
-from simulator.model import Clock, EngineParams, Request
+from simulator.model import Clock, EngineParams, KvStyle, Request
 from simulator.model_files import ModelFiles
 from simulator.scenarios import Scenario
 from simulator.tokenizer import Tokenizer
@@ -102,6 +104,12 @@ class SimBase:
     """Engine + clock + GPU state file; subclasses add the HTTP routes."""
 
     kind = ""
+    # How the shared performance model holds this kind's KV cache and weights.
+    style: ClassVar[KvStyle]
+    # The file name of its log in the demo (None: it writes none there).
+    demo_log: ClassVar[str | None] = None
+    # Demo presets whose load differs on this kind: preset -> (concurrency, prompt, max tokens).
+    demo_loads: ClassVar[dict[str, tuple[int, int, int]]] = {}
     # JSON documents the engine answers on GET: (function of the simulator, its paths).
     DOCUMENTS: tuple[tuple[Callable[[Any], Any], tuple[str, ...]], ...] = ()
 
@@ -110,7 +118,7 @@ class SimBase:
         self.clock = Clock(opts.time_scale)
         self.tokenizer = Tokenizer(opts.tokenizer, opts.scenario.model.n_vocab)
         self.engine = Engine(
-            opts.kind,
+            self.style,
             opts.scenario.model,
             opts.scenario.gpu,
             opts.params,
@@ -285,3 +293,11 @@ async def client_stream(abort: Callable[[Request], None], req: Request) -> Async
 def finish_reason(req: Request) -> str:
     """OpenAI `finish_reason` of a finished request."""
     return "stop" if req.finish == "stop" else "length"
+
+
+def simulator_class(kind: str) -> type[SimBase]:
+    """The simulator class a kind's row names (config/kinds.py `simulator`)."""
+    cls = pkgutil.resolve_name(engine_kind(kind).simulator)
+    if not (isinstance(cls, type) and issubclass(cls, SimBase) and cls.kind == kind):
+        raise TypeError(f"{kind}: {engine_kind(kind).simulator} is not its SimBase subclass")
+    return cls

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -26,15 +26,18 @@ from typing import Any
 import httpx
 import yaml
 
-from config.kinds import KINDS, engine_kind
+from config.kinds import engine_kind, kinds
 from loadgen.prom_api import vector_values
 from simulator import scenarios
+from simulator.common import simulator_class
 
 # The repository's prometheus/ folder (rules, alertmanager.yml); present in a clone and an
 # editable install, absent from a wheel (then the demo runs without rules and says so).
 PROMETHEUS_DIR = Path(__file__).resolve().parents[1] / "prometheus"
 RULE_FILES = ("recording.yml", "verdict.yml", "alerts.yml")
 VERDICT = "llmb:engine_bottleneck:verdict"
+# One simulated engine of each kind registered when the demo starts.
+KINDS: tuple[str, ...] = kinds()
 
 
 @dataclass(frozen=True)
@@ -55,11 +58,19 @@ PREFILL_LOADS: dict[str, tuple[Load, str]] = {
     "ttft_waiting": (Load(4, 4096, 16), "ttft_waiting_bound"),
     "prefill_below_limit": (Load(2, 8192, 32), "prefill_below_card_limit"),
 }
+# The same on every kind, unless its simulator class says otherwise (`demo_loads`: the KV
+# pools differ, so filling each takes its own load).
+SHARED_LOADS: dict[str, Load] = {
+    "weights_not_resident": Load(2, 256, 64),
+    "kv_saturated": Load(8, 900, 400),
+    "scheduling_bound": Load(8, 200, 200),
+    "decode_at_card_limit": Load(1, 256, 64),
+}
 LOADS: dict[str, dict[str, Load]] = {
-    "weights_not_resident": {"llamacpp": Load(2, 256, 64), "sglang": Load(2, 256, 64)},
-    "kv_saturated": {"llamacpp": Load(8, 900, 400), "sglang": Load(12, 1500, 600)},
-    "scheduling_bound": {"llamacpp": Load(8, 200, 200), "sglang": Load(8, 200, 200)},
-    "decode_at_card_limit": {"llamacpp": Load(1, 256, 64), "sglang": Load(1, 256, 64)},
+    preset: {
+        kind: Load(*simulator_class(kind).demo_loads.get(preset, astuple(load))) for kind in KINDS
+    }
+    for preset, load in SHARED_LOADS.items()
 }
 
 
@@ -112,18 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder for configs, state and logs (default: a new temporary folder)",
     )
     p.add_argument("--scenario", default="healthy", choices=names, help="preset of both engines")
-    p.add_argument(
-        "--llamacpp-scenario",
-        default=None,
-        choices=names,
-        help="preset of the llama.cpp simulator (default: --scenario)",
-    )
-    p.add_argument(
-        "--sglang-scenario",
-        default=None,
-        choices=names,
-        help="preset of the SGLang simulator (default: --scenario)",
-    )
+    for kind in KINDS:
+        p.add_argument(
+            f"--{kind}-scenario",
+            default=None,
+            choices=names,
+            help=f"preset of the {engine_kind(kind).display} simulator (default: --scenario)",
+        )
     p.add_argument("--exporter-port", type=int, default=9490)
     p.add_argument(
         "--prometheus-url",
@@ -257,10 +263,7 @@ def prometheus_config(exporter: str, alertmanager: str | None, interval: str) ->
 def main(argv: list[str]) -> int:
     """Start everything, print the URLs and verdicts, stop everything on Ctrl-C/SIGTERM."""
     args = build_parser().parse_args(argv)
-    chosen = {
-        "llamacpp": args.llamacpp_scenario or args.scenario,
-        "sglang": args.sglang_scenario or args.scenario,
-    }
+    chosen = {kind: getattr(args, f"{kind}_scenario") or args.scenario for kind in KINDS}
     if args.prometheus_url:
         prometheus, alertmanager, has_rules = None, None, True
     else:
@@ -317,9 +320,10 @@ def run(
         # Its own card: two engines on one fake card would add up past its size.
         cmd += ["--gpu-state-file", str(state), "--gpu-index", str(index)]
         engine: dict[str, Any] = {"name": engine_name(kind), "kind": kind, "url": urls[kind]}
-        if kind == "llamacpp":
-            cmd += ["--log-file", str(out / "llama-server.log")]
-            engine["log_file"] = str(out / "llama-server.log")
+        log_name = simulator_class(kind).demo_log
+        if log_name:
+            cmd += ["--log-file", str(out / log_name)]
+            engine["log_file"] = str(out / log_name)
         engines.append(engine)
         demo.spawn(kind, cmd)
     config = {

@@ -20,6 +20,7 @@ from simulator.model import (
     Clock,
     EngineParams,
     GpuSpec,
+    KvStyle,
     ModelSpec,
     Request,
     RequestError,
@@ -35,7 +36,7 @@ class Engine(StepCosts):
 
     def __init__(
         self,
-        kind: str,
+        style: KvStyle,
         model: ModelSpec,
         gpu: GpuSpec,
         params: EngineParams,
@@ -43,7 +44,7 @@ class Engine(StepCosts):
         clock: Clock,
         log: Callable[[str, str], None] | None = None,
     ):
-        self.kind = kind
+        self.style = style
         self.model = model
         self.gpu = gpu
         self.params = params
@@ -80,14 +81,14 @@ class Engine(StepCosts):
 
     def kv_cached_idle(self) -> int:
         """Tokens held as prefix cache but evictable (idle slots / radix tree)."""
-        if self.kind == "sglang":
+        if not self.style.slots:
             return sum(len(t) for t in self.radix)
         return sum(len(s.tokens) for s in self.slots if s.request is None)
 
     def _evict_for(self, need: int) -> None:
         """Drop cached prefixes until `need` tokens fit in the pool."""
         cap = self.params.ctx_total
-        if self.kind == "sglang":
+        if not self.style.slots:
             freed = 0
             while self.radix and self.kv_used() + self.kv_cached_idle() + need > cap:
                 freed += len(self.radix.pop(0))
@@ -112,12 +113,12 @@ class Engine(StepCosts):
         """Validate and queue a request; the caller then reads `events` until None."""
         if not prompt:
             raise RequestError("the prompt is empty")
-        limit = self.n_ctx_slot if self.kind == "llamacpp" else self.params.context_len
+        limit = self.n_ctx_slot if self.style.slots else self.params.context_len
         if len(prompt) >= limit:
             raise RequestError(
                 f"the request exceeds the available context size ({len(prompt)} >= {limit} tokens)"
             )
-        if self.kind == "sglang" and len(prompt) > self.params.ctx_total:
+        if not self.style.slots and len(prompt) > self.params.ctx_total:
             raise RequestError("the prompt is larger than the KV cache pool")
         # Greedy decoding is a function of the prompt; sampling follows the seed when given.
         if temperature <= 0 or seed is not None:
@@ -165,7 +166,7 @@ class Engine(StepCosts):
     def _admit(self) -> None:
         while self.waiting:
             req = self.waiting[0]
-            if self.kind == "llamacpp":
+            if self.style.slots:
                 slot = self._pick_slot(req)
                 if slot is None:
                     return
@@ -229,7 +230,7 @@ class Engine(StepCosts):
         """Run one batch: prefill the newly admitted requests, decode the others."""
         new = [r for r in self.running if not r.prefilled]
         decode = [r for r in self.running if r.prefilled]
-        if self.kind == "sglang" and decode:
+        if not self.style.slots and decode:
             self._retract_if_full(decode)
             decode = [r for r in self.running if r.prefilled]
         prefill_tokens = sum(r.uncached for r in new)
@@ -327,13 +328,13 @@ class Engine(StepCosts):
             self._finish(req, "length")
         elif not req.ignore_eos and n >= req.natural_len:
             self._finish(req, "stop")
-        elif self.kind == "llamacpp" and req.n_tokens >= self.n_ctx_slot:
+        elif self.style.slots and req.n_tokens >= self.n_ctx_slot:
             req.truncated = True
             self._finish(req, "length")
-        elif self.kind == "sglang" and req.n_tokens >= self.params.context_len:
+        elif not self.style.slots and req.n_tokens >= self.params.context_len:
             self._finish(req, "length")
         elif (
-            self.kind == "llamacpp"
+            self.style.slots
             and self.params.kv_unified
             and self.kv_used() + len(self.running) > self.params.ctx_total
         ):
@@ -358,14 +359,14 @@ class Engine(StepCosts):
         st.predicted_seconds += gen_s
         st.win_pred_tokens += max(0, n - 1)
         st.win_pred_seconds += gen_s
-        if self.kind == "llamacpp" and 0 <= req.slot < len(self.slots):
+        if self.style.slots and 0 <= req.slot < len(self.slots):
             slot = self.slots[req.slot]
             # the last sampled token is not yet in the cache
             slot.tokens = (req.prompt + req.generated)[:-1]
             slot.request = None
             slot.last_used = self.clock.now()
             slot.last_task = req.id
-        elif self.kind == "sglang":
+        elif not self.style.slots:
             self.radix.append(req.prompt + req.generated)
             self._evict_for(0)
         self.finished.append(req)

@@ -14,6 +14,7 @@ from simulator.model import (
     Clock,
     EngineParams,
     GpuSpec,
+    KvStyle,
     ModelSpec,
 )
 
@@ -21,7 +22,7 @@ from simulator.model import (
 class MemoryModel:
     """Weight and KV bytes of one engine (the state is set by `Engine`)."""
 
-    kind: str
+    style: KvStyle
     model: ModelSpec
     gpu: GpuSpec
     params: EngineParams
@@ -42,7 +43,7 @@ class MemoryModel:
     @property
     def weights_total(self) -> int:
         """Weight bytes of the served model."""
-        if self.kind == "sglang" and self.model.sglang_weight_bytes:
+        if self.style.checkpoint_weights and self.model.sglang_weight_bytes:
             return self.model.sglang_weight_bytes
         return self.model.weights_bytes
 
@@ -65,7 +66,7 @@ class MemoryModel:
     @property
     def host_expert_layers(self) -> int:
         """Offloaded layers whose routed experts stay in host memory (llama.cpp --n-cpu-moe)."""
-        if self.kind != "llamacpp" or not self.model.expert_count:
+        if not self.style.experts_on_host or not self.model.expert_count:
             return 0
         first_gpu_layer = self.model.n_layer - self.n_layer_gpu()
         return max(0, min(self.params.n_cpu_moe, self.model.n_layer) - first_gpu_layer)
@@ -97,7 +98,7 @@ class MemoryModel:
     def kv_type_bytes(self) -> tuple[float, float]:
         """Bytes per K and per V element of the cache (the model's figure is for 16-bit)."""
         p = self.params
-        if self.kind == "sglang":
+        if not self.style.split_kv_types:
             size = SGLANG_KV_BYTES[p.kv_cache_dtype]
             return size, size
         return LLAMACPP_KV_BYTES[p.cache_type_k], LLAMACPP_KV_BYTES[p.cache_type_v]
@@ -114,7 +115,7 @@ class MemoryModel:
 
         SGLang allocates one page more than `max_total_num_tokens` (a dummy slot for padded
         tokens; page size 1 here)."""
-        slots = self.params.ctx_total + (1 if self.kind == "sglang" else 0)
+        slots = self.params.ctx_total + (1 if self.style.padding_page else 0)
         return round(slots * self.kv_bytes_per_token)
 
     def process_gpu_bytes(self) -> int:

@@ -96,6 +96,25 @@ class GpuSpec:
         return self.max_sm_clock_mhz / self.busy_sm_clock_mhz
 
 
+@dataclass(frozen=True)
+class KvStyle:
+    """How an engine holds its KV cache and weights: the switches of the shared model
+    (engine.py, memory.py) that each kind's simulator class sets (`SimBase.style`)."""
+
+    # Each request takes a slot with its own context (n_ctx / slots) whose tokens stay as its
+    # prompt cache (llama.cpp); else one token pool with a radix prefix cache that retracts
+    # running requests when full and rejects a prompt larger than the pool (SGLang).
+    slots: bool
+    # K and V cache types set apart (-ctk/-ctv), else one --kv-cache-dtype.
+    split_kv_types: bool = False
+    # Routed experts of the first offloaded layers may stay in host memory (--n-cpu-moe).
+    experts_on_host: bool = False
+    # The weight bytes of the HF checkpoint where the model has them (SGLang's figure).
+    checkpoint_weights: bool = False
+    # One KV page more than the pool's tokens (SGLang's padding slot).
+    padding_page: bool = False
+
+
 @dataclass
 class EngineParams:
     """Engine settings (flags) and costs of one simulated server."""

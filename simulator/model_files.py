@@ -15,6 +15,7 @@ import logging
 import tempfile
 from pathlib import Path
 
+from config.kinds import engine_kind
 from simulator.model import ModelSpec
 
 LOG = logging.getLogger("llmb-sim")
@@ -26,9 +27,11 @@ class ModelFiles:
     def __init__(self, kind: str, model: ModelSpec) -> None:
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self.path = model.name
-        if kind == "llamacpp" and model.gguf_like is not None:
+        # The kind's model layout (config/kinds.py): a GGUF file or an HF folder.
+        layout = engine_kind(kind).model_layout
+        if layout == "file" and model.gguf_like is not None:
             self.path = self._write_gguf(model) or model.name
-        elif kind == "sglang" and model.hf_config is not None:
+        elif layout == "folder" and model.hf_config is not None:
             self.path = str(self._write_hf(model))
 
     def _folder(self) -> Path:

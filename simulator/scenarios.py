@@ -161,7 +161,8 @@ H100_POWER_CAPPED = GpuSpec(
 
 @dataclass(frozen=True)
 class Scenario:
-    """A preset: model, card, and engine parameters for each engine kind."""
+    """A preset: model, card, and engine parameters for each engine kind (one field per
+    simulated kind, named as the kind)."""
 
     name: str
     description: str
@@ -172,7 +173,10 @@ class Scenario:
 
     def params(self, kind: str) -> EngineParams:
         """Engine parameters for `kind` (a fresh copy, safe to modify)."""
-        return replace(self.llamacpp if kind == "llamacpp" else self.sglang)
+        params = getattr(self, kind, None)
+        if not isinstance(params, EngineParams):
+            raise KeyError(f"scenario {self.name!r} has no parameters for kind {kind!r}")
+        return replace(params)
 
 
 def _fast(**kw: Any) -> EngineParams:

@@ -104,6 +104,14 @@ class Row:
     prefill_s: float | None = None
     prefill_tok_s: float | None = None
     prefill_efficiency: float | None = None
+    # Where the split came from: "requests" (each request's TTFT less the engine's own prompt
+    # time for it, llama.cpp `timings.prompt_ms`), "histograms" (the means of the engine's
+    # queue-time and TTFT histograms over the step, SGLang); None: no split.
+    ttft_split_source: str | None = None
+    # The rules' prefill tok/s over the step's window (`engine:llmb_prefill_tokens_per_second`,
+    # what Prometheus shows), from the exporter's series: the same figure as `prefill_tok_s`
+    # from the engine's log and counters rather than the requests' timings. None: no series.
+    rules_prefill_tok_s: float | None = None
     # Where `per_seq_tok_s` and `ttft_s` came from (diagnose/decision/sources.py): "client"
     # (the streamed chunks) or "engine" (its own timing: the streamed text was empty); None:
     # not measured, or a run saved before these fields.

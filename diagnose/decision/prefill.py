@@ -12,11 +12,13 @@ from dataclasses import dataclass, replace
 
 from core.prefill import (
     PrefillStructure,
+    busy_seconds,
     prefill_efficiency,
     prefill_flops_per_token,
     prefill_limit_tokens_per_second,
     prefill_misfit_text,
     prefill_physical,
+    prefill_tokens_per_second,
 )
 from diagnose.decision.model import EngineResult, Prefill, Row
 
@@ -34,39 +36,40 @@ class PromptTiming:
 
 @dataclass(frozen=True)
 class TtftSplit:
-    """A step's prompts: tok/s while prompts were computed, mean wait and mean work."""
+    """A step's prompts: prompt tok/s while prompts were being computed
+    (`core.prefill.prefill_tokens_per_second`), and the mean time before the first token split
+    into waiting and computing the prompt."""
 
-    prefill_tok_s: float
+    prefill_tok_s: float | None
     queue_wait_s: float
     prefill_s: float
-
-
-def _union_seconds(spans: list[tuple[float, float]]) -> float:
-    """Length of the union of [start, end] spans."""
-    total, end = 0.0, float("-inf")
-    for lo, hi in sorted(spans):
-        if hi <= end:
-            continue
-        total += hi - max(lo, end)
-        end = hi
-    return total
+    source: str = "requests"
 
 
 def ttft_split(timings: Iterable[PromptTiming]) -> TtftSplit | None:
-    """Prompt tok/s = prompt tokens / the time any prompt was being computed (the union of
-    the engine's prompt spans, each ending at its first token), so prompts computed one
-    after another in one batch count once; a request's work is its prompt at that speed,
-    its wait the rest of its TTFT. None without the engine's prompt timings."""
+    """The split from the engine's own prompt time of each request: computing is its
+    `prompt_ms`, waiting the rest of its TTFT. Prompts computed together in one batch each
+    count their whole prompt time as computing, never as waiting. Prompt tok/s: the prompt
+    tokens computed over the union of the prompt spans (each ending at its first token).
+    None without the engine's prompt timings."""
     rows = [t for t in timings if t.prompt_ms > 0 and t.prompt_n > 0]
     if not rows:
         return None
-    busy = _union_seconds([(t.first_token_at - t.prompt_ms / 1e3, t.first_token_at) for t in rows])
-    if not busy > 0:
-        return None
-    speed = sum(t.prompt_n for t in rows) / busy
-    work = [t.prompt_n / speed for t in rows]
+    spans = [(t.first_token_at - t.prompt_ms / 1e3, t.first_token_at) for t in rows]
+    speed = prefill_tokens_per_second(sum(t.prompt_n for t in rows), busy_seconds(spans))
+    work = [t.prompt_ms / 1e3 for t in rows]
     wait = [max(t.ttft_s - w, 0.0) for t, w in zip(rows, work, strict=True)]
     return TtftSplit(speed, sum(wait) / len(wait), sum(work) / len(work))
+
+
+def histogram_split(ttft_s: float | None, queue_s: float | None) -> TtftSplit | None:
+    """The split from the engine's own histograms over a step where it times no request's
+    prompt for the client (SGLang): waiting is the mean of its queue-time histogram, computing
+    the rest of the mean of its TTFT histogram (both per request, from admission). No prompt
+    tok/s: a histogram has no spans to take the union of. None without both."""
+    if ttft_s is None or queue_s is None:
+        return None
+    return TtftSplit(None, queue_s, max(ttft_s - queue_s, 0.0), "histograms")
 
 
 def structure(engine: EngineResult) -> PrefillStructure | None:
@@ -110,13 +113,17 @@ def prefill_row(engine: EngineResult) -> Row | None:
 
 
 def split_text(row: Row) -> str:
-    """`: waiting W s, prompt P s at N tok/s` (the TTFT split), or '' without timings."""
-    if row.prefill_tok_s is None or row.queue_wait_s is None or row.prefill_s is None:
+    """` (waiting W s, prompt P s at N tok/s)` (the TTFT split), its source where it is not
+    each request's own prompt time, or '' without one."""
+    if row.queue_wait_s is None or row.prefill_s is None:
         return ""
-    return (
-        f" (waiting {row.queue_wait_s:.3f} s, prompt {row.prefill_s:.3f} s at "
-        f"{row.prefill_tok_s:.0f} tok/s)"
+    speed = f" at {row.prefill_tok_s:.0f} tok/s" if row.prefill_tok_s is not None else ""
+    source = (
+        ": the means of the engine's queue-time and TTFT histograms over the step"
+        if row.ttft_split_source == "histograms"
+        else ""
     )
+    return f" (waiting {row.queue_wait_s:.3f} s, prompt {row.prefill_s:.3f} s{speed}{source})"
 
 
 def prefill_text(p: Prefill) -> str:

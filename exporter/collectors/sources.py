@@ -1,15 +1,16 @@
-"""The source columns of docs/metrics.md, one table per registered engine kind.
+"""The source columns of docs/metrics.md, one tuple per registered engine kind.
 
 Each kind's `sources.py` (beside its collector) maps every `llmb_*` series to where it comes
-from on that engine; `exporter.metrics_doc.markdown_table` renders one column per entry here.
+from on that engine, as the `COLUMNS` its row names (config/kinds.py `sources`);
+`exporter.metrics_doc.markdown_table` renders one column per entry.
 """
 
 from __future__ import annotations
 
+import pkgutil
 from dataclasses import dataclass
 
-from exporter.collectors.llamacpp import sources as llamacpp
-from exporter.collectors.sglang import sources as sglang
+from config.kinds import engine_kind
 
 
 @dataclass(frozen=True)
@@ -23,11 +24,11 @@ class SourceColumn:
     release: str = ""
 
 
-# Per kind of config/kinds.py, the main column first.
-SOURCE_COLUMNS: dict[str, tuple[SourceColumn, ...]] = {
-    "llamacpp": (SourceColumn(llamacpp.SOURCES),),
-    "sglang": (
-        SourceColumn(sglang.SOURCES),
-        SourceColumn(sglang.SOURCES_0_5_11, release="0.5.11"),
-    ),
-}
+def source_columns(kind: str) -> tuple[SourceColumn, ...]:
+    """The source columns a kind's row names, the main column first."""
+    columns = pkgutil.resolve_name(engine_kind(kind).sources)
+    if not (
+        isinstance(columns, tuple) and columns and all(isinstance(c, SourceColumn) for c in columns)
+    ):
+        raise TypeError(f"{kind}: {engine_kind(kind).sources} is not a tuple of SourceColumn")
+    return columns

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from config.kinds import BY_KIND
+from config.kinds import engine_kind, kinds
 from loadgen.client import StreamClient, StreamResult
 from loadgen.prompts import CalibrationError, TokenCounter, calibrate, fixed_prompt
 from loadgen.scheduler.context import Prompts, RunContext
@@ -43,7 +43,8 @@ def token_counter(spec: RunSpec, client: StreamClient) -> TokenCounter:
     # A kind's tokenize endpoint (llama.cpp's /tokenize, with BOS) equals the prompt_tokens
     # of /v1/completions and costs no prefill; the chat template adds tokens only a real
     # request can count.
-    kind = BY_KIND.get(client.target.kind)
+    known = client.target.kind in kinds()
+    kind = engine_kind(client.target.kind) if known else None
     tokenize = kind.tokenize_path if kind and spec.endpoint == "completions" else None
 
     async def count(text: str) -> int:

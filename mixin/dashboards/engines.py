@@ -49,7 +49,8 @@ def _decode_row(cfg: MixinConfig) -> Row:
                 description=(
                     "Generated and prompt tokens per second over all sequences "
                     f"({threshold_promql('rate_window')} rates of the engine counters), and "
-                    "prefill speed (prompt tokens / prompt time, llama.cpp). Use it to compare "
+                    "prefill speed (prompt tokens computed / the wall time prefill ran, the figure "
+                    "diagnose reports). Use it to compare "
                     "engines under the same load; batching raises it above one sequence's speed."
                 ),
             ),

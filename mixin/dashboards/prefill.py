@@ -39,7 +39,11 @@ def prefill_row() -> Row:
                 gate=f"<= {t['decode_efficiency_physical_max']}",
                 description=(
                     "Prompt tok/s x FLOPs per prompt token (2 x the active parameters plus "
-                    "attention at the mean prompt) / the card's dense BF16 peak "
+                    "attention at the mean prompt) / the card's dense BF16 peak. Prompt tok/s "
+                    f"(`engine:llmb_prefill_tokens_per_second:rate{RW}`) is the one prefill "
+                    "figure `llmb-loadgen diagnose` reports too: prompt tokens computed over the "
+                    "wall time prefill ran (`llmb_engine_prefill_busy_seconds_total`), so "
+                    "prompts computed together count once "
                     f"(`engine:llmb_prefill_efficiency:ratio{RW}`). At or above the line "
                     f"(`prefill_efficiency_at_limit` = {t['prefill_efficiency_at_limit']}) "
                     "prompts run at the card's compute limit. Above "
@@ -55,7 +59,10 @@ def prefill_row() -> Row:
                 width=6,
                 description=(
                     "wait: average requests waiting / (waiting + in prefill), the share of the "
-                    "time before the first token spent waiting (Little's law). prefill: prompt "
+                    "time before the first token spent waiting (an estimate by Little's law; in "
+                    "prefill: each request's own prompt time, so prompts computed together are "
+                    "not waiting; diagnose splits each request's TTFT with the engine's own "
+                    "prompt time). prefill: prompt "
                     "seconds / (prompt + decode seconds), the share of the engine's time spent "
                     "on prompts."
                 ),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from config.kinds import preallocating_selector
 from core.thresholds import threshold_promql
 from mixin.rules.card import card_rules
 from mixin.rules.common import E, mx, ratio, rec
@@ -82,7 +83,7 @@ def throughput_rules() -> list[dict[str, Any]]:
               - ({_rate("llmb_engine_prompt_tokens_cached_total")}
                  or 0 * {_rate("llmb_engine_prompt_tokens_total")})
             )
-              / ({_rate("llmb_engine_prompt_seconds_total")} > 0)
+              / ({_rate("llmb_engine_prefill_busy_seconds_total")} > 0)
             """,
         ),
         ratio(
@@ -174,7 +175,7 @@ def admission_rules() -> list[dict[str, Any]]:
     peak = f"engine:llmb_requests_running:peak{qw}"
     capacity = "engine:llmb_kv_cache_capacity_tokens:max"
     tokens = f"engine:llmb_request_tokens:mean{rw}"
-    sglang = 'kind="sglang"'
+    sglang = preallocating_selector()  # SGLang's kind (config/kinds.py kv_pool_preallocated)
     return [
         rec(peak, mx(f"max_over_time(llmb_engine_requests_running[{qw}])")),
         rec("engine:llmb_slots:max", mx("llmb_engine_slots")),

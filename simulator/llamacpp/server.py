@@ -15,7 +15,7 @@ from simulator import common
 from simulator.common import SimBase, SimOptions, route
 from simulator.llamacpp import logs, metrics, payloads
 from simulator.llamacpp.payloads import BOS, BUILD_INFO, error, timings, usage
-from simulator.model import Request, RequestError
+from simulator.model import KvStyle, Request, RequestError
 
 PUBLIC_PATHS = {"/health", "/v1/health", "/models", "/v1/models", "/api/tags"}
 
@@ -24,6 +24,8 @@ class LlamaCppSim(SimBase):
     """A llama-server stand-in driven by the performance model."""
 
     kind = "llamacpp"
+    style = KvStyle(slots=True, split_kv_types=True, experts_on_host=True)
+    demo_log = "llama-server.log"
     DOCUMENTS = ((payloads.props, ("/props",)), (payloads.models, ("/v1/models", "/models")))
 
     def __init__(self, opts: SimOptions):

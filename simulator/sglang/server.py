@@ -8,7 +8,7 @@ families, `payloads` the JSON answers.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from aiohttp import web
 from prometheus_client.core import CollectorRegistry
@@ -16,7 +16,7 @@ from prometheus_client.exposition import choose_encoder
 
 from simulator import common
 from simulator.common import SimBase, SimOptions, route
-from simulator.model import Request, RequestError
+from simulator.model import KvStyle, Request, RequestError
 from simulator.sglang import payloads
 from simulator.sglang.metrics import SglangMetrics
 from simulator.sglang.payloads import bad_request
@@ -26,6 +26,9 @@ class SglangSim(SimBase):
     """An SGLang stand-in driven by the performance model."""
 
     kind = "sglang"
+    style = KvStyle(slots=False, checkpoint_weights=True, padding_page=True)
+    # Its pool holds more tokens than llama.cpp's slots: more and longer requests fill it.
+    demo_loads: ClassVar[dict[str, tuple[int, int, int]]] = {"kv_saturated": (12, 1500, 600)}
     DOCUMENTS = (
         (payloads.server_info, ("/server_info", "/get_server_info")),
         (payloads.model_info, ("/model_info", "/get_model_info")),

@@ -21,6 +21,7 @@ import pytest
 from model.geometry import geometry_from_gguf, geometry_from_hf_config
 from model.kv_cache import estimate_llamacpp_kv, estimate_sglang_kv
 from simulator import scenarios
+from simulator.common import simulator_class
 from simulator.engine import Engine
 from simulator.model import Clock, ModelSpec, Request
 from simulator.tokenizer import Tokenizer
@@ -37,7 +38,8 @@ KVQ_FIXTURE = FIXTURES / "llamacpp-cpu-gemma3-270m-kv-q8_0"
 def engine(scenario: str, kind: str = "llamacpp") -> Engine:
     sc = scenarios.get(scenario)
     tok = Tokenizer("word", sc.model.n_vocab)
-    return Engine(kind, sc.model, sc.gpu, sc.params(kind), tok, Clock(1.0))
+    style = simulator_class(kind).style
+    return Engine(style, sc.model, sc.gpu, sc.params(kind), tok, Clock(1.0))
 
 
 def is_file(path: Path) -> bool:

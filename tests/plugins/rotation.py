@@ -19,6 +19,7 @@ MIB = 1024 * 1024
 # The log-derived counters the exporter serves (llmb_engine_* from the log follower).
 LOG_COUNTERS = (
     "llmb_engine_prompt_seconds_total",
+    "llmb_engine_prefill_busy_seconds_total",
     "llmb_engine_generation_tokens_total",
     "llmb_engine_decode_tokens_total",
     "llmb_engine_decode_seconds_total",

@@ -300,7 +300,7 @@ def test_flags_named_in_the_report_exist() -> None:
         if isinstance(n, ast.Constant) and isinstance(n.value, str)
     ]
     # The engine kinds' residency fixes, which the answer and the report print.
-    literals += [e.residency.layers_fix for e in kinds.ENGINES]
+    literals += [e.residency.layers_fix for e in kinds.engines()]
     # Flags of llama-server itself, quoted as "(llama-server ...)", are not ours.
     hints = re.sub(r"\(llama-server [^)]*\)", "", " ".join(literals))
     flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", hints))

@@ -14,7 +14,7 @@ from config.settings import EngineConfig
 from exporter.attribution import Attribution
 from exporter.collectors import Scrape
 from exporter.collectors.llamacpp.collector import LlamaCppCollector
-from exporter.collectors.llamacpp.log import LogFollower
+from exporter.collectors.llamacpp.log import LogFollower, LogState
 from tests.paths import FIXTURES
 
 CPU = FIXTURES / "llamacpp-cpu-gemma3-270m"
@@ -158,6 +158,10 @@ async def test_cpu_busy_capture_maps_to_schema() -> None:
         v(m, "llmb_engine_decode_seconds_total") == raw["llamacpp:tokens_predicted_seconds_total"]
     )
     assert v(m, "llmb_engine_generation_tokens_total") == raw["llamacpp:tokens_predicted_total"]
+    # No log: llama.cpp's own prompt time (timed per prompt batch) is both prompt series.
+    seconds = raw["llamacpp:prompt_seconds_total"]
+    assert v(m, "llmb_engine_prompt_seconds_total") == seconds
+    assert v(m, "llmb_engine_prefill_busy_seconds_total") == seconds
     assert v(m, "llmb_model_weights_bytes") == 246587904
     assert v(m, "llmb_model_parameters") == 268098176
     info = values(m)
@@ -192,6 +196,16 @@ async def test_h200_np4_c4_capture_slots_and_log() -> None:
     assert v(m, "llmb_engine_gpu_layers_total") == 63
     assert v(m, "llmb_engine_kv_cache_bytes", device="CUDA0") == 5056 * MIB
     assert v(m, "llmb_engine_model_buffer_bytes", device="CUDA0") == pytest.approx(14493.27 * MIB)
+    # With the log: each request's own prompt time summed, and the union of the prompt spans.
+    state = LogState()
+    for line in _read(H200 / "server_c32k_np4.log").splitlines():
+        state.feed(line)
+    assert v(m, "llmb_engine_prompt_seconds_total") == pytest.approx(state.prompt_seconds)
+    assert v(m, "llmb_engine_prefill_busy_seconds_total") == pytest.approx(
+        state.prefill_busy_seconds
+    )
+    # Four slots computed prompts together: the union is well below the sum.
+    assert 0 < state.prefill_busy_seconds < 0.5 * state.prompt_seconds
 
 
 async def test_metrics_disabled_and_no_slots_keep_other_series() -> None:

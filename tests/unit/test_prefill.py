@@ -3,19 +3,26 @@ and the recording rules' arithmetic over raw samples."""
 
 from __future__ import annotations
 
+import random
+from pathlib import Path
+
 import pytest
 
 from core.prefill import (
+    PrefillBusy,
     PrefillStructure,
     attended_positions,
+    busy_seconds,
     prefill_flops_per_token,
     prefill_physical,
+    prefill_tokens_per_second,
     ttft_wait_share,
 )
 from core.rules import rule_values_at
 from diagnose.decision.model import EngineResult, Row
-from diagnose.decision.prefill import PromptTiming, ttft_split
+from diagnose.decision.prefill import PromptTiming, histogram_split, split_text, ttft_split
 from diagnose.report.tables import measurement_table
+from exporter.collectors.llamacpp.log import LogState
 from model.flops import hf_attention_dims, prefill_flops
 from model.geometry import geometry_from_hf_config
 from model.gpu_specs import table_peak_flops
@@ -79,17 +86,100 @@ def test_the_report_table_shows_no_prefill_share_beyond_physics() -> None:
     assert shares == ["42 %", "does not fit (beyond physics)"]
 
 
-def test_ttft_split_counts_overlapping_prompts_once() -> None:
-    # Two 8192-token prompts sent together, computed one after the other in 2.7 s each: the
-    # second's prompt span (5.4 s) covers the first's. 3034 tok/s, the second waits 2.7 s.
-    timings = [PromptTiming(102.7, 2.7, 2700.0, 8192), PromptTiming(105.4, 5.4, 5400.0, 8192)]
+# The H200 F16 capture's four 8192-token prompts at c=4, as llama-server logged them: (the
+# `total time` line's timestamp in s, total ms, prompt eval ms). The prompt spans overlap.
+H200_C4 = [
+    (35.216589, 7543.89, 2325.96),
+    (37.233963, 8752.28, 3445.99),
+    (39.085764, 8788.84, 3588.18),
+    (42.286378, 10056.74, 2901.82),
+]
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "llamacpp-h200-f16-prompt-timings"
+
+
+def test_busy_seconds_is_the_union_of_the_prompt_spans() -> None:
+    assert busy_seconds([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0), (5.5, 5.7)]) == pytest.approx(4.0)
+    busy = PrefillBusy()
+    # Out of order, as requests end: each span adds only what no earlier one covered.
+    assert busy.add(5.0, 6.0) == pytest.approx(1.0)
+    assert busy.add(0.0, 2.0) == pytest.approx(2.0)
+    assert busy.add(1.0, 5.5) == pytest.approx(3.0)
+    assert busy.add(1.0, 2.0) == 0.0 and busy.add(3.0, 3.0) == 0.0
+    assert busy.total == pytest.approx(6.0)
+    # Any order of arrival gives the union's length.
+    rng = random.Random(7)
+    for _ in range(50):
+        spans = [(a, a + rng.uniform(0.0, 20.0)) for a in (rng.uniform(0, 100) for _ in range(20))]
+        running = PrefillBusy()
+        for lo, hi in spans:
+            running.add(lo, hi)
+        assert running.total == pytest.approx(busy_seconds(spans), abs=1e-9)
+    # Spans ending more than the horizon before the latest are forgotten: counted again.
+    short = PrefillBusy(horizon_s=10.0)
+    short.add(0.0, 5.0)
+    short.add(100.0, 101.0)
+    assert short.add(0.0, 5.0) == 5.0 and short.add(100.5, 102.0) == pytest.approx(1.0)
+    assert prefill_tokens_per_second(8192.0, 2.0) == 4096.0
+    assert prefill_tokens_per_second(8192.0, 0.0) is None
+
+
+def test_the_logs_prompt_spans_count_prompts_computed_together_once() -> None:
+    state = LogState()
+    for line in (FIXTURE / "llama-server-prompt-timings.txt").read_text().splitlines():
+        state.feed(line)
+    # Each span ends `total - prompt` before its line, by hand: the c=4 four overlap into
+    # one 7.46 s stretch; the c=1 prompt and the second c=4 round are their own.
+    c4 = [(end - total / 1e3, end - total / 1e3 + prompt / 1e3) for end, total, prompt in H200_C4]
+    assert c4[0][0] == pytest.approx(27.6727) and c4[3][1] == pytest.approx(35.1316, abs=1e-3)
+    single = (27.072566 - 1.84037, 27.072566 - 1.84037 + 1.56029)
+    second = [
+        (46.713565 - 10.08110, 46.713565 - 10.08110 + 2.45230),
+        (46.830462 - 9.29766, 46.830462 - 9.29766 + 4.75248),
+        (46.941184 - 6.22818, 46.941184 - 6.22818 + 4.68127),
+        (47.029262 - 3.11881, 47.029262 - 3.11881 + 2.71721),
+    ]
+    truth = busy_seconds([single, *c4, *second])
+    assert state.prefill_busy_seconds == pytest.approx(truth, abs=1e-6)
+    assert state.prompt_tokens == 9 * 8192
+    # The sum of the prompt times counts the overlapping prompts' shared time again.
+    assert state.prompt_seconds == pytest.approx(28.4255)
+    assert state.prompt_seconds > 1.4 * state.prefill_busy_seconds
+
+
+def test_ttft_split_takes_each_prompts_own_time_as_computing() -> None:
+    # The c=4 four, each sent 30 ms before its slot started its prompt: a batch's shared
+    # compute is no waiting (the old split said about 2 s of waiting for these).
+    timings = [
+        PromptTiming(end - total / 1e3 + prompt / 1e3, prompt / 1e3 + 0.03, prompt, 8192)
+        for end, total, prompt in H200_C4
+    ]
     split = ttft_split(timings)
     assert split is not None
-    assert split.prefill_tok_s == pytest.approx(16384 / 5.4)
-    assert split.prefill_s == pytest.approx(2.7)
-    assert split.queue_wait_s == pytest.approx(2.7 / 2)
+    assert split.queue_wait_s == pytest.approx(0.03)
+    assert split.prefill_s == pytest.approx(sum(p for _, _, p in H200_C4) / 4e3)
+    spans = [(t.first_token_at - t.prompt_ms / 1e3, t.first_token_at) for t in timings]
+    assert split.prefill_tok_s == pytest.approx(4 * 8192 / (spans[3][1] - spans[0][0]))
+    # A request that waited for a slot: TTFT beyond its prompt time.
+    late = ttft_split([PromptTiming(10.0, 3.0, 1000.0, 100)])
+    assert late is not None and late.queue_wait_s == pytest.approx(2.0)
     assert ttft_split([PromptTiming(1.0, 1.0, 0.0, 0)]) is None
     assert ttft_wait_share(1.0, 3.0) == 0.25 and ttft_wait_share(0.0, 0.0) is None
+
+
+def test_without_per_request_timings_the_split_is_the_engines_histograms_and_says_so() -> None:
+    # SGLang over a step: mean TTFT 3.0 s, mean queue time 0.5 s, both its own histograms.
+    split = histogram_split(3.0, 0.5)
+    assert split is not None and split.source == "histograms" and split.prefill_tok_s is None
+    assert (split.queue_wait_s, split.prefill_s) == (0.5, 2.5)
+    assert histogram_split(3.0, None) is None and histogram_split(None, 0.5) is None
+    row = Row("e", "single", 1, queue_wait_s=0.5, prefill_s=2.5, ttft_split_source="histograms")
+    assert split_text(row) == (
+        " (waiting 0.500 s, prompt 2.500 s: the means of the engine's queue-time and TTFT "
+        "histograms over the step)"
+    )
+    timed = Row("e", "single", 1, queue_wait_s=0.01, prefill_s=2.0, prefill_tok_s=4096.0,
+                ttft_split_source="requests")  # fmt: skip
+    assert split_text(timed) == " (waiting 0.010 s, prompt 2.000 s at 4096 tok/s)"
 
 
 def _series(rate: dict[str, float], gauges: dict[str, float]) -> dict[tuple, list]:
@@ -114,7 +204,9 @@ def test_rules_arithmetic_matches_the_core() -> None:
         {
             "llmb_engine_prompt_tokens_total": 2000.0,
             "llmb_engine_requests_finished_total": 0.5,
+            # Two prompts computed together: 0.1 s of prompt time per second in 0.05 s.
             "llmb_engine_prompt_seconds_total": 0.1,
+            "llmb_engine_prefill_busy_seconds_total": 0.05,
             "llmb_engine_decode_seconds_total": 0.3,
         },
         {
@@ -132,6 +224,7 @@ def test_rules_arithmetic_matches_the_core() -> None:
     sig = values.signals
     assert sig.prompt_tokens_mean == pytest.approx(4000)
     flops = prefill_flops_per_token(PrefillStructure(1e10, 0.0, 1e5, 1024.0), 4000)
-    assert sig.prefill_efficiency == pytest.approx(20000 * flops / 1e15)
+    assert values.prefill_tokens_per_second == pytest.approx(40000)
+    assert sig.prefill_efficiency == pytest.approx(40000 * flops / 1e15)
     assert sig.ttft_wait_share == pytest.approx(0.1 / 0.2)
     assert sig.prefill_time_share == pytest.approx(0.25)

@@ -53,3 +53,12 @@ def test_gpu_buffers_count_and_host_ones_do_not() -> None:
 
 def test_no_buffer_report_is_absent() -> None:
     assert _ratio({}) is None
+
+
+def test_two_samples_of_one_millisecond_have_no_rate() -> None:
+    """diagnose may sample twice within a millisecond: no interval, no rate (not a crash)."""
+    from core.promql import extrapolated
+
+    assert extrapolated([(1000, 1.0), (1000, 5.0)], 1000, 30.0, rate=True) is None
+    # A second apart at the window's end: +4, extrapolated back to the counter's zero (0.25 s).
+    assert extrapolated([(29_000, 1.0), (30_000, 5.0)], 30_000, 30.0, rate=False) == 5.0

@@ -25,10 +25,13 @@ import errno
 import json
 import os
 import re
+import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
+
+from core.prefill import PrefillBusy
 
 MIB = 1024 * 1024
 # Last bytes read, compared on each poll to notice a file rewritten in place.
@@ -53,6 +56,9 @@ _INIT = re.compile(
 )
 _PROMPT_EVAL = re.compile(rf"prompt eval time =\s+{_NUM} ms /\s+(\d{{1,12}}) tokens")
 _EVAL = re.compile(rf"\s eval time =\s+{_NUM} ms /\s+(\d{{1,12}}) tokens")
+# The last of a request's timing lines: it prints when the request ends, `total` ms after its
+# prompt began.
+_TOTAL = re.compile(rf"total time =\s+{_NUM} ms /")
 # Devices seen in one process's log; more is a corrupt log, not a machine.
 MAX_DEVICES = 16
 _RELEASE = re.compile(r"release: .*stop processing: n_tokens = \d+, truncated = (\d)")
@@ -145,6 +151,17 @@ class LogState:
     _in_draft: bool = False
     # Decode intervals of requests whose `draft acceptance` line has not come yet, per task.
     _pending_eval: dict[str, int] = field(default_factory=dict)
+    # The union of the requests' prompt spans (`prefill_busy_seconds`), and the prompt ms of
+    # requests whose `total time` line has not come yet, per task.
+    _busy: PrefillBusy = field(default_factory=PrefillBusy)
+    _pending_prompt: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def prefill_busy_seconds(self) -> float:
+        """Seconds in which a prompt was being computed (the union of the prompt spans): each
+        request's span ends `total - prompt` ms before its timing lines, which print at its
+        end (the line's timestamp; the time it was read where the log has none)."""
+        return self._busy.total
 
     @property
     def spec_accept_length(self) -> float | None:
@@ -193,6 +210,7 @@ class LogState:
         elif match := _PROMPT_EVAL.search(line):
             self.prompt_seconds += float(match[1]) / 1e3
             self.prompt_tokens += int(match[2])
+            self._remember_prompt(line, float(match[1]))
         elif match := _EVAL.search(line):
             self.eval_seconds += float(match[1]) / 1e3
             self.eval_tokens += int(match[2])
@@ -200,6 +218,8 @@ class LogState:
             self._remember_eval(line, max(0, int(match[2]) - 1))
         elif match := _DRAFT_ACCEPT.search(line):
             self._feed_acceptance(line, int(match[1]), int(match[2]))
+        elif match := _TOTAL.search(line):
+            self._prompt_span(line, float(match[1]))
         elif match := _RELEASE.search(line):
             self.requests_finished += 1
             if match[1] == "1":
@@ -239,6 +259,24 @@ class LogState:
         else:
             return False
         return True
+
+    def _remember_prompt(self, line: str, prompt_ms: float) -> None:
+        task = _TASK.search(line)
+        if task is None:
+            return
+        if len(self._pending_prompt) >= MAX_PENDING_TASKS:
+            self._pending_prompt.clear()  # total lines that never came (a cut log)
+        self._pending_prompt[task[1]] = prompt_ms
+
+    def _prompt_span(self, line: str, total_ms: float) -> None:
+        """A request's prompt span into the busy union, at its `total time` line."""
+        task = _TASK.search(line)
+        prompt_ms = self._pending_prompt.pop(task[1], None) if task else None
+        if prompt_ms is None:
+            return
+        ended = _log_seconds(line)
+        start = (time.time() if ended is None else ended) - total_ms / 1e3
+        self._busy.add(start, start + prompt_ms / 1e3)
 
     def _remember_eval(self, line: str, intervals: int) -> None:
         """Keep a request's decode intervals until its `draft acceptance` line (same task)."""

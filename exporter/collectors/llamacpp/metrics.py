@@ -102,9 +102,13 @@ def _map_counters(
         # counts all prompt tokens, as SGLang does.
         ms.add("llmb_engine_prompt_tokens_total", processed + (cached or 0.0), **labels)
     ms.add("llmb_engine_prompt_tokens_cached_total", cached, **labels)
-    ms.add(
-        "llmb_engine_prompt_seconds_total", expo.first(PREFIX + "prompt_seconds_total"), **labels
-    )
+    if log_state is None:
+        # Without the log: llama.cpp's own prompt time. Current builds time each prompt
+        # batch once however many prompts it holds (a wall time, so the busy series too);
+        # the log's per-request `prompt eval time` lines give both apart (map_tokens).
+        seconds = expo.first(PREFIX + "prompt_seconds_total")
+        ms.add("llmb_engine_prompt_seconds_total", seconds, **labels)
+        ms.add("llmb_engine_prefill_busy_seconds_total", seconds, **labels)
     predicted = expo.first(PREFIX + "tokens_predicted_total")
     ms.add("llmb_engine_generation_tokens_total", predicted, **labels)
     if log_state is None:
@@ -127,9 +131,12 @@ def map_tokens(
     if expo is not None:
         _map_counters(ms, expo, log_state, labels)
     elif log_state is not None:
-        ms.add("llmb_engine_prompt_seconds_total", log_state.prompt_seconds, **labels)
         ms.add("llmb_engine_generation_tokens_total", log_state.eval_tokens, **labels)
     if log_state is not None:
+        # Each request's own prompt time, summed (the rules' requests in prefill, by
+        # Little's law), and the union of their spans (the wall time prefill ran).
+        ms.add("llmb_engine_prompt_seconds_total", log_state.prompt_seconds, **labels)
+        ms.add("llmb_engine_prefill_busy_seconds_total", log_state.prefill_busy_seconds, **labels)
         # Decode intervals after each request's first token over the engine's decode
         # time: what timings.predicted_per_second and SGLang's ITL histogram measure.
         ms.add("llmb_engine_decode_tokens_total", log_state.eval_intervals, **labels)

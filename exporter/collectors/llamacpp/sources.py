@@ -1,10 +1,12 @@
 """Where each `llmb_*` series comes from on llama.cpp: the llama.cpp column of docs/metrics.md.
 
-Registered in exporter/collectors/sources.py; `python -m exporter.metrics_doc` renders the
-table. A series not listed is absent on llama.cpp.
+Named by its row in config/kinds.py (`sources`: `COLUMNS`); `python -m exporter.metrics_doc`
+renders the table. A series not listed is absent on llama.cpp.
 """
 
 from __future__ import annotations
+
+from exporter.collectors.sources import SourceColumn
 
 SOURCES: dict[str, str] = {
     "llmb_engine_up": "`/health` 200",
@@ -31,7 +33,13 @@ SOURCES: dict[str, str] = {
     "llmb_engine_kv_cache_bytes": "log `KV buffer size` (-lv 4)",
     "llmb_engine_prompt_tokens_total": "`prompt_tokens_total` + `prompt_tokens_cached_total`",
     "llmb_engine_prompt_tokens_cached_total": "`llamacpp:prompt_tokens_cached_total`",
-    "llmb_engine_prompt_seconds_total": "`llamacpp:prompt_seconds_total` (or log)",
+    "llmb_engine_prompt_seconds_total": (
+        "log `prompt eval time` summed per request (without a log: `prompt_seconds_total`)"
+    ),
+    "llmb_engine_prefill_busy_seconds_total": (
+        "log: union of the requests' `prompt eval time` spans (without a log: "
+        "`prompt_seconds_total`, timed per prompt batch)"
+    ),
     "llmb_engine_generation_tokens_total": "`llamacpp:tokens_predicted_total` (or log)",
     "llmb_engine_decode_tokens_total": (
         "log `eval time` tokens − 1 per request (without a log: `tokens_predicted_total`)"
@@ -85,3 +93,6 @@ SOURCES: dict[str, str] = {
     ),
     "llmb_model_draft_weights_bytes": "log: model buffers of the second (draft) model load (-lv 4)",
 }
+
+# The kind's columns of docs/metrics.md, the main one first.
+COLUMNS: tuple[SourceColumn, ...] = (SourceColumn(SOURCES),)

@@ -1,10 +1,12 @@
 """Where each `llmb_*` series comes from on SGLang: the SGLang columns of docs/metrics.md.
 
-Registered in exporter/collectors/sources.py; `python -m exporter.metrics_doc` renders the
-table. A series not listed in SOURCES is absent on SGLang.
+Named by its row in config/kinds.py (`sources`: `COLUMNS`); `python -m exporter.metrics_doc`
+renders the table. A series not listed in SOURCES is absent on SGLang.
 """
 
 from __future__ import annotations
+
+from exporter.collectors.sources import SourceColumn
 
 SOURCES: dict[str, str] = {
     "llmb_engine_up": "`/metrics` answered, else `/v1/models` 2xx, else `/health` 2xx",
@@ -109,3 +111,9 @@ SOURCES_0_5_11: dict[str, str] = {
         "`memory_usage.weight` + `cpu_offload_gb` (else safetensors, else `config.json`)"
     ),
 }
+
+# The kind's columns of docs/metrics.md, the main one first.
+COLUMNS: tuple[SourceColumn, ...] = (
+    SourceColumn(SOURCES),
+    SourceColumn(SOURCES_0_5_11, release="0.5.11"),
+)
