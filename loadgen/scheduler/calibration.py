@@ -11,12 +11,16 @@ from loadgen.prompts import CalibrationError, TokenCounter, calibrate, fixed_pro
 from loadgen.scheduler.context import Prompts, RunContext
 from loadgen.scheduler.spec import RunSpec
 from loadgen.traffic.model import Traffic
-from loadgen.traffic.prompts import TrafficPrompts, sample_text
+from loadgen.traffic.prompts import LEAD, WORDS, TrafficPrompts, sample_text
 
 log = logging.getLogger(__name__)
 # Word counts the traffic's overhead is read at: the words are one token each when the two
 # agree (checked, and every request's prompt_tokens is checked again against the traffic).
 _OVERHEAD_PROBES = (16, 96)
+# A word is one token when eight of it after LEAD cost eight; fewer such words than this and
+# the prompts would repeat too much to stand for text.
+_WORD_REPEATS = 8
+_MIN_VOCAB = 16
 
 
 async def _count_by_probe(client: StreamClient, spec: RunSpec, text: str, attempts: int = 3) -> int:
@@ -56,10 +60,27 @@ def token_counter(spec: RunSpec, client: StreamClient) -> TokenCounter:
 
 
 async def traffic_prompts(traffic: Traffic, count: TokenCounter) -> TrafficPrompts:
-    """The traffic's prompts for this tokenizer: the tokens a prompt has besides its words."""
+    """The traffic's prompts for this tokenizer: the tokens a prompt has besides its words,
+    and the words that are one token each (all of WORDS on ordinary tokenizers: two probes)."""
     short, long = _OVERHEAD_PROBES
     overhead = await count(sample_text(short)) - short
-    again = await count(sample_text(long)) - long
+    if await count(sample_text(long)) - long == overhead:
+        return _traffic_prompts(traffic, overhead, WORDS)
+    # Not one token a word: keep the words that are, one probe each (LEAD, then the word
+    # eight times), and count the template again with them.
+    base = await count(LEAD)
+    kept = []
+    for word in WORDS:
+        if await count(" ".join([LEAD, *[word] * _WORD_REPEATS])) - base == _WORD_REPEATS:
+            kept.append(word)
+    vocab = tuple(kept)
+    if len(vocab) < _MIN_VOCAB:
+        raise CalibrationError(
+            f"--traffic: only {len(vocab)} of {len(WORDS)} common words are one token each on "
+            "this tokenizer: the prompts cannot be made token-exact"
+        )
+    overhead = await count(sample_text(short, vocab=vocab)) - short
+    again = await count(sample_text(long, vocab=vocab)) - long
     if again != overhead:
         log.warning(
             "the traffic's words are not one token each on this tokenizer (%d and %d tokens "
@@ -69,10 +90,18 @@ async def traffic_prompts(traffic: Traffic, count: TokenCounter) -> TrafficPromp
             short,
             long,
         )
+    return _traffic_prompts(traffic, overhead, vocab)
+
+
+def _traffic_prompts(traffic: Traffic, overhead: int, vocab: tuple[str, ...]) -> TrafficPrompts:
     if overhead < 0:
-        raise CalibrationError(f"a {short}-word prompt counts {overhead + short} tokens")
-    log.info("traffic prompts: %d tokens of template and BOS around the words", overhead)
-    return TrafficPrompts(traffic, overhead)
+        raise CalibrationError(f"--traffic: a prompt counts {overhead} tokens besides its words")
+    log.info(
+        "traffic prompts: %d tokens of template and BOS around the words, %d words one token",
+        overhead,
+        len(vocab),
+    )
+    return TrafficPrompts(traffic, overhead, vocab)
 
 
 async def prompts_for(ctx: RunContext, spec: RunSpec, client: StreamClient) -> Prompts:

@@ -17,21 +17,24 @@ from loadgen.prompts import FILLER_WORDS, ID_WORDS
 from loadgen.traffic.model import Traffic
 
 WORDS = tuple(dict.fromkeys([*ID_WORDS, *FILLER_WORDS]))
+# Every prompt's first word: the template's tokens before the text then end the same way for
+# every request (a word without its leading space may cost another token).
+LEAD = "the"
 # Warm-up prompts use block ids from here, never a measured request's.
 _WARMUP_BASE = 1 << 44
 
 
 @functools.lru_cache(maxsize=8192)
-def block_words(block: int, tokens: int) -> tuple[str, ...]:
-    """The first `tokens` words of block `block` (seeded by the id alone)."""
+def block_words(block: int, tokens: int, vocab: tuple[str, ...] = WORDS) -> tuple[str, ...]:
+    """The first `tokens` words of block `block` (seeded by the id alone) from `vocab`."""
     rng = random.Random(block)
-    count = len(WORDS)
-    return tuple(WORDS[rng.randrange(count)] for _ in range(tokens))
+    count = len(vocab)
+    return tuple(vocab[rng.randrange(count)] for _ in range(tokens))
 
 
-def sample_text(words: int, block: int = _WARMUP_BASE - 1) -> str:
-    """`words` words of one block: what the overhead calibration counts."""
-    return " ".join(block_words(block, words))
+def sample_text(words: int, block: int = _WARMUP_BASE - 1, vocab: tuple[str, ...] = WORDS) -> str:
+    """A prompt of `words` words (LEAD, then one block's): what calibration counts."""
+    return " ".join((LEAD, *block_words(block, max(0, words - 1), vocab)))
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,8 @@ class TrafficPrompts:
 
     traffic: Traffic
     overhead: int
+    # The words that are one token each on this tokenizer (calibrated).
+    vocab: tuple[str, ...] = WORDS
     # Never the fixed prompt's figures: lengths differ per request.
     target_tokens: int | None = None
     measured_tokens: int | None = None
@@ -55,13 +60,14 @@ class TrafficPrompts:
         req = self.traffic.requests[index]
         words: list[str] = []
         for block, tokens in req.blocks:
-            words.extend(block_words(block, tokens))
+            words.extend(block_words(block, tokens, self.vocab))
         skip = min(self.overhead, len(words) - 1)
-        return " ".join(words[skip:])
+        return " ".join((LEAD, *words[skip + 1 :]))
 
     def warmup_text(self, index: int) -> str:
         """A warm-up prompt as long as request `index`, sharing no block with any request."""
-        return sample_text(self.words(index % len(self.traffic.requests)), _WARMUP_BASE + index)
+        words = self.words(index % len(self.traffic.requests))
+        return sample_text(words, _WARMUP_BASE + index, self.vocab)
 
     def output_tokens(self, index: int) -> int:
         """Tokens request `index` asks for."""

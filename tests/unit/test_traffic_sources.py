@@ -11,9 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from loadgen.prompts import CalibrationError
 from loadgen.scheduler.calibration import traffic_prompts
 from loadgen.traffic.model import MOONCAKE_BLOCK_TOKENS, Traffic, TrafficError
-from loadgen.traffic.prompts import TrafficPrompts, block_words
+from loadgen.traffic.prompts import WORDS, TrafficPrompts, block_words
 from loadgen.traffic.spec import load_traffic
 from loadgen.traffic.traces import read_azure, read_mooncake
 from tests.paths import ROOT
@@ -237,7 +238,7 @@ def test_fuzz_the_grammar(body: str) -> None:
             pass
 
 
-async def test_the_overhead_is_counted_once_and_checked(caplog: pytest.LogCaptureFixture) -> None:
+async def test_the_overhead_and_the_words_are_counted(caplog: pytest.LogCaptureFixture) -> None:
     traffic = load_traffic(str(MOONCAKE))
     counted: list[str] = []
 
@@ -251,8 +252,20 @@ async def test_the_overhead_is_counted_once_and_checked(caplog: pytest.LogCaptur
         assert await template_of_seven(prompts.text(i)) == req.prompt_tokens
     assert "not one token each" not in caplog.text
 
+    # A tokenizer where some words are two tokens: the prompts keep to the others.
+    long_words = {w for w in WORDS if len(w) > 5}
+
+    async def some_words_two(text: str) -> int:
+        return sum(2 if w in long_words else 1 for w in text.split()) + 3
+
+    prompts = await traffic_prompts(traffic, some_words_two)
+    assert set(prompts.vocab) == set(WORDS) - long_words and prompts.overhead == 3
+    for i, req in enumerate(traffic.requests):
+        assert await some_words_two(prompts.text(i)) == req.prompt_tokens
+    assert "not one token each" not in caplog.text
+
     async def two_per_word(text: str) -> int:
         return 2 * len(text.split()) + 3
 
-    await traffic_prompts(traffic, two_per_word)
-    assert "not one token each" in caplog.text
+    with pytest.raises(CalibrationError, match="only 0 of"):
+        await traffic_prompts(traffic, two_per_word)
