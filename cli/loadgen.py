@@ -1,7 +1,7 @@
-"""`llmb-loadgen run|sweep|diagnose|compare|decide ...` (`python -m cli.loadgen`): the commands.
+"""`llmb-loadgen run|sweep|served-mix|diagnose|compare|decide ...` (`python -m cli.loadgen`).
 
 The composition root of the load generator's command line: it lists the `Command` objects of
-`loadgen.cli` (run, sweep), `diagnose.cli` (diagnose, compare, decide)
+`loadgen.cli` (run, sweep, served-mix), `diagnose.cli` (diagnose, compare, decide)
 explicitly, so no package imports one above it to register its commands.
 """
 
@@ -26,6 +26,7 @@ def default_commands() -> list[Command]:
     return [
         loadgen_cli.RUN,
         loadgen_cli.SWEEP,
+        loadgen_cli.SERVED_MIX,
         diagnose_cli.DIAGNOSE,
         diagnose_cli.COMPARE,
         diagnose_cli.DECIDE,

@@ -27,8 +27,8 @@ IntList = int | list[int] | str
 
 
 class LoadgenSettings(BaseModel):
-    """The `loadgen:` mapping; every field is a flag of `run`, `sweep`, `diagnose`, `compare`
-    or `decide`."""
+    """The `loadgen:` mapping; every field is a flag of `run`, `sweep`, `served-mix`,
+    `diagnose`, `compare` or `decide`."""
 
     # allow_inf_nan=False: `1e400` is YAML for infinity, never a meant value.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -79,6 +79,8 @@ class LoadgenSettings(BaseModel):
     exporter_engine: str | None = None
     bandwidth_gbs: float | None = None
     peak_tflops: float | None = Field(default=None, gt=0)
+    # --host-bandwidth-gbs's default (diagnose, compare, decide; reported as source "flag").
+    host_bandwidth_gbs: float | None = Field(default=None, gt=0)
     fail_on: list[str] | None = None
     # --log-file / --model-path of the engine diagnose measures (compare: give them as flags).
     log_file: str | None = None
@@ -96,6 +98,9 @@ class LoadgenSettings(BaseModel):
     traffic: str | None = None
     time_scale: float | None = Field(default=None, gt=0)
     no_schedule: bool | None = None
+    # served-mix: the Prometheus to read and the window (--engine, --out, --seed as above).
+    prometheus: str | None = None
+    window: str | None = None
 
     def given(self) -> dict[str, Any]:
         """The keys the file sets (a null value included), as parsed."""

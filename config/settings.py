@@ -177,6 +177,12 @@ class Config(_Strict):
         description="seconds: a /metrics request within this long of the last collection's "
         "start is answered from it (0: every request not coalesced with one in flight collects)",
     )
+    host_memory_bandwidth_bytes_per_second: float | None = Field(
+        default=None,
+        gt=0,
+        description="host memory bandwidth for the expert-offload bound (default: measured "
+        "once at start, model/host_memory.py)",
+    )
     engines: list[EngineConfig] = Field(default_factory=list)
     gpu: GpuConfig = Field(default_factory=GpuConfig)
     loadgen: LoadgenSettings = Field(

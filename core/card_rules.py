@@ -1,8 +1,9 @@
-"""The card's own state (issue 27): the llmb-card recording rules' arithmetic, in Python.
+"""The card's own state (issues 27, 32): the llmb-card recording rules' arithmetic, in Python.
 
-Same order and operations as mixin/rules/card.py: per GPU the share of `rate_window` a
-power or thermal clock event reason was active and the highest SM and memory clocks
-against their maxima; per engine the worst of the GPUs its processes hold.
+Same order and operations as mixin/rules/card.py: per GPU the share of the busy samples of
+`rate_window` a power, brake or thermal clock event reason was active, the mean SM clock of
+the busy samples and the highest memory clock against their maxima, and the enforced power
+limit against the default; per engine the worst of the GPUs its processes hold.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
-from core.card import IDLE_REASON, POWER_REASONS, THERMAL_REASONS
-from core.promql import Data, EngineKey, max_by, max_over_time
+from core.card import BRAKE_REASONS, IDLE_REASON, POWER_REASONS, THERMAL_REASONS
+from core.promql import Data, EngineKey, avg_over_time, max_by, max_over_time
 from core.thresholds import threshold_seconds
 
 GpuKey = tuple[str, str]  # (host, gpu)
@@ -40,11 +41,14 @@ def _share(d: Data, reasons: tuple[str, ...]) -> dict[GpuKey, float]:
     return {k: min(v / busy[k], 1.0) for k, v in held.items() if k in busy and busy[k] > 0}
 
 
-def _clock_ratio(d: Data, clock: str) -> dict[GpuKey, float]:
-    """`max by (host, gpu) (max_over_time(clock[rw])) / (max by (host, gpu) (clock_max) > 0)`."""
+def _clock_ratio(
+    d: Data, clock: str, over: Callable[[list[tuple[int, float]]], float]
+) -> dict[GpuKey, float]:
+    """`max by (host, gpu) (over(clock[rw])) / (max by (host, gpu) (<clock>_max) > 0)`."""
     rw = threshold_seconds("rate_window")
-    high = max_by((_gpu(lab), max_over_time(pts)) for lab, pts in d.range(clock, rw))
-    top = max_by((_gpu(lab), v) for lab, v in d.instant(clock.replace("_hertz", "_max_hertz")))
+    high = max_by((_gpu(lab), over(pts)) for lab, pts in d.range(clock, rw))
+    name = clock.replace("_busy", "").replace("_hertz", "_max_hertz")
+    top = max_by((_gpu(lab), v) for lab, v in d.instant(name))
     return {k: v / top[k] for k, v in high.items() if k in top and top[k] > 0}
 
 
@@ -60,18 +64,24 @@ def _always_idle(d: Data) -> dict[GpuKey, float]:
 
 
 def sm_clock_ratio(d: Data) -> dict[GpuKey, float]:
-    """The SM clock ratio per GPU, absent where the GPU was idle in every sample."""
-    idle = _always_idle(d)
-    ratio = _clock_ratio(d, "llmb_gpu_sm_clock_hertz")
-    return {k: v for k, v in ratio.items() if idle.get(k) != 1}
+    """The mean SM clock of the window's busy samples (`llmb_gpu_sm_clock_busy_hertz`, only
+    exported while busy) / its maximum, per GPU; absent without a busy sample."""
+    return _clock_ratio(d, "llmb_gpu_sm_clock_busy_hertz", avg_over_time)
 
 
 def memory_clock_ratio(d: Data) -> dict[GpuKey, float]:
     """`clamp_max(memory clock ratio, 1)` per GPU: what the roofline's bandwidth scales by;
     absent (no scaling) where the GPU was idle in every sample (GDDR drops its clock then)."""
     idle = _always_idle(d)
-    ratio = _clock_ratio(d, "llmb_gpu_memory_clock_hertz")
+    ratio = _clock_ratio(d, "llmb_gpu_memory_clock_hertz", max_over_time)
     return {k: min(v, 1.0) for k, v in ratio.items() if idle.get(k) != 1}
+
+
+def power_limit_ratio(d: Data) -> dict[GpuKey, float]:
+    """`max by (host, gpu) (enforced limit) / (max by (host, gpu) (default limit) > 0)`."""
+    enforced = max_by((_gpu(lab), v) for lab, v in d.instant("llmb_gpu_power_limit_watts"))
+    default = max_by((_gpu(lab), v) for lab, v in d.instant("llmb_gpu_power_limit_default_watts"))
+    return {k: v / default[k] for k, v in enforced.items() if k in default and default[k] > 0}
 
 
 def _per_engine(
@@ -99,9 +109,13 @@ def _per_engine(
 
 
 def card_values(d: Data) -> dict[str, dict[EngineKey, float]]:
-    """The card-state Signals fields per engine (field -> values)."""
+    """The card-state Signals fields per engine (field -> values); the share of the gap the
+    lost clock explains needs the efficiencies (`core.card.shortfall_explained`)."""
     return {
         "card_power_slowdown": _per_engine(d, _share(d, POWER_REASONS), max),
         "card_thermal_slowdown": _per_engine(d, _share(d, THERMAL_REASONS), max),
         "sm_clock_ratio": _per_engine(d, sm_clock_ratio(d), min),
+        "card_brake_slowdown": _per_engine(d, _share(d, BRAKE_REASONS), max),
+        "power_limit_ratio": _per_engine(d, power_limit_ratio(d), min),
+        "memory_clock_ratio": _per_engine(d, memory_clock_ratio(d), min),
     }

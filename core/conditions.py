@@ -305,11 +305,12 @@ _ENGINE_CONDITIONS: tuple[Condition, ...] = (
 )
 
 
-# --- the card's own state (issue 27): a slowed card, not the engine, sets the speed --------
-def _while_decode_slow(state: Compare) -> AllOf:
-    """The card reports `state` while decode runs below the card's limit (or no roofline)."""
+# --- the card's own state (issues 27, 32): a slowed card, not the engine, sets the speed --
+def _card_test(*tests: card.Test) -> AllOf:
+    """These hold, the lost clock explains enough of the gap and decode is below the limit."""
     return AllOf.of(
-        state,
+        *(Compare(*t) for t in tests),
+        Compare(*card.EXPLAINS),
         Compare("decode_efficiency", "<", "decode_efficiency_at_limit", absent_holds=True),
     )
 
@@ -318,8 +319,8 @@ CARD_CONDITIONS: tuple[Condition, ...] = (
     Condition(
         "card_throttled",
         tuple(
-            Evidence(label, _while_decode_slow(Compare(signal, op, threshold)), text, action)
-            for label, (signal, op, threshold), text, action in card.EVIDENCE
+            Evidence(label, _card_test(*tests), text, action)
+            for label, tests, text, action in card.EVIDENCE
         ),
         needs_gpu=True,
     ),

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from core import promql
+from core.card import clock_scaled_peak
+from core.card_rules import sm_clock_ratio
 from core.prefill import (
     PEAK_DTYPE,
     PrefillStructure,
@@ -40,7 +42,9 @@ def prefill_values(d: Data) -> dict[str, dict[EngineKey, float]]:
         ((lab.get("host", ""), lab.get("gpu", "")), v)
         for lab, v in d.instant("llmb_gpu_peak_flops", lambda lab: lab.get("dtype") == PEAK_DTYPE)
     )
-    peak = promql.engine_gpus(d, peaks)
+    # At the SM clock each GPU ran under load (issue 32: a card slowed to 96 % computes 96 %).
+    sm = sm_clock_ratio(d)
+    peak = promql.engine_gpus(d, {k: clock_scaled_peak(v, sm.get(k)) for k, v in peaks.items()})
     measured = measured_tokens_per_second(d)
     efficiency: dict[EngineKey, float] = {}
     for key, matmul in promql.instant_max(d, MATMUL).items():

@@ -323,10 +323,11 @@ def experts_host_bound(
 ) -> float | None:
     """Per-sequence decode tok/s that experts in host memory allow: host memory bandwidth /
     (host expert bytes x the share of experts a step touches; all of them without E/k).
+    None without a bandwidth (nothing measured, no figure given): no constant stands in.
 
     Same arithmetic as `engine:llmb_experts_host_bound_tokens_per_second:avg5m`.
     """
-    if host_bytes is None:
+    if host_bytes is None or host_bandwidth is None:
         return None
     share = 1.0
     if experts_used is not None and experts is not None and experts > 0:
@@ -334,36 +335,129 @@ def experts_host_bound(
     read = host_bytes * share
     if not read > 0:
         return None
-    bw = (
-        threshold_number("host_memory_bandwidth_bytes_per_second")
-        if host_bandwidth is None
-        else host_bandwidth
+    return host_bandwidth / read
+
+
+@dataclass(frozen=True)
+class HostOffload:
+    """What the expert-offload finding says: where the experts are, the host's bandwidth
+    (and where that figure comes from), the measured per-sequence decode and free VRAM."""
+
+    layers: float | None
+    host_bytes: float | None
+    # Share of the host experts one decode step reads (`expert_share`; 1: all of them).
+    share: float = 1.0
+    bandwidth: float | None = None
+    bandwidth_source: str | None = None
+    decode_tokens_per_second: float | None = None
+    free_vram_bytes: float | None = None
+
+    @property
+    def per_step(self) -> float | None:
+        """Host expert bytes one decode step reads."""
+        return self.host_bytes * self.share if self.host_bytes else None
+
+    @property
+    def bound(self) -> float | None:
+        """Per-sequence decode tok/s host memory allows (None: bandwidth or bytes unknown)."""
+        per_step = self.per_step
+        return self.bandwidth / per_step if self.bandwidth and per_step else None
+
+    def bound_ratio(self) -> float | None:
+        """Measured per-sequence decode / the bound (None: either unknown)."""
+        bound, measured = self.bound, self.decode_tokens_per_second
+        return measured / bound if bound and measured is not None else None
+
+    def near_bound(self) -> bool:
+        """Whether the measured decode is within 1 - `experts_host_bound_near_ratio` (20 %)
+        of the bound, on either side: host memory is the limit."""
+        ratio, near = self.bound_ratio(), threshold_number("experts_host_bound_near_ratio")
+        return ratio is not None and near <= ratio <= 2 - near
+
+    def above_bound(self) -> bool:
+        """Whether the measured decode is further above the bound than that: the bandwidth
+        figure is lower than what the engine draws (a copy is not its access pattern)."""
+        ratio, near = self.bound_ratio(), threshold_number("experts_host_bound_near_ratio")
+        return ratio is not None and ratio > 2 - near
+
+
+def host_bound_text(o: HostOffload) -> str:
+    """The bound beside the measured decode, as the answer's `expert offload` line says it."""
+    bound = o.bound
+    if bound is None or o.bandwidth is None:
+        return "host bound unknown (no host memory bandwidth: pass --host-bandwidth-gbs)"
+    text = (
+        f"host bound {bound:.1f} tok/s per sequence at {o.bandwidth / 1e9:.1f} GB/s "
+        f"({o.bandwidth_source or 'given'})"
     )
-    return bw / read
+    measured = o.decode_tokens_per_second
+    if measured is not None:
+        text += f", measured {measured:.1f} tok/s ({measured / bound * 100:.0f} % of it)"
+    return text
 
 
-def expert_offload_action(
-    host_layers: float | None,
-    host_bytes: float | None,
-    expert_share_: float = 1.0,
-    host_bandwidth: float | None = None,
-) -> str:
-    """The expert-offload finding: its layers, bytes and the host-side bound.
-
-    Decode reads `host_bytes x expert_share_` from host memory per step; at
-    `host_bandwidth` (default: the `host_memory_bandwidth_bytes_per_second` threshold)
-    that bounds decode at bandwidth / those bytes tok/s per sequence.
-    """
-    bw = host_bandwidth or threshold_number("host_memory_bandwidth_bytes_per_second")
-    layers = f"{host_layers:.0f} layers" if host_layers is not None else "some layers"
+def expert_offload_action(offload: HostOffload) -> str:
+    """The expert-offload finding: its layers, bytes, the host-side bound, and, when the
+    measured decode is near that bound, what moving more layers' experts to the GPU buys."""
+    o = offload
+    layers = f"{o.layers:.0f} layers" if o.layers is not None else "some layers"
     text = f"Expert offload: the routed experts of {layers} live in host memory"
-    if host_bytes:
-        per_step = host_bytes * expert_share_
+    per_step, bound = o.per_step, o.bound
+    if o.host_bytes and per_step:
+        text += f" ({o.host_bytes / 2**30:.2f} GiB; {per_step / 2**30:.2f} GiB read per step)"
+        if bound is not None and o.bandwidth is not None:
+            text += (
+                f", so decode is bound near {bound:.1f} tok/s per sequence by host memory "
+                f"({o.bandwidth / 1e9:.1f} GB/s, {o.bandwidth_source or 'given'}: the CPU "
+                "computes host-resident experts at batch sizes below 32)"
+            )
+        else:
+            text += (
+                "; host memory bandwidth unknown (pass --host-bandwidth-gbs), so no bound on "
+                "decode is given"
+            )
+    text += "."
+    if o.near_bound() and o.layers and round(o.layers) > 0:
+        text += " " + _more_layers_text(o)
+    elif o.above_bound() and o.bandwidth is not None:
+        ratio = o.bound_ratio() or 0.0
         text += (
-            f" ({host_bytes / 2**30:.2f} GiB; {per_step / 2**30:.2f} GiB read per step), so "
-            f"decode is bound near {bw / per_step:.1f} tok/s per sequence by host memory "
-            f"({bw / 1e9:.0f} GB/s, `host_memory_bandwidth_bytes_per_second`: the CPU "
-            "computes host-resident experts at batch sizes below 32)"
+            f" Measured decode {o.decode_tokens_per_second:.1f} tok/s per sequence is "
+            f"{ratio * 100:.0f} % of that bound: the engine draws more than "
+            f"{o.bandwidth / 1e9:.1f} GB/s from host memory, so that figure is low for its "
+            "access pattern; give the host's own with --host-bandwidth-gbs."
         )
     # What to do is the `experts_host` evidence's own action (core/conditions.py).
-    return text + "."
+    return text
+
+
+def _more_layers_text(o: HostOffload) -> str:
+    """Host memory is the limit: what N more layers' experts on the GPU would buy."""
+    assert o.layers and o.host_bytes and o.bound and o.decode_tokens_per_second is not None
+    host_layers = round(o.layers)
+    per_layer = o.host_bytes / host_layers
+    text = (
+        f"Measured decode {o.decode_tokens_per_second:.1f} tok/s per sequence is "
+        f"{o.decode_tokens_per_second / o.bound * 100:.0f} % of that bound: host memory is "
+        "the limit."
+    )
+    free = o.free_vram_bytes
+    n = max(1, host_layers // 2) if free is None else min(host_layers, int(free // per_layer))
+    if n == 0:
+        assert free is not None
+        return text + (
+            f" One more layer's experts on the GPU needs {per_layer / 2**30:.2f} GiB of VRAM, "
+            f"more than the {free / 2**30:.2f} GiB free: make room first."
+        )
+    room = f"; {free / 2**30:.2f} GiB free" if free is not None else "; free VRAM unknown"
+    need = f"{n} x {per_layer / 2**30:.2f} GiB = {n * per_layer / 2**30:.2f} GiB of VRAM{room}"
+    if n == host_layers:
+        return text + (
+            f" Moving all {n} layers' experts to the GPU ({need}) removes the host bound: "
+            "decode then reads only GPU memory."
+        )
+    new_bound = o.bound * host_layers / (host_layers - n)
+    return text + (
+        f" Moving {n} more layers' experts to the GPU (a `--n-cpu-moe` lower by {n}; "
+        f"{need}) raises the bound to {new_bound:.1f} tok/s per sequence."
+    )

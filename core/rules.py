@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from config.kinds import engine_kind, kinds
+from core.card import shortfall_explained
 from core.card_rules import card_values, memory_clock_ratio
 from core.conditions import Verdict, evaluate
 from core.prefill_rules import measured_tokens_per_second, prefill_values
@@ -182,6 +183,10 @@ def _signal_values(d: Data) -> dict[str, dict[EngineKey, float]]:
     }
 
 
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 @dataclass
 class _Decode:
     """The decode/roofline inputs per engine."""
@@ -193,6 +198,8 @@ class _Decode:
     running_avg: dict[EngineKey, float]
     accept: dict[EngineKey, float]
     host_bytes: dict[EngineKey, float]
+    # Host memory bandwidth per host (`max by (host)`): the exporter's measurement or flag.
+    host_bandwidth: dict[str, float]
     structure: dict[str, dict[EngineKey, float]]
 
     @classmethod
@@ -209,6 +216,10 @@ class _Decode:
             running_avg=avg_max(d, "llmb_engine_requests_running", rw),
             accept=instant_max(d, "llmb_engine_spec_accept_length"),
             host_bytes=instant_max(d, "llmb_engine_experts_host_bytes"),
+            host_bandwidth=max_by(
+                (lab.get("host", ""), v)
+                for lab, v in d.instant("llmb_host_memory_bandwidth_bytes_per_second")
+            ),
             structure={f: instant_max(d, name) for f, name in STRUCTURE_SERIES.items()},
         )
 
@@ -227,8 +238,14 @@ class _Decode:
         roofline = roofline_tokens_per_second(bandwidth, bytes_step, accept)
         efficiency = decode_efficiency(self.rate.get(key), roofline)
         reason = roofline_misfit(efficiency, roofline_facts(model, accept))
+        explained = shortfall_explained(
+            _number(fields.get("sm_clock_ratio")),
+            efficiency,
+            _number(fields.get("prefill_efficiency")),
+            _number(fields.get("memory_clock_ratio")),
+        )
         return RuleValues(
-            Signals(**fields, decode_efficiency=efficiency),  # type: ignore[arg-type]
+            Signals(**fields, decode_efficiency=efficiency, card_shortfall_explained=explained),  # type: ignore[arg-type]
             self.rate.get(key),
             bandwidth,
             bytes_step,
@@ -238,7 +255,11 @@ class _Decode:
             accepted_tokens_per_step=accepted_tokens(accept),
             misfit=reason.name if reason is not None else None,
             experts_host_bound_tokens_per_second=experts_host_bound(
-                self.host_bytes.get(key), model.experts, model.experts_used, batch
+                self.host_bytes.get(key),
+                model.experts,
+                model.experts_used,
+                batch,
+                self.host_bandwidth.get(key.host),
             ),
         )
 

@@ -57,9 +57,21 @@ class Signals:
     card_power_slowdown: float | None = None
     # engine:llmb_gpu_thermal_slowdown:avg<rate_window>: the same for SW/HW thermal slowdown
     card_thermal_slowdown: float | None = None
-    # engine:llmb_gpu_sm_clock:ratio<rate_window>: the highest SM clock of the window / its
-    # maximum (absent while the GPU was idle throughout)
+    # engine:llmb_gpu_sm_clock:ratio<rate_window>: the mean SM clock of the window's busy
+    # samples / its maximum (absent without a busy sample)
     sm_clock_ratio: float | None = None
+    # engine:llmb_gpu_brake_slowdown:avg<rate_window>: the share for HW slowdown or the HW
+    # power brake alone (a power supply or external signal, not the power limit)
+    card_brake_slowdown: float | None = None
+    # engine:llmb_gpu_power_limit:ratio: enforced power limit / the card's default (lowest
+    # of the engine's GPUs)
+    power_limit_ratio: float | None = None
+    # engine:llmb_card_shortfall_explained:ratio<rate_window>: (1 - the lower clock ratio) /
+    # (1 - the lowest of decode and prefill efficiency at the maximum clocks), at most 1
+    card_shortfall_explained: float | None = None
+    # engine:llmb_gpu_memory_clock:ratio<rate_window>: the highest memory clock of the window
+    # / its maximum, at most 1 (lowest of the engine's GPUs; absent while idle throughout)
+    memory_clock_ratio: float | None = None
     # --- prefill and the time before the first token (issue 27) ---
     # engine:llmb_request_prompt_tokens:mean<rate_window>: prompt tokens per finished request
     prompt_tokens_mean: float | None = None
@@ -96,6 +108,10 @@ def _records() -> dict[str, str]:
         "card_power_slowdown": f"engine:llmb_gpu_power_slowdown:avg{rw}",
         "card_thermal_slowdown": f"engine:llmb_gpu_thermal_slowdown:avg{rw}",
         "sm_clock_ratio": f"engine:llmb_gpu_sm_clock:ratio{rw}",
+        "card_brake_slowdown": f"engine:llmb_gpu_brake_slowdown:avg{rw}",
+        "power_limit_ratio": "engine:llmb_gpu_power_limit:ratio",
+        "card_shortfall_explained": f"engine:llmb_card_shortfall_explained:ratio{rw}",
+        "memory_clock_ratio": f"engine:llmb_gpu_memory_clock:ratio{rw}",
         # prefill (mixin/rules/prefill.py)
         "prompt_tokens_mean": f"engine:llmb_request_prompt_tokens:mean{rw}",
         "prefill_efficiency": f"engine:llmb_prefill_efficiency:ratio{rw}",

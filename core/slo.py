@@ -1,13 +1,21 @@
 """Service-level objectives over per-request samples: parse `--slo`, judge a step, goodput.
 
-`--slo ttft_p99=2s,itl_p99=100ms,e2e_p90=5s`: each term is a metric (`ttft`, `itl`, `e2e`)
-at a percentile (`p50`, `p90`, `p99`) and a limit (`ms` or `s`). A step meets the SLO when,
-for every term, that percentile over the step's successful requests is within the limit. A
-request is *within* the SLO when each of its own figures is within every limit (its TTFT,
-its end-to-end time, its own inter-token gap at the term's percentile: `itl_p50` reads the
-request's median gap, `itl_p90` and `itl_p99` its p99 gap). Goodput is the requests/s and
-tokens/s of the requests within the SLO over the step's wall time; the share is their part
-of all requests sent.
+`--slo ttft_p99=2s,tpot_p99=50ms,e2e_p90=5s`: each term is a metric at a percentile (`p50`,
+`p90`, `p99`) and a limit (`ms` or `s`). Each metric is a figure of one request, and the
+term's percentile is taken over the step's successful requests:
+
+- `ttft`: its time to the first token;
+- `tpot`: its mean time per output token after the first, (end - first token) / (tokens -
+  1) (`RequestRecord.tpot_s`): AIPerf's and GuideLLM's TPOT/ITL;
+- `itl`: its own inter-token gap at the term's percentile (`itl_p50` its median gap,
+  `itl_p90` and `itl_p99` its p99 gap): the project's meaning since `--slo` exists, not
+  vLLM's ITL (the percentile of all gaps pooled, which requests.jsonl cannot give back);
+- `e2e`: its end-to-end time.
+
+A step meets the SLO when, for every term, that percentile is within the limit with
+confidence (`judge_step`). A request is *within* the SLO when each of its own figures is
+within every limit. Goodput is the requests/s and tokens/s of the requests within the SLO
+over the step's wall time; the share is their part of all requests sent.
 """
 
 from __future__ import annotations
@@ -17,11 +25,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from core.stats import percentile
+from core.stats import percentile, quantile_bounds, requests_needed
 
-METRICS = ("ttft", "itl", "e2e")
+METRICS = ("ttft", "tpot", "itl", "e2e")
 PERCENTILES = (50, 90, 99)
-_TERM = re.compile(r"^(ttft|itl|e2e)_p(50|90|99)=([0-9]*\.?[0-9]+)(ms|s)$")
+_TERM = re.compile(r"^(ttft|tpot|itl|e2e)_p(50|90|99)=([0-9]*\.?[0-9]+)(ms|s)$")
 
 
 class RequestSample(Protocol):
@@ -37,6 +45,8 @@ class RequestSample(Protocol):
     def itl_p50_s(self) -> float | None: ...
     @property
     def itl_p99_s(self) -> float | None: ...
+    @property
+    def tpot_s(self) -> float | None: ...
     @property
     def e2e_s(self) -> float: ...
     @property
@@ -63,6 +73,8 @@ class Term:
             return r.ttft_s
         if self.metric == "e2e":
             return r.e2e_s
+        if self.metric == "tpot":
+            return r.tpot_s
         return r.itl_p50_s if self.q == 50 else r.itl_p99_s
 
     def text(self) -> str:
@@ -111,10 +123,16 @@ def parse_slo(text: str) -> Slo:
 
 @dataclass
 class StepSlo:
-    """One step (engine, concurrency) against the SLO."""
+    """One step (engine, concurrency) against the SLO, judged with confidence.
+
+    `met`: True when every term's percentile is within its limit with confidence (the upper
+    end of its interval is), False when one term's is over it with confidence (the lower end
+    is), None when neither can be said: a term not measured, too few requests to bound the
+    percentile (`needs`: the count it needs), or an interval across the limit.
+    """
 
     concurrency: int
-    met: bool | None  # None: a term was not measured (e.g. no TTFT without streamed text)
+    met: bool | None
     requests: int
     within: int
     share: float
@@ -123,54 +141,72 @@ class StepSlo:
     # Each term's percentile over the step's successful requests (None: not measured).
     observed: dict[str, float | None] = field(default_factory=dict)
     unmeasured: list[str] = field(default_factory=list)
+    # Each term's distribution-free 95 % interval (None: a side so few requests cannot bound).
+    bounds: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    # Terms whose interval does not settle the limit, and the requests a bound would need.
+    unjudged: list[str] = field(default_factory=list)
+    needs: dict[str, int] = field(default_factory=dict)
+
+    def why_not_judged(self) -> str:
+        """`ttft_p99: 64 requests, a p99 needs 368` or `ttft_p99 0.19 s [0.12–0.25]`."""
+        out = [f"{t} not measured" for t in self.unmeasured]
+        for t in self.unjudged:
+            if t in self.needs:
+                out.append(f"{t}: {self.requests} requests, a p{t.rsplit('_p', 1)[1]} needs "
+                           f"{self.needs[t]}")  # fmt: skip
+            else:
+                lo, hi = self.bounds.get(t, (None, None))
+                v = self.observed.get(t)
+                out.append(f"{t} {v or 0:.3g} s [{lo or 0:.3g}–{hi or 0:.3g}] across the limit")
+        return "; ".join(out)
 
 
 def judge_step(slo: Slo, concurrency: int, rounds: Sequence[Sequence[RequestSample]]) -> StepSlo:
-    """The step's percentiles against the SLO, and its goodput (rounds of one step)."""
+    """The step's percentiles against the SLO, with confidence, and its goodput."""
     samples = [r for rnd in rounds for r in rnd]
     ok = [r for r in samples if r.error is None]
-    observed: dict[str, float | None] = {}
-    unmeasured = []
+    out = StepSlo(concurrency, None, len(samples), 0, 0.0, None, None)
     failed = False
     for t in slo.terms:
         values = [v for v in (t.value(r) for r in ok) if v is not None]
         # A figure missing for some requests cannot be judged from the rest.
-        p = percentile(values, t.q) if values and len(values) == len(ok) else None
-        observed[t.name] = p
-        if p is None:
-            unmeasured.append(t.name)
-        elif p > t.limit_s:
+        if not values or len(values) != len(ok):
+            out.observed[t.name] = None
+            out.unmeasured.append(t.name)
+            continue
+        out.observed[t.name] = percentile(values, t.q)
+        lo, hi = out.bounds[t.name] = quantile_bounds(values, t.q)
+        if lo is not None and lo > t.limit_s:
             failed = True
-    # One term over its limit fails the step even when another could not be judged.
-    met = False if failed or not ok else (None if unmeasured else True)
+        elif hi is None or hi > t.limit_s:
+            out.unjudged.append(t.name)
+            if hi is None:
+                out.needs[t.name] = requests_needed(t.q)
+    # One term over its limit with confidence fails the step, whatever the others say.
+    out.met = False if failed or not ok else (None if out.unmeasured or out.unjudged else True)
     good = [r for r in ok if slo.within(r)]
     wall = sum(
         max(r.end_time for r in rnd) - min(r.start_time for r in rnd) for rnd in rounds if rnd
     )
-    rps = len(good) / wall if wall > 0 else None
-    tok = sum(r.completion_tokens or 0 for r in good) / wall if wall > 0 else None
-    return StepSlo(
-        concurrency,
-        met,
-        len(samples),
-        len(good),
-        len(good) / len(samples) if samples else 0.0,
-        rps,
-        tok,
-        observed,
-        unmeasured,
-    )
+    out.within = len(good)
+    out.share = len(good) / len(samples) if samples else 0.0
+    out.goodput_rps = len(good) / wall if wall > 0 else None
+    out.goodput_tok_s = sum(r.completion_tokens or 0 for r in good) / wall if wall > 0 else None
+    return out
 
 
 def max_concurrency_within(steps: Sequence[StepSlo]) -> int | None:
-    """The highest concurrency that meets the SLO with every lower measured one meeting it too.
+    """The highest measured concurrency that meets the SLO with confidence, from all levels
+    (a lower level that misses does not hide a higher one that meets: `gaps` names it)."""
+    met = [s.concurrency for s in steps if s.met is True]
+    return max(met) if met else None
 
-    None when the lowest measured concurrency already fails (or nothing was judged); a step
-    whose SLO could not be judged ends the run of met steps.
-    """
-    best = None
-    for s in sorted(steps, key=lambda s: s.concurrency):
-        if s.met is not True:
-            break
-        best = s.concurrency
-    return best
+
+def gaps(steps: Sequence[StepSlo]) -> list[StepSlo]:
+    """The levels below the highest within the SLO that do not meet it (a miss between two
+    levels that meet, or a level not judged): the answer is not monotonic there."""
+    best = max_concurrency_within(steps)
+    if best is None:
+        return []
+    return [s for s in sorted(steps, key=lambda s: s.concurrency) if s.concurrency < best
+            and s.met is not True]  # fmt: skip

@@ -4,11 +4,19 @@ One module, used by `compare`/`decide` (intervals over a step's requests and ove
 and by the SLO arithmetic (`core.slo`). The random generator is seeded, so the same
 samples always give the same interval.
 
-A measurement is a list of rounds, each a list of per-request samples; its figure is the
-median over rounds of the statistic of each round (as a step's headline figure is the
-median of its rounds). One bootstrap resample draws the rounds with replacement (when there
-are several), then each drawn round's requests with replacement, and takes that figure: the
-interval covers the spread between requests and, with several rounds, between rounds.
+A measurement is a list of rounds, each a list of per-request samples in the order they
+were sent; its figure is the median over rounds of the statistic of each round (as a step's
+headline figure is the median of its rounds). Requests of one round are not independent:
+the `wave` requests sent together share the engine's batches (a warm-up wave is slow as a
+whole), and a round shares the engine's state. So one bootstrap resample is hierarchical:
+it draws the rounds with replacement (when there are several), then the waves of each drawn
+round as blocks, then the requests of each drawn wave, and takes that figure. The interval
+covers the spread between rounds, between waves and between requests.
+
+A run of fewer than `FULL_ROUNDS` rounds cannot see how much a whole round moves (one round
+shows no round-to-round spread, two show a poor estimate of it): `resolvable` is the smallest
+difference such a run calls (`core.thresholds.RESOLVABLE_DIFFERENCE`, from the simulation of
+`diagnose.switch_noise`), and nothing smaller is called.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from core.thresholds import COMPARE_NOISE_FLOOR
+from core.thresholds import COMPARE_NOISE_FLOOR, FULL_ROUNDS, RESOLVABLE_DIFFERENCE
 
 # Resamples per interval: the 2.5/97.5 % quantiles of 2000 resamples move by well under
 # 1 % from seed to seed at the request counts of a step.
@@ -63,26 +71,49 @@ class Interval:
         return f"{self.value:{fmt}} [{self.lo:{fmt}}–{self.hi:{fmt}}]"
 
 
-class Bootstrap(Generic[T]):
-    """Seeded resampling of rounds of per-request samples."""
+def resolvable(rounds: int, floor: float = COMPARE_NOISE_FLOOR) -> float:
+    """The smallest relative difference a run of `rounds` rounds calls (the noise floor from
+    `FULL_ROUNDS` on; larger below, where the run cannot see a round's own noise)."""
+    if rounds >= FULL_ROUNDS:
+        return floor
+    return max(floor, RESOLVABLE_DIFFERENCE[max(1, rounds)])
 
-    def __init__(self, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = SEED):
+
+def waves(samples: Sequence[T], wave: int) -> list[Sequence[T]]:
+    """The samples (in the order sent) cut into consecutive waves of `wave` (the last may be
+    shorter): the requests that ran side by side in one batch."""
+    size = max(1, wave)
+    return [samples[i : i + size] for i in range(0, len(samples), size)]
+
+
+class Bootstrap(Generic[T]):
+    """Seeded hierarchical resampling: rounds, then waves of `wave` requests, then requests."""
+
+    def __init__(self, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = SEED, wave: int = 1):
         self.resamples = resamples
         self.seed = seed
+        self.wave = wave
 
-    def _draw(self, rng: random.Random, rounds: Sequence[Sequence[T]]) -> list[list[T]]:
+    def _draw(self, rng: random.Random, rounds: Sequence[Sequence[Sequence[T]]]) -> list[list[T]]:
         picked = rng.choices(rounds, k=len(rounds)) if len(rounds) > 1 else rounds
-        return [rng.choices(r, k=len(r)) for r in picked]
+        rnd = rng.random
+        out = []
+        for blocks in picked:
+            if len(blocks) > 1:
+                blocks = rng.choices(blocks, k=len(blocks))
+            # What rng.choices(b, k=len(b)) draws for each block, in one comprehension.
+            out.append([b[int(rnd() * n)] for b in blocks for n in (len(b),) for _ in range(n)])
+        return out
 
     def distribution(
         self, rounds: Sequence[Sequence[T]], stat: Callable[[Sequence[T]], float | None]
     ) -> list[float]:
         """The statistic over every resample (resamples where it is undefined are dropped)."""
         rng = random.Random(self.seed)
-        rounds = [r for r in rounds if r]
+        blocks = [waves(r, self.wave) for r in rounds if r]
         out = []
         for _ in range(self.resamples):
-            v = over_rounds(self._draw(rng, rounds), stat)
+            v = over_rounds(self._draw(rng, blocks), stat)
             if v is not None and math.isfinite(v):
                 out.append(v)
         return out
@@ -112,7 +143,7 @@ class Bootstrap(Generic[T]):
         if pa is None or pb is None or pa <= 0 or pb <= 0:
             return None
         da = self.distribution(a, stat)
-        db = Bootstrap[T](self.resamples, self.seed + 1).distribution(b, stat)
+        db = Bootstrap[T](self.resamples, self.seed + 1, self.wave).distribution(b, stat)
         ratios = [y / x for x, y in zip(da, db, strict=False) if x > 0]
         return _quantiles(pa, da), _quantiles(pb, db), _quantiles(pb / pa, ratios)
 
@@ -142,3 +173,46 @@ def ratio_side(ratio: Interval, floor: float = COMPARE_NOISE_FLOOR) -> int:
     if ratio.hi < 1 / (1 + floor):
         return -1
     return 0
+
+
+def _binomial_cdf(n: int, p: float) -> list[float]:
+    """P(B <= k) for k = 0..n, B ~ Binomial(n, p) (log space: no overflow at large n)."""
+    if p <= 0 or p >= 1:
+        return [1.0 if p <= 0 else 0.0] * n + [1.0]
+    lp, lq = math.log(p), math.log1p(-p)
+    out, total = [], 0.0
+    for k in range(n + 1):
+        log_pmf = math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+        total += math.exp(log_pmf + k * lp + (n - k) * lq)
+        out.append(min(total, 1.0))
+    return out
+
+
+def quantile_bounds(
+    values: Sequence[float], q: float, confidence: float = CONFIDENCE
+) -> tuple[float | None, float | None]:
+    """The distribution-free interval of the q-th percentile (q in 0..100) from the order
+    statistics of `values`: the true percentile lies between them with `confidence`. A side
+    that so few samples cannot bound is None (a p99 from 50 requests has no upper bound:
+    the 50 could all lie below the true p99)."""
+    data = sorted(values)
+    n = len(data)
+    if not n:
+        return None, None
+    cdf = _binomial_cdf(n, q / 100.0)
+    tail = (1 - confidence) / 2
+    # Lower: the largest order statistic X_(l) with P(B >= l) >= 1 - tail, i.e. P(B <= l-1) <= tail.
+    low = max((k for k in range(1, n + 1) if cdf[k - 1] <= tail), default=None)
+    # Upper: the smallest X_(u) with P(B <= u-1) >= 1 - tail.
+    high = next((k for k in range(1, n + 1) if cdf[k - 1] >= 1 - tail), None)
+    return (
+        data[low - 1] if low is not None else None,
+        data[high - 1] if high is not None else None,
+    )
+
+
+def requests_needed(q: float, confidence: float = CONFIDENCE) -> int:
+    """The fewest samples whose largest can bound the q-th percentile from above with
+    `confidence`: 6 for a p50, 36 for a p90, 368 for a p99 (at 95 %)."""
+    tail = (1 - confidence) / 2
+    return math.ceil(math.log(tail) / math.log(q / 100.0))

@@ -127,10 +127,40 @@ THRESHOLDS: dict[str, Threshold] = {
     "sm_clock_ratio_min": Threshold(
         "0.8",
         "ratio",
-        "Highest SM clock over `rate_window` (samples while the GPU was busy) / the maximum "
-        "SM clock below which the clocks are held well below maximum even without a reason "
-        "NVML names (locked or application clocks): the H200 of issue 27 held 1980 of 1980 "
-        "MHz under load; a power-capped card sits at 60-75 % of its boost clock.",
+        "Mean SM clock over the busy samples of `rate_window` / the maximum SM clock below "
+        "which the clocks are held well below maximum even without a reason NVML names "
+        "(locked or application clocks): the H200 of issue 27 held 1980 of 1980 MHz under "
+        "decode; at its stock 700 W limit under F16 prefill it averaged 0.96 (1605-1980 MHz); "
+        "a card capped well below its stock limit sits at 60-75 % of its boost clock.",
+    ),
+    "card_busy_utilization_min": Threshold(
+        "0.5",
+        "ratio",
+        "NVML GPU utilization at or above which a sample counts as busy for the SM clock "
+        "under load (`llmb_gpu_sm_clock_busy_hertz`): a kernel ran at least half of NVML's "
+        "sample period. The samples around requests (0-20 %) keep the boost clock with no "
+        "work to slow, and would read as an unslowed card (issue 32: the window's highest "
+        "clock read 1.0 where the busy samples ran at 92-96 %).",
+    ),
+    "card_shortfall_explained_min": Threshold(
+        "0.2",
+        "ratio",
+        "Share of the gap to the roofline that the lost clock explains, (1 - the lower of "
+        "the SM clock ratio under load and the memory clock ratio) / (1 - the lowest of "
+        "decode and prefill efficiency against the maximum clocks' roofline; 1 without a "
+        "roofline), at or above which the card's state is the cause (`card_throttled`): below it, "
+        "restoring every lost MHz would recover less than a fifth of what is missing and the "
+        "engine is the larger lever. A fifth matches `sm_clock_ratio_min`: clocks held below "
+        "0.8 always explain it. Issue 32's F16 prefill on an H200 at its stock 700 W: 4 % of "
+        "the clock lost against a gap of 86-96 % (4-5 %), evidence only; a limit lowered to "
+        "60 % or a thermal slowdown to 55-76 % of the clock explains 24-60 %.",
+    ),
+    "power_limit_lowered_ratio": Threshold(
+        "0.99",
+        "ratio",
+        "Enforced power limit / the card's default limit below which someone lowered it "
+        "(`nvidia-smi -pl`, the host's or BMC's cap); the 1 % covers limits read back in "
+        "whole watts.",
     ),
     # --- prefill and the time before the first token (issue 27) ---------------------------
     "prefill_prompt_tokens_min": Threshold(
@@ -143,8 +173,9 @@ THRESHOLDS: dict[str, Threshold] = {
     "prefill_efficiency_at_limit": Threshold(
         "0.5",
         "ratio",
-        "Measured prompt tok/s x FLOPs per prompt token / the card's dense BF16 peak at or "
-        "above which prefill is at the card's compute limit. Tuned GEMMs reach 60-80 % of the "
+        "Measured prompt tok/s x FLOPs per prompt token / the card's dense BF16 peak (at the "
+        "SM clock it ran under load, issue 32) at or above which prefill is at the card's "
+        "compute limit. Tuned GEMMs reach 60-80 % of the "
         "datasheet peak; llama.cpp Q4_0 on an H200 measured about 0.15 (3000 tok/s at 8k "
         "tokens of a 27B model). Above `decode_efficiency_physical_max` no claim is made.",
     ),
@@ -166,15 +197,15 @@ THRESHOLDS: dict[str, Threshold] = {
         "Prompt seconds / (prompt + decode seconds) at or above which the engine spends most "
         "of a request computing its prompt: prefill, not decode, sets the speed.",
     ),
-    "host_memory_bandwidth_bytes_per_second": Threshold(
-        "1e+11",
-        "bytes/s",
-        "Host memory bandwidth for the bound of expert offload (llama.cpp `--n-cpu-moe`, "
-        "`-ot exps=CPU`). At decode batch sizes below 32 llama.cpp computes the experts that "
-        "live in host memory on the CPU, which reads them from host DRAM (PCIe carries them "
-        "only for larger batches, `op_offload`); 100 GB/s is a server socket's DDR5 in "
-        "practice (8 x DDR5-4800 peaks at 307 GB/s, desktops reach 60-90 GB/s). Nothing "
-        "measures it: the bound is a ceiling for the advice, never a verdict.",
+    "experts_host_bound_near_ratio": Threshold(
+        "0.8",
+        "ratio",
+        "Measured per-sequence decode / the expert-offload bound (host memory bandwidth / "
+        "host expert bytes a step reads) from which, up to 2 - this, host memory is the "
+        "limit (within 20 % of the bound): the action then says what moving more layers' "
+        "experts to the GPU buys. Further above, the bandwidth figure is too low for the "
+        "engine's access pattern. The bandwidth is measured on the host "
+        "(llmb_host_memory_bandwidth_bytes_per_second) or given.",
     ),
     "gpu_headroom_min_bytes": Threshold(
         "536870912",
@@ -259,3 +290,15 @@ def threshold_seconds(name: str) -> float:
 # (clocks, other tenants, the allocator), so a difference smaller than this is noise,
 # however many requests measured it. Also the floor `compare` used between rounds before.
 COMPARE_NOISE_FLOOR = 0.05
+# From this many rounds on, the bootstrap resamples whole rounds and its interval carries
+# the round-to-round noise; `compare`'s default `--rounds`.
+FULL_ROUNDS = 3
+# The smallest difference (B/A - 1, or its inverse) called with 1 or 2 rounds. One round shows
+# no round-to-round spread and two a poor estimate of it, while a whole round of one engine
+# moves by several percent (warm-up, clocks, other tenants; 2-7 % between the two rounds of
+# most steps of the H200 same-weights run). With 5 % round noise per engine, the ratio of two
+# single rounds moves by sqrt(2) x 5 % = 7 %, so 1.96 x 7 % = 14 % -> 15 %; two rounds are
+# resampled (about half of that noise is seen) -> 10 %. Checked by simulation: identical
+# engines called different in at most 1 run of 40 (`bench/switch_noise.py`, docs/diagnose.md
+# "How much noise can flip the call").
+RESOLVABLE_DIFFERENCE = {1: 0.15, 2: 0.10}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from core.roofline import host_bound_text
 from diagnose.decision.model import Decision, EngineResult, RunInfo, utc_now
 from diagnose.engine_run import gib
 from diagnose.report.html.write import write_report
@@ -58,7 +59,7 @@ def _engine_lines(e: EngineResult) -> list[str]:
             _line(
                 "expert offload",
                 f"{e.name}: experts of {e.experts_host_layers:.0f} layers in host memory "
-                f"({gib(e.experts_host_bytes)})",
+                f"({gib(e.experts_host_bytes)}); {host_bound_text(e.host_offload())}",
             )
         )
     for what, where in e.evidence.items():

@@ -29,7 +29,12 @@ from diagnose import decide as decide_cmd
 from diagnose.answer import exit_status, print_answer, write_outputs
 from diagnose.decision.model import RunInfo, utc_now
 from diagnose.decision.two_engines import CompareInputs
-from diagnose.options import DEFAULT_ROUNDS, Options
+from diagnose.options import (
+    DEFAULT_ROUNDS,
+    Options,
+    add_host_bandwidth_option,
+    run_host_bandwidth,
+)
 from diagnose.phase_marks import PhasePublisher, say
 from diagnose.procedure import compare, diagnose
 from diagnose.served_load import add_answer_arguments, load_query, user_load
@@ -59,6 +64,7 @@ from loadgen.options import (
 from loadgen.resolve import (
     load_config_or_usage,
 )
+from model.host_memory import HostBandwidth
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +157,7 @@ def _add_sources(m: Any) -> None:
         metavar="GB/S",
         help="GPU memory bandwidth for the roofline (default: exporter, NVML table)",
     )
+    add_host_bandwidth_option(m)
     m.add_argument(
         "--peak-tflops",
         type=positive_float,
@@ -365,6 +372,9 @@ def run_measurement(command: str, args: argparse.Namespace) -> int:
     opts = options_from_args(args, config)
     opts.path_origins = path_origins(args, engines)
     opts.probes = measured.probes
+    opts.host_bandwidth = run_host_bandwidth(args, config)
+    if opts.host_bandwidth is not None:
+        say(f"host memory bandwidth: {opts.host_bandwidth.describe()}")
     if command == "compare":
         # Asked before measuring: a Prometheus that cannot answer costs no measurement.
         served = user_load(args.load, load_query(args), engines[0].name)
@@ -404,7 +414,7 @@ DIAGNOSE = Measurement(
 ).command()
 COMPARE = Measurement(
     "compare",
-    "the same requests against two engines: stay_and_tune, switch_to, fix_memory_first "
+    "the same requests against two engines: stay, stay_and_tune, switch_to, fix_memory_first "
     "or inconclusive",
     "Send the same requests to two engines (--engine A --engine B, or two running engines: "
     "--url A --url B; A in use) and say whether to stay and tune, switch, or fix memory first.",
@@ -419,7 +429,14 @@ def run_decide(args: argparse.Namespace) -> int:
     decide_cmd.check_out(args)
     with quiet_libraries():
         inputs = CompareInputs(load=args.load, slo=args.slo)
-        engines, decision = decide_cmd.redecide(args.dir, args.in_use, inputs, load_query(args))
+        host = (
+            HostBandwidth(args.host_bandwidth_gbs * 1e9, "flag")
+            if args.host_bandwidth_gbs
+            else None
+        )
+        engines, decision = decide_cmd.redecide(
+            args.dir, args.in_use, inputs, load_query(args), host
+        )
         decide_cmd.copy_requests(args.dir, args.out)
         write_outputs(args.out, engines, decision, info, title=decide_cmd.title_of(engines))
     print_answer(engines, decision, args.out)

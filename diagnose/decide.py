@@ -2,9 +2,12 @@
 
 A contract: a folder `diagnose` or `compare` wrote (`results.json`, `requests.jsonl`) is
 decided again, for another `--load` or `--slo`, without measuring anything. The engines'
-measurements and verdicts are read back as they were saved; the comparison, the intervals,
-the answer per load and the SLO are decided anew. OUT gets results.json, report.md,
-report.html and a copy of requests.jsonl (so OUT can be re-decided in turn).
+measurements and signals are read back as they were saved, and read with today's code: the
+saved engine logs through today's log parser (expert offload), the verdict and action from
+the saved signals (`--host-bandwidth-gbs` gives the expert-offload bound its host bandwidth);
+the comparison, the intervals, the answer per load and the SLO are decided anew. OUT gets
+results.json, report.md, report.html and a copy of requests.jsonl (so OUT can be re-decided
+in turn).
 """
 
 from __future__ import annotations
@@ -12,18 +15,23 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from config.kinds import engine_kind, kinds
+from core.signals import Signals
 from diagnose.decision.model import Decision, EngineResult, Step
-from diagnose.decision.one_engine import decide_single
+from diagnose.decision.one_engine import decide_single, engine_verdict
 from diagnose.decision.requests import REQUESTS_FILE, load_requests
 from diagnose.decision.results import engine_from_dict
 from diagnose.decision.slo import add_slo
 from diagnose.decision.two_engines import CompareInputs, decide_compare
+from diagnose.options import add_host_bandwidth_option
 from diagnose.served_load import LoadQuery, add_answer_arguments, user_load
+from loadgen.exporter_series import saved_log_experts
 from loadgen.options import HelpFormatter, UsageError, add_out_option
+from model.host_memory import HostBandwidth
 
 RESULTS_FILE = "results.json"
 
@@ -53,13 +61,62 @@ def read_saved(folder: Path) -> Saved:
     return Saved(engines, steps, doc.get("title"))
 
 
+def saved_logs(folder: Path, engine: EngineResult) -> list[Path]:
+    """The engine logs diagnose saved in `folder` (`NAME-cCTX-npN.log`, also `.log.xz`), in
+    name order; the engine's own stdout (`.stdout.log`) is not its log."""
+    logs = [
+        p
+        for pattern in (f"{engine.name}-c*-np*.log", f"{engine.name}-c*-np*.log.xz")
+        for p in folder.glob(pattern)
+        if ".stdout." not in p.name
+    ]
+    return sorted(logs)
+
+
+def refresh(engine: EngineResult, folder: Path, host: HostBandwidth | None) -> None:
+    """The saved engine read with today's code: its saved logs through today's log parser
+    (expert offload), the host bandwidth given (--host-bandwidth-gbs), and the verdict and
+    action decided again from the saved signals (the action diagnose prints today)."""
+    # Kinds whose log's load lines diagnose reads (llama.cpp): their log says expert offload.
+    if engine.kind in kinds() and engine_kind(engine.kind).log_load_lines:
+        model = Path(engine.model) if engine.model else None
+        for log in saved_logs(folder, engine):
+            found = saved_log_experts(log, model)
+            if found is None:
+                continue
+            layers, host_bytes = found
+            # The GGUF's exact bytes saved by the run stand when the layers agree.
+            if engine.experts_host_layers != layers or not engine.experts_host_bytes:
+                engine.experts_host_bytes = host_bytes or None
+            engine.experts_host_layers = float(layers)
+            if engine.signals:
+                engine.signals["experts_host_layers"] = float(layers)
+            break
+    if host is not None:
+        engine.host_bandwidth_bytes_per_s, engine.host_bandwidth_source = (
+            host.bytes_per_second,
+            host.source,
+        )
+    if engine.signals and engine.verdict is not None:
+        known = {f.name for f in fields(Signals)}
+        signals = Signals(**{k: v for k, v in engine.signals.items() if k in known})  # type: ignore[arg-type]
+        engine.verdict, engine.action = engine_verdict(engine, signals)
+
+
 def redecide(
-    folder: Path, in_use: str | None, inputs: CompareInputs, query: LoadQuery | None = None
+    folder: Path,
+    in_use: str | None,
+    inputs: CompareInputs,
+    query: LoadQuery | None = None,
+    host: HostBandwidth | None = None,
 ) -> tuple[list[EngineResult], Decision]:
     """The saved run decided again: compare's answer (A in use) or diagnose's; the load is
-    `inputs.load`, else `query`'s for the engine in use (before anything is decided)."""
+    `inputs.load`, else `query`'s for the engine in use (before anything is decided). Each
+    engine is first `refresh`ed: today's log parser and today's verdict and action."""
     saved = read_saved(folder)
     engines = saved.engines
+    for engine in engines:
+        refresh(engine, folder, host)
     names = [e.name for e in engines]
     if in_use is not None:
         if in_use not in names:
@@ -91,6 +148,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the engine you run now (default: the first engine of the run, compare's A)",
     )
     add_answer_arguments(g, find_max=False, load_from=True)
+    add_host_bandwidth_option(g)
 
 
 def copy_requests(src_dir: Path, out: Path) -> None:

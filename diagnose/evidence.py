@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from core.card import card_sentence, shortfall_explained
 from core.conditions import evaluate
 from core.promql import series_from_scrapes
 from core.roofline import decode_efficiency, roofline_tokens_per_second
@@ -27,7 +28,7 @@ from diagnose.decision.model import Row
 from diagnose.decision.roofline import bytes_per_step, row_batch
 from diagnose.engine_run import EngineRun
 from diagnose.monitor import RESULT_STRUCTURE_SERIES
-from loadgen.exporter_series import KV_USAGE, WAITING, Series
+from loadgen.exporter_series import KV_USAGE, WAITING, Series, first
 
 # How far the rules' prefill tok/s may stray from the requests' before diagnose says so.
 PREFILL_AGREE = 0.10
@@ -105,7 +106,20 @@ def complete(
                 "decode efficiency uses --bandwidth-gbs: no GPU bandwidth series for the "
                 "rules (the Prometheus verdict cannot see it)"
             )
-    return sig
+    # The share of the gap the lost clock explains follows the efficiencies used here.
+    explained = shortfall_explained(
+        sig.sm_clock_ratio, sig.decode_efficiency, sig.prefill_efficiency, sig.memory_clock_ratio
+    )
+    return replace(sig, card_shortfall_explained=explained)
+
+
+def card_evidence(run: EngineRun, sig: Signals) -> None:
+    """What the card did under load (`core.card.card_sentence`), beside the verdict: the
+    answer and the report show the engine's evidence."""
+    watts = first(run.monitor.latest(), "llmb_gpu_power_limit_watts")
+    text = card_sentence(sig, watts)
+    if text is not None:
+        run.result.evidence["card"] = text
 
 
 # Diagnose's own readings as the exporter's samples ------------------------------------

@@ -28,6 +28,7 @@ from loadgen.exporter_series import Series, first, labelled
 from loadgen.resolve import probe_target
 from model.flops import prefill_flops
 from model.geometry import geometry_from_gguf
+from model.host_memory import HostBandwidth
 
 LAYERS_TOTAL = "llmb_engine_gpu_layers_total"
 LAYERS_OFFLOADED = "llmb_engine_gpu_layers_offloaded"
@@ -107,10 +108,25 @@ async def gpu_facts(run: EngineRun) -> None:
             res.bandwidth_bytes_per_s = values.bandwidth_bytes_per_second
         res.bandwidth_source = "exporter" if res.bandwidth_bytes_per_s else None
         _engine_series(res, series, mon.exporter_engine)
+        res.gpu_free_bytes = first(series, "llmb_gpu_memory_free_bytes")
+    host_bandwidth_facts(res, run.opts.host_bandwidth, series)
     if run.opts.bandwidth_bytes_per_s:
         res.bandwidth_bytes_per_s = run.opts.bandwidth_bytes_per_s
         res.bandwidth_source = "--bandwidth-gbs"
     _peak_facts(run, series)
+
+
+def host_bandwidth_facts(
+    res: EngineResult, given: HostBandwidth | None, series: Series | None
+) -> None:
+    """Host memory bandwidth for the expert-offload bound: the exporter's series (its own
+    measurement, or what it was given), unless this run was given one (flag, config)."""
+    for labels, value in labelled(series or {}, "llmb_host_memory_bandwidth_bytes_per_second"):
+        res.host_bandwidth_bytes_per_s = value
+        res.host_bandwidth_source = labels.get("source") or "exporter"
+    if given is not None and (res.host_bandwidth_bytes_per_s is None or given.source != "measured"):
+        res.host_bandwidth_bytes_per_s = given.bytes_per_second
+        res.host_bandwidth_source = given.source
 
 
 def prefill_from_geometry(res: EngineResult, geo: Any) -> None:

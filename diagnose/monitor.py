@@ -122,7 +122,9 @@ class Monitor:
             return
         await self.detach()
         self.exporter_engine = engine.name
-        self.embedded = EmbeddedExporter(engine, log_path, pid, self._gpu_config())
+        self.embedded = EmbeddedExporter(
+            engine, log_path, pid, self._gpu_config(), self.opts.host_bandwidth
+        )
         await self.embedded.start()
 
     async def detach(self) -> None:

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from config.settings import GpuConfig
+from config.settings import Config, GpuConfig
 from core.slo import Slo
 from loadgen.options import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_MAX_TOKENS,
     DEFAULT_TIMEOUT_S,
+    positive_float,
 )
 from loadgen.resolve import TargetProbe
+from model.host_memory import HostBandwidth, host_bandwidth, measure_host_bandwidth
 
 # `compare`'s --rounds default: a difference is called only beyond the spread of rounds.
 DEFAULT_ROUNDS = 3
@@ -38,6 +43,9 @@ class Options:
     # GPU sampling of the embedded collectors (the config's `gpu:`; None: NVML if present).
     gpu: GpuConfig | None = None
     bandwidth_bytes_per_s: float | None = None
+    # Host memory bandwidth for the expert-offload bound: --host-bandwidth-gbs, the config's
+    # key, else measured once before the run (None: the exporter's series, or unknown).
+    host_bandwidth: HostBandwidth | None = None
     # The card's dense peak compute for the prefill roofline (--peak-tflops; None: table).
     peak_flops: float | None = None
     timeout: float = DEFAULT_TIMEOUT_S
@@ -58,3 +66,30 @@ class Options:
     load_source: str | None = None
     # --find-max: bisect between measured concurrencies for the highest within --slo.
     find_max: bool = False
+
+
+def add_host_bandwidth_option(group: Any) -> None:
+    """--host-bandwidth-gbs of diagnose, compare and decide."""
+    group.add_argument(
+        "--host-bandwidth-gbs",
+        type=positive_float,
+        metavar="GB/S",
+        help="host memory bandwidth for the expert-offload bound (default: the config's "
+        "host_memory_bandwidth_bytes_per_second, else the exporter's "
+        "llmb_host_memory_bandwidth_bytes_per_second, else measured here before the run: "
+        "a multi-threaded copy, read + write counted, under a second)",
+    )
+
+
+def run_host_bandwidth(
+    args: argparse.Namespace,
+    config: Config | None,
+    measure: Callable[[], float] = measure_host_bandwidth,
+) -> HostBandwidth | None:
+    """The host bandwidth of a measuring run: the flag, the config, else (without
+    --exporter-url, whose exporter measures its own host) `measure()` once, here."""
+    flag = args.host_bandwidth_gbs * 1e9 if args.host_bandwidth_gbs else None
+    configured = config.host_memory_bandwidth_bytes_per_second if config is not None else None
+    if flag is None and configured is None and getattr(args, "exporter_url", None):
+        return None
+    return host_bandwidth(flag, configured, measure)

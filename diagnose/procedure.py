@@ -18,7 +18,8 @@ residency, comparability (weight bytes per parameter within 20 %, else the per-r
 comparison and a labelled estimate at the other's precision), single-request decode,
 batching at every measured concurrency (aggregate tok/s and TTFT at equal load), and where
 each engine's memory gives out. A difference is called only when it exceeds the spread
-between rounds. A is the engine in use; the recommendation is `stay_and_tune`,
+between rounds. A is the engine in use; the recommendation is `stay` (no difference beyond
+the noise), `stay_and_tune`,
 `switch_to:B`, `fix_memory_first` or `inconclusive`.
 """
 
@@ -40,7 +41,7 @@ from diagnose.decision.roofline import roofline
 from diagnose.decision.slo import add_slo
 from diagnose.decision.two_engines import CompareInputs, decide_compare
 from diagnose.engine_run import EngineRun, LoadStep, StepStopped
-from diagnose.evidence import residency_values
+from diagnose.evidence import card_evidence, residency_values
 from diagnose.facts import collect_facts, gpu_facts, record_evidence, structure_facts
 from diagnose.find_max import find_max
 from diagnose.load import measure_row
@@ -174,6 +175,7 @@ class Diagnoser(EngineRun):
         if verdict is not None:
             res.verdict, res.action = engine_verdict(res, signals)
             res.signals = {k: getattr(signals, k) for k in SIGNAL_FIELDS}
+            card_evidence(self, signals)
         return res
 
     def answer_steps(self) -> list[Step]:

@@ -12,39 +12,39 @@ Prometheus unreachable, a failed query, no samples of that engine in the window:
 from __future__ import annotations
 
 import argparse
-import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from loadgen.options import UsageError, add_slo_option, http_url, positive_int
-from loadgen.prom_api import QueryError, vector_values
+from loadgen.prom_api import (
+    QUERY_TIMEOUT_S,
+    Prometheus,
+    PrometheusUnreachable,
+    QueryError,
+    prom_duration,
+)
+from loadgen.served_mix import RUNNING, busiest_running, round_load, running_quantile_query
 
-RUNNING = "llmb_engine_requests_running"
+__all__ = [
+    "DEFAULT_WINDOW",
+    "QUANTILE",
+    "LoadQuery",
+    "LoadQueryError",
+    "ServedLoad",
+    "add_answer_arguments",
+    "load_query",
+    "p90_query",
+    "prom_duration",
+    "round_load",
+    "user_load",
+]
+
 QUANTILE = 0.9
 DEFAULT_WINDOW = "1h"
-# Seconds for each query (connect and read): Prometheus answers an instant query in ms.
-QUERY_TIMEOUT_S = 10.0
-# A p90 of 12.0000001 is 12 requests, not 13 (float noise of the interpolation).
-_ROUND_SLACK = 1e-6
-
-_DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 
 
 class LoadQueryError(UsageError):
     """The load could not be read from Prometheus (the message says why and what to pass)."""
-
-
-def prom_duration(text: str) -> str:
-    """A Prometheus duration (`1h`, `30m`, `1h30m`) above zero, for `--load-window`."""
-    parts = _DURATION.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text or all(int(n) == 0 for n, _ in parts):
-        raise argparse.ArgumentTypeError(
-            f"expected a Prometheus duration such as 1h, 30m or 1h30m, got {text!r}"
-        )
-    return text
 
 
 @dataclass(frozen=True)
@@ -55,26 +55,9 @@ class ServedLoad:
     source: str
 
 
-def round_load(p90: float) -> int:
-    """Running requests at the p90 as a concurrency: rounded up, at least 1 (idle: c=1)."""
-    if not math.isfinite(p90) or p90 < 0:
-        raise ValueError(f"not a number of requests: {p90}")
-    return max(1, math.ceil(p90 - _ROUND_SLACK))
-
-
-def _label(value: str) -> str:
-    """A PromQL string literal."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def running_selector(engine: str, window: str) -> str:
-    """`llmb_engine_requests_running{engine="NAME"}[1h]`."""
-    return f"{RUNNING}{{engine={_label(engine)}}}[{window}]"
-
-
 def p90_query(engine: str, window: str) -> str:
     """The query whose answer is the user's load (one series per host/instance of the engine)."""
-    return f"quantile_over_time({QUANTILE}, {running_selector(engine, window)})"
+    return running_quantile_query(engine, window, QUANTILE)
 
 
 @dataclass(frozen=True)
@@ -87,59 +70,33 @@ class LoadQuery:
     engine: str | None = None
     timeout: float = QUERY_TIMEOUT_S
 
-    def _query(self, client: httpx.Client, expr: str) -> list[tuple[dict[str, str], float]]:
-        where = f"Prometheus at {self.url}"
-        try:
-            resp = client.get(f"{self.url}/api/v1/query", params={"query": expr})
-        except httpx.HTTPError as exc:
-            raise LoadQueryError(
-                f"--load-from: cannot reach {where} ({type(exc).__name__}: {exc}); "
-                "give the Prometheus that scrapes the exporter, or --load N"
-            ) from None
-        try:
-            body = resp.json()
-        except ValueError:
-            raise LoadQueryError(
-                f"--load-from: {self.url}/api/v1/query answered HTTP {resp.status_code} without "
-                "Prometheus' JSON: give Prometheus' base URL (http://HOST:9090)"
-            ) from None
-        try:
-            return vector_values(body)
-        except QueryError as exc:
-            raise LoadQueryError(
-                f"--load-from: {where} did not answer {expr!r} (HTTP {resp.status_code}: {exc})"
-            ) from None
-
     def read(self, in_use: str) -> ServedLoad:
         """The p90 of running requests of the engine in use (or `engine`) over the window."""
         engine = self.engine or in_use
-        with httpx.Client(timeout=self.timeout) as client:
-            found = self._query(client, p90_query(engine, self.window))
-            if not found:
-                raise LoadQueryError(self._none_found(client, engine))
-            found = [(lab, v) for lab, v in found if math.isfinite(v) and v >= 0]
-            if not found:
-                raise LoadQueryError(
-                    f"--load-from: Prometheus at {self.url} answered no number of running "
-                    f"requests for {engine!r} over the last {self.window}; pass --load N"
-                )
-            counts = f"count_over_time({running_selector(engine, self.window)})"
-            samples = self._query(client, counts)
-        # One series per host or instance serving that engine: the busiest one's load.
-        labels, p90 = max(found, key=lambda lv: lv[1])
-        count = next((int(v) for lab, v in samples if lab == labels), None)
-        series = f", the busiest of {len(found)} series" if len(found) > 1 else ""
-        over = f" over {count} samples" if count is not None else ""
+        prom = Prometheus(self.url, self.timeout)
+        try:
+            with prom.client() as client:
+                load = busiest_running(prom, client, engine, self.window, QUANTILE)
+                if load is None:
+                    raise LoadQueryError(
+                        self._none_found(prom.engines_with(client, RUNNING, self.window), engine)
+                    )
+        except PrometheusUnreachable as exc:
+            raise LoadQueryError(
+                f"--load-from: {exc}; give the Prometheus that scrapes the exporter, or --load N"
+            ) from None
+        except QueryError as exc:
+            raise LoadQueryError(f"--load-from: {exc}; or pass --load N") from None
+        series = f", the busiest of {load.series} series" if load.series > 1 else ""
+        over = f" over {load.samples} samples" if load.samples is not None else ""
         return ServedLoad(
-            round_load(p90),
+            round_load(load.value),
             f"the p90 of running requests over the last {self.window} on {engine} "
-            f"({p90:.3g}{over}{series}; Prometheus at {self.url})",
+            f"({load.value:.3g}{over}{series}; Prometheus at {self.url})",
         )
 
-    def _none_found(self, client: httpx.Client, engine: str) -> str:
+    def _none_found(self, others: list[str], engine: str) -> str:
         """Why the query found nothing: which engines Prometheus does have samples of."""
-        expr = f"count by (engine) (count_over_time({RUNNING}[{self.window}]))"
-        others = sorted(lab.get("engine", "") for lab, _ in self._query(client, expr))
         head = (
             f"--load-from: Prometheus at {self.url} has no {RUNNING} samples of engine "
             f"{engine!r} in the last {self.window}"

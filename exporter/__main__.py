@@ -13,6 +13,7 @@ from config.settings import Config, ConfigError, config_file_from_env, load_conf
 from exporter import __version__
 from exporter.cli import add_log_level_option, setup_logging
 from exporter.web_config import WebConfig
+from model.host_memory import HostBandwidth, host_bandwidth
 
 EXIT_CONFIG = 2
 
@@ -49,9 +50,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="TLS and basic auth, in the format of Prometheus' exporter-toolkit (env "
         "LLMB_WEB_CONFIG; docs/security.md); default: plain HTTP without auth",
     )
+    parser.add_argument(
+        "--host-bandwidth-gbs",
+        type=_positive_gbs,
+        metavar="GB/S",
+        help="host memory bandwidth for the expert-offload bound "
+        '(llmb_host_memory_bandwidth_bytes_per_second{source="flag"}); default: the '
+        "config's host_memory_bandwidth_bytes_per_second, else measured once at start "
+        "(a multi-threaded copy, under a second)",
+    )
     add_log_level_option(parser, "log verbosity (env LLMB_LOG_LEVEL)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser.parse_args(argv)
+
+
+def _positive_gbs(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of GB/s, not {text!r}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,7 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_CONFIG
     announce_engines(config)
-    return serve(config, web, sock)
+    flag = args.host_bandwidth_gbs * 1e9 if args.host_bandwidth_gbs else None
+    bandwidth = host_bandwidth(flag, config.host_memory_bandwidth_bytes_per_second)
+    if bandwidth is not None:
+        logging.getLogger("exporter").info("host memory bandwidth %s", bandwidth.describe())
+    return serve(config, web, sock, bandwidth)
 
 
 def announce_engines(config: Config) -> None:
@@ -125,7 +149,12 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(config: Config, web_config: WebConfig | None, sock: socket.socket) -> int:
+def serve(
+    config: Config,
+    web_config: WebConfig | None,
+    sock: socket.socket,
+    host_bandwidth: HostBandwidth | None = None,
+) -> int:
     """Run the exporter on a bound socket until interrupted."""
     from aiohttp import web
 
@@ -133,7 +162,7 @@ def serve(config: Config, web_config: WebConfig | None, sock: socket.socket) -> 
     from exporter.server import make_app
     from exporter.web_config import BasicAuth, describe, ssl_context
 
-    runner = build_runner(config)
+    runner = build_runner(config, host_bandwidth=host_bandwidth)
     users = web_config.basic_auth_users if web_config is not None else None
     app = make_app(runner, BasicAuth(users) if users else None)
     context = ssl_context(web_config) if web_config is not None else None

@@ -13,6 +13,7 @@ from exporter.collectors import Collector, EngineCollector
 from exporter.collectors.nvml.collector import NvmlCollector
 from exporter.runner import Runner
 from exporter.transport import AiohttpTransport
+from model.host_memory import HostBandwidth
 
 
 def collector_class(kind: str) -> type[EngineCollector]:
@@ -23,10 +24,17 @@ def collector_class(kind: str) -> type[EngineCollector]:
     return cls
 
 
-def build_runner(config: Config, client: httpx.AsyncClient | None = None) -> Runner:
+def build_runner(
+    config: Config,
+    client: httpx.AsyncClient | None = None,
+    host_bandwidth: HostBandwidth | None = None,
+) -> Runner:
     """Create one collector per source (NVML when enabled, one per engine).
 
     Each engine's collector class is the one its kind's row names (`collector_class`).
+    `host_bandwidth` is the host memory figure to export (the caller measures it: a copy of
+    hundreds of MiB has no place in building a runner); without it, the config's
+    `host_memory_bandwidth_bytes_per_second` when set, else no such series.
     """
     # aiohttp underneath: httpx's own transport costs more CPU than parsing (exporter/transport.py).
     http = client or httpx.AsyncClient(follow_redirects=True, transport=AiohttpTransport())
@@ -42,7 +50,14 @@ def build_runner(config: Config, client: httpx.AsyncClient | None = None) -> Run
         default_deadline=config.scrape_timeout_seconds,
         host=config.host,
         min_interval=config.min_interval,
+        host_bandwidth=host_bandwidth or configured_host_bandwidth(config),
     )
     if client is None:
         runner.on_close.append(http.aclose)
     return runner
+
+
+def configured_host_bandwidth(config: Config) -> HostBandwidth | None:
+    """The config's host memory bandwidth, when it sets one."""
+    value = config.host_memory_bandwidth_bytes_per_second
+    return HostBandwidth(value, "config") if value is not None else None

@@ -59,7 +59,9 @@ def markdown_table() -> str:
     for name, spec in SCHEMA.items():
         # Series no engine provides have one source on every engine.
         own = "NVML" if name.startswith("llmb_gpu") else ""
-        own = own or ("exporter" if name.startswith(("llmb_source", "llmb_exporter")) else "")
+        own = own or (
+            "exporter" if name.startswith(("llmb_source", "llmb_exporter", "llmb_host")) else ""
+        )
         cells = []
         for _, main, release in columns:
             cell = own or main.get(name, "")

@@ -30,6 +30,7 @@ from exporter import __version__
 from exporter.collectors import Collector, Scrape, SourceError
 from exporter.exposition import render_text
 from exporter.schema import MetricSet
+from model.host_memory import HostBandwidth
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +121,11 @@ class Runner:
         host: str | None = None,
         min_interval: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        host_bandwidth: HostBandwidth | None = None,
     ):
         self.collectors = list(collectors)
+        # Measured once before the runner exists (model/host_memory.py), exported every scrape.
+        self.host_bandwidth = host_bandwidth
         self.default_deadline = default_deadline
         # Stamped on every series so one Prometheus can scrape many machines.
         self.host = host
@@ -239,6 +243,12 @@ class Runner:
         out: list[Metric] = []
         own = MetricSet()
         own.info("llmb_exporter_build_info", version=__version__)
+        if self.host_bandwidth is not None:
+            own.add(
+                "llmb_host_memory_bandwidth_bytes_per_second",
+                self.host_bandwidth.bytes_per_second,
+                source=self.host_bandwidth.source,
+            )
         for collector, (scrape, duration) in zip(self.collectors, results, strict=True):
             out.extend(scrape.metrics)
             source = collector.source

@@ -88,8 +88,20 @@ SCHEMA: dict[str, Spec] = {
         "llmb_gpu_sm_clock_hertz": _g("Current SM (graphics) clock.", GPU),
         "llmb_gpu_sm_clock_max_hertz": _g("Maximum SM (graphics) clock.", GPU),
         "llmb_gpu_power_watts": _g("Power draw of the GPU.", GPU),
+        "llmb_gpu_sm_clock_busy_hertz": _g(
+            "SM clock, only in samples while the GPU is busy (utilization at or above "
+            "`card_busy_utilization_min`): averaged over a window, the clock under load.",
+            GPU,
+        ),
         "llmb_gpu_power_limit_watts": _g(
             "Power limit the driver enforces (the lowest of the set limits).", GPU
+        ),
+        "llmb_gpu_power_limit_default_watts": _g(
+            "The card's default (stock) power limit: an enforced limit below it was lowered.",
+            GPU,
+        ),
+        "llmb_gpu_power_limit_max_watts": _g(
+            "The highest power limit the card accepts (`nvidia-smi -pl`).", GPU
         ),
         "llmb_gpu_temperature_celsius": _g("GPU core temperature.", GPU),
         "llmb_gpu_clock_event_reason_active": _g(
@@ -171,6 +183,15 @@ SCHEMA: dict[str, Spec] = {
     "llmb_engine_e2e_request_latency_seconds": Spec(
         "histogram", "Server-side end-to-end request latency.", ENGINE
     ),
+    # --- Per-request lengths (SGLang; llama.cpp exports only token totals) ----------------
+    "llmb_engine_request_prompt_tokens": Spec(
+        "histogram",
+        "Prompt length of each finished request in tokens, cached ones included.",
+        ENGINE,
+    ),
+    "llmb_engine_request_generation_tokens": Spec(
+        "histogram", "Generated tokens of each finished request.", ENGINE
+    ),
     # --- Memory residency -------------------------------------------------------------------
     "llmb_engine_process_gpu_memory_bytes": _g(
         "GPU memory of all processes attributed to the engine (NVML), summed over GPUs."
@@ -239,6 +260,13 @@ SCHEMA: dict[str, Spec] = {
     ),
     "llmb_model_draft_weights_bytes": _g(
         "Weight bytes of the speculative-decoding draft model (llama.cpp -md)."
+    ),
+    # --- The host ---------------------------------------------------------------------------
+    "llmb_host_memory_bandwidth_bytes_per_second": _g(
+        "Host memory bandwidth for the expert-offload bound: a multi-threaded copy at exporter "
+        "start, read + write counted (source=measured), or --host-bandwidth-gbs (flag) or "
+        "host_memory_bandwidth_bytes_per_second (config).",
+        ("source",),
     ),
     # --- Exporter self-metrics --------------------------------------------------------------
     "llmb_source_up": _g("1 when the source was read successfully in this scrape.", ("source",)),

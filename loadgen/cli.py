@@ -1,4 +1,5 @@
-"""The load generator's own subcommands, `run` and `sweep` (`RUN`, `SWEEP`).
+"""The load generator's own subcommands, `run`, `sweep` and `served-mix` (`RUN`, `SWEEP`,
+`SERVED_MIX`).
 
 The command line that lists them beside diagnose's is `cli.loadgen` (the composition root);
 their shared options come from `loadgen.options`, so a flag means the same in every subcommand.
@@ -28,14 +29,17 @@ from loadgen.options import (
     add_target_options,
     add_timeout_options,
     add_traffic_options,
+    http_url,
     non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
 )
+from loadgen.prom_api import prom_duration
 from loadgen.prompts import CACHE_MODES
 from loadgen.resolve import load_config_or_usage, resolve_targets
 from loadgen.scheduler.spec import DEFAULT_REQUESTS, RunSpec
+from loadgen.served_mix import DEFAULT_SEED, served_mix
 from loadgen.session import MetricsPortBusy, SessionOptions, execute
 from loadgen.session import run as run_loop
 from loadgen.sweep import plan_steps, probe_factory
@@ -43,8 +47,17 @@ from loadgen.target import Target
 from loadgen.traffic.model import TrafficError
 from loadgen.traffic.spec import load_traffic
 
-__all__ = ["QUIET_LOGGERS", "RUN", "SWEEP", "apply_config_defaults", "default_out_dir"]
+__all__ = [
+    "QUIET_LOGGERS",
+    "RUN",
+    "SERVED_MIX",
+    "SWEEP",
+    "apply_config_defaults",
+    "default_out_dir",
+]
 
+# The file `served-mix --out FOLDER` writes.
+MIX_FILE = "served-mix.json"
 # Third-party loggers that would otherwise print their INFO lines between ours.
 QUIET_LOGGERS = ("aiohttp.access", "httpx", "httpcore", "matplotlib", "asyncio", "urllib3")
 
@@ -381,4 +394,84 @@ SWEEP = Command(
     "several settings in a row (one variable changed per step)",
     _configure_sweep,
     sweep_command,
+)
+
+
+def _configure_served_mix(parser: argparse.ArgumentParser) -> None:
+    # --engine, --out and --seed parse as in the other commands (and take the config file's
+    # `loadgen:` keys alike): one engine here, and --out may be a folder.
+    parser.add_argument(
+        "--prometheus",
+        type=http_url,
+        required=True,
+        metavar="URL",
+        help="the Prometheus that scrapes the exporter (http://HOST:9090)",
+    )
+    parser.add_argument(
+        "--window",
+        type=prom_duration,
+        default="1h",
+        metavar="DURATION",
+        help="read what the engine served over the last DURATION (a Prometheus duration: "
+        "30m, 1h, 1d)",
+    )
+    parser.add_argument(
+        "--engine",
+        action="append",
+        metavar="NAME",
+        help="the engine's name in Prometheus (its engine label), once (default: the only "
+        "engine Prometheus has samples of)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=DEFAULT_SEED, help="the seed written into the mix"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="FILE",
+        help=f"write the length mix (JSON) here, or into FOLDER/{MIX_FILE} when it is a "
+        "folder, and the summary to stdout (default: the JSON to stdout, the summary to stderr)",
+    )
+
+
+def served_mix_command(args: argparse.Namespace) -> int:
+    """`served-mix`: the lengths, rate and load an engine served, from Prometheus, as a mix."""
+    if args.engine and len(args.engine) > 1:
+        raise UsageError("served-mix reads one engine: give --engine once")
+    engine = args.engine[0] if args.engine else None
+    mix = served_mix(args.prometheus, args.window, engine, seed=args.seed)
+    text = mix.to_mix_json()
+    lines = [f"served mix of {mix.engine} ({mix.kind}) over the last {mix.window}"]
+    for what, lengths in (("prompt", mix.prompt), ("output", mix.output)):
+        lines.append(f"  {what:<7} mean {lengths.mean:.1f} tokens: {lengths.source}")
+    p90 = "-" if mix.running_p90 is None else f"{mix.running_p90:.3g}"
+    p50 = "-" if mix.running_p50 is None else f"{mix.running_p50:.3g}"
+    lines.append(
+        f"  rate    {mix.rate_per_second:.3g} requests/s ({mix.requests:.0f} finished); "
+        f"running p50 {p50}, p90 {p90}"
+    )
+    if mix.cached_share is not None:
+        lines.append(f"  cached  {mix.cached_share:.1%} of prompt tokens")
+    lines += [f"  lacks   {item}" for item in mix.lacks]
+    summary = "\n".join(lines)
+    if args.out is None:
+        sys.stdout.write(text)
+        print(summary, file=sys.stderr)
+        return 0
+    path = args.out / MIX_FILE if args.out.is_dir() else args.out
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--out {path}: {exc.strerror or exc}") from None
+    print(summary)
+    print(f"wrote {path}")
+    return 0
+
+
+SERVED_MIX = Command(
+    "served-mix",
+    "the prompt/output lengths, rate and load an engine served, read from your Prometheus, "
+    "as a length mix (JSON)",
+    _configure_served_mix,
+    served_mix_command,
 )

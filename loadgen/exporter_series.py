@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import lzma
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,11 +23,15 @@ import httpx
 from config.settings import Config, EngineConfig, GpuConfig, ProcessMatch
 from core.promql import SeriesKey
 from exporter.app import build_runner
+from exporter.collectors.llamacpp.log import LogState
+from exporter.collectors.llamacpp.memory import host_experts
 from exporter.collectors.nvml.backend import NvmlError, PynvmlBackend
 from exporter.promtext import parse_exposition
 from exporter.runner import Runner
 from loadgen.options import metrics_url
 from loadgen.resolve import model_label
+from model.geometry import geometry_from_gguf
+from model.host_memory import HostBandwidth
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +134,12 @@ class EmbeddedExporter:
     """The exporter's collectors for one engine, run in this process."""
 
     def __init__(
-        self, engine: EngineConfig, log_file: Path | None, pid: int | None, gpu: GpuConfig | None
+        self,
+        engine: EngineConfig,
+        log_file: Path | None,
+        pid: int | None,
+        gpu: GpuConfig | None,
+        host_bandwidth: HostBandwidth | None = None,
     ):
         update: dict[str, Any] = {}
         if log_file is not None:
@@ -141,7 +151,7 @@ class EmbeddedExporter:
             engines=[engine.model_copy(update=update)],
             gpu=gpu if gpu is not None else GpuConfig(enabled=False),
         )
-        self._runner: Runner = build_runner(config)
+        self._runner: Runner = build_runner(config, host_bandwidth=host_bandwidth)
 
     async def start(self) -> None:
         """Start the collectors."""
@@ -233,3 +243,24 @@ class ExporterStepProbe:
         out = self._stats.result()
         out.update(source="exporter", scrapes=self._scrapes, scrape_errors=self._errors)
         return out
+
+
+def saved_log_experts(log: Path, model: Path | None) -> tuple[int, float] | None:
+    """(layers, bytes) of routed experts in host memory that a saved llama-server log shows,
+    read by the exporter's own log parser (with the GGUF's geometry when `model` is readable):
+    what `decide` re-reads so that a saved run gains today's parser. None: the log says not.
+    `.xz` logs (as docs/results keeps them) are read too."""
+    state = LogState()
+    xz = log.suffix == ".xz"
+    with (
+        lzma.open(log, "rt", encoding="utf-8", errors="replace")
+        if xz
+        else log.open(encoding="utf-8", errors="replace")
+    ) as f:
+        for line in f:
+            state.feed(line)
+    geom = None
+    if model is not None and model.is_file():
+        with contextlib.suppress(OSError, ValueError):
+            geom = geometry_from_gguf(model)
+    return host_experts(state, geom)

@@ -285,8 +285,10 @@ def slo_arg(text: str) -> Slo:
 
 
 _SLO_HELP = (
-    "service-level objective, e.g. ttft_p99=2s,itl_p99=100ms (any of ttft, itl, e2e at p50, "
-    "p90, p99; limits in ms or s)"
+    "service-level objective, e.g. ttft_p99=2s,tpot_p99=50ms (any of ttft, tpot, itl, e2e at "
+    "p50, p90, p99; limits in ms or s; the percentile is over requests of each request's "
+    "figure: tpot its mean time per output token after the first, as AIPerf and GuideLLM; "
+    "itl its own median (p50) or p99 gap, not vLLM's pooled gaps)"
 )
 
 

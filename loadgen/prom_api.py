@@ -2,19 +2,51 @@
 
 `/api/v1/query` answers `{"status": "success", "data": {"resultType": "vector", "result":
 [{"metric": {...}, "value": [t, "v"]}, ...]}}`, or `{"status": "error", "error": ...}`. The
-sweep's step probe, compare's served load and the demo's verdicts all read it here.
+sweep's step probe, compare's served load, the served mix and the demo's verdicts all read it
+here. `Prometheus.query` asks one instant query over HTTP and says, in one line, why it got no
+vector (unreachable, not Prometheus, the query refused); `label` and `prom_duration` are the
+PromQL pieces the callers build their queries from.
 """
 
 from __future__ import annotations
 
+import argparse
+import re
+from dataclasses import dataclass
 from typing import Any
+
+import httpx
+
+# Seconds for each query (connect and read): Prometheus answers an instant query in ms.
+QUERY_TIMEOUT_S = 10.0
+
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+_UNIT_SECONDS = {
+    "ms": 0.001,
+    "s": 1,
+    "m": 60,
+    "h": 3600,
+    "d": 86400,
+    "w": 7 * 86400,
+    "y": 365 * 86400,
+}
+
+Vector = list[tuple[dict[str, str], float]]
 
 
 class QueryError(ValueError):
     """Prometheus refused the query or its answer is not an instant vector (the text says which)."""
 
 
-def vector_values(body: Any) -> list[tuple[dict[str, str], float]]:
+class PrometheusUnreachable(QueryError):
+    """No HTTP answer at all from the URL."""
+
+
+class NotPrometheus(QueryError):
+    """An HTTP answer that is not Prometheus' JSON (another server at that address)."""
+
+
+def vector_values(body: Any) -> Vector:
     """The (labels, value) pairs of an instant query's answer; `QueryError` when it is none."""
     if not isinstance(body, dict):
         raise QueryError("the answer is not a JSON object")
@@ -31,3 +63,66 @@ def vector_values(body: Any) -> list[tuple[dict[str, str], float]]:
         except (KeyError, TypeError, ValueError):
             raise QueryError(f"not a sample: {item!r:.120}") from None
     return out
+
+
+def label(value: str) -> str:
+    """A PromQL string literal (a label value in a selector)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def prom_duration(text: str) -> str:
+    """A Prometheus duration (`1h`, `30m`, `1h30m`) above zero, for a window flag."""
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text or all(int(n) == 0 for n, _ in parts):
+        raise argparse.ArgumentTypeError(
+            f"expected a Prometheus duration such as 1h, 30m or 1h30m, got {text!r}"
+        )
+    return text
+
+
+def duration_seconds(text: str) -> float:
+    """Seconds of a duration `prom_duration` accepted (`1h30m` → 5400.0)."""
+    return float(sum(int(n) * _UNIT_SECONDS[u] for n, u in _DURATION.findall(prom_duration(text))))
+
+
+@dataclass(frozen=True)
+class Prometheus:
+    """A Prometheus base URL (`http://HOST:9090`) to ask instant queries of."""
+
+    url: str
+    timeout: float = QUERY_TIMEOUT_S
+
+    def client(self) -> httpx.Client:
+        """An HTTP client with the query timeout (one per batch of queries)."""
+        return httpx.Client(timeout=self.timeout)
+
+    def query(self, client: httpx.Client, expr: str, at: float | None = None) -> Vector:
+        """The instant vector of `expr` (now, or at the Unix time `at`); a `QueryError`
+        subclass whose text says why when there is none."""
+        params: dict[str, str] = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        try:
+            resp = client.get(f"{self.url}/api/v1/query", params=params)
+        except httpx.HTTPError as exc:
+            raise PrometheusUnreachable(
+                f"cannot reach Prometheus at {self.url} ({type(exc).__name__}: {exc})"
+            ) from None
+        try:
+            body = resp.json()
+        except ValueError:
+            raise NotPrometheus(
+                f"{self.url}/api/v1/query answered HTTP {resp.status_code} without "
+                "Prometheus' JSON: give Prometheus' base URL (http://HOST:9090)"
+            ) from None
+        try:
+            return vector_values(body)
+        except QueryError as exc:
+            raise QueryError(
+                f"Prometheus at {self.url} did not answer {expr!r} (HTTP {resp.status_code}: {exc})"
+            ) from None
+
+    def engines_with(self, client: httpx.Client, metric: str, window: str) -> list[str]:
+        """The `engine` labels that have samples of `metric` in the last `window`, sorted."""
+        expr = f"count by (engine) (count_over_time({metric}[{window}]))"
+        return sorted(lab.get("engine", "") for lab, _ in self.query(client, expr))

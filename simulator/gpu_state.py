@@ -62,6 +62,9 @@ def snapshot(engine: Engine, pid: int, cmdline: str, index: int = 0) -> dict[str
                 "bus_width": gpu.bus_width,
                 "power_mw": power,
                 "power_limit_mw": gpu.max_power_mw,
+                # At its stock limit: the default and the highest limit are the enforced one.
+                "power_default_limit_mw": gpu.max_power_mw,
+                "power_max_limit_mw": gpu.max_power_mw,
                 "temp": gpu.busy_temp_c if busy else 36,
                 "max_mem_clock_mhz": gpu.mem_clock_mhz,
                 "mem_clock_mhz": gpu.mem_clock_mhz,

@@ -1,9 +1,11 @@
 """One measured difference between two engines at one load, with its interval.
 
-A call's interval comes from the step's requests (`core.stats.Bootstrap` over rounds and
-requests, `diagnose.decision.requests`); without per-request samples (a results.json saved
-without requests.jsonl) from the spread between rounds, as before. A winner is called only
-when the ratio's interval clears the noise floor (`core.thresholds.COMPARE_NOISE_FLOOR`).
+A call's interval comes from the step's requests (`core.stats.Bootstrap` over rounds, the
+waves of `concurrency` requests sent together, and requests, `diagnose.decision.requests`);
+without per-request samples (a results.json saved without requests.jsonl) from the spread
+between rounds, as before. A winner is called only when the ratio's interval clears the
+difference the run can resolve (`core.stats.resolvable`: the noise floor with 3 rounds or
+more, more with fewer).
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from core.stats import Bootstrap, Interval, over_rounds, ratio_side
-from core.thresholds import COMPARE_NOISE_FLOOR
+from core.stats import Bootstrap, Interval, over_rounds, ratio_side, resolvable
+from core.thresholds import FULL_ROUNDS
 from diagnose.decision.model import EngineResult, relative_spread
 from diagnose.decision.requests import Rounds, decode_rate
 from diagnose.decision.sources import ENGINE
@@ -30,6 +32,8 @@ Stat = Callable[[Sequence[RequestRecord]], float | None]
 DECODE = "single-request decode tok/s"
 AGGREGATE = "aggregate tok/s"
 TTFT = "TTFT s"
+# The whole request at low load: TTFT + decode, what one user waits for.
+E2E = "end-to-end s per request"
 # The basis of a call on an engine's figure over a whole step (no per-request samples).
 STEP_ONLY = "no per-request samples: nothing called"
 
@@ -64,6 +68,8 @@ class Call:
     # chunks, or a run saved before these fields).
     a_source: str | None = None
     b_source: str | None = None
+    # What is shown beside the figure (the whole request's parts: decode and TTFT).
+    beside: str = ""
 
     def ratio(self) -> float:
         return self.b / self.a if self.a else math.inf
@@ -115,6 +121,13 @@ def decode_stat(rs: Sequence[RequestRecord]) -> float | None:
     """Mean per-sequence decode tok/s (the client's chunks, else the engine's own figure)."""
     rates = [v for v, _ in map(decode_rate, rs) if v]
     return sum(rates) / len(rates) if rates else None
+
+
+def e2e_stat(rs: Sequence[RequestRecord]) -> float | None:
+    """Mean end-to-end seconds of the successful requests (the client's wall time of each,
+    measured whether or not the streamed text was empty)."""
+    values = [r.e2e_s for r in rs if r.error is None and r.e2e_s > 0]
+    return sum(values) / len(values) if values else None
 
 
 def ttft_stat(rs: Sequence[RequestRecord]) -> float | None:
@@ -170,7 +183,9 @@ def _call(
 ) -> Call:
     va, vb = values
     enough = all(sum(len(r) for r in x) >= MIN_REQUESTS for x in requests)
-    boot = Bootstrap[RequestRecord]().ratio(requests[0], requests[1], stat) if enough else None
+    sent = tuple(in_order(x) for x in requests)
+    wave = concurrency or 1
+    boot = Bootstrap[RequestRecord](wave=wave).ratio(sent[0], sent[1], stat) if enough else None
     if boot is None:
         call = _rounds_call(
             what, concurrency, a, b, rounds[0] or [va], rounds[1] or [vb], higher_is_better
@@ -185,13 +200,18 @@ def _call(
     # row's figure carries noise its requests do not (a step's ramp-up and tail in its wall
     # time), and an interval from one put around the other would call that noise a winner.
     ia, ib = ia.scaled(va / ia.value), ib.scaled(vb / ib.value)
-    side = ratio_side(ir)
+    rounds_n = min(len(requests[0]), len(requests[1]))
+    floor = resolvable(rounds_n)
+    side = ratio_side(ir, floor)
     winner = None
     if side:
         winner = b.name if (side > 0) == higher_is_better else a.name
     na, nb = (sum(len(r) for r in x) for x in requests)
-    rounds_n = max(len(requests[0]), len(requests[1]))
-    basis = f"bootstrap over {na} + {nb} requests, {rounds_n} round{'s' if rounds_n > 1 else ''}"
+    basis = (
+        f"bootstrap over {na} + {nb} requests, {rounds_n} round{'s' if rounds_n > 1 else ''}"
+        + (f" in waves of {wave}" if wave > 1 else "")
+        + resolvable_text(rounds_n)
+    )
     spread = max(
         (s for s in (relative_spread(rounds[0]), relative_spread(rounds[1])) if s is not None),
         default=None,
@@ -215,6 +235,23 @@ def _call(
     )
 
 
+def in_order(rounds: Rounds) -> Rounds:
+    """Each round's requests in the order they were sent (the waves are consecutive)."""
+    return [sorted(r, key=lambda x: (x.start_time, x.index)) for r in rounds]
+
+
+def resolvable_text(rounds: int) -> str:
+    """`; with 1 round a difference under 25 % is not resolved` (nothing from 3 rounds on)."""
+    floor = resolvable(rounds)
+    if floor <= resolvable(FULL_ROUNDS):
+        return ""
+    return (
+        f"; with {rounds} round{'s' if rounds > 1 else ''} a difference under "
+        f"{floor * 100:.0f} % is not resolved (--rounds {FULL_ROUNDS} resolves "
+        f"{resolvable(FULL_ROUNDS) * 100:.0f} %)"
+    )
+
+
 def _rounds_call(
     what: str,
     concurrency: int | None,
@@ -229,7 +266,8 @@ def _rounds_call(
     ma, mb = statistics.median(va), statistics.median(vb)
     spreads = [s for s in (relative_spread(va), relative_spread(vb)) if s is not None]
     winner = None
-    apart = abs(mb - ma) / min(ma, mb) > COMPARE_NOISE_FLOOR if min(ma, mb) > 0 else False
+    floor = resolvable(min(len(va), len(vb)))
+    apart = abs(mb - ma) / min(ma, mb) > floor if min(ma, mb) > 0 else False
     if len(va) >= 2 and len(vb) >= 2 and apart:
         if min(vb) > max(va):
             winner = b.name if higher_is_better else a.name

@@ -12,34 +12,19 @@ load loses to one that meets it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from diagnose.decision.calls import Call
 from diagnose.decision.model import (
     INCONCLUSIVE,
+    STAY,
     STAY_AND_TUNE,
     EngineResult,
+    LoadAnswer,
+    SloAnswer,
     switch_to,
 )
-from diagnose.decision.slo import SloAnswer
-
-
-@dataclass
-class LoadAnswer:
-    """Who is ahead at one concurrency, by how much (with its interval), on which figure."""
-
-    concurrency: int
-    what: str
-    winner: str | None
-    lead: str
-    a: float
-    b: float
-    # What the call was taken over (the bootstrap's requests, or the rounds).
-    basis: str = ""
-    ratio_lo: float | None = None
-    ratio_hi: float | None = None
-    decidable: bool = True
 
 
 def level_answers(calls: Sequence[Call]) -> list[LoadAnswer]:
@@ -59,63 +44,70 @@ def level_answers(calls: Sequence[Call]) -> list[LoadAnswer]:
                 x.ratio_lo,
                 x.ratio_hi,
                 x.decidable,
+                x.beside,
             )
     return [out[c] for c in sorted(out)]
 
 
-def crossover(levels: Sequence[LoadAnswer]) -> int | None:
-    """The first concurrency at which the other engine is ahead (ties in between skipped)."""
-    last = None
-    for lv in levels:
-        if lv.winner is None:
-            continue
-        if last is not None and lv.winner != last:
-            return lv.concurrency
-        last = lv.winner
+def crossover_range(levels: Sequence[LoadAnswer]) -> tuple[int, int] | None:
+    """Where the answer changes: (the level before, the first level) at which an engine is
+    ahead that was not at the first level compared (no difference counts as an answer there;
+    levels too small to call are skipped). The crossover lies between the two."""
+    called = [lv for lv in levels if lv.decidable]
+    if not called:
+        return None
+    first = called[0].winner
+    for before, lv in itertools.pairwise(called):
+        if lv.winner is not None and lv.winner != first:
+            return before.concurrency, lv.concurrency
     return None
 
 
+def crossover(levels: Sequence[LoadAnswer]) -> int | None:
+    """The first measured level of the crossover range (`Decision.crossover`)."""
+    found = crossover_range(levels)
+    return found[1] if found else None
+
+
 def _level_text(lv: LoadAnswer, at: str = "") -> str:
+    # The whole request's parts come last, after the figure and its ratio.
+    beside = f"; {lv.beside}" if lv.beside else ""
     if lv.winner is None and lv.ratio_lo is not None and lv.ratio_hi is not None:
         return (
             f"no difference beyond the noise ({lv.what} {lv.a:.3g} vs {lv.b:.3g}{at}, ratio "
-            f"[{lv.ratio_lo:.2f}–{lv.ratio_hi:.2f}])"
+            f"[{lv.ratio_lo:.2f}–{lv.ratio_hi:.2f}]{beside})"
         )
     if lv.winner is None and lv.decidable:
         return (
-            f"no difference beyond the noise ({lv.what} {lv.a:.3g} vs {lv.b:.3g}{at}: {lv.basis})"
+            f"no difference beyond the noise ({lv.what} {lv.a:.3g} vs {lv.b:.3g}{at}: "
+            f"{lv.basis}{beside})"
         )
     if lv.winner is None:
-        return f"not decided ({lv.what} {lv.a:.3g} vs {lv.b:.3g}{at}: {lv.basis})"
-    return f"{lv.winner} ahead ({lv.lead} {lv.what}{at})"
+        return f"not decided ({lv.what} {lv.a:.3g} vs {lv.b:.3g}{at}: {lv.basis}{beside})"
+    return f"{lv.winner} ahead ({lv.lead} {lv.what}{at}{beside})"
 
 
 def per_load_text(levels: Sequence[LoadAnswer]) -> str:
-    """`c=1: llama ahead (+16 % [12–20] ...); from c=4 on: sglang ahead (3.7× [...] at c=64)`."""
-    groups: list[list[LoadAnswer]] = []
-    for lv in levels:
-        if groups and groups[-1][0].winner == lv.winner:
-            groups[-1].append(lv)
-        else:
-            groups.append([lv])
-    parts = []
-    for i, g in enumerate(groups):
-        first, last = g[0], g[-1]
-        if len(g) == 1:
-            where = f"c={first.concurrency}"
-        elif i == len(groups) - 1:
-            where = f"from c={first.concurrency} on"
-        else:
-            where = f"c={first.concurrency}–{last.concurrency}"
-        # The group's strongest figure is the one at its highest load.
-        at = f" at c={last.concurrency}" if len(g) > 1 else ""
-        parts.append(f"{where}: {_level_text(last, at)}")
-    return "; ".join(parts)
+    """`c=1: llama ahead (+16 % [12–20] ...); c=4: no difference beyond the noise (...); ...`:
+    every measured level with its own ratio."""
+    return "; ".join(f"c={lv.concurrency}: {_level_text(lv)}" for lv in levels)
+
+
+def _short(lv: LoadAnswer) -> str:
+    """`c=16: sglang ahead 2.5× [2.2–2.8]`, `c=4: no difference, ratio [0.97–1.08]`."""
+    if lv.winner is not None:
+        return f"c={lv.concurrency}: {lv.winner} ahead {lv.lead}"
+    if not lv.decidable:
+        return f"c={lv.concurrency}: not decided"
+    if lv.ratio_lo is not None and lv.ratio_hi is not None:
+        return f"c={lv.concurrency}: no difference, ratio [{lv.ratio_lo:.2f}–{lv.ratio_hi:.2f}]"
+    return f"c={lv.concurrency}: no difference"
 
 
 def answer_at(levels: Sequence[LoadAnswer], load: int) -> tuple[LoadAnswer | None, str]:
-    """The answer at the user's load: the level measured there, or the levels around it when
-    they agree; None with the reason when they do not (measure at that load)."""
+    """The answer at the user's load: the level measured there, or the two levels it lies
+    between when they agree (each with its ratio); None with the reason when they do not
+    (measure at that load)."""
     if not levels:
         return None, "nothing was measured on both engines under the same load"
     by_c = {lv.concurrency: lv for lv in levels}
@@ -130,12 +122,10 @@ def answer_at(levels: Sequence[LoadAnswer], load: int) -> tuple[LoadAnswer | Non
     if not below:
         return above[0], f"at c={load} (below the lowest measured load, c={above[0].concurrency})"
     lo, hi = below[-1], above[0]
-    if lo.winner == hi.winner:
-        return hi, f"at c={load} (between c={lo.concurrency} and c={hi.concurrency}, which agree)"
-    return None, (
-        f"the answer changes between c={lo.concurrency} ({lo.winner or 'no difference'}) and "
-        f"c={hi.concurrency} ({hi.winner or 'no difference'}): measure at c={load}"
-    )
+    between = f"between {_short(lo)} and {_short(hi)}"
+    if lo.winner == hi.winner and lo.decidable and hi.decidable:
+        return hi, f"at c={load} ({between}, which agree)"
+    return None, f"the answer changes at c={load}, {between}: measure at c={load}"
 
 
 def recommend(
@@ -165,7 +155,9 @@ def recommend(
             return INCONCLUSIVE, "nothing was measured on both engines under the same load"
         # No load given: the highest measured load decides; the answer per load says the rest.
         decided = [lv for lv in levels if lv.winner]
-        lv = decided[-1] if decided else levels[-1]
+        if not decided:
+            return _no_difference(a, b, levels, ctx_winner, per_load)
+        lv = decided[-1]
         where = f"at c={lv.concurrency}, the highest load where one is ahead"
         tail = (
             f". Per load: {per_load}; pass --load N (or --load-from PROMETHEUS_URL) for the "
@@ -178,6 +170,8 @@ def recommend(
         lv = found
         tail = f". Per load: {per_load}"
     if lv.winner is None:
+        if not lv.decidable:
+            return INCONCLUSIVE, f"{where}: {_level_text(lv)}{tail}"
         same = (
             f"no difference beyond the noise {where} ({lv.what}: {a.name} {lv.a:.3g}, "
             f"{b.name} {lv.b:.3g})"
@@ -187,29 +181,55 @@ def recommend(
             return _finish(
                 a, b, ctx_winner, f"{same}, and its memory lasts longer at long context{tail}", None
             )
-        return INCONCLUSIVE, same + tail
-    return _finish(
-        a, b, lv.winner, f"{where}: {lv.winner} ahead, {lv.lead} {lv.what}{tail}", ctx_winner
-    )
+        return STAY, f"stay on {a.name}: {same}{tail}"
+    parts = f" ({lv.beside})" if lv.beside else ""
+    # Between two levels, `where` gives the lead at both (the upper one alone overstates it).
+    lead = f"{lv.lead} {lv.what}{parts}" if "between" not in where else f"{lv.what} at both"
+    return _finish(a, b, lv.winner, f"{where}: {lv.winner} ahead, {lead}{tail}", ctx_winner)
+
+
+def _no_difference(
+    a: EngineResult,
+    b: EngineResult,
+    levels: Sequence[LoadAnswer],
+    ctx_winner: str | None,
+    per_load: str,
+) -> tuple[str, str]:
+    """No load given and no level with a winner: `stay` (the engine in use), unless a level
+    could not be called at all (too few samples: inconclusive, naming it) or long context
+    decides."""
+    called = [lv for lv in levels if lv.decidable]
+    undecided = [lv for lv in levels if not lv.decidable]
+    if undecided:
+        why = "; ".join(f"c={lv.concurrency}: {_level_text(lv)}" for lv in undecided)
+        return INCONCLUSIVE, f"too few samples to call a difference ({why}). Per load: {per_load}"
+    where = "at " + ", ".join(f"c={lv.concurrency}" for lv in called)
+    same = f"no difference beyond the noise {where}"
+    if ctx_winner:
+        return _finish(
+            a, b, ctx_winner, f"{same}, and its memory lasts longer at long context", None
+        )
+    return STAY, f"stay on {a.name}: {same}. Per load: {per_load}"
 
 
 def _by_slo(
     a: EngineResult, b: EngineResult, slo: SloAnswer, load: int | None
 ) -> tuple[str, str] | None:
-    """The engine the SLO picks (None: the SLO does not tell them apart)."""
-    ma, mb = slo.max_within.get(a.name), slo.max_within.get(b.name)
+    """The engine the SLO picks (None: the SLO does not tell them apart). One engine wins
+    only where it meets the SLO and the other misses it, both with confidence."""
     if load is not None:
-        ok_a, ok_b = slo.meets(a.name, load), slo.meets(b.name, load)
-        if ok_a != ok_b:
-            who = b.name if ok_b else a.name
-            return who, f"at c={load} only {who} meets the SLO ({slo.text()})"
+        ja, jb = slo.judged(a.name, load), slo.judged(b.name, load)
+        for who, mine, other in ((b.name, jb, ja), (a.name, ja, jb)):
+            if mine is True and other is False:
+                return who, f"at c={load} only {who} meets the SLO ({slo.text()})"
         return None
-    if ma != mb:
-        who = b.name if (mb or 0) > (ma or 0) else a.name
-        return who, (
-            f"at your SLO, {b.name} serves up to {mb or 0} concurrent requests, {a.name} "
-            f"{ma or 0} ({slo.text()})"
-        )
+    ma, mb = slo.max_within.get(a.name), slo.max_within.get(b.name)
+    for who, top, low, name in ((b.name, mb, ma, a.name), (a.name, ma, mb, b.name)):
+        if top is not None and (low is None or top > low) and slo.judged(name, top) is False:
+            return who, (
+                f"at your SLO, {b.name} serves up to {mb or 0} concurrent requests, "
+                f"{a.name} {ma or 0}, and {name} misses it at c={top} ({slo.text()})"
+            )
     return None
 
 

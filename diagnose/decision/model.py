@@ -8,16 +8,15 @@ from __future__ import annotations
 import datetime as dt
 import statistics
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from core.roofline import ModelStructure
-
-if TYPE_CHECKING:
-    from diagnose.decision.loads import LoadAnswer
-    from diagnose.decision.slo import SloAnswer
+from core.roofline import HostOffload, ModelStructure, expert_share
+from core.slo import StepSlo
 
 # The recommendation vocabulary of results.json, and `switch_to(engine)` below.
 STAY_AND_TUNE = "stay_and_tune"
+# compare: nothing differs beyond the noise, so the engine in use stays (no tuning implied).
+STAY = "stay"
 FIX_MEMORY_FIRST = "fix_memory_first"
 INCONCLUSIVE = "inconclusive"
 
@@ -209,6 +208,11 @@ class EngineResult:
     # Expert offload: layers whose routed experts live in host memory, and their bytes.
     experts_host_layers: float | None = None
     experts_host_bytes: float | None = None
+    # Host memory bandwidth for the expert-offload bound, and its source ("measured": the
+    # exporter's copy at start; "flag": --host-bandwidth-gbs; "config"), and free VRAM.
+    host_bandwidth_bytes_per_s: float | None = None
+    host_bandwidth_source: str | None = None
+    gpu_free_bytes: float | None = None
     trained_context: int | None = None
     slot_context: int | None = None
     memory_source: str | None = None
@@ -265,6 +269,24 @@ class EngineResult:
             return None
         return model
 
+    def host_offload(self) -> HostOffload:
+        """The expert-offload facts: host experts, the share one sequence's step reads, the
+        host's bandwidth and its source, the measured per-sequence decode, free VRAM."""
+        model = self.structure()
+        share = 1.0
+        if model is not None and model.experts_known and model.experts and model.experts_used:
+            share = expert_share(model.experts, model.experts_used, 1.0)
+        single = self.single()
+        return HostOffload(
+            self.experts_host_layers,
+            self.experts_host_bytes,
+            share,
+            self.host_bandwidth_bytes_per_s,
+            self.host_bandwidth_source,
+            self.roofline.measured_tok_s or (single.per_seq_tok_s if single else None),
+            self.gpu_free_bytes,
+        )
+
     def bytes_per_parameter(self) -> float | None:
         """Weight bytes per parameter (the precision actually served)."""
         if self.weights_bytes and self.parameters:
@@ -299,6 +321,91 @@ class Estimate:
 
 
 @dataclass
+class LoadAnswer:
+    """Who is ahead at one concurrency, by how much (with its interval), on which figure."""
+
+    concurrency: int
+    what: str
+    winner: str | None
+    lead: str
+    a: float
+    b: float
+    # What the call was taken over (the bootstrap's requests, or the rounds).
+    basis: str = ""
+    ratio_lo: float | None = None
+    ratio_hi: float | None = None
+    decidable: bool = True
+    # Shown beside the figure: at c=1 the whole request's parts (decode and TTFT).
+    beside: str = ""
+
+
+@dataclass
+class SloAnswer:
+    """Each engine's steps against the user's SLO (each judged with confidence) and the
+    highest measured load that meets it."""
+
+    slo: str
+    steps: dict[str, list[StepSlo]] = field(default_factory=dict)
+    max_within: dict[str, int | None] = field(default_factory=dict)
+
+    def judged(self, engine: str, load: int) -> bool | None:
+        """Whether `engine` meets the SLO at `load` with confidence (True), misses it (False)
+        or neither can be said (None). A measured level says it itself; between two levels,
+        both when they agree; above the highest, a miss there; below the lowest, a meet."""
+        steps = sorted(self.steps.get(engine, []), key=lambda s: s.concurrency)
+        by_c = {s.concurrency: s.met for s in steps}
+        if load in by_c:
+            return by_c[load]
+        below = [s.met for s in steps if s.concurrency < load]
+        above = [s.met for s in steps if s.concurrency > load]
+        if below and above:
+            return below[-1] if below[-1] == above[0] else None
+        if below:
+            return False if below[-1] is False else None
+        if above:
+            return True if above[0] is True else None
+        return None
+
+    def meets(self, engine: str, load: int) -> bool:
+        """Whether `engine` meets the SLO at `load` with confidence."""
+        return self.judged(engine, load) is True
+
+    def text(self) -> str:
+        return f"at {self.slo}: " + "; ".join(self.engine_text(e) for e in self.steps)
+
+    def engine_text(self, engine: str) -> str:
+        """`sglang meets it up to c=64 (c=1: ttft_p99 0.04 s; c=16: not judged (...); ...)`,
+        every level with what it says; a miss or no judgement below the highest level within
+        is named as such (the answer is not monotonic there)."""
+        steps = sorted(self.steps[engine], key=lambda s: s.concurrency)
+        m = self.max_within[engine]
+        head = (
+            f"{engine} meets it up to c={m}"
+            if m is not None
+            else f"{engine} meets it at no measured load"
+        )
+        holes = [
+            s.concurrency
+            for s in steps
+            if m is not None and s.concurrency < m and s.met is not True
+        ]
+        if holes:
+            head += ", but not at " + ", ".join(f"c={c}" for c in holes) + " below it"
+        bits = [f"c={s.concurrency}: {_step_text(s)}" for s in steps]
+        return head + (f" ({'; '.join(bits)})" if bits else "")
+
+
+def _step_text(s: StepSlo) -> str:
+    observed = ", ".join(f"{k} {v:.2f} s" for k, v in s.observed.items() if v is not None)
+    if s.met is True:
+        good = f", goodput {s.goodput_rps:.2f} req/s" if s.goodput_rps else ""
+        return f"meets ({observed}{good})"
+    if s.met is False:
+        return f"misses ({observed}, {s.share * 100:.0f} % of requests within)"
+    return f"not judged ({s.why_not_judged()})"
+
+
+@dataclass
 class Decision:
     """The answer: a verdict per engine, the recommendation, and why."""
 
@@ -309,14 +416,18 @@ class Decision:
     steps: list[Step]
     caveats: list[str] = field(default_factory=list)
     estimates: list[Estimate] = field(default_factory=list)
-    # compare: who is ahead at each measured concurrency, the first concurrency at which the
-    # other engine is ahead, the user's load (--load) and the SLO's answer (--slo).
+    # compare: who is ahead at each measured concurrency, the first concurrency at which an
+    # engine is ahead that was not at the first level (`crossover_from` is the level before
+    # it), the user's load (--load) and the SLO's answer (--slo).
     loads: list[LoadAnswer] = field(default_factory=list)
     crossover: int | None = None
     load: int | None = None
     slo: SloAnswer | None = None
     # Where `load` came from: "--load", or the Prometheus query that read it (--load-from).
     load_source: str | None = None
+    # The level before the crossover: the answer changes between `crossover_from` and
+    # `crossover` (None: no crossover).
+    crossover_from: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

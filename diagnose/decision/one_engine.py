@@ -7,7 +7,7 @@ the Prometheus recording rules are generated from, and only words the action.
 from __future__ import annotations
 
 from core.conditions import evaluate
-from core.roofline import expert_offload_action, expert_share, misfit_text, roofline_misfit
+from core.roofline import expert_offload_action, misfit_text, roofline_misfit
 from core.signals import Signals
 from diagnose.decision.model import (
     FIX_MEMORY_FIRST,
@@ -34,15 +34,7 @@ def engine_verdict(engine: EngineResult, signals: Signals) -> tuple[str, str]:
     if reason is not None and eff is not None and decided.name == "decode_below_card_limit":
         action = misfit_text(eff, reason) + "."
     if decided.name == "weights_not_resident" and "experts_host" in decided.evidence:
-        model = engine.structure()
-        share = 1.0
-        if model is not None and model.experts_known and model.experts and model.experts_used:
-            share = expert_share(model.experts, model.experts_used, 1.0)
-        action = (
-            expert_offload_action(engine.experts_host_layers, engine.experts_host_bytes, share)
-            + " "
-            + action
-        )
+        action = expert_offload_action(engine.host_offload()) + " " + action
     return str(decided.name), action
 
 

@@ -9,20 +9,23 @@ from dataclasses import asdict, dataclass
 
 from core.conditions import VERDICT_INFO
 from core.slo import Slo
+from core.stats import over_rounds
 from core.thresholds import COMPARE_NOISE_FLOOR
 from diagnose.decision.calls import (
     AGGREGATE,
     DECODE,
+    E2E,
     STEP_ONLY,
     TTFT,
     Call,
     aggregate_stat,
     decode_stat,
+    e2e_stat,
     measured_call,
     ttft_stat,
 )
 from diagnose.decision.loads import (
-    crossover,
+    crossover_range,
     level_answers,
     per_load_text,
     recommend,
@@ -34,6 +37,7 @@ from diagnose.decision.model import (
     Decision,
     EngineResult,
     Estimate,
+    LoadAnswer,
     Row,
     Step,
 )
@@ -188,12 +192,15 @@ def decide_compare(
     steps.append(_call_step("decode", "Single-request decode: who is faster?", single_call, a, b))
     batch_calls = _batch_calls(a, b, reqs)
     steps.append(_batching_step(a, b, [x for x in batch_calls if (x.concurrency or 1) > 1]))
-    # The answer per load: decode at 1 (aggregate when a decode rate is missing), aggregate above.
-    deciding = ([single_call] if single_call else []) + [
+    # The answer per load: the whole request at 1 (TTFT + decode, what one user waits for;
+    # decode alone without per-request samples, aggregate when both are missing), aggregate
+    # tok/s above.
+    whole = _whole_request_call(a, b, reqs)
+    deciding = [x for x in (whole, single_call) if x] + [
         x for x in batch_calls if x.what == AGGREGATE
     ]
     levels = level_answers(deciding)
-    cross = crossover(levels)
+    cross = crossover_range(levels)
     steps.append(_per_load_step(levels, cross))
     # 5. Long context: whose memory gives out first.
     long_step, ctx_winner = _long_context_step(a, b)
@@ -216,25 +223,26 @@ def decide_compare(
         caveats,
         ests,
         levels,
-        cross,
+        cross[1] if cross else None,
         inputs.load,
         slo,
         inputs.load_source,
+        cross[0] if cross else None,
     )
 
 
-def _per_load_step(levels: list, cross: int | None) -> Step:
+def _per_load_step(levels: list[LoadAnswer], cross: tuple[int, int] | None) -> Step:
     if not levels:
         return Step("per_load", "Who is ahead at each load?", NOT_MEASURED + "no common load")
     text = per_load_text(levels)
     if cross is not None:
-        text += f"; the answer changes at c={cross}"
+        text += f"; the answer changes between c={cross[0]} and c={cross[1]}"
     return Step(
         "per_load",
         "Who is ahead at each load, and where does it change?",
         text,
         any(lv.winner for lv in levels),
-        {"crossover": cross},
+        {"crossover": cross[1] if cross else None, "crossover_from": cross[0] if cross else None},
     )
 
 
@@ -284,6 +292,40 @@ def _single_call(a: EngineResult, b: EngineResult, reqs: dict[str, EngineRequest
         decode_stat,
         sources=(sa.per_seq_source, sb.per_seq_source),
     )
+
+
+def _whole_request_call(
+    a: EngineResult, b: EngineResult, reqs: dict[str, EngineRequests]
+) -> Call | None:
+    """End-to-end time per request at c=1, with decode and TTFT beside it (None: no requests)."""
+    ra, rb = a.single() or a.at_concurrency(1), b.single() or b.at_concurrency(1)
+    if ra is None or rb is None:
+        return None
+    samples = (reqs[a.name].rounds(a, ra), reqs[b.name].rounds(b, rb))
+    va, vb = over_rounds(samples[0], e2e_stat), over_rounds(samples[1], e2e_stat)
+    if va is None or vb is None:
+        return None
+    rounds = tuple([v for v in map(e2e_stat, s) if v is not None] for s in samples)
+    call = measured_call(
+        E2E, 1, a, b, (va, vb), (rounds[0], rounds[1]), samples, e2e_stat, higher_is_better=False
+    )
+    if call is not None:
+        call.beside = _parts_text(ra, rb)
+    return call
+
+
+def _parts_text(ra: Row, rb: Row) -> str:
+    """`decode 100 vs 90 tok/s, TTFT 2.0 vs 0.2 s` (each with its source when the engine's)."""
+
+    def fig(v: float | None, src: str | None) -> str:
+        if not v:
+            return "not measured"
+        return f"{v:.3g}" + (" (engine's own)" if src == ENGINE else "")
+
+    decode = f"decode {fig(ra.per_seq_tok_s, ra.per_seq_source)} vs "
+    decode += f"{fig(rb.per_seq_tok_s, rb.per_seq_source)} tok/s"
+    ttft = f"TTFT {fig(ra.ttft_s, ra.ttft_source)} vs {fig(rb.ttft_s, rb.ttft_source)} s"
+    return f"{decode}, {ttft}"
 
 
 def _batch_calls(a: EngineResult, b: EngineResult, reqs: dict[str, EngineRequests]) -> list[Call]:
@@ -388,9 +430,17 @@ def _not_decided(
     """Earlier steps that stop the comparison: weights not resident, different precisions."""
     if not_resident:
         who = " and ".join(not_resident)
+        # Each engine's own action, the one diagnose prints (`engine_verdict`: expert offload
+        # names its layers and bound, never the layers advice when every layer is on the GPU).
+        own = [
+            (f"{e.name}: " if len(not_resident) > 1 else "")
+            + (e.action or VERDICT_INFO["weights_not_resident"].action)
+            for e in (a, b)
+            if e.name in not_resident
+        ]
         return FIX_MEMORY_FIRST, (
             f"fix memory first: the weights of {who} are not all on the GPU, so its speed "
-            "measures host memory, not the engine. " + VERDICT_INFO["weights_not_resident"].action
+            "measures host memory, not the engine. " + " ".join(own)
         )
     est = "; ".join(f"{e.basis} ≈ {e.tok_s:.1f} tok/s" for e in ests)
     return INCONCLUSIVE, (

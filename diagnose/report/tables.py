@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 from config.kinds import engine_kind
 from core.prefill import prefill_physical
-from core.roofline import MISFIT_BY_NAME, misfit_text
+from core.roofline import MISFIT_BY_NAME, host_bound_text, misfit_text
 from diagnose.decision.model import EngineResult, Row
 from diagnose.decision.sources import ENGINE, ENGINE_NOTE, source_note
 from diagnose.report.hints import (
@@ -107,7 +107,7 @@ def _expert_offload(e: EngineResult) -> str:
         return "none" if e.experts else "not a mixture-of-experts model (or unknown)"
     return (
         f"experts of {e.experts_host_layers:.0f} layers in host memory "
-        f"({_gib_or(e.experts_host_bytes, FIX_EXPORTER)})"
+        f"({_gib_or(e.experts_host_bytes, FIX_EXPORTER)}); {host_bound_text(e.host_offload())}"
     )
 
 

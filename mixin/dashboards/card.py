@@ -3,7 +3,7 @@ clock event reasons NVML reports, beside the verdict `card_throttled` decides fr
 
 from __future__ import annotations
 
-from core.card import POWER_REASONS, THERMAL_REASONS
+from core.card import POWER_REASONS, THERMAL_REASONS, cause_actions
 from mixin.config import MixinConfig
 from mixin.dashboards.panels import HSEL, RW, SEL, Limit, Panel, Row, Target, ts
 
@@ -30,31 +30,41 @@ def _state_panels() -> list[Panel]:
                 f"max by (host, gpu) (llmb_gpu_memory_clock_max_hertz{{{HSEL}}})",
                 f"{_GPU} memory",
             ),
-            Target(f"gpu:llmb_gpu_sm_clock:ratio{RW}{{{HSEL}}}", f"{_GPU} SM, busy high {RW}"),
+            Target(
+                f"gpu:llmb_gpu_sm_clock:ratio{RW}{{{HSEL}}}", f"{_GPU} SM under load, mean {RW}"
+            ),
             unit="percentunit",
             width=8,
             limit=Limit("sm_clock_ratio_min", "above"),
             description=(
                 "SM and memory clocks against their maxima (NVML). Idle cards drop their "
-                "SM clock by design; under load a card that stays below the line "
-                "(`sm_clock_ratio_min`) at its highest is held down. The roofline scales "
-                "its bandwidth by the memory clock's ratio. H200 under load: 1980/1980 "
-                "and 3201/3201 MHz."
+                "SM clock by design, and between requests a card sits at its boost clock "
+                "with no work: the clock under load is the mean of the busy samples "
+                "(`llmb_gpu_sm_clock_busy_hertz`); below the line (`sm_clock_ratio_min`) "
+                "it is held down. The roofline scales its bandwidth by the memory clock's "
+                "ratio. H200 under decode: 1980/1980 and 3201/3201 MHz; under F16 prefill at "
+                "its stock 700 W: 96 % of 1980 MHz."
             ),
         ),
         ts(
             "Power draw and limit",
             Target(f"max by (host, gpu) (llmb_gpu_power_watts{{{HSEL}}})", f"{_GPU} draw"),
-            Target(
-                f"max by (host, gpu) (llmb_gpu_power_limit_watts{{{HSEL}}})",
-                f"{_GPU} enforced limit",
+            *(
+                Target(f"max by (host, gpu) ({series}{{{HSEL}}})", f"{_GPU} {limit} limit")
+                for series, limit in (
+                    ("llmb_gpu_power_limit_watts", "enforced"),
+                    ("llmb_gpu_power_limit_default_watts", "default"),
+                    ("llmb_gpu_power_limit_max_watts", "max"),
+                )
             ),
             unit="watt",
             width=8,
             description=(
-                "Power draw against the limit the driver enforces. Draw pinned at the "
-                "limit under load, with `sw_power_cap` active, holds the clocks down. "
-                "H200 under decode: about 500 W of 700 W."
+                "Power draw against the limit the driver enforces, the card's default "
+                "(stock) limit and the highest it accepts. Draw pinned at the limit under "
+                "load, with `sw_power_cap` active, holds the clocks down: with the enforced "
+                "limit below the default someone lowered it, at the default the card is its "
+                "own limit. H200 under decode: about 500 W of 700 W (all three 700 W)."
             ),
         ),
         ts(
@@ -93,15 +103,23 @@ def _slowdown_panels(cfg: MixinConfig) -> list[Panel]:
             "Card slowed, per engine",
             Target(f"engine:llmb_gpu_power_slowdown:avg{RW}{{{SEL}}}", "{{engine}} power"),
             Target(f"engine:llmb_gpu_thermal_slowdown:avg{RW}{{{SEL}}}", "{{engine}} thermal"),
+            Target(
+                f"engine:llmb_card_shortfall_explained:ratio{RW}{{{SEL}}}",
+                "{{engine}} share of the gap the lost clock explains",
+            ),
             unit="percentunit",
             width=12,
             limit=Limit("card_slowdown_share_min", "below"),
             description=(
                 f"Share of the busy samples of the last {RW} in which a power or thermal "
-                "reason held the clocks of "
-                "the engine's GPUs down. Above the line (`card_slowdown_share_min`) with "
-                "decode below the card's limit the verdict is `card_throttled` and "
-                f"LLMCardThrottled fires. {cfg.runbook_url}#llmcardthrottled"
+                "reason held the clocks of the engine's GPUs down, and the share of the gap "
+                "to the roofline the lost SM or memory clock explains. With a reason above "
+                "the line (`card_slowdown_share_min`), the explained share at or above "
+                "`card_shortfall_explained_min` and decode below the card's limit the verdict "
+                "is `card_throttled` and LLMCardThrottled fires; below it what the card did "
+                "is evidence, not the cause. The action by cause, first that holds: "
+                + " ".join(f"{label}: {action}" for label, action in cause_actions())
+                + f" {cfg.runbook_url}#llmcardthrottled"
             ),
         ),
     ]

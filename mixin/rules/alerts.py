@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from core.roofline import MISFIT_REASONS
-from core.thresholds import threshold_number, threshold_promql
+from core.thresholds import threshold_promql
 from mixin.config import MixinConfig
+from mixin.rules.card import card_alert_text
 from mixin.rules.common import E, q
 from mixin.rules.roofline import MISFIT_RECORD
 
@@ -142,38 +143,12 @@ def decode_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
 
 
 def card_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
-    """The card itself slowed (issue 27): the verdict `card_throttled`, with its cause."""
+    """The card itself slowed (issues 27, 32): the verdict `card_throttled`, with the card
+    sentence and the first cause's action of the core (mixin/rules/card.py)."""
     rw = threshold_promql("rate_window")
-    sel = "{host=%q,engine=%q,kind=%q}"
-    args = "$labels.host $labels.engine $labels.kind"
-    minimum = threshold_promql("card_slowdown_share_min")
-    clock_min = threshold_promql("sm_clock_ratio_min")
     at_limit = threshold_promql("decode_efficiency_at_limit")
-    causes = [
-        (
-            f"engine:llmb_gpu_power_slowdown:avg{rw}{sel} >= {minimum}",
-            "Power: a power reason (SW power cap, HW slowdown, power brake) held the clocks "
-            "down {{ . | first | value | humanizePercentage }} of its busy time: check the "
-            "enforced power limit (`nvidia-smi -q -d POWER`) and the power supply.",
-        ),
-        (
-            f"engine:llmb_gpu_thermal_slowdown:avg{rw}{sel} >= {minimum}",
-            "Temperature: a thermal slowdown held the clocks down {{ . | first | value | "
-            "humanizePercentage }} of its busy time: check the airflow, fans and cooling "
-            "(`nvidia-smi -q -d TEMPERATURE`).",
-        ),
-        (
-            # Only without a power or thermal reason: those already say why.
-            f"engine:llmb_gpu_sm_clock:ratio{rw}{sel} < {clock_min} unless on ({E})"
-            f" (engine:llmb_gpu_power_slowdown:avg{rw} >= {minimum} or "
-            f"engine:llmb_gpu_thermal_slowdown:avg{rw} >= {minimum})",
-            "Clocks: the SM clock reached only {{ . | first | value | humanizePercentage }} "
-            "of its maximum: reset locked or application clocks (`nvidia-smi -rgc`, `-rac`).",
-        ),
-    ]
-    text = "".join(
-        f'{{{{ with printf "{query}" {args} | query }}}} {words}{{{{ end }}}}'
-        for query, words in causes
+    text = card_alert_text(
+        "{host=%q,engine=%q,kind=%q}", "$labels.host $labels.engine $labels.kind"
     )
     return [
         alert(
@@ -187,9 +162,9 @@ def card_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
             "warning",
             "The GPU of {{ $labels.engine }} runs below its clocks",
             "{{ $labels.kind }} engine {{ $labels.engine }} decodes below "
-            f"{at_limit} of its roofline while its GPU reports a power or thermal"
-            f" slowdown, or clocks well below maximum, over the last {rw}: the card, "
-            "not the engine, sets the speed." + text,
+            f"{at_limit} of its roofline while its GPU runs below its clocks over the last "
+            f"{rw}, and the lost clock explains a real part of the gap: the card, not the "
+            "engine, sets the speed. " + text,
         ),
     ]
 
@@ -264,6 +239,7 @@ def misfit_annotation() -> str:
 def expert_offload_annotation() -> str:
     """The expert-offload sentence of LLMWeightsNotResident (empty without host experts)."""
     rw = threshold_promql("rate_window")
+    near = threshold_promql("experts_host_bound_near_ratio")
     sel = "{host=%q,engine=%q,kind=%q}"
     args = "$labels.host $labels.engine $labels.kind"
     return (
@@ -275,8 +251,19 @@ def expert_offload_annotation() -> str:
         f'{{{{ with printf "engine:llmb_experts_host_bound_tokens_per_second:avg{rw}{sel}" '
         f"{args} | query }}}}"
         ', which bounds decode near {{ . | first | value | printf "%.1f" }} tok/s per '
-        f"sequence at {threshold_number('host_memory_bandwidth_bytes_per_second') / 1e9:.0f} GB/s "
-        "of host memory bandwidth (`host_memory_bandwidth_bytes_per_second`){{ end }}. Keep "
+        "sequence"
+        f'{{{{ with printf "max(llmb_host_memory_bandwidth_bytes_per_second{{host=%q}})" '
+        "$labels.host | query }}"
+        " at {{ . | first | value | humanize }}B/s of host memory bandwidth{{ end }}"
+        " (llmb_host_memory_bandwidth_bytes_per_second){{ end }}"
+        # Near the bound (core/roofline.py HostOffload.near_bound): host memory is the limit.
+        f'{{{{ with printf "engine:llmb_decode_tokens_per_second:rate{rw}{sel}'
+        f" / engine:llmb_experts_host_bound_tokens_per_second:avg{rw}{sel}"
+        f' >= {near} <= 2 - {near}" '
+        f"{args} {args} | query }}}}"
+        "; decode per sequence reaches {{ . | first | value | humanizePercentage }} of it: "
+        "host memory is the limit, and each layer's experts moved to the GPU raise the bound"
+        "{{ end }}. Keep "
         "fewer experts on the host (a lower `--n-cpu-moe`, no `-ot exps=CPU`) if VRAM allows, or "
         "use a smaller quantization.{{ end }}"
     )

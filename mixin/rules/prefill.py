@@ -11,6 +11,7 @@ from typing import Any
 from core.prefill import PEAK_DTYPE
 from core.prefill_rules import ATTENTION, MATMUL, WINDOW
 from core.thresholds import threshold_promql
+from mixin.rules.card import clock_scaled
 from mixin.rules.common import E, mx, rec
 from mixin.rules.roofline import engine_gpus_join
 
@@ -45,10 +46,13 @@ def prefill_rules() -> list[dict[str, Any]]:
               / ({_rate("llmb_engine_requests_finished_total")} > 0)
             """,
         ),
-        # The engine's dense BF16 peak, joined to its GPUs as the bandwidth is.
+        # The engine's dense BF16 peak at the SM clock its GPUs ran under load (issue 32),
+        # joined to its GPUs as the bandwidth is.
         rec(
             n["peak"],
-            engine_gpus_join(f'max by (host, gpu) (llmb_gpu_peak_flops{{dtype="{PEAK_DTYPE}"}})'),
+            engine_gpus_join(
+                clock_scaled(f'max by (host, gpu) (llmb_gpu_peak_flops{{dtype="{PEAK_DTYPE}"}})')
+            ),
         ),
         # m = min(P, W): the positions a sliding-window layer sees at the prompt's end.
         rec(n["window"], f"({n['prompt']} <= {mx(WINDOW)}) or {mx(WINDOW)}"),

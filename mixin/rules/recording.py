@@ -10,7 +10,7 @@ from typing import Any
 
 from config.kinds import preallocating_selector
 from core.thresholds import threshold_promql
-from mixin.rules.card import card_rules
+from mixin.rules.card import card_rules, shortfall_rule
 from mixin.rules.common import E, mx, ratio, rec
 from mixin.rules.prefill import prefill_rules
 from mixin.rules.roofline import roofline_rules
@@ -22,7 +22,10 @@ def recording_rules() -> list[dict[str, Any]]:
         {"name": "llmb-engine", "rules": engine_rules() + throughput_rules() + admission_rules()},
         {"name": "llmb-gpu", "rules": gpu_rules()},
         {"name": "llmb-card", "rules": card_rules()},
-        {"name": "llmb-roofline", "rules": roofline_rules() + prefill_rules()},
+        {
+            "name": "llmb-roofline",
+            "rules": [*roofline_rules(), *prefill_rules(), shortfall_rule()],
+        },
     ]
 
 

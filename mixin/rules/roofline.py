@@ -189,19 +189,21 @@ def expert_offload_rules() -> list[dict[str, Any]]:
         rec("engine:llmb_experts_host_layers:max", mx("llmb_engine_experts_host_layers")),
         rec("engine:llmb_experts_host_bytes:max", mx("llmb_engine_experts_host_bytes")),
         rec(
-            # Expert offload: host memory bandwidth / host expert bytes a step reads (the
-            # share of experts the batch touches): the host side's decode bound.
+            # Expert offload: host memory bandwidth (the exporter's measurement, or the figure
+            # it was given) / host expert bytes a step reads (the share of experts the batch
+            # touches): the host side's decode bound. No bandwidth series, no bound.
             f"engine:llmb_experts_host_bound_tokens_per_second:avg{rw}",
             f"""
-            {threshold_promql("host_memory_bandwidth_bytes_per_second")}
-              / (
+            max by (host) (llmb_host_memory_bandwidth_bytes_per_second)
+              / on (host) group_right ()
+                (
                     engine:llmb_experts_host_bytes:max
                   * ({_expert_share(batch)}
                     or
                       0 * engine:llmb_experts_host_bytes:max + 1
                   )
                 > 0
-              )
+                )
             """,
         ),
     ]

@@ -190,3 +190,10 @@ async def test_moe_kv_and_spec_presets_via_exporter(sim_server, exporter) -> Non
     assert series(text, "llmb_engine_experts_host_layers", "host") == 20
     assert series(text, "llmb_engine_experts_host_bytes", "host") == 20 * m.routed_layer_bytes
     assert series(text, "llmb_engine_experts_host_layers", "moe") in (None, 0)
+    # The host's memory bandwidth, measured once at exporter start (the bound's numerator).
+    found = re.findall(
+        r'^llmb_host_memory_bandwidth_bytes_per_second\{[^}]*source="measured"[^}]*\} (\S+)$',
+        text,
+        re.M,
+    )
+    assert len(found) == 1 and 1e8 < float(found[0]) < 1e13

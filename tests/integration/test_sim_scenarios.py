@@ -16,9 +16,16 @@ from tests.paths import FIXTURES
 from tests.plugins.sim import shape_diff
 
 NVML_FIXTURE = FIXTURES / "llamacpp-h200-gemma3-27b-shape-q4_0/nvml_3_generating.json"
-# Issue 27's card-state keys beside the capture's (limit, SM maximum, clock event reasons).
+# Issue 27's card-state keys beside the capture's (limit, SM maximum, clock event reasons),
+# and issue 32's default and maximum power limits.
 CARD_FIXTURE = FIXTURES / "nvml-card-state/h200-load.json"
-CARD_KEYS = ("power_limit_mw", "max_sm_clock_mhz", "clocks_event_reasons")
+CARD_KEYS = (
+    "power_limit_mw",
+    "power_default_limit_mw",
+    "power_max_limit_mw",
+    "max_sm_clock_mhz",
+    "clocks_event_reasons",
+)
 
 
 def words(n: int, tag: str = "") -> str:
@@ -276,5 +283,7 @@ async def test_card_throttled_preset_reports_a_power_cap_under_load(sim_server) 
         assert busy, f"{kind}: no busy reading with the power cap"
         assert (busy["sm_clock_mhz"], busy["max_sm_clock_mhz"]) == (1155, 1980)
         assert busy["power_mw"] == busy["power_limit_mw"] == 700000
+        # At its stock limit (nothing lowered it): the card is the limit, as issue 32 words it.
+        assert busy["power_default_limit_mw"] == busy["power_max_limit_mw"] == 700000
         engine = h.sim.engine
         assert engine.gpu.compute_slowdown == 1980 / 1155

@@ -105,8 +105,12 @@ def test_every_tensor_is_one_llama_cpp_knows(like: str) -> None:
     for t in model.tensors:
         base = re.sub(r"\.(weight|bias)$", "", t.name)
         assert re.sub(r"^blk\.\d+\.", "blk.{bid}.", base) in known, t.name
-    per_block = [t for t in model.tensors if t.name.startswith("blk.0.")]
-    assert len(model.tensors) == spec.n_layer * len(per_block) + (2 if spec.tied_output else 3)
+    # Every block like the last one, but for leading dense blocks (DeepSeek-V2): like the first.
+    last = spec.n_layer - 1
+    per_block = [t for t in model.tensors if t.name.startswith(f"blk.{last}.")]
+    dense = [t for t in model.tensors if t.name.startswith("blk.0.")]
+    blocks = spec.n_dense_lead * len(dense) + (spec.n_layer - spec.n_dense_lead) * len(per_block)
+    assert len(model.tensors) == blocks + (2 if spec.tied_output else 3)
 
 
 @pytest.mark.parametrize("wtype", ["q4_0", "q8_0", "f16"])
@@ -227,6 +231,9 @@ def test_saved_tokenizer_round_trips(tmp_path: Path) -> None:
         ("qwen3-30b-a3b", 30_532_122_624, 1 + 48 * 12 + 2),
         ("qwen3-235b-a22b", 235_093_634_560, 1 + 94 * 12 + 2),
         ("gpt-oss-20b", 20_914_757_184, 1 + 24 * 19 + 2),
+        # DeepSeek-V2-Lite (published 15.7B): layer 0 dense (10 tensors), 26 MoE layers with
+        # 2 shared experts (14 each).
+        ("deepseek-v2-lite", 15_706_484_224, 1 + 10 + 26 * 14 + 2),
     ],
 )
 def test_dry_run_moe_shapes(like: str, n_params: int, n_tensors: int) -> None:
@@ -238,10 +245,15 @@ def test_dry_run_moe_shapes(like: str, n_params: int, n_tensors: int) -> None:
     # Experts are 3-D (ne0, ne1, n_expert); the router is F32 (E rows of n_embd).
     e, ff, n = spec.n_embd, spec.n_ff_exp, spec.n_expert
     xtype = "MXFP4" if like == "gpt-oss-20b" else "Q8_0"
+    b = spec.n_dense_lead  # the first block with experts
     for kind, shape in (("gate", (e, ff, n)), ("up", (e, ff, n)), ("down", (ff, e, n))):
-        pattern = rf"^blk\.0\.ffn_{kind}_exps\.weight +{xtype} +\({', '.join(map(str, shape))}\) "
+        pattern = rf"^blk\.{b}\.ffn_{kind}_exps\.weight +{xtype} +\({', '.join(map(str, shape))}\) "
         assert re.search(pattern, proc.stdout, re.MULTILINE), kind
-    assert re.search(rf"^blk\.0\.ffn_gate_inp\.weight +F32 +\({e}, {n}\) ", proc.stdout, re.M)
+    assert re.search(rf"^blk\.{b}\.ffn_gate_inp\.weight +F32 +\({e}, {n}\) ", proc.stdout, re.M)
+    if b:
+        assert re.search(
+            rf"^blk\.0\.ffn_gate\.weight +Q8_0 +\({e}, {spec.n_ff}\) ", proc.stdout, re.M
+        )
     assert f"experts: {n}, {spec.n_expert_used} used per token" in proc.stdout
 
 

@@ -3,6 +3,10 @@
 `prometheus_server` starts Debian's `prometheus` on a free loopback port with a config
 generated from `prometheus/prometheus.yml` (same rule files, 1s scrape and evaluation,
 targets given by the test, tmp storage) and gives an instant-query helper.
+
+`QueryRecorder(upstream)` stands in front of a real Prometheus and keeps every instant query
+and its answer (the fixtures of tests/fixtures/served-mix-*); `RecordedPrometheus(answers)`
+answers the recorded queries again, in-process, for the unit tests.
 """
 
 from __future__ import annotations
@@ -16,11 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 import yaml
+from aiohttp import web
 
 from exporter.schema import SCHEMA
+from tests.plugins.engine_stubs import ThreadedApp
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = ROOT / "prometheus"
@@ -273,3 +280,51 @@ def prometheus_server(
     yield start
     for server in started:
         stop_process(server.process)
+
+
+class QueryRecorder(ThreadedApp):
+    """A pass-through of Prometheus' `/api/v1/query` to `upstream` that keeps each query, the
+    HTTP status and the JSON answer in `answers`, in order."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__()
+        self.upstream = upstream
+        self.answers: list[dict[str, Any]] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(self.upstream + request.path, params=request.query) as resp,
+        ):
+            body = await resp.json(content_type=None)
+            status = resp.status
+        self.answers.append(
+            {"query": request.query.get("query", ""), "status": status, "body": body}
+        )
+        return web.json_response(body, status=status)
+
+
+class RecordedPrometheus(ThreadedApp):
+    """`/api/v1/query` answered from recorded answers (the query text must match exactly);
+    a query never recorded gets Prometheus' own error shape (HTTP 400), so a changed query
+    fails loudly. `asked` keeps the queries asked."""
+
+    def __init__(self, answers: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.answers = {a["query"]: (a["status"], a["body"]) for a in answers}
+        self.asked: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        query = request.query.get("query", "")
+        self.asked.append(query)
+        error = {"status": "error", "errorType": "bad_data", "error": f"not recorded: {query}"}
+        status, body = self.answers.get(query, (400, error))
+        return web.json_response(body, status=status)

@@ -31,6 +31,7 @@ from diagnose.decision.one_engine import recommendation_for
 from diagnose.launcher import EngineProcess
 from diagnose.options import Options
 from diagnose.procedure import diagnose
+from model.host_memory import HostBandwidth
 from tests.conftest import get_free_port
 from tests.plugins.prom import PrometheusServer
 
@@ -124,6 +125,12 @@ def test_diagnose_names_the_preset_bottleneck(
     if expected == "card_throttled":
         assert result.signals["card_power_slowdown"] >= threshold_number("card_slowdown_share_min")
         assert "power limit" in decision.action and "engine is not the cause" in decision.action
+        # What the card did, beside the verdict (core.card.card_sentence): 1155 of 1980 MHz
+        # at its stock 700 W limit explains the shortfall.
+        assert result.evidence["card"].startswith(
+            "The card ran at 58 % of its maximum SM clock under load at its stock 700 W"
+        )
+        assert "the card is the cause." in result.evidence["card"]
     if expected == "decode_at_card_limit":
         assert result.signals["decode_efficiency"] >= threshold_number("decode_efficiency_at_limit")
         assert "of the card's limit" in steps["single"].answer
@@ -186,7 +193,11 @@ def test_cli_against_a_running_server_with_url_only(
         assert f"] {step}: " in progress, step
     assert "context: not measured: the engine was already running" in progress
     assert "prompt calibrated" not in progress and "HTTP Request" not in progress
+    # The host's memory bandwidth, measured once before the run (the expert-offload bound).
+    assert re.search(r"host memory bandwidth: [\d.]+ GB/s, measured", progress), progress
     doc = json.loads((out / "results.json").read_text())
+    assert doc["engines"][0]["host_bandwidth_source"] == "measured"
+    assert doc["engines"][0]["host_bandwidth_bytes_per_s"] > 1e8
     assert doc["verdict"] == {"llmb-sim-8b-q4_k_m": "scheduling_bound"}
     assert doc["recommendation"] == STAY_AND_TUNE and doc["comparable"] is True
     assert doc["tool_version"] and doc["command"].startswith("llmb-loadgen diagnose --url")
@@ -281,12 +292,25 @@ def test_diagnose_roofline_of_moe_spec_and_kv_presets(
     # long enough for the rules' windows) keeps their batch and the measured speed together.
     at_limit_moe = scenario == "moe_at_limit"
     extra: dict[str, Any] = {"concurrency": [1], "max_tokens": 256} if at_limit_moe else {}
+    if scenario == "moe_experts_on_host":
+        # The simulator's host memory (its CPU reads the host experts at 55 GB/s), given as
+        # --host-bandwidth-gbs would: the embedded exporter exports it, the bound divides it.
+        extra["host_bandwidth"] = HostBandwidth(55e9, "flag")
     opts = options(gpu, **{"concurrency": [1, 4], "kv_prompt_tokens": 0, **extra})
     result, decision = asyncio.run(diagnose(engine, opts, tmp_path / "out"))
     assert decision.verdict == {"e": expected}, [s.answer for s in decision.steps]
     if expected == "weights_not_resident":
         if kind == "llamacpp":  # the action names the layers and bytes in host memory
             assert "20" in decision.action and "--n-cpu-moe" in decision.action, decision.action
+            assert (result.host_bandwidth_bytes_per_s, result.host_bandwidth_source) == (
+                55e9,
+                "flag",
+            )
+            bound = result.host_offload().bound
+            assert bound is not None
+            want = f"bound near {bound:.1f} tok/s per sequence by host memory (55.0 GB/s, flag"
+            assert want in decision.action, decision.action
+            assert "-ngl" not in decision.action
         return
     # Never beyond physics, and the bytes per step are those of the preset's model.
     efficiency = result.signals["decode_efficiency"]

@@ -690,6 +690,17 @@ STRUCTURES: dict[str, dict[str, float]] = {
         "llmb_model_experts_used": 8,
         "llmb_engine_experts_host_layers": 20,
         "llmb_engine_experts_host_bytes": 0.4,
+        # The exporter's copy at start (model/host_memory.py): the bound's numerator.
+        "llmb_host_memory_bandwidth_bytes_per_second": 4.15e10,
+    },
+    # No bandwidth series: no bound on either side (no constant stands in).
+    "expert_offload_unmeasured": {
+        "llmb_model_weights_always_read_bytes": 0.04,
+        "llmb_model_weights_routed_experts_bytes": 0.95,
+        "llmb_model_experts": 128,
+        "llmb_model_experts_used": 8,
+        "llmb_engine_experts_host_layers": 20,
+        "llmb_engine_experts_host_bytes": 0.4,
     },
 }
 

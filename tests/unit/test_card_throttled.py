@@ -97,9 +97,9 @@ def test_an_idle_h200_gives_no_clock_ratio(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("reason", "evidence", "action"),
     [
-        ("sw_power_cap", "power", card.POWER_ACTION),
-        ("hw_slowdown", "power", card.POWER_ACTION),
-        ("hw_power_brake_slowdown", "power", card.POWER_ACTION),
+        ("sw_power_cap", "power", card.STOCK_LIMIT_ACTION),
+        ("hw_slowdown", "power_brake", card.BRAKE_ACTION),
+        ("hw_power_brake_slowdown", "power_brake", card.BRAKE_ACTION),
         ("sw_thermal_slowdown", "thermal", card.THERMAL_ACTION),
         ("hw_thermal_slowdown", "thermal", card.THERMAL_ACTION),
     ],
@@ -107,11 +107,13 @@ def test_an_idle_h200_gives_no_clock_ratio(tmp_path: Path) -> None:
 def test_a_power_or_thermal_reason_while_decode_is_slow(
     tmp_path: Path, reason: str, evidence: str, action: str
 ) -> None:
-    verdict, _ = decide(tmp_path, f"reason-{reason}.json")
+    """Each injected reason holds the SM clock to 35-76 % of its maximum: that loss explains
+    a third or more of decode's gap (0.30 of the roofline), so the card is the cause."""
+    verdict, values = decide(tmp_path, f"reason-{reason}.json")
     assert verdict.name == "card_throttled"
-    assert evidence in verdict.evidence
+    assert verdict.evidence[0] == evidence
     assert verdict.action == action
-    assert "engine is not the cause" in verdict.action
+    assert card.explains(values.signals.card_shortfall_explained)
 
 
 @pytest.mark.parametrize(
@@ -168,4 +170,4 @@ def test_idle_gaps_between_requests_do_not_dilute_the_slowdown(tmp_path: Path) -
     assert values.signals.card_power_slowdown == 1.0
     verdict = evaluate(values.signals)
     assert verdict.name == "card_throttled"
-    assert verdict.evidence[0] == "power" and verdict.action == card.POWER_ACTION
+    assert verdict.evidence[0] == "power" and verdict.action == card.STOCK_LIMIT_ACTION

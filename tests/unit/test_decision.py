@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from core.conditions import VERDICT_INFO, VERDICTS, evaluate
+from core.conditions import LAYERS_ACTION, VERDICT_INFO, VERDICTS, evaluate
 from core.signals import Signals
 from diagnose.decision.model import (
     FIX_MEMORY_FIRST,
     INCONCLUSIVE,
+    STAY,
     STAY_AND_TUNE,
     EngineResult,
     Row,
@@ -121,11 +122,13 @@ def test_batching_beyond_spread_recommends_the_better_engine_at_that_concurrency
     assert "no difference beyond the noise" in next(s for s in d.steps if s.key == "decode").answer
 
 
-def test_difference_within_spread_is_inconclusive() -> None:
+def test_difference_within_spread_is_stay() -> None:
     a = engine("a", agg={4: [100.0, 130.0, 110.0]})
     b = engine("b", agg={4: [105.0, 125.0, 120.0]})
     d = decide_compare(a, b)
-    assert d.recommendation == INCONCLUSIVE
+    # Nothing differs beyond the noise: the engine in use stays (not "inconclusive").
+    assert d.recommendation == STAY
+    assert d.action.startswith("stay on a: no difference beyond the noise at c=1, c=4")
     assert "spread" in d.action
 
 
@@ -134,7 +137,9 @@ def test_one_round_calls_nothing() -> None:
     b = engine("b", agg={4: [300.0]})
     d = decide_compare(a, b)
     assert "one round: no spread" in next(s for s in d.steps if s.key == "batching").answer
+    # c=4 could not be compared at all (one round, no requests): that is what is missing.
     assert d.recommendation == INCONCLUSIVE
+    assert "too few samples to call a difference (c=4: not decided" in d.action
 
 
 def test_engine_in_use_winning_means_stay_and_tune() -> None:
@@ -151,6 +156,19 @@ def test_weights_not_resident_comes_first() -> None:
     assert d.recommendation == FIX_MEMORY_FIRST
     assert d.verdict == {"a": "weights_not_resident", "b": "decode_below_card_limit"}
     assert VERDICT_INFO["weights_not_resident"].action in d.action
+
+
+def test_compare_gives_the_engines_own_expert_offload_action_not_the_layers_advice() -> None:
+    # Issue 32: every layer on the GPU, experts of 20 layers on the host (diagnose's action).
+    a = moe_engine(structure=True, tok_s=46.0, experts_host_layers=20.0, experts_host_bytes=12.8e9)
+    a.host_bandwidth_bytes_per_s, a.host_bandwidth_source = 40e9, "flag"
+    signals = Signals(layers_ratio=1.0, experts_host_layers=20.0, host_has_gpu=True)
+    a.verdict, a.action = engine_verdict(a, signals)
+    b = engine("b", agg={4: [100.0, 104.0, 101.0]})
+    d = decide_compare(a, b)
+    assert d.recommendation == FIX_MEMORY_FIRST
+    assert a.action in d.action and "host memory is the limit" in d.action
+    assert "-ngl" not in d.action and LAYERS_ACTION not in d.action
 
 
 def test_long_context_decides_when_only_one_engine_loads_it() -> None:
@@ -309,13 +327,63 @@ def test_beyond_physics_gives_no_estimate_in_compare() -> None:
     assert d.estimates == [] and "beyond physics" in d.steps[1].answer
 
 
-def test_expert_offload_names_layers_bytes_and_the_host_bound() -> None:
-    e = moe_engine(structure=True, experts_host_layers=20.0, experts_host_bytes=12.8e9)
+def _offload(tok_s: float, **extra: Any) -> str:
+    """diagnose's action for 20 layers' experts (12.8 GB) on a host of 40 GB/s, measured."""
+    e = moe_engine(structure=True, tok_s=tok_s, experts_host_layers=20.0, experts_host_bytes=12.8e9)
+    e.host_bandwidth_bytes_per_s, e.host_bandwidth_source = 40e9, "measured"
+    for key, value in extra.items():
+        setattr(e, key, value)
     signals = Signals(layers_ratio=1.0, experts_host_layers=20.0, host_has_gpu=True)
     verdict, action = engine_verdict(e, signals)
     assert verdict == "weights_not_resident"
     assert evaluate(signals).evidence == ("experts_host",)
+    return action
+
+
+def test_expert_offload_names_layers_bytes_and_the_measured_host_bound() -> None:
+    action = _offload(20.0)
     assert "the routed experts of 20 layers live in host memory" in action
     assert "11.92 GiB" in action and "--n-cpu-moe" in action
-    # 12.8 GB x 8/128 read per step from 100 GB/s host memory: 125 tok/s at most.
-    assert "125.0 tok/s" in action
+    # 12.8 GB x 8/128 read per step from 40 GB/s of host memory: 50 tok/s at most.
+    assert "bound near 50.0 tok/s per sequence by host memory (40.0 GB/s, measured" in action
+    # 20 tok/s is 40 % of the bound: not near it, so no claim that host memory is the limit.
+    assert "host memory is the limit" not in action and "-ngl" not in action
+
+
+def test_expert_offload_without_a_host_bandwidth_gives_no_bound() -> None:
+    action = _offload(20.0, host_bandwidth_bytes_per_s=None, host_bandwidth_source=None)
+    assert "host memory bandwidth unknown (pass --host-bandwidth-gbs)" in action
+    assert "bound near" not in action and "100 GB/s" not in action
+
+
+def test_decode_near_the_host_bound_says_what_more_layers_on_the_gpu_buy() -> None:
+    # 46 tok/s against a 50 tok/s bound: 92 %, within 20 %. 0.64 GB of experts per layer;
+    # 5 GB free holds 7 more layers: 13 layers' experts stay, the bound rises to 50 x 20/13.
+    action = _offload(46.0, gpu_free_bytes=5e9)
+    assert "Measured decode 46.0 tok/s per sequence is 92 % of that bound" in action
+    assert "host memory is the limit" in action
+    assert "Moving 7 more layers' experts to the GPU (a `--n-cpu-moe` lower by 7" in action
+    assert "7 x 0.60 GiB = 4.17 GiB of VRAM; 4.66 GiB free" in action
+    assert "raises the bound to 76.9 tok/s per sequence" in action
+
+
+def test_near_the_host_bound_without_room_or_free_vram_known() -> None:
+    full = _offload(46.0, gpu_free_bytes=0.5e9)
+    assert "needs 0.60 GiB of VRAM, more than the 0.47 GiB free: make room first" in full
+    # Free VRAM unknown: half the host layers, the VRAM they need, said to be unknown.
+    unknown = _offload(46.0)
+    assert "Moving 10 more layers' experts" in unknown and "free VRAM unknown" in unknown
+    assert "raises the bound to 100.0 tok/s" in unknown
+    roomy = _offload(46.0, gpu_free_bytes=20e9)
+    assert "Moving all 20 layers' experts to the GPU" in roomy
+    assert "removes the host bound" in roomy
+
+
+def test_decode_far_above_the_host_bound_says_the_figure_is_low() -> None:
+    # 80 tok/s against a 50 tok/s bound: the engine draws more than 40 GB/s from the host.
+    action = _offload(80.0)
+    assert "Measured decode 80.0 tok/s per sequence is 160 % of that bound" in action
+    assert "so that figure is low for its access pattern" in action
+    assert "--host-bandwidth-gbs" in action and "host memory is the limit" not in action
+    # 59 tok/s is 118 %: within 20 %, host memory is the limit.
+    assert "host memory is the limit" in _offload(59.0)

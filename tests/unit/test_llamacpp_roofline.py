@@ -7,6 +7,7 @@ fixture folder has a PROVENANCE.md with the exact flags.
 
 from __future__ import annotations
 
+import lzma
 from pathlib import Path
 
 import httpx
@@ -19,7 +20,7 @@ from model.geometry import ModelGeometry, geometry_from_gguf
 from model.kv_cache import estimate_llamacpp_kv
 from tests.paths import FIXTURES
 from tests.unit.test_llamacpp_collector import _read, collector, make_transport, v, values
-from tests.unit.test_weights import qwen3moe_tensors, write_header
+from tests.unit.test_weights import F32, Q8, qwen3moe_tensors, write_header
 
 FIX = FIXTURES
 CPU = FIX / "llamacpp-cpu-gemma3-270m"
@@ -248,3 +249,102 @@ def test_a_new_process_forgets_the_old_ones_roofline_facts() -> None:
         f"blk.0.ffn_{p}_exps.weight" for p in ("gate", "up", "down")
     }
     assert (state.kv_type_k, state.kv_type_v) == ("f16", "f16")
+
+
+def deepseek2_tensors(n_layer: int, n_dense: int) -> list[tuple[str, tuple[int, ...], int]]:
+    """DeepSeek-V2-Lite's tensors as llama.cpp's deepseek2 names them, at Q8_0: MLA attention
+    without a query LoRA (kv_lora_rank 512, 16 heads of 128 + 64 RoPE dims), `n_dense` leading
+    dense FFN blocks (first_k_dense_replace), then 64 routed experts of 1408 and 2 shared."""
+    e, vocab, heads, rank, nope, rope, v_dim = 2048, 102400, 16, 512, 128, 64, 128
+    out = [("token_embd.weight", (e, vocab), Q8), ("output_norm.weight", (e,), F32)]
+    out.append(("output.weight", (e, vocab), Q8))
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        out += [
+            (b + "attn_norm.weight", (e,), F32),
+            (b + "attn_q.weight", (e, heads * (nope + rope)), Q8),
+            (b + "attn_kv_a_mqa.weight", (e, rank + rope), Q8),
+            (b + "attn_kv_a_norm.weight", (rank,), F32),
+            (b + "attn_kv_b.weight", (rank, heads * (nope + v_dim)), Q8),
+            (b + "attn_output.weight", (heads * v_dim, e), Q8),
+            (b + "ffn_norm.weight", (e,), F32),
+        ]
+        if i < n_dense:
+            out += [
+                (b + "ffn_gate.weight", (e, 10944), Q8),
+                (b + "ffn_up.weight", (e, 10944), Q8),
+                (b + "ffn_down.weight", (10944, e), Q8),
+            ]
+            continue
+        out += [
+            (b + "ffn_gate_inp.weight", (e, 64), F32),
+            (b + "ffn_gate_exps.weight", (e, 1408, 64), Q8),
+            (b + "ffn_up_exps.weight", (e, 1408, 64), Q8),
+            (b + "ffn_down_exps.weight", (1408, e, 64), Q8),
+            (b + "ffn_gate_shexp.weight", (e, 2816), Q8),
+            (b + "ffn_up_shexp.weight", (e, 2816), Q8),
+            (b + "ffn_down_shexp.weight", (2816, e), Q8),
+        ]
+    return out
+
+
+@pytest.fixture(scope="module")
+def deepseek_v2_lite(tmp_path_factory: pytest.TempPathFactory) -> ModelGeometry:
+    kv = {"block_count": 27, "embedding_length": 2048, "attention.head_count": 16}
+    kv |= {"attention.head_count_kv": 16, "expert_count": 64, "expert_used_count": 6}
+    kv |= {"expert_shared_count": 2, "leading_dense_block_count": 1}
+    kv |= {"attention.kv_lora_rank": 512, "expert_feed_forward_length": 1408}
+    path = tmp_path_factory.mktemp("dsv2") / "deepseek-v2-lite.gguf"
+    return geometry_from_gguf(write_header(path, "deepseek2", kv, deepseek2_tensors(27, 1)))
+
+
+def test_n_cpu_moe_counts_the_layers_that_hold_experts(deepseek_v2_lite: ModelGeometry) -> None:
+    """Issue 32: `--n-cpu-moe 8` on DeepSeek-V2-Lite (layer 0 dense) keeps the experts of 7
+    layers on the host; -lv 4 (buffer sizes) and -lv 5 (override lines) both say 7."""
+    g = deepseek_v2_lite
+    by_layer = g.routed_expert_bytes_by_layer
+    assert g.leading_dense_block_count == 1 and by_layer[0] == 0 and all(by_layer[1:])
+    on_host = float(sum(by_layer[1:8]))
+    # -lv 4: the host mapping of --n-cpu-moe 8 (embedding to layer 7's last expert tensor).
+    span = g.host_mapped_bytes_by_layers[8]
+    device = ((g.weight_bytes or 0) - span) / MIB
+    assert host_experts(gpu_load_log(span / MIB, device, "28/28"), g) == (7, on_host)
+    # Without mmap: the embedding plus the experts themselves.
+    exact = (g.input_embedding_bytes + on_host) / MIB
+    assert host_experts(gpu_load_log(exact, device, "28/28", host="CPU"), g) == (7, on_host)
+    # -lv 5: llama.cpp overrides only tensors that exist, so the lines name layers 1-7.
+    state = gpu_load_log(span / MIB, device, "28/28")
+    for i in range(1, 8):
+        for part in ("gate", "down", "up"):
+            state.feed(
+                f"0.00.726.811 D tensor blk.{i}.ffn_{part}_exps.weight (176 MiB q8_0) "
+                "buffer type overridden to CPU"
+            )
+    assert host_experts(state, g) == (7, on_host)
+
+
+DEEPSEEK_CPU = FIX / "llamacpp-cpu-deepseek2-synth-ncpumoe8"
+
+
+def test_a_real_n_cpu_moe_8_log_of_a_deepseek_shape_says_7_layers(tmp_path: Path) -> None:
+    """The real CPU llama-server's -lv 5 log (`--n-cpu-moe 8`, layer 0 dense): its override
+    lines name layers 1-7, and the exporter's reading counts 7 with their GGUF bytes."""
+    header = tmp_path / "model.header.gguf"
+    header.write_bytes(lzma.decompress((DEEPSEEK_CPU / "model.header.gguf.xz").read_bytes()))
+    g = geometry_from_gguf(header)
+    by_layer = g.routed_expert_bytes_by_layer
+    assert g.leading_dense_block_count == 1 and by_layer[0] == 0 and all(by_layer[1:])
+    raw = lzma.decompress((DEEPSEEK_CPU / "server-ncmoe8-lv5.log.xz").read_bytes())
+    log = raw.decode("utf-8", errors="replace")  # the random model's text is not UTF-8
+    state = LogState()
+    for line in log.splitlines():
+        state.feed(line)
+    assert {layer for layer, _ in state.expert_overrides.values()} == set(range(1, 8))
+    assert host_experts(state, g) == (7, float(sum(by_layer[1:8])))
+    # The same file on a GPU at -lv 4 (buffer sizes only): the span of --n-cpu-moe 8, 7 layers.
+    span = g.host_mapped_bytes_by_layers[8]
+    device = ((g.weight_bytes or 0) - span) / MIB
+    assert host_experts(gpu_load_log(span / MIB, device, "28/28"), g) == (
+        7,
+        float(sum(by_layer[1:8])),
+    )

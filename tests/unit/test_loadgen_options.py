@@ -27,7 +27,7 @@ from tests.plugins.loadgen import StubFactory, request_lines, run_cli
 
 def test_every_subcommand_is_registered_explicitly() -> None:
     names = [c.name for c in default_commands()]
-    assert names == ["run", "sweep", "diagnose", "compare", "decide"]
+    assert names == ["run", "sweep", "served-mix", "diagnose", "compare", "decide"]
 
 
 @pytest.mark.parametrize(

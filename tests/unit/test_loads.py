@@ -8,11 +8,11 @@ from diagnose.decision.loads import (
     LoadAnswer,
     answer_at,
     crossover,
+    crossover_range,
     per_load_text,
     recommend,
 )
-from diagnose.decision.model import EngineResult, switch_to
-from diagnose.decision.slo import SloAnswer
+from diagnose.decision.model import EngineResult, SloAnswer, switch_to
 
 
 def lv(c: int, winner: str | None) -> LoadAnswer:
@@ -25,16 +25,34 @@ B = EngineResult("sglang", "sglang")
 LEVELS = [lv(1, "llama"), lv(4, "sglang"), lv(16, "sglang"), lv(64, "sglang")]
 
 
-def test_crossover_is_the_first_level_of_the_other_engine() -> None:
-    assert crossover(LEVELS) == 4
-    assert crossover([lv(1, "llama"), lv(4, None), lv(16, "sglang")]) == 16
-    assert crossover([lv(1, None), lv(4, "sglang")]) is None
+def test_the_crossover_is_a_range_and_no_difference_is_an_answer() -> None:
+    assert crossover_range(LEVELS) == (1, 4) and crossover(LEVELS) == 4
+    # A level with no difference is not skipped: the answer changes after it.
+    assert crossover_range([lv(1, "llama"), lv(4, None), lv(16, "sglang")]) == (4, 16)
+    assert crossover_range([lv(1, None), lv(4, None), lv(16, "sglang")]) == (4, 16)
+    # The engine ahead at the first level ahead again after a tie: nothing crossed.
+    assert crossover_range([lv(1, "llama"), lv(4, None), lv(16, "llama")]) is None
+    assert crossover_range([lv(1, None), lv(4, None)]) is None
 
 
-def test_per_load_text_groups_the_levels() -> None:
-    text = per_load_text(LEVELS)
-    assert text.startswith("c=1: llama ahead (2.0× [1.8–2.2] aggregate tok/s)")
-    assert "from c=4 on: sglang ahead (2.0× [1.8–2.2] aggregate tok/s at c=64)" in text
+def test_per_load_text_gives_every_level_its_ratio() -> None:
+    levels = [lv(1, "llama"), lv(4, None), lv(16, "sglang"), lv(64, "sglang")]
+    levels[3].lead = "6.7× [6.4–7.1]"
+    text = per_load_text(levels)
+    assert text.startswith("c=1: llama ahead (2.0× [1.8–2.2] aggregate tok/s); c=4: no difference")
+    assert "c=16: sglang ahead (2.0× [1.8–2.2] aggregate tok/s)" in text
+    assert text.endswith("c=64: sglang ahead (6.7× [6.4–7.1] aggregate tok/s)")
+
+
+def test_a_load_between_two_levels_names_both_and_their_ratios() -> None:
+    levels = [lv(16, "sglang"), lv(64, "sglang")]
+    levels[0].lead, levels[1].lead = "2.5× [2.2–2.8]", "6.7× [6.4–7.1]"
+    rec, action = recommend(A, B, levels, None, 32, None)
+    assert rec == switch_to("sglang")
+    assert action.startswith(
+        "switch to sglang: at c=32 (between c=16: sglang ahead 2.5× [2.2–2.8] and c=64: "
+        "sglang ahead 6.7× [6.4–7.1], which agree): sglang ahead, aggregate tok/s at both"
+    ), action
 
 
 def test_answer_at_a_load_between_levels() -> None:

@@ -56,6 +56,10 @@ def test_h200_under_load_in_base_units_and_no_reason() -> None:
     assert value(scrape, "llmb_gpu_memory_clock_max_hertz") == 3201e6
     assert value(scrape, "llmb_gpu_power_watts") == 500.0
     assert value(scrape, "llmb_gpu_power_limit_watts") == 700.0
+    assert value(scrape, "llmb_gpu_power_limit_default_watts") == 700.0
+    assert value(scrape, "llmb_gpu_power_limit_max_watts") == 700.0
+    # Busy (92 %, no gpu_idle): the SM clock under load is exported too.
+    assert value(scrape, "llmb_gpu_sm_clock_busy_hertz") == 1980e6
     assert value(scrape, "llmb_gpu_temperature_celsius") == 55
     # One series per reason NVML names, every one 0.
     assert reasons(scrape) == dict.fromkeys(CLOCK_EVENT_REASONS, 0)
@@ -77,6 +81,31 @@ def test_each_injected_reason_is_its_own_series(reason: str) -> None:
     scrape = collect(path)
     assert scrape.up and not scrape.errors
     assert reasons(scrape) == {r: float(r == reason) for r in CLOCK_EVENT_REASONS}
+
+
+def test_a_lowered_limit_reads_below_its_default() -> None:
+    scrape = collect(CARD / "power-limit-lowered.json")
+    assert value(scrape, "llmb_gpu_power_limit_watts") == 420.0
+    assert value(scrape, "llmb_gpu_power_limit_default_watts") == 700.0
+    assert value(scrape, "llmb_gpu_power_limit_max_watts") == 700.0
+
+
+@pytest.mark.parametrize(
+    ("util", "reasons", "busy"),
+    [(92, 0, True), (50, 4, True), (49, 4, False), (92, 1, False)],
+)
+def test_the_busy_sm_clock_only_in_busy_samples(
+    tmp_path: Path, util: int, reasons: int, busy: bool
+) -> None:
+    """At or above `card_busy_utilization_min` and not `gpu_idle`: the samples between
+    requests keep the boost clock with no work to slow and must not count."""
+    reading = json.loads((CARD / "h200-load.json").read_text())
+    reading["devices"][0].update(util={"gpu": util, "memory": 0}, clocks_event_reasons=reasons)
+    path = tmp_path / "n.json"
+    path.write_text(json.dumps(reading))
+    got = {name for name, _ in samples(collect(path))}
+    assert ("llmb_gpu_sm_clock_busy_hertz" in got) == busy
+    assert "llmb_gpu_sm_clock_hertz" in got
 
 
 def test_several_reasons_at_once(tmp_path: Path) -> None:
@@ -141,5 +170,6 @@ def test_fake_backend_reads_the_card_fields() -> None:
     assert fake.sm_clock_mhz(0) == (1410, 1980)
     assert fake.power_mw(0) == 699800
     assert fake.power_limit_mw(0) == 700000
+    assert fake.power_default_limit_mw(0) == fake.power_max_limit_mw(0) == 700000
     assert fake.temperature_c(0) == 55
     assert fake.clock_event_reasons(0) == 0x4

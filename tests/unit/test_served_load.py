@@ -176,7 +176,7 @@ def test_decide_with_load_and_load_from_uses_load(tmp_path: Path, capsys: Any) -
         code, doc = decide(tmp_path, "--load", "1", "--load-from", prom.url)
         assert prom.queries == []
     assert code == 0 and doc is not None
-    assert doc["recommendation"] == "stay_and_tune"
+    assert doc["recommendation"] == "stay"
     assert (doc["decision"]["load"], doc["decision"]["load_source"]) == (1, "--load")
     assert "your load       c=1, --load" in capsys.readouterr().out
 
@@ -228,7 +228,7 @@ def test_load_engine_picks_the_series_and_needs_load_from(tmp_path: Path, capsys
     with p90_of("1", engine="prod-llama") as prom:
         code, doc = decide(tmp_path, "--load-from", prom.url, "--load-engine", "prod-llama")
         assert 'engine="prod-llama"' in prom.queries[0]
-    assert code == 0 and doc is not None and doc["recommendation"] == "stay_and_tune"
+    assert code == 0 and doc is not None and doc["recommendation"] == "stay"
     code, _ = decide(tmp_path, "--load-engine", "prod-llama")
     assert code == 2 and "give both" in capsys.readouterr().err
 

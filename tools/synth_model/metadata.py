@@ -46,13 +46,22 @@ def model_metadata(spec: ArchSpec, like: str, wname: str) -> dict[str, KV]:
         (Keys.LLM.VOCAB_SIZE, spec.n_vocab, u32),
         (Keys.Attention.HEAD_COUNT, spec.n_head, u32),
         (Keys.Attention.HEAD_COUNT_KV, spec.n_head_kv, u32),
-        # Explicit because head_dim is not always n_embd / n_head (Gemma 3, Qwen 3).
+        # Explicit because head_dim is not always n_embd / n_head (Gemma 3, Qwen 3); MLA
+        # values are narrower than its keys (DeepSeek-V2: 192 and 128).
         (Keys.Attention.KEY_LENGTH, spec.head_dim, u32),
-        (Keys.Attention.VALUE_LENGTH, spec.head_dim, u32),
+        (Keys.Attention.VALUE_LENGTH, spec.v_head_dim or spec.head_dim, u32),
     ]
     shape += [(Keys.Attention.LAYERNORM_RMS_EPS, spec.rms_eps, f32)]
     shape += [(Keys.Rope.FREQ_BASE, spec.rope_freq_base, f32)]
-    shape += [(Keys.Rope.DIMENSION_COUNT, spec.head_dim, u32)]
+    shape += [(Keys.Rope.DIMENSION_COUNT, spec.rope_dim or spec.head_dim, u32)]
+    if spec.is_mla:
+        shape += [(Keys.Attention.KV_LORA_RANK, spec.kv_lora_rank, u32)]
+    if spec.n_dense_lead:
+        shape += [(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, spec.n_dense_lead, u32)]
+    if spec.n_expert_shared:
+        shape += [(Keys.LLM.EXPERT_SHARED_COUNT, spec.n_expert_shared, u32)]
+        # DeepSeek-V2-Lite's routed_scaling_factor.
+        shape += [(Keys.LLM.EXPERT_WEIGHTS_SCALE, 1.0, f32)]
     kv.update({key.format(arch=a): KV(value, vtype) for key, value, vtype in shape})
     if spec.sliding_window:
         kv[Keys.Attention.SLIDING_WINDOW.format(arch=a)] = KV(spec.sliding_window, u32)

@@ -55,11 +55,26 @@ class ArchSpec:
     attn_bias: bool = False  # biases on Q, K, V and the attention output (gpt-oss)
     attn_sinks: bool = False  # one learned sink logit per head (gpt-oss)
     expert_bias: bool = False  # biases on the router and on every expert matrix (gpt-oss)
+    # DeepSeek-V2 (deepseek2): the first n_dense_lead blocks keep a dense FFN of n_ff
+    # (first_k_dense_replace), the others add n_expert_shared shared experts of n_ff_exp each.
+    n_dense_lead: int = 0
+    n_expert_shared: int = 0
+    # Multi-head latent attention without a query LoRA (DeepSeek-V2-Lite), in llama.cpp's
+    # unsplit `attn_kv_b` layout: keys of head_dim = no-RoPE part + rope_dim, values of
+    # v_head_dim, compressed to kv_lora_rank (0: plain attention).
+    kv_lora_rank: int = 0
+    rope_dim: int = 0
+    v_head_dim: int = 0
 
     @property
     def is_moe(self) -> bool:
-        """Whether the FFN of every block is a set of routed experts."""
+        """Whether the FFN of the blocks (past `n_dense_lead`) is a set of routed experts."""
         return self.n_expert > 0
+
+    @property
+    def is_mla(self) -> bool:
+        """Whether attention is DeepSeek's multi-head latent attention."""
+        return self.kv_lora_rank > 0
 
 
 # fmt: off
@@ -121,6 +136,16 @@ SPECS: dict[str, ArchSpec] = {
         "qwen3moe", 94, 4096, 64, 4, 12288,
         tied_output=False, n_expert=128, n_expert_used=8, n_ff_exp=1536,
     ),
+    # DeepseekV2ForCausalLM, DeepSeek-V2-Lite: 27 layers (llama.cpp's "lite": no query LoRA),
+    # MLA with kv_lora_rank 512 and 16 heads of 128 + 64 RoPE dims (values 128), layer 0
+    # dense (first_k_dense_replace 1, intermediate 10944), then 64 routed experts of 1408
+    # (6 used) and 2 shared; YaRN x40 from 4096.
+    "deepseek-v2-lite": ArchSpec(
+        "deepseek2", "deepseek", 27, 2048, 16, 16, 192, 10944, 102400, 163840, 10000.0, 1e-6,
+        rope_scaling=("yarn", 40.0), rope_orig_ctx=4096, tied_output=False,
+        n_expert=64, n_expert_used=6, n_ff_exp=1408, n_dense_lead=1, n_expert_shared=2,
+        kv_lora_rank=512, rope_dim=64, v_head_dim=128,
+    ),
     # GptOssForCausalLM: sliding window 128 on every other layer (llama.cpp derives the
     # pattern), YaRN x32 from 4096, attention sinks, biases everywhere, MXFP4 experts.
     "gpt-oss-20b": ArchSpec(
@@ -179,7 +204,23 @@ class _Namer:
         return f"{base}.{suffix}"
 
 
+def _mla_tensors(spec: ArchSpec, bid: int, wtype: QType, name: _Namer) -> list[TensorPlan]:
+    """DeepSeek-V2-Lite's latent attention as llama.cpp loads an unsplit (`attn_kv_b`) GGUF."""
+    e, h, rank, f32, T = spec.n_embd, spec.n_head, spec.kv_lora_rank, QType.F32, MODEL_TENSOR
+    nope = spec.head_dim - spec.rope_dim
+    return [
+        TensorPlan(name(T.ATTN_NORM, bid), (e,), f32, "ones"),
+        TensorPlan(name(T.ATTN_KV_A_NORM, bid), (rank,), f32, "ones"),
+        TensorPlan(name(T.ATTN_Q, bid), (e, h * spec.head_dim), wtype, "random"),
+        TensorPlan(name(T.ATTN_KV_A_MQA, bid), (e, rank + spec.rope_dim), wtype, "random"),
+        TensorPlan(name(T.ATTN_KV_B, bid), (rank, h * (nope + spec.v_head_dim)), wtype, "random"),
+        TensorPlan(name(T.ATTN_OUT, bid), (h * spec.v_head_dim, e), wtype, "random"),
+    ]
+
+
 def _attention_tensors(spec: ArchSpec, bid: int, wtype: QType, name: _Namer) -> list[TensorPlan]:
+    if spec.is_mla:
+        return _mla_tensors(spec, bid, wtype, name)
     e, q_dim, kv_dim = spec.n_embd, spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
     f32, T = QType.F32, MODEL_TENSOR
     out = [
@@ -219,7 +260,7 @@ def _ffn_tensors(spec: ArchSpec, bid: int, wtype: QType, name: _Namer) -> list[T
     else:
         norm = T.FFN_NORM
     out = [TensorPlan(name(norm, bid), (e,), f32, "ones")]
-    if not spec.is_moe:
+    if not spec.is_moe or bid < spec.n_dense_lead:
         out += [
             TensorPlan(name(T.FFN_GATE, bid), (e, ff), wtype, "random"),
             TensorPlan(name(T.FFN_UP, bid), (e, ff), wtype, "random"),
@@ -243,6 +284,13 @@ def _expert_tensors(spec: ArchSpec, bid: int, wtype: QType, name: _Namer) -> lis
         TensorPlan(name(T.FFN_UP_EXP, bid), (e, ff, n), xtype, "random"),
         TensorPlan(name(T.FFN_DOWN_EXP, bid), (ff, e, n), xtype, "random"),
     ]
+    if spec.n_expert_shared:
+        sh = ff * spec.n_expert_shared
+        out += [
+            TensorPlan(name(T.FFN_GATE_SHEXP, bid), (e, sh), wtype, "random"),
+            TensorPlan(name(T.FFN_UP_SHEXP, bid), (e, sh), wtype, "random"),
+            TensorPlan(name(T.FFN_DOWN_SHEXP, bid), (sh, e), wtype, "random"),
+        ]
     if spec.expert_bias:
         out += [
             TensorPlan(name(T.FFN_GATE_INP, bid, "bias"), (n,), f32, "zeros"),

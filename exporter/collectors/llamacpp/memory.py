@@ -19,7 +19,8 @@ def host_experts(state: LogState, geom: ModelGeometry | None) -> tuple[int, floa
     From the `buffer type overridden to CPU` lines (-lv 5) when the log has them: their layers,
     with each layer's expert bytes from the GGUF (else the MiB the lines print). Without them
     (-lv 4), when every layer is offloaded to a GPU: the whole layers from layer 0 (as
-    `--n-cpu-moe N` places them) whose host buffers match the logged ones best.
+    `--n-cpu-moe N` places them) whose host buffers match the logged ones best. Both count
+    layers that hold routed experts (a leading dense layer among the first N is none).
     """
     if state.expert_overrides:
         host = {layer for layer, _ in state.expert_overrides.values()}
@@ -34,8 +35,11 @@ def host_experts(state: LogState, geom: ModelGeometry | None) -> tuple[int, floa
     all_offloaded = state.layers_total and state.layers_offloaded == state.layers_total
     if not on_device or not all_offloaded:
         return None  # CPU-only build, or whole layers on the CPU (-ngl): other signals say so
-    layers = n_cpu_moe_layers(buffers, geom)
-    return layers, float(sum(geom.routed_expert_bytes_by_layer[:layers]))
+    n = n_cpu_moe_layers(buffers, geom)
+    # `--n-cpu-moe N` names the first N layers, leading dense ones included (DeepSeek's
+    # `first_k_dense_replace`): the count is of those that hold experts, as at -lv 5.
+    first_n = geom.routed_expert_bytes_by_layer[:n]
+    return sum(1 for b in first_n if b), float(sum(first_n))
 
 
 def n_cpu_moe_layers(buffers: dict[str, float], geom: ModelGeometry) -> int:

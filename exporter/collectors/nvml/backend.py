@@ -17,11 +17,11 @@ import functools
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar, cast
 
 from exporter.collectors.nvml.file_merge import merge_device
+from exporter.collectors.nvml.readings import GpuProcess, MemoryInfo, Utilization
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -54,32 +54,6 @@ class NvmlError(Exception):
     def not_supported(self) -> bool:
         """True when the GPU or driver simply does not offer this query."""
         return self.code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND)
-
-
-@dataclass(frozen=True)
-class MemoryInfo:
-    """Device memory in bytes; `reserved` is None when only the v1 query is available."""
-
-    total: int
-    used: int
-    free: int
-    reserved: int | None
-
-
-@dataclass(frozen=True)
-class Utilization:
-    """NVML utilization rates in percent (0-100) over the driver's last sample period."""
-
-    gpu: float
-    memory: float
-
-
-@dataclass(frozen=True)
-class GpuProcess:
-    """A process with a context on a GPU; `used_bytes` is None where NVML cannot tell."""
-
-    pid: int
-    used_bytes: int | None
 
 
 class NvmlBackend(Protocol):
@@ -126,6 +100,12 @@ class NvmlBackend(Protocol):
 
     def power_limit_mw(self, i: int) -> int:
         """The enforced power limit in milliwatts."""
+
+    def power_default_limit_mw(self, i: int) -> int:
+        """The card's default (stock) power limit in milliwatts."""
+
+    def power_max_limit_mw(self, i: int) -> int:
+        """The highest power limit the card accepts (`nvidia-smi -pl`), in milliwatts."""
 
     def temperature_c(self, i: int) -> int:
         """GPU core temperature in degrees Celsius."""
@@ -258,6 +238,13 @@ class PynvmlBackend:
 
     def power_limit_mw(self, i: int) -> int:
         return int(self._query(i, self._nvml.nvmlDeviceGetEnforcedPowerLimit))
+
+    def power_default_limit_mw(self, i: int) -> int:
+        return int(self._query(i, self._nvml.nvmlDeviceGetPowerManagementDefaultLimit))
+
+    def power_max_limit_mw(self, i: int) -> int:
+        # (minimum, maximum) of the limit that may be set.
+        return int(self._query(i, self._nvml.nvmlDeviceGetPowerManagementLimitConstraints)[1])
 
     def temperature_c(self, i: int) -> int:
         sensor = self._nvml.NVML_TEMPERATURE_GPU  # the GPU die
@@ -468,6 +455,14 @@ class NvmlFileBackend:
     @_reading_errors
     def power_limit_mw(self, i: int) -> int:
         return int(self._field(self._dev(i), "power_limit_mw"))
+
+    @_reading_errors
+    def power_default_limit_mw(self, i: int) -> int:
+        return int(self._field(self._dev(i), "power_default_limit_mw"))
+
+    @_reading_errors
+    def power_max_limit_mw(self, i: int) -> int:
+        return int(self._field(self._dev(i), "power_max_limit_mw"))
 
     @_reading_errors
     def temperature_c(self, i: int) -> int:

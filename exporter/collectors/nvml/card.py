@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from core.thresholds import threshold_number
 from exporter.collectors import SourceError
 from exporter.collectors.nvml.backend import NvmlBackend, NvmlError
 from exporter.schema import MetricSet
@@ -43,27 +44,52 @@ def _field(errors: list[SourceError], fn: Callable[[int], T], position: int, wha
         return None
 
 
+# The power limits: series -> (backend query, what an error names).
+POWER_LIMITS: tuple[tuple[str, str, str], ...] = (
+    ("llmb_gpu_power_limit_watts", "power_limit_mw", "power limit"),
+    ("llmb_gpu_power_limit_default_watts", "power_default_limit_mw", "default power limit"),
+    ("llmb_gpu_power_limit_max_watts", "power_max_limit_mw", "maximum power limit"),
+)
+
+
+def _busy(utilization: float | None, reasons: int | None) -> bool:
+    """A kernel ran for `card_busy_utilization_min` of NVML's sample period, and NVML does
+    not call the GPU idle."""
+    idle = reasons is not None and bool(reasons & CLOCK_EVENT_REASONS["gpu_idle"])
+    return (
+        utilization is not None
+        and utilization >= threshold_number("card_busy_utilization_min")
+        and not idle
+    )
+
+
 def add_card_state(
-    out: MetricSet, backend: NvmlBackend, position: int, gpu: str
+    out: MetricSet, backend: NvmlBackend, position: int, gpu: str, utilization: float | None
 ) -> list[SourceError]:
-    """Add one GPU's SM clock, power, temperature and reason families; return the fields'
-    errors. (The memory clock and its maximum come with the bandwidth, in the collector.)"""
+    """Add one GPU's SM clock, power and its limits, temperature and reason families;
+    return the fields' errors. (The memory clock and its maximum come with the bandwidth, in
+    the collector.) `utilization` (0-1, None: unknown) tells a busy sample from an idle one."""
     errors: list[SourceError] = []
+    reasons = _field(errors, backend.clock_event_reasons, position, "clock event reasons")
     sm = _field(errors, backend.sm_clock_mhz, position, "SM clock")
     if sm is not None:
         out.add("llmb_gpu_sm_clock_hertz", sm[0] * 1e6, gpu=gpu)
         if sm[1] is not None:
             out.add("llmb_gpu_sm_clock_max_hertz", sm[1] * 1e6, gpu=gpu)
+        # Only in busy samples: its average over a window is the clock under load, which
+        # the idle samples around the requests (boost clock, no work) would otherwise hide.
+        if _busy(utilization, reasons):
+            out.add("llmb_gpu_sm_clock_busy_hertz", sm[0] * 1e6, gpu=gpu)
     power = _field(errors, backend.power_mw, position, "power draw")
     if power is not None:
         out.add("llmb_gpu_power_watts", power / 1000.0, gpu=gpu)
-    limit = _field(errors, backend.power_limit_mw, position, "power limit")
-    if limit is not None:
-        out.add("llmb_gpu_power_limit_watts", limit / 1000.0, gpu=gpu)
+    for name, query, what in POWER_LIMITS:
+        limit = _field(errors, getattr(backend, query), position, what)
+        if limit is not None:
+            out.add(name, limit / 1000.0, gpu=gpu)
     temp = _field(errors, backend.temperature_c, position, "temperature")
     if temp is not None:
         out.add("llmb_gpu_temperature_celsius", temp, gpu=gpu)
-    reasons = _field(errors, backend.clock_event_reasons, position, "clock event reasons")
     if reasons is not None:
         for name, bit in CLOCK_EVENT_REASONS.items():
             active = 1 if reasons & bit else 0

@@ -327,10 +327,11 @@ class NvmlCollector(Collector):
         errors: list[SourceError] = []
         for dev in self._devices:
             gpu = str(dev.index)
-            errors += add_card_state(out, b, dev.position, gpu)
+            util = self._optional(b.utilization, dev.position)
+            busy = util.gpu / 100.0 if util is not None else None
+            errors += add_card_state(out, b, dev.position, gpu, busy)
             clocks = self._optional(b.memory_clock_mhz, dev.position)
             bus = self._optional(b.bus_width_bits, dev.position)
-            util = self._optional(b.utilization, dev.position)
             cur_clock, max_clock = clocks if clocks is not None else (None, None)
             bandwidth = resolve_bandwidth(
                 dev.name,

@@ -31,6 +31,9 @@ HISTOGRAMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("llmb_engine_queue_time_seconds", ("queue_time_seconds",)),
     ("llmb_engine_e2e_request_latency_seconds", ("e2e_request_latency_seconds",)),
+    # Per-request lengths in tokens (the served mix, loadgen/served_mix.py).
+    ("llmb_engine_request_prompt_tokens", ("prompt_tokens_histogram",)),
+    ("llmb_engine_request_generation_tokens", ("generation_tokens_histogram",)),
 )
 
 # Families the mapping reads (without `sglang:` and without _total/_bucket/_sum/_count);

@@ -51,6 +51,8 @@ SOURCES: dict[str, str] = {
     "llmb_engine_inter_token_latency_seconds": "`sglang:inter_token_latency_seconds`",
     "llmb_engine_queue_time_seconds": "`sglang:queue_time_seconds`",
     "llmb_engine_e2e_request_latency_seconds": "`sglang:e2e_request_latency_seconds`",
+    "llmb_engine_request_prompt_tokens": "`sglang:prompt_tokens_histogram`",
+    "llmb_engine_request_generation_tokens": "`sglang:generation_tokens_histogram`",
     "llmb_engine_process_gpu_memory_bytes": "same",
     "llmb_engine_process_gpu_memory_peak_bytes": "same",
     "llmb_engine_model_buffer_bytes": (

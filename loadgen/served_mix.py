@@ -1,0 +1,413 @@
+"""The served mix: the lengths, rate and load an engine served, read from the user's Prometheus.
+
+`served_mix(url, window, engine=...)` asks the Prometheus that scrapes the exporter for one
+engine's series over the last `window` and returns a `ServedMix`: the prompt and output length
+distributions, the arrival rate and the running load, with what the engine's series cannot
+tell. `ServedMix.to_mix_json()` writes it as a length-mix file (`llmb-length-mix`, version 1)
+that `--traffic` replays.
+
+What each engine gives (docs/loadgen.md "The served mix from your Prometheus"):
+- SGLang: per-request histograms of prompt and output lengths
+  (`llmb_engine_request_prompt_tokens`, `llmb_engine_request_generation_tokens`, from its
+  `sglang:prompt_tokens_histogram` / `generation_tokens_histogram`): an empirical mix.
+- llama.cpp: token totals only (`llmb_engine_prompt_tokens_total`,
+  `llmb_engine_generation_tokens_total`) over the finished requests the exporter counts in its
+  log (`llmb_engine_requests_finished_total`): the mix is the mean length (`fixed`).
+- Neither gives arrival times or prefix structure: the rate is the mean over the window, the
+  cached share of prompt tokens is said but not turned into shared prefixes.
+
+The running load is the p50 and p90 of `llmb_engine_requests_running` (the p90, rounded up,
+is `--load-from`'s load: `busiest_running` and `round_load` are shared with it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from config.kinds import engine_kind
+from loadgen.options import UsageError
+from loadgen.prom_api import (
+    Prometheus,
+    PrometheusUnreachable,
+    QueryError,
+    duration_seconds,
+    label,
+    prom_duration,
+)
+
+RUNNING = "llmb_engine_requests_running"
+UP = "llmb_engine_up"
+FINISHED = "llmb_engine_requests_finished_total"
+PROMPT_TOTAL = "llmb_engine_prompt_tokens_total"
+CACHED_TOTAL = "llmb_engine_prompt_tokens_cached_total"
+OUTPUT_TOTAL = "llmb_engine_generation_tokens_total"
+PROMPT_HIST = "llmb_engine_request_prompt_tokens"
+OUTPUT_HIST = "llmb_engine_request_generation_tokens"
+MIX_KIND = "llmb-length-mix"
+MIX_VERSION = 1
+DEFAULT_SEED = 1234
+# A p90 of 12.0000001 is 12 requests, not 13 (float noise of the interpolation).
+_ROUND_SLACK = 1e-6
+# Weights below this (increase()'s extrapolation of an unchanged bucket) are no requests.
+_NO_WEIGHT = 1e-9
+
+# llama.cpp's /metrics counts tokens, not requests: the exporter counts them from its log.
+NO_REQUEST_COUNT = (
+    "no count of finished requests ({finished}); llama.cpp's /metrics counts tokens but not "
+    "requests, and the exporter counts them from llama-server's log: give the exporter the "
+    "server's log (log_file in its engine entry) and read again once Prometheus has scraped some"
+)
+# What no engine's series give (said in every mix).
+ALWAYS_LACKS = (
+    "no arrival times: the rate is the mean over the window",
+    "no prefix structure: the cached share of prompt tokens is said, not replayed",
+)
+
+
+class ServedMixError(UsageError):
+    """The served mix could not be read (the message says why and what to do; exit 2)."""
+
+
+def display_name(kind: str) -> str:
+    """How messages name an engine kind (config/kinds.py), the label itself when unknown."""
+    try:
+        return engine_kind(kind).display
+    except KeyError:
+        return kind or "the engine"
+
+
+def mean_only(kind: str) -> str:
+    """What a mix without length histograms says (llama.cpp's always does)."""
+    return (
+        f"{display_name(kind)} exports only totals (no {PROMPT_HIST}): the mix is the mean length"
+    )
+
+
+def round_load(p90: float) -> int:
+    """Running requests at the p90 as a concurrency: rounded up, at least 1 (idle: c=1)."""
+    if not math.isfinite(p90) or p90 < 0:
+        raise ValueError(f"not a number of requests: {p90}")
+    return max(1, math.ceil(p90 - _ROUND_SLACK))
+
+
+def running_selector(engine: str, window: str) -> str:
+    """`llmb_engine_requests_running{engine="NAME"}[1h]`."""
+    return f"{RUNNING}{{engine={label(engine)}}}[{window}]"
+
+
+def running_quantile_query(engine: str, window: str, quantile: float) -> str:
+    """The quantile of running requests over the window, one series per host/instance."""
+    return f"quantile_over_time({quantile}, {running_selector(engine, window)})"
+
+
+@dataclass(frozen=True)
+class RunningLoad:
+    """A quantile of running requests: of the busiest series, with its samples in the window."""
+
+    value: float
+    samples: int | None
+    series: int
+
+
+def busiest_running(
+    prom: Prometheus, client: httpx.Client, engine: str, window: str, quantile: float
+) -> RunningLoad | None:
+    """The quantile of the busiest series of `engine` (None: Prometheus has no series of it).
+
+    Series without a number (NaN) are left out; a `QueryError` when no series has one."""
+    found = prom.query(client, running_quantile_query(engine, window, quantile))
+    if not found:
+        return None
+    found = [(lab, v) for lab, v in found if math.isfinite(v) and v >= 0]
+    if not found:
+        raise QueryError(
+            f"Prometheus at {prom.url} answered no number of running requests for {engine!r} "
+            f"over the last {window}"
+        )
+    samples = prom.query(client, f"count_over_time({running_selector(engine, window)})")
+    # One series per host or instance serving that engine: the busiest one's load.
+    labels, value = max(found, key=lambda lv: lv[1])
+    count = next((int(v) for lab, v in samples if lab == labels), None)
+    return RunningLoad(value, count, len(found))
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """One served length distribution, in tokens per request.
+
+    `buckets`: (upper bound, requests in the bucket, not cumulative) from the engine's
+    histogram; empty when the engine gives only the mean. `mean`: exact (sum / count)."""
+
+    mean: float
+    buckets: tuple[tuple[float, float], ...]
+    source: str
+
+    def shape(self) -> dict[str, Any]:
+        """The length-mix shape: `empirical` buckets, or `fixed` at the mean."""
+        if self.buckets:
+            return {"empirical": [[_number(ub), round(w, 3)] for ub, w in self.buckets]}
+        return {"fixed": max(1, round(self.mean))}
+
+
+def _number(value: float) -> float | int:
+    return int(value) if value.is_integer() else value
+
+
+@dataclass(frozen=True)
+class ServedMix:
+    """What one engine served over a window, as a length mix and a rate (`to_mix_json`)."""
+
+    engine: str
+    kind: str
+    window: str
+    prometheus: str
+    prompt: Lengths
+    output: Lengths
+    requests: float  # finished in the window (increase of the counter)
+    rate_per_second: float  # requests / window: the mean, idle time included
+    running_p50: float | None
+    running_p90: float | None
+    cached_share: float | None  # prompt tokens served from the prefix cache (0-1)
+    lacks: tuple[str, ...]  # what this engine's series cannot tell
+    seed: int = DEFAULT_SEED
+
+    @property
+    def concurrency(self) -> int | None:
+        """The p90 of running requests rounded up (`--load-from`'s load), None unknown."""
+        return None if self.running_p90 is None else round_load(self.running_p90)
+
+    def source(self) -> str:
+        """One paragraph: where each figure came from and what is missing."""
+        running = (
+            f"running requests p50 {self.running_p50:.3g}, p90 {self.running_p90:.3g}"
+            if self.running_p50 is not None and self.running_p90 is not None
+            else "running requests: no samples"
+        )
+        cached = (
+            f", {self.cached_share:.1%} of prompt tokens cached"
+            if self.cached_share is not None
+            else ""
+        )
+        return (
+            f"served by {self.engine} ({self.kind}) over the last {self.window}, Prometheus at "
+            f"{self.prometheus}: {self.requests:.0f} requests finished "
+            f"({self.rate_per_second:.3g}/s), {running}{cached}; prompt lengths: "
+            f"{self.prompt.source}; output lengths: {self.output.source}; lacks: "
+            + "; ".join(self.lacks)
+        )
+
+    def to_mix_json(self) -> str:
+        """The length-mix file (`llmb-length-mix`, version 1) that `--traffic` reads."""
+        doc = {
+            "kind": MIX_KIND,
+            "version": MIX_VERSION,
+            "prompt_tokens": self.prompt.shape(),
+            "output_tokens": self.output.shape(),
+            "rate_per_second": self.rate_per_second,
+            "concurrency": None if self.concurrency is None else float(self.concurrency),
+            "seed": self.seed,
+            "requests": None,
+            "source": self.source(),
+        }
+        return json.dumps(doc, indent=2) + "\n"
+
+
+def buckets_from_cumulative(
+    cumulative: list[tuple[float, float]],
+) -> tuple[tuple[tuple[float, float], ...], float]:
+    """Per-bucket counts from cumulative (le, count) pairs, and the count above the last
+    finite bound (the +Inf bucket), which is folded into the last finite bucket.
+
+    increase() extrapolates each bucket on its own, so a cumulative count can dip below the
+    one before it by a fraction: such a bucket counts 0. Trailing empty buckets are dropped;
+    leading ones are kept (each bucket starts at the bound before it)."""
+    ordered = sorted(cumulative)
+    out: list[tuple[float, float]] = []
+    before = 0.0
+    above = 0.0
+    for le, count in ordered:
+        weight = max(0.0, count - before)
+        before = max(before, count)
+        if math.isinf(le):
+            above = weight
+        else:
+            out.append((le, weight))
+    if above > _NO_WEIGHT and out:
+        out[-1] = (out[-1][0], out[-1][1] + above)
+    while out and out[-1][1] <= _NO_WEIGHT:
+        out.pop()
+    return tuple(out), above
+
+
+@dataclass(frozen=True)
+class _Reader:
+    """The queries of one engine over one window."""
+
+    prom: Prometheus
+    client: httpx.Client
+    engine: str
+    window: str
+
+    def _sel(self, name: str) -> str:
+        return f"{name}{{engine={label(self.engine)}}}"
+
+    def increase(self, name: str) -> float | None:
+        """The summed increase of a counter over the window (None: no series)."""
+        found = self.prom.query(self.client, f"sum(increase({self._sel(name)}[{self.window}]))")
+        values = [v for _, v in found if math.isfinite(v)]
+        return values[0] if values else None
+
+    def histogram(self, name: str) -> tuple[list[tuple[float, float]], float, float] | None:
+        """Cumulative (le, count) increases, the count and the sum (None: no histogram)."""
+        found = self.prom.query(
+            self.client,
+            f"sum by (le) (increase({self._sel(name + '_bucket')}[{self.window}]))",
+        )
+        cumulative = []
+        for labels, value in found:
+            try:
+                cumulative.append((float(labels.get("le", "nan")), value))
+            except ValueError:
+                continue
+        cumulative = [(le, v) for le, v in cumulative if not math.isnan(le) and math.isfinite(v)]
+        count = self.increase(name + "_count")
+        total = self.increase(name + "_sum")
+        if not cumulative or count is None or total is None:
+            return None
+        return cumulative, count, total
+
+
+def _lengths(
+    reader: _Reader, hist_name: str, total_name: str, requests: float, kind: str, what: str
+) -> tuple[Lengths, bool]:
+    """One distribution: from the histogram when it counted requests, else the mean of the
+    token counter over the finished requests. The flag says it is the mean only."""
+    hist = reader.histogram(hist_name)
+    if hist is not None and hist[1] > _NO_WEIGHT:
+        cumulative, count, total = hist
+        buckets, above = buckets_from_cumulative(cumulative)
+        note = (
+            f" ({above:.0f} above {buckets[-1][0]:.0f} tokens counted in the last bucket)"
+            if above > 0.5 and buckets
+            else ""
+        )
+        source = (
+            f"{hist_name} histogram, {count:.0f} requests, mean {total / count:.1f} tokens{note}"
+        )
+        return Lengths(total / count, buckets, source), False
+    tokens = reader.increase(total_name)
+    if tokens is None:
+        raise ServedMixError(
+            f"served-mix: Prometheus at {reader.prom.url} has no {what} series of "
+            f"{reader.engine!r} ({hist_name} nor {total_name}) in the last {reader.window}"
+        )
+    mean = tokens / requests
+    return Lengths(mean, (), f"{mean_only(kind)} ({mean:.1f} tokens from {total_name})"), True
+
+
+def _engine_kind(reader: _Reader, engine: str | None) -> tuple[str, str]:
+    """The engine to read (the only one when not named) and its kind."""
+    prom, client, window = reader.prom, reader.client, reader.window
+    found = prom.query(client, f"count by (engine, kind) (count_over_time({UP}[{window}]))")
+    kinds = {lab.get("engine", ""): lab.get("kind", "") for lab, _ in found}
+    if not kinds:
+        raise ServedMixError(
+            f"served-mix: Prometheus at {prom.url} has no {UP} samples in the last {window}: "
+            "is it scraping the exporter (job llmb-exporter)? Give a longer --window"
+        )
+    names = ", ".join(sorted(kinds))
+    if engine is None:
+        if len(kinds) > 1:
+            raise ServedMixError(
+                f"served-mix: Prometheus at {prom.url} has samples of several engines "
+                f"({names}): pass --engine NAME"
+            )
+        engine = next(iter(kinds))
+    if engine not in kinds:
+        raise ServedMixError(
+            f"served-mix: Prometheus at {prom.url} has no samples of engine {engine!r} in the "
+            f"last {window}; it has samples of {names}: pass --engine NAME or a longer --window"
+        )
+    return engine, kinds[engine]
+
+
+def window_duration(window: str | float) -> str:
+    """The window as a Prometheus duration: `1h` as given, or seconds (3600 → `3600s`)."""
+    if isinstance(window, str):
+        try:
+            return prom_duration(window)
+        except argparse.ArgumentTypeError as exc:
+            raise ServedMixError(f"served-mix: window: {exc}") from None
+    if not math.isfinite(window) or window < 1:
+        raise ServedMixError(f"served-mix: window: at least 1 second, got {window!r}")
+    return f"{round(window)}s"
+
+
+def served_mix(
+    prometheus_url: str,
+    window: str | float,
+    engine: str | None = None,
+    seed: int = DEFAULT_SEED,
+    timeout: float | None = None,
+) -> ServedMix:
+    """What `engine` (the only engine Prometheus has, when None) served over the last
+    `window` (a Prometheus duration such as `1h`, or seconds); `ServedMixError` (exit 2) when
+    it cannot be read."""
+    window = window_duration(window)
+    seconds = duration_seconds(window)
+    prom = Prometheus(prometheus_url) if timeout is None else Prometheus(prometheus_url, timeout)
+    try:
+        with prom.client() as client:
+            return _read(_Reader(prom, client, engine or "", window), engine, seconds, seed)
+    except PrometheusUnreachable as exc:
+        raise ServedMixError(
+            f"served-mix: {exc}; give the Prometheus that scrapes the exporter"
+        ) from None
+    except QueryError as exc:
+        raise ServedMixError(f"served-mix: {exc}") from None
+
+
+def _read(reader: _Reader, engine: str | None, seconds: float, seed: int) -> ServedMix:
+    name, kind = _engine_kind(reader, engine)
+    reader = _Reader(reader.prom, reader.client, name, reader.window)
+    where = f"Prometheus at {reader.prom.url}"
+    requests = reader.increase(FINISHED)
+    if requests is None:
+        why = NO_REQUEST_COUNT.format(finished=FINISHED)
+        raise ServedMixError(f"served-mix: {name} ({display_name(kind)}) on {where}: {why}")
+    if requests < 0.5:
+        raise ServedMixError(
+            f"served-mix: {name} finished no request in the last {reader.window} ({where}): "
+            "give a window in which it served traffic (--window)"
+        )
+    prompt, prompt_mean_only = _lengths(reader, PROMPT_HIST, PROMPT_TOTAL, requests, kind, "prompt")
+    output, output_mean_only = _lengths(reader, OUTPUT_HIST, OUTPUT_TOTAL, requests, kind, "output")
+    cached = reader.increase(CACHED_TOTAL)
+    prompt_tokens = reader.increase(PROMPT_TOTAL)
+    share = cached / prompt_tokens if cached is not None and prompt_tokens else None
+    p50 = busiest_running(reader.prom, reader.client, name, reader.window, 0.5)
+    p90 = busiest_running(reader.prom, reader.client, name, reader.window, 0.9)
+    lacks = list(ALWAYS_LACKS)
+    if prompt_mean_only or output_mean_only:
+        lacks.insert(0, mean_only(kind))
+    return ServedMix(
+        engine=name,
+        kind=kind,
+        window=reader.window,
+        prometheus=reader.prom.url,
+        prompt=prompt,
+        output=output,
+        requests=requests,
+        rate_per_second=requests / seconds,
+        running_p50=None if p50 is None else p50.value,
+        running_p90=None if p90 is None else p90.value,
+        cached_share=None if share is None else min(1.0, max(0.0, share)),
+        lacks=tuple(lacks),
+        seed=seed,
+    )

@@ -1,0 +1,108 @@
+"""Every surface that shows `card_throttled` or the card's state says it with core/card.py's
+words (issue 32): the CLI answer and the report show `card_sentence`, the alert writes
+`sentence` and the first cause's action as Go templates, the dashboard lists the causes'
+actions, and the verdict's action is the held cause's (`EVIDENCE`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from config.settings import parse_config
+from core import card
+from core.conditions import evaluate
+from core.signals import Signals
+from diagnose.answer import print_answer
+from diagnose.decision.one_engine import decide_single
+from diagnose.evidence import card_evidence
+from diagnose.options import Options
+from diagnose.phase_marks import PhasePublisher
+from diagnose.procedure import Diagnoser
+from diagnose.report.content import metadata_of, metadata_rows
+from tests.paths import ROOT
+from tests.unit.test_card_cause import f16_values
+from tests.unit.test_card_throttled import decide
+
+
+def _diagnoser(tmp_path: Path) -> Diagnoser:
+    cfg = parse_config(
+        {"engines": [{"name": "e", "kind": "llamacpp", "url": "http://127.0.0.1:1"}]},
+        environ={},
+    )
+    d = Diagnoser(cfg.engines[0], Options(), tmp_path, PhasePublisher())
+    # The exporter's last scrape: the enforced limit the sentence names.
+    limit = ("llmb_gpu_power_limit_watts", (("gpu", "0"), ("host", "h")))
+    d.monitor.scrapes.append((1.0, {limit: 700.0}))
+    return d
+
+
+def test_the_answer_and_the_report_show_the_card_sentence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The F16 H200 run: not the cause, and what the card did is beside the verdict."""
+    sig = f16_values(tmp_path).signals
+    expected = card.card_sentence(sig, 700.0)
+    assert expected is not None and "at its stock 700 W power limit" in expected
+    d = _diagnoser(tmp_path)
+    d.result.verdict = evaluate(sig).name
+    card_evidence(d, sig)
+    assert d.result.evidence["card"] == expected
+    print_answer([d.result], decide_single(d.result), tmp_path)
+    assert f"e: {expected}" in capsys.readouterr().out
+    assert ("e: card", expected) in metadata_rows(metadata_of([d.result]))
+
+
+def test_no_busy_sample_adds_no_card_line(tmp_path: Path) -> None:
+    d = _diagnoser(tmp_path)
+    card_evidence(d, Signals())
+    assert "card" not in d.result.evidence
+
+
+def test_the_alert_says_the_core_sentence_and_every_cause_action() -> None:
+    """The generated alerts.yml (`python -m mixin --check` keeps it current)."""
+    doc = yaml.safe_load((ROOT / "prometheus" / "rules" / "alerts.yml").read_text())
+    rules = [r for g in doc["groups"] for r in g["rules"]]
+    (rule,) = [r for r in rules if r.get("alert") == "LLMCardThrottled"]
+    text = rule["annotations"]["description"]
+    # The sentence's own words around its clock, limit and explained share, in order.
+    at = 0
+    for part in card.sentence("\0", "\0", explained="\0", cause=True).split("\0"):
+        at = text.index(part, at) + len(part)
+    assert card.limit_words(None) in text
+    assert card.limit_words("\0").split("\0")[0] in text
+    for _, action in card.cause_actions():
+        assert action in text
+    # First cause that holds wins, as the verdict's action: nested in EVIDENCE's order.
+    positions = [text.index(action) for _, action in card.cause_actions()]
+    assert positions == sorted(positions)
+
+
+def test_the_dashboard_lists_every_cause_action() -> None:
+    doc = json.loads((ROOT / "grafana" / "dashboards" / "gpu-memory.json").read_text())
+
+    def panels(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [q for p in items for q in [p, *panels(p.get("panels", []))]]
+
+    (slowed,) = [p for p in panels(doc["panels"]) if p.get("title") == "Card slowed, per engine"]
+    for label, action in card.cause_actions():
+        assert f"{label}: {action}" in slowed["description"]
+
+
+@pytest.mark.parametrize(
+    ("reading", "label"),
+    [
+        ("power-limit-lowered.json", "power_limit_lowered"),
+        ("reason-hw_power_brake_slowdown.json", "power_brake"),
+        ("reason-sw_thermal_slowdown.json", "thermal"),
+        ("reason-sw_power_cap.json", "power"),
+    ],
+)
+def test_the_verdict_action_is_the_held_cause(tmp_path: Path, reading: str, label: str) -> None:
+    verdict, _ = decide(tmp_path, reading)
+    assert verdict.name == "card_throttled" and verdict.evidence[0] == label
+    assert verdict.action == dict(card.cause_actions())[label]

@@ -1,0 +1,77 @@
+"""The short form of the switch-noise simulation (diagnose/switch_noise.py, the table of
+docs/diagnose.md): compare's own call on synthetic request records with round, wave and
+request noise. Identical engines must not switch in more than 1 run of 40 at --rounds 3, and
+an engine 30 % faster must be called in at least 38 of 40."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from core.stats import resolvable
+from core.thresholds import COMPARE_NOISE_FLOOR, RESOLVABLE_DIFFERENCE
+from diagnose.decision.loads import recommend
+from diagnose.decision.model import STAY, switch_to
+from diagnose.decision.two_engines import CompareInputs, decide_compare
+from diagnose.switch_noise import Noise, outcome, simulated_engine
+
+NOISE = Noise(round=0.03, wave=0.03, request=0.10)
+
+
+def test_identical_engines_switch_in_at_most_1_of_40_runs_at_3_rounds() -> None:
+    got = outcome(0.0, rounds=3, runs=40, noise=NOISE)
+    assert got.switch <= 1 and got.called <= 2, got
+
+
+def test_a_30_percent_faster_engine_switches_in_at_least_38_of_40_runs_at_3_rounds() -> None:
+    got = outcome(0.30, rounds=3, runs=40, noise=NOISE)
+    assert got.switch >= 38 and got.stay_ahead == 0, got
+
+
+def test_one_round_calls_no_difference_below_what_it_can_resolve() -> None:
+    assert resolvable(3) == resolvable(5) == COMPARE_NOISE_FLOOR
+    assert resolvable(1) == RESOLVABLE_DIFFERENCE[1] > resolvable(2) > COMPARE_NOISE_FLOOR
+    # 10 % apart with no noise at all: one round does not call it, three rounds do.
+    quiet = Noise(round=0.0, wave=0.0, request=0.01)
+    assert outcome(0.10, rounds=1, runs=3, noise=quiet).called == 0
+    assert outcome(0.10, rounds=3, runs=3, noise=quiet).switch == 3
+
+
+def test_two_identical_engines_say_stay_at_every_load() -> None:
+    rng = random.Random(1)
+    a, ra = simulated_engine(rng, "a", (1, 4, 8), 3, noise=NOISE)
+    b, rb = simulated_engine(rng, "b", (1, 4, 8), 3, noise=NOISE)
+    d = decide_compare(a, b, CompareInputs(requests={"a": ra, "b": rb}))
+    assert [lv.winner for lv in d.loads] == [None] * 3, d.loads
+    assert d.recommendation == STAY, d.action
+    assert d.action.startswith("stay on a: no difference beyond the noise at c=1, c=4, c=8")
+    # At every load the user may give (measured or between levels): stay, saying where.
+    for load in (1, 2, 4, 8, 32):
+        rec, action = recommend(a, b, d.loads, None, load, None)
+        assert rec == STAY and action.startswith(
+            f"stay on a: no difference beyond the noise at c={load}"
+        )
+
+
+def test_the_whole_request_decides_at_c1() -> None:
+    """A: TTFT 2.0 s at 100 tok/s; B: TTFT 0.2 s at 90 tok/s; 128 tokens. B finishes each
+    request in 0.2 + 127/90 = 1.6 s against A's 2.0 + 127/100 = 3.3 s: B at c=1, though A
+    decodes faster."""
+    rng = random.Random(0)
+    quiet = Noise(round=0.01, wave=0.01, request=0.02)
+    a, ra = simulated_engine(rng, "a", (1,), 3, speed=100.0, ttft=2.0, noise=quiet)
+    b, rb = simulated_engine(rng, "b", (1,), 3, speed=90.0, ttft=0.2, noise=quiet)
+    d = decide_compare(a, b, CompareInputs(requests={"a": ra, "b": rb}, load=1))
+    (lv,) = d.loads
+    assert lv.what == "end-to-end s per request" and lv.winner == "b"
+    assert lv.a == pytest.approx(3.27, rel=0.03) and lv.b == pytest.approx(1.61, rel=0.03)
+    assert lv.lead.startswith("2.0×")
+    # Decode and TTFT beside it: A decodes faster, B starts sooner.
+    assert re.fullmatch(r"decode 10\d vs (89|9\d) tok/s, TTFT 2 vs 0\.2 s", lv.beside), lv.beside
+    assert d.recommendation == switch_to("b")
+    assert f"end-to-end s per request ({lv.beside})" in d.action
+    # Decode alone is still its own step, and says A.
+    decode = next(s for s in d.steps if s.key == "decode")
+    assert "a ahead" in decode.answer
