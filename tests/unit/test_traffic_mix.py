@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 
+from loadgen.served_mix import Lengths, ServedMix
 from loadgen.traffic.mix import LengthDist, LengthMix, MixError
+from loadgen.traffic.spec import load_traffic
 
 MIX = {
     "kind": "llmb-length-mix",
@@ -81,3 +84,29 @@ def test_a_bad_mix_names_its_field(change: dict, words: str) -> None:
 def test_not_json_is_a_mix_error() -> None:
     with pytest.raises(MixError, match="Invalid JSON"):
         LengthMix.from_json("{not json")
+
+
+def test_the_served_mix_file_is_what_traffic_reads(tmp_path: Path) -> None:
+    """`served-mix`'s file (loadgen/served_mix.py) reads back as a LengthMix and replays."""
+    served = ServedMix(
+        engine="sgl",
+        kind="sglang",
+        window="1h",
+        prometheus="http://p:9090",
+        prompt=Lengths(120.0, ((100.0, 4.0), (300.0, 3.0)), "h"),
+        output=Lengths(30.0, (), "mean"),
+        requests=7.0,
+        rate_per_second=2.0,
+        running_p50=1.0,
+        running_p90=1.2,
+        cached_share=0.25,
+        lacks=("x",),
+        seed=7,
+    )
+    mix = LengthMix.from_json(served.to_mix_json())
+    assert mix.prompt_tokens.empirical == ((100, 4.0), (300, 3.0)) and mix.output_tokens.fixed == 30
+    path = tmp_path / "served-mix.json"
+    path.write_text(served.to_mix_json())
+    traffic = load_traffic(str(path), requests=40)
+    assert len(traffic.requests) == 40 and traffic.scheduled and traffic.concurrency == 2
+    assert all(1 <= r.prompt_tokens <= 300 and r.output_tokens == 30 for r in traffic.requests)
