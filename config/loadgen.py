@@ -94,6 +94,10 @@ class LoadgenSettings(BaseModel):
     load_from: str | None = None
     load_window: str | None = None
     load_engine: str | None = None
+    # Your traffic (run): --traffic SPEC, --time-scale, --no-schedule.
+    traffic: str | None = None
+    time_scale: float | None = Field(default=None, gt=0)
+    no_schedule: bool | None = None
     # served-mix: the Prometheus to read and the window (--engine, --out, --seed as above).
     prometheus: str | None = None
     window: str | None = None

@@ -28,6 +28,7 @@ from loadgen.options import (
     add_slo_option,
     add_target_options,
     add_timeout_options,
+    add_traffic_options,
     http_url,
     non_negative_float,
     non_negative_int,
@@ -37,12 +38,14 @@ from loadgen.options import (
 from loadgen.prom_api import prom_duration
 from loadgen.prompts import CACHE_MODES
 from loadgen.resolve import load_config_or_usage, resolve_targets
-from loadgen.scheduler.spec import RunSpec
+from loadgen.scheduler.spec import DEFAULT_REQUESTS, RunSpec
 from loadgen.served_mix import DEFAULT_SEED, served_mix
 from loadgen.session import MetricsPortBusy, SessionOptions, execute
 from loadgen.session import run as run_loop
 from loadgen.sweep import plan_steps, probe_factory
 from loadgen.target import Target
+from loadgen.traffic.model import TrafficError
+from loadgen.traffic.spec import load_traffic
 
 __all__ = [
     "QUIET_LOGGERS",
@@ -313,10 +316,50 @@ def _steps(args: argparse.Namespace, base: RunSpec, grid: bool) -> list[RunSpec]
     return specs
 
 
+def traffic_spec(args: argparse.Namespace, base: RunSpec) -> RunSpec:
+    """The one step of `--traffic`: the replayed requests in `base`, or a UsageError."""
+    clashes = [
+        flag
+        for flag, given in (
+            ("--prompt-file", args.prompt_file is not None),
+            ("--prompt-tokens", getattr(args, "prompt_tokens", None) is not None),
+            ("--rate", getattr(args, "rate", None) is not None),
+            ("--ramp-up", bool(getattr(args, "ramp_up", 0))),
+            ("--workers", getattr(args, "workers", 1) > 1),
+        )
+        if given
+    ]
+    if clashes:
+        raise UsageError(
+            f"--traffic gives the lengths and times; drop {', '.join(clashes)} "
+            "(docs/loadgen.md, 'Your traffic')"
+        )
+    try:
+        traffic = load_traffic(args.traffic, base.requests or DEFAULT_REQUESTS).head(base.requests)
+    except TrafficError as exc:
+        raise UsageError(f"--traffic: {exc}") from None
+    concurrency = getattr(args, "concurrency", None)
+    if concurrency is not None and len(concurrency) > 1:
+        raise UsageError("--traffic runs one step: give one --concurrency value")
+    width = concurrency[0] if concurrency else traffic.concurrency
+    base.traffic, base.prompt_tokens, base.requests = traffic, None, None
+    base.time_scale, base.schedule = args.time_scale, not args.no_schedule
+    # Open loop: --concurrency caps the requests in flight (default 1024); closed: the width.
+    base.concurrency = width if base.open_loop() else width or 1
+    return base
+
+
 def run_command(args: argparse.Namespace) -> int:
     """`run`: one setting (or one per listed value) on one or more engines."""
     targets = resolve_targets(args, load_config_or_usage(args.config))
     base = _base_spec(args, targets)
+    if args.traffic is not None:
+        spec = traffic_spec(args, base)
+        assert spec.traffic is not None
+        args.traffic_mix = spec.traffic.describe()
+        return _finish(args, [spec], "run")
+    if args.time_scale != 1.0 or args.no_schedule:
+        raise UsageError("--time-scale and --no-schedule go with --traffic")
     return _finish(args, _steps(args, base, grid=False), "run")
 
 
@@ -330,6 +373,7 @@ def sweep_command(args: argparse.Namespace) -> int:
 def _configure_run(parser: argparse.ArgumentParser) -> None:
     add_target_options(parser)
     add_load_arguments(parser)
+    add_traffic_options(parser.add_argument_group("traffic (docs/loadgen.md, 'Your traffic')"))
     parser.add_argument(
         "--workers",
         type=positive_int,

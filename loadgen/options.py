@@ -326,6 +326,30 @@ def add_slo_option(parser: Parser, use: str) -> None:
     parser.add_argument("--slo", type=slo_arg, metavar="SPEC", help=f"{_SLO_HELP}: {use}")
 
 
+def add_traffic_options(parser: Parser) -> None:
+    """--traffic SPEC, --time-scale, --no-schedule: replay the user's traffic (docs/loadgen.md,
+    "Your traffic")."""
+    parser.add_argument(
+        "--traffic",
+        metavar="SPEC",
+        help="replay this traffic instead of fixed prompts: a Mooncake trace (.jsonl), an "
+        "Azure trace (.csv), a length-mix file (.json), or mix:..., shared-prefix:..., "
+        "sessions:... (docs/loadgen.md, 'Your traffic')",
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=positive_float,
+        default=1.0,
+        metavar="F",
+        help="--traffic: multiply the schedule's times by F (0.5 replays twice as fast)",
+    )
+    parser.add_argument(
+        "--no-schedule",
+        action="store_true",
+        help="--traffic: ignore arrival times, send as fast as --concurrency allows",
+    )
+
+
 def add_out_option(parser: Parser, required: bool = False) -> None:
     """--out: the output folder."""
     parser.add_argument(
@@ -356,6 +380,7 @@ __all__ = [
     "add_slo_option",
     "add_target_options",
     "add_timeout_options",
+    "add_traffic_options",
     "exporter_url",
     "http_url",
     "int_list",

@@ -155,7 +155,27 @@ BLOCK: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
 BLOCK_WIDTH = 56
 
 
+# --traffic: how the replay kept its schedule and the traffic's lengths (rows that have them).
+TRAFFIC_ITEMS = (
+    ("Send error p99 (ms)", "send_error_p99_s", "ms"),
+    ("Send error worst (ms)", "send_error_max_s", "ms"),
+    ("Late sends (> 5 ms)", "late_sends", "d"),
+    ("Prompts off the traffic's length", "prompt_tokens_off", "d"),
+)
+# A list of distinct lengths longer than this is shown as its range.
+LENGTHS_SHOWN = 6
+
+
+def _lengths(value: Any) -> Any:
+    """Distinct token counts: all of a few, else `min..max (N distinct)`."""
+    if isinstance(value, list) and len(value) > LENGTHS_SHOWN:
+        return f"{value[0]}..{value[-1]} ({len(value)} distinct)"
+    return value
+
+
 def _load_label(row: dict[str, Any]) -> str:
+    if row.get("send_error_p99_s") is not None:
+        return "traffic replayed on its schedule"
     if row.get("rate") is not None:
         cap = row.get("concurrency")
         return f"rate {row['rate']:g} req/s" + (f", at most {cap} in flight" if cap else "")
@@ -170,6 +190,11 @@ def step_block(row: dict[str, Any]) -> list[str]:
         if section:
             lines.append(f" {section} ".center(BLOCK_WIDTH, "-"))
         for label, key, fmt in items:
+            value = _fmt(_lengths(row.get(key)), fmt) or "n/a"
+            lines.append(f"{label + ':':<{BLOCK_WIDTH - 14}}{value:>14}")
+    if any(row.get(key) is not None for _, key, _ in TRAFFIC_ITEMS):
+        lines.append(" Traffic ".center(BLOCK_WIDTH, "-"))
+        for label, key, fmt in TRAFFIC_ITEMS:
             value = _fmt(row.get(key), fmt) or "n/a"
             lines.append(f"{label + ':':<{BLOCK_WIDTH - 14}}{value:>14}")
     errors = row.get("errors") or {}

@@ -49,16 +49,27 @@ class RequestRecord:
     server_predicted_n: int | None
     error: str | None
     error_detail: str | None = None
+    # --traffic only (left out of the line otherwise): the prompt length the traffic asked
+    # for, and the send's lateness against its schedule in seconds (None: not scheduled).
+    prompt_tokens_target: int | None = None
+    send_error_s: float | None = None
     itls: list[float] = field(default_factory=list, repr=False)
 
     def to_json(self) -> str:
         """Serialize, the gaps last (`itls`: an SLO's `itl_pQ` pools them, as vLLM does)."""
         # Not dataclasses.asdict: it deep-copies the gap list, the costliest step per request.
         data = {name: getattr(self, name) for name in _JSON_FIELDS}
+        for name in _TRAFFIC_FIELDS:
+            if data[name] is None:
+                del data[name]
         return orjson.dumps(data).decode()
 
 
 _JSON_FIELDS = tuple(f.name for f in fields(RequestRecord))
+_TRAFFIC_FIELDS = ("prompt_tokens_target", "send_error_s")
+# --traffic: a prompt this many tokens off the asked length is still the traffic's (a chat
+# template can merge one token with the text), but reported; more makes the step invalid.
+PROMPT_TOKENS_TOLERANCE = 1
 
 
 def build_record(
@@ -69,11 +80,14 @@ def build_record(
     index: int,
     max_tokens: int,
     wall_offset: float,
+    prompt_tokens_target: int | None = None,
+    scheduled: float | None = None,
 ) -> RequestRecord:
     """Turn a raw StreamResult into a record; flags `early_stop` when the length is short.
 
     `wall_offset` converts perf_counter stamps to unix time (time.time() - perf_counter()).
-    A result streamed with `parse=False` is parsed here first.
+    A result streamed with `parse=False` is parsed here first. `scheduled` (perf_counter)
+    is when a replay meant to send it: the record keeps how late it went out.
     """
     finish(result)
     times = result.chunk_times
@@ -127,6 +141,8 @@ def build_record(
         server_predicted_n=timings.get("predicted_n"),
         error=error,
         error_detail=detail,
+        prompt_tokens_target=prompt_tokens_target,
+        send_error_s=None if scheduled is None else result.t_send - scheduled,
         itls=itls,
     )
 
@@ -191,13 +207,18 @@ def verify_tokens(by_engine: Mapping[str, Sequence[RequestRecord]], max_tokens: 
     """
     reasons: list[str] = []
     for engine, recs in by_engine.items():
+        traffic = any(r.prompt_tokens_target is not None for r in recs)
         short = [r for r in recs if r.error == EARLY_STOP]
         if short:
             counts = sorted({r.completion_tokens for r in short if r.completion_tokens is not None})
+            asked = "the traffic's output lengths" if traffic else f"max_tokens {max_tokens}"
             reasons.append(
                 f"{engine}: {len(short)} requests stopped early "
-                f"(completion_tokens {counts} != max_tokens {max_tokens})"
+                f"(completion_tokens {counts} != {asked})"
             )
+        if traffic:
+            reasons.extend(_prompt_targets(engine, recs))
+            continue
         prompts = {r.prompt_tokens for r in recs if r.prompt_tokens is not None}
         if len(prompts) > 1:
             reasons.append(f"{engine}: prompt_tokens differ between requests: {sorted(prompts)}")
@@ -225,3 +246,24 @@ def verify_tokens(by_engine: Mapping[str, Sequence[RequestRecord]], max_tokens: 
             elif not common:
                 reasons.append(f"{first} vs {other}: no request completed on both engines")
     return reasons
+
+
+def prompt_tokens_off(record: RequestRecord) -> int | None:
+    """--traffic: the engine's prompt tokens less the traffic's (None: not known)."""
+    if record.prompt_tokens is None or record.prompt_tokens_target is None:
+        return None
+    return record.prompt_tokens - record.prompt_tokens_target
+
+
+def _prompt_targets(engine: str, recs: Sequence[RequestRecord]) -> list[str]:
+    """The requests whose prompt is further than the tolerance from the traffic's length."""
+    off = [(r, d) for r in recs if (d := prompt_tokens_off(r)) is not None]
+    bad = [(r, d) for r, d in off if abs(d) > PROMPT_TOKENS_TOLERANCE]
+    if not bad:
+        return []
+    r, d = bad[0]
+    return [
+        f"{engine}: {len(bad)} of {len(off)} requests' prompt_tokens differ from the traffic's "
+        f"by more than {PROMPT_TOKENS_TOLERANCE} (e.g. request {r.index}: {r.prompt_tokens} "
+        f"for {r.prompt_tokens_target}, {d:+d})"
+    ]

@@ -13,6 +13,10 @@ from loadgen.results import JsonlWriter, RequestRecord
 from loadgen.scheduler.progress import Progress
 from loadgen.summary import ServerFigures
 from loadgen.target import Target
+from loadgen.traffic.prompts import TrafficPrompts
+
+# A step's prompts: the fixed prompt of a length, or a traffic's prompts per request.
+Prompts = PromptSet | TrafficPrompts
 
 
 class Probe(Protocol):
@@ -43,7 +47,7 @@ class RunContext:
         self.writer = JsonlWriter(out_dir / "requests.jsonl") if out_dir else None
         self.stop = asyncio.Event()
         # (prompt_tokens, cache, endpoint) -> the calibrated set.
-        self.prompts: dict[tuple[int | None, str, str], PromptSet] = {}
+        self.prompts: dict[tuple[int | None, str, str], Prompts] = {}
 
     def record(self, record: RequestRecord) -> None:
         """Persist and publish one finished request."""

@@ -9,17 +9,18 @@ import logging
 import random
 import time
 from asyncio import FIRST_COMPLETED
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypedDict
 from urllib.parse import urlsplit
 
 from loadgen.client import StreamClient, StreamResult, finish
 from loadgen.outcomes import CANCELLED, CONNECT, EARLY_STOP, INTERRUPTED, TIMEOUT
-from loadgen.prompts import PromptSet
 from loadgen.results import RequestRecord, build_record
-from loadgen.scheduler.context import RunContext
+from loadgen.scheduler.context import Prompts, RunContext
 from loadgen.scheduler.pacing import quiet_gc
+from loadgen.scheduler.replay import Sender, replay_closed, replay_scheduled
 from loadgen.scheduler.spec import RunSpec
+from loadgen.traffic.prompts import TrafficPrompts
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,8 @@ class _Meta(TypedDict):
     index: int
     max_tokens: int
     wall_offset: float
+    prompt_tokens_target: int | None
+    scheduled: float | None
 
 
 # The error share (`max_error_share`) is judged only once this many requests finished, so one
@@ -90,7 +93,7 @@ class EnginePhase:
         ctx: RunContext,
         spec: RunSpec,
         client: StreamClient,
-        prompts: PromptSet,
+        prompts: Prompts,
         step: int,
         measured: bool,
     ):
@@ -112,6 +115,11 @@ class EnginePhase:
         self._pending: collections.deque[tuple[int, StreamResult]] = collections.deque()
         self._wake = asyncio.Event()
         self.build = client.body_builder(spec.request_params())
+        # --traffic: the lengths per request, a body builder per output length, and when
+        # the replay meant each request to go out (index -> perf_counter).
+        self.traffic = prompts if isinstance(prompts, TrafficPrompts) else None
+        self._builders: dict[int, Callable[[str], bytes]] = {}
+        self.due: dict[int, float] = {}
         self.wall_offset = time.time() - time.perf_counter()
         # Resolved once: labels() takes a lock and builds a key on every call.
         self.gauge = ctx.metrics.in_flight.labels(self.engine) if ctx.metrics else None
@@ -137,7 +145,24 @@ class EnginePhase:
     def _body(self, index: int) -> bytes:
         """The request body of (global) prompt index `index`."""
         text = self.prompts.text(index) if self.measured else self.prompts.warmup_text(index)
-        return self.build(text)
+        if self.traffic is None:
+            return self.build(text)
+        out = self.traffic.output_tokens(index)
+        build = self._builders.get(out)
+        if build is None:
+            params = self.spec.request_params() | {"max_tokens": out}
+            build = self._builders[out] = self.client.body_builder(params)
+        return build(text)
+
+    def may_send(self) -> bool:
+        """Whether a replay may still send (not stopped, aborted or past the duration)."""
+        if self.ctx.stop.is_set() or self.aborted.is_set():
+            return False
+        return self.deadline is None or time.perf_counter() < self.deadline
+
+    def sent_to(self, index: int) -> None:
+        """A replay sends request `index` now: bodies are built ahead from there."""
+        self.next_index = max(self.next_index, index + 1)
 
     def prebuild(self, until: float | None = None) -> None:
         """Build ahead the bodies of the next requests to send (see PREBUILT_PER_SLOT).
@@ -295,12 +320,17 @@ class EnginePhase:
             self.aborted.set()
 
     def _meta(self, index: int) -> _Meta:
+        traffic = self.traffic
         return {
             "engine": self.engine,
             "step": self.step,
             "index": index,
-            "max_tokens": self.spec.max_tokens,
+            "max_tokens": self.spec.max_tokens if traffic is None else traffic.output_tokens(index),
             "wall_offset": self.wall_offset,
+            "prompt_tokens_target": None
+            if traffic is None
+            else traffic.traffic.requests[index].prompt_tokens,
+            "scheduled": self.due.get(index),
         }
 
     def _keep(self, record: RequestRecord) -> None:
@@ -321,9 +351,12 @@ class EnginePhase:
         if self.measured and self.spec.duration is not None:
             self.deadline = t0 + self.spec.duration
         limit = self.spec.phase_deadline(self.measured)
-        if self.spec.rate is None:
+        body: Awaitable[Any]
+        if self.traffic is not None and self.measured:
+            body = self._replay(self.traffic)
+        elif self.spec.rate is None:
             workers = max(1, self.spec.concurrency or 1)
-            body: Awaitable[Any] = asyncio.gather(*(self._worker(i) for i in range(workers)))
+            body = asyncio.gather(*(self._worker(i) for i in range(workers)))
         else:
             body = self._open_loop(self.spec.rate)
         recorder = asyncio.create_task(self._recorder())
@@ -341,6 +374,14 @@ class EnginePhase:
                     await task
             self._drain()
         return time.perf_counter() - t0
+
+    def _replay(self, prompts: TrafficPrompts) -> Awaitable[None]:
+        sender = Sender(self.one, self.may_send, self.sent_to, self.due)
+        if self.spec.open_loop():
+            cap = self.spec.pool_size()
+            # The schedule's clock starts when the replay does (after quiet_gc's collection).
+            return replay_scheduled(prompts.traffic, sender, self.spec.time_scale, cap)
+        return replay_closed(prompts.traffic, sender, self.spec.concurrency or 1)
 
     async def _watch(self) -> None:
         """Abort when the engine went silent and refuses connections (see SILENT_S)."""

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loadgen.target import Target
+from loadgen.traffic.model import Traffic
 
 DEFAULT_REQUESTS = 32
 OPEN_LOOP_MAX_IN_FLIGHT = 1024
@@ -47,6 +48,18 @@ class RunSpec:
     # first start, so the shares' ramps interleave.
     arrival_seed: int | None = None
     arrival_offset: float = 0.0
+    # --traffic: the requests to replay (prompt and output lengths per request, arrival
+    # times), `time_scale` stretching the schedule, `schedule=False` (--no-schedule) sending
+    # them as fast as `concurrency` allows.
+    traffic: Traffic | None = None
+    time_scale: float = 1.0
+    schedule: bool = True
+
+    def open_loop(self) -> bool:
+        """Requests start on a clock (a rate, a replayed schedule), not when others end."""
+        if self.traffic is not None:
+            return self.schedule and self.traffic.scheduled
+        return self.rate is not None
 
     def request_params(self) -> dict[str, Any]:
         """Sampling parameters sent with every request (output length exact, deterministic)."""
@@ -63,13 +76,13 @@ class RunSpec:
 
     def pool_size(self) -> int:
         """Connections to pre-open: one per request that can be in flight."""
-        if self.rate is None:
+        if not self.open_loop():
             return max(1, self.concurrency or 1)
         return max(1, min(self.concurrency or OPEN_LOOP_MAX_IN_FLIGHT, OPEN_LOOP_MAX_IN_FLIGHT))
 
     def preopen_count(self) -> int:
         """Connections worth opening before a phase (open loop: the in-flight count is unknown)."""
-        return self.pool_size() if self.rate is None else min(self.pool_size(), 64)
+        return self.pool_size() if not self.open_loop() else min(self.pool_size(), 64)
 
     def phase_deadline(self, measured: bool = True) -> float:
         """Seconds one engine's phase may take before it is cut, whatever the engine does.
@@ -82,12 +95,25 @@ class RunSpec:
             return self.step_timeout
         if measured and self.duration is not None:
             return self.duration + self.timeout + self.connect_timeout
+        if measured and self.traffic is not None:
+            return self._replay_deadline(self.traffic)
         count = (self.request_limit() if measured else self.warmup) or 1
         if self.rate is not None:
             # Arrivals alone take count / rate; the last request then has its own timeout.
             return count / self.rate + self.timeout + self.connect_timeout
         waves = -(-count // max(1, self.concurrency or 1))
         return self.ramp_up + waves * (self.timeout + self.connect_timeout)
+
+    def _replay_deadline(self, traffic: Traffic) -> float:
+        """A replay's worst case: its schedule, then every turn of the longest session (or,
+        closed, every wave) bounded by `timeout` and think time."""
+        per = self.timeout + self.connect_timeout
+        turns = max((len(t) for t in traffic.sessions().values()), default=1)
+        think = max(r.think_s for r in traffic.requests) * self.time_scale
+        if self.open_loop():
+            return traffic.span_s() * self.time_scale + turns * (per + think)
+        waves = -(-len(traffic.requests) // max(1, self.concurrency or 1))
+        return (waves + turns) * per
 
     def start_delay(self, slot: int) -> float:
         """Closed loop: seconds before worker `slot` (0-based) sends its first request."""
@@ -97,6 +123,8 @@ class RunSpec:
 
     def request_limit(self) -> int | None:
         """Measured requests to send (None: until `duration`)."""
+        if self.traffic is not None:
+            return len(self.traffic.requests)
         if self.requests is None and self.duration is None:
             return DEFAULT_REQUESTS
         return self.requests

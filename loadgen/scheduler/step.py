@@ -11,10 +11,9 @@ from typing import Any
 
 from loadgen.client import StreamClient
 from loadgen.metrics import StepStart
-from loadgen.prompts import PromptSet
 from loadgen.results import RequestRecord, step_reasons
 from loadgen.scheduler.calibration import calibrate_within
-from loadgen.scheduler.context import RunContext
+from loadgen.scheduler.context import Prompts, RunContext
 from loadgen.scheduler.phase import ABORT_INTERRUPTED, EnginePhase
 from loadgen.scheduler.spec import RunSpec
 from loadgen.summary import StepResult, StepSummary, engine_summary, mark_validity
@@ -49,7 +48,7 @@ async def _wait_or_stop(awaitable: Awaitable[Any], stop: asyncio.Event) -> bool:
 
 
 async def _warm_up(
-    ctx: RunContext, spec: RunSpec, client: StreamClient, prompts: PromptSet, step: int
+    ctx: RunContext, spec: RunSpec, client: StreamClient, prompts: Prompts, step: int
 ) -> _Turn | None:
     """The warm-up requests; a turn when they ended the step (stopped or aborted)."""
     if not spec.warmup:
@@ -67,7 +66,7 @@ async def _measure(
     ctx: RunContext,
     spec: RunSpec,
     client: StreamClient,
-    prompts: PromptSet,
+    prompts: Prompts,
     step: int,
     metrics_ptokens: int | None,
 ) -> _Turn:
@@ -109,7 +108,7 @@ async def run_step(
     """
     summaries: list[StepSummary] = []
     by_engine: dict[str, list[RequestRecord]] = {}
-    prompts: PromptSet | None = None
+    prompts: Prompts | None = None
     interrupted = False
     abort_reason: str | None = None
     for target in spec.targets:

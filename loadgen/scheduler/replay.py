@@ -1,0 +1,129 @@
+"""Replaying a traffic (`--traffic`): on its schedule, or as fast as the concurrency allows.
+
+On the schedule (open loop) every request goes out at its own time, `time_scale` times its
+offset from the phase start, whatever the answers do: nothing waits for an answer but the
+next turn of a session, sent `think_s` after the answer to the one before (and not before its
+own offset). A send that cannot keep its time (the in-flight cap is full, the loop was busy)
+goes out late, and the record keeps how late: the schedule is never shifted to hide it.
+Without the schedule, `concurrency` workers take the requests in order, a session's turns
+one after another by one worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from loadgen.traffic.model import Traffic
+
+# The schedule's clock starts this long after the replay does, so the first sends are not
+# late by the time it takes to set the replay up.
+START_LEAD_S = 0.02
+
+
+@dataclass
+class Sender:
+    """What the replay needs of its phase: send one request, may it still send, and the
+    schedule it records (`due[index]`, perf_counter)."""
+
+    send: Callable[[int], Awaitable[None]]
+    may_send: Callable[[], bool]
+    sent_to: Callable[[int], None]
+    due: dict[int, float]
+
+
+def _units(traffic: Traffic) -> list[list[int]]:
+    """The request indexes in send order: a single request, or a session's turns."""
+    firsts: dict[int, list[int]] = {}
+    in_session: set[int] = set()
+    for indexes in traffic.sessions().values():
+        firsts[indexes[0]] = indexes
+        in_session.update(indexes)
+    out = []
+    for index in range(len(traffic.requests)):
+        if index in firsts:
+            out.append(firsts[index])
+        elif index not in in_session:
+            out.append([index])
+    out.sort(key=lambda unit: traffic.requests[unit[0]].at_s)
+    return out
+
+
+async def _sleep_until(when: float) -> None:
+    # Again until the time has come: uvloop's timers count whole milliseconds and may wake
+    # up to one early (a send before its time is as wrong as a late one).
+    for _ in range(4):
+        delay = when - time.perf_counter()
+        if delay <= 0:
+            return
+        await asyncio.sleep(delay)
+
+
+async def replay_scheduled(
+    traffic: Traffic, sender: Sender, scale: float, cap_size: int, start: float | None = None
+) -> None:
+    """Send every request of `traffic` at its time (see the module's docstring)."""
+    t0 = (start if start is not None else time.perf_counter()) + START_LEAD_S
+    cap = asyncio.Semaphore(cap_size)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def one(index: int) -> None:
+        try:
+            await sender.send(index)
+        finally:
+            cap.release()
+
+    async def session(indexes: list[int]) -> None:
+        for turn, index in enumerate(indexes):
+            req = traffic.requests[index]
+            due = t0 + req.at_s * scale
+            if turn:
+                due = max(due, time.perf_counter() + req.think_s * scale)
+                await _sleep_until(due)
+                if not sender.may_send():
+                    return
+                await cap.acquire()
+            sender.due[index] = due
+            sender.sent_to(index)
+            await one(index)
+
+    try:
+        for unit in _units(traffic):
+            first = unit[0]
+            await _sleep_until(t0 + traffic.requests[first].at_s * scale)
+            if not sender.may_send():
+                break
+            # At the cap the send waits, and goes out late (counted), never silently shifted.
+            await cap.acquire()
+            if len(unit) == 1:
+                sender.due[first] = t0 + traffic.requests[first].at_s * scale
+                sender.sent_to(first)
+                task = asyncio.create_task(one(first))
+            else:
+                task = asyncio.create_task(session(unit))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def replay_closed(traffic: Traffic, sender: Sender, workers: int) -> None:
+    """`workers` at a time, in the traffic's order; a session's turns one after another."""
+    units = iter(_units(traffic))
+
+    async def worker() -> None:
+        for unit in units:
+            for index in unit:
+                if not sender.may_send():
+                    return
+                sender.sent_to(index)
+                await sender.send(index)
+
+    await asyncio.gather(*(worker() for _ in range(max(1, workers))))

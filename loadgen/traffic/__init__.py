@@ -1,0 +1,1 @@
+"""Traffic sources (`--traffic SPEC`): traces, length mixes, shared prefixes, sessions."""
