@@ -98,6 +98,10 @@ class LoadgenSettings(BaseModel):
     traffic: str | None = None
     time_scale: float | None = Field(default=None, gt=0)
     no_schedule: bool | None = None
+    # The served mix as the traffic (run): --traffic-from, --traffic-window, --traffic-engine.
+    traffic_from: str | None = None
+    traffic_window: str | None = None
+    traffic_engine: str | None = None
     # served-mix: the Prometheus to read and the window (--engine, --out, --seed as above).
     prometheus: str | None = None
     window: str | None = None

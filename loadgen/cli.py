@@ -45,7 +45,7 @@ from loadgen.session import run as run_loop
 from loadgen.sweep import plan_steps, probe_factory
 from loadgen.target import Target
 from loadgen.traffic.model import TrafficError
-from loadgen.traffic.spec import load_traffic
+from loadgen.traffic.spec import load_traffic, served_traffic
 
 __all__ = [
     "QUIET_LOGGERS",
@@ -317,10 +317,12 @@ def _steps(args: argparse.Namespace, base: RunSpec, grid: bool) -> list[RunSpec]
 
 
 def traffic_spec(args: argparse.Namespace, base: RunSpec) -> RunSpec:
-    """The one step of `--traffic`: the replayed requests in `base`, or a UsageError."""
+    """The one step of `--traffic` or `--traffic-from`: the replayed requests in `base`, or a
+    UsageError."""
+    flag = "--traffic-from" if args.traffic_from else "--traffic"
     clashes = [
-        flag
-        for flag, given in (
+        name
+        for name, given in (
             ("--prompt-file", args.prompt_file is not None),
             ("--prompt-tokens", getattr(args, "prompt_tokens", None) is not None),
             ("--rate", getattr(args, "rate", None) is not None),
@@ -331,13 +333,19 @@ def traffic_spec(args: argparse.Namespace, base: RunSpec) -> RunSpec:
     ]
     if clashes:
         raise UsageError(
-            f"--traffic gives the lengths and times; drop {', '.join(clashes)} "
+            f"{flag} gives the lengths and times; drop {', '.join(clashes)} "
             "(docs/loadgen.md, 'Your traffic')"
         )
+    count = base.requests or DEFAULT_REQUESTS
     try:
-        traffic = load_traffic(args.traffic, base.requests or DEFAULT_REQUESTS).head(base.requests)
+        if args.traffic_from:
+            window, engine = args.traffic_window, args.traffic_engine
+            found = served_traffic(args.traffic_from, window, engine, count)
+        else:
+            found = load_traffic(args.traffic, count)
     except TrafficError as exc:
-        raise UsageError(f"--traffic: {exc}") from None
+        raise UsageError(f"{flag}: {exc}") from None
+    traffic = found.head(base.requests)
     concurrency = getattr(args, "concurrency", None)
     if concurrency is not None and len(concurrency) > 1:
         raise UsageError("--traffic runs one step: give one --concurrency value")
@@ -353,7 +361,11 @@ def run_command(args: argparse.Namespace) -> int:
     """`run`: one setting (or one per listed value) on one or more engines."""
     targets = resolve_targets(args, load_config_or_usage(args.config))
     base = _base_spec(args, targets)
-    if args.traffic is not None:
+    if args.traffic is not None and args.traffic_from is not None:
+        raise UsageError("--traffic or --traffic-from (the served mix), not both")
+    if args.traffic_engine is not None and args.traffic_from is None:
+        raise UsageError("--traffic-engine goes with --traffic-from")
+    if args.traffic is not None or args.traffic_from is not None:
         spec = traffic_spec(args, base)
         assert spec.traffic is not None
         args.traffic_mix = spec.traffic.describe()
@@ -440,7 +452,7 @@ def served_mix_command(args: argparse.Namespace) -> int:
         raise UsageError("served-mix reads one engine: give --engine once")
     engine = args.engine[0] if args.engine else None
     mix = served_mix(args.prometheus, args.window, engine, seed=args.seed)
-    text = mix.to_mix_json()
+    text = mix.length_mix().to_json()
     lines = [f"served mix of {mix.engine} ({mix.kind}) over the last {mix.window}"]
     for what, lengths in (("prompt", mix.prompt), ("output", mix.output)):
         lines.append(f"  {what:<7} mean {lengths.mean:.1f} tokens: {lengths.source}")

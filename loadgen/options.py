@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from config.kinds import GENERIC, target_kinds
 from config.settings import config_file_from_env
 from core.slo import Slo, parse_slo
+from loadgen.prom_api import prom_duration
 
 N = TypeVar("N", int, float)
 # Where an option is added: a parser or one of its argument groups.
@@ -347,6 +348,27 @@ def add_traffic_options(parser: Parser) -> None:
         "--no-schedule",
         action="store_true",
         help="--traffic: ignore arrival times, send as fast as --concurrency allows",
+    )
+    parser.add_argument(
+        "--traffic-from",
+        type=http_url,
+        metavar="PROMETHEUS_URL",
+        help="replay what the engine served, read from the Prometheus that scrapes the "
+        "exporter: its length mix at its arrival rate (docs/loadgen.md, 'The served mix from "
+        "your Prometheus'); not with --traffic",
+    )
+    parser.add_argument(
+        "--traffic-window",
+        type=prom_duration,
+        default="1h",
+        metavar="DURATION",
+        help="--traffic-from: what was served over the last DURATION (30m, 1h, 1d)",
+    )
+    parser.add_argument(
+        "--traffic-engine",
+        metavar="NAME",
+        help="--traffic-from: the engine's engine label in Prometheus (default: the only "
+        "engine it has samples of)",
     )
 
 

@@ -3,8 +3,8 @@
 `served_mix(url, window, engine=...)` asks the Prometheus that scrapes the exporter for one
 engine's series over the last `window` and returns a `ServedMix`: the prompt and output length
 distributions, the arrival rate and the running load, with what the engine's series cannot
-tell. `ServedMix.to_mix_json()` writes it as a length-mix file (`llmb-length-mix`, version 1)
-that `--traffic` replays.
+tell. `ServedMix.length_mix()` is it as a `LengthMix` (loadgen/traffic/mix.py, the one owner of
+the `llmb-length-mix` file): `served-mix` writes it, `run --traffic-from` replays it.
 
 What each engine gives (docs/loadgen.md "The served mix from your Prometheus"):
 - SGLang: per-request histograms of prompt and output lengths
@@ -23,10 +23,8 @@ is `--load-from`'s load: `busiest_running` and `round_load` are shared with it).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
@@ -40,6 +38,7 @@ from loadgen.prom_api import (
     label,
     prom_duration,
 )
+from loadgen.traffic.mix import KIND, LengthDist, LengthMix
 
 RUNNING = "llmb_engine_requests_running"
 UP = "llmb_engine_up"
@@ -49,8 +48,7 @@ CACHED_TOTAL = "llmb_engine_prompt_tokens_cached_total"
 OUTPUT_TOTAL = "llmb_engine_generation_tokens_total"
 PROMPT_HIST = "llmb_engine_request_prompt_tokens"
 OUTPUT_HIST = "llmb_engine_request_generation_tokens"
-MIX_KIND = "llmb-length-mix"
-MIX_VERSION = 1
+MIX_KIND = KIND
 DEFAULT_SEED = 1234
 # A p90 of 12.0000001 is 12 requests, not 13 (float noise of the interpolation).
 _ROUND_SLACK = 1e-6
@@ -148,20 +146,16 @@ class Lengths:
     buckets: tuple[tuple[float, float], ...]
     source: str
 
-    def shape(self) -> dict[str, Any]:
-        """The length-mix shape: `empirical` buckets, or `fixed` at the mean."""
+    def dist(self) -> LengthDist:
+        """The length-mix distribution: `empirical` buckets, or `fixed` at the mean."""
         if self.buckets:
-            return {"empirical": [[_number(ub), round(w, 3)] for ub, w in self.buckets]}
-        return {"fixed": max(1, round(self.mean))}
-
-
-def _number(value: float) -> float | int:
-    return int(value) if value.is_integer() else value
+            return LengthDist(empirical=tuple((ub, round(w, 3)) for ub, w in self.buckets))
+        return LengthDist(fixed=max(1, round(self.mean)))
 
 
 @dataclass(frozen=True)
 class ServedMix:
-    """What one engine served over a window, as a length mix and a rate (`to_mix_json`)."""
+    """What one engine served over a window, as a length mix and a rate (`length_mix`)."""
 
     engine: str
     kind: str
@@ -202,20 +196,21 @@ class ServedMix:
             + "; ".join(self.lacks)
         )
 
-    def to_mix_json(self) -> str:
-        """The length-mix file (`llmb-length-mix`, version 1) that `--traffic` reads."""
-        doc = {
-            "kind": MIX_KIND,
-            "version": MIX_VERSION,
-            "prompt_tokens": self.prompt.shape(),
-            "output_tokens": self.output.shape(),
-            "rate_per_second": self.rate_per_second,
-            "concurrency": None if self.concurrency is None else float(self.concurrency),
-            "seed": self.seed,
-            "requests": None,
-            "source": self.source(),
-        }
-        return json.dumps(doc, indent=2) + "\n"
+    def length_mix(self) -> LengthMix:
+        """The served mix as a length mix: what `served-mix` writes and `--traffic-from`
+        replays (a histogram bucket past the mix's bounds is a ServedMixError)."""
+        try:
+            return LengthMix(
+                prompt_tokens=self.prompt.dist(),
+                output_tokens=self.output.dist(),
+                rate_per_second=self.rate_per_second,
+                concurrency=None if self.concurrency is None else float(self.concurrency),
+                seed=self.seed,
+                requests=None,
+                source=self.source(),
+            )
+        except ValueError as exc:
+            raise ServedMixError(f"served-mix: not a length mix: {exc}") from None
 
 
 def buckets_from_cumulative(

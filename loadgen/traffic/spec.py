@@ -11,6 +11,9 @@ A length distribution D is `fixed:N`, `uniform:LO:HI`, `normal:MEAN:SD`,
 `lognormal:MEDIAN:SIGMA` (the median in tokens, sigma of the natural log; the mix file's
 `lognormal` is [mu, sigma] with mu = ln(median)) or `empirical:B1=W1/B2=W2/...` (bucket upper
 bounds and weights).
+
+`--traffic-from PROMETHEUS_URL` (`served_traffic`) is the served mix (loadgen/served_mix.py)
+replayed as a length mix: the same Traffic a `.json` mix file gives.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from loadgen.served_mix import ServedMixError, served_mix
 from loadgen.traffic.mix import MAX_TOKENS, LengthDist, LengthMix, MixError
 from loadgen.traffic.model import Traffic, TrafficError
 from loadgen.traffic.synth import from_mix, sessions, shared_prefix
@@ -203,3 +207,18 @@ def load_traffic(text: str, requests: int | None = None) -> Traffic:
             return _shared(body, text)
         return _sessions(body, text)
     return _from_file(Path(text), requests)
+
+
+def served_traffic(
+    prometheus_url: str, window: str, engine: str | None, requests: int | None = None
+) -> Traffic:
+    """The traffic of `--traffic-from URL --traffic-window W [--traffic-engine NAME]`: what
+    the engine served over the window, drawn as a length mix at the served arrival rate
+    (`requests`: --requests); a TrafficError says what is wrong."""
+    try:
+        served = served_mix(prometheus_url, window, engine)
+        mix = served.length_mix()
+    except ServedMixError as exc:
+        raise TrafficError(str(exc).removeprefix("served-mix: ")) from None
+    name = f"served mix of {served.engine} over the last {served.window} ({prometheus_url})"
+    return from_mix(mix, name, requests)

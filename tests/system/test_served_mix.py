@@ -111,7 +111,9 @@ def mix_of_run(
             code = main(["served-mix", "--prometheus", recorder.url, "--window", WINDOW,
                          "--engine", engine, "--out", str(out)])  # fmt: skip
             assert code == 0
-            same_mix(json.loads(out.read_text(encoding="utf-8")), json.loads(mix.to_mix_json()))
+            same_mix(
+                json.loads(out.read_text(encoding="utf-8")), json.loads(mix.length_mix().to_json())
+            )
     finally:
         stop_process(prom.process)
     capture(engine, recorder, runs, records)
@@ -166,7 +168,7 @@ def check_counts(mix: ServedMix, records: list[dict[str, Any]]) -> None:
     assert mix.running_p50 is not None and mix.running_p90 is not None
     assert 0 <= mix.running_p50 <= mix.running_p90 <= 2
     assert mix.concurrency == max(1, -int(-mix.running_p90 // 1))
-    doc = json.loads(mix.to_mix_json())
+    doc = json.loads(mix.length_mix().to_json())
     assert (doc["kind"], doc["version"], doc["requests"]) == ("llmb-length-mix", 1, None)
     assert doc["rate_per_second"] == mix.rate_per_second
     assert doc["concurrency"] == float(mix.concurrency or 0)
@@ -197,7 +199,7 @@ def test_sglang_served_mix_is_the_runs_lengths(
         assert got == pytest.approx(want, abs=0.03), (key, got, want)
     # Two prompt buckets (<=100 and 100-300 tokens) and two output buckets (<=100, 100-300).
     assert len(mix.prompt.buckets) == len(mix.output.buckets) == 2
-    doc = json.loads(mix.to_mix_json())
+    doc = json.loads(mix.length_mix().to_json())
     assert doc["prompt_tokens"]["empirical"] == [[ub, round(w, 3)] for ub, w in mix.prompt.buckets]
     assert not any("mean length" in item for item in mix.lacks)
 
@@ -217,9 +219,9 @@ def test_llamacpp_served_mix_is_the_runs_mean_lengths(
     for lengths, key in ((mix.prompt, "prompt_tokens"), (mix.output, "completion_tokens")):
         mean = statistics.fmean(r[key] for r in records)
         assert lengths.mean == pytest.approx(mean, rel=0.03), key
-        assert lengths.buckets == () and lengths.shape() == {"fixed": round(lengths.mean)}
+        assert lengths.buckets == () and lengths.dist().to_obj() == {"fixed": round(lengths.mean)}
     assert mix.lacks[0] == (
         "llama.cpp exports only totals (no llmb_engine_request_prompt_tokens): "
         "the mix is the mean length"
     )
-    assert "llama.cpp exports only totals" in json.loads(mix.to_mix_json())["source"]
+    assert "llama.cpp exports only totals" in json.loads(mix.length_mix().to_json())["source"]

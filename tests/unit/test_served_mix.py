@@ -100,9 +100,9 @@ def test_the_window_is_a_duration_or_seconds() -> None:
 
 def test_lengths_shape_is_empirical_or_fixed_at_the_mean() -> None:
     hist = Lengths(57.3, ((100.0, 4.0), (300.0, 3.0004)), "h")
-    assert hist.shape() == {"empirical": [[100, 4.0], [300, 3.0]]}
-    assert Lengths(57.5, (), "m").shape() == {"fixed": 58}
-    assert Lengths(0.2, (), "m").shape() == {"fixed": 1}
+    assert hist.dist().to_obj() == {"empirical": [[100, 4.0], [300, 3.0]]}
+    assert Lengths(57.5, (), "m").dist().to_obj() == {"fixed": 58}
+    assert Lengths(0.2, (), "m").dist().to_obj() == {"fixed": 1}
 
 
 def test_the_mix_file_has_exactly_the_contracts_fields() -> None:
@@ -121,7 +121,7 @@ def test_the_mix_file_has_exactly_the_contracts_fields() -> None:
         lacks=("x",),
         seed=7,
     )
-    doc = json.loads(mix.to_mix_json())
+    doc = json.loads(mix.length_mix().to_json())
     assert set(doc) == MIX_KEYS
     assert (doc["kind"], doc["version"], doc["seed"], doc["requests"]) == (MIX_KIND, 1, 7, None)
     assert doc["prompt_tokens"] == {"empirical": [[100, 4.0], [300, 3.0]]}
@@ -165,7 +165,7 @@ def test_served_mix_command_writes_the_file_and_the_summary(tmp_path: Path, caps
         assert main([*args, "--engine", run["engine"], "--seed", "9"]) == 0
         piped = capsys.readouterr()
     doc = json.loads(out.read_text(encoding="utf-8"))
-    assert doc == json.loads(mix.to_mix_json()) == json.loads(piped.out)
+    assert doc == json.loads(mix.length_mix().to_json()) == json.loads(piped.out)
     assert set(doc) == MIX_KEYS and doc["seed"] == 9
     assert "empirical" in doc["prompt_tokens"] and "empirical" in doc["output_tokens"]
     assert f"served mix of {run['engine']} (sglang) over the last {run['window']}" in printed
@@ -183,7 +183,7 @@ def test_llamacpp_mix_from_real_answers_is_the_mean_and_says_so() -> None:
     for got, column in ((mix.prompt, 0), (mix.output, 1)):
         mean = statistics.fmean(pair[column] for pair in lengths)
         assert got.mean == pytest.approx(mean, rel=0.03)
-        assert got.buckets == () and got.shape() == {"fixed": round(got.mean)}
+        assert got.buckets == () and got.dist().to_obj() == {"fixed": round(got.mean)}
     assert mix.lacks[0] == (
         "llama.cpp exports only totals (no llmb_engine_request_prompt_tokens): "
         "the mix is the mean length"

@@ -103,10 +103,10 @@ def test_the_served_mix_file_is_what_traffic_reads(tmp_path: Path) -> None:
         lacks=("x",),
         seed=7,
     )
-    mix = LengthMix.from_json(served.to_mix_json())
+    mix = LengthMix.from_json(served.length_mix().to_json())
     assert mix.prompt_tokens.empirical == ((100, 4.0), (300, 3.0)) and mix.output_tokens.fixed == 30
     path = tmp_path / "served-mix.json"
-    path.write_text(served.to_mix_json())
+    path.write_text(served.length_mix().to_json())
     traffic = load_traffic(str(path), requests=40)
     assert len(traffic.requests) == 40 and traffic.scheduled and traffic.concurrency == 2
     assert all(1 <= r.prompt_tokens <= 300 and r.output_tokens == 30 for r in traffic.requests)
