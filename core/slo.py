@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from core.stats import percentile, quantile_bounds, requests_needed
+from core.stats import Bootstrap, percentile, quantile_bounds, requests_needed
 
 METRICS = ("ttft", "tpot", "itl", "e2e")
 PERCENTILES = (50, 90, 99)
@@ -187,7 +187,9 @@ def judge_step(slo: Slo, concurrency: int, rounds: Sequence[Sequence[RequestSamp
             else:
                 out.per_request.append(t.name)
         out.observed[t.name] = percentile(values, t.q)
-        lo, hi = out.bounds[t.name] = quantile_bounds(values, t.q)
+        # Pooled gaps are not per-request values: order statistics only (`_bounds`).
+        blocks = rounds if t.metric != "itl" or t.name in out.per_request else []
+        lo, hi = out.bounds[t.name] = _bounds(t, values, blocks, concurrency)
         if lo is not None and lo > t.limit_s:
             failed = True
         elif hi is None or hi > t.limit_s:
@@ -205,6 +207,33 @@ def judge_step(slo: Slo, concurrency: int, rounds: Sequence[Sequence[RequestSamp
     out.goodput_rps = len(good) / wall if wall > 0 else None
     out.goodput_tok_s = sum(r.completion_tokens or 0 for r in good) / wall if wall > 0 else None
     return out
+
+
+def _bounds(
+    t: Term, values: list[float], rounds: Sequence[Sequence[RequestSample]], wave: int
+) -> tuple[float | None, float | None]:
+    """The term's interval: the wider of the order statistics' (which assume independent
+    requests, and say how many a percentile needs) and the hierarchical bootstrap's over
+    rounds, waves of `wave` requests sent together, and requests (`core.stats.Bootstrap`,
+    the resampler of the ratio intervals): one slow wave moves the bootstrap's percentile
+    only in the resamples that draw it, so it cannot make a confident miss alone. Pooled
+    `itl` gaps keep the order statistics only (tens of thousands of gaps a step: too many to
+    resample 2000 times: `rounds` empty)."""
+    lo, hi = quantile_bounds(values, t.q)
+    if not rounds:
+        return lo, hi
+    sent = [
+        [v for v in (t.value(r) for r in sorted(rnd, key=lambda r: r.start_time)
+                     if r.error is None) if v is not None]
+        for rnd in rounds
+    ]  # fmt: skip
+    iv = Bootstrap[float](wave=wave, pooled=True).interval(sent, lambda v: percentile(v, t.q))
+    if iv is None:
+        return lo, hi
+    return (
+        min(lo, iv.lo) if lo is not None else None,
+        max(hi, iv.hi) if hi is not None else None,
+    )
 
 
 def _gaps_saved(requests: Sequence[RequestSample]) -> bool:

@@ -89,10 +89,27 @@ def waves(samples: Sequence[T], wave: int) -> list[Sequence[T]]:
 class Bootstrap(Generic[T]):
     """Seeded hierarchical resampling: rounds, then waves of `wave` requests, then requests."""
 
-    def __init__(self, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = SEED, wave: int = 1):
+    def __init__(
+        self,
+        resamples: int = BOOTSTRAP_RESAMPLES,
+        seed: int = SEED,
+        wave: int = 1,
+        pooled: bool = False,
+    ):
         self.resamples = resamples
         self.seed = seed
         self.wave = wave
+        # Pooled: the figure is the statistic of all rounds' samples together (an SLO's
+        # percentile is over the step's requests), not the median of each round's.
+        self.pooled = pooled
+
+    def figure(
+        self, rounds: Sequence[Sequence[T]], stat: Callable[[Sequence[T]], float | None]
+    ) -> float | None:
+        """The figure of these rounds: the median of each round's statistic, or pooled."""
+        if self.pooled:
+            return stat([x for r in rounds for x in r]) if any(rounds) else None
+        return over_rounds(rounds, stat)
 
     def _draw(self, rng: random.Random, rounds: Sequence[Sequence[Sequence[T]]]) -> list[list[T]]:
         picked = rng.choices(rounds, k=len(rounds)) if len(rounds) > 1 else rounds
@@ -113,7 +130,7 @@ class Bootstrap(Generic[T]):
         blocks = [waves(r, self.wave) for r in rounds if r]
         out = []
         for _ in range(self.resamples):
-            v = over_rounds(self._draw(rng, blocks), stat)
+            v = self.figure(self._draw(rng, blocks), stat)
             if v is not None and math.isfinite(v):
                 out.append(v)
         return out
@@ -122,7 +139,7 @@ class Bootstrap(Generic[T]):
         self, rounds: Sequence[Sequence[T]], stat: Callable[[Sequence[T]], float | None]
     ) -> Interval | None:
         """The statistic of all samples and its percentile interval (None: no samples)."""
-        point = over_rounds([r for r in rounds if r], stat)
+        point = self.figure([r for r in rounds if r], stat)
         if point is None:
             return None
         return _quantiles(point, self.distribution(rounds, stat))
@@ -138,12 +155,13 @@ class Bootstrap(Generic[T]):
         The two engines are resampled independently (different seeds of one generator), and
         the ratio's interval is taken over the paired resamples.
         """
-        pa = over_rounds([r for r in a if r], stat)
-        pb = over_rounds([r for r in b if r], stat)
+        pa = self.figure([r for r in a if r], stat)
+        pb = self.figure([r for r in b if r], stat)
         if pa is None or pb is None or pa <= 0 or pb <= 0:
             return None
         da = self.distribution(a, stat)
-        db = Bootstrap[T](self.resamples, self.seed + 1, self.wave).distribution(b, stat)
+        other = Bootstrap[T](self.resamples, self.seed + 1, self.wave, self.pooled)
+        db = other.distribution(b, stat)
         ratios = [y / x for x, y in zip(da, db, strict=False) if x > 0]
         return _quantiles(pa, da), _quantiles(pb, db), _quantiles(pb / pa, ratios)
 

@@ -302,3 +302,11 @@ FULL_ROUNDS = 3
 # engines called different in at most 1 run of 40 (`bench/switch_noise.py`, docs/diagnose.md
 # "How much noise can flip the call").
 RESOLVABLE_DIFFERENCE = {1: 0.15, 2: 0.10}
+# A step above c=1 is latency-bound, and compared on the whole request (TTFT + decode, end
+# to end) as c=1 is, when the engine in use's median TTFT is at least this share of its
+# mean end-to-end time per request: most of what a user waits for is then the wait for the
+# first token (a queue in front of too few slots, or prefill), which decode speed and a
+# step's tokens/s both hide. At c=1 with a short prompt TTFT is a few % of e2e; a 1-slot
+# server at c=16 queues 15 requests and its TTFT is most of e2e. Half: the wait outweighs
+# the decode.
+LATENCY_BOUND_TTFT_SHARE = 0.5

@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from core.stats import Bootstrap, Interval, over_rounds, ratio_side, resolvable
-from core.thresholds import FULL_ROUNDS
-from diagnose.decision.model import EngineResult, relative_spread
-from diagnose.decision.requests import Rounds, decode_rate
+from core.thresholds import FULL_ROUNDS, LATENCY_BOUND_TTFT_SHARE
+from diagnose.decision.model import EngineResult, Row, relative_spread
+from diagnose.decision.requests import EngineRequests, Rounds, decode_rate
 from diagnose.decision.sources import ENGINE
 from loadgen.results import RequestRecord
 
@@ -285,3 +285,75 @@ def _rounds_call(
         higher_is_better=higher_is_better,
         decidable=several,
     )
+
+
+def latency_bound(rounds: Rounds) -> bool:
+    """Whether a step is latency-bound: the median TTFT of its requests is at least
+    `LATENCY_BOUND_TTFT_SHARE` of their mean end-to-end time (what a user waits for is
+    mostly the wait for the first token: a queue in front of too few slots, or prefill).
+    False without requests."""
+    pooled = [r for rnd in rounds for r in rnd]
+    ttft, e2e = ttft_stat(pooled), e2e_stat(pooled)
+    return bool(ttft and e2e and ttft >= LATENCY_BOUND_TTFT_SHARE * e2e)
+
+
+def whole_request_calls(
+    a: EngineResult, b: EngineResult, reqs: dict[str, EngineRequests]
+) -> list[Call]:
+    """End-to-end time per request at c=1 and at every higher level both engines ran where
+    the engine in use (`a`) is latency-bound, with decode and TTFT beside it."""
+    common = sorted(
+        {r.concurrency for r in a.ok_rows() if r.step == "concurrency"}
+        & {r.concurrency for r in b.ok_rows() if r.step == "concurrency"}
+    )
+    out = [whole_request_call(a, b, reqs, 1)]
+    for c in common:
+        if c > 1 and latency_bound(reqs[a.name].rounds(a, a.at_concurrency(c))):
+            out.append(whole_request_call(a, b, reqs, c))
+    return [x for x in out if x]
+
+
+def whole_request_call(
+    a: EngineResult, b: EngineResult, reqs: dict[str, EngineRequests], concurrency: int
+) -> Call | None:
+    """End-to-end time per request at one level, with decode and TTFT beside it (None: no
+    requests)."""
+    if concurrency == 1:
+        ra, rb = a.single() or a.at_concurrency(1), b.single() or b.at_concurrency(1)
+    else:
+        ra, rb = a.at_concurrency(concurrency), b.at_concurrency(concurrency)
+    if ra is None or rb is None:
+        return None
+    samples = (reqs[a.name].rounds(a, ra), reqs[b.name].rounds(b, rb))
+    va, vb = over_rounds(samples[0], e2e_stat), over_rounds(samples[1], e2e_stat)
+    if va is None or vb is None:
+        return None
+    rounds = tuple([v for v in map(e2e_stat, s) if v is not None] for s in samples)
+    call = measured_call(
+        E2E,
+        concurrency,
+        a,
+        b,
+        (va, vb),
+        (rounds[0], rounds[1]),
+        samples,
+        e2e_stat,
+        higher_is_better=False,
+    )
+    if call is not None:
+        call.beside = _parts_text(ra, rb)
+    return call
+
+
+def _parts_text(ra: Row, rb: Row) -> str:
+    """`decode 100 vs 90 tok/s, TTFT 2.0 vs 0.2 s` (each with its source when the engine's)."""
+
+    def fig(v: float | None, src: str | None) -> str:
+        if not v:
+            return "not measured"
+        return f"{v:.3g}" + (" (engine's own)" if src == ENGINE else "")
+
+    decode = f"decode {fig(ra.per_seq_tok_s, ra.per_seq_source)} vs "
+    decode += f"{fig(rb.per_seq_tok_s, rb.per_seq_source)} tok/s"
+    ttft = f"TTFT {fig(ra.ttft_s, ra.ttft_source)} vs {fig(rb.ttft_s, rb.ttft_source)} s"
+    return f"{decode}, {ttft}"

@@ -9,20 +9,18 @@ from dataclasses import asdict, dataclass
 
 from core.conditions import VERDICT_INFO
 from core.slo import Slo
-from core.stats import over_rounds
 from core.thresholds import COMPARE_NOISE_FLOOR
 from diagnose.decision.calls import (
     AGGREGATE,
     DECODE,
-    E2E,
     STEP_ONLY,
     TTFT,
     Call,
     aggregate_stat,
     decode_stat,
-    e2e_stat,
     measured_call,
     ttft_stat,
+    whole_request_calls,
 )
 from diagnose.decision.loads import (
     crossover_range,
@@ -194,9 +192,10 @@ def decide_compare(
     steps.append(_batching_step(a, b, [x for x in batch_calls if (x.concurrency or 1) > 1]))
     # The answer per load: the whole request at 1 (TTFT + decode, what one user waits for;
     # decode alone without per-request samples, aggregate when both are missing), aggregate
-    # tok/s above.
-    whole = _whole_request_call(a, b, reqs)
-    deciding = [x for x in (whole, single_call) if x] + [
+    # tok/s above, but the whole request again where the engine in use is latency-bound.
+    # The same whole request at every latency-bound level above 1 (`latency_bound`).
+    whole = whole_request_calls(a, b, reqs)
+    deciding = [x for x in (*whole, single_call) if x] + [
         x for x in batch_calls if x.what == AGGREGATE
     ]
     levels = level_answers(deciding)
@@ -292,40 +291,6 @@ def _single_call(a: EngineResult, b: EngineResult, reqs: dict[str, EngineRequest
         decode_stat,
         sources=(sa.per_seq_source, sb.per_seq_source),
     )
-
-
-def _whole_request_call(
-    a: EngineResult, b: EngineResult, reqs: dict[str, EngineRequests]
-) -> Call | None:
-    """End-to-end time per request at c=1, with decode and TTFT beside it (None: no requests)."""
-    ra, rb = a.single() or a.at_concurrency(1), b.single() or b.at_concurrency(1)
-    if ra is None or rb is None:
-        return None
-    samples = (reqs[a.name].rounds(a, ra), reqs[b.name].rounds(b, rb))
-    va, vb = over_rounds(samples[0], e2e_stat), over_rounds(samples[1], e2e_stat)
-    if va is None or vb is None:
-        return None
-    rounds = tuple([v for v in map(e2e_stat, s) if v is not None] for s in samples)
-    call = measured_call(
-        E2E, 1, a, b, (va, vb), (rounds[0], rounds[1]), samples, e2e_stat, higher_is_better=False
-    )
-    if call is not None:
-        call.beside = _parts_text(ra, rb)
-    return call
-
-
-def _parts_text(ra: Row, rb: Row) -> str:
-    """`decode 100 vs 90 tok/s, TTFT 2.0 vs 0.2 s` (each with its source when the engine's)."""
-
-    def fig(v: float | None, src: str | None) -> str:
-        if not v:
-            return "not measured"
-        return f"{v:.3g}" + (" (engine's own)" if src == ENGINE else "")
-
-    decode = f"decode {fig(ra.per_seq_tok_s, ra.per_seq_source)} vs "
-    decode += f"{fig(rb.per_seq_tok_s, rb.per_seq_source)} tok/s"
-    ttft = f"TTFT {fig(ra.ttft_s, ra.ttft_source)} vs {fig(rb.ttft_s, rb.ttft_source)} s"
-    return f"{decode}, {ttft}"
 
 
 def _batch_calls(a: EngineResult, b: EngineResult, reqs: dict[str, EngineRequests]) -> list[Call]:

@@ -204,13 +204,16 @@ def test_diagnose_find_max_bisects_to_the_highest_load_within_the_slo(tmp_path: 
     """llama.cpp with one slot (`crossover`): each request waits for the ones ahead, so the
     end-to-end time grows with the load (about 0.25 s a request of 32 tokens); the SLO
     falls between the measured 2 and 8, and bisection finds the level where it breaks. A
-    p50 is judged from 6 requests (3 per slot: c=2 can be judged, c=1 cannot)."""
+    p50 is judged from 6 requests (5 per slot: c=2 can be judged, c=1 cannot). The SLO's
+    interval resamples waves of `concurrency` requests as blocks, and the first wave is a
+    ramp-up (its requests wait for 0..7 ahead, not 7): with 3 waves a resample draws it
+    three times in 1 of 27, inside a 95 % interval, and c=8 is not judged; 5 waves judge."""
     from diagnose.procedure import diagnose
 
     cfg = sim_config(tmp_path, ("llama", "llamacpp", "crossover", ""))
     slo = parse_slo("e2e_p50=1.4s")
     opts = options(
-        cfg, concurrency=[1, 2, 8], rounds=1, slo=slo, find_max=True, requests_per_slot=3
+        cfg, concurrency=[1, 2, 8], rounds=1, slo=slo, find_max=True, requests_per_slot=5
     )
     result, d = asyncio.run(diagnose(cfg.engines[0], opts, tmp_path / "out"))
     probed = sorted({r.concurrency for r in result.ok_rows("concurrency")} - {2, 8})

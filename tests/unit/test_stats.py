@@ -149,8 +149,13 @@ def test_judge_step_percentiles_goodput_and_share() -> None:
     assert s.why_not_judged() == "e2e_p90: 10 requests, a p90 needs 36"
     # Wall time is the round's span (4 s): 8 good requests of 96 tokens each.
     assert s.goodput_rps == pytest.approx(2.0) and s.goodput_tok_s == pytest.approx(192.0)
-    # 40 requests: a p90 is bounded; 30 % of them over the limit misses it with confidence.
-    assert judge_step(slo, 4, [step([1.0] * 28 + [3.0] * 12)]).met is False
+    # 40 requests: a p90 is bounded; 30 % of them over the limit, spread over the waves of
+    # 4 (three in every ten), misses it with confidence.
+    spread = [3.0 if i % 10 in (0, 3, 6) else 1.0 for i in range(40)]
+    assert judge_step(slo, 4, [step(spread)]).met is False
+    # The same 12 in the last three waves: the other seven waves meet it, and a resample
+    # that draws one slow wave or none does too: no confident miss.
+    assert judge_step(slo, 4, [step([1.0] * 28 + [3.0] * 12)]).met is None
     assert judge_step(slo, 1, [step([1.0] * 40)]).met is True
     # 10 % over the limit: the true p90 may lie on either side: not judged (no count needed).
     edge = judge_step(slo, 4, [step([1.0] * 36 + [3.0] * 4)])
@@ -271,3 +276,47 @@ def test_an_itl_slo_says_its_meaning_changed(capsys: pytest.CaptureFixture[str])
     slo_arg("itl_p99=100ms")
     assert capsys.readouterr().err == ITL_NOTICE + "\n"
     assert "\n" not in ITL_NOTICE  # one line
+
+
+def waves_of(pattern: list[list[float]], t0: float = 0.0) -> list[Req]:
+    """One round's requests, wave after wave (each wave's requests start together)."""
+    out = []
+    for i, wave in enumerate(pattern):
+        out += step(wave, t0=t0 + i * 10.0)
+    return out
+
+
+def test_one_slow_wave_is_no_confident_miss_but_every_wave_slow_is() -> None:
+    """Requests sent together share batches: a slow (warm-up) wave is one block, not 8
+    independent requests. The SLO's interval resamples rounds, waves and requests as the
+    ratio intervals do, so one slow wave of four cannot make a confident miss alone."""
+    slo = parse_slo("e2e_p90=2s")
+    fast, slow = [1.0] * 8, [5.0] * 8
+    one_slow = [waves_of([slow, fast]), waves_of([fast, fast])]
+    s = judge_step(slo, 8, one_slow)
+    assert s.met is not False and s.observed["e2e_p90"] == pytest.approx(5.0)
+    lo, _ = s.bounds["e2e_p90"]
+    assert lo is not None and lo <= 2.0
+    # The same 8 slow requests of 32 as independent ones (order statistics alone) would be
+    # a confident miss: the wave structure is what holds it back.
+    lo_independent, _ = quantile_bounds([1.0] * 24 + [5.0] * 8, 90)
+    assert lo_independent is not None and lo_independent > 2.0
+    # Every wave misses (2 slow requests in each): a confident miss.
+    mixed = [1.0] * 6 + [5.0] * 2
+    every = judge_step(slo, 8, [waves_of([mixed, mixed]), waves_of([mixed, mixed])])
+    assert every.met is False
+    lo, _ = every.bounds["e2e_p90"]
+    assert lo is not None and lo > 2.0
+
+
+def test_pooled_bootstrap_takes_the_statistic_of_all_rounds_together() -> None:
+    rounds = [[1.0, 2.0], [3.0, 10.0]]
+    pooled = Bootstrap[float](pooled=True).interval(rounds, mean)
+    per_round = Bootstrap[float]().interval(rounds, mean)
+    assert pooled is not None and per_round is not None
+    assert pooled.value == pytest.approx(4.0)  # mean of the four, not median of 1.5 and 6.5
+    assert per_round.value == pytest.approx(4.0)
+    skewed = [[1.0, 2.0], [3.0, 10.0], [4.0, 5.0]]
+    p = Bootstrap[float](pooled=True).interval(skewed, mean)
+    assert p is not None and p.value == pytest.approx(25 / 6)
+    assert over_rounds(skewed, mean) == pytest.approx(4.5)

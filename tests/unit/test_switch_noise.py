@@ -12,6 +12,7 @@ import pytest
 
 from core.stats import resolvable
 from core.thresholds import COMPARE_NOISE_FLOOR, RESOLVABLE_DIFFERENCE
+from diagnose.decision.calls import latency_bound
 from diagnose.decision.loads import recommend
 from diagnose.decision.model import STAY, switch_to
 from diagnose.decision.two_engines import CompareInputs, decide_compare
@@ -75,3 +76,28 @@ def test_the_whole_request_decides_at_c1() -> None:
     # Decode alone is still its own step, and says A.
     decode = next(s for s in d.steps if s.key == "decode")
     assert "a ahead" in decode.answer
+
+
+def test_a_latency_bound_level_above_c1_is_compared_on_the_whole_request() -> None:
+    """At c=8 the engine in use (A) spends 2.0 s of its 3.3 s a request waiting for the first
+    token: latency-bound (TTFT >= LATENCY_BOUND_TTFT_SHARE of e2e), so c=8 is compared on the
+    whole request, as c=1 is, with decode and TTFT beside it. With B in use (TTFT 0.2 s of
+    1.6 s) the same level is not, and aggregate tok/s decides there."""
+    rng = random.Random(2)
+    quiet = Noise(round=0.01, wave=0.01, request=0.02)
+    a, ra = simulated_engine(rng, "a", (1, 8), 3, speed=100.0, ttft=2.0, noise=quiet)
+    b, rb = simulated_engine(rng, "b", (1, 8), 3, speed=90.0, ttft=0.2, noise=quiet)
+    assert latency_bound(ra.rounds(a, a.at_concurrency(8)))
+    assert not latency_bound(rb.rounds(b, b.at_concurrency(8)))
+    assert not latency_bound([])
+    d = decide_compare(a, b, CompareInputs(requests={"a": ra, "b": rb}))
+    by_c = {lv.concurrency: lv for lv in d.loads}
+    assert by_c[8].what == "end-to-end s per request" and by_c[8].winner == "b"
+    assert by_c[8].a == pytest.approx(3.27, rel=0.03) and by_c[8].b == pytest.approx(1.61, rel=0.03)
+    parts = r"decode 10\d(\.\d)? vs (89|9\d)(\.\d)? tok/s, TTFT 2 vs 0\.2 s"
+    assert re.fullmatch(parts, by_c[8].beside), by_c[8].beside
+    # B in use: not latency-bound at c=8, aggregate tok/s decides (B still ahead there).
+    d = decide_compare(b, a, CompareInputs(requests={"a": ra, "b": rb}))
+    by_c = {lv.concurrency: lv for lv in d.loads}
+    assert by_c[1].what == "end-to-end s per request"
+    assert by_c[8].what == "aggregate tok/s" and by_c[8].winner == "b" and by_c[8].beside == ""
