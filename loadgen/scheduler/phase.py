@@ -17,6 +17,7 @@ from loadgen.client import StreamClient, StreamResult, finish
 from loadgen.outcomes import CANCELLED, CONNECT, EARLY_STOP, INTERRUPTED, TIMEOUT
 from loadgen.results import RequestRecord, build_record
 from loadgen.scheduler.context import Prompts, RunContext
+from loadgen.scheduler.inflight import InFlight
 from loadgen.scheduler.pacing import quiet_gc
 from loadgen.scheduler.replay import Sender, replay_closed, replay_scheduled
 from loadgen.scheduler.spec import RunSpec
@@ -433,17 +434,10 @@ class EnginePhase:
     async def _open_loop(self, rate: float) -> None:
         seed = self.spec.seed if self.spec.arrival_seed is None else self.spec.arrival_seed
         rng = random.Random(seed)
-        cap = asyncio.Semaphore(self.spec.pool_size())
-        tasks: set[asyncio.Task[None]] = set()
+        flight = InFlight(self.spec.pool_size())
 
-        async def launch(index: int) -> None:
-            try:
-                await self.one(index)
-            finally:
-                cap.release()
-
-        t_next = time.perf_counter() + self.spec.arrival_offset
-        try:
+        async def launches() -> None:
+            t_next = time.perf_counter() + self.spec.arrival_offset
             while True:
                 delay = t_next - time.perf_counter()
                 if delay > 0:
@@ -452,16 +446,9 @@ class EnginePhase:
                 if index is None:
                     break
                 # At the cap the arrival waits: the run reports it as lower achieved rate.
-                await cap.acquire()
-                task = asyncio.create_task(launch(index))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                await flight.slot()
+                flight.start(flight.send(self.one, index))
                 gap = rng.expovariate(rate) if self.spec.arrival == "poisson" else 1.0 / rate
                 t_next += gap
-            if tasks:
-                await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
+
+        await flight.run(launches())

@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from loadgen.scheduler.inflight import InFlight
 from loadgen.traffic.model import Traffic
 
 # The schedule's clock starts this long after the replay does, so the first sends are not
@@ -66,14 +67,7 @@ async def replay_scheduled(
 ) -> None:
     """Send every request of `traffic` at its time (see the module's docstring)."""
     t0 = (start if start is not None else time.perf_counter()) + START_LEAD_S
-    cap = asyncio.Semaphore(cap_size)
-    tasks: set[asyncio.Task[None]] = set()
-
-    async def one(index: int) -> None:
-        try:
-            await sender.send(index)
-        finally:
-            cap.release()
+    flight = InFlight(cap_size)
 
     async def session(indexes: list[int]) -> None:
         for turn, index in enumerate(indexes):
@@ -84,34 +78,27 @@ async def replay_scheduled(
                 await _sleep_until(due)
                 if not sender.may_send():
                     return
-                await cap.acquire()
+                await flight.slot()
             sender.due[index] = due
             sender.sent_to(index)
-            await one(index)
+            await flight.send(sender.send, index)
 
-    try:
+    async def launches() -> None:
         for unit in _units(traffic):
             first = unit[0]
             await _sleep_until(t0 + traffic.requests[first].at_s * scale)
             if not sender.may_send():
                 break
             # At the cap the send waits, and goes out late (counted), never silently shifted.
-            await cap.acquire()
+            await flight.slot()
             if len(unit) == 1:
                 sender.due[first] = t0 + traffic.requests[first].at_s * scale
                 sender.sent_to(first)
-                task = asyncio.create_task(one(first))
+                flight.start(flight.send(sender.send, first))
             else:
-                task = asyncio.create_task(session(unit))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks)
-    finally:
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+                flight.start(session(unit))
+
+    await flight.run(launches())
 
 
 async def replay_closed(traffic: Traffic, sender: Sender, workers: int) -> None:
