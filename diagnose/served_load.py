@@ -19,8 +19,6 @@ from loadgen.options import UsageError, add_slo_option, http_url, positive_int
 from loadgen.prom_api import (
     QUERY_TIMEOUT_S,
     Prometheus,
-    PrometheusUnreachable,
-    QueryError,
     prom_duration,
 )
 from loadgen.served_mix import RUNNING, busiest_running, round_load, running_quantile_query
@@ -74,19 +72,12 @@ class LoadQuery:
         """The p90 of running requests of the engine in use (or `engine`) over the window."""
         engine = self.engine or in_use
         prom = Prometheus(self.url, self.timeout)
-        try:
-            with prom.client() as client:
-                load = busiest_running(prom, client, engine, self.window, QUANTILE)
-                if load is None:
-                    raise LoadQueryError(
-                        self._none_found(prom.engines_with(client, RUNNING, self.window), engine)
-                    )
-        except PrometheusUnreachable as exc:
-            raise LoadQueryError(
-                f"--load-from: {exc}; give the Prometheus that scrapes the exporter, or --load N"
-            ) from None
-        except QueryError as exc:
-            raise LoadQueryError(f"--load-from: {exc}; or pass --load N") from None
+        with prom.asking(LoadQueryError, "--load-from", "--load N") as client:
+            load = busiest_running(prom, client, engine, self.window, QUANTILE)
+            if load is None:
+                raise LoadQueryError(
+                    self._none_found(prom.engines_with(client, RUNNING, self.window), engine)
+                )
         series = f", the busiest of {load.series} series" if load.series > 1 else ""
         over = f" over {load.samples} samples" if load.samples is not None else ""
         return ServedLoad(

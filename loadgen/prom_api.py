@@ -11,7 +11,9 @@ PromQL pieces the callers build their queries from.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +97,24 @@ class Prometheus:
     def client(self) -> httpx.Client:
         """An HTTP client with the query timeout (one per batch of queries)."""
         return httpx.Client(timeout=self.timeout)
+
+    @contextlib.contextmanager
+    def asking(
+        self, fail: Callable[[str], Exception], who: str, instead: str = ""
+    ) -> Iterator[httpx.Client]:
+        """A `client` whose failed queries raise `fail(message)`: the message starts with
+        `who` (the command or flag), says why, and offers `instead` (another flag) if given."""
+        try:
+            with self.client() as client:
+                yield client
+        except PrometheusUnreachable as exc:
+            other = f", or {instead}" if instead else ""
+            raise fail(
+                f"{who}: {exc}; give the Prometheus that scrapes the exporter{other}"
+            ) from None
+        except QueryError as exc:
+            other = f"; or pass {instead}" if instead else ""
+            raise fail(f"{who}: {exc}{other}") from None
 
     def query(self, client: httpx.Client, expr: str, at: float | None = None) -> Vector:
         """The instant vector of `expr` (now, or at the Unix time `at`); a `QueryError`

@@ -32,7 +32,6 @@ from config.kinds import engine_kind
 from loadgen.options import UsageError
 from loadgen.prom_api import (
     Prometheus,
-    PrometheusUnreachable,
     QueryError,
     duration_seconds,
     label,
@@ -357,15 +356,8 @@ def served_mix(
     window = window_duration(window)
     seconds = duration_seconds(window)
     prom = Prometheus(prometheus_url) if timeout is None else Prometheus(prometheus_url, timeout)
-    try:
-        with prom.client() as client:
-            return _read(_Reader(prom, client, engine or "", window), engine, seconds, seed)
-    except PrometheusUnreachable as exc:
-        raise ServedMixError(
-            f"served-mix: {exc}; give the Prometheus that scrapes the exporter"
-        ) from None
-    except QueryError as exc:
-        raise ServedMixError(f"served-mix: {exc}") from None
+    with prom.asking(ServedMixError, "served-mix") as client:
+        return _read(_Reader(prom, client, engine or "", window), engine, seconds, seed)
 
 
 def _read(reader: _Reader, engine: str | None, seconds: float, seed: int) -> ServedMix:
