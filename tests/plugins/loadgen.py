@@ -9,6 +9,8 @@
 * `wait_for_records(out, n, timeout)`: block until a running run has written `n` records.
 * `loadgen_process(*args)`: `python -m cli.loadgen *args` as a child process (text pipes,
   unbuffered).
+* `sample_served_mix(**change)`: a `ServedMix` as `served-mix` reads it (7 requests over 1h of an
+  SGLang engine), with the fields in `change` replaced.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cli.loadgen import main
+from loadgen.served_mix import Lengths, ServedMix
 from simulator.stub import StubOptions, ThreadedStub
 from tests.paths import ROOT
 
@@ -81,3 +85,23 @@ def loadgen_process(*args: str) -> subprocess.Popen[str]:
         text=True,
         env=os.environ | {"PYTHONUNBUFFERED": "1"},
     )
+
+
+def sample_served_mix(**change: Any) -> ServedMix:
+    """A served mix (see the module's docstring); `change` replaces fields."""
+    mix = ServedMix(
+        engine="sgl",
+        kind="sglang",
+        window="1h",
+        prometheus="http://p:9090",
+        prompt=Lengths(120.0, ((100.0, 4.0), (300.0, 3.0)), "h"),
+        output=Lengths(30.0, (), "mean"),
+        requests=7.0,
+        rate_per_second=7 / 3600,
+        running_p50=1.0,
+        running_p90=1.2,
+        cached_share=0.25,
+        lacks=("x",),
+        seed=7,
+    )
+    return replace(mix, **change)

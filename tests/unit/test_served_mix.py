@@ -25,7 +25,6 @@ from loadgen.served_mix import (
     FINISHED,
     MIX_KIND,
     Lengths,
-    ServedMix,
     ServedMixError,
     buckets_from_cumulative,
     round_load,
@@ -35,6 +34,7 @@ from loadgen.served_mix import (
 from tests.conftest import get_free_port
 from tests.paths import FIXTURES
 from tests.plugins.engine_stubs import ThreadedApp
+from tests.plugins.loadgen import sample_served_mix
 from tests.plugins.prom import RecordedPrometheus
 
 SGLANG = FIXTURES / "served-mix-sglang"
@@ -106,21 +106,7 @@ def test_lengths_shape_is_empirical_or_fixed_at_the_mean() -> None:
 
 
 def test_the_mix_file_has_exactly_the_contracts_fields() -> None:
-    mix = ServedMix(
-        engine="sgl",
-        kind="sglang",
-        window="1h",
-        prometheus="http://p:9090",
-        prompt=Lengths(120.0, ((100.0, 4.0), (300.0, 3.0)), "h"),
-        output=Lengths(30.0, (), "mean"),
-        requests=7.0,
-        rate_per_second=7 / 3600,
-        running_p50=1.0,
-        running_p90=1.2,
-        cached_share=0.25,
-        lacks=("x",),
-        seed=7,
-    )
+    mix = sample_served_mix()
     doc = json.loads(mix.length_mix().to_json())
     assert set(doc) == MIX_KEYS
     assert (doc["kind"], doc["version"], doc["seed"], doc["requests"]) == (MIX_KIND, 1, 7, None)

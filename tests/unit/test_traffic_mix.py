@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.served_mix import Lengths, ServedMix
 from loadgen.traffic.mix import LengthDist, LengthMix, MixError
 from loadgen.traffic.spec import load_traffic
+from tests.plugins.loadgen import sample_served_mix
 
 MIX = {
     "kind": "llmb-length-mix",
@@ -88,21 +88,7 @@ def test_not_json_is_a_mix_error() -> None:
 
 def test_the_served_mix_file_is_what_traffic_reads(tmp_path: Path) -> None:
     """`served-mix`'s file (loadgen/served_mix.py) reads back as a LengthMix and replays."""
-    served = ServedMix(
-        engine="sgl",
-        kind="sglang",
-        window="1h",
-        prometheus="http://p:9090",
-        prompt=Lengths(120.0, ((100.0, 4.0), (300.0, 3.0)), "h"),
-        output=Lengths(30.0, (), "mean"),
-        requests=7.0,
-        rate_per_second=2.0,
-        running_p50=1.0,
-        running_p90=1.2,
-        cached_share=0.25,
-        lacks=("x",),
-        seed=7,
-    )
+    served = sample_served_mix(rate_per_second=2.0)
     mix = LengthMix.from_json(served.length_mix().to_json())
     assert mix.prompt_tokens.empirical == ((100, 4.0), (300, 3.0)) and mix.output_tokens.fixed == 30
     path = tmp_path / "served-mix.json"
