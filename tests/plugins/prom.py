@@ -6,7 +6,8 @@ targets given by the test, tmp storage) and gives an instant-query helper.
 
 `QueryRecorder(upstream)` stands in front of a real Prometheus and keeps every instant query
 and its answer (the fixtures of tests/fixtures/served-mix-*); `RecordedPrometheus(answers)`
-answers the recorded queries again, in-process, for the unit tests.
+answers the recorded queries again, in-process, for the unit tests; both it and the unit
+tests' own stand-ins are `QueryAnswers` (the query API, the queries asked kept).
 """
 
 from __future__ import annotations
@@ -308,7 +309,30 @@ class QueryRecorder(ThreadedApp):
         return web.json_response(body, status=status)
 
 
-class RecordedPrometheus(ThreadedApp):
+class QueryAnswers(ThreadedApp):
+    """A Prometheus stand-in: `/api/v1/query` answered by `answer(query)` (HTTP status, JSON
+    body); `asked` keeps the queries asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def answer(self, query: str) -> tuple[int, Any]:
+        """The status and body of `query`'s answer."""
+        raise NotImplementedError
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        query = request.query.get("query", "")
+        self.asked.append(query)
+        status, body = self.answer(query)
+        return web.json_response(body, status=status)
+
+
+class RecordedPrometheus(QueryAnswers):
     """`/api/v1/query` answered from recorded answers (the query text must match exactly);
     a query never recorded gets Prometheus' own error shape (HTTP 400), so a changed query
     fails loudly. `asked` keeps the queries asked."""
@@ -316,15 +340,7 @@ class RecordedPrometheus(ThreadedApp):
     def __init__(self, answers: list[dict[str, Any]]) -> None:
         super().__init__()
         self.answers = {a["query"]: (a["status"], a["body"]) for a in answers}
-        self.asked: list[str] = []
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        query = request.query.get("query", "")
-        self.asked.append(query)
+    def answer(self, query: str) -> tuple[int, Any]:
         error = {"status": "error", "errorType": "bad_data", "error": f"not recorded: {query}"}
-        status, body = self.answers.get(query, (400, error))
-        return web.json_response(body, status=status)
+        return self.answers.get(query, (400, error))

@@ -29,6 +29,7 @@ from loadgen.prom_api import QueryError, vector_values
 from tests.conftest import get_free_port
 from tests.paths import ROOT
 from tests.plugins.engine_stubs import ThreadedApp
+from tests.plugins.prom import QueryAnswers
 
 SAME = ROOT / "docs" / "results" / "h200-sglang-vs-llamacpp-2026-12-01" / "same-weights"
 
@@ -38,26 +39,18 @@ def vector(*series: tuple[dict[str, str], str]) -> dict[str, Any]:
     return {"status": "success", "data": {"resultType": "vector", "result": result}}
 
 
-class FakePrometheus(ThreadedApp):
+class FakePrometheus(QueryAnswers):
     """`/api/v1/query`: each query answered by the first of `answers` whose key it starts with
-    (an empty vector when none); the queries asked are kept."""
+    (an empty vector when none); `asked` keeps the queries asked."""
 
     def __init__(self, answers: dict[str, tuple[int, dict[str, Any]]]) -> None:
         super().__init__()
         self.answers = answers
-        self.queries: list[str] = []
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        q = request.query.get("query", "")
-        self.queries.append(q)
-        status, body = next(
-            (a for key, a in self.answers.items() if q.startswith(key)), (200, vector())
+    def answer(self, query: str) -> tuple[int, Any]:
+        return next(
+            (a for key, a in self.answers.items() if query.startswith(key)), (200, vector())
         )
-        return web.json_response(body, status=status)
 
 
 class RunningPage(ThreadedApp):
@@ -134,7 +127,7 @@ def test_load_given_wins_and_prometheus_is_not_asked() -> None:
     with p90_of("63.2") as prom:
         served = user_load(4, LoadQuery(prom.url), "llama")
         assert served is not None and (served.concurrency, served.source) == (4, "--load")
-        assert prom.queries == []
+        assert prom.asked == []
     assert user_load(None, None, "llama") is None
 
 
@@ -154,7 +147,7 @@ def test_the_busiest_series_of_the_engine_is_its_load() -> None:
         "the p90 of running requests over the last 30m on llama (11.2 over 719 samples, the "
         f"busiest of 2 series; Prometheus at {prom.url})"
     )
-    assert prom.queries[0] == p90_query("llama", "30m")
+    assert prom.asked[0] == p90_query("llama", "30m")
 
 
 def test_decide_reads_the_load_of_the_engine_in_use(tmp_path: Path, capsys: Any) -> None:
@@ -174,7 +167,7 @@ def test_decide_reads_the_load_of_the_engine_in_use(tmp_path: Path, capsys: Any)
 def test_decide_with_load_and_load_from_uses_load(tmp_path: Path, capsys: Any) -> None:
     with p90_of("63.2") as prom:
         code, doc = decide(tmp_path, "--load", "1", "--load-from", prom.url)
-        assert prom.queries == []
+        assert prom.asked == []
     assert code == 0 and doc is not None
     assert doc["recommendation"] == "stay"
     assert (doc["decision"]["load"], doc["decision"]["load_source"]) == (1, "--load")
@@ -227,7 +220,7 @@ def test_a_url_that_is_not_prometheus_says_so(tmp_path: Path, capsys: Any) -> No
 def test_load_engine_picks_the_series_and_needs_load_from(tmp_path: Path, capsys: Any) -> None:
     with p90_of("1", engine="prod-llama") as prom:
         code, doc = decide(tmp_path, "--load-from", prom.url, "--load-engine", "prod-llama")
-        assert 'engine="prod-llama"' in prom.queries[0]
+        assert 'engine="prod-llama"' in prom.asked[0]
     assert code == 0 and doc is not None and doc["recommendation"] == "stay"
     code, _ = decide(tmp_path, "--load-engine", "prod-llama")
     assert code == 2 and "give both" in capsys.readouterr().err
