@@ -657,6 +657,15 @@ def with_series(
     return out
 
 
+# An MoE model with experts offloaded to the host (the routed experts' share read there).
+_EXPERT_OFFLOAD: dict[str, float] = {
+    "llmb_model_weights_always_read_bytes": 0.04,
+    "llmb_model_weights_routed_experts_bytes": 0.95,
+    "llmb_model_experts": 128,
+    "llmb_model_experts_used": 8,
+    "llmb_engine_experts_host_layers": 20,
+    "llmb_engine_experts_host_bytes": 0.4,
+}
 # Model structures over a capture's weight bytes (fractions), speculative decoding and
 # expert offload: the new arithmetic of the roofline under the same promtool parity.
 STRUCTURES: dict[str, dict[str, float]] = {
@@ -684,24 +693,12 @@ STRUCTURES: dict[str, dict[str, float]] = {
         "llmb_engine_spec_accept_length": 2.4,
     },
     "expert_offload": {
-        "llmb_model_weights_always_read_bytes": 0.04,
-        "llmb_model_weights_routed_experts_bytes": 0.95,
-        "llmb_model_experts": 128,
-        "llmb_model_experts_used": 8,
-        "llmb_engine_experts_host_layers": 20,
-        "llmb_engine_experts_host_bytes": 0.4,
+        **_EXPERT_OFFLOAD,
         # The exporter's copy at start (model/host_memory.py): the bound's numerator.
         "llmb_host_memory_bandwidth_bytes_per_second": 4.15e10,
     },
     # No bandwidth series: no bound on either side (no constant stands in).
-    "expert_offload_unmeasured": {
-        "llmb_model_weights_always_read_bytes": 0.04,
-        "llmb_model_weights_routed_experts_bytes": 0.95,
-        "llmb_model_experts": 128,
-        "llmb_model_experts_used": 8,
-        "llmb_engine_experts_host_layers": 20,
-        "llmb_engine_experts_host_bytes": 0.4,
-    },
+    "expert_offload_unmeasured": _EXPERT_OFFLOAD,
 }
 
 
