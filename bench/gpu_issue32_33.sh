@@ -99,6 +99,17 @@ header() {
   xz -f "$RES/$2/$(basename "$1" .gguf).header.gguf"
 }
 
+prefill_diagnose() {
+  # prefill_diagnose RUN PORT KIND LOG MODEL: once the server is up, the long-prompt diagnose
+  # of a prefill run (c=1 and 4, one round) into $D/report.
+  if up_or_log "$1" "$LOCAL:$2" 420 "$2"; then
+    run_loadgen "$1" 360 "$2" -- diagnose --url "$LOCAL:$2" --kind "$3" \
+      --log-file "$4" --model-path "$5" --out "$D/report" \
+      --concurrency 1,4 --prompt-tokens "$LONG" --max-tokens "$(max_tokens 64)" --rounds 1 \
+      --kv-prompt-tokens 0 --settle 2 "${DIAG_EXTRA[@]}"
+  fi
+}
+
 # --- models, written while llama-server builds -----------------------------------------------------
 log "work $W, runs: $ONLY"
 df -h "$W" | tail -1
@@ -174,12 +185,7 @@ if wanted f16-prefill; then
     header "$F16" f16-prefill
     smi_state "$D/smi-before.txt"
     llama_up f16-prefill 8090 "$F16" -c 65536 -np 4 -ngl 999
-    if up_or_log f16-prefill $LOCAL:8090 420 8090; then
-      run_loadgen f16-prefill 360 8090 -- diagnose --url $LOCAL:8090 --kind llamacpp \
-        --log-file "$D/llama-8090.log" --model-path "$F16" --out "$D/report" \
-        --concurrency 1,4 --prompt-tokens "$LONG" --max-tokens "$(max_tokens 64)" --rounds 1 \
-        --kv-prompt-tokens 0 --settle 2 "${DIAG_EXTRA[@]}"
-    fi
+    prefill_diagnose f16-prefill 8090 llamacpp "$D/llama-8090.log" "$F16"
     stop_port 8090
     smi_state "$D/smi-after.txt"
     # The engine's own prompt timings, beside the tool's answer.
@@ -215,12 +221,7 @@ if wanted sglang-prefill; then
   echo "${cmd[*]}" >>"$D/commands.txt"
   # SGLang's own packages only (the carried closure), not the project's.
   PYTHONPATH=$W/site setsid "${cmd[@]}" >"$D/server.log" 2>&1 </dev/null &
-  if up_or_log sglang-prefill $LOCAL:30000 420 30000; then
-    run_loadgen sglang-prefill 360 30000 -- diagnose --url $LOCAL:30000 --kind sglang \
-      --log-file "$D/server.log" --model-path "$HF7" --out "$D/report" \
-      --concurrency 1,4 --prompt-tokens "$LONG" --max-tokens "$(max_tokens 64)" --rounds 1 \
-      --kv-prompt-tokens 0 --settle 2 "${DIAG_EXTRA[@]}"
-  fi
+  prefill_diagnose sglang-prefill 30000 sglang "$D/server.log" "$HF7"
   stop_port 30000
   smi_state "$D/smi-after.txt"
   pack sglang-prefill
