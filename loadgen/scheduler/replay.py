@@ -53,13 +53,11 @@ def _units(traffic: Traffic) -> list[list[int]]:
 
 
 async def _sleep_until(when: float) -> None:
-    # Again until the time has come: uvloop's timers count whole milliseconds and may wake
-    # up to one early (a send before its time is as wrong as a late one).
-    for _ in range(4):
-        delay = when - time.perf_counter()
-        if delay <= 0:
-            return
-        await asyncio.sleep(delay)
+    # Until the time has come: uvloop's timers count whole milliseconds and may wake up to one
+    # early, so the last millisecond yields to the loop instead of sleeping (a send before its
+    # time is as wrong as a late one).
+    while (delay := when - time.perf_counter()) > 0:
+        await asyncio.sleep(delay if delay > 1e-3 else 0)
 
 
 async def replay_scheduled(
