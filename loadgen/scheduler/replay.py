@@ -55,8 +55,8 @@ def _units(traffic: Traffic) -> list[list[int]]:
 async def _sleep_until(when: float) -> None:
     # Until the time has come: uvloop's timers count whole milliseconds and may wake up to one
     # early, so the last millisecond yields to the loop instead of sleeping (a send before its
-    # time is as wrong as a late one).
-    while (delay := when - time.perf_counter()) > 0:
+    # time is as wrong as a late one). No event to wait for: the condition is the clock itself.
+    while (delay := when - time.perf_counter()) > 0:  # noqa: ASYNC110
         await asyncio.sleep(delay if delay > 1e-3 else 0)
 
 
