@@ -83,9 +83,16 @@ def measured_tokens_per_second(d: Data) -> dict[EngineKey, float]:
     tokens = rate("llmb_engine_prompt_tokens_total")
     cached = rate("llmb_engine_prompt_tokens_cached_total")
     busy = rate(BUSY)
+    # Without a busy series (SGLang times each request, not the batch): its requests' prompt
+    # seconds, at most one per second of wall time. Prompts computed together count their
+    # shared time more than once there, so the rate is a lower bound (docs/metrics.md).
+    summed = rate("llmb_engine_prompt_seconds_total")
     out: dict[EngineKey, float] = {}
     for key, total in tokens.items():
-        value = prefill_tokens_per_second(total - cached.get(key, 0 * total), busy.get(key))
+        wall = busy.get(key)
+        if (wall is None or not wall > 0) and summed.get(key, 0.0) > 0:
+            wall = min(summed[key], 1.0)
+        value = prefill_tokens_per_second(total - cached.get(key, 0 * total), wall)
         if value is not None:
             out[key] = value
     return out

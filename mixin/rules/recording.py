@@ -86,7 +86,11 @@ def throughput_rules() -> list[dict[str, Any]]:
               - ({_rate("llmb_engine_prompt_tokens_cached_total")}
                  or 0 * {_rate("llmb_engine_prompt_tokens_total")})
             )
-              / ({_rate("llmb_engine_prefill_busy_seconds_total")} > 0)
+              / (
+                  ({_rate("llmb_engine_prefill_busy_seconds_total")} > 0)
+                or
+                  (clamp_max({_rate("llmb_engine_prompt_seconds_total")}, 1) > 0)
+              )
             """,
         ),
         ratio(
