@@ -124,7 +124,9 @@ def same_mix(cli: dict[str, Any], lib: dict[str, Any]) -> None:
     """The command's file and served_mix()'s, read a moment apart: increase() extrapolates
     to the query's time, so the weights and the rate move a little, the shapes do not."""
     assert set(cli) == set(lib) and cli["concurrency"] == lib["concurrency"]
-    assert cli["rate_per_second"] == pytest.approx(lib["rate_per_second"], rel=0.05)
+    # A loaded machine puts seconds between the two reads: a run of a few requests moves by
+    # a tenth then (one scrape more or less at the window's edge).
+    assert cli["rate_per_second"] == pytest.approx(lib["rate_per_second"], rel=0.15)
     for key in ("prompt_tokens", "output_tokens"):
         assert set(cli[key]) == set(lib[key]), key
         if "empirical" in lib[key]:
@@ -163,7 +165,9 @@ def shares(values: list[int], bounds: list[float]) -> list[float]:
 
 def check_counts(mix: ServedMix, records: list[dict[str, Any]]) -> None:
     n = len(records)
-    assert abs(mix.requests - n) <= 0.05 * n, (mix.requests, n)
+    # increase() extrapolates to the window's edges (up to half a scrape interval each side):
+    # on a run of a few requests that is up to one request, on a long one 5 %.
+    assert abs(mix.requests - n) <= max(0.05 * n, 1.0), (mix.requests, n)
     assert mix.rate_per_second == pytest.approx(mix.requests / 3600)
     assert mix.running_p50 is not None and mix.running_p90 is not None
     assert 0 <= mix.running_p50 <= mix.running_p90 <= 2
@@ -193,7 +197,7 @@ def test_sglang_served_mix_is_the_runs_lengths(
         assert lengths.buckets, key
         bounds = [ub for ub, _ in lengths.buckets]
         total = sum(w for _, w in lengths.buckets)
-        assert abs(total - len(values)) <= 0.05 * len(values), key
+        assert abs(total - len(values)) <= max(0.05 * len(values), 1.0), key
         got = [w / total for _, w in lengths.buckets]
         want = shares(values, bounds)
         assert got == pytest.approx(want, abs=0.03), (key, got, want)
