@@ -12,8 +12,9 @@ second, and `served_mix` over the last hour (all Prometheus holds) must give:
 - llama.cpp: the mean prompt and output lengths of the run (`fixed` at the mean, flagged);
 - the number of requests the run finished, the rate over the window, running p50 <= p90 <= 2.
 
-Prometheus' `increase()` extrapolates a little past the first and last samples, and a counter
-that starts at zero is extrapolated less: counts are within 5 %, shares within 0.03.
+The mix counts each counter from its samples, not with `increase()`'s extrapolation
+(`counted_increase`, tests/system/test_served_mix_promql.py): counts, means and shares are the
+run's exactly.
 
 With `LLMB_CAPTURE_SERVED_MIX=DIR` set, each test writes the queries it asked with
 Prometheus' answers and the run's lengths into DIR/<engine> (tests/fixtures/served-mix-*).
@@ -121,18 +122,9 @@ def mix_of_run(
 
 
 def same_mix(cli: dict[str, Any], lib: dict[str, Any]) -> None:
-    """The command's file and served_mix()'s, read a moment apart: increase() extrapolates
-    to the query's time, so the weights and the rate move a little, the shapes do not."""
-    assert set(cli) == set(lib) and cli["concurrency"] == lib["concurrency"]
-    # A loaded machine puts seconds between the two reads: a run of a few requests moves by
-    # a tenth then (one scrape more or less at the window's edge).
-    assert cli["rate_per_second"] == pytest.approx(lib["rate_per_second"], rel=0.15)
-    for key in ("prompt_tokens", "output_tokens"):
-        assert set(cli[key]) == set(lib[key]), key
-        if "empirical" in lib[key]:
-            assert [b for b, _ in cli[key]["empirical"]] == [b for b, _ in lib[key]["empirical"]]
-        else:
-            assert cli[key] == lib[key], key
+    """The command's file and served_mix()'s, read a moment apart: counted from the samples,
+    they are the same (no extrapolation to the query's time)."""
+    assert cli == lib
 
 
 def capture(
@@ -165,10 +157,8 @@ def shares(values: list[int], bounds: list[float]) -> list[float]:
 
 def check_counts(mix: ServedMix, records: list[dict[str, Any]]) -> None:
     n = len(records)
-    # increase() extrapolates to the window's edges (up to half a scrape interval each side):
-    # on a run of a few requests that is up to one request, on a long one 5 %.
-    assert abs(mix.requests - n) <= max(0.05 * n, 1.0), (mix.requests, n)
-    assert mix.rate_per_second == pytest.approx(mix.requests / 3600)
+    assert mix.requests == n
+    assert mix.rate_per_second == pytest.approx(n / 3600)
     assert mix.running_p50 is not None and mix.running_p90 is not None
     assert 0 <= mix.running_p50 <= mix.running_p90 <= 2
     assert mix.concurrency == max(1, -int(-mix.running_p90 // 1))
@@ -193,14 +183,14 @@ def test_sglang_served_mix_is_the_runs_lengths(
     check_counts(mix, records)
     for lengths, key in ((mix.prompt, "prompt_tokens"), (mix.output, "completion_tokens")):
         values = [r[key] for r in records]
-        assert lengths.mean == pytest.approx(statistics.fmean(values), rel=0.03), key
+        assert lengths.mean == pytest.approx(statistics.fmean(values), rel=1e-9), key
         assert lengths.buckets, key
         bounds = [ub for ub, _ in lengths.buckets]
         total = sum(w for _, w in lengths.buckets)
-        assert abs(total - len(values)) <= max(0.05 * len(values), 1.0), key
+        assert total == len(values), key
         got = [w / total for _, w in lengths.buckets]
         want = shares(values, bounds)
-        assert got == pytest.approx(want, abs=0.03), (key, got, want)
+        assert got == pytest.approx(want, abs=1e-9), (key, got, want)
     # Two prompt buckets (<=100 and 100-300 tokens) and two output buckets (<=100, 100-300).
     assert len(mix.prompt.buckets) == len(mix.output.buckets) == 2
     doc = json.loads(mix.length_mix().to_json())
@@ -222,7 +212,7 @@ def test_llamacpp_served_mix_is_the_runs_mean_lengths(
     check_counts(mix, records)
     for lengths, key in ((mix.prompt, "prompt_tokens"), (mix.output, "completion_tokens")):
         mean = statistics.fmean(r[key] for r in records)
-        assert lengths.mean == pytest.approx(mean, rel=0.03), key
+        assert lengths.mean == pytest.approx(mean, rel=1e-9), key
         assert lengths.buckets == () and lengths.dist().to_obj() == {"fixed": round(lengths.mean)}
     assert mix.lacks[0] == (
         "llama.cpp exports only totals (no llmb_engine_request_prompt_tokens): "

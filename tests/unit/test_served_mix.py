@@ -124,14 +124,16 @@ def test_sglang_mix_from_real_answers_is_the_runs_lengths() -> None:
     with RecordedPrometheus(answers) as prom:
         mix = served_mix(prom.url, run["window"], run["engine"])
     assert (mix.engine, mix.kind, mix.window) == (run["engine"], "sglang", run["window"])
-    assert mix.requests == pytest.approx(len(lengths), rel=0.05)
-    assert mix.rate_per_second == pytest.approx(mix.requests / 3600)
+    # Counted from the samples, not extrapolated: the run's exact count, means and shares.
+    assert mix.requests == len(lengths)
+    assert mix.rate_per_second == pytest.approx(len(lengths) / 3600)
     for got, column in ((mix.prompt, 0), (mix.output, 1)):
         values = [pair[column] for pair in lengths]
-        assert got.mean == pytest.approx(statistics.fmean(values), rel=0.03)
+        assert got.mean == pytest.approx(statistics.fmean(values), rel=1e-9)
         total = sum(w for _, w in got.buckets)
+        assert total == len(values)
         want = shares(values, [ub for ub, _ in got.buckets])
-        assert [w / total for _, w in got.buckets] == pytest.approx(want, abs=0.03)
+        assert [w / total for _, w in got.buckets] == pytest.approx(want, abs=1e-9)
     assert [ub for ub, _ in mix.prompt.buckets] == [100.0, 300.0]
     assert [ub for ub, _ in mix.output.buckets] == [100.0, 300.0]
     assert mix.running_p50 is not None and mix.running_p90 is not None
@@ -168,19 +170,19 @@ def test_llamacpp_mix_from_real_answers_is_the_mean_and_says_so() -> None:
     assert mix.kind == "llamacpp"
     for got, column in ((mix.prompt, 0), (mix.output, 1)):
         mean = statistics.fmean(pair[column] for pair in lengths)
-        assert got.mean == pytest.approx(mean, rel=0.03)
+        assert got.mean == pytest.approx(mean, rel=1e-9)
         assert got.buckets == () and got.dist().to_obj() == {"fixed": round(got.mean)}
     assert mix.lacks[0] == (
         "llama.cpp exports only totals (no llmb_engine_request_prompt_tokens): "
         "the mix is the mean length"
     )
     assert "llama.cpp exports only totals" in mix.prompt.source
-    assert mix.requests == pytest.approx(len(lengths), rel=0.05)
+    assert mix.requests == len(lengths)
 
 
 def test_llamacpp_without_its_log_has_no_request_count(capsys: Any) -> None:
     answers, run = recorded(LLAMA)
-    answers = replaced(answers, f"sum(increase({FINISHED}", [])
+    answers = replaced(answers, f"sum ((((last_over_time({FINISHED}", [])
     with RecordedPrometheus(answers) as prom:
         code = main(["served-mix", "--prometheus", prom.url, "--engine", run["engine"]])
     err = capsys.readouterr().err
@@ -219,7 +221,7 @@ def test_no_exporter_samples_asks_whether_it_scrapes_the_exporter() -> None:
 def test_a_window_without_finished_requests_says_so() -> None:
     answers, run = recorded(SGLANG)
     zero = [{"metric": {}, "value": [0, "0"]}]
-    with RecordedPrometheus(replaced(answers, f"sum(increase({FINISHED}", zero)) as prom:
+    with RecordedPrometheus(replaced(answers, f"sum ((((last_over_time({FINISHED}", zero)) as prom:
         with pytest.raises(ServedMixError, match="finished no request in the last 1h"):
             served_mix(prom.url, "1h", run["engine"])
 
