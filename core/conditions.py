@@ -167,6 +167,16 @@ EXPERTS_HOST_ACTION = (
 _QUEUED = Compare("waiting_avg", ">=", "queue_min")
 
 
+def _decode_at_limit(*more: Compare) -> AllOf:
+    """Decode at the roofline (no answer beyond physics: above the physical maximum the
+    roofline does not fit), and `more`."""
+    return AllOf.of(
+        Compare("decode_efficiency", ">=", "decode_efficiency_at_limit"),
+        Compare("decode_efficiency", "<=", "decode_efficiency_physical_max"),
+        *more,
+    )
+
+
 def _waiting_below_cap(*more: Compare) -> AllOf:
     """Requests queue while running stays below its cap, and `more`."""
     return AllOf.of(
@@ -290,15 +300,23 @@ _ENGINE_CONDITIONS: tuple[Condition, ...] = (
         (
             Evidence(
                 "efficiency",
-                AllOf.of(
-                    Compare("decode_efficiency", ">=", "decode_efficiency_at_limit"),
-                    # No answer beyond physics: above this the roofline does not fit.
-                    Compare("decode_efficiency", "<=", "decode_efficiency_physical_max"),
+                _decode_at_limit(
+                    Compare("prefill_time_share", "<", "prefill_time_share_high", absent_holds=True)
                 ),
                 "decode efficiency (per-sequence decode tok/s / roofline) >= "
                 "`decode_efficiency_at_limit` and <= `decode_efficiency_physical_max` "
                 "(above it the bytes-per-step model does not fit the measurement: "
-                "`llmb:engine_roofline:misfit` says why, and no decode claim is made)",
+                "`llmb:engine_roofline:misfit` says why, and no decode claim is made), and "
+                "prompt seconds below `prefill_time_share_high` of prompt + decode seconds "
+                "(when long prompts take most of the time, the prefill verdicts say so)",
+            ),
+            Evidence(
+                "efficiency_short_prompts",
+                _decode_at_limit(
+                    Compare(*prefill.SHORT_PROMPTS, absent_holds=True),
+                ),
+                "decode efficiency within the same bounds with short prompts (below "
+                "`prefill_prompt_tokens_min` tokens per request: no prefill verdict can hold)",
             ),
         ),
     ),

@@ -173,6 +173,8 @@ def ttft_wait_share(wait: float | None, prefill: float | None) -> float | None:
 # comparisons (signal, op, threshold) that must all hold). Long prompts in each; no answer
 # beyond physics (the decode's gate).
 _LONG = ("prompt_tokens_mean", ">=", "prefill_prompt_tokens_min")
+# Its negation: decode at the card's limit holds with short prompts whatever the time share.
+SHORT_PROMPTS = ("prompt_tokens_mean", "<", "prefill_prompt_tokens_min")
 CONDITION_TESTS: tuple[tuple[str, str, tuple[tuple[str, str, str], ...]], ...] = (
     ("ttft_waiting", "wait_share", (_LONG, ("ttft_wait_share", ">=", "ttft_wait_share_high"))),
     (
