@@ -150,11 +150,16 @@ def test_decision_order_first_condition_wins() -> None:
     v = evaluate(everything)
     assert v.name == "weights_not_resident"
     # In decision order; prefill_at_card_limit needs little waiting, card_throttled a card
-    # state: the only ones not held.
+    # state, and decode at the card's limit yields to the prefill verdicts while long prompts
+    # take most of the time: the only ones not held.
     held = {c.name: c.held for c in v.conditions}
     assert [c.name for c in v.conditions][:3] == ["weights_not_resident", "kv_saturated",
                                                   "ttft_waiting"]  # fmt: skip
-    assert [n for n, h in held.items() if not h] == ["card_throttled", "prefill_at_card_limit"]
+    assert [n for n, h in held.items() if not h] == [
+        "card_throttled",
+        "prefill_at_card_limit",
+        "decode_at_card_limit",
+    ]
     assert evaluate(Signals(decode_efficiency=0.5)).name == "decode_at_card_limit"
     assert evaluate(Signals(decode_efficiency=0.4999)).name == "decode_below_card_limit"
     assert evaluate(Signals(kv_pressure_increase=0.0)).name == "decode_below_card_limit"
