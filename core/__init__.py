@@ -8,6 +8,7 @@ nothing, so that every name is found where it is defined:
   `threshold_seconds` (a range/duration threshold in seconds);
 - `signals`: `Signals` (the recording-rule-level inputs; `None` = the series is absent),
   `SIGNAL_RECORDS` (each field's recorded series);
+- `predicates`: the condition language (`Compare`, `AllOf`, `Evidence`, `Condition`);
 - `conditions`: `VERDICTS` (names in decision order), `VERDICT_INFO`, `SEVERITY`, the
   condition table (`CONDITIONS`: `Evidence` alternatives of `Compare` / `AllOf` tests on
   `Signals` fields, read only by the evaluator and the rule generator) and `evaluate`, the

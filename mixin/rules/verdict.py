@@ -11,10 +11,8 @@ from core.conditions import (
     SEVERITY,
     VERDICT_INFO,
     VERDICTS,
-    AllOf,
-    Compare,
-    Condition,
 )
+from core.predicates import AllOf, Compare, Condition
 from core.signals import SIGNAL_RECORDS
 from mixin.rules.common import UP, E, rec
 
