@@ -79,6 +79,9 @@ def print_answer(engines: list[EngineResult], decision: Decision, out: Path) -> 
         lines.append(_line("your load", load))
     if len(engines) > 1:
         lines.append(_line("comparable", "yes" if decision.comparable else "no"))
+    # compare sends every engine the same mix: said once.
+    for mix in dict.fromkeys(e.traffic.text() for e in engines if e.traffic is not None):
+        lines.append(_line("your traffic", mix))
     for step in decision.steps:
         lines.append(f"  {step.key:<{WIDTH - 2}}{step.answer}")
     for e in engines:
