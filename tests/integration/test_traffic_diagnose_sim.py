@@ -106,11 +106,19 @@ def test_compare_sends_both_engines_the_same_schedule(tmp_path: Path) -> None:
         check_traffic_row(engine, rounds=3)
     # The same prompts at the same times: request by request the same lengths.
     records = [
-        json.loads(line)
-        for line in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()
+        json.loads(line) for line in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()
     ]
-    by = {(r["engine"], r["index"], r["step"] % 3) for r in records}
-    assert len(by) == 72
+    rounds: dict[tuple[str, int], dict[int, float]] = {}
+    for r in records:
+        # When the replay meant to send it (the send itself may wait for the in-flight cap).
+        due = r["start_time"] - r["send_error_s"]
+        rounds.setdefault((r["engine"], r["step"]), {})[r["index"]] = due
+    assert sorted(name for name, _ in rounds) == ["a"] * 3 + ["b"] * 3
+    for starts in rounds.values():
+        # Each round scheduled the twelve on the trace's clock (100 ms apart, at half time).
+        assert sorted(starts) == list(range(12))
+        for index, at in starts.items():
+            assert at - starts[0] == pytest.approx(0.05 * index, abs=0.002)
     asked = {
         name: sorted((r["index"], r["prompt_tokens"], r["completion_tokens"])
                      for r in records if r["engine"] == name)
