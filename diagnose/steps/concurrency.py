@@ -52,7 +52,7 @@ def level_text(run: EngineRun, c: int, row: Row) -> str:
     single = run.result.single()
     scale = (
         f" (x{row.aggregate_tok_s / single.per_seq_tok_s:.2f} of one sequence)"
-        if single and single.per_seq_tok_s and row.aggregate_tok_s
+        if single and single is not row and single.per_seq_tok_s and row.aggregate_tok_s
         else ""
     )
     queue = f", {row.waiting_avg:.1f} waiting on average" if row.waiting_avg else ""
