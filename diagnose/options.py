@@ -13,6 +13,7 @@ from loadgen.options import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_MAX_TOKENS,
     DEFAULT_TIMEOUT_S,
+    UsageError,
     add_traffic_options,
     positive_float,
 )
@@ -128,5 +129,10 @@ def add_traffic(args: argparse.Namespace, opts: Options) -> None:
     the flags contradict each other or the source cannot be read, before anything runs."""
     if not traffic_given(args):
         return
+    if getattr(args, "find_max", False):
+        raise UsageError(
+            "--find-max bisects the fixed prompts' concurrency; your traffic runs at its own "
+            "width (drop --find-max or --traffic)"
+        )
     opts.traffic = read_traffic(args, DEFAULT_REQUESTS)
     opts.time_scale, opts.schedule = args.time_scale, not args.no_schedule

@@ -100,3 +100,13 @@ def traffic_text(row: Row) -> str:
         else f"{row.tokens_off} requests' usage differs from the traffic's lengths"
     )
     return f"; {cache}{kv}; {tokens}"
+
+
+def traffic_row_text(row: Row) -> str:
+    """An engine's traffic row in one line (compare's answer): aggregate, TTFT and its
+    split, queue, prefix cache, KV usage, the token check."""
+    queue = f", {row.waiting_avg:.1f} waiting on average" if row.waiting_avg is not None else ""
+    return (
+        f"{row.aggregate_tok_s or 0:.1f} tok/s aggregate, {ttft_text(row)}{split_text(row)}"
+        f"{queue}{traffic_text(row)}"
+    )

@@ -6,6 +6,7 @@ engine's own prefix-cache hit rate and the per-request token check."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -96,9 +97,16 @@ def test_diagnose_answers_under_the_traffic(tmp_path: Path, capsys: Any) -> None
     assert 'id="traffic"' in (tmp_path / "out" / "report.html").read_text()
 
 
-def test_compare_sends_both_engines_the_same_schedule(tmp_path: Path) -> None:
+def test_compare_sends_both_engines_the_same_schedule(tmp_path: Path, capsys: Any) -> None:
     same = ("llamacpp", "healthy", "-np 4 -c 16384")
     doc = run_cli(tmp_path, "compare", ("a", *same), ("b", *same))
+    printed = capsys.readouterr().out
+    # Each engine's own figures under the traffic, and the mix once.
+    for name in ("a", "b"):
+        assert re.search(
+            rf"^under traffic +{name}: .*prefix cache \d+% of prompt tokens", printed, re.M
+        )
+    assert printed.count("your traffic    ") == 1
     a, b = doc["engines"]
     assert a["traffic"] == b["traffic"]
     check_mix(a, tmp_path / "trace.jsonl")

@@ -46,6 +46,7 @@ def trace(tmp_path: Path) -> Path:
         (["--traffic", MIX, "--traffic-engine", "x"], "--traffic-engine goes with --traffic-from"),
         (["--traffic", "mix:prompt=fixed:10"], "--traffic: --traffic mix: output= is required"),
         (["--traffic", "nowhere.jsonl"], "--traffic: --traffic nowhere.jsonl: cannot read it"),
+        (["--traffic", MIX, "--slo", "e2e_p50=1s", "--find-max"], "drop --find-max or --traffic"),
     ],
 )
 def test_contradicting_or_bad_traffic_flags_exit_2_before_any_engine(
