@@ -18,7 +18,9 @@ from diagnose.load import traffic_off
 from diagnose.options import add_traffic
 from diagnose.report.content import traffic_rows
 from loadgen.results import RequestRecord
-from loadgen.traffic.spec import load_traffic
+from loadgen.traffic.spec import load_traffic, served_traffic
+from tests.plugins.prom import RecordedPrometheus
+from tests.unit.test_served_mix import SGLANG, recorded
 
 # Port 1 refuses connections: a command that got as far as the engine would exit 1, not 2.
 DEAD = "http://127.0.0.1:1"
@@ -150,3 +152,19 @@ def test_histogram_buckets_are_powers_of_two() -> None:
         (512, 1),
         (1024, 1),
     ]
+
+
+def test_traffic_from_is_the_served_mix_as_run_reads_it() -> None:
+    answers, run = recorded(SGLANG)
+    parser = build_parser(default_commands())
+    with RecordedPrometheus(answers) as prom:
+        args = parser.parse_args(["diagnose", "--url", DEAD, "--out", "o",
+                                  "--traffic-from", prom.url, "--traffic-window", run["window"],
+                                  "--traffic-engine", run["engine"]])  # fmt: skip
+        opts = options_from_args(args, None)
+        add_traffic(args, opts)
+        want = served_traffic(prom.url, run["window"], run["engine"], 32)
+    assert opts.traffic is not None
+    assert opts.traffic.source.startswith(f"served mix of {run['engine']} over the last 1h")
+    # The same requests `run --traffic-from` replays: one reader, one draw.
+    assert opts.traffic.requests == want.requests and len(want.requests) == 32
