@@ -78,6 +78,16 @@ def test_the_rules_give_diagnose_s_verdict_under_a_mixed_trace(
     # One slot, six requests in a second: the queue is the bottleneck, by the run itself.
     assert verdict == "scheduling_bound", (verdict, result["signals"])
     assert row["prompt_cache_hit_ratio"] is not None and row["prompt_cache_hit_ratio"] > 0.2
+    # Every request's usage is the trace's (±1: a template's merged token), and the counters'
+    # cached share is the engine's per-request cache_n over the step.
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert sorted(r["index"] for r in records) == list(range(6))
+    for rec in records:
+        asked = ROWS[rec["index"]]
+        assert abs(rec["prompt_tokens"] - asked["input_length"]) <= 1, rec
+        assert rec["completion_tokens"] == asked["output_length"], rec
+    cached = sum(r["cached_tokens"] for r in records) / sum(r["prompt_tokens"] for r in records)
+    assert row["prompt_cache_hit_ratio"] == pytest.approx(cached, abs=0.02)
     # The rules' verdict at the end of the replay (the step's last sample), as Prometheus
     # evaluated it from its own scrapes of the exporter.
     (phase,) = [p for p in result["phases"] if p["name"] == "concurrency"]
