@@ -15,6 +15,7 @@ from core.roofline import host_bound_text
 from diagnose.decision.model import Decision, EngineResult, RunInfo, utc_now
 from diagnose.engine_run import gib
 from diagnose.report.html.write import write_report
+from diagnose.steps.concurrency import traffic_row_text
 from loadgen.options import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_INVALID, EXIT_OK
 
 log = logging.getLogger(__name__)
@@ -79,8 +80,17 @@ def print_answer(engines: list[EngineResult], decision: Decision, out: Path) -> 
         lines.append(_line("your load", load))
     if len(engines) > 1:
         lines.append(_line("comparable", "yes" if decision.comparable else "no"))
+    # compare sends every engine the same mix: said once.
+    for mix in dict.fromkeys(e.traffic.text() for e in engines if e.traffic is not None):
+        lines.append(_line("your traffic", mix))
     for step in decision.steps:
         lines.append(f"  {step.key:<{WIDTH - 2}}{step.answer}")
+    if len(engines) > 1:
+        # compare's steps compare; each engine's own figures under the traffic are here.
+        for e in engines:
+            row = next((r for r in e.ok_rows("concurrency") if e.traffic is not None), None)
+            if row is not None:
+                lines.append(_line("under traffic", f"{e.name}: {traffic_row_text(row)}"))
     for e in engines:
         lines += _engine_lines(e)
     for est in decision.estimates:

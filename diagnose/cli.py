@@ -33,6 +33,8 @@ from diagnose.options import (
     DEFAULT_ROUNDS,
     Options,
     add_host_bandwidth_option,
+    add_traffic,
+    add_traffic_arguments,
     run_host_bandwidth,
 )
 from diagnose.phase_marks import PhasePublisher, say
@@ -330,6 +332,7 @@ class Measurement:
         add_timeout_options(parser)
         # The user's load picks between two engines only.
         add_measure_arguments(parser, rounds=self.rounds, load_from=self.engines > 1)
+        add_traffic_arguments(parser)
         _add_evidence(parser, per_engine=self.engines > 1)
 
     def run(self, args: argparse.Namespace) -> int:
@@ -367,9 +370,13 @@ def run_measurement(command: str, args: argparse.Namespace) -> int:
     """`diagnose` (one engine) or `compare` (two): measure, decide, answer, write."""
     info = run_info(getattr(args, "argv", None))
     config = load_config_or_usage(args.config)
+    opts = options_from_args(args, config)
+    # The traffic is read before any engine is asked: a bad --traffic costs nothing.
+    add_traffic(args, opts)
     measured = measured_engines(command, args, config)
     engines = measured.engines
-    opts = options_from_args(args, config)
+    if opts.traffic is not None:
+        say(f"your traffic: {opts.traffic.source}, {len(opts.traffic.requests)} requests")
     opts.path_origins = path_origins(args, engines)
     opts.probes = measured.probes
     opts.host_bandwidth = run_host_bandwidth(args, config)

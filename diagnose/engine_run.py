@@ -33,6 +33,7 @@ from diagnose.phase_marks import PhasePublisher, say
 from diagnose.step_table import STEP_QUESTIONS
 from loadgen.scheduler.context import RunContext
 from loadgen.target import Target
+from loadgen.traffic.model import Traffic
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class LoadStep:
     rounds: int = 1
     context: int | None = None  # the launch's context (the context sweep), else None
     requests: int | None = None  # None: concurrency x --requests-per-slot
+    # --traffic: replay this instead of `prompt_tokens`-long prompts (its own lengths).
+    traffic: Traffic | None = None
 
 
 class StepStopped(Exception):

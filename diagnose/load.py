@@ -26,12 +26,14 @@ from diagnose.engine_run import EngineRun, LoadStep, StepStopped
 from diagnose.evidence import step_evidence
 from diagnose.facts import structure_facts
 from diagnose.monitor import Monitor
-from loadgen.results import RequestRecord
+from loadgen.outcomes import EARLY_STOP
+from loadgen.results import PROMPT_TOKENS_TOLERANCE, RequestRecord, prompt_tokens_off
 from loadgen.scheduler.calibration import calibrate_first
 from loadgen.scheduler.phase import ABORT_ENGINE_GONE, ABORT_NOT_ANSWERING
 from loadgen.scheduler.spec import RunSpec
 from loadgen.scheduler.step import run_step
 from loadgen.summary import StepSummary
+from loadgen.traffic.model import Traffic
 
 # Error kinds that mean the KV cache / context ran out (the load generator's names).
 KV_ERRORS = ("kv_exhausted",)
@@ -42,15 +44,27 @@ TTFT = "llmb_engine_time_to_first_token_seconds"
 QUEUE = "llmb_engine_queue_time_seconds"
 DECODE_TOKENS = "llmb_engine_decode_tokens_total"
 DECODE_SECONDS = "llmb_engine_decode_seconds_total"
+PROMPT_TOKENS = "llmb_engine_prompt_tokens_total"
+CACHED_TOKENS = "llmb_engine_prompt_tokens_cached_total"
 
 
 # Abort reasons of the scheduler after which no further step can run on this engine.
 ENGINE_LOST = (ABORT_ENGINE_GONE, ABORT_NOT_ANSWERING)
 
 
-def load_spec(run: EngineRun, concurrency: int, prompt_tokens: int, requests: int) -> RunSpec:
-    """The scheduler's spec of one round: completions, the options' lengths and timeouts."""
-    return RunSpec(
+def load_spec(
+    run: EngineRun,
+    concurrency: int,
+    prompt_tokens: int,
+    requests: int,
+    traffic: Traffic | None = None,
+) -> RunSpec:
+    """The scheduler's spec of one round: completions, the options' lengths and timeouts.
+
+    With `traffic` the round replays it (its lengths, times and shared blocks) and the
+    engine's prompt cache stays on: a shared prefix is the traffic's, and so is its hit.
+    """
+    spec = RunSpec(
         targets=[run.target()],
         max_tokens=run.opts.max_tokens,
         concurrency=concurrency,
@@ -61,6 +75,11 @@ def load_spec(run: EngineRun, concurrency: int, prompt_tokens: int, requests: in
         endpoint="completions",
         extra_body=dict(engine_kind(run.engine.kind).uncached_body),
     )
+    if traffic is not None:
+        spec.traffic, spec.prompt_tokens, spec.requests = traffic, None, None
+        spec.time_scale, spec.schedule = run.opts.time_scale, run.opts.schedule
+        spec.extra_body = {}
+    return spec
 
 
 @dataclass
@@ -73,6 +92,9 @@ class _Rounds:
     server_tok_s: list[float] = field(default_factory=list)
     prompts: list[float] = field(default_factory=list)
     timings: list[PromptTiming] = field(default_factory=list)
+    # --traffic: requests whose usage is not the traffic's lengths (`traffic_off`).
+    tokens_off: int = 0
+    traffic: bool = False
 
 
 def _add_round(row: Row, acc: _Rounds, fig: StepSummary) -> None:
@@ -97,16 +119,17 @@ def _add_round(row: Row, acc: _Rounds, fig: StepSummary) -> None:
 
 
 async def _run_rounds(
-    run: EngineRun, row: Row, prompt_tokens: int, rounds: int, requests: int | None
+    run: EngineRun, row: Row, load: LoadStep
 ) -> tuple[_Rounds, StepStopped | None]:
     """The step's rounds; with why they stopped early (Ctrl-C, engine lost), else None."""
-    acc = _Rounds()
-    for _ in range(rounds):
+    acc = _Rounds(traffic=load.traffic is not None)
+    for _ in range(load.rounds):
         spec = load_spec(
             run,
             row.concurrency,
-            prompt_tokens,
-            requests or row.concurrency * run.opts.requests_per_slot,
+            load.prompt_tokens,
+            load.requests or row.concurrency * run.opts.requests_per_slot,
+            load.traffic,
         )
         result = await run_step(spec, run.ctx, step=run.round_no)
         row.record_steps.append(run.round_no)
@@ -118,6 +141,8 @@ async def _run_rounds(
         acc.prompts += [float(r.prompt_tokens) for r in records if r.prompt_tokens is not None]
         reason = result.abort_reason or ""
         acc.timings += prompt_timings(records)
+        if load.traffic is not None:
+            acc.tokens_off += traffic_off(load.traffic, records)
         if result.interrupted:
             return acc, StepStopped(reason or "interrupted", interrupted=True)
         if result.aborted and reason.startswith(ENGINE_LOST):
@@ -155,11 +180,36 @@ def _per(num: float | None, den: float | None) -> float | None:
     return num / den if num is not None and den else None
 
 
+def mean_output(traffic: Traffic) -> int:
+    """The traffic's mean output length in tokens, rounded."""
+    return round(sum(r.output_tokens for r in traffic.requests) / len(traffic.requests))
+
+
+def traffic_off(traffic: Traffic, records: list[RequestRecord]) -> int:
+    """The answered requests whose usage is not what the traffic asked: output tokens other
+    than its length, or a prompt further off its length than the load generator allows
+    (`loadgen.results.PROMPT_TOKENS_TOLERANCE`, a chat template's merged token)."""
+    off = 0
+    for r in records:
+        if r.error is not None and r.error != EARLY_STOP:
+            continue  # a failure, counted as one
+        asked = traffic.requests[r.index]
+        prompt_off = prompt_tokens_off(r)
+        if r.completion_tokens != asked.output_tokens or (
+            prompt_off is None or abs(prompt_off) > PROMPT_TOKENS_TOLERANCE
+        ):
+            off += 1
+    return off
+
+
 def _summarize(run: EngineRun, row: Row, acc: _Rounds, engine: EngineTiming) -> None:
     ok = row.requests - row.requests_failed
-    row.tokens_ok = (
-        ok > 0 and row.completion_tokens == ok * run.opts.max_tokens and not (row.requests_failed)
+    # --traffic asks each request's own output length: checked request by request.
+    asked = (
+        acc.tokens_off == 0 if acc.traffic else row.completion_tokens == ok * run.opts.max_tokens
     )
+    row.tokens_ok = ok > 0 and asked and not row.requests_failed
+    row.tokens_off = acc.tokens_off
     row.prompt_tokens = sum(acc.prompts) / len(acc.prompts) if acc.prompts else None
     row.aggregate_tok_s = median(row.aggregate_rounds)
     # The client's figures, else the engine's own (a stream of empty text): one decision.
@@ -208,11 +258,14 @@ async def measure_row(run: EngineRun, load: LoadStep) -> Row:
         load.concurrency,
         context=load.context,
         parallel=run.result.slots,
-        max_tokens=run.opts.max_tokens,
+        # --traffic: each request asks the traffic's own length; the row keeps their mean
+        # (the KV estimates' mid-decode context).
+        max_tokens=run.opts.max_tokens if load.traffic is None else mean_output(load.traffic),
     )
     # The prompts are counted before the step's window opens: the calibration probes would
     # be in the engine's own TTFT histogram over the window (diagnose/decision/sources.py).
-    await calibrate_first(run.ctx, load_spec(run, load.concurrency, load.prompt_tokens, 1))
+    spec = load_spec(run, load.concurrency, load.prompt_tokens, 1, load.traffic)
+    await calibrate_first(run.ctx, spec)
     t0 = time.time()
     # The step's window opens with a scrape of its own: every counter's value before the
     # first request (the background sampler's next scrape may come after it finished, and
@@ -220,7 +273,7 @@ async def measure_row(run: EngineRun, load: LoadStep) -> Row:
     await run.monitor.sample(fresh=True)
     events0 = _log_events(run)
     started = time.time()
-    acc, stopped = await _run_rounds(run, row, load.prompt_tokens, load.rounds, load.requests)
+    acc, stopped = await _run_rounds(run, row, load)
     row.wall_s = time.time() - started
     if stopped is not None:
         # What finished is kept: the row with its rounds, marked with why it stopped.
@@ -237,12 +290,21 @@ async def measure_row(run: EngineRun, load: LoadStep) -> Row:
     structure_facts(run)
     _summarize(run, row, acc, engine_timing(run.monitor, acc.server_tok_s, t0, t1))
     row.memory_bytes = run.monitor.memory_peak(t0, t1)
+    if load.traffic is not None:
+        row.prompt_cache_hit_ratio = cache_hit_ratio(run.monitor, t0, t1)
     # The KV-pressure events the engine's log showed during the step (the exporter's count).
     row.kv_events = int(max(0.0, _log_events(run) - events0))
     step_evidence(run, row, t0, t1)
     run.result.rows.append(row)
     run.result.prefill = row_prefill(run.result, prefill_row(run.result))
     return row
+
+
+def cache_hit_ratio(mon: Monitor, t0: float, t1: float) -> float | None:
+    """Cached / all prompt tokens over [t0, t1] from the engine's own counters (None: no
+    counters, or no prompt tokens). Not SGLang's `cache_hit_rate` gauge: each batch
+    overwrites it, so a scrape sees one batch, not the step."""
+    return _per(mon.increase(CACHED_TOKENS, t0, t1), mon.increase(PROMPT_TOKENS, t0, t1))
 
 
 def _log_events(run: EngineRun) -> float:

@@ -13,9 +13,14 @@ from loadgen.options import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_MAX_TOKENS,
     DEFAULT_TIMEOUT_S,
+    UsageError,
+    add_traffic_options,
     positive_float,
 )
 from loadgen.resolve import TargetProbe
+from loadgen.scheduler.spec import DEFAULT_REQUESTS
+from loadgen.traffic.flags import read_traffic, traffic_given
+from loadgen.traffic.model import Traffic
 from model.host_memory import HostBandwidth, host_bandwidth, measure_host_bandwidth
 
 # `compare`'s --rounds default: a difference is called only beyond the spread of rounds.
@@ -66,6 +71,17 @@ class Options:
     load_source: str | None = None
     # --find-max: bisect between measured concurrencies for the highest within --slo.
     find_max: bool = False
+    # --traffic/--traffic-from: the load steps replay this instead of fixed prompts
+    # (docs/diagnose.md, "Your traffic"), `time_scale` and `schedule` as in `run`.
+    traffic: Traffic | None = None
+    time_scale: float = 1.0
+    schedule: bool = True
+
+    def traffic_width(self) -> int:
+        """The traffic step's concurrency: a mix's own closed-loop width, else the highest
+        --concurrency (a scheduled replay's cap on requests in flight)."""
+        own = self.traffic.concurrency if self.traffic is not None else None
+        return own or max(self.concurrency)
 
 
 def add_host_bandwidth_option(group: Any) -> None:
@@ -93,3 +109,30 @@ def run_host_bandwidth(
     if flag is None and configured is None and getattr(args, "exporter_url", None):
         return None
     return host_bandwidth(flag, configured, measure)
+
+
+def add_traffic_arguments(parser: argparse.ArgumentParser) -> None:
+    """--traffic, --traffic-from and their modifiers: `run`'s flags, the same meanings."""
+    add_traffic_options(
+        parser.add_argument_group(
+            "traffic (docs/diagnose.md, 'Your traffic')",
+            "Replay your traffic in the concurrency step instead of fixed prompts, at the "
+            "highest --concurrency (a scheduled replay's cap on requests in flight, else the "
+            "closed loop's width); the single, KV-pressure and context steps are skipped. "
+            f"A mix without n= draws {DEFAULT_REQUESTS} requests.",
+        )
+    )
+
+
+def add_traffic(args: argparse.Namespace, opts: Options) -> None:
+    """The traffic of the flags into `opts` (none given: the fixed prompts); a UsageError when
+    the flags contradict each other or the source cannot be read, before anything runs."""
+    if not traffic_given(args):
+        return
+    if getattr(args, "find_max", False):
+        raise UsageError(
+            "--find-max bisects the fixed prompts' concurrency; your traffic runs at its own "
+            "width (drop --find-max or --traffic)"
+        )
+    opts.traffic = read_traffic(args, DEFAULT_REQUESTS)
+    opts.time_scale, opts.schedule = args.time_scale, not args.no_schedule

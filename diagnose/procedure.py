@@ -39,6 +39,7 @@ from diagnose.decision.one_engine import decide_single, engine_verdict
 from diagnose.decision.requests import load_requests
 from diagnose.decision.roofline import roofline
 from diagnose.decision.slo import add_slo
+from diagnose.decision.traffic import traffic_mix
 from diagnose.decision.two_engines import CompareInputs, decide_compare
 from diagnose.engine_run import EngineRun, LoadStep, StepStopped
 from diagnose.evidence import card_evidence, residency_values
@@ -72,6 +73,19 @@ PROCEDURE: tuple[ProcedureStep, ...] = (
 assert tuple(s.key for s in PROCEDURE) == STEPS
 
 
+# --traffic: the steps whose load is fixed lengths of the tool's choosing, not the user's
+# traffic, are skipped with these reasons (docs/diagnose.md, "Your traffic"): the verdict is
+# the traffic's alone. The concurrency step replays the traffic instead.
+TRAFFIC_SKIPS = {
+    "single": "skipped under --traffic: one request at a time of --prompt-tokens is not your "
+    "traffic (run diagnose without --traffic for the single-request roofline)",
+    "kv_pressure": "skipped under --traffic: its probe prompts (half a slot each) are not your "
+    "traffic; your traffic's KV usage is in the concurrency step",
+    "context": "skipped under --traffic: the context sweep restarts the engine at fixed "
+    "lengths; your traffic ran at the launch context",
+}
+
+
 class Diagnoser(EngineRun):
     """Runs the steps for one engine and collects an EngineResult with its verdict."""
 
@@ -101,6 +115,11 @@ class Diagnoser(EngineRun):
         return residency_values(self)
 
     async def _run(self) -> None:
+        opts = self.opts
+        if opts.traffic is not None:
+            self.result.traffic = traffic_mix(
+                opts.traffic, opts.time_scale, opts.schedule, opts.traffic_width()
+            )
         if "parallel" in self.template():
             self.parallel = self.opts.parallel or max(self.opts.concurrency)
         if self.engine.launch is not None:
@@ -116,6 +135,9 @@ class Diagnoser(EngineRun):
             try:
                 if self.ctx.stop.is_set():
                     raise StepStopped(f"{ABORT_INTERRUPTED}: stopped by a signal", True)
+                if self.opts.traffic is not None and step.key in TRAFFIC_SKIPS:
+                    self.steps[step.key] = self.not_measured(step.key, TRAFFIC_SKIPS[step.key])
+                    continue
                 self.steps[step.key] = await step.measure(self)
             except StepStopped as exc:
                 self._stopped(step.key, exc)

@@ -44,8 +44,7 @@ from loadgen.session import MetricsPortBusy, SessionOptions, execute
 from loadgen.session import run as run_loop
 from loadgen.sweep import plan_steps, probe_factory
 from loadgen.target import Target
-from loadgen.traffic.model import TrafficError
-from loadgen.traffic.spec import load_traffic, served_traffic
+from loadgen.traffic.flags import read_traffic, traffic_given
 
 __all__ = [
     "QUIET_LOGGERS",
@@ -336,15 +335,7 @@ def traffic_spec(args: argparse.Namespace, base: RunSpec) -> RunSpec:
             f"{flag} gives the lengths and times; drop {', '.join(clashes)} "
             "(docs/loadgen.md, 'Your traffic')"
         )
-    count = base.requests or DEFAULT_REQUESTS
-    try:
-        if args.traffic_from:
-            window, engine = args.traffic_window, args.traffic_engine
-            found = served_traffic(args.traffic_from, window, engine, count)
-        else:
-            found = load_traffic(args.traffic, count)
-    except TrafficError as exc:
-        raise UsageError(f"{flag}: {exc}") from None
+    found = read_traffic(args, base.requests or DEFAULT_REQUESTS)
     traffic = found.head(base.requests)
     concurrency = getattr(args, "concurrency", None)
     if concurrency is not None and len(concurrency) > 1:
@@ -361,17 +352,11 @@ def run_command(args: argparse.Namespace) -> int:
     """`run`: one setting (or one per listed value) on one or more engines."""
     targets = resolve_targets(args, load_config_or_usage(args.config))
     base = _base_spec(args, targets)
-    if args.traffic is not None and args.traffic_from is not None:
-        raise UsageError("--traffic or --traffic-from (the served mix), not both")
-    if args.traffic_engine is not None and args.traffic_from is None:
-        raise UsageError("--traffic-engine goes with --traffic-from")
-    if args.traffic is not None or args.traffic_from is not None:
+    if traffic_given(args):
         spec = traffic_spec(args, base)
         assert spec.traffic is not None
         args.traffic_mix = spec.traffic.describe()
         return _finish(args, [spec], "run")
-    if args.time_scale != 1.0 or args.no_schedule:
-        raise UsageError("--time-scale and --no-schedule go with --traffic")
     return _finish(args, _steps(args, base, grid=False), "run")
 
 

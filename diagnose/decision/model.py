@@ -8,10 +8,14 @@ from __future__ import annotations
 import datetime as dt
 import statistics
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.roofline import HostOffload, ModelStructure, expert_share
 from core.slo import StepSlo, gaps
+
+if TYPE_CHECKING:
+    # Only a field's type: the model stays the first layer of diagnose (tests/unit/test_layout.py).
+    from diagnose.decision.traffic import TrafficMix
 
 # The recommendation vocabulary of results.json, and `switch_to(engine)` below.
 STAY_AND_TUNE = "stay_and_tune"
@@ -116,6 +120,11 @@ class Row:
     # not measured, or a run saved before these fields.
     per_seq_source: str | None = None
     ttft_source: str | None = None
+    # --traffic: cached / all prompt tokens over the step, from the engine's own counters
+    # (llmb_engine_prompt_tokens_cached_total over llmb_engine_prompt_tokens_total); None:
+    # no counters. `tokens_off`: requests whose usage differs from the traffic's lengths.
+    prompt_cache_hit_ratio: float | None = None
+    tokens_off: int = 0
 
     @property
     def spread(self) -> float | None:
@@ -240,6 +249,8 @@ class EngineResult:
     stopped: str | None = None
     # The stop was Ctrl-C (or SIGTERM), not the engine.
     interrupted: bool = False
+    # --traffic: the mix this engine was sent (None: the fixed prompts).
+    traffic: TrafficMix | None = None
 
     def ok_rows(self, step: str | None = None) -> list[Row]:
         """Rows without an error, optionally of one step kind."""

@@ -70,5 +70,6 @@ def max_tokens_caveats(engine: EngineResult) -> list[str]:
         if r.error is None and not r.tokens_ok and r.requests and r.step != "kv_pressure"
     ]
     if bad:
-        return [f"{engine.name}: token counts differ from max_tokens in {len(bad)} step(s)"]
+        asked = "the traffic's lengths" if engine.traffic is not None else "max_tokens"
+        return [f"{engine.name}: token counts differ from {asked} in {len(bad)} step(s)"]
     return []

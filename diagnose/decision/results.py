@@ -14,6 +14,7 @@ from diagnose.decision.model import (
     Row,
     RunInfo,
 )
+from diagnose.decision.traffic import TrafficMix
 
 
 def results_to_dict(
@@ -42,4 +43,6 @@ def engine_from_dict(data: dict[str, Any]) -> EngineResult:
     roof = Roofline(**(data.pop("roofline", None) or {}))
     data["prefill"] = Prefill(**(data.pop("prefill", None) or {}))
     timeline = [(float(t), float(v)) for t, v in data.pop("timeline", [])]
+    traffic = data.pop("traffic", None)
+    data["traffic"] = TrafficMix.from_dict(traffic) if traffic else None
     return EngineResult(**data, phases=phases, rows=rows, roofline=roof, timeline=timeline)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from core.conditions import VERDICT_INFO
 from diagnose.decision.model import Decision, EngineResult, RunInfo
+from diagnose.decision.traffic import Lengths
 from diagnose.report.hints import FIX_EXPORTER, unknown
 from exporter import __version__
 
@@ -185,3 +186,30 @@ class Report:
     phases: list[list[str]]
     plots: list[Plot]
     missing: list[str]
+    # --traffic: (what, value) of the mix sent (empty: the fixed prompts).
+    traffic: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _histogram_text(lengths: Lengths) -> str:
+    return ", ".join(f"≤{bound}: {n}" for bound, n in lengths.histogram)
+
+
+def traffic_rows(engines: list[EngineResult]) -> list[tuple[str, str]]:
+    """The mix of a --traffic run (compare sends both engines the same: shown once)."""
+    mix = next((e.traffic for e in engines if e.traffic is not None), None)
+    if mix is None:
+        return []
+    rate = f"{mix.rate_per_s:.3g} requests/s" if mix.rate_per_s else "no schedule (closed loop)"
+    how = "scheduled, in-flight cap" if mix.scheduled else "closed loop"
+    return [
+        ("source", mix.source),
+        ("requests", f"{mix.requests} over {mix.span_s:.3g} s of schedule"),
+        ("arrival rate", rate + (f" (time scale {mix.time_scale:g})" if mix.scheduled else "")),
+        ("concurrency", f"{mix.concurrency} ({how})"),
+        ("sessions", str(mix.sessions)),
+        ("shared prefix", f"{mix.shared_prefix_share:.1%} of prompt tokens"),
+        ("prompt tokens", f"{mix.prompt_tokens.text()}, mean {mix.prompt_tokens.mean:.1f}"),
+        ("prompt histogram", _histogram_text(mix.prompt_tokens)),
+        ("output tokens", f"{mix.output_tokens.text()}, mean {mix.output_tokens.mean:.1f}"),
+        ("output histogram", _histogram_text(mix.output_tokens)),
+    ]

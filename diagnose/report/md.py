@@ -34,6 +34,8 @@ def render_markdown(rep: content.Report) -> str:
     parts += ["**Caveats:**" + ("" if a.caveats else " none"), ""]
     parts += [f"- {c}" for c in a.caveats] + ([""] if a.caveats else [])
     parts += ["## Run", "", _md_table(("", ""), content.metadata_rows(rep.meta)), ""]
+    if rep.traffic:
+        parts += ["## Your traffic", "", _md_table(("", ""), rep.traffic), ""]
     parts += ["## Steps, in order", ""]
     for n, (question, answer, decisive) in enumerate(rep.steps, 1):
         parts.append(f"{n}. **{question}** {answer}" + (" ← decided" if decisive else ""))

@@ -268,6 +268,11 @@ COLUMNS = (
         lambda r: _pct_or_dash(r.spread),
         "one round per step: pass --rounds 3 for the spread between rounds",
     ),
+    Column(
+        "prefix cache",
+        lambda r: "" if r.prompt_cache_hit_ratio is None else f"{r.prompt_cache_hit_ratio:.0%}",
+        quiet=True,
+    ),
     Column("failed", lambda r: _count(r.requests_failed), quiet=True),
     Column("KV exhausted", lambda r: _count(r.kv_exhausted), quiet=True),
     Column("truncated", lambda r: _count(r.truncated), quiet=True),

@@ -109,6 +109,12 @@ def render_html(rep: content.Report) -> str:
         "<li>nothing: every step ran</li>"
     )
     meta = _html_table(("", ""), content.metadata_rows(rep.meta), "meta", True)
+    traffic = (
+        f'<section id="traffic"><h2>Your traffic</h2>'
+        f"{_html_table(('', ''), rep.traffic, 'meta', True)}</section>\n"
+        if rep.traffic
+        else ""
+    )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>llm-bottleneck {html.escape(rep.title)}</title>
 <style>{CSS}</style></head>
@@ -124,7 +130,7 @@ def render_html(rep: content.Report) -> str:
 </section>
 <section id="metadata"><h2>Run</h2>{meta}
 </section>
-<h2>Steps, in order</h2><ol id="steps">{steps}</ol>
+{traffic}<h2>Steps, in order</h2><ol id="steps">{steps}</ol>
 <h2>Engines</h2>{_html_table(*rep.facts, "facts", True)}
 <h2>Plots</h2>{"".join(_html_plot(p) for p in rep.plots)}
 <h2>Measurements</h2>{measurements}{table_notes}

@@ -8,7 +8,13 @@ from pathlib import Path
 
 from diagnose.decision.model import Decision, EngineResult, RunInfo
 from diagnose.decision.results import results_to_dict
-from diagnose.report.content import Report, answer_of, metadata_of, not_measured
+from diagnose.report.content import (
+    Report,
+    answer_of,
+    metadata_of,
+    not_measured,
+    traffic_rows,
+)
 from diagnose.report.html.figure import Plot, PlottingMissing
 from diagnose.report.html.page import render_html
 from diagnose.report.html.plots import build_plots
@@ -35,6 +41,7 @@ def build_report(
         phases=phase_rows(engines),
         plots=plots,
         missing=not_measured(engines, plots),
+        traffic=traffic_rows(engines),
     )
 
 

@@ -1,0 +1,170 @@
+"""`diagnose --traffic` / `compare --traffic`: the flags as `run` parses them, their errors
+before any engine is asked, the per-request token check and the mix in results.json."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from cli.loadgen import build_parser, default_commands, main
+from diagnose.cli import options_from_args
+from diagnose.decision.model import Decision, EngineResult, Row
+from diagnose.decision.results import engine_from_dict, results_to_dict
+from diagnose.decision.traffic import histogram, traffic_mix
+from diagnose.load import traffic_off
+from diagnose.options import add_traffic
+from diagnose.report.content import traffic_rows
+from loadgen.results import RequestRecord
+from loadgen.traffic.spec import load_traffic, served_traffic
+from tests.plugins.prom import RecordedPrometheus
+from tests.unit.test_served_mix import SGLANG, recorded
+
+# Port 1 refuses connections: a command that got as far as the engine would exit 1, not 2.
+DEAD = "http://127.0.0.1:1"
+MIX = "mix:prompt=uniform:100:300,output=fixed:16,rate=4,n=20,seed=3"
+
+
+def trace(tmp_path: Path) -> Path:
+    rows = [
+        {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]},
+        {"timestamp": 500, "input_length": 700, "output_length": 9, "hash_ids": [1, 3]},
+        {"timestamp": 1000, "input_length": 40, "output_length": 3, "hash_ids": [4]},
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("command", ["diagnose", "compare"])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--traffic", MIX, "--traffic-from", "http://p:9090"], "not both"),
+        (["--no-schedule"], "--time-scale and --no-schedule go with --traffic"),
+        (["--time-scale", "0.5"], "--time-scale and --no-schedule go with --traffic"),
+        (["--traffic", MIX, "--traffic-engine", "x"], "--traffic-engine goes with --traffic-from"),
+        (["--traffic", "mix:prompt=fixed:10"], "--traffic: --traffic mix: output= is required"),
+        (["--traffic", "nowhere.jsonl"], "--traffic: --traffic nowhere.jsonl: cannot read it"),
+        (["--traffic", MIX, "--slo", "e2e_p50=1s", "--find-max"], "drop --find-max or --traffic"),
+    ],
+)
+def test_contradicting_or_bad_traffic_flags_exit_2_before_any_engine(
+    command: str, flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    urls = ["--url", DEAD] * (2 if command == "compare" else 1)
+    code = main([command, *urls, "--out", str(tmp_path / "o"), *flags])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_flags_give_the_traffic_and_its_width(tmp_path: Path) -> None:
+    parser = build_parser(default_commands())
+    args = parser.parse_args(["diagnose", "--url", DEAD, "--out", "o", "--concurrency", "2,6",
+                              "--traffic", str(trace(tmp_path)), "--time-scale", "0.25",
+                              "--no-schedule"])  # fmt: skip
+    opts = options_from_args(args, None)
+    add_traffic(args, opts)
+    assert opts.traffic is not None and len(opts.traffic.requests) == 3
+    assert (opts.time_scale, opts.schedule) == (0.25, False)
+    # The highest --concurrency; a mix's own closed-loop width wins over it.
+    assert opts.traffic_width() == 6
+    closed = "mix:prompt=fixed:64,output=fixed:8,concurrency=3"
+    args = parser.parse_args(["compare", "--url", DEAD, "--url", DEAD, "--out", "o",
+                              "--traffic", closed])  # fmt: skip
+    opts = options_from_args(args, None)
+    add_traffic(args, opts)
+    assert opts.traffic is not None and opts.traffic_width() == 3
+    # A mix without n= draws loadgen's default request count.
+    assert len(opts.traffic.requests) == 32 and opts.schedule is True
+    # No traffic flag: the fixed prompts, unchanged.
+    args = parser.parse_args(["diagnose", "--url", DEAD, "--out", "o"])
+    opts = options_from_args(args, None)
+    add_traffic(args, opts)
+    assert opts.traffic is None and opts.prompt_tokens == 128
+
+
+def record(index: int, prompt: int, target: int, completion: int, error: str | None = None):
+    return RequestRecord(
+        "e", 0, index, 0.0, 1.0, 0.1, None, None, None, None, 1.0, None, prompt, completion,
+        None, completion, "length", None, None, None, None, None, None, error,
+        prompt_tokens_target=target,
+    )  # fmt: skip
+
+
+def test_each_request_is_checked_against_the_lengths_the_trace_asked(tmp_path: Path) -> None:
+    traffic = load_traffic(str(trace(tmp_path)))
+    good = [record(0, 600, 600, 5), record(1, 701, 700, 9), record(2, 40, 40, 3)]
+    # A chat template's merged token is within the tolerance; the lengths all differ, so a
+    # single max_tokens could not have checked them.
+    assert traffic_off(traffic, good) == 0
+    bad = [
+        record(0, 600, 600, 4, "early_stop"),  # cut short
+        record(1, 703, 700, 9),  # the prompt 3 tokens off
+        record(2, 40, 40, 5),  # more output than asked
+    ]
+    assert traffic_off(traffic, bad) == 3
+    # A failed request is a failure, not a length mismatch.
+    assert traffic_off(traffic, [record(0, 600, 600, 0, "timeout")]) == 0
+
+
+def test_the_mix_is_in_results_json_and_read_back(tmp_path: Path) -> None:
+    traffic = load_traffic(str(trace(tmp_path)))
+    mix = traffic_mix(traffic, time_scale=0.5, schedule=True, width=4)
+    assert mix.requests == 3 and mix.scheduled and mix.concurrency == 4
+    # Two gaps over one second of trace, replayed twice as fast.
+    assert mix.rate_per_s == pytest.approx(4.0)
+    # Block 1 (512 tokens) is sent twice: the second time it is shared.
+    assert mix.shared_prefix_share == pytest.approx(512 / 1340)
+    assert mix.prompt_tokens.histogram == [(64, 1), (1024, 2)]
+    assert (mix.output_tokens.min, mix.output_tokens.max) == (3.0, 9.0)
+    row = Row("e", "concurrency", 4, prompt_cache_hit_ratio=0.38, tokens_off=0)
+    engine = EngineResult("e", "llamacpp", rows=[row], traffic=mix)
+    doc = results_to_dict([engine], doc_decision())
+    text = json.loads(json.dumps(doc))
+    assert text["engines"][0]["traffic"]["prompt_tokens"]["p50"] == 600.0
+    assert text["engines"][0]["rows"][0]["prompt_cache_hit_ratio"] == 0.38
+    back = engine_from_dict(text["engines"][0])
+    assert back.traffic == mix and back.rows == [row]
+    # Without --traffic the field is null and reads back as None.
+    plain = dataclasses.replace(engine, traffic=None)
+    assert engine_from_dict(results_to_dict([plain], doc_decision())["engines"][0]).traffic is None
+    rows = dict(traffic_rows([engine, engine]))
+    assert rows["shared prefix"] == "38.2% of prompt tokens"
+    assert rows["prompt histogram"] == "≤64: 1, ≤1024: 2"
+    assert rows["arrival rate"] == "4 requests/s (time scale 0.5)"
+    assert traffic_rows([plain]) == []
+
+
+def doc_decision() -> Decision:
+    return Decision({"e": "idle"}, "inconclusive", "", True, [])
+
+
+def test_histogram_buckets_are_powers_of_two() -> None:
+    assert histogram([1, 2, 3, 4, 5, 512, 513]) == [
+        (1, 1),
+        (2, 1),
+        (4, 2),
+        (8, 1),
+        (512, 1),
+        (1024, 1),
+    ]
+
+
+def test_traffic_from_is_the_served_mix_as_run_reads_it() -> None:
+    answers, run = recorded(SGLANG)
+    parser = build_parser(default_commands())
+    with RecordedPrometheus(answers) as prom:
+        args = parser.parse_args(["diagnose", "--url", DEAD, "--out", "o",
+                                  "--traffic-from", prom.url, "--traffic-window", run["window"],
+                                  "--traffic-engine", run["engine"]])  # fmt: skip
+        opts = options_from_args(args, None)
+        add_traffic(args, opts)
+        want = served_traffic(prom.url, run["window"], run["engine"], 32)
+    assert opts.traffic is not None
+    assert opts.traffic.source.startswith(f"served mix of {run['engine']} over the last 1h")
+    # The same requests `run --traffic-from` replays: one reader, one draw.
+    assert opts.traffic.requests == want.requests and len(want.requests) == 32
