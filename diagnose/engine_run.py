@@ -17,6 +17,7 @@ from typing import Any
 
 from config.settings import EngineConfig
 from core.rules import RuleValues
+from core.series import ENGINE_KV_CACHE_BYTES
 from core.signals import Signals
 from core.slo import Slo
 from diagnose.decision.model import NOT_MEASURED, EngineResult, PhaseMark, Row, Step
@@ -222,7 +223,7 @@ class EngineRun(ABC):
 
     def kv_bytes(self) -> float | None:
         """KV cache bytes of the running launch (the exporter's, read from the engine's log)."""
-        return self.monitor.engine_value("llmb_engine_kv_cache_bytes")
+        return self.monitor.engine_value(ENGINE_KV_CACHE_BYTES)
 
 
 def gib(value: float | None) -> str:

@@ -11,6 +11,15 @@ import time
 from dataclasses import dataclass, field
 
 from config.kinds import engine_kind
+from core.series import (
+    ENGINE_DECODE_SECONDS_TOTAL,
+    ENGINE_DECODE_TOKENS_TOTAL,
+    ENGINE_KV_PRESSURE_EVENTS_TOTAL,
+    ENGINE_PROMPT_TOKENS_CACHED_TOTAL,
+    ENGINE_PROMPT_TOKENS_TOTAL,
+    ENGINE_QUEUE_TIME_SECONDS,
+    ENGINE_TIME_TO_FIRST_TOKEN_SECONDS,
+)
 from core.stats import percentile
 from diagnose.decision.model import Row
 from diagnose.decision.prefill import (
@@ -37,15 +46,8 @@ from loadgen.traffic.model import Traffic
 
 # Error kinds that mean the KV cache / context ran out (the load generator's names).
 KV_ERRORS = ("kv_exhausted",)
-KV_EVENTS = "llmb_engine_kv_pressure_events_total"
 # The engine's own timing of a step, as the exporter maps it (SGLang: its TTFT histogram, and
 # its inter-token histogram as the decode counters).
-TTFT = "llmb_engine_time_to_first_token_seconds"
-QUEUE = "llmb_engine_queue_time_seconds"
-DECODE_TOKENS = "llmb_engine_decode_tokens_total"
-DECODE_SECONDS = "llmb_engine_decode_seconds_total"
-PROMPT_TOKENS = "llmb_engine_prompt_tokens_total"
-CACHED_TOKENS = "llmb_engine_prompt_tokens_cached_total"
 
 
 # Abort reasons of the scheduler after which no further step can run on this engine.
@@ -169,10 +171,17 @@ def engine_timing(mon: Monitor, server_tok_s: list[float], t0: float, t1: float)
     way in, so a step without streamed text has no llama.cpp TTFT.
     """
     decode = median(server_tok_s) or _per(
-        mon.increase(DECODE_TOKENS, t0, t1), mon.increase(DECODE_SECONDS, t0, t1)
+        mon.increase(ENGINE_DECODE_TOKENS_TOTAL, t0, t1),
+        mon.increase(ENGINE_DECODE_SECONDS_TOTAL, t0, t1),
     )
-    ttft = _per(mon.increase(TTFT + "_sum", t0, t1), mon.increase(TTFT + "_count", t0, t1))
-    queue = _per(mon.increase(QUEUE + "_sum", t0, t1), mon.increase(QUEUE + "_count", t0, t1))
+    ttft = _per(
+        mon.increase(ENGINE_TIME_TO_FIRST_TOKEN_SECONDS + "_sum", t0, t1),
+        mon.increase(ENGINE_TIME_TO_FIRST_TOKEN_SECONDS + "_count", t0, t1),
+    )
+    queue = _per(
+        mon.increase(ENGINE_QUEUE_TIME_SECONDS + "_sum", t0, t1),
+        mon.increase(ENGINE_QUEUE_TIME_SECONDS + "_count", t0, t1),
+    )
     return EngineTiming(decode, ttft, queue)
 
 
@@ -304,14 +313,17 @@ def cache_hit_ratio(mon: Monitor, t0: float, t1: float) -> float | None:
     """Cached / all prompt tokens over [t0, t1] from the engine's own counters (None: no
     counters, or no prompt tokens). Not SGLang's `cache_hit_rate` gauge: each batch
     overwrites it, so a scrape sees one batch, not the step."""
-    return _per(mon.increase(CACHED_TOKENS, t0, t1), mon.increase(PROMPT_TOKENS, t0, t1))
+    return _per(
+        mon.increase(ENGINE_PROMPT_TOKENS_CACHED_TOTAL, t0, t1),
+        mon.increase(ENGINE_PROMPT_TOKENS_TOTAL, t0, t1),
+    )
 
 
 def _log_events(run: EngineRun) -> float:
     """KV-pressure events of the engine's log so far (SGLang's retractions are no log events)."""
     if not engine_kind(run.engine.kind).kv_events_in_log:
         return 0.0
-    return run.monitor.engine_total(KV_EVENTS)
+    return run.monitor.engine_total(ENGINE_KV_PRESSURE_EVENTS_TOTAL)
 
 
 def median(values: list[float]) -> float | None:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from core.series import LOADGEN_PHASE_INFO, LOADGEN_PHASE_START_TIMESTAMP_SECONDS
 from diagnose.decision.model import PhaseMark
 
 
@@ -24,13 +25,13 @@ class PhasePublisher:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         self.info = Gauge(
-            "llmb_loadgen_phase_info",
+            LOADGEN_PHASE_INFO,
             "1 while the diagnose/compare phase runs, else 0.",
             ["engine", "phase"],
             registry=self.registry,
         )
         self.started = Gauge(
-            "llmb_loadgen_phase_start_timestamp_seconds",
+            LOADGEN_PHASE_START_TIMESTAMP_SECONDS,
             "Unix time the diagnose/compare phase last started.",
             ["engine", "phase"],
             registry=self.registry,

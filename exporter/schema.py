@@ -24,6 +24,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.metrics_core import Metric
 
+from core import series
+
 if TYPE_CHECKING:
     from model.geometry import ModelGeometry
 
@@ -50,234 +52,234 @@ def _c(help_: str, labels: tuple[str, ...] = ENGINE) -> Spec:
 
 SCHEMA: dict[str, Spec] = {
     # --- GPU (NVML) -------------------------------------------------------------------------
-    "llmb_gpu_info": Spec(
+    series.GPU_INFO: Spec(
         "info",
         "GPU identity and where its bandwidth figure comes from.",
         ("gpu", "uuid", "name", "driver", "bandwidth_source"),
     ),
-    "llmb_gpu_memory_total_bytes": _g("Total GPU memory.", GPU),
-    "llmb_gpu_memory_used_bytes": _g(
+    series.GPU_MEMORY_TOTAL_BYTES: _g("Total GPU memory.", GPU),
+    series.GPU_MEMORY_USED_BYTES: _g(
         "GPU memory in use (NVML v2 'used': excludes driver-reserved memory, as nvidia-smi).", GPU
     ),
-    "llmb_gpu_memory_free_bytes": _g("Free GPU memory.", GPU),
-    "llmb_gpu_memory_reserved_bytes": _g("GPU memory reserved by the driver.", GPU),
-    "llmb_gpu_memory_used_peak_bytes": _g(
+    series.GPU_MEMORY_FREE_BYTES: _g("Free GPU memory.", GPU),
+    series.GPU_MEMORY_RESERVED_BYTES: _g("GPU memory reserved by the driver.", GPU),
+    series.GPU_MEMORY_USED_PEAK_BYTES: _g(
         "Highest used GPU memory seen by the background sampler over the peak window.", GPU
     ),
-    "llmb_gpu_utilization_ratio": _g("GPU busy ratio over NVML's last sample period (0-1).", GPU),
-    "llmb_gpu_memory_clock_hertz": _g("Current memory clock.", GPU),
-    "llmb_gpu_memory_bus_width_bytes": _g("Memory bus width (bytes per transfer: bits / 8).", GPU),
-    "llmb_gpu_memory_bandwidth_bytes_per_second": _g(
+    series.GPU_UTILIZATION_RATIO: _g("GPU busy ratio over NVML's last sample period (0-1).", GPU),
+    series.GPU_MEMORY_CLOCK_HERTZ: _g("Current memory clock.", GPU),
+    series.GPU_MEMORY_BUS_WIDTH_BYTES: _g("Memory bus width (bytes per transfer: bits / 8).", GPU),
+    series.GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND: _g(
         "Theoretical peak memory bandwidth (known-GPU table, config override, or clock x bus).", GPU
     ),
-    "llmb_gpu_peak_flops": _g(
+    series.GPU_PEAK_FLOPS: _g(
         "Dense tensor-core peak FLOP/s per dtype (model/gpu_specs.py).", (*GPU, "dtype")
     ),
-    "llmb_gpu_process_memory_used_bytes": _g(
+    series.GPU_PROCESS_MEMORY_USED_BYTES: _g(
         "GPU memory used by one process, attributed to a configured engine when it matches.",
         ("gpu", "pid", "process", "engine"),
     ),
-    "llmb_gpu_process_memory_used_peak_bytes": _g(
+    series.GPU_PROCESS_MEMORY_USED_PEAK_BYTES: _g(
         "Highest GPU memory of one process over the peak window.",
         ("gpu", "pid", "process", "engine"),
     ),
-    "llmb_gpu_samples_total": _c("NVML background samples taken.", ()),
+    series.GPU_SAMPLES_TOTAL: _c("NVML background samples taken.", ()),
     **{
         # --- The card's own state (issue 27): is the card itself slowed? -------------------
-        "llmb_gpu_memory_clock_max_hertz": _g("Maximum memory clock.", GPU),
-        "llmb_gpu_sm_clock_hertz": _g("Current SM (graphics) clock.", GPU),
-        "llmb_gpu_sm_clock_max_hertz": _g("Maximum SM (graphics) clock.", GPU),
-        "llmb_gpu_power_watts": _g("Power draw of the GPU.", GPU),
-        "llmb_gpu_sm_clock_busy_hertz": _g(
+        series.GPU_MEMORY_CLOCK_MAX_HERTZ: _g("Maximum memory clock.", GPU),
+        series.GPU_SM_CLOCK_HERTZ: _g("Current SM (graphics) clock.", GPU),
+        series.GPU_SM_CLOCK_MAX_HERTZ: _g("Maximum SM (graphics) clock.", GPU),
+        series.GPU_POWER_WATTS: _g("Power draw of the GPU.", GPU),
+        series.GPU_SM_CLOCK_BUSY_HERTZ: _g(
             "SM clock, only in samples while the GPU is busy (utilization at or above "
             "`card_busy_utilization_min`): averaged over a window, the clock under load.",
             GPU,
         ),
-        "llmb_gpu_power_limit_watts": _g(
+        series.GPU_POWER_LIMIT_WATTS: _g(
             "Power limit the driver enforces (the lowest of the set limits).", GPU
         ),
-        "llmb_gpu_power_limit_default_watts": _g(
+        series.GPU_POWER_LIMIT_DEFAULT_WATTS: _g(
             "The card's default (stock) power limit: an enforced limit below it was lowered.",
             GPU,
         ),
-        "llmb_gpu_power_limit_max_watts": _g(
+        series.GPU_POWER_LIMIT_MAX_WATTS: _g(
             "The highest power limit the card accepts (`nvidia-smi -pl`).", GPU
         ),
-        "llmb_gpu_temperature_celsius": _g("GPU core temperature.", GPU),
-        "llmb_gpu_clock_event_reason_active": _g(
+        series.GPU_TEMPERATURE_CELSIUS: _g("GPU core temperature.", GPU),
+        series.GPU_CLOCK_EVENT_REASON_ACTIVE: _g(
             "1 while NVML reports this reason for holding the clocks down "
             "(nvmlDeviceGetCurrentClocksEventReasons), else 0; one series per reason NVML names.",
             ("gpu", "reason"),
         ),
     },
     # --- Engine identity and health ---------------------------------------------------------
-    "llmb_engine_up": _g(
+    series.ENGINE_UP: _g(
         "1 when the engine serves (llama.cpp: /health 200; SGLang: /metrics or /v1/models "
         "answered, /health only when both fail), else 0."
     ),
-    "llmb_engine_loading": _g("1 while the engine reports that it is loading the model."),
-    "llmb_engine_info": Spec(
+    series.ENGINE_LOADING: _g("1 while the engine reports that it is loading the model."),
+    series.ENGINE_INFO: Spec(
         "info",
         "Engine identity: model, version/build, quantization; simulated=true for simulators.",
         (*ENGINE, "model", "version", "quantization", "simulated"),
     ),
-    "llmb_engine_restarts_total": _c(
+    series.ENGINE_RESTARTS_TOTAL: _c(
         "New engine instances seen after the first one: the engine was unreachable in between, "
         "or its identity (build, model, context, slots, start arguments) changed."
     ),
-    "llmb_engine_endpoint_enabled": _g(
+    series.ENGINE_ENDPOINT_ENABLED: _g(
         "1 when an optional engine endpoint is enabled, 0 when the engine answers 501 for it.",
         (*ENGINE, "endpoint"),
     ),
     # --- Scheduling -------------------------------------------------------------------------
-    "llmb_engine_requests_running": _g("Requests being processed (in a slot / running batch)."),
-    "llmb_engine_requests_waiting": _g("Requests queued for lack of a slot or KV space."),
-    "llmb_engine_slots": _g("Maximum concurrently running requests (llama.cpp -np; SGLang max)."),
-    "llmb_engine_context_tokens": _g("Maximum context per sequence in tokens."),
+    series.ENGINE_REQUESTS_RUNNING: _g("Requests being processed (in a slot / running batch)."),
+    series.ENGINE_REQUESTS_WAITING: _g("Requests queued for lack of a slot or KV space."),
+    series.ENGINE_SLOTS: _g("Maximum concurrently running requests (llama.cpp -np; SGLang max)."),
+    series.ENGINE_CONTEXT_TOKENS: _g("Maximum context per sequence in tokens."),
     # --- KV cache ---------------------------------------------------------------------------
-    "llmb_engine_kv_cache_capacity_tokens": _g("KV cache capacity in tokens (all sequences)."),
-    "llmb_engine_kv_cache_used_tokens": _g("KV cache tokens held by running requests."),
-    "llmb_engine_kv_cache_usage_ratio": _g("KV cache used / capacity (0-1)."),
-    "llmb_engine_slot_context_usage_max_ratio": _g(
+    series.ENGINE_KV_CACHE_CAPACITY_TOKENS: _g("KV cache capacity in tokens (all sequences)."),
+    series.ENGINE_KV_CACHE_USED_TOKENS: _g("KV cache tokens held by running requests."),
+    series.ENGINE_KV_CACHE_USAGE_RATIO: _g("KV cache used / capacity (0-1)."),
+    series.ENGINE_SLOT_CONTEXT_USAGE_MAX_RATIO: _g(
         "Fullest running slot: tokens held / per-slot context (llama.cpp, non-unified KV)."
     ),
-    "llmb_engine_kv_pressure_events_total": _c(
+    series.ENGINE_KV_PRESSURE_EVENTS_TOTAL: _c(
         "KV pressure events: kv_no_space, context_exceeded, context_shift, slot_truncated "
         "(llama.cpp log) or retracted (SGLang).",
         (*ENGINE, "event"),
     ),
-    "llmb_engine_kv_cache_bytes": _g(
+    series.ENGINE_KV_CACHE_BYTES: _g(
         "KV cache memory the engine reports it allocated (llama.cpp log; SGLang constant).",
         (*ENGINE, "device"),
     ),
     # --- Tokens and time (counters) ---------------------------------------------------------
-    "llmb_engine_prompt_tokens_total": _c(
+    series.ENGINE_PROMPT_TOKENS_TOTAL: _c(
         "Prompt tokens of finished/processed requests, incl. cached."
     ),
-    "llmb_engine_prompt_tokens_cached_total": _c("Prompt tokens served from the prefix cache."),
-    "llmb_engine_prompt_seconds_total": _c(
+    series.ENGINE_PROMPT_TOKENS_CACHED_TOTAL: _c("Prompt tokens served from the prefix cache."),
+    series.ENGINE_PROMPT_SECONDS_TOTAL: _c(
         "Time spent in prompt processing, each request's own prompt time summed (requests "
         "computed together each count theirs; llama.cpp without its log: per prompt batch)."
     ),
-    "llmb_engine_prefill_busy_seconds_total": _c(
+    series.ENGINE_PREFILL_BUSY_SECONDS_TOTAL: _c(
         "Wall time in which the engine computed prompts: the union of the requests' prompt "
         "spans, so prompts computed together count once. Prompt tokens computed / this is "
         "the prefill throughput."
     ),
-    "llmb_engine_generation_tokens_total": _c("Generated tokens."),
-    "llmb_engine_decode_tokens_total": _c(
+    series.ENGINE_GENERATION_TOKENS_TOTAL: _c("Generated tokens."),
+    series.ENGINE_DECODE_TOKENS_TOTAL: _c(
         "Tokens counted by the per-sequence decode timer; rate ratio with decode_seconds = "
         "per-sequence tok/s."
     ),
-    "llmb_engine_decode_seconds_total": _c("Per-sequence decode time summed over sequences."),
-    "llmb_engine_requests_finished_total": _c("Requests finished (SGLang)."),
-    "llmb_engine_decode_steps_total": _c("Batched decode steps (llama.cpp llama_decode calls)."),
+    series.ENGINE_DECODE_SECONDS_TOTAL: _c("Per-sequence decode time summed over sequences."),
+    series.ENGINE_REQUESTS_FINISHED_TOTAL: _c("Requests finished (SGLang)."),
+    series.ENGINE_DECODE_STEPS_TOTAL: _c("Batched decode steps (llama.cpp llama_decode calls)."),
     # --- Server-side latency histograms (SGLang exposes them; llama.cpp has none) -----------
-    "llmb_engine_time_to_first_token_seconds": Spec(
+    series.ENGINE_TIME_TO_FIRST_TOKEN_SECONDS: Spec(
         "histogram", "Server-side time to first token.", ENGINE
     ),
-    "llmb_engine_inter_token_latency_seconds": Spec(
+    series.ENGINE_INTER_TOKEN_LATENCY_SECONDS: Spec(
         "histogram", "Server-side inter-token latency.", ENGINE
     ),
-    "llmb_engine_queue_time_seconds": Spec("histogram", "Server-side time spent queued.", ENGINE),
-    "llmb_engine_e2e_request_latency_seconds": Spec(
+    series.ENGINE_QUEUE_TIME_SECONDS: Spec("histogram", "Server-side time spent queued.", ENGINE),
+    series.ENGINE_E2E_REQUEST_LATENCY_SECONDS: Spec(
         "histogram", "Server-side end-to-end request latency.", ENGINE
     ),
     # --- Per-request lengths (SGLang; llama.cpp exports only token totals) ----------------
-    "llmb_engine_request_prompt_tokens": Spec(
+    series.ENGINE_REQUEST_PROMPT_TOKENS: Spec(
         "histogram",
         "Prompt length of each finished request in tokens, cached ones included.",
         ENGINE,
     ),
-    "llmb_engine_request_generation_tokens": Spec(
+    series.ENGINE_REQUEST_GENERATION_TOKENS: Spec(
         "histogram", "Generated tokens of each finished request.", ENGINE
     ),
     # --- Memory residency -------------------------------------------------------------------
-    "llmb_engine_process_gpu_memory_bytes": _g(
+    series.ENGINE_PROCESS_GPU_MEMORY_BYTES: _g(
         "GPU memory of all processes attributed to the engine (NVML), summed over GPUs."
     ),
-    "llmb_engine_process_gpu_memory_peak_bytes": _g(
+    series.ENGINE_PROCESS_GPU_MEMORY_PEAK_BYTES: _g(
         "Peak of the engine's summed process GPU memory over the peak window."
     ),
-    "llmb_engine_model_buffer_bytes": _g(
+    series.ENGINE_MODEL_BUFFER_BYTES: _g(
         "Model weight buffers the engine reports per device (llama.cpp log: CUDA0, CPU_Mapped; "
         "SGLang: gpu, cpu).",
         (*ENGINE, "device"),
     ),
-    "llmb_engine_gpu_layers_offloaded": _g("Layers the engine put on the GPU (llama.cpp log)."),
-    "llmb_engine_gpu_layers_total": _g("Layers of the model (llama.cpp log)."),
-    "llmb_engine_load_seconds": _g(
+    series.ENGINE_GPU_LAYERS_OFFLOADED: _g("Layers the engine put on the GPU (llama.cpp log)."),
+    series.ENGINE_GPU_LAYERS_TOTAL: _g("Layers of the model (llama.cpp log)."),
+    series.ENGINE_LOAD_SECONDS: _g(
         "Time the engine took to load the model (log / SGLang startup)."
     ),
-    "llmb_engine_experts_host_layers": _g(
+    series.ENGINE_EXPERTS_HOST_LAYERS: _g(
         "Layers whose routed experts live in host memory (llama.cpp --n-cpu-moe, --cpu-moe, "
         "-ot exps=CPU)."
     ),
-    "llmb_engine_experts_host_bytes": _g(
+    series.ENGINE_EXPERTS_HOST_BYTES: _g(
         "Bytes of the routed-expert tensors kept in host memory; decode reads its share of them "
         "over host memory / PCIe."
     ),
-    "llmb_engine_spec_accept_length": _g(
+    series.ENGINE_SPEC_ACCEPT_LENGTH: _g(
         "Speculative decoding: mean tokens produced per target-model decode step (>= 1); absent "
         "without speculative decoding."
     ),
     # --- Model geometry ---------------------------------------------------------------------
-    "llmb_model_weights_bytes": _g("Size of the model weights."),
-    "llmb_model_parameters": _g("Parameter count of the model."),
-    "llmb_model_layers": _g("Transformer layers of the model."),
-    "llmb_model_kv_bytes_per_token_estimated": _g(
+    series.MODEL_WEIGHTS_BYTES: _g("Size of the model weights."),
+    series.MODEL_PARAMETERS: _g("Parameter count of the model."),
+    series.MODEL_LAYERS: _g("Transformer layers of the model."),
+    series.MODEL_KV_BYTES_PER_TOKEN_ESTIMATED: _g(
         "KV bytes per token of context from the architecture (full-attention layers)."
     ),
-    "llmb_model_kv_cache_bytes_estimated": _g(
+    series.MODEL_KV_CACHE_BYTES_ESTIMATED: _g(
         "KV cache bytes the engine should allocate for its configured context, from the "
         "architecture (sliding-window layers capped at the window)."
     ),
-    "llmb_model_weights_always_read_bytes": _g(
+    series.MODEL_WEIGHTS_ALWAYS_READ_BYTES: _g(
         "Weight bytes every decode step reads whatever the batch: attention, norms, dense FFN "
         "layers, shared experts, router, output projection (a tied embedding in full)."
     ),
-    "llmb_model_weights_routed_experts_bytes": _g(
+    series.MODEL_WEIGHTS_ROUTED_EXPERTS_BYTES: _g(
         "Bytes of all routed-expert tensors (0 for a dense model); a step reads the experts its "
         "batch is routed to."
     ),
-    "llmb_model_experts": _g("Routed experts per MoE layer (E); absent for a dense model."),
-    "llmb_model_experts_used": _g("Routed experts used per token (k); absent for a dense model."),
-    "llmb_model_token_embedding_row_bytes": _g(
+    series.MODEL_EXPERTS: _g("Routed experts per MoE layer (E); absent for a dense model."),
+    series.MODEL_EXPERTS_USED: _g("Routed experts used per token (k); absent for a dense model."),
+    series.MODEL_TOKEN_EMBEDDING_ROW_BYTES: _g(
         "Bytes of one row of an untied token embedding (a step reads one per sequence); 0 when "
         "tied."
     ),
-    "llmb_model_prefill_flops_per_token": _g("Matmul FLOPs per prompt token (model/flops.py)."),
-    "llmb_model_prefill_attention_flops_per_position": _g(
+    series.MODEL_PREFILL_FLOPS_PER_TOKEN: _g("Matmul FLOPs per prompt token (model/flops.py)."),
+    series.MODEL_PREFILL_ATTENTION_FLOPS_PER_POSITION: _g(
         "Attention FLOPs per prompt token and attended position, by layer kind.",
         (*ENGINE, "layers"),
     ),
-    "llmb_model_sliding_window_tokens": _g("Positions a sliding-window layer attends to."),
-    "llmb_model_kv_cache_type_info": Spec(
+    series.MODEL_SLIDING_WINDOW_TOKENS: _g("Positions a sliding-window layer attends to."),
+    series.MODEL_KV_CACHE_TYPE_INFO: Spec(
         "info",
         "KV cache element types the engine stores (llama.cpp -ctk/-ctv; SGLang "
         "--kv-cache-dtype); the KV estimates use them.",
         (*ENGINE, "type_k", "type_v"),
     ),
-    "llmb_model_draft_weights_bytes": _g(
+    series.MODEL_DRAFT_WEIGHTS_BYTES: _g(
         "Weight bytes of the speculative-decoding draft model (llama.cpp -md)."
     ),
     # --- The host ---------------------------------------------------------------------------
-    "llmb_host_memory_bandwidth_bytes_per_second": _g(
+    series.HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND: _g(
         "Host memory bandwidth for the expert-offload bound: a multi-threaded copy at exporter "
         "start, read + write counted (source=measured), or --host-bandwidth-gbs (flag) or "
         "host_memory_bandwidth_bytes_per_second (config).",
         ("source",),
     ),
     # --- Exporter self-metrics --------------------------------------------------------------
-    "llmb_source_up": _g("1 when the source was read successfully in this scrape.", ("source",)),
-    "llmb_source_duration_seconds": _g(
+    series.SOURCE_UP: _g("1 when the source was read successfully in this scrape.", ("source",)),
+    series.SOURCE_DURATION_SECONDS: _g(
         "Time taken to read the source in this scrape.", ("source",)
     ),
-    "llmb_source_errors_total": _c(
+    series.SOURCE_ERRORS_TOTAL: _c(
         "Source read failures by reason: timeout, connect, http, parse, too_large.",
         ("source", "reason"),
     ),
-    "llmb_exporter_build_info": Spec("info", "Exporter version.", ("version",)),
+    series.EXPORTER_BUILD_INFO: Spec("info", "Exporter version.", ("version",)),
 }
 
 
@@ -443,14 +445,14 @@ def add_model_structure(ms: MetricSet, geom: ModelGeometry, **labels: str) -> No
     """
     if geom.always_read_bytes is None:
         return
-    ms.add("llmb_model_weights_always_read_bytes", geom.always_read_bytes, **labels)
-    ms.add("llmb_model_weights_routed_experts_bytes", geom.routed_expert_bytes, **labels)
-    ms.add("llmb_model_token_embedding_row_bytes", geom.token_embedding_row_bytes, **labels)
+    ms.add(series.MODEL_WEIGHTS_ALWAYS_READ_BYTES, geom.always_read_bytes, **labels)
+    ms.add(series.MODEL_WEIGHTS_ROUTED_EXPERTS_BYTES, geom.routed_expert_bytes, **labels)
+    ms.add(series.MODEL_TOKEN_EMBEDDING_ROW_BYTES, geom.token_embedding_row_bytes, **labels)
     if geom.is_moe:
-        ms.add("llmb_model_experts", geom.expert_count, **labels)
-        ms.add("llmb_model_experts_used", geom.expert_used_count, **labels)
+        ms.add(series.MODEL_EXPERTS, geom.expert_count, **labels)
+        ms.add(series.MODEL_EXPERTS_USED, geom.expert_used_count, **labels)
 
 
 def add_kv_cache_type(ms: MetricSet, type_k: str, type_v: str, **labels: str) -> None:
     """`llmb_model_kv_cache_type_info{type_k,type_v}`: the KV element types the engine stores."""
-    ms.info("llmb_model_kv_cache_type_info", type_k=type_k, type_v=type_v, **labels)
+    ms.info(series.MODEL_KV_CACHE_TYPE_INFO, type_k=type_k, type_v=type_v, **labels)

@@ -22,6 +22,13 @@ import httpx
 
 from config.settings import Config, EngineConfig, GpuConfig, ProcessMatch
 from core.promql import SeriesKey
+from core.series import (
+    ENGINE_INFO,
+    ENGINE_KV_CACHE_USAGE_RATIO,
+    ENGINE_REQUESTS_WAITING,
+    ENGINE_UP,
+    GPU_MEMORY_USED_PEAK_BYTES,
+)
 from exporter.app import build_runner
 from exporter.collectors.llamacpp.log import LogState
 from exporter.collectors.llamacpp.memory import host_experts
@@ -36,12 +43,6 @@ from model.host_memory import HostBandwidth
 log = logging.getLogger(__name__)
 
 Series = dict[SeriesKey, float]
-
-GPU_PEAK = "llmb_gpu_memory_used_peak_bytes"
-ENGINE_INFO = "llmb_engine_info"
-ENGINE_UP = "llmb_engine_up"
-KV_USAGE = "llmb_engine_kv_cache_usage_ratio"
-WAITING = "llmb_engine_requests_waiting"
 
 
 def series_from_text(text: str) -> Series:
@@ -223,10 +224,13 @@ class ExporterStepProbe:
             return
         self._scrapes += 1
         engine = exporter_engine(series, self.engine, self.model or "")
-        for name, key in ((KV_USAGE, "kv_usage"), (WAITING, "waiting")):
+        for name, key in (
+            (ENGINE_KV_CACHE_USAGE_RATIO, "kv_usage"),
+            (ENGINE_REQUESTS_WAITING, "waiting"),
+        ):
             for value in pick(series, name, engine=engine):
                 self._stats.add(key, value)
-        peak = pick(series, GPU_PEAK)
+        peak = pick(series, GPU_MEMORY_USED_PEAK_BYTES)
         if peak:
             self._stats.add("gpu_memory_peak_bytes", max(0.0, *peak))
 

@@ -19,6 +19,22 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
+from core.series import (
+    LOADGEN_COMPLETION_TOKENS_TOTAL,
+    LOADGEN_E2E_REQUEST_LATENCY_SECONDS,
+    LOADGEN_EARLY_STOP_REQUESTS_TOTAL,
+    LOADGEN_GOODPUT_COMPLETION_TOKENS_TOTAL,
+    LOADGEN_GOODPUT_REQUESTS_TOTAL,
+    LOADGEN_INTER_TOKEN_LATENCY_SECONDS,
+    LOADGEN_PROMPT_TOKENS_TOTAL,
+    LOADGEN_REQUESTS_IN_FLIGHT,
+    LOADGEN_REQUESTS_TOTAL,
+    LOADGEN_SLO_INFO,
+    LOADGEN_STEP_INFO,
+    LOADGEN_STEP_START_TIMESTAMP_SECONDS,
+    LOADGEN_TIME_TO_FIRST_TOKEN_SECONDS,
+    LOADGEN_TOKEN_COUNT_MISMATCH,
+)
 from core.slo import Slo
 from loadgen.results import RequestRecord
 
@@ -100,31 +116,31 @@ class LoadgenMetrics:
         self.slo = slo
         r = self.registry
         self.ttft = Histogram(
-            "llmb_loadgen_time_to_first_token_seconds",
+            LOADGEN_TIME_TO_FIRST_TOKEN_SECONDS,
             "Client-side time from sending a request to its first streamed token.",
             ["engine"],
             buckets=TTFT_BUCKETS,
             registry=r,
         )
         self.itl = BulkHistogram(
-            "llmb_loadgen_inter_token_latency_seconds",
+            LOADGEN_INTER_TOKEN_LATENCY_SECONDS,
             "Client-side gap between consecutive streamed token chunks.",
             ITL_BUCKETS,
             registry=r,
         )
         self.e2e = Histogram(
-            "llmb_loadgen_e2e_request_latency_seconds",
+            LOADGEN_E2E_REQUEST_LATENCY_SECONDS,
             "Client-side time from sending a request to the end of its stream.",
             ["engine"],
             buckets=E2E_BUCKETS,
             registry=r,
         )
         self.in_flight = Gauge(
-            "llmb_loadgen_requests_in_flight", "Requests sent and not finished.", ["engine"],
+            LOADGEN_REQUESTS_IN_FLIGHT, "Requests sent and not finished.", ["engine"],
             registry=r,
         )  # fmt: skip
         self.requests = Counter(
-            "llmb_loadgen_requests",
+            LOADGEN_REQUESTS_TOTAL,
             "Finished requests by outcome (ok, early_stop, timeout, connect_error, ...).",
             ["engine", "outcome"],
             registry=r,
@@ -132,40 +148,42 @@ class LoadgenMetrics:
         # The per-engine series: (name, help) each, labelled `engine` only.
         counter, gauge = self._per_engine(Counter), self._per_engine(Gauge)
         self.completion_tokens = counter(
-            "llmb_loadgen_completion_tokens", "Completion tokens reported by the server's usage."
+            LOADGEN_COMPLETION_TOKENS_TOTAL, "Completion tokens reported by the server's usage."
         )
         self.prompt_tokens = counter(
-            "llmb_loadgen_prompt_tokens",
+            LOADGEN_PROMPT_TOKENS_TOTAL,
             "Prompt tokens reported by the server's usage (cached ones included).",
         )
         self.early_stop = counter(
-            "llmb_loadgen_early_stop_requests",
+            LOADGEN_EARLY_STOP_REQUESTS_TOTAL,
             "Requests that ended with fewer completion tokens than max_tokens.",
         )
         self.step = self._per_engine(Info)(
-            "llmb_loadgen_step",
+            LOADGEN_STEP_INFO.removesuffix("_info"),  # client_python appends it
             "The step now running (one per engine): concurrency, prompt tokens, max tokens.",
         )
         self.step_start = gauge(
-            "llmb_loadgen_step_start_timestamp_seconds",
+            LOADGEN_STEP_START_TIMESTAMP_SECONDS,
             "Unix time the current step started (for Grafana annotations).",
         )
         self.mismatch = gauge(
-            "llmb_loadgen_token_count_mismatch",
+            LOADGEN_TOKEN_COUNT_MISMATCH,
             "1 when this run's token counts differ across engines or from max_tokens.",
         )
         # Goodput (`--slo`): requests, and their completion tokens, within every limit.
         self.goodput_requests = counter(
-            "llmb_loadgen_goodput_requests",
+            LOADGEN_GOODPUT_REQUESTS_TOTAL,
             "Finished requests within the run's --slo (TTFT, end-to-end and own inter-token "
             "gap each within its limit); absent without --slo.",
         )
         self.goodput_tokens = counter(
-            "llmb_loadgen_goodput_completion_tokens",
+            LOADGEN_GOODPUT_COMPLETION_TOKENS_TOTAL,
             "Completion tokens of the requests within the run's --slo.",
         )
         if slo is not None:
-            Info("llmb_loadgen_slo", "The run's --slo.", registry=r).info({"slo": slo.text()})
+            Info(LOADGEN_SLO_INFO.removesuffix("_info"), "The run's --slo.", registry=r).info(
+                {"slo": slo.text()}
+            )
         self._children: dict[str, tuple[Histogram, Histogram, Counter, Counter]] = {}
         self._outcomes: dict[tuple[str, str], Counter] = {}
         self._runner: web.AppRunner | None = None

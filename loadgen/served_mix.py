@@ -29,6 +29,16 @@ from dataclasses import dataclass
 import httpx
 
 from config.kinds import engine_kind
+from core.series import (
+    ENGINE_GENERATION_TOKENS_TOTAL,
+    ENGINE_PROMPT_TOKENS_CACHED_TOTAL,
+    ENGINE_PROMPT_TOKENS_TOTAL,
+    ENGINE_REQUEST_GENERATION_TOKENS,
+    ENGINE_REQUEST_PROMPT_TOKENS,
+    ENGINE_REQUESTS_FINISHED_TOTAL,
+    ENGINE_REQUESTS_RUNNING,
+    ENGINE_UP,
+)
 from loadgen.options import UsageError
 from loadgen.prom_api import (
     Prometheus,
@@ -39,14 +49,6 @@ from loadgen.prom_api import (
 )
 from loadgen.traffic.mix import KIND, LengthDist, LengthMix
 
-RUNNING = "llmb_engine_requests_running"
-UP = "llmb_engine_up"
-FINISHED = "llmb_engine_requests_finished_total"
-PROMPT_TOTAL = "llmb_engine_prompt_tokens_total"
-CACHED_TOTAL = "llmb_engine_prompt_tokens_cached_total"
-OUTPUT_TOTAL = "llmb_engine_generation_tokens_total"
-PROMPT_HIST = "llmb_engine_request_prompt_tokens"
-OUTPUT_HIST = "llmb_engine_request_generation_tokens"
 MIX_KIND = KIND
 DEFAULT_SEED = 1234
 # A p90 of 12.0000001 is 12 requests, not 13 (float noise of the interpolation).
@@ -82,7 +84,8 @@ def display_name(kind: str) -> str:
 def mean_only(kind: str) -> str:
     """What a mix without length histograms says (llama.cpp's always does)."""
     return (
-        f"{display_name(kind)} exports only totals (no {PROMPT_HIST}): the mix is the mean length"
+        f"{display_name(kind)} exports only totals (no {ENGINE_REQUEST_PROMPT_TOKENS}): "
+        "the mix is the mean length"
     )
 
 
@@ -95,7 +98,7 @@ def round_load(p90: float) -> int:
 
 def running_selector(engine: str, window: str) -> str:
     """`llmb_engine_requests_running{engine="NAME"}[1h]`."""
-    return f"{RUNNING}{{engine={label(engine)}}}[{window}]"
+    return f"{ENGINE_REQUESTS_RUNNING}{{engine={label(engine)}}}[{window}]"
 
 
 def running_quantile_query(engine: str, window: str, quantile: float) -> str:
@@ -277,7 +280,7 @@ class _Reader:
     def counted(self, name: str, by: str = "") -> str:
         """The PromQL of a counter's exact increase over the window, summed (`by` e.g.
         ` by (le)`): `counted_increase` over this engine's series."""
-        return counted_increase(self._sel(name), self.window, self._sel(UP), by)
+        return counted_increase(self._sel(name), self.window, self._sel(ENGINE_UP), by)
 
     def increase(self, name: str) -> float | None:
         """The summed increase of a counter over the window (None: no series)."""
@@ -333,12 +336,12 @@ def _lengths(
 def _engine_kind(reader: _Reader, engine: str | None) -> tuple[str, str]:
     """The engine to read (the only one when not named) and its kind."""
     prom, client, window = reader.prom, reader.client, reader.window
-    found = prom.query(client, f"count by (engine, kind) (count_over_time({UP}[{window}]))")
+    found = prom.query(client, f"count by (engine, kind) (count_over_time({ENGINE_UP}[{window}]))")
     kinds = {lab.get("engine", ""): lab.get("kind", "") for lab, _ in found}
     if not kinds:
         raise ServedMixError(
-            f"served-mix: Prometheus at {prom.url} has no {UP} samples in the last {window}: "
-            "is it scraping the exporter (job llmb-exporter)? Give a longer --window"
+            f"served-mix: Prometheus at {prom.url} has no {ENGINE_UP} samples in the last "
+            f"{window}: is it scraping the exporter (job llmb-exporter)? Give a longer --window"
         )
     names = ", ".join(sorted(kinds))
     if engine is None:
@@ -389,19 +392,28 @@ def _read(reader: _Reader, engine: str | None, seconds: float, seed: int) -> Ser
     name, kind = _engine_kind(reader, engine)
     reader = _Reader(reader.prom, reader.client, name, reader.window)
     where = f"Prometheus at {reader.prom.url}"
-    requests = reader.increase(FINISHED)
+    requests = reader.increase(ENGINE_REQUESTS_FINISHED_TOTAL)
     if requests is None:
-        why = NO_REQUEST_COUNT.format(finished=FINISHED)
+        why = NO_REQUEST_COUNT.format(finished=ENGINE_REQUESTS_FINISHED_TOTAL)
         raise ServedMixError(f"served-mix: {name} ({display_name(kind)}) on {where}: {why}")
     if requests < 0.5:
         raise ServedMixError(
             f"served-mix: {name} finished no request in the last {reader.window} ({where}): "
             "give a window in which it served traffic (--window)"
         )
-    prompt, prompt_mean_only = _lengths(reader, PROMPT_HIST, PROMPT_TOTAL, requests, kind, "prompt")
-    output, output_mean_only = _lengths(reader, OUTPUT_HIST, OUTPUT_TOTAL, requests, kind, "output")
-    cached = reader.increase(CACHED_TOTAL)
-    prompt_tokens = reader.increase(PROMPT_TOTAL)
+    prompt, prompt_mean_only = _lengths(
+        reader, ENGINE_REQUEST_PROMPT_TOKENS, ENGINE_PROMPT_TOKENS_TOTAL, requests, kind, "prompt"
+    )
+    output, output_mean_only = _lengths(
+        reader,
+        ENGINE_REQUEST_GENERATION_TOKENS,
+        ENGINE_GENERATION_TOKENS_TOTAL,
+        requests,
+        kind,
+        "output",
+    )
+    cached = reader.increase(ENGINE_PROMPT_TOKENS_CACHED_TOTAL)
+    prompt_tokens = reader.increase(ENGINE_PROMPT_TOKENS_TOTAL)
     share = cached / prompt_tokens if cached is not None and prompt_tokens else None
     p50 = busiest_running(reader.prom, reader.client, name, reader.window, 0.5)
     p90 = busiest_running(reader.prom, reader.client, name, reader.window, 0.9)

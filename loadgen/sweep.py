@@ -17,7 +17,12 @@ from typing import Any
 
 import aiohttp
 
-from loadgen.exporter_series import GPU_PEAK, KV_USAGE, WAITING, ExporterStepProbe
+from core.series import (
+    ENGINE_KV_CACHE_USAGE_RATIO,
+    ENGINE_REQUESTS_WAITING,
+    GPU_MEMORY_USED_PEAK_BYTES,
+)
+from loadgen.exporter_series import ExporterStepProbe
 from loadgen.prom_api import QueryError, vector_values
 from loadgen.scheduler.context import ProbeFactory
 from loadgen.scheduler.spec import RunSpec
@@ -65,11 +70,13 @@ class PrometheusProbe:
         window = max(1, math.ceil(time.time() - self._t0))
         sel = f'{{engine="{self.engine}"}}'
         queries = {
-            "gpu_memory_peak_bytes_max": f"max(max_over_time({GPU_PEAK}[{window}s]))",
-            "kv_usage_max": f"max(max_over_time({KV_USAGE}{sel}[{window}s]))",
-            "kv_usage_mean": f"avg(avg_over_time({KV_USAGE}{sel}[{window}s]))",
-            "waiting_max": f"max(max_over_time({WAITING}{sel}[{window}s]))",
-            "waiting_mean": f"avg(avg_over_time({WAITING}{sel}[{window}s]))",
+            "gpu_memory_peak_bytes_max": (
+                f"max(max_over_time({GPU_MEMORY_USED_PEAK_BYTES}[{window}s]))"
+            ),
+            "kv_usage_max": f"max(max_over_time({ENGINE_KV_CACHE_USAGE_RATIO}{sel}[{window}s]))",
+            "kv_usage_mean": f"avg(avg_over_time({ENGINE_KV_CACHE_USAGE_RATIO}{sel}[{window}s]))",
+            "waiting_max": f"max(max_over_time({ENGINE_REQUESTS_WAITING}{sel}[{window}s]))",
+            "waiting_mean": f"avg(avg_over_time({ENGINE_REQUESTS_WAITING}{sel}[{window}s]))",
         }
         out: dict[str, Any] = {"source": "prometheus", "window_s": window}
         errors = []

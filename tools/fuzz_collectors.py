@@ -39,6 +39,12 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from core.series import (
+    ENGINE_RESTARTS_TOTAL,
+    SOURCE_DURATION_SECONDS,
+    SOURCE_ERRORS_TOTAL,
+    SOURCE_UP,
+)
 from tools.fuzz_mutators import mutate_body, mutate_log
 
 if TYPE_CHECKING:
@@ -112,7 +118,12 @@ class _CrashCounter(logging.Handler):
 
 # Series whose values change every scrape (durations, cumulative error counts): masked when
 # deciding whether promtool has seen an output already.
-_VOLATILE = re.compile(r"^((?:llmb_source_|llmb_engine_restarts)[^ ]*) .*$", re.MULTILINE)
+_VOLATILE = re.compile(
+    "^((?:"
+    + "|".join((SOURCE_UP, SOURCE_DURATION_SECONDS, SOURCE_ERRORS_TOTAL, ENGINE_RESTARTS_TOTAL))
+    + r")[^ ]*) .*$",
+    re.MULTILINE,
+)
 
 
 def _rss_mib() -> float:

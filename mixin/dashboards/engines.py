@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+from core.series import (
+    ENGINE_INTER_TOKEN_LATENCY_SECONDS,
+    ENGINE_RESTARTS_TOTAL,
+    ENGINE_TIME_TO_FIRST_TOKEN_SECONDS,
+    LOADGEN_INTER_TOKEN_LATENCY_SECONDS,
+    LOADGEN_TIME_TO_FIRST_TOKEN_SECONDS,
+)
 from core.thresholds import threshold_promql
 from mixin.config import MixinConfig
 from mixin.dashboards.panels import (
@@ -21,7 +28,7 @@ from mixin.dashboards.panels import (
 
 def restarts(window: str) -> str:
     """Engine restarts per host and engine over `window`."""
-    return f"sum by (host, engine) (increase(llmb_engine_restarts_total{{{SEL}}}[{window}]))"
+    return f"sum by (host, engine) (increase({ENGINE_RESTARTS_TOTAL}{{{SEL}}}[{window}]))"
 
 
 def _decode_row(cfg: MixinConfig) -> Row:
@@ -67,8 +74,8 @@ def _latency_row(cfg: MixinConfig) -> Row:
                 cfg,
                 "Time to first token",
                 {
-                    "llmb_engine_time_to_first_token_seconds": "server",
-                    "llmb_loadgen_time_to_first_token_seconds": "client",
+                    ENGINE_TIME_TO_FIRST_TOKEN_SECONDS: "server",
+                    LOADGEN_TIME_TO_FIRST_TOKEN_SECONDS: "client",
                 },
                 12,
                 (
@@ -83,8 +90,8 @@ def _latency_row(cfg: MixinConfig) -> Row:
                 cfg,
                 "Inter-token latency",
                 {
-                    "llmb_engine_inter_token_latency_seconds": "server",
-                    "llmb_loadgen_inter_token_latency_seconds": "client",
+                    ENGINE_INTER_TOKEN_LATENCY_SECONDS: "server",
+                    LOADGEN_INTER_TOKEN_LATENCY_SECONDS: "client",
                 },
                 12,
                 (
@@ -167,7 +174,7 @@ def _restarts_row(cfg: MixinConfig) -> Row:
                 width=24,
                 height=6,
                 description=(
-                    "New engine instances the exporter saw (`llmb_engine_restarts_total`, "
+                    f"New engine instances the exporter saw (`{ENGINE_RESTARTS_TOTAL}`, "
                     f"increase over {threshold_promql('rate_window')}): the engine was unreachable "
                     "in between, or its build, model, context, slots or start arguments changed. "
                     "The red annotations mark them on every panel. Throughput and latency right "

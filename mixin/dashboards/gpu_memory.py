@@ -2,6 +2,17 @@
 
 from __future__ import annotations
 
+from core.series import (
+    ENGINE_KV_CACHE_BYTES,
+    ENGINE_MODEL_BUFFER_BYTES,
+    ENGINE_PROCESS_GPU_MEMORY_BYTES,
+    ENGINE_PROCESS_GPU_MEMORY_PEAK_BYTES,
+    GPU_MEMORY_TOTAL_BYTES,
+    GPU_PROCESS_MEMORY_USED_BYTES,
+    GPU_UTILIZATION_RATIO,
+    MODEL_KV_CACHE_BYTES_ESTIMATED,
+    MODEL_WEIGHTS_BYTES,
+)
 from mixin.config import MixinConfig
 from mixin.dashboards.card import card_row
 from mixin.dashboards.panels import (
@@ -26,7 +37,7 @@ def _device_row(cfg: MixinConfig) -> Row:
                 "Used, windowed peak and total",
                 *gpu_used_and_peak(),
                 Target(
-                    f"max by (host, gpu) (llmb_gpu_memory_total_bytes{{{HSEL}}})",
+                    f"max by (host, gpu) ({GPU_MEMORY_TOTAL_BYTES}{{{HSEL}}})",
                     "{{host}} GPU {{gpu}} total",
                 ),
                 unit="bytes",
@@ -60,7 +71,7 @@ def _device_row(cfg: MixinConfig) -> Row:
                 "Used / total and utilization",
                 Target(f"gpu:llmb_gpu_memory_used:ratio{{{HSEL}}}", "{{host}} GPU {{gpu}} memory"),
                 Target(
-                    f"max by (host, gpu) (llmb_gpu_utilization_ratio{{{HSEL}}})",
+                    f"max by (host, gpu) ({GPU_UTILIZATION_RATIO}{{{HSEL}}})",
                     "{{host}} GPU {{gpu}} busy",
                 ),
                 unit="percentunit",
@@ -85,7 +96,7 @@ def _process_row() -> Row:
                 "GPU memory per process",
                 Target(
                     "max by (host, gpu, pid, process, engine) "
-                    f"(llmb_gpu_process_memory_used_bytes{{{HSEL}}})",
+                    f"({GPU_PROCESS_MEMORY_USED_BYTES}{{{HSEL}}})",
                     "{{host}} GPU {{gpu}} {{process}} ({{pid}}) -> {{engine}}",
                 ),
                 unit="bytes",
@@ -123,19 +134,19 @@ def _expected_row() -> Row:
             ts(
                 "Engine process memory vs weights and KV",
                 Target(
-                    f"max by (host, engine) (llmb_engine_process_gpu_memory_bytes{{{SEL}}})",
+                    f"max by (host, engine) ({ENGINE_PROCESS_GPU_MEMORY_BYTES}{{{SEL}}})",
                     "{{host}}/{{engine}} process (actual)",
                 ),
                 Target(
-                    f"max by (host, engine) (llmb_engine_process_gpu_memory_peak_bytes{{{SEL}}})",
+                    f"max by (host, engine) ({ENGINE_PROCESS_GPU_MEMORY_PEAK_BYTES}{{{SEL}}})",
                     "{{host}}/{{engine}} process peak",
                 ),
                 Target(
-                    f"max by (host, engine) (llmb_model_weights_bytes{{{SEL}}})",
+                    f"max by (host, engine) ({MODEL_WEIGHTS_BYTES}{{{SEL}}})",
                     "{{host}}/{{engine}} weights (expected)",
                 ),
                 Target(
-                    f"max by (host, engine) (llmb_model_kv_cache_bytes_estimated{{{SEL}}})",
+                    f"max by (host, engine) ({MODEL_KV_CACHE_BYTES_ESTIMATED}{{{SEL}}})",
                     "{{host}}/{{engine}} KV (expected)",
                 ),
                 unit="bytes",
@@ -151,11 +162,11 @@ def _expected_row() -> Row:
             ts(
                 "Buffers the engine reports",
                 Target(
-                    f"max by (host, engine, device) (llmb_engine_model_buffer_bytes{{{SEL}}})",
+                    f"max by (host, engine, device) ({ENGINE_MODEL_BUFFER_BYTES}{{{SEL}}})",
                     "{{host}}/{{engine}} weights on {{device}}",
                 ),
                 Target(
-                    f"max by (host, engine, device) (llmb_engine_kv_cache_bytes{{{SEL}}})",
+                    f"max by (host, engine, device) ({ENGINE_KV_CACHE_BYTES}{{{SEL}}})",
                     "{{host}}/{{engine}} KV on {{device}}",
                 ),
                 unit="bytes",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from core.series import ENGINE_UP, SOURCE_UP
 from mixin.dashboards.panels import DATASOURCE, DS_INPUT, HSEL, Dashboard, Panel
 
 
@@ -168,8 +169,8 @@ def dashboard_json(dash: Dashboard) -> dict[str, Any]:
         "templating": {
             "list": [
                 datasource_variable(),
-                variable("host", "Host", "label_values(llmb_source_up, host)"),
-                variable("engine", "Engine", f"label_values(llmb_engine_up{{{HSEL}}}, engine)"),
+                variable("host", "Host", f"label_values({SOURCE_UP}, host)"),
+                variable("engine", "Engine", f"label_values({ENGINE_UP}{{{HSEL}}}, engine)"),
             ]
         },
         "panels": panels,

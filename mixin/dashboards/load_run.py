@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
+from core.series import (
+    LOADGEN_COMPLETION_TOKENS_TOTAL,
+    LOADGEN_E2E_REQUEST_LATENCY_SECONDS,
+    LOADGEN_EARLY_STOP_REQUESTS_TOTAL,
+    LOADGEN_GOODPUT_REQUESTS_TOTAL,
+    LOADGEN_INTER_TOKEN_LATENCY_SECONDS,
+    LOADGEN_REQUESTS_IN_FLIGHT,
+    LOADGEN_REQUESTS_TOTAL,
+    LOADGEN_SLO_INFO,
+    LOADGEN_STEP_INFO,
+    LOADGEN_STEP_START_TIMESTAMP_SECONDS,
+    LOADGEN_TIME_TO_FIRST_TOKEN_SECONDS,
+    LOADGEN_TOKEN_COUNT_MISMATCH,
+)
 from core.thresholds import threshold_promql
 from mixin.config import MixinConfig
 from mixin.dashboards.panels import (
@@ -22,7 +36,7 @@ from mixin.dashboards.panels import (
 # The start of every load step, marked on every panel.
 STEP_MARKS = Annotation(
     "Load steps",
-    f"llmb_loadgen_step_start_timestamp_seconds{{{SEL}}} * 1000",
+    f"{LOADGEN_STEP_START_TIMESTAMP_SECONDS}{{{SEL}}} * 1000",
     "purple",
     "5s",
     "{{host}}/{{engine}} step {{step}}",
@@ -39,7 +53,7 @@ def _load_row(cfg: MixinConfig) -> Row:
             ts(
                 "Requests in flight",
                 Target(
-                    f"max by (host, engine) (llmb_loadgen_requests_in_flight{{{SEL}}})",
+                    f"max by (host, engine) ({LOADGEN_REQUESTS_IN_FLIGHT}{{{SEL}}})",
                     "{{host}}/{{engine}}",
                 ),
                 unit="requests",
@@ -54,7 +68,7 @@ def _load_row(cfg: MixinConfig) -> Row:
                 "Requests/s by outcome",
                 Target(
                     "sum by (host, engine, outcome) "
-                    f"(rate(llmb_loadgen_requests_total{{{SEL}}}[{cfg.dashboard_window}]))",
+                    f"(rate({LOADGEN_REQUESTS_TOTAL}{{{SEL}}}[{cfg.dashboard_window}]))",
                     "{{host}}/{{engine}} {{outcome}}",
                 ),
                 unit="reqps",
@@ -68,12 +82,12 @@ def _load_row(cfg: MixinConfig) -> Row:
             ),
             Panel(
                 "Steps",
-                [Target(f"llmb_loadgen_step_info{{{SEL}}}", instant=True)],
+                [Target(f"{LOADGEN_STEP_INFO}{{{SEL}}}", instant=True)],
                 "table",
                 "none",
                 "The current step of each load generator with its settings "
                 "(concurrency, prompt and output tokens) as labels of "
-                "`llmb_loadgen_step_info`. The purple annotations mark when each step began.",
+                f"`{LOADGEN_STEP_INFO}`. The purple annotations mark when each step began.",
                 width=8,
             ),
         ],
@@ -89,7 +103,7 @@ def _throughput_row(cfg: MixinConfig) -> Row:
                 "Completion tokens/s: client vs server",
                 Target(
                     "sum by (host, engine) "
-                    f"(rate(llmb_loadgen_completion_tokens_total{{{SEL}}}[{cfg.dashboard_window}]))",
+                    f"(rate({LOADGEN_COMPLETION_TOKENS_TOTAL}{{{SEL}}}[{cfg.dashboard_window}]))",
                     "{{host}}/{{engine}} client",
                 ),
                 Target(
@@ -110,12 +124,12 @@ def _throughput_row(cfg: MixinConfig) -> Row:
                 "Goodput within the SLO (run --slo)",
                 Target(
                     "sum by (host, engine) "
-                    f"(rate(llmb_loadgen_goodput_requests_total{{{SEL}}}[{cfg.dashboard_window}]))",
+                    f"(rate({LOADGEN_GOODPUT_REQUESTS_TOTAL}{{{SEL}}}[{cfg.dashboard_window}]))",
                     "{{host}}/{{engine}} requests/s within",
                 ),
                 Target(
                     "sum by (host, engine) "
-                    f"(rate(llmb_loadgen_requests_total{{{SEL}}}[{cfg.dashboard_window}]))",
+                    f"(rate({LOADGEN_REQUESTS_TOTAL}{{{SEL}}}[{cfg.dashboard_window}]))",
                     "{{host}}/{{engine}} requests/s, all",
                 ),
                 unit="reqps",
@@ -124,18 +138,18 @@ def _throughput_row(cfg: MixinConfig) -> Row:
                     "Requests per second that finished within the run's --slo (each of their "
                     "TTFT, end-to-end time and own inter-token gap within its limit), beside "
                     f"all finished requests ({cfg.dashboard_window}). Empty "
-                    "without --slo; the SLO itself is llmb_loadgen_slo_info."
+                    f"without --slo; the SLO itself is {LOADGEN_SLO_INFO}."
                 ),
             ),
             ts(
                 "Early stops and token-count mismatch",
                 Target(
                     "sum by (host, engine) "
-                    f"(increase(llmb_loadgen_early_stop_requests_total{{{SEL}}}[{RW}]))",
+                    f"(increase({LOADGEN_EARLY_STOP_REQUESTS_TOTAL}{{{SEL}}}[{RW}]))",
                     f"{{{{host}}}}/{{{{engine}}}} early stops ({RW})",
                 ),
                 Target(
-                    f"max by (host, engine) (llmb_loadgen_token_count_mismatch{{{SEL}}})",
+                    f"max by (host, engine) ({LOADGEN_TOKEN_COUNT_MISMATCH}{{{SEL}}})",
                     "{{host}}/{{engine}} mismatch",
                 ),
                 unit="requests",
@@ -159,7 +173,7 @@ def _latency_row(cfg: MixinConfig) -> Row:
             latency_panel(
                 cfg,
                 "Time to first token",
-                {"llmb_loadgen_time_to_first_token_seconds": "TTFT"},
+                {LOADGEN_TIME_TO_FIRST_TOKEN_SECONDS: "TTFT"},
                 8,
                 (
                     "the time from sending a "
@@ -170,7 +184,7 @@ def _latency_row(cfg: MixinConfig) -> Row:
             latency_panel(
                 cfg,
                 "Inter-token latency",
-                {"llmb_loadgen_inter_token_latency_seconds": "ITL"},
+                {LOADGEN_INTER_TOKEN_LATENCY_SECONDS: "ITL"},
                 8,
                 (
                     "the gap between streamed tokens. "
@@ -181,7 +195,7 @@ def _latency_row(cfg: MixinConfig) -> Row:
             latency_panel(
                 cfg,
                 "End-to-end latency",
-                {"llmb_loadgen_e2e_request_latency_seconds": "e2e"},
+                {LOADGEN_E2E_REQUEST_LATENCY_SECONDS: "e2e"},
                 8,
                 ("the whole request: TTFT + output tokens x ITL. The number a user waits for."),
             ),

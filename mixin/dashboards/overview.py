@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from core.series import ENGINE_SLOTS
 from core.thresholds import threshold_promql
 from mixin.config import MixinConfig
 from mixin.dashboards.panels import (
@@ -199,9 +200,7 @@ def _queue_row(cfg: MixinConfig) -> Row:
             ),
             ts(
                 "Slots (max running requests)",
-                Target(
-                    f"max by (host, engine) (llmb_engine_slots{{{SEL}}})", "{{host}}/{{engine}}"
-                ),
+                Target(f"max by (host, engine) ({ENGINE_SLOTS}{{{SEL}}})", "{{host}}/{{engine}}"),
                 unit="requests",
                 width=9,
                 description=(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from core.series import GPU_MEMORY_USED_BYTES, GPU_MEMORY_USED_PEAK_BYTES
 from core.thresholds import threshold_promql
 from mixin.config import MixinConfig
 
@@ -166,11 +167,11 @@ def gpu_used_and_peak() -> list[Target]:
     """GPU memory in use per card and the exporter sampler's windowed peak."""
     return [
         Target(
-            f"max by (host, gpu) (llmb_gpu_memory_used_bytes{{{HSEL}}})",
+            f"max by (host, gpu) ({GPU_MEMORY_USED_BYTES}{{{HSEL}}})",
             "{{host}} GPU {{gpu}} used",
         ),
         Target(
-            f"max by (host, gpu) (llmb_gpu_memory_used_peak_bytes{{{HSEL}}})",
+            f"max by (host, gpu) ({GPU_MEMORY_USED_PEAK_BYTES}{{{HSEL}}})",
             "{{host}} GPU {{gpu}} peak",
         ),
     ]

@@ -9,6 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from core.roofline import MISFIT_REASONS
+from core.series import (
+    ENGINE_LOADING,
+    HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND,
+    LOADGEN_TOKEN_COUNT_MISMATCH,
+    SOURCE_ERRORS_TOTAL,
+    SOURCE_UP,
+)
 from core.thresholds import threshold_promql
 from mixin.config import MixinConfig
 from mixin.rules.card import card_alert_text
@@ -178,7 +185,7 @@ def availability_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
             "LLMEngineDown",
             f"""
             engine:llmb_engine_up:max == 0
-            unless on ({E}) max by ({E}) (llmb_engine_loading) == 1
+            unless on ({E}) max by ({E}) ({ENGINE_LOADING}) == 1
             """,
             "for_engine_down",
             "critical",
@@ -200,8 +207,8 @@ def availability_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
             cfg,
             "LLMExporterSourceFailing",
             # A down engine's source fails too; LLMEngineDown already says so.
-            """
-            max by (host, source) (llmb_source_up) == 0
+            f"""
+            max by (host, source) ({SOURCE_UP}) == 0
             unless on (host, source)
               label_replace(engine:llmb_engine_up:max == 0, "source", "$1", "engine", "(.*)")
             """,
@@ -209,13 +216,13 @@ def availability_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
             "warning",
             "Exporter source {{ $labels.source }} fails",
             "The exporter could not read source {{ $labels.source }} (an engine's endpoints or "
-            'NVML) in any scrape; see llmb_source_errors_total{source="{{ $labels.source }}"} '
+            f'NVML) in any scrape; see {SOURCE_ERRORS_TOTAL}{{source="{{{{ $labels.source }}}}"}} '
             "for the reason and the exporter log for the message.",
         ),
         alert(
             cfg,
             "LLMTokenCountMismatch",
-            "max by (host, engine) (llmb_loadgen_token_count_mismatch) == 1",
+            f"max by (host, engine) ({LOADGEN_TOKEN_COUNT_MISMATCH}) == 1",
             "for_token_count_mismatch",
             "warning",
             "Load run token counts do not match for {{ $labels.engine }}",
@@ -252,10 +259,10 @@ def expert_offload_annotation() -> str:
         f"{args} | query }}}}"
         ', which bounds decode near {{ . | first | value | printf "%.1f" }} tok/s per '
         "sequence"
-        f'{{{{ with printf "max(llmb_host_memory_bandwidth_bytes_per_second{{host=%q}})" '
+        f'{{{{ with printf "max({HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND}{{host=%q}})" '
         "$labels.host | query }}"
         " at {{ . | first | value | humanize }}B/s of host memory bandwidth{{ end }}"
-        " (llmb_host_memory_bandwidth_bytes_per_second){{ end }}"
+        f" ({HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND}){{{{ end }}}}"
         # Near the bound (core/roofline.py HostOffload.near_bound): host memory is the limit.
         f'{{{{ with printf "engine:llmb_decode_tokens_per_second:rate{rw}{sel}'
         f" / engine:llmb_experts_host_bound_tokens_per_second:avg{rw}{sel}"

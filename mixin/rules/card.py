@@ -12,11 +12,20 @@ from typing import Any
 
 from core import card
 from core.card import BRAKE_REASONS, IDLE_REASON, POWER_REASONS, THERMAL_REASONS
+from core.series import (
+    ENGINE_UP,
+    GPU_CLOCK_EVENT_REASON_ACTIVE,
+    GPU_MEMORY_CLOCK_HERTZ,
+    GPU_MEMORY_CLOCK_MAX_HERTZ,
+    GPU_POWER_LIMIT_DEFAULT_WATTS,
+    GPU_POWER_LIMIT_WATTS,
+    GPU_SM_CLOCK_BUSY_HERTZ,
+    GPU_SM_CLOCK_MAX_HERTZ,
+)
 from core.signals import SIGNAL_RECORDS
 from core.thresholds import THRESHOLDS, threshold_promql
 from mixin.rules.common import E, rec
 
-REASON = "llmb_gpu_clock_event_reason_active"
 GPU_SM = SIGNAL_RECORDS["sm_clock_ratio"].replace("engine:", "gpu:", 1)
 
 
@@ -39,11 +48,11 @@ def gpu_names() -> dict[str, str]:
 def _share(reasons: tuple[str, ...]) -> str:
     """Of the samples in which the GPU was busy (not `gpu_idle`), the share in which the most
     persistent of `reasons` was active, per GPU: idle gaps between requests do not dilute it."""
-    rw = threshold_promql("rate_window")
-    idle = f'{REASON}{{reason="{IDLE_REASON}"}}[{rw}]'
+    rw, reason = threshold_promql("rate_window"), GPU_CLOCK_EVENT_REASON_ACTIVE
+    idle = f'{reason}{{reason="{IDLE_REASON}"}}[{rw}]'
     return f"""
     clamp_max(
-        max by (host, gpu) (sum_over_time({REASON}{{reason=~"{"|".join(reasons)}"}}[{rw}]))
+        max by (host, gpu) (sum_over_time({reason}{{reason=~"{"|".join(reasons)}"}}[{rw}]))
       / (
             max by (host, gpu) (count_over_time({idle}) - sum_over_time({idle}))
           > 0
@@ -62,7 +71,7 @@ def _per_engine(record: str, agg: str) -> str:
           * on (host, gpu) group_right ()
             (0 * engine_gpu:llmb_gpu_process_memory_used_bytes:sum + 1)
         )
-      * on (host, engine) group_left (kind) group by ({E}) (llmb_engine_up)
+      * on (host, engine) group_left (kind) group by ({E}) ({ENGINE_UP})
     )
     """
 
@@ -72,7 +81,10 @@ def card_rules() -> list[dict[str, Any]]:
     rw = threshold_promql("rate_window")
     gpu = gpu_names()
     # Every sample of the window said GPU idle: its clocks drop by design.
-    idle = f'max by (host, gpu) (min_over_time({REASON}{{reason="{IDLE_REASON}"}}[{rw}])) == 1'
+    idle = (
+        f"max by (host, gpu) (min_over_time({GPU_CLOCK_EVENT_REASON_ACTIVE}"
+        f'{{reason="{IDLE_REASON}"}}[{rw}])) == 1'
+    )
     return [
         rec(gpu["power"], _share(POWER_REASONS)),
         rec(gpu["thermal"], _share(THERMAL_REASONS)),
@@ -83,8 +95,8 @@ def card_rules() -> list[dict[str, Any]]:
             # load. Absent without a busy sample.
             gpu["sm"],
             f"""
-              max by (host, gpu) (avg_over_time(llmb_gpu_sm_clock_busy_hertz[{rw}]))
-            / (max by (host, gpu) (llmb_gpu_sm_clock_max_hertz) > 0)
+              max by (host, gpu) (avg_over_time({GPU_SM_CLOCK_BUSY_HERTZ}[{rw}]))
+            / (max by (host, gpu) ({GPU_SM_CLOCK_MAX_HERTZ}) > 0)
             """,
         ),
         rec(
@@ -93,8 +105,8 @@ def card_rules() -> list[dict[str, Any]]:
             gpu["memory"],
             f"""
             clamp_max(
-                max by (host, gpu) (max_over_time(llmb_gpu_memory_clock_hertz[{rw}]))
-              / (max by (host, gpu) (llmb_gpu_memory_clock_max_hertz) > 0),
+                max by (host, gpu) (max_over_time({GPU_MEMORY_CLOCK_HERTZ}[{rw}]))
+              / (max by (host, gpu) ({GPU_MEMORY_CLOCK_MAX_HERTZ}) > 0),
               1
             )
             unless on (host, gpu)
@@ -105,9 +117,9 @@ def card_rules() -> list[dict[str, Any]]:
         rec(
             # Below the default someone lowered it (`nvidia-smi -pl`, a host or BMC cap).
             gpu["limit"],
-            """
-              max by (host, gpu) (llmb_gpu_power_limit_watts)
-            / (max by (host, gpu) (llmb_gpu_power_limit_default_watts) > 0)
+            f"""
+              max by (host, gpu) ({GPU_POWER_LIMIT_WATTS})
+            / (max by (host, gpu) ({GPU_POWER_LIMIT_DEFAULT_WATTS}) > 0)
             """,
         ),
         rec(SIGNAL_RECORDS["card_power_slowdown"], _per_engine(gpu["power"], "max")),

@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 import yaml
 
-from loadgen.served_mix import UP, counted_increase
+from core.series import ENGINE_UP
+from loadgen.served_mix import counted_increase
 
 pytestmark = pytest.mark.prometheus
 
 ENGINE = '{engine="a"}'
-UP_SEL = f"{UP}{ENGINE}"
+UP_SEL = f"{ENGINE_UP}{ENGINE}"
 
 
 def expr(name: str, by: str = "") -> str:
@@ -56,7 +57,7 @@ def case(query: str, at: str, value: float, labels: str = "{}") -> dict[str, Any
 
 
 def test_a_counter_older_than_the_window_is_its_last_less_its_start(tmp_path: Path) -> None:
-    series = {f'{UP}{{engine="a",kind="sglang"}}': "1x80", f"c{ENGINE}": "2+1x80"}
+    series = {f'{ENGINE_UP}{{engine="a",kind="sglang"}}': "1x80", f"c{ENGINE}": "2+1x80"}
     # At 70m the value is 72, at 10m (the window's start) 12.
     out = promtool(tmp_path, series, [case(expr("c"), "70m", 60)])
     assert "SUCCESS" in out, out
@@ -66,7 +67,7 @@ def test_a_series_that_appears_in_the_window_counts_from_zero(tmp_path: Path) ->
     # SGLang's histograms appear with the first request: one request of 69 tokens is in the
     # first sample, then three of 232.
     series = {
-        f'{UP}{{engine="a",kind="sglang"}}': "1x70",
+        f'{ENGINE_UP}{{engine="a",kind="sglang"}}': "1x70",
         f"p_count{ENGINE}": "_x30 1 1 4 4 4 4",
         f"p_sum{ENGINE}": "_x30 69 69 765 765 765 765",
         'p_bucket{engine="a",le="100"}': "_x30 1 1 1 1 1 1",
@@ -93,13 +94,16 @@ def test_a_series_that_appears_in_the_window_counts_from_zero(tmp_path: Path) ->
 
 def test_a_prometheus_started_in_the_window_counts_what_it_saw(tmp_path: Path) -> None:
     # The exporter and the engine's counter were there before Prometheus' first scrape.
-    series = {f'{UP}{{engine="a",kind="sglang"}}': "_x30 1x10", f"c{ENGINE}": "_x30 100 101 105x8"}
+    series = {
+        f'{ENGINE_UP}{{engine="a",kind="sglang"}}': "_x30 1x10",
+        f"c{ENGINE}": "_x30 100 101 105x8",
+    }
     out = promtool(tmp_path, series, [case(expr("c"), "40m", 5)])
     assert "SUCCESS" in out, out
 
 
 def test_a_counter_that_reset_is_increase(tmp_path: Path) -> None:
-    series = {f'{UP}{{engine="a",kind="sglang"}}': "1x80", f"c{ENGINE}": "0+1x40 0+1x39"}
+    series = {f'{ENGINE_UP}{{engine="a",kind="sglang"}}': "1x80", f"c{ENGINE}": "0+1x40 0+1x39"}
     check = f"({expr('c')}) - sum(increase(c{ENGINE}[1h]))"
     out = promtool(tmp_path, series, [case(check, "80m", 0)])
     assert "SUCCESS" in out, out

@@ -21,8 +21,8 @@ import pytest
 from aiohttp import web
 
 from cli.loadgen import main
+from core.series import ENGINE_REQUESTS_FINISHED_TOTAL
 from loadgen.served_mix import (
-    FINISHED,
     MIX_KIND,
     Lengths,
     ServedMixError,
@@ -182,7 +182,7 @@ def test_llamacpp_mix_from_real_answers_is_the_mean_and_says_so() -> None:
 
 def test_llamacpp_without_its_log_has_no_request_count(capsys: Any) -> None:
     answers, run = recorded(LLAMA)
-    answers = replaced(answers, f"sum ((((last_over_time({FINISHED}", [])
+    answers = replaced(answers, f"sum ((((last_over_time({ENGINE_REQUESTS_FINISHED_TOTAL}", [])
     with RecordedPrometheus(answers) as prom:
         code = main(["served-mix", "--prometheus", prom.url, "--engine", run["engine"]])
     err = capsys.readouterr().err
@@ -221,7 +221,9 @@ def test_no_exporter_samples_asks_whether_it_scrapes_the_exporter() -> None:
 def test_a_window_without_finished_requests_says_so() -> None:
     answers, run = recorded(SGLANG)
     zero = [{"metric": {}, "value": [0, "0"]}]
-    with RecordedPrometheus(replaced(answers, f"sum ((((last_over_time({FINISHED}", zero)) as prom:
+    with RecordedPrometheus(
+        replaced(answers, f"sum ((((last_over_time({ENGINE_REQUESTS_FINISHED_TOTAL}", zero)
+    ) as prom:
         with pytest.raises(ServedMixError, match="finished no request in the last 1h"):
             served_mix(prom.url, "1h", run["engine"])
 

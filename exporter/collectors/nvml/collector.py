@@ -25,6 +25,25 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from config.settings import EngineConfig, GpuConfig
+from core.series import (
+    ENGINE_PROCESS_GPU_MEMORY_BYTES,
+    ENGINE_PROCESS_GPU_MEMORY_PEAK_BYTES,
+    GPU_INFO,
+    GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND,
+    GPU_MEMORY_BUS_WIDTH_BYTES,
+    GPU_MEMORY_CLOCK_HERTZ,
+    GPU_MEMORY_CLOCK_MAX_HERTZ,
+    GPU_MEMORY_FREE_BYTES,
+    GPU_MEMORY_RESERVED_BYTES,
+    GPU_MEMORY_TOTAL_BYTES,
+    GPU_MEMORY_USED_BYTES,
+    GPU_MEMORY_USED_PEAK_BYTES,
+    GPU_PEAK_FLOPS,
+    GPU_PROCESS_MEMORY_USED_BYTES,
+    GPU_PROCESS_MEMORY_USED_PEAK_BYTES,
+    GPU_SAMPLES_TOTAL,
+    GPU_UTILIZATION_RATIO,
+)
 from exporter.attribution import Attribution
 from exporter.collectors import Collector, Scrape, SourceError
 from exporter.collectors.nvml.backend import (
@@ -342,7 +361,7 @@ class NvmlCollector(Collector):
                 self.config.bandwidth_bytes_per_second,
             )
             out.info(
-                "llmb_gpu_info",
+                GPU_INFO,
                 gpu=gpu,
                 uuid=dev.uuid,
                 name=dev.name,
@@ -350,29 +369,25 @@ class NvmlCollector(Collector):
                 bandwidth_source=bandwidth.source,
             )
             mem = sample.memory[dev.index]
-            out.add("llmb_gpu_memory_total_bytes", mem.total, gpu=gpu)
-            out.add("llmb_gpu_memory_used_bytes", mem.used, gpu=gpu)
-            out.add("llmb_gpu_memory_free_bytes", mem.free, gpu=gpu)
-            out.add("llmb_gpu_memory_reserved_bytes", mem.reserved, gpu=gpu)
+            out.add(GPU_MEMORY_TOTAL_BYTES, mem.total, gpu=gpu)
+            out.add(GPU_MEMORY_USED_BYTES, mem.used, gpu=gpu)
+            out.add(GPU_MEMORY_FREE_BYTES, mem.free, gpu=gpu)
+            out.add(GPU_MEMORY_RESERVED_BYTES, mem.reserved, gpu=gpu)
             out.add(
-                "llmb_gpu_memory_used_peak_bytes",
+                GPU_MEMORY_USED_PEAK_BYTES,
                 self._window(("gpu", dev.index)).max(now),
                 gpu=gpu,
             )
             if util is not None:
-                out.add("llmb_gpu_utilization_ratio", util.gpu / 100.0, gpu=gpu)
+                out.add(GPU_UTILIZATION_RATIO, util.gpu / 100.0, gpu=gpu)
             if cur_clock is not None:
-                out.add("llmb_gpu_memory_clock_hertz", cur_clock * 1e6, gpu=gpu)
+                out.add(GPU_MEMORY_CLOCK_HERTZ, cur_clock * 1e6, gpu=gpu)
             if max_clock is not None:
-                out.add("llmb_gpu_memory_clock_max_hertz", max_clock * 1e6, gpu=gpu)
-            out.add(
-                "llmb_gpu_memory_bus_width_bytes", bus / 8 if bus is not None else None, gpu=gpu
-            )
-            out.add(
-                "llmb_gpu_memory_bandwidth_bytes_per_second", bandwidth.bytes_per_second, gpu=gpu
-            )
+                out.add(GPU_MEMORY_CLOCK_MAX_HERTZ, max_clock * 1e6, gpu=gpu)
+            out.add(GPU_MEMORY_BUS_WIDTH_BYTES, bus / 8 if bus is not None else None, gpu=gpu)
+            out.add(GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND, bandwidth.bytes_per_second, gpu=gpu)
             for dtype, flops in table_peak_flops(dev.name).items():
-                out.add("llmb_gpu_peak_flops", flops, gpu=gpu, dtype=dtype)
+                out.add(GPU_PEAK_FLOPS, flops, gpu=gpu, dtype=dtype)
             for proc in sorted(sample.processes[dev.index], key=lambda p: p.pid):
                 argv = self._argv_of(proc.pid)
                 engine = self._engine_of(proc.pid)
@@ -382,18 +397,18 @@ class NvmlCollector(Collector):
                     "process": os.path.basename(argv[0]) if argv else "",
                     "engine": engine.name if engine else "",
                 }
-                out.add("llmb_gpu_process_memory_used_bytes", proc.used_bytes, **labels)
+                out.add(GPU_PROCESS_MEMORY_USED_BYTES, proc.used_bytes, **labels)
                 window = self._windows.get(("proc", dev.index, proc.pid))
                 peak = window.max(now) if window is not None else None
-                out.add("llmb_gpu_process_memory_used_peak_bytes", peak, **labels)
+                out.add(GPU_PROCESS_MEMORY_USED_PEAK_BYTES, peak, **labels)
                 if engine is not None and proc.used_bytes is not None:
                     engine_sum[engine.name] += proc.used_bytes
-        out.add("llmb_gpu_samples_total", self.samples_total)
+        out.add(GPU_SAMPLES_TOTAL, self.samples_total)
         # A configured engine with no GPU process gets an explicit 0: an absent series
         # would hide "the weights are not resident at all".
         for engine_cfg in self.attribution.engines:
             labels = {"engine": engine_cfg.name, "kind": engine_cfg.kind}
-            out.add("llmb_engine_process_gpu_memory_bytes", engine_sum[engine_cfg.name], **labels)
+            out.add(ENGINE_PROCESS_GPU_MEMORY_BYTES, engine_sum[engine_cfg.name], **labels)
             peak = self._window(("engine", engine_cfg.name)).max(now)
-            out.add("llmb_engine_process_gpu_memory_peak_bytes", peak, **labels)
+            out.add(ENGINE_PROCESS_GPU_MEMORY_PEAK_BYTES, peak, **labels)
         return Scrape(metrics=out.metrics(), errors=errors)

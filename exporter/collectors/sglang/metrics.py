@@ -13,6 +13,28 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 
+from core.series import (
+    ENGINE_CONTEXT_TOKENS,
+    ENGINE_DECODE_SECONDS_TOTAL,
+    ENGINE_DECODE_TOKENS_TOTAL,
+    ENGINE_E2E_REQUEST_LATENCY_SECONDS,
+    ENGINE_GENERATION_TOKENS_TOTAL,
+    ENGINE_INTER_TOKEN_LATENCY_SECONDS,
+    ENGINE_KV_CACHE_CAPACITY_TOKENS,
+    ENGINE_KV_CACHE_USAGE_RATIO,
+    ENGINE_KV_CACHE_USED_TOKENS,
+    ENGINE_KV_PRESSURE_EVENTS_TOTAL,
+    ENGINE_LOAD_SECONDS,
+    ENGINE_PROMPT_TOKENS_CACHED_TOTAL,
+    ENGINE_PROMPT_TOKENS_TOTAL,
+    ENGINE_QUEUE_TIME_SECONDS,
+    ENGINE_REQUEST_GENERATION_TOKENS,
+    ENGINE_REQUEST_PROMPT_TOKENS,
+    ENGINE_REQUESTS_FINISHED_TOTAL,
+    ENGINE_REQUESTS_RUNNING,
+    ENGINE_REQUESTS_WAITING,
+    ENGINE_TIME_TO_FIRST_TOKEN_SECONDS,
+)
 from exporter.promtext import Exposition, Sample
 from exporter.schema import MetricSet
 
@@ -24,16 +46,16 @@ RANK_LABELS = ("tp_rank", "pp_rank")
 
 # (schema histogram, SGLang histogram names in order of preference: current, older)
 HISTOGRAMS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("llmb_engine_time_to_first_token_seconds", ("time_to_first_token_seconds",)),
+    (ENGINE_TIME_TO_FIRST_TOKEN_SECONDS, ("time_to_first_token_seconds",)),
     (
-        "llmb_engine_inter_token_latency_seconds",
+        ENGINE_INTER_TOKEN_LATENCY_SECONDS,
         ("inter_token_latency_seconds", "time_per_output_token_seconds"),
     ),
-    ("llmb_engine_queue_time_seconds", ("queue_time_seconds",)),
-    ("llmb_engine_e2e_request_latency_seconds", ("e2e_request_latency_seconds",)),
+    (ENGINE_QUEUE_TIME_SECONDS, ("queue_time_seconds",)),
+    (ENGINE_E2E_REQUEST_LATENCY_SECONDS, ("e2e_request_latency_seconds",)),
     # Per-request lengths in tokens (the served mix, loadgen/served_mix.py).
-    ("llmb_engine_request_prompt_tokens", ("prompt_tokens_histogram",)),
-    ("llmb_engine_request_generation_tokens", ("generation_tokens_histogram",)),
+    (ENGINE_REQUEST_PROMPT_TOKENS, ("prompt_tokens_histogram",)),
+    (ENGINE_REQUEST_GENERATION_TOKENS, ("generation_tokens_histogram",)),
 )
 
 # Families the mapping reads (without `sglang:` and without _total/_bucket/_sum/_count);
@@ -167,29 +189,29 @@ def map_metrics(
     _map_scheduling(ms, expo, labels)
     _map_tokens(ms, expo, labels)
     ms.add(
-        "llmb_engine_kv_pressure_events_total",
+        ENGINE_KV_PRESSURE_EVENTS_TOTAL,
         _retracted(expo, version),
         event="retracted",
         **labels,
     )
     load_samples = finite(expo.get(PREFIX + "startup_time_seconds", phase="load_weight"))
     load = max((s.value for s in load_samples), default=None)
-    ms.add("llmb_engine_load_seconds", load, **labels)
+    ms.add(ENGINE_LOAD_SECONDS, load, **labels)
     _map_histograms(ms, expo, labels)
 
 
 def _map_scheduling(ms: MetricSet, expo: Exposition, labels: dict[str, str]) -> None:
-    ms.add("llmb_engine_requests_running", scheduler_value(expo, "num_running_reqs"), **labels)
-    ms.add("llmb_engine_requests_waiting", scheduler_value(expo, "num_queue_reqs"), **labels)
-    ms.add("llmb_engine_context_tokens", scheduler_value(expo, "context_len", "max"), **labels)
+    ms.add(ENGINE_REQUESTS_RUNNING, scheduler_value(expo, "num_running_reqs"), **labels)
+    ms.add(ENGINE_REQUESTS_WAITING, scheduler_value(expo, "num_queue_reqs"), **labels)
+    ms.add(ENGINE_CONTEXT_TOKENS, scheduler_value(expo, "context_len", "max"), **labels)
     capacity = scheduler_value(expo, "max_total_num_tokens")
-    ms.add("llmb_engine_kv_cache_capacity_tokens", capacity, **labels)
+    ms.add(ENGINE_KV_CACHE_CAPACITY_TOKENS, capacity, **labels)
     used = scheduler_value(expo, "kv_used_tokens")
     if used is None:
         used = scheduler_value(expo, "num_used_tokens")
-    ms.add("llmb_engine_kv_cache_used_tokens", used, **labels)
+    ms.add(ENGINE_KV_CACHE_USED_TOKENS, used, **labels)
     # The fullest DP group throttles admission; token_usage is already max over pools.
-    ms.add("llmb_engine_kv_cache_usage_ratio", kv_usage_ratio(expo), **labels)
+    ms.add(ENGINE_KV_CACHE_USAGE_RATIO, kv_usage_ratio(expo), **labels)
 
 
 def _cached_tokens(expo: Exposition) -> float | None:
@@ -207,20 +229,20 @@ def _cached_tokens(expo: Exposition) -> float | None:
 
 
 def _map_tokens(ms: MetricSet, expo: Exposition, labels: dict[str, str]) -> None:
-    ms.add("llmb_engine_prompt_tokens_total", total_value(expo, "prompt_tokens_total"), **labels)
-    ms.add("llmb_engine_prompt_tokens_cached_total", _cached_tokens(expo), **labels)
+    ms.add(ENGINE_PROMPT_TOKENS_TOTAL, total_value(expo, "prompt_tokens_total"), **labels)
+    ms.add(ENGINE_PROMPT_TOKENS_CACHED_TOTAL, _cached_tokens(expo), **labels)
     ms.add(
-        "llmb_engine_generation_tokens_total",
+        ENGINE_GENERATION_TOKENS_TOTAL,
         total_value(expo, "generation_tokens_total"),
         **labels,
     )
     for itl in ("inter_token_latency_seconds", "time_per_output_token_seconds"):
         count = total_value(expo, itl + "_count")
         if count is not None:
-            ms.add("llmb_engine_decode_tokens_total", count, **labels)
-            ms.add("llmb_engine_decode_seconds_total", total_value(expo, itl + "_sum"), **labels)
+            ms.add(ENGINE_DECODE_TOKENS_TOTAL, count, **labels)
+            ms.add(ENGINE_DECODE_SECONDS_TOTAL, total_value(expo, itl + "_sum"), **labels)
             break
-    ms.add("llmb_engine_requests_finished_total", total_value(expo, "num_requests_total"), **labels)
+    ms.add(ENGINE_REQUESTS_FINISHED_TOTAL, total_value(expo, "num_requests_total"), **labels)
 
 
 def _retracted(expo: Exposition, version: tuple[int, ...] | None) -> float | None:
