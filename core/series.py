@@ -126,6 +126,8 @@ LOADGEN_PHASE_INFO = "llmb_loadgen_phase_info"
 LOADGEN_PHASE_START_TIMESTAMP_SECONDS = "llmb_loadgen_phase_start_timestamp_seconds"
 
 # --- Groups -----------------------------------------------------------------------------------
+# Every name's namespace (what the exporter's own page is read by).
+PREFIX = "llmb_"
 # The NVML collector's families: one source on every engine (docs/metrics.md).
 NVML_PREFIX = "llmb_gpu_"
 # The exporter's own families, read by no engine collector.

@@ -28,6 +28,7 @@ from core.series import (
     ENGINE_REQUESTS_WAITING,
     ENGINE_UP,
     GPU_MEMORY_USED_PEAK_BYTES,
+    PREFIX,
 )
 from exporter.app import build_runner
 from exporter.collectors.llamacpp.log import LogState
@@ -47,7 +48,7 @@ Series = dict[SeriesKey, float]
 
 def series_from_text(text: str) -> Series:
     """An exporter page as {(name, sorted labels): value} (ValueError when it is none)."""
-    expo = parse_exposition(text, "llmb_")
+    expo = parse_exposition(text, PREFIX)
     return {
         (name, tuple(sorted(s.labels.items()))): s.value
         for name, samples in expo.samples.items()

@@ -95,11 +95,11 @@ def f(sel):
 
 
 def _constants() -> dict[str, str]:
-    """Every series name of `core/series.py` by its constant (the NVML prefix is none)."""
+    """Every series name of `core/series.py` by its constant (the prefixes are none)."""
     return {
         k: v
         for k, v in vars(series).items()
-        if k.isupper() and isinstance(v, str) and k != "NVML_PREFIX"
+        if k.isupper() and isinstance(v, str) and not k.endswith("PREFIX")
     }
 
 
