@@ -11,17 +11,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
+from core import series as llmb
 from core.card import BRAKE_REASONS, IDLE_REASON, POWER_REASONS, THERMAL_REASONS
 from core.promql import Data, EngineKey, avg_over_time, max_by, max_over_time
-from core.series import (
-    ENGINE_UP,
-    GPU_CLOCK_EVENT_REASON_ACTIVE,
-    GPU_MEMORY_CLOCK_HERTZ,
-    GPU_POWER_LIMIT_DEFAULT_WATTS,
-    GPU_POWER_LIMIT_WATTS,
-    GPU_PROCESS_MEMORY_USED_BYTES,
-    GPU_SM_CLOCK_BUSY_HERTZ,
-)
 from core.thresholds import threshold_seconds
 
 GpuKey = tuple[str, str]  # (host, gpu)
@@ -38,12 +30,12 @@ def _share(d: Data, reasons: tuple[str, ...]) -> dict[GpuKey, float]:
     rw = threshold_seconds("rate_window")
     held = max_by(
         (_gpu(lab), sum(v for _, v in pts))
-        for lab, pts in d.range(GPU_CLOCK_EVENT_REASON_ACTIVE, rw)
+        for lab, pts in d.range(llmb.GPU_CLOCK_EVENT_REASON_ACTIVE, rw)
         if lab.get("reason", "") in reasons
     )
     busy = max_by(
         (_gpu(lab), len(pts) - sum(v for _, v in pts))
-        for lab, pts in d.range(GPU_CLOCK_EVENT_REASON_ACTIVE, rw)
+        for lab, pts in d.range(llmb.GPU_CLOCK_EVENT_REASON_ACTIVE, rw)
         if lab.get("reason", "") == IDLE_REASON
     )
     return {k: min(v / busy[k], 1.0) for k, v in held.items() if k in busy and busy[k] > 0}
@@ -66,7 +58,7 @@ def _always_idle(d: Data) -> dict[GpuKey, float]:
     rw = threshold_seconds("rate_window")
     return max_by(
         (_gpu(lab), min(v for _, v in pts))
-        for lab, pts in d.range(GPU_CLOCK_EVENT_REASON_ACTIVE, rw)
+        for lab, pts in d.range(llmb.GPU_CLOCK_EVENT_REASON_ACTIVE, rw)
         if lab.get("reason", "") == IDLE_REASON
     )
 
@@ -74,21 +66,21 @@ def _always_idle(d: Data) -> dict[GpuKey, float]:
 def sm_clock_ratio(d: Data) -> dict[GpuKey, float]:
     """The mean SM clock of the window's busy samples (`llmb_gpu_sm_clock_busy_hertz`, only
     exported while busy) / its maximum, per GPU; absent without a busy sample."""
-    return _clock_ratio(d, GPU_SM_CLOCK_BUSY_HERTZ, avg_over_time)
+    return _clock_ratio(d, llmb.GPU_SM_CLOCK_BUSY_HERTZ, avg_over_time)
 
 
 def memory_clock_ratio(d: Data) -> dict[GpuKey, float]:
     """`clamp_max(memory clock ratio, 1)` per GPU: what the roofline's bandwidth scales by;
     absent (no scaling) where the GPU was idle in every sample (GDDR drops its clock then)."""
     idle = _always_idle(d)
-    ratio = _clock_ratio(d, GPU_MEMORY_CLOCK_HERTZ, max_over_time)
+    ratio = _clock_ratio(d, llmb.GPU_MEMORY_CLOCK_HERTZ, max_over_time)
     return {k: min(v, 1.0) for k, v in ratio.items() if idle.get(k) != 1}
 
 
 def power_limit_ratio(d: Data) -> dict[GpuKey, float]:
     """`max by (host, gpu) (enforced limit) / (max by (host, gpu) (default limit) > 0)`."""
-    enforced = max_by((_gpu(lab), v) for lab, v in d.instant(GPU_POWER_LIMIT_WATTS))
-    default = max_by((_gpu(lab), v) for lab, v in d.instant(GPU_POWER_LIMIT_DEFAULT_WATTS))
+    enforced = max_by((_gpu(lab), v) for lab, v in d.instant(llmb.GPU_POWER_LIMIT_WATTS))
+    default = max_by((_gpu(lab), v) for lab, v in d.instant(llmb.GPU_POWER_LIMIT_DEFAULT_WATTS))
     return {k: v / default[k] for k, v in enforced.items() if k in default and default[k] > 0}
 
 
@@ -99,10 +91,12 @@ def _per_engine(
 ) -> dict[EngineKey, float]:
     """`pick` over the GPUs each engine's processes hold (`engine_gpu:...:sum` joined)."""
     held: dict[tuple[str, str], set[str]] = defaultdict(set)
-    for lab, _ in d.instant(GPU_PROCESS_MEMORY_USED_BYTES, lambda lab: lab.get("engine", "") != ""):
+    for lab, _ in d.instant(
+        llmb.GPU_PROCESS_MEMORY_USED_BYTES, lambda lab: lab.get("engine", "") != ""
+    ):
         held[(lab.get("host", ""), lab.get("engine", ""))].add(lab.get("gpu", ""))
     kinds: dict[tuple[str, str], set[str]] = defaultdict(set)
-    for lab, _ in d.instant(ENGINE_UP):
+    for lab, _ in d.instant(llmb.ENGINE_UP):
         kinds[(lab.get("host", ""), lab.get("engine", ""))].add(lab.get("kind", ""))
     out: dict[EngineKey, float] = {}
     for (host, engine), gpus in held.items():

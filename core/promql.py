@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from core import series as llmb
 from core.roofline import tp_bandwidth
-from core.series import ENGINE_UP, GPU_PROCESS_MEMORY_USED_BYTES
 
 Labels = tuple[tuple[str, str], ...]
 # (metric name, sorted label pairs): the same key tests/plugins/exporter.py parses to.
@@ -234,12 +234,12 @@ def engine_gpus(d: Data, gpu_bw: Mapping[tuple[str, str], float]) -> dict[Engine
     """An engine's figure from a per-(host, gpu) one: each GPU does its share of a step (of the
     engine's GPU memory), the slowest sets the pace (`tp_bandwidth`); also the peak compute."""
     kinds: dict[tuple[str, str], set[str]] = defaultdict(set)
-    for lab, _ in d.instant(ENGINE_UP):
+    for lab, _ in d.instant(llmb.ENGINE_UP):
         kinds[(lab.get("host", ""), lab.get("engine", ""))].add(lab.get("kind", ""))
     per_pid = max_by(
         ((lab.get("host", ""), lab.get("engine", ""), lab.get("gpu", ""), lab.get("pid", "")), v)
         for lab, v in d.instant(
-            GPU_PROCESS_MEMORY_USED_BYTES, lambda lab: lab.get("engine", "") != ""
+            llmb.GPU_PROCESS_MEMORY_USED_BYTES, lambda lab: lab.get("engine", "") != ""
         )
     )
     per_gpu: dict[tuple[str, str, str], float] = {}

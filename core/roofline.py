@@ -8,13 +8,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from core.series import (
-    ENGINE_SPEC_ACCEPT_LENGTH,
-    MODEL_EXPERTS,
-    MODEL_EXPERTS_USED,
-    MODEL_WEIGHTS_ALWAYS_READ_BYTES,
-    MODEL_WEIGHTS_ROUTED_EXPERTS_BYTES,
-)
+from core import series as llmb
 from core.thresholds import threshold_number
 
 # ------------------------------------------------------------------------------ roofline
@@ -245,21 +239,21 @@ class MisfitReason:
 MISFIT_REASONS: tuple[MisfitReason, ...] = (
     MisfitReason(
         "model_structure_unknown",
-        f"the model's structure ({MODEL_WEIGHTS_ALWAYS_READ_BYTES}, "
-        f"{MODEL_WEIGHTS_ROUTED_EXPERTS_BYTES}): every weight counts as read per step",
+        f"the model's structure ({llmb.MODEL_WEIGHTS_ALWAYS_READ_BYTES}, "
+        f"{llmb.MODEL_WEIGHTS_ROUTED_EXPERTS_BYTES}): every weight counts as read per step",
         "a mixture-of-experts model whose expert metadata is unknown reads only its active "
         "experts; give the exporter/diagnose the model file (GGUF or HF config)",
     ),
     MisfitReason(
         "expert_counts_unknown",
-        f"the expert counts ({MODEL_EXPERTS}, {MODEL_EXPERTS_USED}): every routed expert "
+        f"the expert counts ({llmb.MODEL_EXPERTS}, {llmb.MODEL_EXPERTS_USED}): every routed expert "
         "counts as read per step",
         "a mixture-of-experts model reads only k of its E experts per token; the model file "
         "lacks `expert_count` / `expert_used_count`",
     ),
     MisfitReason(
         "speculative_decoding_not_detected",
-        f"the speculative accept length ({ENGINE_SPEC_ACCEPT_LENGTH}): one token per "
+        f"the speculative accept length ({llmb.ENGINE_SPEC_ACCEPT_LENGTH}): one token per "
         "model step is assumed",
         "speculative decoding (llama.cpp `-md`, SGLang `--speculative-algorithm`) makes "
         "several tokens per weight read; its acceptance was not seen",

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
 from config.kinds import engine_kind, kinds
+from core import series as llmb
 from core.card import shortfall_explained
 from core.card_rules import card_values, memory_clock_ratio
 from core.conditions import Verdict, evaluate
@@ -52,36 +53,6 @@ from core.roofline import (
     roofline_facts,
     roofline_misfit,
     roofline_tokens_per_second,
-)
-from core.series import (
-    ENGINE_DECODE_SECONDS_TOTAL,
-    ENGINE_DECODE_TOKENS_TOTAL,
-    ENGINE_EXPERTS_HOST_BYTES,
-    ENGINE_EXPERTS_HOST_LAYERS,
-    ENGINE_GENERATION_TOKENS_TOTAL,
-    ENGINE_GPU_LAYERS_OFFLOADED,
-    ENGINE_GPU_LAYERS_TOTAL,
-    ENGINE_KV_CACHE_BYTES,
-    ENGINE_KV_CACHE_CAPACITY_TOKENS,
-    ENGINE_KV_CACHE_USAGE_RATIO,
-    ENGINE_KV_CACHE_USED_TOKENS,
-    ENGINE_KV_PRESSURE_EVENTS_TOTAL,
-    ENGINE_MODEL_BUFFER_BYTES,
-    ENGINE_PROCESS_GPU_MEMORY_BYTES,
-    ENGINE_PROMPT_TOKENS_TOTAL,
-    ENGINE_REQUESTS_FINISHED_TOTAL,
-    ENGINE_REQUESTS_RUNNING,
-    ENGINE_REQUESTS_WAITING,
-    ENGINE_SLOTS,
-    ENGINE_SPEC_ACCEPT_LENGTH,
-    ENGINE_UP,
-    GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND,
-    GPU_MEMORY_TOTAL_BYTES,
-    HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND,
-    MODEL_KV_BYTES_PER_TOKEN_ESTIMATED,
-    MODEL_KV_CACHE_BYTES_ESTIMATED,
-    MODEL_WEIGHTS_BYTES,
-    field_series,
 )
 from core.signals import Signals
 from core.thresholds import threshold_seconds
@@ -123,13 +94,13 @@ def admission_values(d: Data) -> dict[str, dict[EngineKey, float]]:
     count the gaps between one request's end and the next one's admission.
     """
     qw, rw = threshold_seconds("queue_window"), threshold_seconds("rate_window")
-    peak = peak_max(d, ENGINE_REQUESTS_RUNNING, qw)
-    slots = instant_max(d, ENGINE_SLOTS)
-    capacity = instant_max(d, ENGINE_KV_CACHE_CAPACITY_TOKENS)
-    held = peak_max(d, ENGINE_KV_CACHE_USED_TOKENS, qw)
-    prompt = rate_max(d, ENGINE_PROMPT_TOKENS_TOTAL, rw)
-    generated = rate_max(d, ENGINE_GENERATION_TOKENS_TOTAL, rw)
-    finished = rate_max(d, ENGINE_REQUESTS_FINISHED_TOTAL, rw)
+    peak = peak_max(d, llmb.ENGINE_REQUESTS_RUNNING, qw)
+    slots = instant_max(d, llmb.ENGINE_SLOTS)
+    capacity = instant_max(d, llmb.ENGINE_KV_CACHE_CAPACITY_TOKENS)
+    held = peak_max(d, llmb.ENGINE_KV_CACHE_USED_TOKENS, qw)
+    prompt = rate_max(d, llmb.ENGINE_PROMPT_TOKENS_TOTAL, rw)
+    generated = rate_max(d, llmb.ENGINE_GENERATION_TOKENS_TOTAL, rw)
+    finished = rate_max(d, llmb.ENGINE_REQUESTS_FINISHED_TOTAL, rw)
     out: dict[str, dict[EngineKey, float]] = {
         "running_slots_ratio": divide(peak, slots),
         "kv_demand_held_ratio": {},
@@ -146,10 +117,12 @@ def admission_values(d: Data) -> dict[str, dict[EngineKey, float]]:
             per_request = (prompt[key] + generated[key]) / finished[key]
             out["kv_demand_finished_ratio"][key] = (r + 1) * per_request / c
     sglang = _preallocates_kv
-    process = instant_max(d, ENGINE_PROCESS_GPU_MEMORY_BYTES, sglang)
-    reported = sum_of_device_max(d, ENGINE_KV_CACHE_BYTES, lambda lab: sglang(lab) and not_cpu(lab))
-    estimated = instant_max(d, MODEL_KV_CACHE_BYTES_ESTIMATED, sglang)
-    weights = instant_max(d, MODEL_WEIGHTS_BYTES)
+    process = instant_max(d, llmb.ENGINE_PROCESS_GPU_MEMORY_BYTES, sglang)
+    reported = sum_of_device_max(
+        d, llmb.ENGINE_KV_CACHE_BYTES, lambda lab: sglang(lab) and not_cpu(lab)
+    )
+    estimated = instant_max(d, llmb.MODEL_KV_CACHE_BYTES_ESTIMATED, sglang)
+    weights = instant_max(d, llmb.MODEL_WEIGHTS_BYTES)
     for key, mem in process.items():
         kv = reported.get(key, estimated.get(key))
         w = weights.get(key)
@@ -160,42 +133,44 @@ def admission_values(d: Data) -> dict[str, dict[EngineKey, float]]:
 
 def _bandwidth(d: Data) -> dict[EngineKey, float]:
     """Each engine's bandwidth, scaled by the memory clock the window reached (1: unknown)."""
-    named = d.instant(GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND)
+    named = d.instant(llmb.GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND)
     gpu_bw = max_by(((lab.get("host", ""), lab.get("gpu", "")), v) for lab, v in named)
     clock = memory_clock_ratio(d)
     return engine_gpus(d, {k: bw * clock.get(k, 1.0) for k, bw in gpu_bw.items()})
 
 
 # ModelStructure field -> its series (diagnose reads the same series into its results).
-STRUCTURE_SERIES = field_series(*(f.name for f in fields(ModelStructure)))
+STRUCTURE_SERIES = llmb.field_series(*(f.name for f in fields(ModelStructure)))
 
 
 def _signal_values(d: Data) -> dict[str, dict[EngineKey, float]]:
     """The Signals fields that are one recording rule each (field -> values per engine)."""
     rw, qw = threshold_seconds("rate_window"), threshold_seconds("queue_window")
-    weights = instant_max(d, MODEL_WEIGHTS_BYTES)
-    on_gpu = sum_of_device_max(d, ENGINE_MODEL_BUFFER_BYTES, not_cpu)
+    weights = instant_max(d, llmb.MODEL_WEIGHTS_BYTES)
+    on_gpu = sum_of_device_max(d, llmb.ENGINE_MODEL_BUFFER_BYTES, not_cpu)
     # Only host buffers reported (a CPU build, `-ngl 0`): 0 on the GPU, not an absent series.
-    buffers = {k: on_gpu.get(k, 0.0) for k in instant_max(d, ENGINE_MODEL_BUFFER_BYTES)}
+    buffers = {k: on_gpu.get(k, 0.0) for k in instant_max(d, llmb.ENGINE_MODEL_BUFFER_BYTES)}
     return {
         "layers_ratio": divide(
-            instant_max(d, ENGINE_GPU_LAYERS_OFFLOADED),
-            instant_max(d, ENGINE_GPU_LAYERS_TOTAL),
+            instant_max(d, llmb.ENGINE_GPU_LAYERS_OFFLOADED),
+            instant_max(d, llmb.ENGINE_GPU_LAYERS_TOTAL),
         ),
         "weights_buffers_ratio": divide(buffers, weights),
-        "weights_memory_ratio": divide(instant_max(d, ENGINE_PROCESS_GPU_MEMORY_BYTES), weights),
-        "kv_usage_avg": avg_max(d, ENGINE_KV_CACHE_USAGE_RATIO, qw),
-        "waiting_avg": avg_max(d, ENGINE_REQUESTS_WAITING, qw),
+        "weights_memory_ratio": divide(
+            instant_max(d, llmb.ENGINE_PROCESS_GPU_MEMORY_BYTES), weights
+        ),
+        "kv_usage_avg": avg_max(d, llmb.ENGINE_KV_CACHE_USAGE_RATIO, qw),
+        "waiting_avg": avg_max(d, llmb.ENGINE_REQUESTS_WAITING, qw),
         "kv_pressure_increase": sum_of_max(
             ((engine_key(lab), lab.get("event", "")), inc)
-            for lab, pts in d.range(ENGINE_KV_PRESSURE_EVENTS_TOTAL, rw)
+            for lab, pts in d.range(llmb.ENGINE_KV_PRESSURE_EVENTS_TOTAL, rw)
             if (inc := extrapolated(pts, d.at, rw, rate=False)) is not None
         ),
-        "running": instant_max(d, ENGINE_REQUESTS_RUNNING),
-        "waiting": instant_max(d, ENGINE_REQUESTS_WAITING),
+        "running": instant_max(d, llmb.ENGINE_REQUESTS_RUNNING),
+        "waiting": instant_max(d, llmb.ENGINE_REQUESTS_WAITING),
         **admission_values(d),
-        "generation_tokens_per_second": rate_max(d, ENGINE_GENERATION_TOKENS_TOTAL, rw),
-        "experts_host_layers": instant_max(d, ENGINE_EXPERTS_HOST_LAYERS),
+        "generation_tokens_per_second": rate_max(d, llmb.ENGINE_GENERATION_TOKENS_TOTAL, rw),
+        "experts_host_layers": instant_max(d, llmb.ENGINE_EXPERTS_HOST_LAYERS),
         **card_values(d),
         **prefill_values(d),
     }
@@ -225,18 +200,18 @@ class _Decode:
         rw = threshold_seconds("rate_window")
         return cls(
             rate=divide(
-                rate_max(d, ENGINE_DECODE_TOKENS_TOTAL, rw),
-                rate_max(d, ENGINE_DECODE_SECONDS_TOTAL, rw),
+                rate_max(d, llmb.ENGINE_DECODE_TOKENS_TOTAL, rw),
+                rate_max(d, llmb.ENGINE_DECODE_SECONDS_TOTAL, rw),
             ),
             bandwidth=_bandwidth(d),
-            kv_tokens=avg_max(d, ENGINE_KV_CACHE_USED_TOKENS, rw),
-            kv_bytes_per_token=instant_max(d, MODEL_KV_BYTES_PER_TOKEN_ESTIMATED),
-            running_avg=avg_max(d, ENGINE_REQUESTS_RUNNING, rw),
-            accept=instant_max(d, ENGINE_SPEC_ACCEPT_LENGTH),
-            host_bytes=instant_max(d, ENGINE_EXPERTS_HOST_BYTES),
+            kv_tokens=avg_max(d, llmb.ENGINE_KV_CACHE_USED_TOKENS, rw),
+            kv_bytes_per_token=instant_max(d, llmb.MODEL_KV_BYTES_PER_TOKEN_ESTIMATED),
+            running_avg=avg_max(d, llmb.ENGINE_REQUESTS_RUNNING, rw),
+            accept=instant_max(d, llmb.ENGINE_SPEC_ACCEPT_LENGTH),
+            host_bytes=instant_max(d, llmb.ENGINE_EXPERTS_HOST_BYTES),
             host_bandwidth=max_by(
                 (lab.get("host", ""), v)
-                for lab, v in d.instant(HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND)
+                for lab, v in d.instant(llmb.HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND)
             ),
             structure={f: instant_max(d, name) for f, name in STRUCTURE_SERIES.items()},
         )
@@ -285,8 +260,8 @@ class _Decode:
 def rule_values_at(series: Mapping[SeriesKey, Points], at: float) -> dict[EngineKey, RuleValues]:
     """The recording rules' per-engine values at `at` (unix seconds) for every engine up."""
     d = Data(series, at)
-    up = {k for k, v in instant_max(d, ENGINE_UP).items() if v == 1}
-    gpu_hosts = {lab.get("host", "") for lab, _ in d.instant(GPU_MEMORY_TOTAL_BYTES)}
+    up = {k for k, v in instant_max(d, llmb.ENGINE_UP).items() if v == 1}
+    gpu_hosts = {lab.get("host", "") for lab, _ in d.instant(llmb.GPU_MEMORY_TOTAL_BYTES)}
     signals = _signal_values(d)
     decode = _Decode.read(d)
     prefill = measured_tokens_per_second(d)

@@ -2,9 +2,12 @@
 
 The exporter's families (`exporter/schema.py` gives each its type, help and labels), the
 load generator's live `/metrics` and diagnose's phase marks. Everything else (the rules'
-arithmetic in `core`, the collectors, diagnose, the mixin's PromQL, the simulator, the
-tools) imports the name from here; `tests/unit/test_series_names.py` fails when a name is
+arithmetic in `core`, the collectors, loadgen, diagnose, the mixin's PromQL, the tools)
+imports the name from here; `tests/unit/test_series_names.py` fails when a name is
 spelled anywhere else. The names are contracts: never rename one.
+
+Importers write `from core import series as llmb` and `llmb.ENGINE_UP`: the `llmb.` reads
+as the `llmb_` it stands for, and `series` is a common local name in the readers.
 
 Each constant is the name as Prometheus stores it (a counter with `_total`, an info with
 `_info`); a histogram's `_bucket`, `_sum` and `_count` are the family name plus the suffix.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from core.series import GPU_SM_CLOCK_BUSY_HERTZ, HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND
+from core import series as llmb
 
 # --------------------------------------------------------------------------- thresholds
 
@@ -139,7 +139,7 @@ THRESHOLDS: dict[str, Threshold] = {
         "0.5",
         "ratio",
         "NVML GPU utilization at or above which a sample counts as busy for the SM clock "
-        f"under load (`{GPU_SM_CLOCK_BUSY_HERTZ}`): a kernel ran at least half of NVML's "
+        f"under load (`{llmb.GPU_SM_CLOCK_BUSY_HERTZ}`): a kernel ran at least half of NVML's "
         "sample period. The samples around requests (0-20 %) keep the boost clock with no "
         "work to slow, and would read as an unslowed card (issue 32: the window's highest "
         "clock read 1.0 where the busy samples ran at 92-96 %).",
@@ -207,7 +207,7 @@ THRESHOLDS: dict[str, Threshold] = {
         "limit (within 20 % of the bound): the action then says what moving more layers' "
         "experts to the GPU buys. Further above, the bandwidth figure is too low for the "
         "engine's access pattern. The bandwidth is measured on the host "
-        f"({HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND}) or given.",
+        f"({llmb.HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND}) or given.",
     ),
     "gpu_headroom_min_bytes": Threshold(
         "536870912",

@@ -24,8 +24,8 @@ from typing import Any
 from prometheus_client import start_http_server
 
 from config.settings import Config, EngineConfig
+from core import series as llmb
 from core.conditions import VERDICTS
-from core.series import GPU_PEAK_FLOPS
 from diagnose import decide as decide_cmd
 from diagnose.answer import exit_status, print_answer, write_outputs
 from diagnose.decision.model import RunInfo, utc_now
@@ -166,7 +166,7 @@ def _add_sources(m: Any) -> None:
         type=positive_float,
         metavar="TFLOP/S",
         help="the card's dense peak compute for the prefill roofline (default: the exporter's "
-        f'{GPU_PEAK_FLOPS}{{dtype="bf16"}}, from the known-GPU table)',
+        f'{llmb.GPU_PEAK_FLOPS}{{dtype="bf16"}}, from the known-GPU table)',
     )
     # The same pair as run and sweep; off by default here (a run's marks are in its report).
     add_metrics_server_options(m, default_port=0)

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from config.settings import EngineConfig
+from core import series as llmb
 from core.rules import RuleValues
-from core.series import ENGINE_KV_CACHE_BYTES
 from core.signals import Signals
 from core.slo import Slo
 from diagnose.decision.model import NOT_MEASURED, EngineResult, PhaseMark, Row, Step
@@ -223,7 +223,7 @@ class EngineRun(ABC):
 
     def kv_bytes(self) -> float | None:
         """KV cache bytes of the running launch (the exporter's, read from the engine's log)."""
-        return self.monitor.engine_value(ENGINE_KV_CACHE_BYTES)
+        return self.monitor.engine_value(llmb.ENGINE_KV_CACHE_BYTES)
 
 
 def gib(value: float | None) -> str:

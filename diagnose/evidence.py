@@ -17,32 +17,12 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from core import series as llmb
 from core.card import card_sentence, shortfall_explained
 from core.conditions import evaluate
 from core.promql import series_from_scrapes
 from core.roofline import decode_efficiency, roofline_tokens_per_second
 from core.rules import RuleValues, rule_values_at
-from core.series import (
-    ENGINE_DECODE_SECONDS_TOTAL,
-    ENGINE_DECODE_TOKENS_TOTAL,
-    ENGINE_GENERATION_TOKENS_TOTAL,
-    ENGINE_GPU_LAYERS_OFFLOADED,
-    ENGINE_GPU_LAYERS_TOTAL,
-    ENGINE_KV_CACHE_USAGE_RATIO,
-    ENGINE_KV_CACHE_USED_TOKENS,
-    ENGINE_KV_PRESSURE_EVENTS_TOTAL,
-    ENGINE_MODEL_BUFFER_BYTES,
-    ENGINE_PROCESS_GPU_MEMORY_BYTES,
-    ENGINE_REQUESTS_RUNNING,
-    ENGINE_REQUESTS_WAITING,
-    ENGINE_SLOTS,
-    ENGINE_UP,
-    GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND,
-    GPU_MEMORY_TOTAL_BYTES,
-    GPU_POWER_LIMIT_WATTS,
-    GPU_PROCESS_MEMORY_USED_BYTES,
-    field_series,
-)
 from core.signals import Signals
 from core.thresholds import threshold_seconds
 from diagnose.decision.model import Row
@@ -62,8 +42,8 @@ def step_evidence(run: EngineRun, row: Row, t0: float, t1: float) -> None:
     if values is not None:
         row.rules_prefill_tok_s = values.prefill_tokens_per_second
         sig = complete(run, values.signals, row, t1, values)
-        kv = mon.window(ENGINE_KV_CACHE_USAGE_RATIO, t0, t1)
-        waiting = mon.window(ENGINE_REQUESTS_WAITING, t0, t1)
+        kv = mon.window(llmb.ENGINE_KV_CACHE_USAGE_RATIO, t0, t1)
+        waiting = mon.window(llmb.ENGINE_REQUESTS_WAITING, t0, t1)
         row.kv_usage_max = max(kv) if kv else None
         row.waiting_avg = sum(waiting) / len(waiting) if waiting else None
     else:
@@ -137,7 +117,7 @@ def complete(
 def card_evidence(run: EngineRun, sig: Signals) -> None:
     """What the card did under load (`core.card.card_sentence`), beside the verdict: the
     answer and the report show the engine's evidence."""
-    watts = first(run.monitor.latest(), GPU_POWER_LIMIT_WATTS)
+    watts = first(run.monitor.latest(), llmb.GPU_POWER_LIMIT_WATTS)
     text = card_sentence(sig, watts)
     if text is not None:
         run.result.evidence["card"] = text
@@ -149,7 +129,7 @@ HOST = "diagnose"
 GPU = "0"
 # EngineResult field -> the exporter's series of the model's size and structure.
 STRUCTURE = {
-    **field_series("weights_bytes", "kv_bytes_per_token"),
+    **llmb.field_series("weights_bytes", "kv_bytes_per_token"),
     **RESULT_STRUCTURE_SERIES,
 }
 
@@ -174,22 +154,22 @@ class _Page:
 def _engine_page(run: EngineRun) -> _Page:
     """The gauges of the engine at rest: up, layers, weights, buffers, memory, the card."""
     res, page = run.result, _Page(run)
-    page.put(ENGINE_UP, 1.0)
+    page.put(llmb.ENGINE_UP, 1.0)
     if res.layers_total:
-        page.put(ENGINE_GPU_LAYERS_OFFLOADED, res.layers_offloaded or 0.0)
-        page.put(ENGINE_GPU_LAYERS_TOTAL, res.layers_total)
+        page.put(llmb.ENGINE_GPU_LAYERS_OFFLOADED, res.layers_offloaded or 0.0)
+        page.put(llmb.ENGINE_GPU_LAYERS_TOTAL, res.layers_total)
     for attr, name in STRUCTURE.items():
         page.put(name, getattr(res, attr))
-    page.put(ENGINE_SLOTS, res.slots)
+    page.put(llmb.ENGINE_SLOTS, res.slots)
     if run.monitor.source == "gpu":
-        page.gpu(GPU_MEMORY_TOTAL_BYTES, res.gpu_total_bytes or 0.0)
-        page.put(ENGINE_MODEL_BUFFER_BYTES, res.gpu_buffer_bytes, device="GPU")
-        page.put(ENGINE_PROCESS_GPU_MEMORY_BYTES, res.process_gpu_bytes)
+        page.gpu(llmb.GPU_MEMORY_TOTAL_BYTES, res.gpu_total_bytes or 0.0)
+        page.put(llmb.ENGINE_MODEL_BUFFER_BYTES, res.gpu_buffer_bytes, device="GPU")
+        page.put(llmb.ENGINE_PROCESS_GPU_MEMORY_BYTES, res.process_gpu_bytes)
     if res.bandwidth_bytes_per_s:
-        page.gpu(GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND, res.bandwidth_bytes_per_s)
+        page.gpu(llmb.GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND, res.bandwidth_bytes_per_s)
         # The engine's processes hold this GPU (the rules attribute bandwidth that way).
         page.gpu(
-            GPU_PROCESS_MEMORY_USED_BYTES,
+            llmb.GPU_PROCESS_MEMORY_USED_BYTES,
             res.process_gpu_bytes or 1.0,
             engine=run.monitor.exporter_engine,
             pid="0",
@@ -223,20 +203,20 @@ def step_values(run: EngineRun, row: Row, t1: float) -> RuleValues:
     scrapes = []
     for t, rose in ((t1 - span, False), (t1, True)):
         page = _engine_page(run)
-        page.put(ENGINE_REQUESTS_RUNNING, float(batch))
+        page.put(llmb.ENGINE_REQUESTS_RUNNING, float(batch))
         if slots:
-            page.put(ENGINE_REQUESTS_WAITING, float(max(0, row.concurrency - slots)))
+            page.put(llmb.ENGINE_REQUESTS_WAITING, float(max(0, row.concurrency - slots)))
         if row.prompt_tokens is not None:
             kv = batch * (row.prompt_tokens + row.max_tokens / 2)
-            page.put(ENGINE_KV_CACHE_USED_TOKENS, kv)
+            page.put(llmb.ENGINE_KV_CACHE_USED_TOKENS, kv)
         events = row.kv_exhausted + max(row.truncated, row.kv_events)
-        page.put(ENGINE_KV_PRESSURE_EVENTS_TOTAL, events if rose else 0.0, event="client")
-        page.put(ENGINE_GENERATION_TOKENS_TOTAL, tokens if rose else 0.0)
+        page.put(llmb.ENGINE_KV_PRESSURE_EVENTS_TOTAL, events if rose else 0.0, event="client")
+        page.put(llmb.ENGINE_GENERATION_TOKENS_TOTAL, tokens if rose else 0.0)
         if row.per_seq_tok_s:
             # Per-sequence decode: the rules' decode rate is tokens over their decode time.
-            page.put(ENGINE_DECODE_TOKENS_TOTAL, tokens if rose else 0.0)
+            page.put(llmb.ENGINE_DECODE_TOKENS_TOTAL, tokens if rose else 0.0)
             seconds = tokens / row.per_seq_tok_s
-            page.put(ENGINE_DECODE_SECONDS_TOTAL, seconds if rose else 0.0)
+            page.put(llmb.ENGINE_DECODE_SECONDS_TOTAL, seconds if rose else 0.0)
         scrapes.append((t, page.series))
     return _values(run, scrapes, t1)
 

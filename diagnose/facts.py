@@ -17,23 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from config.kinds import engine_kind
+from core import series as llmb
 from core.prefill import PEAK_DTYPE
-from core.series import (
-    ENGINE_GPU_LAYERS_OFFLOADED,
-    ENGINE_GPU_LAYERS_TOTAL,
-    ENGINE_INFO,
-    ENGINE_MODEL_BUFFER_BYTES,
-    GPU_INFO,
-    GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND,
-    GPU_MEMORY_FREE_BYTES,
-    GPU_MEMORY_TOTAL_BYTES,
-    GPU_PEAK_FLOPS,
-    HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND,
-    MODEL_PREFILL_ATTENTION_FLOPS_PER_POSITION,
-    MODEL_PREFILL_FLOPS_PER_TOKEN,
-    MODEL_SLIDING_WINDOW_TOKENS,
-    field_series,
-)
 from diagnose.decision.model import EngineResult
 from diagnose.engine_run import EngineRun
 from diagnose.monitor import RESULT_STRUCTURE_SERIES
@@ -47,7 +32,7 @@ from model.host_memory import HostBandwidth
 
 # EngineResult field -> the per-engine series read with the GPU facts.
 ENGINE_SERIES = {
-    **field_series(
+    **llmb.field_series(
         "process_gpu_bytes",
         "weights_bytes",
         "parameters",
@@ -111,15 +96,15 @@ async def gpu_facts(run: EngineRun) -> None:
     res.memory_source = mon.source
     series = mon.latest()
     if series:
-        res.gpu_total_bytes = first(series, GPU_MEMORY_TOTAL_BYTES)
-        res.bandwidth_bytes_per_s = first(series, GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND)
+        res.gpu_total_bytes = first(series, llmb.GPU_MEMORY_TOTAL_BYTES)
+        res.bandwidth_bytes_per_s = first(series, llmb.GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND)
         # The engine's GPUs as the rules see them (tensor parallel: their bandwidths add).
         values = mon.rule_values(time.time())
         if values is not None and values.bandwidth_bytes_per_second:
             res.bandwidth_bytes_per_s = values.bandwidth_bytes_per_second
         res.bandwidth_source = "exporter" if res.bandwidth_bytes_per_s else None
         _engine_series(res, series, mon.exporter_engine)
-        res.gpu_free_bytes = first(series, GPU_MEMORY_FREE_BYTES)
+        res.gpu_free_bytes = first(series, llmb.GPU_MEMORY_FREE_BYTES)
     host_bandwidth_facts(res, run.opts.host_bandwidth, series)
     if run.opts.bandwidth_bytes_per_s:
         res.bandwidth_bytes_per_s = run.opts.bandwidth_bytes_per_s
@@ -132,7 +117,7 @@ def host_bandwidth_facts(
 ) -> None:
     """Host memory bandwidth for the expert-offload bound: the exporter's series (its own
     measurement, or what it was given), unless this run was given one (flag, config)."""
-    for labels, value in labelled(series or {}, HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND):
+    for labels, value in labelled(series or {}, llmb.HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND):
         res.host_bandwidth_bytes_per_s = value
         res.host_bandwidth_source = labels.get("source") or "exporter"
     if given is not None and (res.host_bandwidth_bytes_per_s is None or given.source != "measured"):
@@ -154,17 +139,19 @@ def _peak_facts(run: EngineRun, series: Series | None) -> None:
     engine = run.monitor.exporter_engine
     peak, source = run.opts.peak_flops, "--peak-tflops"
     if peak is None and series:
-        peaks = [v for lab, v in labelled(series, GPU_PEAK_FLOPS) if lab.get("dtype") == PEAK_DTYPE]
+        peaks = [
+            v for lab, v in labelled(series, llmb.GPU_PEAK_FLOPS) if lab.get("dtype") == PEAK_DTYPE
+        ]
         peak, source = (
-            (max(peaks), f"{GPU_PEAK_FLOPS}{{dtype={PEAK_DTYPE}}}") if peaks else (None, "")
+            (max(peaks), f"{llmb.GPU_PEAK_FLOPS}{{dtype={PEAK_DTYPE}}}") if peaks else (None, "")
         )
     if peak is not None:
         res.prefill = replace(res.prefill, peak_flops=peak, peak_source=source)
     if res.prefill.matmul_flops is None and series:
-        matmul = first(series, MODEL_PREFILL_FLOPS_PER_TOKEN, engine=engine)
+        matmul = first(series, llmb.MODEL_PREFILL_FLOPS_PER_TOKEN, engine=engine)
         parts = {
             lab.get("layers", ""): v
-            for lab, v in labelled(series, MODEL_PREFILL_ATTENTION_FLOPS_PER_POSITION)
+            for lab, v in labelled(series, llmb.MODEL_PREFILL_ATTENTION_FLOPS_PER_POSITION)
             if lab.get("engine") == engine
         }
         if matmul:
@@ -173,7 +160,7 @@ def _peak_facts(run: EngineRun, series: Series | None) -> None:
                 matmul_flops=matmul,
                 attention_flops_full=parts.get("full"),
                 attention_flops_swa=parts.get("sliding"),
-                sliding_window=first(series, MODEL_SLIDING_WINDOW_TOKENS, engine=engine),
+                sliding_window=first(series, llmb.MODEL_SLIDING_WINDOW_TOKENS, engine=engine),
             )
 
 
@@ -185,17 +172,17 @@ def _engine_series(res: EngineResult, series: Series, engine: str) -> None:
             setattr(res, attr, value)
     buffers = [
         (lab.get("device", ""), v)
-        for lab, v in labelled(series, ENGINE_MODEL_BUFFER_BYTES)
+        for lab, v in labelled(series, llmb.ENGINE_MODEL_BUFFER_BYTES)
         if lab.get("engine") == engine
     ]
     if buffers:
         # Only host (CPU) buffers reported is an explicit 0 on the GPU, not an unknown.
         res.gpu_buffer_bytes = sum(v for dev, v in buffers if not dev.lower().startswith("cpu"))
-    for info, _ in labelled(series, ENGINE_INFO):
+    for info, _ in labelled(series, llmb.ENGINE_INFO):
         if info.get("engine") == engine:
             res.quantization = info.get("quantization") or res.quantization
             res.engine_version = info.get("version") or res.engine_version
-    for info, _ in labelled(series, GPU_INFO):
+    for info, _ in labelled(series, llmb.GPU_INFO):
         if info.get("name"):
             res.gpu_name = info["name"]
             res.gpu_driver = info.get("driver") or res.gpu_driver
@@ -262,12 +249,12 @@ def load_lines(run: EngineRun) -> str:
     """What llama-server's load lines said (the exporter's series of its log), or their absence."""
     mon = run.monitor
     offloaded, total = (
-        mon.engine_value(ENGINE_GPU_LAYERS_OFFLOADED),
-        mon.engine_value(ENGINE_GPU_LAYERS_TOTAL),
+        mon.engine_value(llmb.ENGINE_GPU_LAYERS_OFFLOADED),
+        mon.engine_value(llmb.ENGINE_GPU_LAYERS_TOTAL),
     )
     buffers = sorted(
         (lab.get("device", "?"), v)
-        for lab, v in labelled(mon.latest(), ENGINE_MODEL_BUFFER_BYTES)
+        for lab, v in labelled(mon.latest(), llmb.ENGINE_MODEL_BUFFER_BYTES)
         if lab.get("engine") == mon.exporter_engine
     )
     if not buffers and total is None:

@@ -11,15 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from config.kinds import engine_kind
-from core.series import (
-    ENGINE_DECODE_SECONDS_TOTAL,
-    ENGINE_DECODE_TOKENS_TOTAL,
-    ENGINE_KV_PRESSURE_EVENTS_TOTAL,
-    ENGINE_PROMPT_TOKENS_CACHED_TOTAL,
-    ENGINE_PROMPT_TOKENS_TOTAL,
-    ENGINE_QUEUE_TIME_SECONDS,
-    ENGINE_TIME_TO_FIRST_TOKEN_SECONDS,
-)
+from core import series as llmb
 from core.stats import percentile
 from diagnose.decision.model import Row
 from diagnose.decision.prefill import (
@@ -171,16 +163,16 @@ def engine_timing(mon: Monitor, server_tok_s: list[float], t0: float, t1: float)
     way in, so a step without streamed text has no llama.cpp TTFT.
     """
     decode = median(server_tok_s) or _per(
-        mon.increase(ENGINE_DECODE_TOKENS_TOTAL, t0, t1),
-        mon.increase(ENGINE_DECODE_SECONDS_TOTAL, t0, t1),
+        mon.increase(llmb.ENGINE_DECODE_TOKENS_TOTAL, t0, t1),
+        mon.increase(llmb.ENGINE_DECODE_SECONDS_TOTAL, t0, t1),
     )
     ttft = _per(
-        mon.increase(ENGINE_TIME_TO_FIRST_TOKEN_SECONDS + "_sum", t0, t1),
-        mon.increase(ENGINE_TIME_TO_FIRST_TOKEN_SECONDS + "_count", t0, t1),
+        mon.increase(llmb.ENGINE_TIME_TO_FIRST_TOKEN_SECONDS + "_sum", t0, t1),
+        mon.increase(llmb.ENGINE_TIME_TO_FIRST_TOKEN_SECONDS + "_count", t0, t1),
     )
     queue = _per(
-        mon.increase(ENGINE_QUEUE_TIME_SECONDS + "_sum", t0, t1),
-        mon.increase(ENGINE_QUEUE_TIME_SECONDS + "_count", t0, t1),
+        mon.increase(llmb.ENGINE_QUEUE_TIME_SECONDS + "_sum", t0, t1),
+        mon.increase(llmb.ENGINE_QUEUE_TIME_SECONDS + "_count", t0, t1),
     )
     return EngineTiming(decode, ttft, queue)
 
@@ -314,8 +306,8 @@ def cache_hit_ratio(mon: Monitor, t0: float, t1: float) -> float | None:
     counters, or no prompt tokens). Not SGLang's `cache_hit_rate` gauge: each batch
     overwrites it, so a scrape sees one batch, not the step."""
     return _per(
-        mon.increase(ENGINE_PROMPT_TOKENS_CACHED_TOTAL, t0, t1),
-        mon.increase(ENGINE_PROMPT_TOKENS_TOTAL, t0, t1),
+        mon.increase(llmb.ENGINE_PROMPT_TOKENS_CACHED_TOTAL, t0, t1),
+        mon.increase(llmb.ENGINE_PROMPT_TOKENS_TOTAL, t0, t1),
     )
 
 
@@ -323,7 +315,7 @@ def _log_events(run: EngineRun) -> float:
     """KV-pressure events of the engine's log so far (SGLang's retractions are no log events)."""
     if not engine_kind(run.engine.kind).kv_events_in_log:
         return 0.0
-    return run.monitor.engine_total(ENGINE_KV_PRESSURE_EVENTS_TOTAL)
+    return run.monitor.engine_total(llmb.ENGINE_KV_PRESSURE_EVENTS_TOTAL)
 
 
 def median(values: list[float]) -> float | None:

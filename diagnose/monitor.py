@@ -20,14 +20,9 @@ from typing import Protocol
 import httpx
 
 from config.settings import EngineConfig, GpuConfig
+from core import series as llmb
 from core.promql import series_from_scrapes
 from core.rules import STRUCTURE_SERIES, RuleValues, rule_values_at
-from core.series import (
-    ENGINE_UP,
-    GPU_MEMORY_USED_BYTES,
-    GPU_MEMORY_USED_PEAK_BYTES,
-    field_series,
-)
 from diagnose.options import Options
 from loadgen.exporter_series import (
     EmbeddedExporter,
@@ -45,7 +40,7 @@ __all__ = ["RESULT_STRUCTURE_SERIES", "Monitor", "Series", "counters_from_zero"]
 
 # EngineResult field -> the exporter series of the model's structure (issue 17): the
 # rules' (`ModelStructure` fields, same names) and what diagnose reports beside them.
-RESULT_STRUCTURE_SERIES = field_series(
+RESULT_STRUCTURE_SERIES = llmb.field_series(
     *(f for f in STRUCTURE_SERIES if f != "weights_bytes"),
     "spec_accept_length",
     "experts_host_layers",
@@ -76,7 +71,7 @@ def counters_from_zero(
     event). It stood at 0 when the step began: the engine was up and had counted nothing.
     """
     start, head = scrapes[0]
-    if first(head, ENGINE_UP, engine=engine) != 1:
+    if first(head, llmb.ENGINE_UP, engine=engine) != 1:
         return scrapes  # the engine unread at the start: absent says nothing
     born = {
         key
@@ -168,7 +163,7 @@ class Monitor:
         used: float | None = None
         if series is not None:
             self.scrapes.append((now, series))
-            used = first(series, GPU_MEMORY_USED_BYTES)
+            used = first(series, llmb.GPU_MEMORY_USED_BYTES)
         if used is None and self.process is not None and self._gpu_config() is None:
             rss = await asyncio.to_thread(self.process.rss_bytes)
             used = float(rss) if rss is not None else None
@@ -204,7 +199,7 @@ class Monitor:
         vals = [v for t, v in self.timeline if t0 <= t <= t1]
         for t, series in self.scrapes:
             if t0 <= t <= t1:
-                vals += pick(series, GPU_MEMORY_USED_PEAK_BYTES)
+                vals += pick(series, llmb.GPU_MEMORY_USED_PEAK_BYTES)
         return max(vals) if vals else None
 
     async def memory_now(self) -> float | None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from config.settings import Config, GpuConfig
-from core.series import HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND
+from core import series as llmb
 from core.slo import Slo
 from loadgen.options import (
     DEFAULT_CONNECT_TIMEOUT_S,
@@ -93,7 +93,7 @@ def add_host_bandwidth_option(group: Any) -> None:
         metavar="GB/S",
         help="host memory bandwidth for the expert-offload bound (default: the config's "
         "host_memory_bandwidth_bytes_per_second, else the exporter's "
-        f"{HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND}, else measured here before the run: "
+        f"{llmb.HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND}, else measured here before the run: "
         "a multi-threaded copy, read + write counted, under a second)",
     )
 

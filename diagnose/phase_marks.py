@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from core.series import LOADGEN_PHASE_INFO, LOADGEN_PHASE_START_TIMESTAMP_SECONDS
+from core import series as llmb
 from diagnose.decision.model import PhaseMark
 
 
@@ -25,13 +25,13 @@ class PhasePublisher:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         self.info = Gauge(
-            LOADGEN_PHASE_INFO,
+            llmb.LOADGEN_PHASE_INFO,
             "1 while the diagnose/compare phase runs, else 0.",
             ["engine", "phase"],
             registry=self.registry,
         )
         self.started = Gauge(
-            LOADGEN_PHASE_START_TIMESTAMP_SECONDS,
+            llmb.LOADGEN_PHASE_START_TIMESTAMP_SECONDS,
             "Unix time the diagnose/compare phase last started.",
             ["engine", "phase"],
             registry=self.registry,

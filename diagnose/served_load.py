@@ -15,7 +15,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from core.series import ENGINE_REQUESTS_RUNNING
+from core import series as llmb
 from loadgen.options import UsageError, add_slo_option, http_url, positive_int
 from loadgen.prom_api import (
     QUERY_TIMEOUT_S,
@@ -78,7 +78,7 @@ class LoadQuery:
             if load is None:
                 raise LoadQueryError(
                     self._none_found(
-                        prom.engines_with(client, ENGINE_REQUESTS_RUNNING, self.window), engine
+                        prom.engines_with(client, llmb.ENGINE_REQUESTS_RUNNING, self.window), engine
                     )
                 )
         series = f", the busiest of {load.series} series" if load.series > 1 else ""
@@ -92,8 +92,8 @@ class LoadQuery:
     def _none_found(self, others: list[str], engine: str) -> str:
         """Why the query found nothing: which engines Prometheus does have samples of."""
         head = (
-            f"--load-from: Prometheus at {self.url} has no {ENGINE_REQUESTS_RUNNING} samples of "
-            f"engine {engine!r} in the last {self.window}"
+            f"--load-from: Prometheus at {self.url} has no {llmb.ENGINE_REQUESTS_RUNNING} "
+            f"samples of engine {engine!r} in the last {self.window}"
         )
         if not others:
             return (
@@ -132,8 +132,8 @@ def add_answer_arguments(group: Any, *, find_max: bool, load_from: bool) -> None
             type=http_url,
             metavar="PROMETHEUS_URL",
             help="without --load: the load is the p90 of running requests "
-            f"({ENGINE_REQUESTS_RUNNING}) of the engine in use over --load-window, asked of this "
-            "Prometheus (the one scraping the exporter); unreachable or no samples: exit 2",
+            f"({llmb.ENGINE_REQUESTS_RUNNING}) of the engine in use over --load-window, asked of "
+            "this Prometheus (the one scraping the exporter); unreachable or no samples: exit 2",
         )
         group.add_argument(
             "--load-window",

@@ -10,7 +10,7 @@ import socket
 import sys
 
 from config.settings import Config, ConfigError, config_file_from_env, load_config
-from core.series import HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND
+from core import series as llmb
 from exporter import __version__
 from exporter.cli import add_log_level_option, setup_logging
 from exporter.web_config import WebConfig
@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=_positive_gbs,
         metavar="GB/S",
         help="host memory bandwidth for the expert-offload bound "
-        f'({HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND}{{source="flag"}}); default: the '
+        f'({llmb.HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND}{{source="flag"}}); default: the '
         "config's host_memory_bandwidth_bytes_per_second, else measured once at start "
         "(a multi-threaded copy, under a second)",
     )

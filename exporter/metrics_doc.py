@@ -7,7 +7,7 @@ Above both the schema and the collectors' source tables, so that neither imports
 from __future__ import annotations
 
 from config.kinds import engines
-from core.series import EXPORTER_OWN, NVML_PREFIX
+from core import series as llmb
 from exporter.collectors.sources import source_columns
 from exporter.schema import SCHEMA
 
@@ -59,8 +59,8 @@ def markdown_table() -> str:
     ]
     for name, spec in SCHEMA.items():
         # Series no engine provides have one source on every engine.
-        own = "NVML" if name.startswith(NVML_PREFIX) else ""
-        own = own or ("exporter" if name in EXPORTER_OWN else "")
+        own = "NVML" if name.startswith(llmb.NVML_PREFIX) else ""
+        own = own or ("exporter" if name in llmb.EXPORTER_OWN else "")
         cells = []
         for _, main, release in columns:
             cell = own or main.get(name, "")

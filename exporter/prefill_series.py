@@ -3,11 +3,7 @@ that knows the geometry: FLOPs per prompt token, by part."""
 
 from __future__ import annotations
 
-from core.series import (
-    MODEL_PREFILL_ATTENTION_FLOPS_PER_POSITION,
-    MODEL_PREFILL_FLOPS_PER_TOKEN,
-    MODEL_SLIDING_WINDOW_TOKENS,
-)
+from core import series as llmb
 from exporter.schema import MetricSet
 from model.flops import prefill_flops
 from model.geometry import ModelGeometry
@@ -18,9 +14,9 @@ def add_prefill_structure(ms: MetricSet, geom: ModelGeometry, **labels: str) -> 
     fl = prefill_flops(geom)
     if fl is None:
         return
-    ms.add(MODEL_PREFILL_FLOPS_PER_TOKEN, fl.matmul_flops, **labels)
-    name = MODEL_PREFILL_ATTENTION_FLOPS_PER_POSITION
+    ms.add(llmb.MODEL_PREFILL_FLOPS_PER_TOKEN, fl.matmul_flops, **labels)
+    name = llmb.MODEL_PREFILL_ATTENTION_FLOPS_PER_POSITION
     ms.add(name, fl.attention_flops_full, layers="full", **labels)
     if fl.sliding_window is not None:
         ms.add(name, fl.attention_flops_swa, layers="sliding", **labels)
-        ms.add(MODEL_SLIDING_WINDOW_TOKENS, fl.sliding_window, **labels)
+        ms.add(llmb.MODEL_SLIDING_WINDOW_TOKENS, fl.sliding_window, **labels)

@@ -26,13 +26,7 @@ from dataclasses import dataclass, field
 from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.metrics_core import Metric
 
-from core.series import (
-    EXPORTER_BUILD_INFO,
-    HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND,
-    SOURCE_DURATION_SECONDS,
-    SOURCE_ERRORS_TOTAL,
-    SOURCE_UP,
-)
+from core import series as llmb
 from exporter import __version__
 from exporter.collectors import Collector, Scrape, SourceError
 from exporter.exposition import render_text
@@ -249,23 +243,23 @@ class Runner:
         results = await asyncio.gather(*(self._run_one(c, budget) for c in self.collectors))
         out: list[Metric] = []
         own = MetricSet()
-        own.info(EXPORTER_BUILD_INFO, version=__version__)
+        own.info(llmb.EXPORTER_BUILD_INFO, version=__version__)
         if self.host_bandwidth is not None:
             own.add(
-                HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND,
+                llmb.HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND,
                 self.host_bandwidth.bytes_per_second,
                 source=self.host_bandwidth.source,
             )
         for collector, (scrape, duration) in zip(self.collectors, results, strict=True):
             out.extend(scrape.metrics)
             source = collector.source
-            own.add(SOURCE_UP, 1.0 if scrape.up else 0.0, source=source)
-            own.add(SOURCE_DURATION_SECONDS, duration, source=source)
+            own.add(llmb.SOURCE_UP, 1.0 if scrape.up else 0.0, source=source)
+            own.add(llmb.SOURCE_DURATION_SECONDS, duration, source=source)
             for err in scrape.errors:
                 self._errors[(source, err.reason)] += 1
             self._log_change(source, scrape)
         for (source, reason), count in sorted(self._errors.items()):
-            own.add(SOURCE_ERRORS_TOTAL, count, source=source, reason=reason)
+            own.add(llmb.SOURCE_ERRORS_TOTAL, count, source=source, reason=reason)
         out.extend(own.metrics())
         merged = _merge(out)
         if self.host is not None:

@@ -21,15 +21,8 @@ from typing import Any
 import httpx
 
 from config.settings import Config, EngineConfig, GpuConfig, ProcessMatch
+from core import series as llmb
 from core.promql import SeriesKey
-from core.series import (
-    ENGINE_INFO,
-    ENGINE_KV_CACHE_USAGE_RATIO,
-    ENGINE_REQUESTS_WAITING,
-    ENGINE_UP,
-    GPU_MEMORY_USED_PEAK_BYTES,
-    PREFIX,
-)
 from exporter.app import build_runner
 from exporter.collectors.llamacpp.log import LogState
 from exporter.collectors.llamacpp.memory import host_experts
@@ -48,7 +41,7 @@ Series = dict[SeriesKey, float]
 
 def series_from_text(text: str) -> Series:
     """An exporter page as {(name, sorted labels): value} (ValueError when it is none)."""
-    expo = parse_exposition(text, PREFIX)
+    expo = parse_exposition(text, llmb.PREFIX)
     return {
         (name, tuple(sorted(s.labels.items()))): s.value
         for name, samples in expo.samples.items()
@@ -97,10 +90,10 @@ def exporter_engine(series: Series, engine: str, model: str | None = None) -> st
     config may call it anything; `llmb_engine_info{model}` links the two. Without a model
     (diagnose), an exporter that knows exactly one engine means that one.
     """
-    names = {lab.get("engine") for lab, _ in labelled(series, ENGINE_UP)}
+    names = {lab.get("engine") for lab, _ in labelled(series, llmb.ENGINE_UP)}
     models = {
         lab["engine"]: lab.get("model", "")
-        for lab, _ in labelled(series, ENGINE_INFO)
+        for lab, _ in labelled(series, llmb.ENGINE_INFO)
         if "engine" in lab
     }
     if engine in names or engine in models:
@@ -226,12 +219,12 @@ class ExporterStepProbe:
         self._scrapes += 1
         engine = exporter_engine(series, self.engine, self.model or "")
         for name, key in (
-            (ENGINE_KV_CACHE_USAGE_RATIO, "kv_usage"),
-            (ENGINE_REQUESTS_WAITING, "waiting"),
+            (llmb.ENGINE_KV_CACHE_USAGE_RATIO, "kv_usage"),
+            (llmb.ENGINE_REQUESTS_WAITING, "waiting"),
         ):
             for value in pick(series, name, engine=engine):
                 self._stats.add(key, value)
-        peak = pick(series, GPU_MEMORY_USED_PEAK_BYTES)
+        peak = pick(series, llmb.GPU_MEMORY_USED_PEAK_BYTES)
         if peak:
             self._stats.add("gpu_memory_peak_bytes", max(0.0, *peak))
 

@@ -19,22 +19,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
-from core.series import (
-    LOADGEN_COMPLETION_TOKENS_TOTAL,
-    LOADGEN_E2E_REQUEST_LATENCY_SECONDS,
-    LOADGEN_EARLY_STOP_REQUESTS_TOTAL,
-    LOADGEN_GOODPUT_COMPLETION_TOKENS_TOTAL,
-    LOADGEN_GOODPUT_REQUESTS_TOTAL,
-    LOADGEN_INTER_TOKEN_LATENCY_SECONDS,
-    LOADGEN_PROMPT_TOKENS_TOTAL,
-    LOADGEN_REQUESTS_IN_FLIGHT,
-    LOADGEN_REQUESTS_TOTAL,
-    LOADGEN_SLO_INFO,
-    LOADGEN_STEP_INFO,
-    LOADGEN_STEP_START_TIMESTAMP_SECONDS,
-    LOADGEN_TIME_TO_FIRST_TOKEN_SECONDS,
-    LOADGEN_TOKEN_COUNT_MISMATCH,
-)
+from core import series as llmb
 from core.slo import Slo
 from loadgen.results import RequestRecord
 
@@ -116,31 +101,31 @@ class LoadgenMetrics:
         self.slo = slo
         r = self.registry
         self.ttft = Histogram(
-            LOADGEN_TIME_TO_FIRST_TOKEN_SECONDS,
+            llmb.LOADGEN_TIME_TO_FIRST_TOKEN_SECONDS,
             "Client-side time from sending a request to its first streamed token.",
             ["engine"],
             buckets=TTFT_BUCKETS,
             registry=r,
         )
         self.itl = BulkHistogram(
-            LOADGEN_INTER_TOKEN_LATENCY_SECONDS,
+            llmb.LOADGEN_INTER_TOKEN_LATENCY_SECONDS,
             "Client-side gap between consecutive streamed token chunks.",
             ITL_BUCKETS,
             registry=r,
         )
         self.e2e = Histogram(
-            LOADGEN_E2E_REQUEST_LATENCY_SECONDS,
+            llmb.LOADGEN_E2E_REQUEST_LATENCY_SECONDS,
             "Client-side time from sending a request to the end of its stream.",
             ["engine"],
             buckets=E2E_BUCKETS,
             registry=r,
         )
         self.in_flight = Gauge(
-            LOADGEN_REQUESTS_IN_FLIGHT, "Requests sent and not finished.", ["engine"],
+            llmb.LOADGEN_REQUESTS_IN_FLIGHT, "Requests sent and not finished.", ["engine"],
             registry=r,
         )  # fmt: skip
         self.requests = Counter(
-            LOADGEN_REQUESTS_TOTAL,
+            llmb.LOADGEN_REQUESTS_TOTAL,
             "Finished requests by outcome (ok, early_stop, timeout, connect_error, ...).",
             ["engine", "outcome"],
             registry=r,
@@ -148,40 +133,41 @@ class LoadgenMetrics:
         # The per-engine series: (name, help) each, labelled `engine` only.
         counter, gauge = self._per_engine(Counter), self._per_engine(Gauge)
         self.completion_tokens = counter(
-            LOADGEN_COMPLETION_TOKENS_TOTAL, "Completion tokens reported by the server's usage."
+            llmb.LOADGEN_COMPLETION_TOKENS_TOTAL,
+            "Completion tokens reported by the server's usage.",
         )
         self.prompt_tokens = counter(
-            LOADGEN_PROMPT_TOKENS_TOTAL,
+            llmb.LOADGEN_PROMPT_TOKENS_TOTAL,
             "Prompt tokens reported by the server's usage (cached ones included).",
         )
         self.early_stop = counter(
-            LOADGEN_EARLY_STOP_REQUESTS_TOTAL,
+            llmb.LOADGEN_EARLY_STOP_REQUESTS_TOTAL,
             "Requests that ended with fewer completion tokens than max_tokens.",
         )
         self.step = self._per_engine(Info)(
-            LOADGEN_STEP_INFO.removesuffix("_info"),  # client_python appends it
+            llmb.LOADGEN_STEP_INFO.removesuffix("_info"),  # client_python appends it
             "The step now running (one per engine): concurrency, prompt tokens, max tokens.",
         )
         self.step_start = gauge(
-            LOADGEN_STEP_START_TIMESTAMP_SECONDS,
+            llmb.LOADGEN_STEP_START_TIMESTAMP_SECONDS,
             "Unix time the current step started (for Grafana annotations).",
         )
         self.mismatch = gauge(
-            LOADGEN_TOKEN_COUNT_MISMATCH,
+            llmb.LOADGEN_TOKEN_COUNT_MISMATCH,
             "1 when this run's token counts differ across engines or from max_tokens.",
         )
         # Goodput (`--slo`): requests, and their completion tokens, within every limit.
         self.goodput_requests = counter(
-            LOADGEN_GOODPUT_REQUESTS_TOTAL,
+            llmb.LOADGEN_GOODPUT_REQUESTS_TOTAL,
             "Finished requests within the run's --slo (TTFT, end-to-end and own inter-token "
             "gap each within its limit); absent without --slo.",
         )
         self.goodput_tokens = counter(
-            LOADGEN_GOODPUT_COMPLETION_TOKENS_TOTAL,
+            llmb.LOADGEN_GOODPUT_COMPLETION_TOKENS_TOTAL,
             "Completion tokens of the requests within the run's --slo.",
         )
         if slo is not None:
-            Info(LOADGEN_SLO_INFO.removesuffix("_info"), "The run's --slo.", registry=r).info(
+            Info(llmb.LOADGEN_SLO_INFO.removesuffix("_info"), "The run's --slo.", registry=r).info(
                 {"slo": slo.text()}
             )
         self._children: dict[str, tuple[Histogram, Histogram, Counter, Counter]] = {}

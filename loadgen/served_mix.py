@@ -29,16 +29,7 @@ from dataclasses import dataclass
 import httpx
 
 from config.kinds import engine_kind
-from core.series import (
-    ENGINE_GENERATION_TOKENS_TOTAL,
-    ENGINE_PROMPT_TOKENS_CACHED_TOTAL,
-    ENGINE_PROMPT_TOKENS_TOTAL,
-    ENGINE_REQUEST_GENERATION_TOKENS,
-    ENGINE_REQUEST_PROMPT_TOKENS,
-    ENGINE_REQUESTS_FINISHED_TOTAL,
-    ENGINE_REQUESTS_RUNNING,
-    ENGINE_UP,
-)
+from core import series as llmb
 from loadgen.options import UsageError
 from loadgen.prom_api import (
     Prometheus,
@@ -84,7 +75,7 @@ def display_name(kind: str) -> str:
 def mean_only(kind: str) -> str:
     """What a mix without length histograms says (llama.cpp's always does)."""
     return (
-        f"{display_name(kind)} exports only totals (no {ENGINE_REQUEST_PROMPT_TOKENS}): "
+        f"{display_name(kind)} exports only totals (no {llmb.ENGINE_REQUEST_PROMPT_TOKENS}): "
         "the mix is the mean length"
     )
 
@@ -98,7 +89,7 @@ def round_load(p90: float) -> int:
 
 def running_selector(engine: str, window: str) -> str:
     """`llmb_engine_requests_running{engine="NAME"}[1h]`."""
-    return f"{ENGINE_REQUESTS_RUNNING}{{engine={label(engine)}}}[{window}]"
+    return f"{llmb.ENGINE_REQUESTS_RUNNING}{{engine={label(engine)}}}[{window}]"
 
 
 def running_quantile_query(engine: str, window: str, quantile: float) -> str:
@@ -280,7 +271,7 @@ class _Reader:
     def counted(self, name: str, by: str = "") -> str:
         """The PromQL of a counter's exact increase over the window, summed (`by` e.g.
         ` by (le)`): `counted_increase` over this engine's series."""
-        return counted_increase(self._sel(name), self.window, self._sel(ENGINE_UP), by)
+        return counted_increase(self._sel(name), self.window, self._sel(llmb.ENGINE_UP), by)
 
     def increase(self, name: str) -> float | None:
         """The summed increase of a counter over the window (None: no series)."""
@@ -336,11 +327,13 @@ def _lengths(
 def _engine_kind(reader: _Reader, engine: str | None) -> tuple[str, str]:
     """The engine to read (the only one when not named) and its kind."""
     prom, client, window = reader.prom, reader.client, reader.window
-    found = prom.query(client, f"count by (engine, kind) (count_over_time({ENGINE_UP}[{window}]))")
+    found = prom.query(
+        client, f"count by (engine, kind) (count_over_time({llmb.ENGINE_UP}[{window}]))"
+    )
     kinds = {lab.get("engine", ""): lab.get("kind", "") for lab, _ in found}
     if not kinds:
         raise ServedMixError(
-            f"served-mix: Prometheus at {prom.url} has no {ENGINE_UP} samples in the last "
+            f"served-mix: Prometheus at {prom.url} has no {llmb.ENGINE_UP} samples in the last "
             f"{window}: is it scraping the exporter (job llmb-exporter)? Give a longer --window"
         )
     names = ", ".join(sorted(kinds))
@@ -392,9 +385,9 @@ def _read(reader: _Reader, engine: str | None, seconds: float, seed: int) -> Ser
     name, kind = _engine_kind(reader, engine)
     reader = _Reader(reader.prom, reader.client, name, reader.window)
     where = f"Prometheus at {reader.prom.url}"
-    requests = reader.increase(ENGINE_REQUESTS_FINISHED_TOTAL)
+    requests = reader.increase(llmb.ENGINE_REQUESTS_FINISHED_TOTAL)
     if requests is None:
-        why = NO_REQUEST_COUNT.format(finished=ENGINE_REQUESTS_FINISHED_TOTAL)
+        why = NO_REQUEST_COUNT.format(finished=llmb.ENGINE_REQUESTS_FINISHED_TOTAL)
         raise ServedMixError(f"served-mix: {name} ({display_name(kind)}) on {where}: {why}")
     if requests < 0.5:
         raise ServedMixError(
@@ -402,18 +395,23 @@ def _read(reader: _Reader, engine: str | None, seconds: float, seed: int) -> Ser
             "give a window in which it served traffic (--window)"
         )
     prompt, prompt_mean_only = _lengths(
-        reader, ENGINE_REQUEST_PROMPT_TOKENS, ENGINE_PROMPT_TOKENS_TOTAL, requests, kind, "prompt"
+        reader,
+        llmb.ENGINE_REQUEST_PROMPT_TOKENS,
+        llmb.ENGINE_PROMPT_TOKENS_TOTAL,
+        requests,
+        kind,
+        "prompt",
     )
     output, output_mean_only = _lengths(
         reader,
-        ENGINE_REQUEST_GENERATION_TOKENS,
-        ENGINE_GENERATION_TOKENS_TOTAL,
+        llmb.ENGINE_REQUEST_GENERATION_TOKENS,
+        llmb.ENGINE_GENERATION_TOKENS_TOTAL,
         requests,
         kind,
         "output",
     )
-    cached = reader.increase(ENGINE_PROMPT_TOKENS_CACHED_TOTAL)
-    prompt_tokens = reader.increase(ENGINE_PROMPT_TOKENS_TOTAL)
+    cached = reader.increase(llmb.ENGINE_PROMPT_TOKENS_CACHED_TOTAL)
+    prompt_tokens = reader.increase(llmb.ENGINE_PROMPT_TOKENS_TOTAL)
     share = cached / prompt_tokens if cached is not None and prompt_tokens else None
     p50 = busiest_running(reader.prom, reader.client, name, reader.window, 0.5)
     p90 = busiest_running(reader.prom, reader.client, name, reader.window, 0.9)

@@ -17,11 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from core.series import (
-    ENGINE_KV_CACHE_USAGE_RATIO,
-    ENGINE_REQUESTS_WAITING,
-    GPU_MEMORY_USED_PEAK_BYTES,
-)
+from core import series as llmb
 from loadgen.exporter_series import ExporterStepProbe
 from loadgen.prom_api import QueryError, vector_values
 from loadgen.scheduler.context import ProbeFactory
@@ -69,14 +65,15 @@ class PrometheusProbe:
         """Run the instant queries; a failed query is reported, not raised."""
         window = max(1, math.ceil(time.time() - self._t0))
         sel = f'{{engine="{self.engine}"}}'
+        kv, waiting = llmb.ENGINE_KV_CACHE_USAGE_RATIO, llmb.ENGINE_REQUESTS_WAITING
         queries = {
             "gpu_memory_peak_bytes_max": (
-                f"max(max_over_time({GPU_MEMORY_USED_PEAK_BYTES}[{window}s]))"
+                f"max(max_over_time({llmb.GPU_MEMORY_USED_PEAK_BYTES}[{window}s]))"
             ),
-            "kv_usage_max": f"max(max_over_time({ENGINE_KV_CACHE_USAGE_RATIO}{sel}[{window}s]))",
-            "kv_usage_mean": f"avg(avg_over_time({ENGINE_KV_CACHE_USAGE_RATIO}{sel}[{window}s]))",
-            "waiting_max": f"max(max_over_time({ENGINE_REQUESTS_WAITING}{sel}[{window}s]))",
-            "waiting_mean": f"avg(avg_over_time({ENGINE_REQUESTS_WAITING}{sel}[{window}s]))",
+            "kv_usage_max": f"max(max_over_time({kv}{sel}[{window}s]))",
+            "kv_usage_mean": f"avg(avg_over_time({kv}{sel}[{window}s]))",
+            "waiting_max": f"max(max_over_time({waiting}{sel}[{window}s]))",
+            "waiting_mean": f"avg(avg_over_time({waiting}{sel}[{window}s]))",
         }
         out: dict[str, Any] = {"source": "prometheus", "window_s": window}
         errors = []

@@ -27,7 +27,7 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 from typing import Any
 
-from core.series import LOADGEN_REQUESTS_IN_FLIGHT
+from core import series as llmb
 from loadgen.metrics import LoadgenMetrics, StepStart
 from loadgen.options import EXIT_FAILED, EXIT_INTERRUPTED
 from loadgen.results import JsonlWriter, RequestRecord, step_reasons
@@ -124,7 +124,7 @@ class ForwardingMetrics(LoadgenMetrics):
         """Forward the pending records and this worker's in-flight count per engine."""
         engines = {r.engine for r in self.batch}
         in_flight = {
-            e: self.registry.get_sample_value(LOADGEN_REQUESTS_IN_FLIGHT, {"engine": e}) or 0.0
+            e: self.registry.get_sample_value(llmb.LOADGEN_REQUESTS_IN_FLIGHT, {"engine": e}) or 0.0
             for e in engines
         }
         self.out.put(("records", self.worker, self.batch, in_flight))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import textwrap
 
+from core import series as llmb
 from core.conditions import CONDITION_BY_NAME, VERDICT_INFO, VERDICTS
-from core.series import ENGINE_UP
 from core.thresholds import THRESHOLDS
 
 DIAGNOSE_DOC = "docs/diagnose.md"
@@ -32,7 +32,7 @@ def render_thresholds() -> str:
         "",
         "`llmb:engine_bottleneck:verdict{engine, kind, verdict}` has one series per verdict "
         f"({len(VERDICTS)}) for every",
-        f"engine that is up (`{ENGINE_UP} == 1`); exactly one is 1, the others are 0. The",
+        f"engine that is up (`{llmb.ENGINE_UP} == 1`); exactly one is 1, the others are 0. The",
         "first condition that holds, in this order, wins:",
         "",
         *verdict_list(),

@@ -39,12 +39,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from core.series import (
-    ENGINE_RESTARTS_TOTAL,
-    SOURCE_DURATION_SECONDS,
-    SOURCE_ERRORS_TOTAL,
-    SOURCE_UP,
-)
+from core import series as llmb
 from tools.fuzz_mutators import mutate_body, mutate_log
 
 if TYPE_CHECKING:
@@ -120,7 +115,14 @@ class _CrashCounter(logging.Handler):
 # deciding whether promtool has seen an output already.
 _VOLATILE = re.compile(
     "^((?:"
-    + "|".join((SOURCE_UP, SOURCE_DURATION_SECONDS, SOURCE_ERRORS_TOTAL, ENGINE_RESTARTS_TOTAL))
+    + "|".join(
+        (
+            llmb.SOURCE_UP,
+            llmb.SOURCE_DURATION_SECONDS,
+            llmb.SOURCE_ERRORS_TOTAL,
+            llmb.ENGINE_RESTARTS_TOTAL,
+        )
+    )
     + r")[^ ]*) .*$",
     re.MULTILINE,
 )

@@ -35,18 +35,10 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from core import series as llmb
 from core.conditions import VERDICTS, evaluate
 from core.promql import EngineKey
 from core.rules import RuleValues, rule_values_at
-from core.series import (
-    ENGINE_DECODE_SECONDS_TOTAL,
-    ENGINE_DECODE_TOKENS_TOTAL,
-    ENGINE_KV_CACHE_BYTES,
-    ENGINE_PROCESS_GPU_MEMORY_BYTES,
-    GPU_MEMORY_USED_BYTES,
-    GPU_PROCESS_MEMORY_USED_BYTES,
-    MODEL_KV_CACHE_BYTES_ESTIMATED,
-)
 from core.signals import SIGNAL_RECORDS
 from core.thresholds import threshold_promql
 
@@ -118,14 +110,14 @@ def memory_checks(record: dict[str, Any]) -> list[dict[str, Any]]:
         smi_gpus = snap["smi"].get("gpus") or [
             {"index": 0, "used_mib": snap["smi"]["memory_used_mib"]}
         ]
-        exp_proc = get(s, ENGINE_PROCESS_GPU_MEMORY_BYTES, engine="llama")
+        exp_proc = get(s, llmb.ENGINE_PROCESS_GPU_MEMORY_BYTES, engine="llama")
         smi_proc = sum(a["used_mib"] for a in snap["smi"]["apps"]) * MIB
         for gpu in smi_gpus:
-            exp_used = get(s, GPU_MEMORY_USED_BYTES, gpu=str(gpu["index"]))
+            exp_used = get(s, llmb.GPU_MEMORY_USED_BYTES, gpu=str(gpu["index"]))
             smi_used = gpu["used_mib"] * MIB
             # The engine's process memory on this GPU (several GPUs: one split model).
             exp_gpu_proc = total(
-                s, GPU_PROCESS_MEMORY_USED_BYTES, engine="llama", gpu=str(gpu["index"])
+                s, llmb.GPU_PROCESS_MEMORY_USED_BYTES, engine="llama", gpu=str(gpu["index"])
             )
             smi_gpu_proc = MIB * sum(
                 a["used_mib"] for a in snap["smi"]["apps"] if a.get("gpu", 0) == gpu["index"]
@@ -152,11 +144,11 @@ def memory_checks(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 def decode_check(folder: Path, scrapes: list[dict[str, Any]]) -> dict[str, Any]:
     first, last = parse(scrapes[0]["text"]), parse(scrapes[-1]["text"])
-    dt = total(last, ENGINE_DECODE_TOKENS_TOTAL, engine="llama") - total(
-        first, ENGINE_DECODE_TOKENS_TOTAL, engine="llama"
+    dt = total(last, llmb.ENGINE_DECODE_TOKENS_TOTAL, engine="llama") - total(
+        first, llmb.ENGINE_DECODE_TOKENS_TOTAL, engine="llama"
     )
-    ds = total(last, ENGINE_DECODE_SECONDS_TOTAL, engine="llama") - total(
-        first, ENGINE_DECODE_SECONDS_TOTAL, engine="llama"
+    ds = total(last, llmb.ENGINE_DECODE_SECONDS_TOTAL, engine="llama") - total(
+        first, llmb.ENGINE_DECODE_SECONDS_TOTAL, engine="llama"
     )
     n = ms = 0.0
     client = []
@@ -194,8 +186,8 @@ def decode_check(folder: Path, scrapes: list[dict[str, Any]]) -> dict[str, Any]:
 
 def kv_check(scrapes: list[dict[str, Any]]) -> dict[str, Any]:
     s = parse(scrapes[-1]["text"])
-    est = get(s, MODEL_KV_CACHE_BYTES_ESTIMATED, engine="llama")
-    logged = total(s, ENGINE_KV_CACHE_BYTES, engine="llama")
+    est = get(s, llmb.MODEL_KV_CACHE_BYTES_ESTIMATED, engine="llama")
+    logged = total(s, llmb.ENGINE_KV_CACHE_BYTES, engine="llama")
     return {
         "estimated_mib": est / MIB if est else None,
         "logged_mib": logged / MIB if logged else None,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import httpx
 from prometheus_client.metrics_core import Metric
 
-from core.series import ENGINE_UP
+from core import series as llmb
 from exporter.schema import MetricSet
 
 if TYPE_CHECKING:
@@ -204,5 +204,5 @@ class EngineCollector(Collector):
     def fallback(self) -> list[Metric]:
         """`llmb_engine_up 0` for this engine."""
         ms = MetricSet()
-        ms.add(ENGINE_UP, 0, **self.labels)
+        ms.add(llmb.ENGINE_UP, 0, **self.labels)
         return ms.metrics()

@@ -3,20 +3,8 @@ clock event reasons NVML reports, beside the verdict `card_throttled` decides fr
 
 from __future__ import annotations
 
+from core import series as llmb
 from core.card import POWER_REASONS, THERMAL_REASONS, cause_actions
-from core.series import (
-    GPU_CLOCK_EVENT_REASON_ACTIVE,
-    GPU_MEMORY_CLOCK_HERTZ,
-    GPU_MEMORY_CLOCK_MAX_HERTZ,
-    GPU_POWER_LIMIT_DEFAULT_WATTS,
-    GPU_POWER_LIMIT_MAX_WATTS,
-    GPU_POWER_LIMIT_WATTS,
-    GPU_POWER_WATTS,
-    GPU_SM_CLOCK_BUSY_HERTZ,
-    GPU_SM_CLOCK_HERTZ,
-    GPU_SM_CLOCK_MAX_HERTZ,
-    GPU_TEMPERATURE_CELSIUS,
-)
 from mixin.config import MixinConfig
 from mixin.dashboards.panels import HSEL, RW, SEL, Limit, Panel, Row, Target, ts
 
@@ -34,13 +22,13 @@ def _state_panels() -> list[Panel]:
         ts(
             "Clocks / their maxima",
             Target(
-                f"max by (host, gpu) ({GPU_SM_CLOCK_HERTZ}{{{HSEL}}}) / "
-                f"max by (host, gpu) ({GPU_SM_CLOCK_MAX_HERTZ}{{{HSEL}}})",
+                f"max by (host, gpu) ({llmb.GPU_SM_CLOCK_HERTZ}{{{HSEL}}}) / "
+                f"max by (host, gpu) ({llmb.GPU_SM_CLOCK_MAX_HERTZ}{{{HSEL}}})",
                 f"{_GPU} SM",
             ),
             Target(
-                f"max by (host, gpu) ({GPU_MEMORY_CLOCK_HERTZ}{{{HSEL}}}) / "
-                f"max by (host, gpu) ({GPU_MEMORY_CLOCK_MAX_HERTZ}{{{HSEL}}})",
+                f"max by (host, gpu) ({llmb.GPU_MEMORY_CLOCK_HERTZ}{{{HSEL}}}) / "
+                f"max by (host, gpu) ({llmb.GPU_MEMORY_CLOCK_MAX_HERTZ}{{{HSEL}}})",
                 f"{_GPU} memory",
             ),
             Target(
@@ -53,7 +41,7 @@ def _state_panels() -> list[Panel]:
                 "SM and memory clocks against their maxima (NVML). Idle cards drop their "
                 "SM clock by design, and between requests a card sits at its boost clock "
                 "with no work: the clock under load is the mean of the busy samples "
-                f"(`{GPU_SM_CLOCK_BUSY_HERTZ}`); below the line (`sm_clock_ratio_min`) "
+                f"(`{llmb.GPU_SM_CLOCK_BUSY_HERTZ}`); below the line (`sm_clock_ratio_min`) "
                 "it is held down. The roofline scales its bandwidth by the memory clock's "
                 "ratio. H200 under decode: 1980/1980 and 3201/3201 MHz; under F16 prefill at "
                 "its stock 700 W: 96 % of 1980 MHz."
@@ -61,13 +49,13 @@ def _state_panels() -> list[Panel]:
         ),
         ts(
             "Power draw and limit",
-            Target(f"max by (host, gpu) ({GPU_POWER_WATTS}{{{HSEL}}})", f"{_GPU} draw"),
+            Target(f"max by (host, gpu) ({llmb.GPU_POWER_WATTS}{{{HSEL}}})", f"{_GPU} draw"),
             *(
                 Target(f"max by (host, gpu) ({series}{{{HSEL}}})", f"{_GPU} {limit} limit")
                 for series, limit in (
-                    (GPU_POWER_LIMIT_WATTS, "enforced"),
-                    (GPU_POWER_LIMIT_DEFAULT_WATTS, "default"),
-                    (GPU_POWER_LIMIT_MAX_WATTS, "max"),
+                    (llmb.GPU_POWER_LIMIT_WATTS, "enforced"),
+                    (llmb.GPU_POWER_LIMIT_DEFAULT_WATTS, "default"),
+                    (llmb.GPU_POWER_LIMIT_MAX_WATTS, "max"),
                 )
             ),
             unit="watt",
@@ -82,7 +70,7 @@ def _state_panels() -> list[Panel]:
         ),
         ts(
             "Temperature",
-            Target(f"max by (host, gpu) ({GPU_TEMPERATURE_CELSIUS}{{{HSEL}}})", _GPU),
+            Target(f"max by (host, gpu) ({llmb.GPU_TEMPERATURE_CELSIUS}{{{HSEL}}})", _GPU),
             unit="celsius",
             width=8,
             description=(
@@ -100,7 +88,7 @@ def _slowdown_panels(cfg: MixinConfig) -> list[Panel]:
         ts(
             "Slowdown reasons active",
             Target(
-                f"max by (host, gpu, reason) ({GPU_CLOCK_EVENT_REASON_ACTIVE}"
+                f"max by (host, gpu, reason) ({llmb.GPU_CLOCK_EVENT_REASON_ACTIVE}"
                 f'{{{HSEL}, reason=~"{slowdown}"}})',
                 f"{_GPU} {{{{reason}}}}",
             ),

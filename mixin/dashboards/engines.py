@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-from core.series import (
-    ENGINE_INTER_TOKEN_LATENCY_SECONDS,
-    ENGINE_RESTARTS_TOTAL,
-    ENGINE_TIME_TO_FIRST_TOKEN_SECONDS,
-    LOADGEN_INTER_TOKEN_LATENCY_SECONDS,
-    LOADGEN_TIME_TO_FIRST_TOKEN_SECONDS,
-)
+from core import series as llmb
 from core.thresholds import threshold_promql
 from mixin.config import MixinConfig
 from mixin.dashboards.panels import (
@@ -28,7 +22,7 @@ from mixin.dashboards.panels import (
 
 def restarts(window: str) -> str:
     """Engine restarts per host and engine over `window`."""
-    return f"sum by (host, engine) (increase({ENGINE_RESTARTS_TOTAL}{{{SEL}}}[{window}]))"
+    return f"sum by (host, engine) (increase({llmb.ENGINE_RESTARTS_TOTAL}{{{SEL}}}[{window}]))"
 
 
 def _decode_row(cfg: MixinConfig) -> Row:
@@ -74,8 +68,8 @@ def _latency_row(cfg: MixinConfig) -> Row:
                 cfg,
                 "Time to first token",
                 {
-                    ENGINE_TIME_TO_FIRST_TOKEN_SECONDS: "server",
-                    LOADGEN_TIME_TO_FIRST_TOKEN_SECONDS: "client",
+                    llmb.ENGINE_TIME_TO_FIRST_TOKEN_SECONDS: "server",
+                    llmb.LOADGEN_TIME_TO_FIRST_TOKEN_SECONDS: "client",
                 },
                 12,
                 (
@@ -90,8 +84,8 @@ def _latency_row(cfg: MixinConfig) -> Row:
                 cfg,
                 "Inter-token latency",
                 {
-                    ENGINE_INTER_TOKEN_LATENCY_SECONDS: "server",
-                    LOADGEN_INTER_TOKEN_LATENCY_SECONDS: "client",
+                    llmb.ENGINE_INTER_TOKEN_LATENCY_SECONDS: "server",
+                    llmb.LOADGEN_INTER_TOKEN_LATENCY_SECONDS: "client",
                 },
                 12,
                 (
@@ -174,7 +168,7 @@ def _restarts_row(cfg: MixinConfig) -> Row:
                 width=24,
                 height=6,
                 description=(
-                    f"New engine instances the exporter saw (`{ENGINE_RESTARTS_TOTAL}`, "
+                    f"New engine instances the exporter saw (`{llmb.ENGINE_RESTARTS_TOTAL}`, "
                     f"increase over {threshold_promql('rate_window')}): the engine was unreachable "
                     "in between, or its build, model, context, slots or start arguments changed. "
                     "The red annotations mark them on every panel. Throughput and latency right "

@@ -2,17 +2,7 @@
 
 from __future__ import annotations
 
-from core.series import (
-    ENGINE_KV_CACHE_BYTES,
-    ENGINE_MODEL_BUFFER_BYTES,
-    ENGINE_PROCESS_GPU_MEMORY_BYTES,
-    ENGINE_PROCESS_GPU_MEMORY_PEAK_BYTES,
-    GPU_MEMORY_TOTAL_BYTES,
-    GPU_PROCESS_MEMORY_USED_BYTES,
-    GPU_UTILIZATION_RATIO,
-    MODEL_KV_CACHE_BYTES_ESTIMATED,
-    MODEL_WEIGHTS_BYTES,
-)
+from core import series as llmb
 from mixin.config import MixinConfig
 from mixin.dashboards.card import card_row
 from mixin.dashboards.panels import (
@@ -37,7 +27,7 @@ def _device_row(cfg: MixinConfig) -> Row:
                 "Used, windowed peak and total",
                 *gpu_used_and_peak(),
                 Target(
-                    f"max by (host, gpu) ({GPU_MEMORY_TOTAL_BYTES}{{{HSEL}}})",
+                    f"max by (host, gpu) ({llmb.GPU_MEMORY_TOTAL_BYTES}{{{HSEL}}})",
                     "{{host}} GPU {{gpu}} total",
                 ),
                 unit="bytes",
@@ -71,7 +61,7 @@ def _device_row(cfg: MixinConfig) -> Row:
                 "Used / total and utilization",
                 Target(f"gpu:llmb_gpu_memory_used:ratio{{{HSEL}}}", "{{host}} GPU {{gpu}} memory"),
                 Target(
-                    f"max by (host, gpu) ({GPU_UTILIZATION_RATIO}{{{HSEL}}})",
+                    f"max by (host, gpu) ({llmb.GPU_UTILIZATION_RATIO}{{{HSEL}}})",
                     "{{host}} GPU {{gpu}} busy",
                 ),
                 unit="percentunit",
@@ -96,7 +86,7 @@ def _process_row() -> Row:
                 "GPU memory per process",
                 Target(
                     "max by (host, gpu, pid, process, engine) "
-                    f"({GPU_PROCESS_MEMORY_USED_BYTES}{{{HSEL}}})",
+                    f"({llmb.GPU_PROCESS_MEMORY_USED_BYTES}{{{HSEL}}})",
                     "{{host}} GPU {{gpu}} {{process}} ({{pid}}) -> {{engine}}",
                 ),
                 unit="bytes",
@@ -134,19 +124,19 @@ def _expected_row() -> Row:
             ts(
                 "Engine process memory vs weights and KV",
                 Target(
-                    f"max by (host, engine) ({ENGINE_PROCESS_GPU_MEMORY_BYTES}{{{SEL}}})",
+                    f"max by (host, engine) ({llmb.ENGINE_PROCESS_GPU_MEMORY_BYTES}{{{SEL}}})",
                     "{{host}}/{{engine}} process (actual)",
                 ),
                 Target(
-                    f"max by (host, engine) ({ENGINE_PROCESS_GPU_MEMORY_PEAK_BYTES}{{{SEL}}})",
+                    f"max by (host, engine) ({llmb.ENGINE_PROCESS_GPU_MEMORY_PEAK_BYTES}{{{SEL}}})",
                     "{{host}}/{{engine}} process peak",
                 ),
                 Target(
-                    f"max by (host, engine) ({MODEL_WEIGHTS_BYTES}{{{SEL}}})",
+                    f"max by (host, engine) ({llmb.MODEL_WEIGHTS_BYTES}{{{SEL}}})",
                     "{{host}}/{{engine}} weights (expected)",
                 ),
                 Target(
-                    f"max by (host, engine) ({MODEL_KV_CACHE_BYTES_ESTIMATED}{{{SEL}}})",
+                    f"max by (host, engine) ({llmb.MODEL_KV_CACHE_BYTES_ESTIMATED}{{{SEL}}})",
                     "{{host}}/{{engine}} KV (expected)",
                 ),
                 unit="bytes",
@@ -162,11 +152,11 @@ def _expected_row() -> Row:
             ts(
                 "Buffers the engine reports",
                 Target(
-                    f"max by (host, engine, device) ({ENGINE_MODEL_BUFFER_BYTES}{{{SEL}}})",
+                    f"max by (host, engine, device) ({llmb.ENGINE_MODEL_BUFFER_BYTES}{{{SEL}}})",
                     "{{host}}/{{engine}} weights on {{device}}",
                 ),
                 Target(
-                    f"max by (host, engine, device) ({ENGINE_KV_CACHE_BYTES}{{{SEL}}})",
+                    f"max by (host, engine, device) ({llmb.ENGINE_KV_CACHE_BYTES}{{{SEL}}})",
                     "{{host}}/{{engine}} KV on {{device}}",
                 ),
                 unit="bytes",

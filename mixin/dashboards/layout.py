@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from core.series import ENGINE_UP, SOURCE_UP
+from core import series as llmb
 from mixin.dashboards.panels import DATASOURCE, DS_INPUT, HSEL, Dashboard, Panel
 
 
@@ -169,8 +169,8 @@ def dashboard_json(dash: Dashboard) -> dict[str, Any]:
         "templating": {
             "list": [
                 datasource_variable(),
-                variable("host", "Host", f"label_values({SOURCE_UP}, host)"),
-                variable("engine", "Engine", f"label_values({ENGINE_UP}{{{HSEL}}}, engine)"),
+                variable("host", "Host", f"label_values({llmb.SOURCE_UP}, host)"),
+                variable("engine", "Engine", f"label_values({llmb.ENGINE_UP}{{{HSEL}}}, engine)"),
             ]
         },
         "panels": panels,

@@ -2,20 +2,7 @@
 
 from __future__ import annotations
 
-from core.series import (
-    LOADGEN_COMPLETION_TOKENS_TOTAL,
-    LOADGEN_E2E_REQUEST_LATENCY_SECONDS,
-    LOADGEN_EARLY_STOP_REQUESTS_TOTAL,
-    LOADGEN_GOODPUT_REQUESTS_TOTAL,
-    LOADGEN_INTER_TOKEN_LATENCY_SECONDS,
-    LOADGEN_REQUESTS_IN_FLIGHT,
-    LOADGEN_REQUESTS_TOTAL,
-    LOADGEN_SLO_INFO,
-    LOADGEN_STEP_INFO,
-    LOADGEN_STEP_START_TIMESTAMP_SECONDS,
-    LOADGEN_TIME_TO_FIRST_TOKEN_SECONDS,
-    LOADGEN_TOKEN_COUNT_MISMATCH,
-)
+from core import series as llmb
 from core.thresholds import threshold_promql
 from mixin.config import MixinConfig
 from mixin.dashboards.panels import (
@@ -36,7 +23,7 @@ from mixin.dashboards.panels import (
 # The start of every load step, marked on every panel.
 STEP_MARKS = Annotation(
     "Load steps",
-    f"{LOADGEN_STEP_START_TIMESTAMP_SECONDS}{{{SEL}}} * 1000",
+    f"{llmb.LOADGEN_STEP_START_TIMESTAMP_SECONDS}{{{SEL}}} * 1000",
     "purple",
     "5s",
     "{{host}}/{{engine}} step {{step}}",
@@ -53,7 +40,7 @@ def _load_row(cfg: MixinConfig) -> Row:
             ts(
                 "Requests in flight",
                 Target(
-                    f"max by (host, engine) ({LOADGEN_REQUESTS_IN_FLIGHT}{{{SEL}}})",
+                    f"max by (host, engine) ({llmb.LOADGEN_REQUESTS_IN_FLIGHT}{{{SEL}}})",
                     "{{host}}/{{engine}}",
                 ),
                 unit="requests",
@@ -68,7 +55,7 @@ def _load_row(cfg: MixinConfig) -> Row:
                 "Requests/s by outcome",
                 Target(
                     "sum by (host, engine, outcome) "
-                    f"(rate({LOADGEN_REQUESTS_TOTAL}{{{SEL}}}[{cfg.dashboard_window}]))",
+                    f"(rate({llmb.LOADGEN_REQUESTS_TOTAL}{{{SEL}}}[{cfg.dashboard_window}]))",
                     "{{host}}/{{engine}} {{outcome}}",
                 ),
                 unit="reqps",
@@ -82,12 +69,12 @@ def _load_row(cfg: MixinConfig) -> Row:
             ),
             Panel(
                 "Steps",
-                [Target(f"{LOADGEN_STEP_INFO}{{{SEL}}}", instant=True)],
+                [Target(f"{llmb.LOADGEN_STEP_INFO}{{{SEL}}}", instant=True)],
                 "table",
                 "none",
                 "The current step of each load generator with its settings "
                 "(concurrency, prompt and output tokens) as labels of "
-                f"`{LOADGEN_STEP_INFO}`. The purple annotations mark when each step began.",
+                f"`{llmb.LOADGEN_STEP_INFO}`. The purple annotations mark when each step began.",
                 width=8,
             ),
         ],
@@ -103,7 +90,7 @@ def _throughput_row(cfg: MixinConfig) -> Row:
                 "Completion tokens/s: client vs server",
                 Target(
                     "sum by (host, engine) "
-                    f"(rate({LOADGEN_COMPLETION_TOKENS_TOTAL}{{{SEL}}}[{cfg.dashboard_window}]))",
+                    f"(rate({llmb.LOADGEN_COMPLETION_TOKENS_TOTAL}{{{SEL}}}[{cfg.dashboard_window}]))",
                     "{{host}}/{{engine}} client",
                 ),
                 Target(
@@ -124,12 +111,12 @@ def _throughput_row(cfg: MixinConfig) -> Row:
                 "Goodput within the SLO (run --slo)",
                 Target(
                     "sum by (host, engine) "
-                    f"(rate({LOADGEN_GOODPUT_REQUESTS_TOTAL}{{{SEL}}}[{cfg.dashboard_window}]))",
+                    f"(rate({llmb.LOADGEN_GOODPUT_REQUESTS_TOTAL}{{{SEL}}}[{cfg.dashboard_window}]))",
                     "{{host}}/{{engine}} requests/s within",
                 ),
                 Target(
                     "sum by (host, engine) "
-                    f"(rate({LOADGEN_REQUESTS_TOTAL}{{{SEL}}}[{cfg.dashboard_window}]))",
+                    f"(rate({llmb.LOADGEN_REQUESTS_TOTAL}{{{SEL}}}[{cfg.dashboard_window}]))",
                     "{{host}}/{{engine}} requests/s, all",
                 ),
                 unit="reqps",
@@ -138,18 +125,18 @@ def _throughput_row(cfg: MixinConfig) -> Row:
                     "Requests per second that finished within the run's --slo (each of their "
                     "TTFT, end-to-end time and own inter-token gap within its limit), beside "
                     f"all finished requests ({cfg.dashboard_window}). Empty "
-                    f"without --slo; the SLO itself is {LOADGEN_SLO_INFO}."
+                    f"without --slo; the SLO itself is {llmb.LOADGEN_SLO_INFO}."
                 ),
             ),
             ts(
                 "Early stops and token-count mismatch",
                 Target(
                     "sum by (host, engine) "
-                    f"(increase({LOADGEN_EARLY_STOP_REQUESTS_TOTAL}{{{SEL}}}[{RW}]))",
+                    f"(increase({llmb.LOADGEN_EARLY_STOP_REQUESTS_TOTAL}{{{SEL}}}[{RW}]))",
                     f"{{{{host}}}}/{{{{engine}}}} early stops ({RW})",
                 ),
                 Target(
-                    f"max by (host, engine) ({LOADGEN_TOKEN_COUNT_MISMATCH}{{{SEL}}})",
+                    f"max by (host, engine) ({llmb.LOADGEN_TOKEN_COUNT_MISMATCH}{{{SEL}}})",
                     "{{host}}/{{engine}} mismatch",
                 ),
                 unit="requests",
@@ -173,7 +160,7 @@ def _latency_row(cfg: MixinConfig) -> Row:
             latency_panel(
                 cfg,
                 "Time to first token",
-                {LOADGEN_TIME_TO_FIRST_TOKEN_SECONDS: "TTFT"},
+                {llmb.LOADGEN_TIME_TO_FIRST_TOKEN_SECONDS: "TTFT"},
                 8,
                 (
                     "the time from sending a "
@@ -184,7 +171,7 @@ def _latency_row(cfg: MixinConfig) -> Row:
             latency_panel(
                 cfg,
                 "Inter-token latency",
-                {LOADGEN_INTER_TOKEN_LATENCY_SECONDS: "ITL"},
+                {llmb.LOADGEN_INTER_TOKEN_LATENCY_SECONDS: "ITL"},
                 8,
                 (
                     "the gap between streamed tokens. "
@@ -195,7 +182,7 @@ def _latency_row(cfg: MixinConfig) -> Row:
             latency_panel(
                 cfg,
                 "End-to-end latency",
-                {LOADGEN_E2E_REQUEST_LATENCY_SECONDS: "e2e"},
+                {llmb.LOADGEN_E2E_REQUEST_LATENCY_SECONDS: "e2e"},
                 8,
                 ("the whole request: TTFT + output tokens x ITL. The number a user waits for."),
             ),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.series import ENGINE_SLOTS
+from core import series as llmb
 from core.thresholds import threshold_promql
 from mixin.config import MixinConfig
 from mixin.dashboards.panels import (
@@ -200,7 +200,9 @@ def _queue_row(cfg: MixinConfig) -> Row:
             ),
             ts(
                 "Slots (max running requests)",
-                Target(f"max by (host, engine) ({ENGINE_SLOTS}{{{SEL}}})", "{{host}}/{{engine}}"),
+                Target(
+                    f"max by (host, engine) ({llmb.ENGINE_SLOTS}{{{SEL}}})", "{{host}}/{{engine}}"
+                ),
                 unit="requests",
                 width=9,
                 description=(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from core.series import GPU_MEMORY_USED_BYTES, GPU_MEMORY_USED_PEAK_BYTES
+from core import series as llmb
 from core.thresholds import threshold_promql
 from mixin.config import MixinConfig
 
@@ -167,11 +167,11 @@ def gpu_used_and_peak() -> list[Target]:
     """GPU memory in use per card and the exporter sampler's windowed peak."""
     return [
         Target(
-            f"max by (host, gpu) ({GPU_MEMORY_USED_BYTES}{{{HSEL}}})",
+            f"max by (host, gpu) ({llmb.GPU_MEMORY_USED_BYTES}{{{HSEL}}})",
             "{{host}} GPU {{gpu}} used",
         ),
         Target(
-            f"max by (host, gpu) ({GPU_MEMORY_USED_PEAK_BYTES}{{{HSEL}}})",
+            f"max by (host, gpu) ({llmb.GPU_MEMORY_USED_PEAK_BYTES}{{{HSEL}}})",
             "{{host}} GPU {{gpu}} peak",
         ),
     ]

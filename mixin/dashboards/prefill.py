@@ -3,7 +3,7 @@ time before the first token split into waiting and the prompt's own work."""
 
 from __future__ import annotations
 
-from core.series import ENGINE_PREFILL_BUSY_SECONDS_TOTAL
+from core import series as llmb
 from core.thresholds import threshold_promql
 from mixin.dashboards.panels import RW, SEL, Limit, Row, Target, check, engine_share, ts
 
@@ -43,7 +43,7 @@ def prefill_row() -> Row:
                     "attention at the mean prompt) / the card's dense BF16 peak. Prompt tok/s "
                     f"(`engine:llmb_prefill_tokens_per_second:rate{RW}`) is the one prefill "
                     "figure `llmb-loadgen diagnose` reports too: prompt tokens computed over the "
-                    f"wall time prefill ran (`{ENGINE_PREFILL_BUSY_SECONDS_TOTAL}`), so "
+                    f"wall time prefill ran (`{llmb.ENGINE_PREFILL_BUSY_SECONDS_TOTAL}`), so "
                     "prompts computed together count once "
                     f"(`engine:llmb_prefill_efficiency:ratio{RW}`). At or above the line "
                     f"(`prefill_efficiency_at_limit` = {t['prefill_efficiency_at_limit']}) "

@@ -8,14 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from core import series as llmb
 from core.roofline import MISFIT_REASONS
-from core.series import (
-    ENGINE_LOADING,
-    HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND,
-    LOADGEN_TOKEN_COUNT_MISMATCH,
-    SOURCE_ERRORS_TOTAL,
-    SOURCE_UP,
-)
 from core.thresholds import threshold_promql
 from mixin.config import MixinConfig
 from mixin.rules.card import card_alert_text
@@ -185,7 +179,7 @@ def availability_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
             "LLMEngineDown",
             f"""
             engine:llmb_engine_up:max == 0
-            unless on ({E}) max by ({E}) ({ENGINE_LOADING}) == 1
+            unless on ({E}) max by ({E}) ({llmb.ENGINE_LOADING}) == 1
             """,
             "for_engine_down",
             "critical",
@@ -208,7 +202,7 @@ def availability_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
             "LLMExporterSourceFailing",
             # A down engine's source fails too; LLMEngineDown already says so.
             f"""
-            max by (host, source) ({SOURCE_UP}) == 0
+            max by (host, source) ({llmb.SOURCE_UP}) == 0
             unless on (host, source)
               label_replace(engine:llmb_engine_up:max == 0, "source", "$1", "engine", "(.*)")
             """,
@@ -216,13 +210,14 @@ def availability_alerts(cfg: MixinConfig) -> list[dict[str, Any]]:
             "warning",
             "Exporter source {{ $labels.source }} fails",
             "The exporter could not read source {{ $labels.source }} (an engine's endpoints or "
-            f'NVML) in any scrape; see {SOURCE_ERRORS_TOTAL}{{source="{{{{ $labels.source }}}}"}} '
+            f"NVML) in any scrape; see {llmb.SOURCE_ERRORS_TOTAL}"
+            '{source="{{ $labels.source }}"} '
             "for the reason and the exporter log for the message.",
         ),
         alert(
             cfg,
             "LLMTokenCountMismatch",
-            f"max by (host, engine) ({LOADGEN_TOKEN_COUNT_MISMATCH}) == 1",
+            f"max by (host, engine) ({llmb.LOADGEN_TOKEN_COUNT_MISMATCH}) == 1",
             "for_token_count_mismatch",
             "warning",
             "Load run token counts do not match for {{ $labels.engine }}",
@@ -259,10 +254,10 @@ def expert_offload_annotation() -> str:
         f"{args} | query }}}}"
         ', which bounds decode near {{ . | first | value | printf "%.1f" }} tok/s per '
         "sequence"
-        f'{{{{ with printf "max({HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND}{{host=%q}})" '
+        f'{{{{ with printf "max({llmb.HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND}{{host=%q}})" '
         "$labels.host | query }}"
         " at {{ . | first | value | humanize }}B/s of host memory bandwidth{{ end }}"
-        f" ({HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND}){{{{ end }}}}"
+        f" ({llmb.HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND}){{{{ end }}}}"
         # Near the bound (core/roofline.py HostOffload.near_bound): host memory is the limit.
         f'{{{{ with printf "engine:llmb_decode_tokens_per_second:rate{rw}{sel}'
         f" / engine:llmb_experts_host_bound_tokens_per_second:avg{rw}{sel}"

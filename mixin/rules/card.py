@@ -11,17 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from core import card
+from core import series as llmb
 from core.card import BRAKE_REASONS, IDLE_REASON, POWER_REASONS, THERMAL_REASONS
-from core.series import (
-    ENGINE_UP,
-    GPU_CLOCK_EVENT_REASON_ACTIVE,
-    GPU_MEMORY_CLOCK_HERTZ,
-    GPU_MEMORY_CLOCK_MAX_HERTZ,
-    GPU_POWER_LIMIT_DEFAULT_WATTS,
-    GPU_POWER_LIMIT_WATTS,
-    GPU_SM_CLOCK_BUSY_HERTZ,
-    GPU_SM_CLOCK_MAX_HERTZ,
-)
 from core.signals import SIGNAL_RECORDS
 from core.thresholds import THRESHOLDS, threshold_promql
 from mixin.rules.common import E, rec
@@ -48,7 +39,7 @@ def gpu_names() -> dict[str, str]:
 def _share(reasons: tuple[str, ...]) -> str:
     """Of the samples in which the GPU was busy (not `gpu_idle`), the share in which the most
     persistent of `reasons` was active, per GPU: idle gaps between requests do not dilute it."""
-    rw, reason = threshold_promql("rate_window"), GPU_CLOCK_EVENT_REASON_ACTIVE
+    rw, reason = threshold_promql("rate_window"), llmb.GPU_CLOCK_EVENT_REASON_ACTIVE
     idle = f'{reason}{{reason="{IDLE_REASON}"}}[{rw}]'
     return f"""
     clamp_max(
@@ -71,7 +62,7 @@ def _per_engine(record: str, agg: str) -> str:
           * on (host, gpu) group_right ()
             (0 * engine_gpu:llmb_gpu_process_memory_used_bytes:sum + 1)
         )
-      * on (host, engine) group_left (kind) group by ({E}) ({ENGINE_UP})
+      * on (host, engine) group_left (kind) group by ({E}) ({llmb.ENGINE_UP})
     )
     """
 
@@ -82,7 +73,7 @@ def card_rules() -> list[dict[str, Any]]:
     gpu = gpu_names()
     # Every sample of the window said GPU idle: its clocks drop by design.
     idle = (
-        f"max by (host, gpu) (min_over_time({GPU_CLOCK_EVENT_REASON_ACTIVE}"
+        f"max by (host, gpu) (min_over_time({llmb.GPU_CLOCK_EVENT_REASON_ACTIVE}"
         f'{{reason="{IDLE_REASON}"}}[{rw}])) == 1'
     )
     return [
@@ -95,8 +86,8 @@ def card_rules() -> list[dict[str, Any]]:
             # load. Absent without a busy sample.
             gpu["sm"],
             f"""
-              max by (host, gpu) (avg_over_time({GPU_SM_CLOCK_BUSY_HERTZ}[{rw}]))
-            / (max by (host, gpu) ({GPU_SM_CLOCK_MAX_HERTZ}) > 0)
+              max by (host, gpu) (avg_over_time({llmb.GPU_SM_CLOCK_BUSY_HERTZ}[{rw}]))
+            / (max by (host, gpu) ({llmb.GPU_SM_CLOCK_MAX_HERTZ}) > 0)
             """,
         ),
         rec(
@@ -105,8 +96,8 @@ def card_rules() -> list[dict[str, Any]]:
             gpu["memory"],
             f"""
             clamp_max(
-                max by (host, gpu) (max_over_time({GPU_MEMORY_CLOCK_HERTZ}[{rw}]))
-              / (max by (host, gpu) ({GPU_MEMORY_CLOCK_MAX_HERTZ}) > 0),
+                max by (host, gpu) (max_over_time({llmb.GPU_MEMORY_CLOCK_HERTZ}[{rw}]))
+              / (max by (host, gpu) ({llmb.GPU_MEMORY_CLOCK_MAX_HERTZ}) > 0),
               1
             )
             unless on (host, gpu)
@@ -118,8 +109,8 @@ def card_rules() -> list[dict[str, Any]]:
             # Below the default someone lowered it (`nvidia-smi -pl`, a host or BMC cap).
             gpu["limit"],
             f"""
-              max by (host, gpu) ({GPU_POWER_LIMIT_WATTS})
-            / (max by (host, gpu) ({GPU_POWER_LIMIT_DEFAULT_WATTS}) > 0)
+              max by (host, gpu) ({llmb.GPU_POWER_LIMIT_WATTS})
+            / (max by (host, gpu) ({llmb.GPU_POWER_LIMIT_DEFAULT_WATTS}) > 0)
             """,
         ),
         rec(SIGNAL_RECORDS["card_power_slowdown"], _per_engine(gpu["power"], "max")),

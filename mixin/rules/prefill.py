@@ -8,18 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from core import series as llmb
 from core.prefill import PEAK_DTYPE
-from core.series import (
-    ENGINE_DECODE_SECONDS_TOTAL,
-    ENGINE_PROMPT_SECONDS_TOTAL,
-    ENGINE_PROMPT_TOKENS_TOTAL,
-    ENGINE_REQUESTS_FINISHED_TOTAL,
-    ENGINE_REQUESTS_WAITING,
-    GPU_PEAK_FLOPS,
-    MODEL_PREFILL_ATTENTION_FLOPS_PER_POSITION,
-    MODEL_PREFILL_FLOPS_PER_TOKEN,
-    MODEL_SLIDING_WINDOW_TOKENS,
-)
 from core.thresholds import threshold_promql
 from mixin.rules.card import clock_scaled
 from mixin.rules.common import E, mx, rec
@@ -45,15 +35,15 @@ def prefill_rules() -> list[dict[str, Any]]:
     """The prefill records in evaluation order (each reads only earlier records)."""
     rw = threshold_promql("rate_window")
     n = _names()
-    prompt_s = _rate(ENGINE_PROMPT_SECONDS_TOTAL)
-    waiting = mx(f"avg_over_time({ENGINE_REQUESTS_WAITING}[{rw}])")
+    prompt_s = _rate(llmb.ENGINE_PROMPT_SECONDS_TOTAL)
+    waiting = mx(f"avg_over_time({llmb.ENGINE_REQUESTS_WAITING}[{rw}])")
     return [
         rec(
             # Prompt tokens per finished request: the prompt length attention grows with.
             n["prompt"],
             f"""
-            {_rate(ENGINE_PROMPT_TOKENS_TOTAL)}
-              / ({_rate(ENGINE_REQUESTS_FINISHED_TOTAL)} > 0)
+            {_rate(llmb.ENGINE_PROMPT_TOKENS_TOTAL)}
+              / ({_rate(llmb.ENGINE_REQUESTS_FINISHED_TOTAL)} > 0)
             """,
         ),
         # The engine's dense BF16 peak at the SM clock its GPUs ran under load (issue 32),
@@ -61,14 +51,14 @@ def prefill_rules() -> list[dict[str, Any]]:
         rec(
             n["peak"],
             engine_gpus_join(
-                clock_scaled(f'max by (host, gpu) ({GPU_PEAK_FLOPS}{{dtype="{PEAK_DTYPE}"}})')
+                clock_scaled(f'max by (host, gpu) ({llmb.GPU_PEAK_FLOPS}{{dtype="{PEAK_DTYPE}"}})')
             ),
         ),
         # m = min(P, W): the positions a sliding-window layer sees at the prompt's end.
         rec(
             n["window"],
-            f"({n['prompt']} <= {mx(MODEL_SLIDING_WINDOW_TOKENS)})"
-            f" or {mx(MODEL_SLIDING_WINDOW_TOKENS)}",
+            f"({n['prompt']} <= {mx(llmb.MODEL_SLIDING_WINDOW_TOKENS)})"
+            f" or {mx(llmb.MODEL_SLIDING_WINDOW_TOKENS)}",
         ),
         rec(n["flops"], flops_expr()),
         rec(n["limit"], f"{n['peak']} / ({n['flops']} > 0)"),
@@ -89,7 +79,7 @@ def prefill_rules() -> list[dict[str, Any]]:
             f"engine:llmb_prefill_time:ratio{rw}",
             f"""
             {prompt_s}
-              / (({prompt_s} + {_rate(ENGINE_DECODE_SECONDS_TOTAL)}) > 0)
+              / (({prompt_s} + {_rate(llmb.ENGINE_DECODE_SECONDS_TOTAL)}) > 0)
             """,
         ),
     ]
@@ -100,9 +90,9 @@ def flops_expr() -> str:
     (P + 1) / 2 + sliding-window layers x (m(m + 1)/2 + (P - m) m) / P, m = min(P, W)."""
     n = _names()
     p, m = n["prompt"], n["window"]
-    matmul = mx(MODEL_PREFILL_FLOPS_PER_TOKEN)
-    full = mx(f'{MODEL_PREFILL_ATTENTION_FLOPS_PER_POSITION}{{layers="full"}}')
-    sliding = mx(f'{MODEL_PREFILL_ATTENTION_FLOPS_PER_POSITION}{{layers="sliding"}}')
+    matmul = mx(llmb.MODEL_PREFILL_FLOPS_PER_TOKEN)
+    full = mx(f'{llmb.MODEL_PREFILL_ATTENTION_FLOPS_PER_POSITION}{{layers="full"}}')
+    sliding = mx(f'{llmb.MODEL_PREFILL_ATTENTION_FLOPS_PER_POSITION}{{layers="sliding"}}')
     return f"""
       {matmul}
     + (

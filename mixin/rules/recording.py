@@ -9,36 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from config.kinds import preallocating_selector
-from core.series import (
-    ENGINE_DECODE_SECONDS_TOTAL,
-    ENGINE_DECODE_TOKENS_TOTAL,
-    ENGINE_GENERATION_TOKENS_TOTAL,
-    ENGINE_GPU_LAYERS_OFFLOADED,
-    ENGINE_GPU_LAYERS_TOTAL,
-    ENGINE_KV_CACHE_BYTES,
-    ENGINE_KV_CACHE_CAPACITY_TOKENS,
-    ENGINE_KV_CACHE_USAGE_RATIO,
-    ENGINE_KV_CACHE_USED_TOKENS,
-    ENGINE_KV_PRESSURE_EVENTS_TOTAL,
-    ENGINE_MODEL_BUFFER_BYTES,
-    ENGINE_PREFILL_BUSY_SECONDS_TOTAL,
-    ENGINE_PROCESS_GPU_MEMORY_BYTES,
-    ENGINE_PROMPT_SECONDS_TOTAL,
-    ENGINE_PROMPT_TOKENS_CACHED_TOTAL,
-    ENGINE_PROMPT_TOKENS_TOTAL,
-    ENGINE_REQUESTS_FINISHED_TOTAL,
-    ENGINE_REQUESTS_RUNNING,
-    ENGINE_REQUESTS_WAITING,
-    ENGINE_SLOTS,
-    ENGINE_UP,
-    GPU_MEMORY_RESERVED_BYTES,
-    GPU_MEMORY_TOTAL_BYTES,
-    GPU_MEMORY_USED_BYTES,
-    GPU_MEMORY_USED_PEAK_BYTES,
-    GPU_PROCESS_MEMORY_USED_BYTES,
-    MODEL_KV_CACHE_BYTES_ESTIMATED,
-    MODEL_WEIGHTS_BYTES,
-)
+from core import series as llmb
 from core.thresholds import threshold_promql
 from mixin.rules.card import card_rules, shortfall_rule
 from mixin.rules.common import E, mx, ratio, rec
@@ -68,23 +39,23 @@ def engine_rules() -> list[dict[str, Any]]:
     """Scheduling and KV signals per engine."""
     rw, qw = threshold_promql("rate_window"), threshold_promql("queue_window")
     return [
-        rec("engine:llmb_engine_up:max", mx(ENGINE_UP)),
-        rec("engine:llmb_requests_running:max", mx(ENGINE_REQUESTS_RUNNING)),
-        rec("engine:llmb_requests_waiting:max", mx(ENGINE_REQUESTS_WAITING)),
+        rec("engine:llmb_engine_up:max", mx(llmb.ENGINE_UP)),
+        rec("engine:llmb_requests_running:max", mx(llmb.ENGINE_REQUESTS_RUNNING)),
+        rec("engine:llmb_requests_waiting:max", mx(llmb.ENGINE_REQUESTS_WAITING)),
         rec(
             f"engine:llmb_requests_waiting:avg{qw}",
-            mx(f"avg_over_time({ENGINE_REQUESTS_WAITING}[{qw}])"),
+            mx(f"avg_over_time({llmb.ENGINE_REQUESTS_WAITING}[{qw}])"),
         ),
-        rec("engine:llmb_kv_cache_usage:ratio", mx(ENGINE_KV_CACHE_USAGE_RATIO)),
+        rec("engine:llmb_kv_cache_usage:ratio", mx(llmb.ENGINE_KV_CACHE_USAGE_RATIO)),
         rec(
             f"engine:llmb_kv_cache_usage:avg{qw}",
-            mx(f"avg_over_time({ENGINE_KV_CACHE_USAGE_RATIO}[{qw}])"),
+            mx(f"avg_over_time({llmb.ENGINE_KV_CACHE_USAGE_RATIO}[{qw}])"),
         ),
         rec(
             f"engine:llmb_kv_pressure_events:increase{rw}",
             f"""
             sum by ({E}) (
-              max by ({E}, event) (increase({ENGINE_KV_PRESSURE_EVENTS_TOTAL}[{rw}]))
+              max by ({E}, event) (increase({llmb.ENGINE_KV_PRESSURE_EVENTS_TOTAL}[{rw}]))
             )
             """,
         ),
@@ -97,42 +68,42 @@ def throughput_rules() -> list[dict[str, Any]]:
     return [
         ratio(
             f"engine:llmb_decode_tokens_per_second:rate{rw}",
-            _rate(ENGINE_DECODE_TOKENS_TOTAL),
-            _rate(ENGINE_DECODE_SECONDS_TOTAL),
+            _rate(llmb.ENGINE_DECODE_TOKENS_TOTAL),
+            _rate(llmb.ENGINE_DECODE_SECONDS_TOTAL),
         ),
         rec(
             f"engine:llmb_generation_tokens_per_second:rate{rw}",
-            _rate(ENGINE_GENERATION_TOKENS_TOTAL),
+            _rate(llmb.ENGINE_GENERATION_TOKENS_TOTAL),
         ),
         rec(
             f"engine:llmb_prompt_tokens_per_second:rate{rw}",
-            _rate(ENGINE_PROMPT_TOKENS_TOTAL),
+            _rate(llmb.ENGINE_PROMPT_TOKENS_TOTAL),
         ),
         rec(
             f"engine:llmb_prefill_tokens_per_second:rate{rw}",
             f"""
             (
-                {_rate(ENGINE_PROMPT_TOKENS_TOTAL)}
-              - ({_rate(ENGINE_PROMPT_TOKENS_CACHED_TOTAL)}
-                 or 0 * {_rate(ENGINE_PROMPT_TOKENS_TOTAL)})
+                {_rate(llmb.ENGINE_PROMPT_TOKENS_TOTAL)}
+              - ({_rate(llmb.ENGINE_PROMPT_TOKENS_CACHED_TOTAL)}
+                 or 0 * {_rate(llmb.ENGINE_PROMPT_TOKENS_TOTAL)})
             )
               / (
-                  ({_rate(ENGINE_PREFILL_BUSY_SECONDS_TOTAL)} > 0)
+                  ({_rate(llmb.ENGINE_PREFILL_BUSY_SECONDS_TOTAL)} > 0)
                 or
-                  (clamp_max({_rate(ENGINE_PROMPT_SECONDS_TOTAL)}, 1) > 0)
+                  (clamp_max({_rate(llmb.ENGINE_PROMPT_SECONDS_TOTAL)}, 1) > 0)
               )
             """,
         ),
         ratio(
             f"engine:llmb_prefix_cache_hit:ratio_rate{rw}",
-            _rate(ENGINE_PROMPT_TOKENS_CACHED_TOTAL),
-            _rate(ENGINE_PROMPT_TOKENS_TOTAL),
+            _rate(llmb.ENGINE_PROMPT_TOKENS_CACHED_TOTAL),
+            _rate(llmb.ENGINE_PROMPT_TOKENS_TOTAL),
         ),
         *residency_rules(),
     ]
 
 
-GPU_BUFFERS = f'{ENGINE_MODEL_BUFFER_BYTES}{{device!~"(?i)cpu.*"}}'
+GPU_BUFFERS = f'{llmb.ENGINE_MODEL_BUFFER_BYTES}{{device!~"(?i)cpu.*"}}'
 
 
 def residency_rules() -> list[dict[str, Any]]:
@@ -140,21 +111,21 @@ def residency_rules() -> list[dict[str, Any]]:
     return [
         ratio(
             "engine:llmb_weights_gpu_memory:ratio",
-            mx(ENGINE_PROCESS_GPU_MEMORY_BYTES),
-            mx(MODEL_WEIGHTS_BYTES),
+            mx(llmb.ENGINE_PROCESS_GPU_MEMORY_BYTES),
+            mx(llmb.MODEL_WEIGHTS_BYTES),
         ),
         ratio(
             "engine:llmb_weights_gpu_buffers:ratio",
             # Buffers on any device but the host ones (llama.cpp CPU, CPU_Mapped, ...); 0 when
             # the engine reports only host buffers (a CPU build, `-ngl 0`), not absent.
             f"(\n  sum by ({E}) (max by ({E}, device) ({GPU_BUFFERS}))\n"
-            f"  or 0 * sum by ({E}) (max by ({E}, device) ({ENGINE_MODEL_BUFFER_BYTES}))\n)",
-            mx(MODEL_WEIGHTS_BYTES),
+            f"  or 0 * sum by ({E}) (max by ({E}, device) ({llmb.ENGINE_MODEL_BUFFER_BYTES}))\n)",
+            mx(llmb.MODEL_WEIGHTS_BYTES),
         ),
         ratio(
             "engine:llmb_gpu_layers_offloaded:ratio",
-            mx(ENGINE_GPU_LAYERS_OFFLOADED),
-            mx(ENGINE_GPU_LAYERS_TOTAL),
+            mx(llmb.ENGINE_GPU_LAYERS_OFFLOADED),
+            mx(llmb.ENGINE_GPU_LAYERS_TOTAL),
         ),
     ]
 
@@ -166,30 +137,30 @@ def gpu_rules() -> list[dict[str, Any]]:
             "engine_gpu:llmb_gpu_process_memory_used_bytes:sum",
             f"""
             sum by (host, engine, gpu) (
-              max by (host, engine, gpu, pid) ({GPU_PROCESS_MEMORY_USED_BYTES}{{engine!=""}})
+              max by (host, engine, gpu, pid) ({llmb.GPU_PROCESS_MEMORY_USED_BYTES}{{engine!=""}})
             )
             """,
         ),
         rec(
             "gpu:llmb_gpu_memory_used:ratio",
             f"""
-            max by (host, gpu) ({GPU_MEMORY_USED_BYTES})
-              / (max by (host, gpu) ({GPU_MEMORY_TOTAL_BYTES}) > 0)
+            max by (host, gpu) ({llmb.GPU_MEMORY_USED_BYTES})
+              / (max by (host, gpu) ({llmb.GPU_MEMORY_TOTAL_BYTES}) > 0)
             """,
         ),
         rec(
             "gpu:llmb_gpu_memory_headroom_bytes:peak",
             f"""
-              max by (host, gpu) ({GPU_MEMORY_TOTAL_BYTES})
+              max by (host, gpu) ({llmb.GPU_MEMORY_TOTAL_BYTES})
             - (
-                  max by (host, gpu) ({GPU_MEMORY_USED_PEAK_BYTES})
+                  max by (host, gpu) ({llmb.GPU_MEMORY_USED_PEAK_BYTES})
                 or
-                  max by (host, gpu) ({GPU_MEMORY_USED_BYTES})
+                  max by (host, gpu) ({llmb.GPU_MEMORY_USED_BYTES})
               )
             - (
-                  max by (host, gpu) ({GPU_MEMORY_RESERVED_BYTES})
+                  max by (host, gpu) ({llmb.GPU_MEMORY_RESERVED_BYTES})
                 or
-                  0 * max by (host, gpu) ({GPU_MEMORY_TOTAL_BYTES})
+                  0 * max by (host, gpu) ({llmb.GPU_MEMORY_TOTAL_BYTES})
               )
             """,
         ),
@@ -197,7 +168,7 @@ def gpu_rules() -> list[dict[str, Any]]:
             "gpu:llmb_gpu_memory_headroom:ratio",
             f"""
             gpu:llmb_gpu_memory_headroom_bytes:peak
-              / (max by (host, gpu) ({GPU_MEMORY_TOTAL_BYTES}) > 0)
+              / (max by (host, gpu) ({llmb.GPU_MEMORY_TOTAL_BYTES}) > 0)
             """,
         ),
     ]
@@ -214,16 +185,16 @@ def admission_rules() -> list[dict[str, Any]]:
     tokens = f"engine:llmb_request_tokens:mean{rw}"
     sglang = preallocating_selector()  # SGLang's kind (config/kinds.py kv_pool_preallocated)
     return [
-        rec(peak, mx(f"max_over_time({ENGINE_REQUESTS_RUNNING}[{qw}])")),
-        rec("engine:llmb_slots:max", mx(ENGINE_SLOTS)),
-        rec(capacity, mx(ENGINE_KV_CACHE_CAPACITY_TOKENS)),
+        rec(peak, mx(f"max_over_time({llmb.ENGINE_REQUESTS_RUNNING}[{qw}])")),
+        rec("engine:llmb_slots:max", mx(llmb.ENGINE_SLOTS)),
+        rec(capacity, mx(llmb.ENGINE_KV_CACHE_CAPACITY_TOKENS)),
         rec("engine:llmb_requests_running_slots:ratio", f"{peak} / (engine:llmb_slots:max > 0)"),
         rec(
             # The KV the running requests hold at the pool's fullest, plus one more request
             # of their size (peaks: averages count the gaps between requests).
             "engine:llmb_kv_demand_held:ratio",
             f"""
-            {mx(f"max_over_time({ENGINE_KV_CACHE_USED_TOKENS}[{qw}])")}
+            {mx(f"max_over_time({llmb.ENGINE_KV_CACHE_USED_TOKENS}[{qw}])")}
               * ({peak} + 1) / ({peak} > 0) / ({capacity} > 0)
             """,
         ),
@@ -235,7 +206,7 @@ def admission_rules() -> list[dict[str, Any]]:
                 engine:llmb_prompt_tokens_per_second:rate{rw}
               + engine:llmb_generation_tokens_per_second:rate{rw}
             )
-              / (max by ({E}) (rate({ENGINE_REQUESTS_FINISHED_TOTAL}[{rw}])) > 0)
+              / (max by ({E}) (rate({llmb.ENGINE_REQUESTS_FINISHED_TOTAL}[{rw}])) > 0)
             """,
         ),
         rec(
@@ -248,18 +219,18 @@ def admission_rules() -> list[dict[str, Any]]:
             "engine:llmb_weights_gpu_memory_beyond_kv:ratio",
             f"""
             (
-                {mx(f"{ENGINE_PROCESS_GPU_MEMORY_BYTES}{{{sglang}}}")}
+                {mx(f"{llmb.ENGINE_PROCESS_GPU_MEMORY_BYTES}{{{sglang}}}")}
               - (
                     sum by ({E}) (
                       max by ({E}, device) (
-                        {ENGINE_KV_CACHE_BYTES}{{{sglang},device!~"(?i)cpu.*"}}
+                        {llmb.ENGINE_KV_CACHE_BYTES}{{{sglang},device!~"(?i)cpu.*"}}
                       )
                     )
                   or
-                    {mx(f"{MODEL_KV_CACHE_BYTES_ESTIMATED}{{{sglang}}}")}
+                    {mx(f"{llmb.MODEL_KV_CACHE_BYTES_ESTIMATED}{{{sglang}}}")}
                 )
             )
-              / ({mx(MODEL_WEIGHTS_BYTES)} > 0)
+              / ({mx(llmb.MODEL_WEIGHTS_BYTES)} > 0)
             """,
         ),
     ]

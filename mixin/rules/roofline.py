@@ -8,25 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from core import series as llmb
 from core.roofline import MISFIT_REASONS
-from core.series import (
-    ENGINE_EXPERTS_HOST_BYTES,
-    ENGINE_EXPERTS_HOST_LAYERS,
-    ENGINE_KV_CACHE_USED_TOKENS,
-    ENGINE_REQUESTS_RUNNING,
-    ENGINE_SPEC_ACCEPT_LENGTH,
-    ENGINE_UP,
-    GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND,
-    HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND,
-    MODEL_DRAFT_WEIGHTS_BYTES,
-    MODEL_EXPERTS,
-    MODEL_EXPERTS_USED,
-    MODEL_KV_BYTES_PER_TOKEN_ESTIMATED,
-    MODEL_TOKEN_EMBEDDING_ROW_BYTES,
-    MODEL_WEIGHTS_ALWAYS_READ_BYTES,
-    MODEL_WEIGHTS_BYTES,
-    MODEL_WEIGHTS_ROUTED_EXPERTS_BYTES,
-)
 from core.thresholds import threshold_promql
 from mixin.rules.card import gpu_names
 from mixin.rules.common import E, mx, rec
@@ -61,11 +44,11 @@ def bandwidth_rule() -> dict[str, Any]:
     # Each GPU's datasheet bandwidth is scaled by the memory clock its window reached
     # against the maximum (mixin/rules/card.py; 1 where either clock is unknown).
     per_gpu = f"""(
-                    max by (host, gpu) ({GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND})
+                    max by (host, gpu) ({llmb.GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND})
                   * (
                       {memory_clock}
                     or
-                      0 * max by (host, gpu) ({GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND}) + 1
+                      0 * max by (host, gpu) ({llmb.GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND}) + 1
                   )
                 )"""
     return rec("engine:llmb_gpu_memory_bandwidth_bytes_per_second:max", engine_gpus_join(per_gpu))
@@ -88,7 +71,7 @@ def engine_gpus_join(per_gpu: str) -> str:
                   > 0
                 )
             )
-          * on (host, engine) group_left (kind) group by ({E}) ({ENGINE_UP})
+          * on (host, engine) group_left (kind) group by ({E}) ({llmb.ENGINE_UP})
         )
         """
 
@@ -99,7 +82,7 @@ def _expert_share(batch: str) -> str:
                         1
                       - (
                           1
-                        - {mx(MODEL_EXPERTS_USED)} / ({mx(MODEL_EXPERTS)} > 0)
+                        - {mx(llmb.MODEL_EXPERTS_USED)} / ({mx(llmb.MODEL_EXPERTS)} > 0)
                       ) ^ {batch}"""
 
 
@@ -113,7 +96,7 @@ def step_rules() -> list[dict[str, Any]]:
             # Python alike; 1 when nothing ran.
             batch,
             f"""
-              clamp_min(round({mx(f"avg_over_time({ENGINE_REQUESTS_RUNNING}[{rw}])")}), 1)
+              clamp_min(round({mx(f"avg_over_time({llmb.ENGINE_REQUESTS_RUNNING}[{rw}])")}), 1)
             or
               {UP1}
             """,
@@ -122,7 +105,7 @@ def step_rules() -> list[dict[str, Any]]:
             # Tokens per target-model step: the speculative accept length, else 1.
             accepted,
             f"""
-              clamp_min({mx(ENGINE_SPEC_ACCEPT_LENGTH)}, 1)
+              clamp_min({mx(llmb.ENGINE_SPEC_ACCEPT_LENGTH)}, 1)
             or
               {UP1}
             """,
@@ -135,22 +118,22 @@ def step_rules() -> list[dict[str, Any]]:
             weights_step,
             f"""
               (
-                  {mx(MODEL_WEIGHTS_ALWAYS_READ_BYTES)}
+                  {mx(llmb.MODEL_WEIGHTS_ALWAYS_READ_BYTES)}
                 + (
-                      {mx(MODEL_WEIGHTS_ROUTED_EXPERTS_BYTES)}
+                      {mx(llmb.MODEL_WEIGHTS_ROUTED_EXPERTS_BYTES)}
                     * ({_expert_share(batch)}
                     )
                   or
-                    {mx(MODEL_WEIGHTS_ROUTED_EXPERTS_BYTES)}
+                    {mx(llmb.MODEL_WEIGHTS_ROUTED_EXPERTS_BYTES)}
                 )
                 + (
-                    {mx(MODEL_TOKEN_EMBEDDING_ROW_BYTES)} * {batch}
+                    {mx(llmb.MODEL_TOKEN_EMBEDDING_ROW_BYTES)} * {batch}
                   or
-                    0 * {mx(MODEL_WEIGHTS_ALWAYS_READ_BYTES)}
+                    0 * {mx(llmb.MODEL_WEIGHTS_ALWAYS_READ_BYTES)}
                 )
               )
             or
-              {mx(MODEL_WEIGHTS_BYTES)}
+              {mx(llmb.MODEL_WEIGHTS_BYTES)}
             """,
         ),
     ]
@@ -170,13 +153,13 @@ def speed_rules() -> list[dict[str, Any]]:
             f"""
               {weights_step}
             + (
-                  {mx(f"avg_over_time({ENGINE_KV_CACHE_USED_TOKENS}[{rw}])")}
-                * {mx(MODEL_KV_BYTES_PER_TOKEN_ESTIMATED)}
+                  {mx(f"avg_over_time({llmb.ENGINE_KV_CACHE_USED_TOKENS}[{rw}])")}
+                * {mx(llmb.MODEL_KV_BYTES_PER_TOKEN_ESTIMATED)}
               or
                 0 * {weights_step}
             )
             + (
-                {mx(MODEL_DRAFT_WEIGHTS_BYTES)} * {accepted}
+                {mx(llmb.MODEL_DRAFT_WEIGHTS_BYTES)} * {accepted}
               or
                 0 * {weights_step}
             )
@@ -204,15 +187,15 @@ def expert_offload_rules() -> list[dict[str, Any]]:
     rw = threshold_promql("rate_window")
     _, batch, _ = _names()
     return [
-        rec("engine:llmb_experts_host_layers:max", mx(ENGINE_EXPERTS_HOST_LAYERS)),
-        rec("engine:llmb_experts_host_bytes:max", mx(ENGINE_EXPERTS_HOST_BYTES)),
+        rec("engine:llmb_experts_host_layers:max", mx(llmb.ENGINE_EXPERTS_HOST_LAYERS)),
+        rec("engine:llmb_experts_host_bytes:max", mx(llmb.ENGINE_EXPERTS_HOST_BYTES)),
         rec(
             # Expert offload: host memory bandwidth (the exporter's measurement, or the figure
             # it was given) / host expert bytes a step reads (the share of experts the batch
             # touches): the host side's decode bound. No bandwidth series, no bound.
             f"engine:llmb_experts_host_bound_tokens_per_second:avg{rw}",
             f"""
-            max by (host) ({HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND})
+            max by (host) ({llmb.HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND})
               / on (host) group_right ()
                 (
                     engine:llmb_experts_host_bytes:max
@@ -233,19 +216,19 @@ def misfit_known() -> dict[str, str]:
     The Python side is `core.roofline.roofline_facts`; the parity test ties them.
     """
     structure = (
-        f"{mx(MODEL_WEIGHTS_ALWAYS_READ_BYTES)}"
-        f" and on ({E}) {mx(MODEL_WEIGHTS_ROUTED_EXPERTS_BYTES)}"
+        f"{mx(llmb.MODEL_WEIGHTS_ALWAYS_READ_BYTES)}"
+        f" and on ({E}) {mx(llmb.MODEL_WEIGHTS_ROUTED_EXPERTS_BYTES)}"
     )
     experts = (
         f"({structure}) and on ({E}) ("
-        f"{mx(MODEL_WEIGHTS_ROUTED_EXPERTS_BYTES)} == 0"
-        f" or on ({E}) ({mx(MODEL_EXPERTS_USED)}"
-        f" and on ({E}) {mx(MODEL_EXPERTS)} > 0))"
+        f"{mx(llmb.MODEL_WEIGHTS_ROUTED_EXPERTS_BYTES)} == 0"
+        f" or on ({E}) ({mx(llmb.MODEL_EXPERTS_USED)}"
+        f" and on ({E}) {mx(llmb.MODEL_EXPERTS)} > 0))"
     )
     return {
         "model_structure_unknown": structure,
         "expert_counts_unknown": experts,
-        "speculative_decoding_not_detected": mx(ENGINE_SPEC_ACCEPT_LENGTH),
+        "speculative_decoding_not_detected": mx(llmb.ENGINE_SPEC_ACCEPT_LENGTH),
     }
 
 

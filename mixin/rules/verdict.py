@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from core import series as llmb
 from core.conditions import (
     CONDITION_BY_NAME,
     CONDITIONS,
@@ -13,7 +14,6 @@ from core.conditions import (
     VERDICTS,
 )
 from core.predicates import AllOf, Compare, Condition
-from core.series import ENGINE_LOADING, GPU_MEMORY_TOTAL_BYTES
 from core.signals import SIGNAL_RECORDS
 from mixin.rules.common import UP, E, rec
 
@@ -60,7 +60,7 @@ def condition_expr(cond: Condition) -> str:
         body = [
             "(",
             *_indent(body, 4),
-            f"  and on (host) count by (host) ({GPU_MEMORY_TOTAL_BYTES}) > 0",
+            f"  and on (host) count by (host) ({llmb.GPU_MEMORY_TOTAL_BYTES}) > 0",
             ")",
         ]
     lines = [*_indent(body, 2), f"  and on ({E}) {UP}", "or", f"  0 * {UP}"]
@@ -94,7 +94,8 @@ def fleet_rules() -> list[dict[str, Any]]:
     # A loading engine (SGLang warming up, llama.cpp loading the model) is not down.
     down = (
         "label_replace(engine:llmb_engine_up:max == 0 unless on (host, engine, kind) "
-        f'max by (host, engine, kind) ({ENGINE_LOADING}) == 1, "verdict", "engine_down", "", "")'
+        f"max by (host, engine, kind) ({llmb.ENGINE_LOADING}) == 1, "
+        '"verdict", "engine_down", "", "")'
     )
     parts = [f"{down} + {SEVERITY['engine_down']}"] + [
         f'(llmb:engine_bottleneck:verdict{{verdict="{v}"}} == 1) * {SEVERITY[v]}' for v in VERDICTS

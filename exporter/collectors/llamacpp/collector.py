@@ -15,14 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.series import (
-    ENGINE_ENDPOINT_ENABLED,
-    ENGINE_LOADING,
-    ENGINE_RESTARTS_TOTAL,
-    ENGINE_UP,
-    MODEL_PARAMETERS,
-    MODEL_WEIGHTS_BYTES,
-)
+from core import series as llmb
 from exporter.collectors import EngineCollector, Scrape, SourceError, off_loop, parse_json
 from exporter.collectors.llamacpp.log import LogFollower, LogState
 from exporter.collectors.llamacpp.memory import kv_unified, map_log, map_model, map_roofline_log
@@ -201,20 +194,20 @@ class LlamaCppCollector(EngineCollector):
         health = results[0]
         if isinstance(health, SourceError):
             self._gone = self._gone or health.unreachable
-            ms.add(ENGINE_UP, 0, **labels)
-            ms.add(ENGINE_RESTARTS_TOTAL, self.restarts, **labels)
+            ms.add(llmb.ENGINE_UP, 0, **labels)
+            ms.add(llmb.ENGINE_RESTARTS_TOTAL, self.restarts, **labels)
             self._map_log(ms, log_state, None)
             return Scrape.of(ms, up=False, errors=[health, *errors])
         if isinstance(health, BaseException):
             raise health
         up, loading = health
-        ms.add(ENGINE_UP, 1 if up else 0, **labels)
-        ms.add(ENGINE_LOADING, 1 if loading else 0, **labels)
+        ms.add(llmb.ENGINE_UP, 1 if up else 0, **labels)
+        ms.add(llmb.ENGINE_LOADING, 1 if loading else 0, **labels)
         if not up:
             # While loading every endpoint answers 503; that is not a failure of ours. A
             # loading server is a new process: its facts replace the old ones once it answers.
             self._gone = True
-            ms.add(ENGINE_RESTARTS_TOTAL, self.restarts, **labels)
+            ms.add(llmb.ENGINE_RESTARTS_TOTAL, self.restarts, **labels)
             self._map_log(ms, log_state, None)
             return Scrape.of(ms, up=True, errors=errors)
         answers = _Answers(*results[1:])
@@ -237,7 +230,7 @@ class LlamaCppCollector(EngineCollector):
         props_doc = None if isinstance(answers.props, BaseException) else answers.props
         props = Fields(props_doc, "/props", problems)
         models = await self._check_instance(props, log_state, answers.models)
-        ms.add(ENGINE_RESTARTS_TOTAL, self.restarts, **labels)
+        ms.add(llmb.ENGINE_RESTARTS_TOTAL, self.restarts, **labels)
         if models is not None and not isinstance(models, BaseException):
             cards = Fields(models, "/v1/models", problems).objects("data")
             self._model = cards[0].doc if cards else {}
@@ -257,8 +250,8 @@ class LlamaCppCollector(EngineCollector):
         map_scheduling(ms, expo, slots, props, kv_unified(log_state), labels)
         map_tokens(ms, expo, log_state, labels)
         sizes = (meta.num("size"), meta.num("n_params"))
-        ms.add(MODEL_WEIGHTS_BYTES, sizes[0], **labels)
-        ms.add(MODEL_PARAMETERS, sizes[1], **labels)
+        ms.add(llmb.MODEL_WEIGHTS_BYTES, sizes[0], **labels)
+        ms.add(llmb.MODEL_PARAMETERS, sizes[1], **labels)
         geom = await self._load_geometry(props)
         map_model(ms, geom, sizes, (props, slots), log_state, labels)
         self._map_log(ms, log_state, expo)
@@ -268,8 +261,8 @@ class LlamaCppCollector(EngineCollector):
         metrics_enabled = not isinstance(answers.metrics, _NotEnabled)
         slots_enabled = not isinstance(answers.slots, _NotEnabled)
         labels = self.labels
-        ms.add(ENGINE_ENDPOINT_ENABLED, int(metrics_enabled), endpoint="metrics", **labels)
-        ms.add(ENGINE_ENDPOINT_ENABLED, int(slots_enabled), endpoint="slots", **labels)
+        ms.add(llmb.ENGINE_ENDPOINT_ENABLED, int(metrics_enabled), endpoint="metrics", **labels)
+        ms.add(llmb.ENGINE_ENDPOINT_ENABLED, int(slots_enabled), endpoint="slots", **labels)
         if not metrics_enabled:
             self._announce(
                 "metrics",

@@ -3,23 +3,7 @@ server log says about buffers, offloaded layers, host-resident experts and a dra
 
 from __future__ import annotations
 
-from core.series import (
-    ENGINE_EXPERTS_HOST_BYTES,
-    ENGINE_EXPERTS_HOST_LAYERS,
-    ENGINE_GPU_LAYERS_OFFLOADED,
-    ENGINE_GPU_LAYERS_TOTAL,
-    ENGINE_KV_CACHE_BYTES,
-    ENGINE_KV_PRESSURE_EVENTS_TOTAL,
-    ENGINE_LOAD_SECONDS,
-    ENGINE_MODEL_BUFFER_BYTES,
-    ENGINE_SPEC_ACCEPT_LENGTH,
-    MODEL_DRAFT_WEIGHTS_BYTES,
-    MODEL_KV_BYTES_PER_TOKEN_ESTIMATED,
-    MODEL_KV_CACHE_BYTES_ESTIMATED,
-    MODEL_LAYERS,
-    MODEL_PARAMETERS,
-    MODEL_WEIGHTS_BYTES,
-)
+from core import series as llmb
 from exporter.collectors.llamacpp.log import MIB, LogState, is_host_buffer
 from exporter.collectors.llamacpp.metrics import PREFIX, slot_shape
 from exporter.fields import Fields
@@ -100,13 +84,13 @@ def map_model(
     if geom is None:
         if log_state and log_state.layers_total:
             # "offloaded N/M layers" counts the output layer as one more.
-            ms.add(MODEL_LAYERS, log_state.layers_total - 1, **labels)
+            ms.add(llmb.MODEL_LAYERS, log_state.layers_total - 1, **labels)
         return
-    ms.add(MODEL_LAYERS, geom.n_layer, **labels)
+    ms.add(llmb.MODEL_LAYERS, geom.n_layer, **labels)
     if not n_params:
-        ms.add(MODEL_PARAMETERS, geom.n_params, **labels)
+        ms.add(llmb.MODEL_PARAMETERS, geom.n_params, **labels)
     if not size:
-        ms.add(MODEL_WEIGHTS_BYTES, geom.weight_bytes, **labels)
+        ms.add(llmb.MODEL_WEIGHTS_BYTES, geom.weight_bytes, **labels)
     add_model_structure(ms, geom, **labels)
     add_prefill_structure(ms, geom, **labels)
     _map_kv_estimate(ms, geom, endpoints, log_state, labels)
@@ -136,7 +120,7 @@ def _map_kv_estimate(
     # An MLA model's V-less cache ("none") stores no V; its head_dim_v is 0 anyway.
     type_v = type_k if type_v == "none" else type_v
     per_token = geom.kv_bytes_per_token(kv_type_bytes(type_k), kv_type_bytes(type_v))
-    ms.add(MODEL_KV_BYTES_PER_TOKEN_ESTIMATED, per_token, **labels)
+    ms.add(llmb.MODEL_KV_BYTES_PER_TOKEN_ESTIMATED, per_token, **labels)
     n_slots, n_ctx_slot = slot_shape(*endpoints)
     if n_ctx_slot and n_slots:
         unified = kv_unified(log_state)
@@ -148,7 +132,7 @@ def _map_kv_estimate(
         except (ValueError, ArithmeticError) as exc:  # e.g. an absurd n_ctx
             ms.problems.append(f"KV estimate: {exc}")
             return
-        ms.add(MODEL_KV_CACHE_BYTES_ESTIMATED, est.total, **labels)
+        ms.add(llmb.MODEL_KV_CACHE_BYTES_ESTIMATED, est.total, **labels)
 
 
 def map_roofline_log(
@@ -163,8 +147,8 @@ def map_roofline_log(
         add_kv_cache_type(ms, state.kv_type_k, state.kv_type_v or state.kv_type_k, **labels)
     experts = host_experts(state, geom) if state else None
     if experts is not None:
-        ms.add(ENGINE_EXPERTS_HOST_LAYERS, experts[0], **labels)
-        ms.add(ENGINE_EXPERTS_HOST_BYTES, experts[1], **labels)
+        ms.add(llmb.ENGINE_EXPERTS_HOST_LAYERS, experts[0], **labels)
+        ms.add(llmb.ENGINE_EXPERTS_HOST_BYTES, experts[1], **labels)
     accept = state.spec_accept_length if state else None
     if accept is None and expo is not None:
         drafts = expo.first(PREFIX + "spec_decode_num_drafts_total")
@@ -172,20 +156,20 @@ def map_roofline_log(
         if drafts and accepted is not None:
             # Over verification steps only (llama.cpp's own "mean len").
             accept = 1.0 + accepted / drafts
-    ms.add(ENGINE_SPEC_ACCEPT_LENGTH, accept, **labels)
+    ms.add(llmb.ENGINE_SPEC_ACCEPT_LENGTH, accept, **labels)
     if state is not None:
-        ms.add(MODEL_DRAFT_WEIGHTS_BYTES, state.draft_weights_bytes, **labels)
+        ms.add(llmb.MODEL_DRAFT_WEIGHTS_BYTES, state.draft_weights_bytes, **labels)
 
 
 def map_log(ms: MetricSet, state: LogState, labels: dict[str, str]) -> None:
     """What the server log says of the process: layers, load time, buffers, KV pressure."""
-    ms.add(ENGINE_GPU_LAYERS_OFFLOADED, state.layers_offloaded, **labels)
-    ms.add(ENGINE_GPU_LAYERS_TOTAL, state.layers_total, **labels)
-    ms.add(ENGINE_LOAD_SECONDS, state.load_seconds, **labels)
+    ms.add(llmb.ENGINE_GPU_LAYERS_OFFLOADED, state.layers_offloaded, **labels)
+    ms.add(llmb.ENGINE_GPU_LAYERS_TOTAL, state.layers_total, **labels)
+    ms.add(llmb.ENGINE_LOAD_SECONDS, state.load_seconds, **labels)
     for device, value in sorted(state.model_buffer_bytes.items()):
-        ms.add(ENGINE_MODEL_BUFFER_BYTES, value, device=device, **labels)
+        ms.add(llmb.ENGINE_MODEL_BUFFER_BYTES, value, device=device, **labels)
     for device, value in sorted(state.kv_buffer_bytes.items()):
-        ms.add(ENGINE_KV_CACHE_BYTES, value, device=device, **labels)
+        ms.add(llmb.ENGINE_KV_CACHE_BYTES, value, device=device, **labels)
     for event in ("kv_no_space", "context_exceeded", "context_shift", "slot_truncated"):
         count = state.events.get(event, 0)
-        ms.add(ENGINE_KV_PRESSURE_EVENTS_TOTAL, count, event=event, **labels)
+        ms.add(llmb.ENGINE_KV_PRESSURE_EVENTS_TOTAL, count, event=event, **labels)

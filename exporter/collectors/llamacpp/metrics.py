@@ -13,26 +13,7 @@
 
 from __future__ import annotations
 
-from core.series import (
-    ENGINE_CONTEXT_TOKENS,
-    ENGINE_DECODE_SECONDS_TOTAL,
-    ENGINE_DECODE_STEPS_TOTAL,
-    ENGINE_DECODE_TOKENS_TOTAL,
-    ENGINE_GENERATION_TOKENS_TOTAL,
-    ENGINE_INFO,
-    ENGINE_KV_CACHE_CAPACITY_TOKENS,
-    ENGINE_KV_CACHE_USAGE_RATIO,
-    ENGINE_KV_CACHE_USED_TOKENS,
-    ENGINE_PREFILL_BUSY_SECONDS_TOTAL,
-    ENGINE_PROMPT_SECONDS_TOTAL,
-    ENGINE_PROMPT_TOKENS_CACHED_TOTAL,
-    ENGINE_PROMPT_TOKENS_TOTAL,
-    ENGINE_REQUESTS_FINISHED_TOTAL,
-    ENGINE_REQUESTS_RUNNING,
-    ENGINE_REQUESTS_WAITING,
-    ENGINE_SLOT_CONTEXT_USAGE_MAX_RATIO,
-    ENGINE_SLOTS,
-)
+from core import series as llmb
 from exporter.collectors.llamacpp.log import LogState
 from exporter.fields import Fields
 from exporter.promtext import Exposition
@@ -47,7 +28,7 @@ def map_info(
     """`llmb_engine_info` from /props and the first /v1/models card."""
     build = props.text("build_info") or ""
     ms.info(
-        ENGINE_INFO,
+        llmb.ENGINE_INFO,
         model=model.text("id") or props.text("model_alias") or props.text("model_path") or "",
         version=build,
         quantization=meta.text("ftype") or props.text("model_ftype") or "",
@@ -74,15 +55,15 @@ def map_scheduling(
 ) -> None:
     """Slots, context, running/waiting requests and the KV cache's fill."""
     n_slots, n_ctx = slot_shape(props, slots)
-    ms.add(ENGINE_SLOTS, n_slots, **labels)
-    ms.add(ENGINE_CONTEXT_TOKENS, n_ctx, **labels)
+    ms.add(llmb.ENGINE_SLOTS, n_slots, **labels)
+    ms.add(llmb.ENGINE_CONTEXT_TOKENS, n_ctx, **labels)
 
     running = expo.first(PREFIX + "requests_processing") if expo else None
     if running is None and slots is not None:
         running = sum(1 for s in slots if s.flag("is_processing"))
-    ms.add(ENGINE_REQUESTS_RUNNING, running, **labels)
+    ms.add(llmb.ENGINE_REQUESTS_RUNNING, running, **labels)
     if expo:
-        ms.add(ENGINE_REQUESTS_WAITING, expo.first(PREFIX + "requests_deferred"), **labels)
+        ms.add(llmb.ENGINE_REQUESTS_WAITING, expo.first(PREFIX + "requests_deferred"), **labels)
 
     capacity: float | None = None
     if n_ctx and n_slots:
@@ -104,12 +85,12 @@ def map_scheduling(
         if used is None:
             used = float(sum(t for t, _ in held))
         fullest = max((t / c for t, c in held if c), default=0.0)
-        ms.add(ENGINE_SLOT_CONTEXT_USAGE_MAX_RATIO, min(1.0, fullest), **labels)
+        ms.add(llmb.ENGINE_SLOT_CONTEXT_USAGE_MAX_RATIO, min(1.0, fullest), **labels)
     if ratio is None and used is not None and capacity:
         ratio = min(1.0, used / capacity)
-    ms.add(ENGINE_KV_CACHE_CAPACITY_TOKENS, capacity, **labels)
-    ms.add(ENGINE_KV_CACHE_USED_TOKENS, used, **labels)
-    ms.add(ENGINE_KV_CACHE_USAGE_RATIO, ratio, **labels)
+    ms.add(llmb.ENGINE_KV_CACHE_CAPACITY_TOKENS, capacity, **labels)
+    ms.add(llmb.ENGINE_KV_CACHE_USED_TOKENS, used, **labels)
+    ms.add(llmb.ENGINE_KV_CACHE_USAGE_RATIO, ratio, **labels)
 
 
 def _map_counters(
@@ -120,28 +101,28 @@ def _map_counters(
     if processed is not None:
         # llama.cpp counts processed prompt tokens without the cache hits; the schema
         # counts all prompt tokens, as SGLang does.
-        ms.add(ENGINE_PROMPT_TOKENS_TOTAL, processed + (cached or 0.0), **labels)
-    ms.add(ENGINE_PROMPT_TOKENS_CACHED_TOTAL, cached, **labels)
+        ms.add(llmb.ENGINE_PROMPT_TOKENS_TOTAL, processed + (cached or 0.0), **labels)
+    ms.add(llmb.ENGINE_PROMPT_TOKENS_CACHED_TOTAL, cached, **labels)
     if log_state is None:
         # Without the log: llama.cpp's own prompt time. Current builds time each prompt
         # batch once however many prompts it holds (a wall time, so the busy series too);
         # the log's per-request `prompt eval time` lines give both apart (map_tokens).
         seconds = expo.first(PREFIX + "prompt_seconds_total")
-        ms.add(ENGINE_PROMPT_SECONDS_TOTAL, seconds, **labels)
-        ms.add(ENGINE_PREFILL_BUSY_SECONDS_TOTAL, seconds, **labels)
+        ms.add(llmb.ENGINE_PROMPT_SECONDS_TOTAL, seconds, **labels)
+        ms.add(llmb.ENGINE_PREFILL_BUSY_SECONDS_TOTAL, seconds, **labels)
     predicted = expo.first(PREFIX + "tokens_predicted_total")
-    ms.add(ENGINE_GENERATION_TOKENS_TOTAL, predicted, **labels)
+    ms.add(llmb.ENGINE_GENERATION_TOKENS_TOTAL, predicted, **labels)
     if log_state is None:
         # Counts every generated token, also the first one that the prompt pass
         # produced: per-sequence speed reads high by n/(n-1), and one-token requests
         # (probes) add tokens without time. The log corrects both (see below).
-        ms.add(ENGINE_DECODE_TOKENS_TOTAL, predicted, **labels)
+        ms.add(llmb.ENGINE_DECODE_TOKENS_TOTAL, predicted, **labels)
         ms.add(
-            ENGINE_DECODE_SECONDS_TOTAL,
+            llmb.ENGINE_DECODE_SECONDS_TOTAL,
             expo.first(PREFIX + "tokens_predicted_seconds_total"),
             **labels,
         )
-    ms.add(ENGINE_DECODE_STEPS_TOTAL, expo.first(PREFIX + "n_decode_total"), **labels)
+    ms.add(llmb.ENGINE_DECODE_STEPS_TOTAL, expo.first(PREFIX + "n_decode_total"), **labels)
 
 
 def map_tokens(
@@ -151,14 +132,14 @@ def map_tokens(
     if expo is not None:
         _map_counters(ms, expo, log_state, labels)
     elif log_state is not None:
-        ms.add(ENGINE_GENERATION_TOKENS_TOTAL, log_state.eval_tokens, **labels)
+        ms.add(llmb.ENGINE_GENERATION_TOKENS_TOTAL, log_state.eval_tokens, **labels)
     if log_state is not None:
         # Each request's own prompt time, summed (the rules' requests in prefill, by
         # Little's law), and the union of their spans (the wall time prefill ran).
-        ms.add(ENGINE_PROMPT_SECONDS_TOTAL, log_state.prompt_seconds, **labels)
-        ms.add(ENGINE_PREFILL_BUSY_SECONDS_TOTAL, log_state.prefill_busy_seconds, **labels)
+        ms.add(llmb.ENGINE_PROMPT_SECONDS_TOTAL, log_state.prompt_seconds, **labels)
+        ms.add(llmb.ENGINE_PREFILL_BUSY_SECONDS_TOTAL, log_state.prefill_busy_seconds, **labels)
         # Decode intervals after each request's first token over the engine's decode
         # time: what timings.predicted_per_second and SGLang's ITL histogram measure.
-        ms.add(ENGINE_DECODE_TOKENS_TOTAL, log_state.eval_intervals, **labels)
-        ms.add(ENGINE_DECODE_SECONDS_TOTAL, log_state.eval_seconds, **labels)
-        ms.add(ENGINE_REQUESTS_FINISHED_TOTAL, log_state.requests_finished, **labels)
+        ms.add(llmb.ENGINE_DECODE_TOKENS_TOTAL, log_state.eval_intervals, **labels)
+        ms.add(llmb.ENGINE_DECODE_SECONDS_TOTAL, log_state.eval_seconds, **labels)
+        ms.add(llmb.ENGINE_REQUESTS_FINISHED_TOTAL, log_state.requests_finished, **labels)

@@ -11,17 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from core.series import (
-    GPU_CLOCK_EVENT_REASON_ACTIVE,
-    GPU_POWER_LIMIT_DEFAULT_WATTS,
-    GPU_POWER_LIMIT_MAX_WATTS,
-    GPU_POWER_LIMIT_WATTS,
-    GPU_POWER_WATTS,
-    GPU_SM_CLOCK_BUSY_HERTZ,
-    GPU_SM_CLOCK_HERTZ,
-    GPU_SM_CLOCK_MAX_HERTZ,
-    GPU_TEMPERATURE_CELSIUS,
-)
+from core import series as llmb
 from core.thresholds import threshold_number
 from exporter.collectors import SourceError
 from exporter.collectors.nvml.backend import NvmlBackend, NvmlError
@@ -57,9 +47,9 @@ def _field(errors: list[SourceError], fn: Callable[[int], T], position: int, wha
 
 # The power limits: series -> (backend query, what an error names).
 POWER_LIMITS: tuple[tuple[str, str, str], ...] = (
-    (GPU_POWER_LIMIT_WATTS, "power_limit_mw", "power limit"),
-    (GPU_POWER_LIMIT_DEFAULT_WATTS, "power_default_limit_mw", "default power limit"),
-    (GPU_POWER_LIMIT_MAX_WATTS, "power_max_limit_mw", "maximum power limit"),
+    (llmb.GPU_POWER_LIMIT_WATTS, "power_limit_mw", "power limit"),
+    (llmb.GPU_POWER_LIMIT_DEFAULT_WATTS, "power_default_limit_mw", "default power limit"),
+    (llmb.GPU_POWER_LIMIT_MAX_WATTS, "power_max_limit_mw", "maximum power limit"),
 )
 
 
@@ -84,25 +74,25 @@ def add_card_state(
     reasons = _field(errors, backend.clock_event_reasons, position, "clock event reasons")
     sm = _field(errors, backend.sm_clock_mhz, position, "SM clock")
     if sm is not None:
-        out.add(GPU_SM_CLOCK_HERTZ, sm[0] * 1e6, gpu=gpu)
+        out.add(llmb.GPU_SM_CLOCK_HERTZ, sm[0] * 1e6, gpu=gpu)
         if sm[1] is not None:
-            out.add(GPU_SM_CLOCK_MAX_HERTZ, sm[1] * 1e6, gpu=gpu)
+            out.add(llmb.GPU_SM_CLOCK_MAX_HERTZ, sm[1] * 1e6, gpu=gpu)
         # Only in busy samples: its average over a window is the clock under load, which
         # the idle samples around the requests (boost clock, no work) would otherwise hide.
         if _busy(utilization, reasons):
-            out.add(GPU_SM_CLOCK_BUSY_HERTZ, sm[0] * 1e6, gpu=gpu)
+            out.add(llmb.GPU_SM_CLOCK_BUSY_HERTZ, sm[0] * 1e6, gpu=gpu)
     power = _field(errors, backend.power_mw, position, "power draw")
     if power is not None:
-        out.add(GPU_POWER_WATTS, power / 1000.0, gpu=gpu)
+        out.add(llmb.GPU_POWER_WATTS, power / 1000.0, gpu=gpu)
     for name, query, what in POWER_LIMITS:
         limit = _field(errors, getattr(backend, query), position, what)
         if limit is not None:
             out.add(name, limit / 1000.0, gpu=gpu)
     temp = _field(errors, backend.temperature_c, position, "temperature")
     if temp is not None:
-        out.add(GPU_TEMPERATURE_CELSIUS, temp, gpu=gpu)
+        out.add(llmb.GPU_TEMPERATURE_CELSIUS, temp, gpu=gpu)
     if reasons is not None:
         for name, bit in CLOCK_EVENT_REASONS.items():
             active = 1 if reasons & bit else 0
-            out.add(GPU_CLOCK_EVENT_REASON_ACTIVE, active, gpu=gpu, reason=name)
+            out.add(llmb.GPU_CLOCK_EVENT_REASON_ACTIVE, active, gpu=gpu, reason=name)
     return errors

@@ -25,25 +25,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from config.settings import EngineConfig, GpuConfig
-from core.series import (
-    ENGINE_PROCESS_GPU_MEMORY_BYTES,
-    ENGINE_PROCESS_GPU_MEMORY_PEAK_BYTES,
-    GPU_INFO,
-    GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND,
-    GPU_MEMORY_BUS_WIDTH_BYTES,
-    GPU_MEMORY_CLOCK_HERTZ,
-    GPU_MEMORY_CLOCK_MAX_HERTZ,
-    GPU_MEMORY_FREE_BYTES,
-    GPU_MEMORY_RESERVED_BYTES,
-    GPU_MEMORY_TOTAL_BYTES,
-    GPU_MEMORY_USED_BYTES,
-    GPU_MEMORY_USED_PEAK_BYTES,
-    GPU_PEAK_FLOPS,
-    GPU_PROCESS_MEMORY_USED_BYTES,
-    GPU_PROCESS_MEMORY_USED_PEAK_BYTES,
-    GPU_SAMPLES_TOTAL,
-    GPU_UTILIZATION_RATIO,
-)
+from core import series as llmb
 from exporter.attribution import Attribution
 from exporter.collectors import Collector, Scrape, SourceError
 from exporter.collectors.nvml.backend import (
@@ -361,7 +343,7 @@ class NvmlCollector(Collector):
                 self.config.bandwidth_bytes_per_second,
             )
             out.info(
-                GPU_INFO,
+                llmb.GPU_INFO,
                 gpu=gpu,
                 uuid=dev.uuid,
                 name=dev.name,
@@ -369,25 +351,25 @@ class NvmlCollector(Collector):
                 bandwidth_source=bandwidth.source,
             )
             mem = sample.memory[dev.index]
-            out.add(GPU_MEMORY_TOTAL_BYTES, mem.total, gpu=gpu)
-            out.add(GPU_MEMORY_USED_BYTES, mem.used, gpu=gpu)
-            out.add(GPU_MEMORY_FREE_BYTES, mem.free, gpu=gpu)
-            out.add(GPU_MEMORY_RESERVED_BYTES, mem.reserved, gpu=gpu)
+            out.add(llmb.GPU_MEMORY_TOTAL_BYTES, mem.total, gpu=gpu)
+            out.add(llmb.GPU_MEMORY_USED_BYTES, mem.used, gpu=gpu)
+            out.add(llmb.GPU_MEMORY_FREE_BYTES, mem.free, gpu=gpu)
+            out.add(llmb.GPU_MEMORY_RESERVED_BYTES, mem.reserved, gpu=gpu)
             out.add(
-                GPU_MEMORY_USED_PEAK_BYTES,
+                llmb.GPU_MEMORY_USED_PEAK_BYTES,
                 self._window(("gpu", dev.index)).max(now),
                 gpu=gpu,
             )
             if util is not None:
-                out.add(GPU_UTILIZATION_RATIO, util.gpu / 100.0, gpu=gpu)
+                out.add(llmb.GPU_UTILIZATION_RATIO, util.gpu / 100.0, gpu=gpu)
             if cur_clock is not None:
-                out.add(GPU_MEMORY_CLOCK_HERTZ, cur_clock * 1e6, gpu=gpu)
+                out.add(llmb.GPU_MEMORY_CLOCK_HERTZ, cur_clock * 1e6, gpu=gpu)
             if max_clock is not None:
-                out.add(GPU_MEMORY_CLOCK_MAX_HERTZ, max_clock * 1e6, gpu=gpu)
-            out.add(GPU_MEMORY_BUS_WIDTH_BYTES, bus / 8 if bus is not None else None, gpu=gpu)
-            out.add(GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND, bandwidth.bytes_per_second, gpu=gpu)
+                out.add(llmb.GPU_MEMORY_CLOCK_MAX_HERTZ, max_clock * 1e6, gpu=gpu)
+            out.add(llmb.GPU_MEMORY_BUS_WIDTH_BYTES, bus / 8 if bus is not None else None, gpu=gpu)
+            out.add(llmb.GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND, bandwidth.bytes_per_second, gpu=gpu)
             for dtype, flops in table_peak_flops(dev.name).items():
-                out.add(GPU_PEAK_FLOPS, flops, gpu=gpu, dtype=dtype)
+                out.add(llmb.GPU_PEAK_FLOPS, flops, gpu=gpu, dtype=dtype)
             for proc in sorted(sample.processes[dev.index], key=lambda p: p.pid):
                 argv = self._argv_of(proc.pid)
                 engine = self._engine_of(proc.pid)
@@ -397,18 +379,18 @@ class NvmlCollector(Collector):
                     "process": os.path.basename(argv[0]) if argv else "",
                     "engine": engine.name if engine else "",
                 }
-                out.add(GPU_PROCESS_MEMORY_USED_BYTES, proc.used_bytes, **labels)
+                out.add(llmb.GPU_PROCESS_MEMORY_USED_BYTES, proc.used_bytes, **labels)
                 window = self._windows.get(("proc", dev.index, proc.pid))
                 peak = window.max(now) if window is not None else None
-                out.add(GPU_PROCESS_MEMORY_USED_PEAK_BYTES, peak, **labels)
+                out.add(llmb.GPU_PROCESS_MEMORY_USED_PEAK_BYTES, peak, **labels)
                 if engine is not None and proc.used_bytes is not None:
                     engine_sum[engine.name] += proc.used_bytes
-        out.add(GPU_SAMPLES_TOTAL, self.samples_total)
+        out.add(llmb.GPU_SAMPLES_TOTAL, self.samples_total)
         # A configured engine with no GPU process gets an explicit 0: an absent series
         # would hide "the weights are not resident at all".
         for engine_cfg in self.attribution.engines:
             labels = {"engine": engine_cfg.name, "kind": engine_cfg.kind}
-            out.add(ENGINE_PROCESS_GPU_MEMORY_BYTES, engine_sum[engine_cfg.name], **labels)
+            out.add(llmb.ENGINE_PROCESS_GPU_MEMORY_BYTES, engine_sum[engine_cfg.name], **labels)
             peak = self._window(("engine", engine_cfg.name)).max(now)
-            out.add(ENGINE_PROCESS_GPU_MEMORY_PEAK_BYTES, peak, **labels)
+            out.add(llmb.ENGINE_PROCESS_GPU_MEMORY_PEAK_BYTES, peak, **labels)
         return Scrape(metrics=out.metrics(), errors=errors)

@@ -32,12 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.series import (
-    ENGINE_LOADING,
-    ENGINE_PROMPT_SECONDS_TOTAL,
-    ENGINE_RESTARTS_TOTAL,
-    ENGINE_UP,
-)
+from core import series as llmb
 from exporter.collectors import Body, EngineCollector, Scrape, SourceError, off_loop, parse_json
 from exporter.collectors.sglang.log import SGLangLog
 from exporter.collectors.sglang.memory import map_geometry, map_memory, map_weights
@@ -264,8 +259,8 @@ class SGLangCollector(EngineCollector):
         )
         if isinstance(metrics_resp, SourceError) and metrics_resp.reason == "connect":
             self._gone = self._gone or metrics_resp.unreachable
-            ms.add(ENGINE_UP, 0.0, **labels)
-            ms.add(ENGINE_RESTARTS_TOTAL, self.restarts, **labels)
+            ms.add(llmb.ENGINE_UP, 0.0, **labels)
+            ms.add(llmb.ENGINE_RESTARTS_TOTAL, self.restarts, **labels)
             return Scrape.of(ms, up=False, errors=[metrics_resp])
         # Too large: it answered, with more than we read. Alive; its /metrics is lost this time.
         too_large = isinstance(metrics_resp, SourceError) and metrics_resp.reason == "too_large"
@@ -280,21 +275,21 @@ class SGLangCollector(EngineCollector):
             self._gone = True  # every endpoint 503: a starting server is a new instance
         elif up and not self._ready:
             up, loading = await self._readiness(statics)
-        ms.add(ENGINE_UP, 1.0 if up else 0.0, **labels)
-        ms.add(ENGINE_LOADING, 1.0 if loading else 0.0, **labels)
+        ms.add(llmb.ENGINE_UP, 1.0 if up else 0.0, **labels)
+        ms.add(llmb.ENGINE_LOADING, 1.0 if loading else 0.0, **labels)
         if not up:
-            ms.add(ENGINE_RESTARTS_TOTAL, self.restarts, **labels)
+            ms.add(llmb.ENGINE_RESTARTS_TOTAL, self.restarts, **labels)
             # While loading endpoints answer 503 or not at all; that is not a failure of ours.
             return Scrape.of(ms, up=False, errors=[] if loading else errors)
         statics = await self._instance_statics(expo, statics)
-        ms.add(ENGINE_RESTARTS_TOTAL, self.restarts, **labels)
+        ms.add(llmb.ENGINE_RESTARTS_TOTAL, self.restarts, **labels)
         errors.extend(err for _, err in statics if err is not None)
         info = Fields(statics[0][0], "/server_info", problems)
         model_info = Fields(statics[1][0], "/model_info", problems)
         models = Fields(statics[2][0], "/v1/models", problems)
 
         map_metrics(ms, expo, version(info.text("version")), labels)
-        ms.add(ENGINE_PROMPT_SECONDS_TOTAL, self._prompt_seconds.read(expo), **labels)
+        ms.add(llmb.ENGINE_PROMPT_SECONDS_TOTAL, self._prompt_seconds.read(expo), **labels)
         map_identity(ms, expo, (info, model_info, models), labels)
         weights, kv = self._reported_memory(info)
         geom = await self._geometry_for(info)

@@ -8,16 +8,7 @@ from __future__ import annotations
 
 import math
 
-from core.series import (
-    ENGINE_KV_CACHE_BYTES,
-    ENGINE_MODEL_BUFFER_BYTES,
-    ENGINE_SPEC_ACCEPT_LENGTH,
-    MODEL_KV_BYTES_PER_TOKEN_ESTIMATED,
-    MODEL_KV_CACHE_BYTES_ESTIMATED,
-    MODEL_LAYERS,
-    MODEL_PARAMETERS,
-    MODEL_WEIGHTS_BYTES,
-)
+from core import series as llmb
 from exporter.collectors.sglang.metrics import scheduler_value
 from exporter.fields import Fields
 from exporter.prefill_series import add_prefill_structure
@@ -85,12 +76,12 @@ def map_memory(
     """The KV pool's bytes, spec-decoding accept length and KV element types."""
     kv_gb = scheduler_value(expo, "kv_cache_memory_usage_gb")
     kv = reported_kv if kv_gb is None else kv_gb * GIB
-    ms.add(ENGINE_KV_CACHE_BYTES, kv, device="gpu", **labels)
+    ms.add(llmb.ENGINE_KV_CACHE_BYTES, kv, device="gpu", **labels)
     if server_info.text("speculative_algorithm"):
         # 0 until the first verified step; a real accept length is at least 1.
         accept = scheduler_value(expo, "spec_accept_length", "max")
         ms.add(
-            ENGINE_SPEC_ACCEPT_LENGTH,
+            llmb.ENGINE_SPEC_ACCEPT_LENGTH,
             accept if accept and accept >= 1 else None,
             **labels,
         )
@@ -120,13 +111,13 @@ def map_weights(
         gpu = reported_weights
     cpu = (server_info.num("cpu_offload_gb") or 0.0) * GIB
     if gpu is not None:
-        ms.add(ENGINE_MODEL_BUFFER_BYTES, gpu, device="gpu", **labels)
+        ms.add(llmb.ENGINE_MODEL_BUFFER_BYTES, gpu, device="gpu", **labels)
         if cpu:
-            ms.add(ENGINE_MODEL_BUFFER_BYTES, cpu, device="cpu", **labels)
-        ms.add(MODEL_WEIGHTS_BYTES, gpu + cpu, **labels)
+            ms.add(llmb.ENGINE_MODEL_BUFFER_BYTES, cpu, device="cpu", **labels)
+        ms.add(llmb.MODEL_WEIGHTS_BYTES, gpu + cpu, **labels)
         return gpu + cpu  # what the engine placed
     if geom is not None:
-        ms.add(MODEL_WEIGHTS_BYTES, checkpoint_weight_bytes(geom), **labels)
+        ms.add(llmb.MODEL_WEIGHTS_BYTES, checkpoint_weight_bytes(geom), **labels)
     return None
 
 
@@ -139,8 +130,8 @@ def map_geometry(
     labels: dict[str, str],
 ) -> None:
     """The model's parameters, layers, structure and KV estimates from its HF config."""
-    ms.add(MODEL_PARAMETERS, geom.n_params, **labels)
-    ms.add(MODEL_LAYERS, float(geom.n_layer), **labels)
+    ms.add(llmb.MODEL_PARAMETERS, geom.n_params, **labels)
+    ms.add(llmb.MODEL_LAYERS, float(geom.n_layer), **labels)
     if structure_fits(geom, placed):
         add_model_structure(ms, geom, **labels)
     add_prefill_structure(ms, geom, **labels)
@@ -151,7 +142,7 @@ def map_geometry(
         ms.problems.append(f"/server_info.kv_cache_dtype: unknown type {kv_type!r}")
         return  # bytes per element unknown: no KV estimate rather than a wrong one
     ms.add(
-        MODEL_KV_BYTES_PER_TOKEN_ESTIMATED,
+        llmb.MODEL_KV_BYTES_PER_TOKEN_ESTIMATED,
         geom.kv_bytes_per_token(dtype_bytes),
         **labels,
     )
@@ -173,4 +164,4 @@ def map_geometry(
         max_total_num_tokens_swa=None if swa_tokens is None else int(swa_tokens),
         tp_size=max(1, int(tp)),
     )
-    ms.add(MODEL_KV_CACHE_BYTES_ESTIMATED, float(est.total), **labels)
+    ms.add(llmb.MODEL_KV_CACHE_BYTES_ESTIMATED, float(est.total), **labels)

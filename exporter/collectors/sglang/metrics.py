@@ -13,28 +13,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 
-from core.series import (
-    ENGINE_CONTEXT_TOKENS,
-    ENGINE_DECODE_SECONDS_TOTAL,
-    ENGINE_DECODE_TOKENS_TOTAL,
-    ENGINE_E2E_REQUEST_LATENCY_SECONDS,
-    ENGINE_GENERATION_TOKENS_TOTAL,
-    ENGINE_INTER_TOKEN_LATENCY_SECONDS,
-    ENGINE_KV_CACHE_CAPACITY_TOKENS,
-    ENGINE_KV_CACHE_USAGE_RATIO,
-    ENGINE_KV_CACHE_USED_TOKENS,
-    ENGINE_KV_PRESSURE_EVENTS_TOTAL,
-    ENGINE_LOAD_SECONDS,
-    ENGINE_PROMPT_TOKENS_CACHED_TOTAL,
-    ENGINE_PROMPT_TOKENS_TOTAL,
-    ENGINE_QUEUE_TIME_SECONDS,
-    ENGINE_REQUEST_GENERATION_TOKENS,
-    ENGINE_REQUEST_PROMPT_TOKENS,
-    ENGINE_REQUESTS_FINISHED_TOTAL,
-    ENGINE_REQUESTS_RUNNING,
-    ENGINE_REQUESTS_WAITING,
-    ENGINE_TIME_TO_FIRST_TOKEN_SECONDS,
-)
+from core import series as llmb
 from exporter.promtext import Exposition, Sample
 from exporter.schema import MetricSet
 
@@ -46,16 +25,16 @@ RANK_LABELS = ("tp_rank", "pp_rank")
 
 # (schema histogram, SGLang histogram names in order of preference: current, older)
 HISTOGRAMS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    (ENGINE_TIME_TO_FIRST_TOKEN_SECONDS, ("time_to_first_token_seconds",)),
+    (llmb.ENGINE_TIME_TO_FIRST_TOKEN_SECONDS, ("time_to_first_token_seconds",)),
     (
-        ENGINE_INTER_TOKEN_LATENCY_SECONDS,
+        llmb.ENGINE_INTER_TOKEN_LATENCY_SECONDS,
         ("inter_token_latency_seconds", "time_per_output_token_seconds"),
     ),
-    (ENGINE_QUEUE_TIME_SECONDS, ("queue_time_seconds",)),
-    (ENGINE_E2E_REQUEST_LATENCY_SECONDS, ("e2e_request_latency_seconds",)),
+    (llmb.ENGINE_QUEUE_TIME_SECONDS, ("queue_time_seconds",)),
+    (llmb.ENGINE_E2E_REQUEST_LATENCY_SECONDS, ("e2e_request_latency_seconds",)),
     # Per-request lengths in tokens (the served mix, loadgen/served_mix.py).
-    (ENGINE_REQUEST_PROMPT_TOKENS, ("prompt_tokens_histogram",)),
-    (ENGINE_REQUEST_GENERATION_TOKENS, ("generation_tokens_histogram",)),
+    (llmb.ENGINE_REQUEST_PROMPT_TOKENS, ("prompt_tokens_histogram",)),
+    (llmb.ENGINE_REQUEST_GENERATION_TOKENS, ("generation_tokens_histogram",)),
 )
 
 # Families the mapping reads (without `sglang:` and without _total/_bucket/_sum/_count);
@@ -189,29 +168,29 @@ def map_metrics(
     _map_scheduling(ms, expo, labels)
     _map_tokens(ms, expo, labels)
     ms.add(
-        ENGINE_KV_PRESSURE_EVENTS_TOTAL,
+        llmb.ENGINE_KV_PRESSURE_EVENTS_TOTAL,
         _retracted(expo, version),
         event="retracted",
         **labels,
     )
     load_samples = finite(expo.get(PREFIX + "startup_time_seconds", phase="load_weight"))
     load = max((s.value for s in load_samples), default=None)
-    ms.add(ENGINE_LOAD_SECONDS, load, **labels)
+    ms.add(llmb.ENGINE_LOAD_SECONDS, load, **labels)
     _map_histograms(ms, expo, labels)
 
 
 def _map_scheduling(ms: MetricSet, expo: Exposition, labels: dict[str, str]) -> None:
-    ms.add(ENGINE_REQUESTS_RUNNING, scheduler_value(expo, "num_running_reqs"), **labels)
-    ms.add(ENGINE_REQUESTS_WAITING, scheduler_value(expo, "num_queue_reqs"), **labels)
-    ms.add(ENGINE_CONTEXT_TOKENS, scheduler_value(expo, "context_len", "max"), **labels)
+    ms.add(llmb.ENGINE_REQUESTS_RUNNING, scheduler_value(expo, "num_running_reqs"), **labels)
+    ms.add(llmb.ENGINE_REQUESTS_WAITING, scheduler_value(expo, "num_queue_reqs"), **labels)
+    ms.add(llmb.ENGINE_CONTEXT_TOKENS, scheduler_value(expo, "context_len", "max"), **labels)
     capacity = scheduler_value(expo, "max_total_num_tokens")
-    ms.add(ENGINE_KV_CACHE_CAPACITY_TOKENS, capacity, **labels)
+    ms.add(llmb.ENGINE_KV_CACHE_CAPACITY_TOKENS, capacity, **labels)
     used = scheduler_value(expo, "kv_used_tokens")
     if used is None:
         used = scheduler_value(expo, "num_used_tokens")
-    ms.add(ENGINE_KV_CACHE_USED_TOKENS, used, **labels)
+    ms.add(llmb.ENGINE_KV_CACHE_USED_TOKENS, used, **labels)
     # The fullest DP group throttles admission; token_usage is already max over pools.
-    ms.add(ENGINE_KV_CACHE_USAGE_RATIO, kv_usage_ratio(expo), **labels)
+    ms.add(llmb.ENGINE_KV_CACHE_USAGE_RATIO, kv_usage_ratio(expo), **labels)
 
 
 def _cached_tokens(expo: Exposition) -> float | None:
@@ -229,20 +208,20 @@ def _cached_tokens(expo: Exposition) -> float | None:
 
 
 def _map_tokens(ms: MetricSet, expo: Exposition, labels: dict[str, str]) -> None:
-    ms.add(ENGINE_PROMPT_TOKENS_TOTAL, total_value(expo, "prompt_tokens_total"), **labels)
-    ms.add(ENGINE_PROMPT_TOKENS_CACHED_TOTAL, _cached_tokens(expo), **labels)
+    ms.add(llmb.ENGINE_PROMPT_TOKENS_TOTAL, total_value(expo, "prompt_tokens_total"), **labels)
+    ms.add(llmb.ENGINE_PROMPT_TOKENS_CACHED_TOTAL, _cached_tokens(expo), **labels)
     ms.add(
-        ENGINE_GENERATION_TOKENS_TOTAL,
+        llmb.ENGINE_GENERATION_TOKENS_TOTAL,
         total_value(expo, "generation_tokens_total"),
         **labels,
     )
     for itl in ("inter_token_latency_seconds", "time_per_output_token_seconds"):
         count = total_value(expo, itl + "_count")
         if count is not None:
-            ms.add(ENGINE_DECODE_TOKENS_TOTAL, count, **labels)
-            ms.add(ENGINE_DECODE_SECONDS_TOTAL, total_value(expo, itl + "_sum"), **labels)
+            ms.add(llmb.ENGINE_DECODE_TOKENS_TOTAL, count, **labels)
+            ms.add(llmb.ENGINE_DECODE_SECONDS_TOTAL, total_value(expo, itl + "_sum"), **labels)
             break
-    ms.add(ENGINE_REQUESTS_FINISHED_TOTAL, total_value(expo, "num_requests_total"), **labels)
+    ms.add(llmb.ENGINE_REQUESTS_FINISHED_TOTAL, total_value(expo, "num_requests_total"), **labels)
 
 
 def _retracted(expo: Exposition, version: tuple[int, ...] | None) -> float | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from core.series import ENGINE_CONTEXT_TOKENS, ENGINE_INFO, ENGINE_SLOTS
+from core import series as llmb
 from exporter.collectors.sglang.metrics import PREFIX
 from exporter.fields import Fields
 from exporter.promtext import Exposition
@@ -60,15 +60,15 @@ def map_identity(
     cards = models.objects("data")
     card = cards[0] if cards else Fields(None, "/v1/models.data[0]", server_info.problems)
     if PREFIX + "context_len" not in expo:
-        ms.add(ENGINE_CONTEXT_TOKENS, card.num("max_model_len") or None, **labels)
+        ms.add(llmb.ENGINE_CONTEXT_TOKENS, card.num("max_model_len") or None, **labels)
 
     states = server_info.objects("internal_states") or []
     per_dp = [s.num("effective_max_running_requests_per_dp") for s in states]
     known = [n for n in per_dp if n]
     if known:
-        ms.add(ENGINE_SLOTS, float(sum(known)), **labels)
+        ms.add(llmb.ENGINE_SLOTS, float(sum(known)), **labels)
     else:
-        ms.add(ENGINE_SLOTS, server_info.num("max_running_requests") or None, **labels)
+        ms.add(llmb.ENGINE_SLOTS, server_info.num("max_running_requests") or None, **labels)
 
     model = _model_name(expo, server_info, model_info, card)
     if not (model or server_info):
@@ -80,7 +80,7 @@ def map_identity(
             quant = value
             break
     ms.info(
-        ENGINE_INFO,
+        llmb.ENGINE_INFO,
         model=sanitize_label(model),
         version=server_info.text("version") or "",
         quantization=quant,
