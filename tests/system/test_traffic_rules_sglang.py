@@ -29,7 +29,7 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -45,8 +45,8 @@ pytestmark = [pytest.mark.sglang, pytest.mark.prometheus, pytest.mark.timeout(60
 
 # Prompt tokens of the trace, and those of its second and third long prompts that open with
 # block 0, which the first long prompt put in the radix cache.
-TRACE_PROMPT = sum(r["input_length"] for r in ROWS)
-SHARED = 512 * (sum(1 for r in ROWS if r["hash_ids"][0] == 0) - 1)
+TRACE_PROMPT = sum(cast(int, r["input_length"]) for r in ROWS)
+SHARED = 512 * (sum(1 for r in ROWS if cast(list[int], r["hash_ids"])[0] == 0) - 1)
 PREFILL_BATCH = re.compile(
     r"Prefill batch, #new-seq: (\d+), #new-token: (\d+), #cached-token: (\d+)"
 )
