@@ -20,7 +20,6 @@ from diagnose.facts import collect_facts
 from diagnose.options import Options
 from diagnose.phase_marks import PhasePublisher
 from diagnose.procedure import Diagnoser
-from diagnose.steps.residency import ResidencyStep
 from exporter.attribution import Attribution
 from exporter.collectors.sglang.collector import SGLangCollector
 from exporter.collectors.sglang.memory import checkpoint_weight_bytes
@@ -107,7 +106,7 @@ async def _residency(server: SglangServer, tmp_path: Path, process_bytes: float)
     try:
         await asyncio.sleep(1.5)
         await collect_facts(d)
-        d.steps["residency"] = await ResidencyStep().measure(d)
+        await d.measure_step("residency")
     finally:
         await d.monitor.stop()
     return d.steps["residency"]
