@@ -45,7 +45,13 @@ from diagnose.decision.traffic import traffic_mix
 from diagnose.decision.two_engines import CompareInputs, decide_compare
 from diagnose.engine_run import EngineRun
 from diagnose.evidence import card_evidence, residency_values
-from diagnose.facts import collect_facts, gpu_facts, record_evidence, structure_facts
+from diagnose.facts import (
+    apply_facts,
+    collect_facts,
+    gpu_facts,
+    record_evidence,
+    structure_facts,
+)
 from diagnose.find_max import find_max
 from diagnose.load import measure_row
 from diagnose.options import Options
@@ -117,7 +123,7 @@ class Diagnoser(EngineRun):
                 "baseline memory and load time: the engine was already running (no launch template)"
             )
             await self.monitor.attach(self.engine, self.engine.log_file, None)
-        await collect_facts(self)
+        await self.read_facts()
         for key in PROCEDURE:
             try:
                 if self.ctx.stop.is_set():
@@ -132,6 +138,14 @@ class Diagnoser(EngineRun):
             except TargetUnreachable as exc:  # the engine went away between two steps
                 self._stopped(key, StepStopped(f"{ABORT_ENGINE_GONE}: {exc}", False))
                 return
+
+    async def read_facts(self) -> None:
+        """What is known before any load (`collect_facts`), applied to the result; then the
+        exporter's series (`gpu_facts`)."""
+        facts = await collect_facts(self.engine, self.opts, self.target(), self.model_path)
+        self.model_path = facts.model_path
+        apply_facts(self.result, facts)
+        await gpu_facts(self)
 
     async def measure_step(self, key: str) -> None:
         """Run the step `key` on the inputs handed down to it and apply its outcome; a step

@@ -16,7 +16,6 @@ import httpx
 import pytest
 
 from config.settings import EngineConfig, parse_config
-from diagnose.facts import collect_facts
 from diagnose.options import Options
 from diagnose.phase_marks import PhasePublisher
 from diagnose.procedure import Diagnoser
@@ -105,7 +104,7 @@ async def _residency(server: SglangServer, tmp_path: Path, process_bytes: float)
     d.monitor.start()
     try:
         await asyncio.sleep(1.5)
-        await collect_facts(d)
+        await d.read_facts()
         await d.measure_step("residency")
     finally:
         await d.monitor.stop()

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from config.settings import parse_config
-from diagnose.facts import collect_facts
 from diagnose.options import Options
 from diagnose.phase_marks import PhasePublisher
 from diagnose.procedure import Diagnoser
@@ -94,7 +93,7 @@ async def run_diagnose(fake: FakeSGLang, tmp_path: Path, process_bytes: float, *
     d.monitor.start()
     try:
         await asyncio.sleep(1.0)  # a few samples of the embedded exporter
-        await collect_facts(d)
+        await d.read_facts()
         await d.measure_step("residency")
     finally:
         await d.monitor.stop()
