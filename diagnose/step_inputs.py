@@ -75,6 +75,8 @@ async def residency(run: EngineRun) -> StepOutcome:
 
 
 async def single(run: EngineRun) -> StepOutcome:
+    """The single step: its load's lengths, the roofline and prompt figures after it."""
+
     def figures() -> SingleFigures:
         return SingleFigures(roofline(run.result), run.result.prefill)
 
@@ -84,6 +86,7 @@ async def single(run: EngineRun) -> StepOutcome:
 
 
 async def concurrency(run: EngineRun) -> StepOutcome:
+    """The concurrency step: the levels or the traffic, the slots, the single row, the SLO."""
     opts, res = run.opts, run.result
     seams = ConcurrencySeams(
         load_seam(run),
@@ -105,6 +108,7 @@ async def concurrency(run: EngineRun) -> StepOutcome:
 
 
 async def kv_pressure(run: EngineRun) -> StepOutcome:
+    """The KV step: the options' lengths and concurrencies, the slots and their context."""
     opts, res = run.opts, run.result
     inputs = KvInputs(
         opts.kv_prompt_tokens, opts.max_tokens, tuple(opts.concurrency), res.slots,
@@ -157,6 +161,7 @@ def context_inputs(run: EngineRun) -> ContextInputs:
 
 
 async def context(run: EngineRun) -> StepOutcome:
+    """The context sweep: its inputs, the restarts and the first launch's figures."""
     res = run.result
     seams = ContextSeams(
         RunRestarts(run), load_seam(run), partial(row_prefill, res), _say(run, "context")
