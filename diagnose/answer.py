@@ -13,8 +13,8 @@ from pathlib import Path
 
 from core.roofline import host_bound_text
 from diagnose.decision.model import Decision, EngineResult, RunInfo, utc_now
-from diagnose.engine_run import gib
 from diagnose.report.html.write import write_report
+from diagnose.steps.base import gib
 from diagnose.steps.concurrency import traffic_row_text
 from loadgen.options import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_INVALID, EXIT_OK
 

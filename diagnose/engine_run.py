@@ -1,8 +1,9 @@
-"""One engine under measurement: the state every step shares, and (re)launching it.
+"""One engine under measurement: the state of its run, and (re)launching it.
 
-`EngineRun` is what a step (`diagnose.steps`) gets: the engine's configuration, the
-options, the monitor, the result being filled, the answers so far and the verdicts of the
-load steps; plus launching, stopping and settling the engine when it has a launch template.
+`EngineRun` holds the engine's configuration, the options, the monitor, the result being
+filled, the answers so far and the verdicts of the load steps; plus launching, stopping and
+settling the engine when it has a launch template. The steps (`diagnose.steps`) never see
+it: `diagnose.step_inputs` reads each step's inputs off it and binds its seams.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import asyncio
 import contextlib
 import shlex
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from core import series as llmb
 from core.rules import RuleValues
 from core.signals import Signals
 from core.slo import Slo
-from diagnose.decision.model import NOT_MEASURED, EngineResult, PhaseMark, Row, Step
+from diagnose.decision.model import EngineResult, PhaseMark, Row, Step
 from diagnose.launcher import (
     EngineProcess,
     LaunchError,
@@ -31,46 +31,18 @@ from diagnose.launcher import (
 from diagnose.monitor import Monitor
 from diagnose.options import Options
 from diagnose.phase_marks import PhasePublisher, say
-from diagnose.step_table import STEP_QUESTIONS
+from diagnose.steps.base import LoadStep
 from loadgen.scheduler.context import RunContext
 from loadgen.target import Target
-from loadgen.traffic.model import Traffic
-
-
-@dataclass(frozen=True)
-class LoadStep:
-    """The load of one procedure step (`key`): sent `rounds` times, one row of the result."""
-
-    key: str
-    concurrency: int
-    prompt_tokens: int
-    rounds: int = 1
-    context: int | None = None  # the launch's context (the context sweep), else None
-    requests: int | None = None  # None: concurrency x --requests-per-slot
-    # --traffic: replay this instead of `prompt_tokens`-long prompts (its own lengths).
-    traffic: Traffic | None = None
-
-
-class StepStopped(Exception):
-    """The load stopped before the step's end: Ctrl-C, or the engine went away.
-
-    The step's row (with the rounds that finished) is already in the result; the
-    procedure ends here and the run is written as partial.
-    """
-
-    def __init__(self, reason: str, interrupted: bool):
-        super().__init__(reason)
-        self.reason = reason
-        self.interrupted = interrupted
 
 
 class EngineRun(ABC):
-    """The state of one engine's measurement, shared by the steps: the one object they read.
+    """The state of one engine's measurement, read by `diagnose.step_inputs` for the steps.
 
-    A step measures through its methods only (`load_row`, `gpu_facts`, `residency_values`
-    besides launching and the helpers); the procedure (`diagnose.procedure.Diagnoser`)
-    supplies the measuring ones from `diagnose.load`, `diagnose.facts` and
-    `diagnose.evidence`, so that no step reaches down that chain itself.
+    The steps' seams measure through its methods (`load_row`, `find_max`, `gpu_facts`,
+    `residency_values` besides launching and the helpers); the procedure
+    (`diagnose.procedure.Diagnoser`) supplies the measuring ones from `diagnose.load`,
+    `diagnose.facts` and `diagnose.evidence`.
     """
 
     def __init__(
@@ -126,12 +98,6 @@ class EngineRun(ABC):
     def say(self, step: str, text: str) -> None:
         """One progress line of this engine's `step`."""
         say(f"[{self.engine.name}] {step}: {text}")
-
-    def not_measured(self, step: str, why: str) -> Step:
-        """The answer of a step that could not run, recorded as missing and said."""
-        self.result.missing.append(f"{step}: {why}")
-        self.say(step, NOT_MEASURED + why)
-        return Step(step, STEP_QUESTIONS[step], NOT_MEASURED + why)
 
     def note(self, text: str) -> None:
         """A note of the result, once."""
@@ -224,13 +190,3 @@ class EngineRun(ABC):
     def kv_bytes(self) -> float | None:
         """KV cache bytes of the running launch (the exporter's, read from the engine's log)."""
         return self.monitor.engine_value(llmb.ENGINE_KV_CACHE_BYTES)
-
-
-def gib(value: float | None) -> str:
-    """Bytes as GiB for the answer lines ('?' when unknown)."""
-    return "?" if value is None else f"{value / 2**30:.2f} GiB"
-
-
-def num(value: float | None) -> str:
-    """A count for the answer lines ('?' when unknown)."""
-    return "?" if value is None else f"{value:.0f}"

@@ -1,10 +1,11 @@
 """What is known about the engine before any load: its endpoints, its GGUF, the exporter.
 
-`collect_facts` fills the `EngineResult`'s model, precision, sizes, slots and contexts from
-the engine's one probe (`diagnose.probe`: the one `--url` resolution took, else its own), the
-GGUF it serves (the exporter's one GGUF
-reader) and the exporter's series; `gpu_facts` re-reads the series part (card, bandwidth,
-memory, layers, buffers), `structure_facts` the model-structure series.
+`collect_facts` returns what is known of the model, precision, sizes, slots and contexts from
+the engine's one probe (`diagnose.probe`: the one `--url` resolution took, else its own) and
+the GGUF it serves (the exporter's one GGUF reader), as a `CollectedFacts` value that the
+procedure applies to the `EngineResult` (`apply_facts`); `gpu_facts` reads the exporter's
+series (card, bandwidth, memory, layers, buffers), `structure_facts` the model-structure
+series.
 """
 
 from __future__ import annotations
@@ -12,22 +13,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from config.kinds import engine_kind
+from config.settings import EngineConfig
 from core import series as llmb
 from core.prefill import PEAK_DTYPE
 from diagnose.decision.model import EngineResult
 from diagnose.engine_run import EngineRun
 from diagnose.monitor import RESULT_STRUCTURE_SERIES
-from diagnose.probe import engine_facts
+from diagnose.options import Options
+from diagnose.probe import EngineFacts, engine_facts
 from loadgen.client import probe_client
 from loadgen.exporter_series import Series, first, labelled
 from loadgen.resolve import probe_target
+from loadgen.target import Target
 from model.flops import prefill_flops
-from model.geometry import geometry_from_gguf
+from model.geometry import ModelGeometry, geometry_from_gguf
 from model.host_memory import HostBandwidth
 
 # EngineResult field -> the per-engine series read with the GPU facts.
@@ -58,35 +62,58 @@ def structure_from_geometry(res: EngineResult, geo: Any) -> None:
             setattr(res, attr, float(value))
 
 
-async def collect_facts(run: EngineRun) -> None:
-    """The engine's endpoints, its GGUF (when readable here) and the exporter's series."""
-    res = run.result
-    probe = run.opts.probes.get(run.engine.name)
+@dataclass(frozen=True)
+class CollectedFacts:
+    """What is known before any load, for the procedure to apply (`apply_facts`): what the
+    engine's endpoints said, its model file and where that came from, the file's geometry
+    (None: no GGUF readable here)."""
+
+    endpoints: EngineFacts
+    model_path: Path | None
+    model_evidence: str
+    geometry: ModelGeometry | None = None
+
+
+async def collect_facts(
+    engine: EngineConfig, opts: Options, target: Target, model_path: Path | None
+) -> CollectedFacts:
+    """The engine's endpoints (its one probe, else one now at `target`), its model file
+    (`model_path`, else the one its endpoint names) and that file's GGUF, when readable here."""
+    probe = opts.probes.get(engine.name)
     if probe is None:  # launched, or from the config: not probed yet
-        target = run.target()
-        async with probe_client(target.url, target.api_key, run.opts.connect_timeout) as client:
-            probe = await probe_target(client, run.engine.kind)
+        async with probe_client(target.url, target.api_key, opts.connect_timeout) as client:
+            probe = await probe_target(client, engine.kind)
     facts = engine_facts(probe)
-    for key, value in facts.known().items():
-        if key != "model_path":
-            setattr(res, key, value)
-    if run.model_path is None and facts.model_path:
-        run.model_path = Path(facts.model_path)
-    res.evidence["model"] = model_evidence(run, facts.model_path)
+    if model_path is None and facts.model_path:
+        model_path = Path(facts.model_path)
+    evidence = model_evidence(engine, opts.path_origins, facts.model_path)
+    geo = None
     # One GGUF reader for the whole project: the exporter's.
     # diagnose --url: the GGUF that /props names, when it is readable here.
-    if run.model_path is not None and run.model_path.suffix == ".gguf":
+    if model_path is not None and model_path.suffix == ".gguf":
         with contextlib.suppress(OSError, ValueError):
-            geo = await asyncio.to_thread(geometry_from_gguf, run.model_path)
-            res.parameters = res.parameters or (float(geo.n_params) if geo.n_params else None)
-            res.trained_context = res.trained_context or geo.n_ctx_train
-            res.kv_bytes_per_token = geo.kv_bytes_per_token()
-            res.layers_total = res.layers_total or float(geo.n_layer + 1)
-            if res.weights_bytes is None and geo.weight_bytes:
-                res.weights_bytes = float(geo.weight_bytes)
-            structure_from_geometry(res, geo)
-            prefill_from_geometry(res, geo)
-    await gpu_facts(run)
+            geo = await asyncio.to_thread(geometry_from_gguf, model_path)
+    return CollectedFacts(facts, model_path, evidence, geo)
+
+
+def apply_facts(res: EngineResult, facts: CollectedFacts) -> None:
+    """The facts into the result: the endpoints' first, the GGUF's where they said nothing."""
+    for key, value in facts.endpoints.known().items():
+        if key != "model_path":
+            setattr(res, key, value)
+    res.evidence["model"] = facts.model_evidence
+    geo = facts.geometry
+    if geo is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        res.parameters = res.parameters or (float(geo.n_params) if geo.n_params else None)
+        res.trained_context = res.trained_context or geo.n_ctx_train
+        res.kv_bytes_per_token = geo.kv_bytes_per_token()
+        res.layers_total = res.layers_total or float(geo.n_layer + 1)
+        if res.weights_bytes is None and geo.weight_bytes:
+            res.weights_bytes = float(geo.weight_bytes)
+        structure_from_geometry(res, geo)
+        prefill_from_geometry(res, geo)
 
 
 async def gpu_facts(run: EngineRun) -> None:
@@ -208,11 +235,11 @@ def _readable_model(kind: str, path: str) -> bool:
         return False
 
 
-def model_evidence(run: EngineRun, reported: str | None) -> str:
-    """Where the model file came from: a flag, the config, the engine's endpoint, or not seen."""
-    engine = run.engine
+def model_evidence(engine: EngineConfig, origins: dict[str, str], reported: str | None) -> str:
+    """Where the model file came from: a flag (`origins`: what named each path), the config,
+    the engine's endpoint, or not seen."""
     if engine.model_path is not None:
-        origin = run.opts.path_origins.get(f"{engine.name}.model", "the config's model_path")
+        origin = origins.get(f"{engine.name}.model", "the config's model_path")
         return f"{origin} {engine.model_path}"
     where = engine_kind(engine.kind).model_named_by
     if reported and _readable_model(engine.kind, reported):

@@ -1,7 +1,7 @@
 """`--find-max` with `--slo`: the highest concurrency within the SLO, by bisection.
 
-The concurrency step calls it through `EngineRun.find_max` (steps import no measuring
-module).
+The concurrency step calls it through its --find-max seam (`diagnose.step_inputs`, over
+`EngineRun.find_max`: steps import no measuring module).
 
 After the concurrency levels, the highest level that meets the SLO with confidence and the
 next measured level above it that misses it with confidence bracket the answer; each probe
@@ -21,7 +21,8 @@ from core.slo import Slo, StepSlo, gaps
 from core.stats import requests_needed
 from diagnose.decision.requests import load_requests
 from diagnose.decision.slo import slo_answer
-from diagnose.engine_run import EngineRun, LoadStep
+from diagnose.engine_run import EngineRun
+from diagnose.steps.base import LoadStep
 
 # At most this many probes (2^8 = 256 between two levels is more than any sweep needs).
 MAX_PROBES = 8

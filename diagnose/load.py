@@ -23,10 +23,11 @@ from diagnose.decision.prefill import (
 )
 from diagnose.decision.roofline import row_roofline
 from diagnose.decision.sources import figure
-from diagnose.engine_run import EngineRun, LoadStep, StepStopped
+from diagnose.engine_run import EngineRun
 from diagnose.evidence import step_evidence
 from diagnose.facts import structure_facts
 from diagnose.monitor import Monitor
+from diagnose.steps.base import LoadStep, StepStopped
 from loadgen.outcomes import EARLY_STOP
 from loadgen.results import PROMPT_TOKENS_TOLERANCE, RequestRecord, prompt_tokens_off
 from loadgen.scheduler.calibration import calibrate_first

@@ -1,13 +1,14 @@
 """`llmb-loadgen diagnose`: the seed's whole measuring procedure for one engine.
 
-Steps, in order (`PROCEDURE`, one module each in `diagnose.steps`): residency (are all
-weights on the GPU), single-request decode against the card's roofline, concurrency, a
-KV-pressure step (long prompts that fill the slots) and a context sweep (restarts with only
-the context changed, up to the model's trained context or until memory gives out). Load goes
-through the load generator's scheduler (`diagnose.load`), the exporter's series through the
-monitor (`diagnose.monitor`) and the verdict through the decision core `core`: the samples
-are turned into the recording rules' signals exactly as Prometheus would. A step that cannot
-run says `not measured: <why>`.
+Steps, in order (`diagnose.step_inputs.PROCEDURE`, one module each in `diagnose.steps`):
+residency (are all weights on the GPU), single-request decode against the card's roofline,
+concurrency, a KV-pressure step (long prompts that fill the slots) and a context sweep
+(restarts with only the context changed, up to the model's trained context or until memory
+gives out); each step's outcome is applied to the result in one place (`Diagnoser.apply`).
+Load goes through the load generator's scheduler (`diagnose.load`), the exporter's series
+through the monitor (`diagnose.monitor`) and the verdict through the decision core `core`:
+the samples are turned into the recording rules' signals exactly as Prometheus would. A step
+that cannot run says `not measured: <why>`.
 
 `llmb-loadgen compare --engine A --engine B` (`compare`): the same requests against two
 engines. The engines are measured one after the other (on one GPU they cannot both hold their
@@ -26,6 +27,7 @@ the engine in use; the recommendation is `stay` (no difference beyond the noise)
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from pathlib import Path
 
 from config.settings import EngineConfig
@@ -41,37 +43,28 @@ from diagnose.decision.roofline import roofline
 from diagnose.decision.slo import add_slo
 from diagnose.decision.traffic import traffic_mix
 from diagnose.decision.two_engines import CompareInputs, decide_compare
-from diagnose.engine_run import EngineRun, LoadStep, StepStopped
+from diagnose.engine_run import EngineRun
 from diagnose.evidence import card_evidence, residency_values
-from diagnose.facts import collect_facts, gpu_facts, record_evidence, structure_facts
+from diagnose.facts import (
+    apply_facts,
+    collect_facts,
+    gpu_facts,
+    record_evidence,
+    structure_facts,
+)
 from diagnose.find_max import find_max
 from diagnose.load import measure_row
 from diagnose.options import Options
 from diagnose.phase_marks import PhasePublisher
+from diagnose.step_inputs import PROCEDURE
 from diagnose.step_table import STEP_QUESTIONS, STEPS
-from diagnose.steps.base import ProcedureStep
-from diagnose.steps.concurrency import ConcurrencyStep
-from diagnose.steps.context import ContextStep
-from diagnose.steps.kv import KvPressureStep
-from diagnose.steps.residency import ResidencyStep
-from diagnose.steps.single import SingleStep
+from diagnose.steps.base import LoadStep, StepOutcome, StepStopped, not_measured
 from loadgen.client import TargetUnreachable
 from loadgen.scheduler.context import RunContext
 from loadgen.scheduler.phase import ABORT_ENGINE_GONE, ABORT_INTERRUPTED
 from loadgen.session import stopping_on_signals
 
 __all__ = ["PROCEDURE", "Diagnoser", "combine", "compare", "diagnose"]
-
-# The steps, registered explicitly in the order they run (the context sweep restarts).
-PROCEDURE: tuple[ProcedureStep, ...] = (
-    ResidencyStep(),
-    SingleStep(),
-    ConcurrencyStep(),
-    KvPressureStep(),
-    ContextStep(),
-)
-assert tuple(s.key for s in PROCEDURE) == STEPS
-
 
 # --traffic: the steps whose load is fixed lengths of the tool's choosing, not the user's
 # traffic, are skipped with these reasons (docs/diagnose.md, "Your traffic"): the verdict is
@@ -100,7 +93,7 @@ class Diagnoser(EngineRun):
             await self.monitor.stop()
         return self._finish()
 
-    # the measuring methods the steps call (EngineRun's) ---------------------------------
+    # the measuring methods the steps' seams call (EngineRun's) -------------------------
 
     async def load_row(self, load: LoadStep) -> Row:
         return await measure_row(self, load)
@@ -130,21 +123,56 @@ class Diagnoser(EngineRun):
                 "baseline memory and load time: the engine was already running (no launch template)"
             )
             await self.monitor.attach(self.engine, self.engine.log_file, None)
-        await collect_facts(self)
-        for step in PROCEDURE:
+        await self.read_facts()
+        for key in PROCEDURE:
             try:
                 if self.ctx.stop.is_set():
                     raise StepStopped(f"{ABORT_INTERRUPTED}: stopped by a signal", True)
-                if self.opts.traffic is not None and step.key in TRAFFIC_SKIPS:
-                    self.steps[step.key] = self.not_measured(step.key, TRAFFIC_SKIPS[step.key])
+                if self.opts.traffic is not None and key in TRAFFIC_SKIPS:
+                    self.skip(key, TRAFFIC_SKIPS[key])
                     continue
-                self.steps[step.key] = await step.measure(self)
+                await self.measure_step(key)
             except StepStopped as exc:
-                self._stopped(step.key, exc)
+                self._stopped(key, exc)
                 return
             except TargetUnreachable as exc:  # the engine went away between two steps
-                self._stopped(step.key, StepStopped(f"{ABORT_ENGINE_GONE}: {exc}", False))
+                self._stopped(key, StepStopped(f"{ABORT_ENGINE_GONE}: {exc}", False))
                 return
+
+    async def read_facts(self) -> None:
+        """What is known before any load (`collect_facts`), applied to the result; then the
+        exporter's series (`gpu_facts`)."""
+        facts = await collect_facts(self.engine, self.opts, self.target(), self.model_path)
+        self.model_path = facts.model_path
+        apply_facts(self.result, facts)
+        await gpu_facts(self)
+
+    async def measure_step(self, key: str) -> None:
+        """Run the step `key` on the inputs handed down to it and apply its outcome; a step
+        that ended early (its outcome's `stopped`) raises once what it has is applied."""
+        start = len(self.result.rows)
+        outcome = await PROCEDURE[key](self)
+        self.apply(outcome, start)
+        if outcome.stopped is not None:
+            raise outcome.stopped
+
+    def skip(self, key: str, why: str) -> None:
+        """The step `key` does not run: its answer says why, recorded as missing."""
+        self.apply(not_measured(key, why, partial(self.say, key)), len(self.result.rows))
+
+    def apply(self, outcome: StepOutcome, start: int) -> None:
+        """A step's outcome into the result, the one place a step's answer lands: the rows
+        it completed and made (`start`: where its rows begin), what it could not measure,
+        its roofline and its answer."""
+        res = self.result
+        for index, row in outcome.amended:
+            res.rows[index] = row
+        res.rows[start:start] = outcome.leading
+        res.rows.extend(outcome.rows)
+        res.missing.extend(outcome.missing)
+        if outcome.roofline is not None:
+            res.roofline = outcome.roofline
+        self.steps[outcome.step.key] = outcome.step
 
     def _stopped(self, key: str, exc: StepStopped) -> None:
         """The procedure ends at step `key`: it and the later steps say why, nothing more runs."""
@@ -163,9 +191,7 @@ class Diagnoser(EngineRun):
         first_ctx = self.opts.contexts[0] if self.opts.contexts else None
         if await self.launch(first_ctx, "start") is None:
             for key in STEPS[:-1]:
-                self.steps[key] = self.not_measured(
-                    key, "the engine did not start (see the context row)"
-                )
+                self.skip(key, "the engine did not start (see the context row)")
             self.steps["context"] = Step(
                 "context",
                 STEP_QUESTIONS["context"],

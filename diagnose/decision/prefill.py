@@ -113,8 +113,9 @@ def prefill_row(engine: EngineResult) -> Row | None:
 
 
 def split_text(row: Row) -> str:
-    """` (waiting W s, prompt P s at N tok/s)` (the TTFT split), its source where it is not
-    each request's own prompt time, or '' without one."""
+    """` (mean per request: waiting W s, prompt P s at N tok/s)` (the TTFT split), its source
+    where it is not each request's own prompt time, or '' without one. Means, beside a TTFT
+    p50: with spread prompt lengths (a traffic mix) the two differ, and W + P is the mean."""
     if row.queue_wait_s is None or row.prefill_s is None:
         return ""
     speed = f" at {row.prefill_tok_s:.0f} tok/s" if row.prefill_tok_s is not None else ""
@@ -123,7 +124,8 @@ def split_text(row: Row) -> str:
         if row.ttft_split_source == "histograms"
         else ""
     )
-    return f" (waiting {row.queue_wait_s:.3f} s, prompt {row.prefill_s:.3f} s{speed}{source})"
+    split = f"waiting {row.queue_wait_s:.3f} s, prompt {row.prefill_s:.3f} s"
+    return f" (mean per request: {split}{speed}{source})"
 
 
 def prefill_text(p: Prefill) -> str:

@@ -1,4 +1,4 @@
-"""The steps of the procedure, one module each behind `base.ProcedureStep`.
+"""The steps of the procedure, one module each: typed inputs in, a `base.StepOutcome` out.
 
-`diagnose.procedure.PROCEDURE` lists them in the order they run.
+`diagnose.step_inputs.PROCEDURE` lists them in the order they run and hands each its inputs.
 """

@@ -2,54 +2,86 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from core.slo import Slo
 from diagnose.decision.model import Row, Step
 from diagnose.decision.prefill import split_text
-from diagnose.decision.roofline import row_roofline_text
 from diagnose.decision.sources import ttft_text
-from diagnose.engine_run import EngineRun, LoadStep
 from diagnose.step_table import STEP_QUESTIONS
+from diagnose.steps.base import LoadStep, MeasureLoad, Say, StepOutcome, not_measured
 from loadgen.traffic.model import Traffic
 
 
-class ConcurrencyStep:
-    """One load step per --concurrency above 1; flagged when the rules saw a queue."""
+@dataclass(frozen=True)
+class Probed:
+    """--find-max's answer line and the decision core's verdicts at the end of its probes."""
 
-    key = "concurrency"
-
-    async def measure(self, run: EngineRun) -> Step:
-        """Each level's aggregate, TTFT and queue; whether requests queue for a slot."""
-        if run.opts.traffic is not None:
-            return await traffic_step(run, run.opts.traffic)
-        levels = [c for c in run.opts.concurrency if c > 1]
-        if not levels:
-            return run.not_measured("concurrency", "no --concurrency above 1")
-        parts = []
-        for c in levels:
-            with run.phase("concurrency", note=f"concurrency {c}"):
-                row = await run.load_row(
-                    LoadStep("concurrency", c, run.opts.prompt_tokens, run.opts.rounds)
-                )
-            if row.error:
-                parts.append(f"c={c} failed ({row.error})")
-                continue
-            parts.append(level_text(run, c, row))
-            run.say("concurrency", parts[-1])
-        if run.opts.find_max and run.opts.slo is not None:
-            parts.append(await run.find_max(run.opts.slo))
-            run.say("concurrency", parts[-1])
-        queued = any(v == "scheduling_bound" for s, v, _ in run.step_verdicts if s == "concurrency")
-        slots = f" ({run.result.slots} slots)" if run.result.slots else ""
-        return Step(
-            "concurrency",
-            STEP_QUESTIONS["concurrency"],
-            "; ".join(parts) + (f"; requests queue for a slot{slots}" if queued else ""),
-            queued,
-        )
+    text: str
+    verdicts: tuple[str, ...] = ()
 
 
-def level_text(run: EngineRun, c: int, row: Row) -> str:
-    """One level's line: aggregate (and its scale over one sequence), TTFT, queue, roofline."""
-    single = run.result.single()
+@dataclass(frozen=True)
+class ConcurrencyInputs:
+    """What the concurrency step reads: the options' load, the engine's slots, the single
+    row (for the scale over one sequence) and --find-max's SLO (None: no search)."""
+
+    concurrency: tuple[int, ...]
+    prompt_tokens: int
+    rounds: int
+    slots: int | None = None
+    single: Row | None = None
+    find_max_slo: Slo | None = None
+    traffic: Traffic | None = None
+    traffic_width: int = 1
+
+
+@dataclass(frozen=True)
+class ConcurrencySeams:
+    """How the concurrency step measures: a load step, --find-max's search, and a row's
+    roofline line (the engine's facts at that row's batch)."""
+
+    measure: MeasureLoad
+    find_max: Callable[[Slo], Awaitable[Probed]]
+    roofline_text: Callable[[Row], str]
+    say: Say
+
+
+async def concurrency_outcome(seams: ConcurrencySeams, inputs: ConcurrencyInputs) -> StepOutcome:
+    """One load step per --concurrency above 1 (or the --traffic replay): each level's
+    aggregate, TTFT and queue; flagged when the rules saw a queue."""
+    if inputs.traffic is not None:
+        return await traffic_outcome(seams, inputs, inputs.traffic)
+    levels = [c for c in inputs.concurrency if c > 1]
+    if not levels:
+        return not_measured("concurrency", "no --concurrency above 1", seams.say)
+    parts = []
+    verdicts: list[str] = []
+    for c in levels:
+        load = LoadStep("concurrency", c, inputs.prompt_tokens, inputs.rounds)
+        measured = await seams.measure(load, note=f"concurrency {c}")
+        verdicts += measured.verdicts
+        row = measured.row
+        if row.error:
+            parts.append(f"c={c} failed ({row.error})")
+            continue
+        parts.append(level_text(inputs.single, c, row, seams.roofline_text(row)))
+        seams.say(parts[-1])
+    if inputs.find_max_slo is not None:
+        probed = await seams.find_max(inputs.find_max_slo)
+        verdicts += probed.verdicts
+        parts.append(probed.text)
+        seams.say(parts[-1])
+    queued = "scheduling_bound" in verdicts
+    slots = f" ({inputs.slots} slots)" if inputs.slots else ""
+    answer = "; ".join(parts) + (f"; requests queue for a slot{slots}" if queued else "")
+    return StepOutcome(Step("concurrency", STEP_QUESTIONS["concurrency"], answer, queued))
+
+
+def level_text(single: Row | None, c: int, row: Row, roofline: str) -> str:
+    """One level's line: aggregate (and its scale over one sequence), TTFT, queue, and the
+    row's `roofline` line."""
     scale = (
         f" (x{row.aggregate_tok_s / single.per_seq_tok_s:.2f} of one sequence)"
         if single and single is not row and single.per_seq_tok_s and row.aggregate_tok_s
@@ -58,32 +90,33 @@ def level_text(run: EngineRun, c: int, row: Row) -> str:
     queue = f", {row.waiting_avg:.1f} waiting on average" if row.waiting_avg else ""
     return (
         f"c={c}: {row.aggregate_tok_s or 0:.1f} tok/s aggregate{scale}, {ttft_text(row)}"
-        f"{split_text(row)}{queue}{row_roofline_text(run.result, row)}"
+        f"{split_text(row)}{queue}{roofline}"
     )
 
 
-async def traffic_step(run: EngineRun, traffic: Traffic) -> Step:
+async def traffic_outcome(
+    seams: ConcurrencySeams, inputs: ConcurrencyInputs, traffic: Traffic
+) -> StepOutcome:
     """--traffic: the traffic replayed `--rounds` times, one row at its width; flagged when
     the rules saw a queue."""
-    width = run.opts.traffic_width()
-    with run.phase("concurrency", note=f"traffic {traffic.source}"):
-        row = await run.load_row(
-            LoadStep("concurrency", width, 0, run.opts.rounds, traffic=traffic)
-        )
+    width = inputs.traffic_width
+    load = LoadStep("concurrency", width, 0, inputs.rounds, traffic=traffic)
+    measured = await seams.measure(load, note=f"traffic {traffic.source}")
+    row = measured.row
+    question = STEP_QUESTIONS["concurrency"]
     if row.error:
-        return Step(
-            "concurrency", STEP_QUESTIONS["concurrency"], f"your traffic failed ({row.error})"
-        )
-    answer = "your traffic, " + level_text(run, width, row) + traffic_text(row)
-    run.say("concurrency", answer)
-    queued = any(v == "scheduling_bound" for s, v, _ in run.step_verdicts if s == "concurrency")
+        return StepOutcome(Step("concurrency", question, f"your traffic failed ({row.error})"))
+    level = level_text(inputs.single, width, row, seams.roofline_text(row))
+    answer = "your traffic, " + level + traffic_text(row)
+    seams.say(answer)
+    queued = "scheduling_bound" in measured.verdicts
     numbers: dict[str, object] = {
         "prompt_cache_hit_ratio": row.prompt_cache_hit_ratio,
         "kv_usage_max": row.kv_usage_max,
         "waiting_avg": row.waiting_avg,
         "tokens_off": row.tokens_off,
     }
-    return Step("concurrency", STEP_QUESTIONS["concurrency"], answer, queued, numbers)
+    return StepOutcome(Step("concurrency", question, answer, queued, numbers))
 
 
 def traffic_text(row: Row) -> str:

@@ -2,58 +2,72 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from diagnose.decision.model import Row, Step
-from diagnose.engine_run import EngineRun, LoadStep
 from diagnose.step_table import STEP_QUESTIONS
+from diagnose.steps.base import LoadStep, MeasureLoad, Say, StepOutcome, not_measured
 
 # The longest KV-pressure prompt chosen automatically: longer prompts cost minutes of prefill.
 KV_PROMPT_CAP = 16384
 
 
-def kv_prompt_tokens(run: EngineRun) -> tuple[int | None, str]:
-    """The KV step's prompt length and why (None: it cannot be chosen)."""
-    if run.opts.kv_prompt_tokens is not None:
-        return run.opts.kv_prompt_tokens, "--kv-prompt-tokens"
-    ctx = run.result.slot_context
+@dataclass(frozen=True)
+class KvInputs:
+    """What the KV step reads: the options' lengths and concurrencies, the engine's slots."""
+
+    kv_prompt_tokens: int | None  # --kv-prompt-tokens (None: chosen from the slot context)
+    max_tokens: int
+    concurrency: tuple[int, ...]
+    slots: int | None
+    slot_context: int | None
+
+
+def kv_prompt_tokens(
+    given: int | None, slot_context: int | None, max_tokens: int
+) -> tuple[int | None, str]:
+    """The KV step's prompt length and why (None: it cannot be chosen; `given`:
+    --kv-prompt-tokens)."""
+    if given is not None:
+        return given, "--kv-prompt-tokens"
+    ctx = slot_context
     if not ctx:
         return None, "the context per slot is unknown (pass --kv-prompt-tokens)"
     # Each request ends a little past half a slot's context: a pool that cannot hold
     # every slot at half its context runs out during decode, a per-slot one never does.
-    tokens = min(ctx // 2, KV_PROMPT_CAP) - run.opts.max_tokens // 2
+    tokens = min(ctx // 2, KV_PROMPT_CAP) - max_tokens // 2
     if tokens < 16:
         return None, f"a slot's context ({ctx}) leaves no room beyond --max-tokens"
     return tokens, f"ending past half of a slot's context ({ctx})"
 
 
-class KvPressureStep:
-    """One wave of long prompts, one per slot; flagged when the rules saw `kv_saturated`."""
-
-    key = "kv_pressure"
-
-    async def measure(self, run: EngineRun) -> Step:
-        """Completed, cut short, out of context, KV events and usage of the wave."""
-        tokens, why = kv_prompt_tokens(run)
-        if tokens == 0:
-            return run.not_measured("kv_pressure", "skipped (--kv-prompt-tokens 0)")
-        if tokens is None:
-            return run.not_measured("kv_pressure", why)
-        top = max(run.opts.concurrency)
-        conc = min(run.result.slots or top, top)
-        with run.phase("kv_pressure", note=f"{conc} x {tokens} prompt tokens"):
-            # One wave, one request per slot: whatever waits, waits for KV space, not a slot.
-            row = await run.load_row(LoadStep("kv_pressure", conc, tokens, requests=conc))
-        saturated = any(v == "kv_saturated" for s, v, _ in run.step_verdicts if s == "kv_pressure")
-        answer = kv_answer(row, tokens, why, saturated)
-        run.say("kv_pressure", answer)
-        numbers: dict[str, object] = {
-            "prompt_tokens": tokens,
-            "concurrency": conc,
-            "truncated": row.truncated,
-            "kv_exhausted": row.kv_exhausted,
-            "kv_events": row.kv_events,
-            "kv_usage_max": row.kv_usage_max,
-        }
-        return Step("kv_pressure", STEP_QUESTIONS["kv_pressure"], answer, saturated, numbers)
+async def kv_outcome(measure: MeasureLoad, inputs: KvInputs, say: Say) -> StepOutcome:
+    """One wave of long prompts, one per slot: completed, cut short, out of context, KV
+    events and usage; flagged when the rules saw `kv_saturated`."""
+    tokens, why = kv_prompt_tokens(inputs.kv_prompt_tokens, inputs.slot_context, inputs.max_tokens)
+    if tokens == 0:
+        return not_measured("kv_pressure", "skipped (--kv-prompt-tokens 0)", say)
+    if tokens is None:
+        return not_measured("kv_pressure", why, say)
+    top = max(inputs.concurrency)
+    conc = min(inputs.slots or top, top)
+    # One wave, one request per slot: whatever waits, waits for KV space, not a slot.
+    load = LoadStep("kv_pressure", conc, tokens, requests=conc)
+    measured = await measure(load, note=f"{conc} x {tokens} prompt tokens")
+    row = measured.row
+    saturated = "kv_saturated" in measured.verdicts
+    answer = kv_answer(row, tokens, why, saturated)
+    say(answer)
+    numbers: dict[str, object] = {
+        "prompt_tokens": tokens,
+        "concurrency": conc,
+        "truncated": row.truncated,
+        "kv_exhausted": row.kv_exhausted,
+        "kv_events": row.kv_events,
+        "kv_usage_max": row.kv_usage_max,
+    }
+    step = Step("kv_pressure", STEP_QUESTIONS["kv_pressure"], answer, saturated, numbers)
+    return StepOutcome(step)
 
 
 def kv_answer(row: Row, tokens: int, why: str, saturated: bool) -> str:

@@ -6,57 +6,59 @@ with each measured ratio named with its source; when a ratio cannot be measured,
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass, fields
 
 from config.kinds import engine_kind
 from core.conditions import evaluate
 from core.signals import Signals
 from diagnose.decision.model import EngineResult, Step
-from diagnose.engine_run import EngineRun, gib, num
 from diagnose.step_table import STEP_QUESTIONS
+from diagnose.steps.base import Say, StepOutcome, gib, not_measured, num
 
 
-class ResidencyStep:
-    """Layers, weight buffers and process memory against the weights."""
+@dataclass(frozen=True)
+class ResidencyFigures:
+    """The facts the residency answer lists, read from the engine at rest."""
 
-    key = "residency"
+    layers_offloaded: float | None = None
+    layers_total: float | None = None
+    weights_bytes: float | None = None
+    gpu_buffer_bytes: float | None = None
+    process_gpu_bytes: float | None = None
+    experts_host_layers: float | None = None
+    experts_host_bytes: float | None = None
 
-    async def measure(self, run: EngineRun) -> Step:
-        """The residency answer (`weights_not_resident` held: flagged)."""
-        res = run.result
-        with run.phase("residency") as ph:
-            await run.gpu_facts()
-            ph.memory_bytes = res.process_gpu_bytes
-        values = run.monitor.rule_values(time.time())
-        if values is None:  # no exporter sample: the samples it would have given
-            values = run.residency_values()
-        sig = values.signals
-        cond = evaluate(sig).condition("weights_not_resident")
-        facts = residency_facts(res)
-        numbers: dict[str, object] = {name: getattr(sig, name) for name, _ in RESIDENCY_SOURCES}
-        numbers["host_has_gpu"] = sig.host_has_gpu
-        if not sig.host_has_gpu:
-            step = run.not_measured(
-                "residency",
-                "no GPU seen (no exporter with a GPU, no NVML): the weights are in host memory"
-                f" ({facts})",
-            )
-            step.numbers = numbers
-            return step
-        measured = residency_sources(sig, run.engine.kind)
-        if cond.held:
-            answer = f"no: {', '.join(cond.evidence)} below the threshold; {measured} ({facts})"
-        elif not measured:
-            step = run.not_measured("residency", residency_gap(res, run.engine.kind))
-            step.numbers = numbers
-            return step
-        else:
-            answer = f"yes, from {measured} ({facts})"
-        run.say("residency", answer)
-        return Step("residency", STEP_QUESTIONS["residency"], answer, cond.held, numbers)
+    @classmethod
+    def of(cls, res: EngineResult) -> ResidencyFigures:
+        """The figures as the engine's facts hold them."""
+        return cls(**{f.name: getattr(res, f.name) for f in fields(cls)})
 
 
-def residency_facts(res: EngineResult) -> str:
+def residency_outcome(figures: ResidencyFigures, sig: Signals, kind: str, say: Say) -> StepOutcome:
+    """The residency answer from the facts read at rest (`figures`: layers, buffers, process
+    memory, weights) and the rules' signals then; `weights_not_resident` held: flagged."""
+    cond = evaluate(sig).condition("weights_not_resident")
+    facts = residency_facts(figures)
+    numbers: dict[str, object] = {name: getattr(sig, name) for name, _ in RESIDENCY_SOURCES}
+    numbers["host_has_gpu"] = sig.host_has_gpu
+    if not sig.host_has_gpu:
+        why = (
+            "no GPU seen (no exporter with a GPU, no NVML): the weights are in host memory"
+            f" ({facts})"
+        )
+        return not_measured("residency", why, say, numbers)
+    measured = residency_sources(sig, kind)
+    if cond.held:
+        answer = f"no: {', '.join(cond.evidence)} below the threshold; {measured} ({facts})"
+    elif not measured:
+        return not_measured("residency", residency_gap(figures, kind), say, numbers)
+    else:
+        answer = f"yes, from {measured} ({facts})"
+    say(answer)
+    return StepOutcome(Step("residency", STEP_QUESTIONS["residency"], answer, cond.held, numbers))
+
+
+def residency_facts(res: ResidencyFigures) -> str:
     """The residency figures as the answer lists them."""
     facts = (
         f"layers {num(res.layers_offloaded)}/{num(res.layers_total)}, weights "
@@ -95,7 +97,7 @@ def residency_sources(sig: Signals, kind: str) -> str:
     return "; ".join(parts)
 
 
-def residency_gap(res: EngineResult, kind: str) -> str:
+def residency_gap(res: ResidencyFigures, kind: str) -> str:
     """Why residency could not be decided: which of its inputs is missing."""
     missing = []
     if res.weights_bytes is None:

@@ -2,48 +2,61 @@
 
 from __future__ import annotations
 
-from diagnose.decision.model import NOT_MEASURED, Step
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from diagnose.decision.model import NOT_MEASURED, Prefill, Roofline, Step
 from diagnose.decision.prefill import prefill_text, split_text
-from diagnose.decision.roofline import roofline, roofline_text
+from diagnose.decision.roofline import roofline_text
 from diagnose.decision.sources import decode_text
-from diagnose.engine_run import EngineRun, LoadStep
 from diagnose.step_table import STEP_QUESTIONS
+from diagnose.steps.base import LoadStep, MeasureLoad, Say, StepOutcome
 
 
-class SingleStep:
-    """One request at a time; the roofline of the engine's model on its card."""
+@dataclass(frozen=True)
+class SingleFigures:
+    """The engine's roofline and prompt figures, read once the single row is measured (the
+    row's load brings series such as the speculative accept length)."""
 
-    key = "single"
+    roofline: Roofline
+    prefill: Prefill
 
-    async def measure(self, run: EngineRun) -> Step:
-        """The decode answer with its roofline figures (never flagged: the verdict decides)."""
-        opts = run.opts
-        with run.phase("single"):
-            row = await run.load_row(LoadStep("single", 1, opts.prompt_tokens, opts.rounds))
-        res = run.result
-        res.roofline = roof = roofline(res)
-        decode = decode_text(row)
-        if row.error or decode is None:
-            answer = f"failed: {row.error}" if row.error else NOT_MEASURED + "no decode timings"
+
+async def single_outcome(
+    measure: MeasureLoad,
+    figures: Callable[[], SingleFigures],
+    prompt_tokens: int,
+    rounds: int,
+    say: Say,
+) -> StepOutcome:
+    """One request at a time: the decode answer with its roofline figures (never flagged:
+    the verdict decides)."""
+    row = (await measure(LoadStep("single", 1, prompt_tokens, rounds))).row
+    fig = figures()
+    roof = fig.roofline
+    decode = decode_text(row)
+    if row.error or decode is None:
+        answer = f"failed: {row.error}" if row.error else NOT_MEASURED + "no decode timings"
+    else:
+        answer = decode
+        if roof.limit_tok_s and roof.efficiency is not None:
+            answer += roofline_text(roof)
         else:
-            answer = decode
-            if roof.limit_tok_s and roof.efficiency is not None:
-                answer += roofline_text(roof)
-            else:
-                answer += "; roofline unknown: pass --bandwidth-gbs (no GPU bandwidth known)"
-        if not row.error:
-            answer += "; " + prefill_text(res.prefill) + split_text(row)
-        run.say("single", answer)
-        numbers: dict[str, object] = {
-            "per_seq_tok_s": row.per_seq_tok_s,
-            "per_seq_source": row.per_seq_source,
-            "roofline_tok_s": roof.limit_tok_s,
-            "efficiency": roof.efficiency,
-            "bytes_per_step": roof.bytes_per_step,
-            "active_weights_bytes": roof.active_weights_bytes,
-            "accepted_tokens_per_step": roof.accepted_tokens_per_step,
-            "misfit": roof.misfit,
-            "rounds": row.per_seq_rounds,
-            "prefill": res.prefill,
-        }
-        return Step("single", STEP_QUESTIONS["single"], answer, False, numbers)
+            answer += "; roofline unknown: pass --bandwidth-gbs (no GPU bandwidth known)"
+    if not row.error:
+        answer += "; " + prefill_text(fig.prefill) + split_text(row)
+    say(answer)
+    numbers: dict[str, object] = {
+        "per_seq_tok_s": row.per_seq_tok_s,
+        "per_seq_source": row.per_seq_source,
+        "roofline_tok_s": roof.limit_tok_s,
+        "efficiency": roof.efficiency,
+        "bytes_per_step": roof.bytes_per_step,
+        "active_weights_bytes": roof.active_weights_bytes,
+        "accepted_tokens_per_step": roof.accepted_tokens_per_step,
+        "misfit": roof.misfit,
+        "rounds": row.per_seq_rounds,
+        "prefill": fig.prefill,
+    }
+    step = Step("single", STEP_QUESTIONS["single"], answer, False, numbers)
+    return StepOutcome(step, roofline=roof)

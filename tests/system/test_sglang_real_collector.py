@@ -16,11 +16,9 @@ import httpx
 import pytest
 
 from config.settings import EngineConfig, parse_config
-from diagnose.facts import collect_facts
 from diagnose.options import Options
 from diagnose.phase_marks import PhasePublisher
 from diagnose.procedure import Diagnoser
-from diagnose.steps.residency import ResidencyStep
 from exporter.attribution import Attribution
 from exporter.collectors.sglang.collector import SGLangCollector
 from exporter.collectors.sglang.memory import checkpoint_weight_bytes
@@ -106,8 +104,8 @@ async def _residency(server: SglangServer, tmp_path: Path, process_bytes: float)
     d.monitor.start()
     try:
         await asyncio.sleep(1.5)
-        await collect_facts(d)
-        d.steps["residency"] = await ResidencyStep().measure(d)
+        await d.read_facts()
+        await d.measure_step("residency")
     finally:
         await d.monitor.stop()
     return d.steps["residency"]

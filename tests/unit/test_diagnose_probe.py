@@ -21,7 +21,6 @@ from aiohttp import web
 from cli.loadgen import build_parser, default_commands
 from config.kinds import GENERIC
 from diagnose.cli import options_from_args
-from diagnose.facts import collect_facts
 from diagnose.phase_marks import PhasePublisher
 from diagnose.probe import engine_facts
 from diagnose.procedure import Diagnoser
@@ -116,7 +115,7 @@ async def test_diagnose_url_asks_v1_models_once(serve: Any, tmp_path: Path) -> N
     opts = options_from_args(args, None)
     opts.probes = measured.probes
     run = Diagnoser(engine, opts, tmp_path / "out", PhasePublisher())
-    await collect_facts(run)
+    await run.read_facts()
     assert Counter(p for p, _ in seen) == {"/v1/models": 1, "/props": 1}
     res = run.result
     assert (res.model, res.slots, res.slot_context, res.trained_context) == (
@@ -136,7 +135,7 @@ async def test_a_configured_engine_is_probed_by_the_facts_once(serve: Any, tmp_p
     engine = (await asyncio.to_thread(measured_engines, "diagnose", args, None)).engines[0]
     seen.clear()
     run = Diagnoser(engine, options_from_args(args, None), tmp_path, PhasePublisher())
-    await collect_facts(run)  # opts.probes empty: the facts probe it themselves
+    await run.read_facts()  # opts.probes empty: the facts probe it themselves
     assert Counter(p for p, _ in seen) == {"/v1/models": 1, "/props": 1}
     assert run.result.slots == 4
 

@@ -24,6 +24,7 @@ from diagnose.monitor import Monitor, counters_from_zero
 from diagnose.options import Options
 from diagnose.phase_marks import PhasePublisher
 from diagnose.procedure import Diagnoser, combine
+from diagnose.step_inputs import context_inputs
 from diagnose.steps.context import contexts
 from diagnose.steps.kv import kv_prompt_tokens
 from loadgen.exporter_series import Series, read_exporter, series_from_text
@@ -134,25 +135,22 @@ def _diagnoser(tmp_path: Path, command: str | None, **opts: object) -> Diagnoser
     return Diagnoser(cfg.engines[0], Options(**opts), tmp_path, PhasePublisher())  # type: ignore[arg-type]
 
 
-def test_kv_prompt_ends_past_half_a_slot(tmp_path: Path) -> None:
-    d = _diagnoser(tmp_path, None, max_tokens=32)
-    assert kv_prompt_tokens(d)[0] is None  # the slot's context is unknown
-    d.result.slot_context = 4096
-    assert kv_prompt_tokens(d)[0] == 2048 - 16
-    d.result.slot_context = 1 << 20
-    assert kv_prompt_tokens(d)[0] == 16384 - 16  # capped: prefill would take minutes
-    d = _diagnoser(tmp_path, None, kv_prompt_tokens=300)
-    assert kv_prompt_tokens(d) == (300, "--kv-prompt-tokens")
+def test_kv_prompt_ends_past_half_a_slot() -> None:
+    assert kv_prompt_tokens(None, None, 32)[0] is None  # the slot's context is unknown
+    assert kv_prompt_tokens(None, 4096, 32)[0] == 2048 - 16
+    assert kv_prompt_tokens(None, 1 << 20, 32)[0] == 16384 - 16  # capped: prefill takes minutes
+    assert kv_prompt_tokens(300, 4096, 32) == (300, "--kv-prompt-tokens")
 
 
 def test_automatic_context_sweep_doubles_up_to_the_trained_context(tmp_path: Path) -> None:
     d = _diagnoser(tmp_path, "server -c {ctx} --port {port}")
     d.launched_ctx, d.result.trained_context = 4096, 32768
-    assert contexts(d) == ([8192, 16384, 32768], "")
+    assert contexts(context_inputs(d)) == ([8192, 16384, 32768], "")
     d.result.trained_context = 4096
-    assert contexts(d)[0] == [] and "already reaches" in contexts(d)[1]
-    assert "no {ctx}" in contexts(_diagnoser(tmp_path, "server --port {port}"))[1]
-    assert "already running" in contexts(_diagnoser(tmp_path, None))[1]
+    tried, why = contexts(context_inputs(d))
+    assert tried == [] and "already reaches" in why
+    assert "no {ctx}" in contexts(context_inputs(_diagnoser(tmp_path, "server --port {port}")))[1]
+    assert "already running" in contexts(context_inputs(_diagnoser(tmp_path, None)))[1]
 
 
 @pytest.mark.parametrize(

@@ -174,12 +174,12 @@ def test_without_per_request_timings_the_split_is_the_engines_histograms_and_say
     assert histogram_split(3.0, None) is None and histogram_split(None, 0.5) is None
     row = Row("e", "single", 1, queue_wait_s=0.5, prefill_s=2.5, ttft_split_source="histograms")
     assert split_text(row) == (
-        " (waiting 0.500 s, prompt 2.500 s: the means of the engine's queue-time and TTFT "
-        "histograms over the step)"
+        " (mean per request: waiting 0.500 s, prompt 2.500 s: the means of the engine's "
+        "queue-time and TTFT histograms over the step)"
     )
     timed = Row("e", "single", 1, queue_wait_s=0.01, prefill_s=2.0, prefill_tok_s=4096.0,
                 ttft_split_source="requests")  # fmt: skip
-    assert split_text(timed) == " (waiting 0.010 s, prompt 2.000 s at 4096 tok/s)"
+    assert split_text(timed) == " (mean per request: waiting 0.010 s, prompt 2.000 s at 4096 tok/s)"
 
 
 def _series(rate: dict[str, float], gauges: dict[str, float]) -> dict[tuple, list]:

@@ -16,11 +16,9 @@ from typing import Any
 import pytest
 
 from config.settings import parse_config
-from diagnose.facts import collect_facts
 from diagnose.options import Options
 from diagnose.phase_marks import PhasePublisher
 from diagnose.procedure import Diagnoser
-from diagnose.steps.residency import ResidencyStep
 from tests.integration import test_sglang_collector as base
 from tests.integration.test_sglang_collector import FakeSGLang
 from tests.unit.test_sglang_versions import V0511, routes_0511
@@ -95,8 +93,8 @@ async def run_diagnose(fake: FakeSGLang, tmp_path: Path, process_bytes: float, *
     d.monitor.start()
     try:
         await asyncio.sleep(1.0)  # a few samples of the embedded exporter
-        await collect_facts(d)
-        d.steps["residency"] = await ResidencyStep().measure(d)
+        await d.read_facts()
+        await d.measure_step("residency")
     finally:
         await d.monitor.stop()
     return d.result, d.steps
