@@ -47,6 +47,30 @@ def query_at(prom: PrometheusServer, expr: str, at: float) -> list[dict[str, Any
     return result
 
 
+def scraped_stack(
+    engine: dict[str, Any],
+    exporter_process: Callable[[dict[str, Any]], ExporterProcess],
+    prometheus_server: Callable[[dict[str, list[str]]], PrometheusServer],
+) -> tuple[ExporterProcess, PrometheusServer]:
+    """The real exporter reading `engine` and a Prometheus that has scraped it once."""
+    exporter = exporter_process({"engines": [engine], "gpu": {"enabled": False}})
+    prom = prometheus_server({"llmb-exporter": [exporter.url.removeprefix("http://")]})
+    prom.wait_until(
+        lambda: bool(prom.query(f'llmb_engine_up{{engine="{engine["name"]}"}} == 1')),
+        60,
+        "the exporter's first scrape",
+        every=0.5,
+    )
+    return exporter, prom
+
+
+def write_trace(tmp_path: Path) -> Path:
+    """ROWS as a Mooncake JSONL file."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return trace
+
+
 def test_the_rules_give_diagnose_s_verdict_under_a_mixed_trace(
     tmp_path: Path,
     llama_server: Callable[..., LlamaServer],
@@ -55,16 +79,8 @@ def test_the_rules_give_diagnose_s_verdict_under_a_mixed_trace(
 ) -> None:
     server = llama_server("--swa-full", ctx=4096, parallel=1)
     engine = {"name": "llama", "kind": "llamacpp", "url": server.url, "log_file": str(server.log)}
-    exporter = exporter_process({"engines": [engine], "gpu": {"enabled": False}})
-    prom = prometheus_server({"llmb-exporter": [exporter.url.removeprefix("http://")]})
-    prom.wait_until(
-        lambda: bool(prom.query('llmb_engine_up{engine="llama"} == 1')),
-        60,
-        "the exporter's first scrape",
-        every=0.5,
-    )
-    trace = tmp_path / "trace.jsonl"
-    trace.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    exporter, prom = scraped_stack(engine, exporter_process, prometheus_server)
+    trace = write_trace(tmp_path)
     out = tmp_path / "out"
     code = loadgen_main(["diagnose", "--url", server.url, "--name", "llama",
                          "--exporter-url", exporter.url, "--out", str(out),

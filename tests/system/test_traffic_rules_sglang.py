@@ -42,7 +42,13 @@ from cli.loadgen import main as loadgen_main
 from tests.plugins.exporter import ExporterProcess
 from tests.plugins.prom import PrometheusServer
 from tests.plugins.sglang import SglangServer
-from tests.system.test_traffic_rules_llama import JUSTIFIED, ROWS, query_at
+from tests.system.test_traffic_rules_llama import (
+    JUSTIFIED,
+    ROWS,
+    query_at,
+    scraped_stack,
+    write_trace,
+)
 
 pytestmark = [pytest.mark.sglang, pytest.mark.prometheus, pytest.mark.timeout(600)]
 
@@ -72,16 +78,8 @@ def test_the_rules_give_diagnose_s_verdict_on_sglang_under_a_mixed_trace(
     prometheus_server: Callable[[dict[str, list[str]]], PrometheusServer],
 ) -> None:
     engine = {"name": "sgl", "kind": "sglang", "url": sglang_server.url}
-    exporter = exporter_process({"engines": [engine], "gpu": {"enabled": False}})
-    prom = prometheus_server({"llmb-exporter": [exporter.url.removeprefix("http://")]})
-    prom.wait_until(
-        lambda: bool(prom.query('llmb_engine_up{engine="sgl"} == 1')),
-        60,
-        "the exporter's first scrape",
-        every=0.5,
-    )
-    trace = tmp_path / "trace.jsonl"
-    trace.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    exporter, prom = scraped_stack(engine, exporter_process, prometheus_server)
+    trace = write_trace(tmp_path)
     out = tmp_path / "out"
     code = loadgen_main(["diagnose", "--url", sglang_server.url, "--name", "sgl",
                          "--kind", "sglang", "--exporter-url", exporter.url, "--out", str(out),
