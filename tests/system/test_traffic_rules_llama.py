@@ -71,6 +71,39 @@ def write_trace(tmp_path: Path) -> Path:
     return trace
 
 
+def replayed(out: Path, name: str) -> tuple[dict[str, Any], str, dict[str, Any], list[Any]]:
+    """diagnose's engine, verdict and traffic row from `out`, and its requests, each of which
+    must have the trace's usage (±1 prompt token: a template's merged token)."""
+    doc = json.loads((out / "results.json").read_text())
+    (result,) = doc["engines"]
+    (row,) = [r for r in result["rows"] if r["step"] == "concurrency"]
+    assert row["requests"] == 6 and row["tokens_ok"] is True, row
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert sorted(r["index"] for r in records) == list(range(6))
+    for rec in records:
+        asked = ROWS[rec["index"]]
+        assert abs(rec["prompt_tokens"] - asked["input_length"]) <= 1, rec
+        assert rec["completion_tokens"] == asked["output_length"], rec
+    return result, doc["verdict"][name], row, records
+
+
+def rules_agree(prom: PrometheusServer, result: dict[str, Any], name: str, verdict: str) -> None:
+    """The rules' verdict at the end of the replay (the step's last sample), as Prometheus
+    evaluated it from its own scrapes of the exporter, is diagnose's; no alert but the
+    verdict's own (pending: the run is shorter than its `for`)."""
+    (phase,) = [p for p in result["phases"] if p["name"] == "concurrency"]
+    prom.wait_until(
+        lambda: bool(query_at(prom, "llmb:engine_bottleneck:verdict", phase["end"] + 2)),
+        30,
+        "the rules' evaluation after the step",
+        every=0.5,
+    )
+    found = query_at(prom, f'llmb:engine_bottleneck:verdict{{engine="{name}"}} == 1', phase["end"])
+    assert [s["metric"]["verdict"] for s in found] == [verdict], (found, result["signals"])
+    alerts = query_at(prom, f'ALERTS{{engine="{name}"}}', phase["end"])
+    assert {a["metric"]["alertname"] for a in alerts} <= JUSTIFIED.get(verdict, set()), alerts
+
+
 def test_the_rules_give_diagnose_s_verdict_under_a_mixed_trace(
     tmp_path: Path,
     llama_server: Callable[..., LlamaServer],
@@ -86,35 +119,11 @@ def test_the_rules_give_diagnose_s_verdict_under_a_mixed_trace(
                          "--exporter-url", exporter.url, "--out", str(out),
                          "--concurrency", "8", "--traffic", str(trace)])  # fmt: skip
     assert code == 0
-    doc = json.loads((out / "results.json").read_text())
-    (result,) = doc["engines"]
-    verdict = doc["verdict"]["llama"]
-    (row,) = [r for r in result["rows"] if r["step"] == "concurrency"]
-    assert row["requests"] == 6 and row["tokens_ok"] is True, row
+    result, verdict, row, records = replayed(out, "llama")
     # One slot, six requests in a second: the queue is the bottleneck, by the run itself.
     assert verdict == "scheduling_bound", (verdict, result["signals"])
     assert row["prompt_cache_hit_ratio"] is not None and row["prompt_cache_hit_ratio"] > 0.2
-    # Every request's usage is the trace's (±1: a template's merged token), and the counters'
-    # cached share is the engine's per-request cache_n over the step.
-    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
-    assert sorted(r["index"] for r in records) == list(range(6))
-    for rec in records:
-        asked = ROWS[rec["index"]]
-        assert abs(rec["prompt_tokens"] - asked["input_length"]) <= 1, rec
-        assert rec["completion_tokens"] == asked["output_length"], rec
+    # The counters' cached share is the engine's per-request cache_n over the step.
     cached = sum(r["cached_tokens"] for r in records) / sum(r["prompt_tokens"] for r in records)
     assert row["prompt_cache_hit_ratio"] == pytest.approx(cached, abs=0.02)
-    # The rules' verdict at the end of the replay (the step's last sample), as Prometheus
-    # evaluated it from its own scrapes of the exporter.
-    (phase,) = [p for p in result["phases"] if p["name"] == "concurrency"]
-    prom.wait_until(
-        lambda: bool(query_at(prom, "llmb:engine_bottleneck:verdict", phase["end"] + 2)),
-        30,
-        "the rules' evaluation after the step",
-        every=0.5,
-    )
-    found = query_at(prom, 'llmb:engine_bottleneck:verdict{engine="llama"} == 1', phase["end"])
-    assert [s["metric"]["verdict"] for s in found] == [verdict], found
-    # No alert but the verdict's own (pending: the run is shorter than its `for`).
-    alerts = query_at(prom, 'ALERTS{engine="llama"}', phase["end"])
-    assert {a["metric"]["alertname"] for a in alerts} <= JUSTIFIED.get(verdict, set()), alerts
+    rules_agree(prom, result, "llama", verdict)

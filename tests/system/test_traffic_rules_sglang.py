@@ -28,7 +28,6 @@ overwrites, ends on the last short prompt's share."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -43,9 +42,9 @@ from tests.plugins.exporter import ExporterProcess
 from tests.plugins.prom import PrometheusServer
 from tests.plugins.sglang import SglangServer
 from tests.system.test_traffic_rules_llama import (
-    JUSTIFIED,
     ROWS,
-    query_at,
+    replayed,
+    rules_agree,
     scraped_stack,
     write_trace,
 )
@@ -86,26 +85,7 @@ def test_the_rules_give_diagnose_s_verdict_on_sglang_under_a_mixed_trace(
                          "--concurrency", "1", "--no-schedule",
                          "--traffic", str(trace)])  # fmt: skip
     assert code == 0
-    doc = json.loads((out / "results.json").read_text())
-    (result,) = doc["engines"]
-    verdict = doc["verdict"]["sgl"]
-    (row,) = [r for r in result["rows"] if r["step"] == "concurrency"]
-    assert row["requests"] == 6 and row["tokens_ok"] is True, row
-    # Every request's usage is the trace's (±1 prompt token, as `run` reports).
-    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
-    assert sorted(r["index"] for r in records) == list(range(6))
-    for rec in records:
-        asked = ROWS[rec["index"]]
-        assert abs(rec["prompt_tokens"] - asked["input_length"]) <= 1, rec
-        assert rec["completion_tokens"] == asked["output_length"], rec
-    (phase,) = [p for p in result["phases"] if p["name"] == "concurrency"]
-    prom.wait_until(
-        lambda: bool(query_at(prom, "llmb:engine_bottleneck:verdict", phase["end"] + 2)),
-        30,
-        "the rules' evaluation after the step",
-        every=0.5,
-    )
-
+    result, verdict, row, records = replayed(out, "sgl")
     # The cached share from SGLang's counters (cached / prompt tokens over the step) is the
     # engine's own count: one request at a time, each of the step's requests is one prefill
     # batch in SGLang's log (`#new-token`, `#cached-token`), the last six of the run.
@@ -120,11 +100,5 @@ def test_the_rules_give_diagnose_s_verdict_on_sglang_under_a_mixed_trace(
     # decode batch), so after the step it holds the last short prompt's share, not the step's.
     gauge = engine_sample(sglang_server.url, "sglang:cache_hit_rate")
     assert gauge is not None and abs(gauge - ratio) > 0.3, (gauge, ratio)
-    # The rules' verdict at the end of the replay (the step's last sample), as Prometheus
-    # evaluated it from its own scrapes of the exporter.
     assert verdict != "idle", result["signals"]  # the step's tokens are in the rate window
-    found = query_at(prom, 'llmb:engine_bottleneck:verdict{engine="sgl"} == 1', phase["end"])
-    assert [s["metric"]["verdict"] for s in found] == [verdict], (found, result["signals"])
-    # No alert but the verdict's own (pending: the run is shorter than its `for`).
-    alerts = query_at(prom, 'ALERTS{engine="sgl"}', phase["end"])
-    assert {a["metric"]["alertname"] for a in alerts} <= JUSTIFIED.get(verdict, set()), alerts
+    rules_agree(prom, result, "sgl", verdict)
