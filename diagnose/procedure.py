@@ -41,7 +41,6 @@ from diagnose.decision.one_engine import decide_single, engine_verdict
 from diagnose.decision.requests import load_requests
 from diagnose.decision.roofline import roofline
 from diagnose.decision.slo import add_slo
-from diagnose.decision.traffic import traffic_mix
 from diagnose.decision.two_engines import CompareInputs, decide_compare
 from diagnose.engine_run import EngineRun
 from diagnose.evidence import card_evidence, residency_values
@@ -63,6 +62,7 @@ from loadgen.client import TargetUnreachable
 from loadgen.scheduler.context import RunContext
 from loadgen.scheduler.phase import ABORT_ENGINE_GONE, ABORT_INTERRUPTED
 from loadgen.session import stopping_on_signals
+from loadgen.traffic.summary import traffic_mix
 
 __all__ = ["PROCEDURE", "Diagnoser", "combine", "compare", "diagnose"]
 

@@ -8,14 +8,11 @@ from __future__ import annotations
 import datetime as dt
 import statistics
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from core.roofline import HostOffload, ModelStructure, expert_share
 from core.slo import StepSlo, gaps
-
-if TYPE_CHECKING:
-    # Only a field's type: the model stays the first layer of diagnose (tests/unit/test_layout.py).
-    from diagnose.decision.traffic import TrafficMix
+from loadgen.traffic.summary import TrafficMix
 
 # The recommendation vocabulary of results.json, and `switch_to(engine)` below.
 STAY_AND_TUNE = "stay_and_tune"

@@ -14,7 +14,7 @@ from diagnose.decision.model import (
     Row,
     RunInfo,
 )
-from diagnose.decision.traffic import TrafficMix
+from loadgen.traffic.summary import TrafficMix
 
 
 def results_to_dict(

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 from core.conditions import VERDICT_INFO
 from diagnose.decision.model import Decision, EngineResult, RunInfo
-from diagnose.decision.traffic import Lengths
 from diagnose.report.hints import FIX_EXPORTER, unknown
 from exporter import __version__
+from loadgen.traffic.summary import Lengths
 
 if TYPE_CHECKING:
     from diagnose.report.html.figure import Plot

@@ -13,12 +13,12 @@ from cli.loadgen import build_parser, default_commands, main
 from diagnose.cli import options_from_args
 from diagnose.decision.model import Decision, EngineResult, Row
 from diagnose.decision.results import engine_from_dict, results_to_dict
-from diagnose.decision.traffic import histogram, traffic_mix
 from diagnose.load import traffic_off
 from diagnose.options import add_traffic
 from diagnose.report.content import traffic_rows
 from loadgen.results import RequestRecord
 from loadgen.traffic.spec import load_traffic, served_traffic
+from loadgen.traffic.summary import histogram, traffic_mix
 from tests.plugins.prom import RecordedPrometheus
 from tests.unit.test_served_mix import SGLANG, recorded
 
