@@ -35,7 +35,7 @@ from loadgen.options import (
     positive_float,
     positive_int,
 )
-from loadgen.prom_api import prom_duration
+from loadgen.prom_api import instant, prom_duration
 from loadgen.prompts import CACHE_MODES
 from loadgen.resolve import load_config_or_usage, resolve_targets
 from loadgen.scheduler.spec import DEFAULT_REQUESTS, RunSpec
@@ -413,6 +413,14 @@ def _configure_served_mix(parser: argparse.ArgumentParser) -> None:
         "30m, 1h, 1d)",
     )
     parser.add_argument(
+        "--at",
+        type=instant,
+        metavar="TIME",
+        help="end the window at TIME, a Unix time in seconds or an RFC 3339 time "
+        "(2026-12-07T03:00:00Z) (default: now); every query is evaluated there, so the same "
+        "--at reads the same mix again",
+    )
+    parser.add_argument(
         "--engine",
         action="append",
         metavar="NAME",
@@ -436,9 +444,9 @@ def served_mix_command(args: argparse.Namespace) -> int:
     if args.engine and len(args.engine) > 1:
         raise UsageError("served-mix reads one engine: give --engine once")
     engine = args.engine[0] if args.engine else None
-    mix = served_mix(args.prometheus, args.window, engine, seed=args.seed)
+    mix = served_mix(args.prometheus, args.window, engine, seed=args.seed, at=args.at)
     text = mix.length_mix().to_json()
-    lines = [f"served mix of {mix.engine} ({mix.kind}) over the last {mix.window}"]
+    lines = [f"served mix of {mix.engine} ({mix.kind}) over the {mix.window} ending {mix.ends()}"]
     for what, lengths in (("prompt", mix.prompt), ("output", mix.output)):
         lines.append(f"  {what:<7} mean {lengths.mean:.1f} tokens: {lengths.source}")
     p90 = "-" if mix.running_p90 is None else f"{mix.running_p90:.3g}"

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 import httpx
@@ -80,6 +82,27 @@ def prom_duration(text: str) -> str:
             f"expected a Prometheus duration such as 1h, 30m or 1h30m, got {text!r}"
         )
     return text
+
+
+def instant(text: str) -> float:
+    """A time as Prometheus' API takes it, for a flag: Unix seconds (`1796612400`) or RFC 3339
+    (`2026-12-07T03:00:00Z`; without a zone, UTC) → Unix seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            when = datetime.fromisoformat(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a Unix time in seconds or an RFC 3339 time such as "
+                f"2026-12-07T03:00:00Z, got {text!r}"
+            ) from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        value = when.timestamp()
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a time after 1970, got {text!r}")
+    return value
 
 
 def duration_seconds(text: str) -> float:

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import httpx
 
@@ -107,12 +109,18 @@ class RunningLoad:
 
 
 def busiest_running(
-    prom: Prometheus, client: httpx.Client, engine: str, window: str, quantile: float
+    prom: Prometheus,
+    client: httpx.Client,
+    engine: str,
+    window: str,
+    quantile: float,
+    at: float | None = None,
 ) -> RunningLoad | None:
-    """The quantile of the busiest series of `engine` (None: Prometheus has no series of it).
+    """The quantile of the busiest series of `engine` over the window ending now (or at the
+    Unix time `at`); None: Prometheus has no series of it.
 
     Series without a number (NaN) are left out; a `QueryError` when no series has one."""
-    found = prom.query(client, running_quantile_query(engine, window, quantile))
+    found = prom.query(client, running_quantile_query(engine, window, quantile), at)
     if not found:
         return None
     found = [(lab, v) for lab, v in found if math.isfinite(v) and v >= 0]
@@ -121,7 +129,7 @@ def busiest_running(
             f"Prometheus at {prom.url} answered no number of running requests for {engine!r} "
             f"over the last {window}"
         )
-    samples = prom.query(client, f"count_over_time({running_selector(engine, window)})")
+    samples = prom.query(client, f"count_over_time({running_selector(engine, window)})", at)
     # One series per host or instance serving that engine: the busiest one's load.
     labels, value = max(found, key=lambda lv: lv[1])
     count = next((int(v) for lab, v in samples if lab == labels), None)
@@ -153,6 +161,7 @@ class ServedMix:
     engine: str
     kind: str
     window: str
+    at: float  # the window's end (Unix seconds): every query was evaluated there
     prometheus: str
     prompt: Lengths
     output: Lengths
@@ -169,6 +178,10 @@ class ServedMix:
         """The p90 of running requests rounded up (`--load-from`'s load), None unknown."""
         return None if self.running_p90 is None else round_load(self.running_p90)
 
+    def ends(self) -> str:
+        """The window's end, UTC to the second (`2026-12-07T03:20:00Z`)."""
+        return datetime.fromtimestamp(self.at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
     def source(self) -> str:
         """One paragraph: where each figure came from and what is missing."""
         running = (
@@ -182,7 +195,8 @@ class ServedMix:
             else ""
         )
         return (
-            f"served by {self.engine} ({self.kind}) over the last {self.window}, Prometheus at "
+            f"served by {self.engine} ({self.kind}) over the {self.window} ending {self.ends()}, "
+            f"Prometheus at "
             f"{self.prometheus}: {self.requests:.0f} requests finished "
             f"({self.rate_per_second:.3g}/s), {running}{cached}; prompt lengths: "
             f"{self.prompt.source}; output lengths: {self.output.source}; lacks: "
@@ -258,12 +272,15 @@ def counted_increase(selector: str, window: str, up: str, by: str = "") -> str:
 
 @dataclass(frozen=True)
 class _Reader:
-    """The queries of one engine over one window."""
+    """The queries of one engine over one window, all evaluated at one instant `at`: the
+    scrapes that land while they run would otherwise move the window between two of them (the
+    running quantiles read 1, then 0.5)."""
 
     prom: Prometheus
     client: httpx.Client
     engine: str
     window: str
+    at: float
 
     def _sel(self, name: str) -> str:
         return f"{name}{{engine={label(self.engine)}}}"
@@ -275,13 +292,13 @@ class _Reader:
 
     def increase(self, name: str) -> float | None:
         """The summed increase of a counter over the window (None: no series)."""
-        found = self.prom.query(self.client, self.counted(name))
+        found = self.prom.query(self.client, self.counted(name), self.at)
         values = [v for _, v in found if math.isfinite(v)]
         return values[0] if values else None
 
     def histogram(self, name: str) -> tuple[list[tuple[float, float]], float, float] | None:
         """Cumulative (le, count) increases, the count and the sum (None: no histogram)."""
-        found = self.prom.query(self.client, self.counted(name + "_bucket", " by (le)"))
+        found = self.prom.query(self.client, self.counted(name + "_bucket", " by (le)"), self.at)
         cumulative = []
         for labels, value in found:
             try:
@@ -328,7 +345,9 @@ def _engine_kind(reader: _Reader, engine: str | None) -> tuple[str, str]:
     """The engine to read (the only one when not named) and its kind."""
     prom, client, window = reader.prom, reader.client, reader.window
     found = prom.query(
-        client, f"count by (engine, kind) (count_over_time({llmb.ENGINE_UP}[{window}]))"
+        client,
+        f"count by (engine, kind) (count_over_time({llmb.ENGINE_UP}[{window}]))",
+        reader.at,
     )
     kinds = {lab.get("engine", ""): lab.get("kind", "") for lab, _ in found}
     if not kinds:
@@ -370,20 +389,26 @@ def served_mix(
     engine: str | None = None,
     seed: int = DEFAULT_SEED,
     timeout: float | None = None,
+    at: float | None = None,
 ) -> ServedMix:
-    """What `engine` (the only engine Prometheus has, when None) served over the last
-    `window` (a Prometheus duration such as `1h`, or seconds); `ServedMixError` (exit 2) when
-    it cannot be read."""
+    """What `engine` (the only engine Prometheus has, when None) served over the `window` (a
+    Prometheus duration such as `1h`, or seconds) ending now, or at the Unix time `at`;
+    `ServedMixError` (exit 2) when it cannot be read. Every query is evaluated at that one
+    instant, so the figures are of one window and a second read with the same `at` agrees."""
     window = window_duration(window)
     seconds = duration_seconds(window)
+    if at is None:
+        at = time.time()
+    elif not math.isfinite(at) or at <= 0:
+        raise ServedMixError(f"served-mix: --at: a Unix time in seconds, got {at!r}")
     prom = Prometheus(prometheus_url) if timeout is None else Prometheus(prometheus_url, timeout)
     with prom.asking(ServedMixError, "served-mix") as client:
-        return _read(_Reader(prom, client, engine or "", window), engine, seconds, seed)
+        return _read(_Reader(prom, client, engine or "", window, at), engine, seconds, seed)
 
 
 def _read(reader: _Reader, engine: str | None, seconds: float, seed: int) -> ServedMix:
     name, kind = _engine_kind(reader, engine)
-    reader = _Reader(reader.prom, reader.client, name, reader.window)
+    reader = _Reader(reader.prom, reader.client, name, reader.window, reader.at)
     where = f"Prometheus at {reader.prom.url}"
     requests = reader.increase(llmb.ENGINE_REQUESTS_FINISHED_TOTAL)
     if requests is None:
@@ -413,8 +438,8 @@ def _read(reader: _Reader, engine: str | None, seconds: float, seed: int) -> Ser
     cached = reader.increase(llmb.ENGINE_PROMPT_TOKENS_CACHED_TOTAL)
     prompt_tokens = reader.increase(llmb.ENGINE_PROMPT_TOKENS_TOTAL)
     share = cached / prompt_tokens if cached is not None and prompt_tokens else None
-    p50 = busiest_running(reader.prom, reader.client, name, reader.window, 0.5)
-    p90 = busiest_running(reader.prom, reader.client, name, reader.window, 0.9)
+    p50 = busiest_running(reader.prom, reader.client, name, reader.window, 0.5, reader.at)
+    p90 = busiest_running(reader.prom, reader.client, name, reader.window, 0.9, reader.at)
     lacks = list(ALWAYS_LACKS)
     if prompt_mean_only or output_mean_only:
         lacks.insert(0, mean_only(kind))
@@ -422,6 +447,7 @@ def _read(reader: _Reader, engine: str | None, seconds: float, seed: int) -> Ser
         engine=name,
         kind=kind,
         window=reader.window,
+        at=reader.at,
         prometheus=reader.prom.url,
         prompt=prompt,
         output=output,

@@ -93,6 +93,7 @@ def sample_served_mix(**change: Any) -> ServedMix:
         engine="sgl",
         kind="sglang",
         window="1h",
+        at=1796612400.0,
         prometheus="http://p:9090",
         prompt=Lengths(120.0, ((100.0, 4.0), (300.0, 3.0)), "h"),
         output=Lengths(30.0, (), "mean"),

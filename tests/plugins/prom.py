@@ -311,11 +311,12 @@ class QueryRecorder(ThreadedApp):
 
 class QueryAnswers(ThreadedApp):
     """A Prometheus stand-in: `/api/v1/query` answered by `answer(query)` (HTTP status, JSON
-    body); `asked` keeps the queries asked."""
+    body); `asked` keeps the queries asked, `times` their evaluation time (`time`, None: now)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.asked: list[str] = []
+        self.times: list[str | None] = []
 
     @property
     def url(self) -> str:
@@ -328,6 +329,7 @@ class QueryAnswers(ThreadedApp):
     async def handle(self, request: web.Request) -> web.StreamResponse:
         query = request.query.get("query", "")
         self.asked.append(query)
+        self.times.append(request.query.get("time"))
         status, body = self.answer(query)
         return web.json_response(body, status=status)
 

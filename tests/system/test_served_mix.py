@@ -110,7 +110,7 @@ def mix_of_run(
             mix = served_mix(recorder.url, WINDOW, engine)
             out = tmp_path / "mix.json"
             code = main(["served-mix", "--prometheus", recorder.url, "--window", WINDOW,
-                         "--engine", engine, "--out", str(out)])  # fmt: skip
+                         "--engine", engine, "--out", str(out), "--at", str(mix.at)])  # fmt: skip
             assert code == 0
             same_mix(
                 json.loads(out.read_text(encoding="utf-8")), json.loads(mix.length_mix().to_json())
@@ -122,8 +122,9 @@ def mix_of_run(
 
 
 def same_mix(cli: dict[str, Any], lib: dict[str, Any]) -> None:
-    """The command's file and served_mix()'s, read a moment apart: counted from the samples,
-    they are the same (no extrapolation to the query's time)."""
+    """The command's file and served_mix()'s, read a moment apart at one `--at`: counted from
+    the samples and every query evaluated at that instant, they are the same (the scrapes in
+    between moved the running quantiles when each read ended at its own now)."""
     assert cli == lib
 
 

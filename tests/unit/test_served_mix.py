@@ -11,9 +11,11 @@ the same against the live stack.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from aiohttp import web
 
 from cli.loadgen import main
 from core.series import ENGINE_REQUESTS_FINISHED_TOTAL
+from loadgen.prom_api import instant
 from loadgen.served_mix import (
     MIX_KIND,
     Lengths,
@@ -50,6 +53,10 @@ MIX_KEYS = {
     "requests",
     "source",
 }
+
+
+# 2026-12-07T03:00:00Z as Unix seconds: the end of the window `--at` names.
+AT = 1796612400.0
 
 
 def recorded(folder: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -96,6 +103,28 @@ def test_the_window_is_a_duration_or_seconds() -> None:
     for bad in ("1 h", "0m", 0.5, float("nan")):
         with pytest.raises(ServedMixError, match="window"):
             window_duration(bad)
+
+
+def test_at_takes_unix_seconds_or_rfc3339() -> None:
+    assert instant("1796612400") == instant("2026-12-07T03:00:00Z") == AT
+    # Without a zone it is UTC; with one, that zone.
+    assert instant("2026-12-07T03:00:00") == AT == instant("2026-12-07T04:00:00+01:00")
+    for bad in ("yesterday", "0", "-5", "nan", "2026-13-01T00:00:00Z"):
+        with pytest.raises(argparse.ArgumentTypeError, match="time"):
+            instant(bad)
+
+
+def test_a_read_without_at_evaluates_every_query_at_one_instant() -> None:
+    answers, run = recorded(SGLANG)
+    with RecordedPrometheus(answers) as prom:
+        before = time.time()
+        mix = served_mix(prom.url, run["window"], run["engine"])
+        after = time.time()
+    # One instant for all queries: later scrapes cannot move the window between two of them.
+    assert before <= mix.at <= after and set(prom.times) == {f"{mix.at:.3f}"}
+    assert len(prom.times) == len(prom.asked) > 5
+    with RecordedPrometheus(answers) as prom, pytest.raises(ServedMixError, match="--at"):
+        served_mix(prom.url, run["window"], run["engine"], at=-1.0)
 
 
 def test_lengths_shape_is_empirical_or_fixed_at_the_mean() -> None:
@@ -146,17 +175,22 @@ def test_served_mix_command_writes_the_file_and_the_summary(tmp_path: Path, caps
     out = tmp_path / "mix.json"
     with RecordedPrometheus(answers) as prom:
         args = ["served-mix", "--prometheus", prom.url, "--window", run["window"]]
+        args += ["--at", "2026-12-07T03:00:00Z"]
         assert main([*args, "--engine", run["engine"], "--out", str(out), "--seed", "9"]) == 0
         printed = capsys.readouterr().out
-        mix = served_mix(prom.url, run["window"], run["engine"], seed=9)
+        mix = served_mix(prom.url, run["window"], run["engine"], seed=9, at=AT)
         # Without --out: the JSON on stdout, the summary on stderr.
         assert main([*args, "--engine", run["engine"], "--seed", "9"]) == 0
         piped = capsys.readouterr()
+        # Every query of the three reads at the one instant (as Prometheus takes it).
+        assert set(prom.times) == {f"{AT:.3f}"} and len(prom.times) == len(prom.asked)
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert doc == json.loads(mix.length_mix().to_json()) == json.loads(piped.out)
     assert set(doc) == MIX_KEYS and doc["seed"] == 9
     assert "empirical" in doc["prompt_tokens"] and "empirical" in doc["output_tokens"]
-    assert f"served mix of {run['engine']} (sglang) over the last {run['window']}" in printed
+    ends = "ending 2026-12-07T03:00:00Z"
+    want = f"served mix of {run['engine']} (sglang) over the {run['window']} {ends}"
+    assert want in printed and "over the 1h ending 2026-12-07T03:00:00Z," in doc["source"]
     assert f"wrote {out}" in printed and "lacks   no arrival times" in printed
     assert "served mix of" in piped.err
 
