@@ -32,6 +32,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from core import series as llmb  # noqa: E402
 
 
 @dataclass
@@ -254,7 +257,7 @@ def run_scenario(
     while loadgen.poll() is None:
         t, text = scrape(exporter_url)
         scrapes.write(json.dumps({"t": t, "text": text}) + "\n")
-        running = value(text, "llmb_engine_requests_running", engine="llama") or 0
+        running = value(text, llmb.ENGINE_REQUESTS_RUNNING, engine="llama") or 0
         if during is None and running >= min(sc.concurrency, 1):
             # The independent reading right after a scrape while generating.
             during = {"scrape": text, "t": t, "smi": smi()}

@@ -24,7 +24,7 @@ from tests.paths import ROOT
 
 NAMES_MODULE = Path("core/series.py")
 PRODUCT = ("cli", "config", "core", "diagnose", "exporter", "loadgen", "mixin", "model")
-PRODUCT += ("simulator", "tools")
+PRODUCT += ("simulator", "tools", "bench")
 # A series name: not the middle of a rule name (`engine:llmb_x:max`), nor a glob in prose.
 NAME = re.compile(r"(?<![\w:])llmb_[a-z0-9_]+(?![\w*<])")
 
