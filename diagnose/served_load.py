@@ -12,6 +12,7 @@ Prometheus unreachable, a failed query, no samples of that engine in the window:
 from __future__ import annotations
 
 import argparse
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,7 +75,8 @@ class LoadQuery:
         engine = self.engine or in_use
         prom = Prometheus(self.url, self.timeout)
         with prom.asking(LoadQueryError, "--load-from", "--load N") as client:
-            load = busiest_running(prom, client, engine, self.window, QUANTILE)
+            # The quantile and its sample count of one window: both queries at one instant.
+            load = busiest_running(prom, client, engine, self.window, QUANTILE, time.time())
             if load is None:
                 raise LoadQueryError(
                     self._none_found(
