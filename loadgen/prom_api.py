@@ -59,10 +59,21 @@ def vector_values(body: Any) -> Vector:
     data = body.get("data")
     if not isinstance(data, dict) or data.get("resultType") != "vector":
         raise QueryError("the answer is not an instant vector")
+    result = data.get("result") or []
+    if not isinstance(result, list):
+        raise QueryError("the answer's result is not a list of samples")
     out = []
-    for item in data.get("result") or []:
+    for item in result:
         try:
             labels, (_, value) = item["metric"], item["value"]
+            # Label values are strings in Prometheus' JSON; anything else is not its answer
+            # (and a caller's `float(labels["le"])` would fail on it with a traceback).
+            if not isinstance(labels, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+            ):
+                raise TypeError("labels")
+            if not isinstance(value, (str, int, float)):
+                raise TypeError("value")
             out.append((dict(labels), float(value)))
         except (KeyError, TypeError, ValueError):
             raise QueryError(f"not a sample: {item!r:.120}") from None
