@@ -409,8 +409,8 @@ def _configure_served_mix(parser: argparse.ArgumentParser) -> None:
         type=prom_duration,
         default="1h",
         metavar="DURATION",
-        help="read what the engine served over the last DURATION (a Prometheus duration: "
-        "30m, 1h, 1d)",
+        help="read what the engine served over the DURATION before --at, by default the last "
+        "DURATION (a Prometheus duration: 30m, 1h, 1d)",
     )
     parser.add_argument(
         "--at",
