@@ -77,8 +77,9 @@ def display_name(kind: str) -> str:
 def mean_only(kind: str) -> str:
     """What a mix without length histograms says (llama.cpp's always does)."""
     return (
-        f"{display_name(kind)} exports only totals (no {llmb.ENGINE_REQUEST_PROMPT_TOKENS}): "
-        "the mix is the mean length"
+        f"{display_name(kind)} exports only token totals, no per-request length histograms "
+        f"({llmb.ENGINE_REQUEST_PROMPT_TOKENS}, {llmb.ENGINE_REQUEST_GENERATION_TOKENS}): the "
+        "mix is the mean length"
     )
 
 

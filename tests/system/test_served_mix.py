@@ -216,7 +216,8 @@ def test_llamacpp_served_mix_is_the_runs_mean_lengths(
         assert lengths.mean == pytest.approx(mean, rel=1e-9), key
         assert lengths.buckets == () and lengths.dist().to_obj() == {"fixed": round(lengths.mean)}
     assert mix.lacks[0] == (
-        "llama.cpp exports only totals (no llmb_engine_request_prompt_tokens): "
-        "the mix is the mean length"
+        "llama.cpp exports only token totals, no per-request length histograms "
+        "(llmb_engine_request_prompt_tokens, llmb_engine_request_generation_tokens): the mix "
+        "is the mean length"
     )
-    assert "llama.cpp exports only totals" in json.loads(mix.length_mix().to_json())["source"]
+    assert "llama.cpp exports only token totals" in json.loads(mix.length_mix().to_json())["source"]

@@ -207,10 +207,11 @@ def test_llamacpp_mix_from_real_answers_is_the_mean_and_says_so() -> None:
         assert got.mean == pytest.approx(mean, rel=1e-9)
         assert got.buckets == () and got.dist().to_obj() == {"fixed": round(got.mean)}
     assert mix.lacks[0] == (
-        "llama.cpp exports only totals (no llmb_engine_request_prompt_tokens): "
-        "the mix is the mean length"
+        "llama.cpp exports only token totals, no per-request length histograms "
+        "(llmb_engine_request_prompt_tokens, llmb_engine_request_generation_tokens): the mix "
+        "is the mean length"
     )
-    assert "llama.cpp exports only totals" in mix.prompt.source
+    assert "llama.cpp exports only token totals" in mix.prompt.source
     assert mix.requests == len(lengths)
 
 
