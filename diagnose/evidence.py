@@ -26,6 +26,7 @@ from core.rules import RuleValues, rule_values_at
 from core.signals import Signals
 from core.thresholds import threshold_seconds
 from diagnose.decision.model import Row
+from diagnose.decision.prefill import row_prefill
 from diagnose.decision.roofline import bytes_per_step, row_batch
 from diagnose.engine_run import EngineRun
 from diagnose.monitor import RESULT_STRUCTURE_SERIES
@@ -41,6 +42,11 @@ def step_evidence(run: EngineRun, row: Row, t0: float, t1: float) -> None:
     values = mon.rule_values(t1, since=t0)
     if values is not None:
         row.rules_prefill_tok_s = values.prefill_tokens_per_second
+        # The step's prompts against the limit at the SM clock it ran at, as the rules take
+        # it: one prefill efficiency for the verdict, the report and Prometheus.
+        row.sm_clock_ratio = values.signals.sm_clock_ratio
+        if row.prefill_tok_s is not None:
+            row.prefill_efficiency = row_prefill(run.result, row).efficiency
         sig = complete(run, values.signals, row, t1, values)
         kv = mon.window(llmb.ENGINE_KV_CACHE_USAGE_RATIO, t0, t1)
         waiting = mon.window(llmb.ENGINE_REQUESTS_WAITING, t0, t1)

@@ -104,6 +104,10 @@ class Row:
     prefill_s: float | None = None
     prefill_tok_s: float | None = None
     prefill_efficiency: float | None = None
+    # The SM clock under load over the step / its maximum (the rules' `sm_clock_ratio`): the
+    # prefill limit is taken at that clock where it is below 1, as the rules take it. None:
+    # no GPU series (the limit at the maximum clock).
+    sm_clock_ratio: float | None = None
     # Where the split came from: "requests" (each request's TTFT less the engine's own prompt
     # time for it, llama.cpp `timings.prompt_ms`), "histograms" (the means of the engine's
     # queue-time and TTFT histograms over the step, SGLang); None: no split.
@@ -162,7 +166,8 @@ class Prefill:
     """The card's prefill limit for one engine and how much of it a step's prompts used.
 
     `flops_per_token` at `prompt_tokens` (the model's matmul and attention FLOPs, below);
-    `limit_tok_s` = `peak_flops` / it; `measured_tok_s` from the engine's own prompt timings;
+    `limit_tok_s` = `peak_flops` (x `sm_clock_ratio`, the SM clock under load) / it;
+    `measured_tok_s` from the engine's own prompt timings;
     `misfit`: the efficiency is beyond physics (no claim).
     """
 
@@ -174,6 +179,9 @@ class Prefill:
     peak_flops: float | None = None
     peak_source: str | None = None
     misfit: bool = False
+    # The SM clock under load / its maximum the limit is taken at (`peak_flops` x it where
+    # below 1; None: at the maximum clock).
+    sm_clock_ratio: float | None = None
     matmul_flops: float | None = None
     attention_flops_full: float | None = None
     attention_flops_swa: float | None = None

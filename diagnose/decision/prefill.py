@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from core.card import clock_scale, clock_scaled_peak
 from core.prefill import (
     PrefillStructure,
     busy_seconds,
@@ -92,7 +93,11 @@ def row_prefill(engine: EngineResult, row: Row | None) -> Prefill:
     if model is None or row is None:
         return base
     flops = prefill_flops_per_token(model, row.prompt_tokens)
-    limit = prefill_limit_tokens_per_second(base.peak_flops, flops)
+    # At the SM clock the step ran at, as the rules take it (`core.card.clock_scaled_peak`).
+    peak = (
+        None if base.peak_flops is None else clock_scaled_peak(base.peak_flops, row.sm_clock_ratio)
+    )
+    limit = prefill_limit_tokens_per_second(peak, flops)
     eff = prefill_efficiency(row.prefill_tok_s, limit)
     return replace(
         base,
@@ -102,6 +107,7 @@ def row_prefill(engine: EngineResult, row: Row | None) -> Prefill:
         efficiency=eff,
         prompt_tokens=row.prompt_tokens,
         misfit=not prefill_physical(eff),
+        sm_clock_ratio=row.sm_clock_ratio if clock_scale(row.sm_clock_ratio) < 1 else None,
     )
 
 
@@ -140,9 +146,16 @@ def prefill_text(p: Prefill) -> str:
             else ("the model's FLOPs per token are unknown")
         )
         return f"{head}; compute limit unknown ({why})"
+    peak = (p.peak_flops or 0) / 1e12
+    at_clock = (
+        f"{peak * p.sm_clock_ratio:.1f} TFLOP/s at the SM clock under load "
+        f"({p.sm_clock_ratio:.0%} of its maximum; {peak:.1f} at the maximum)"
+        if p.sm_clock_ratio is not None and p.sm_clock_ratio < 1
+        else f"{peak:.1f} TFLOP/s"
+    )
     basis = (
-        f"{(p.peak_flops or 0) / 1e12:.1f} TFLOP/s ÷ {p.flops_per_token / 1e9:.3f} GFLOP per "
-        f"token at {p.prompt_tokens or 0:.0f}-token prompts"
+        f"{at_clock} ÷ {p.flops_per_token / 1e9:.3f} GFLOP per token at "
+        f"{p.prompt_tokens or 0:.0f}-token prompts"
     )
     if p.misfit:
         return f"{head}; {prefill_misfit_text(p.efficiency)} (limit {p.limit_tok_s:.0f} tok/s)"

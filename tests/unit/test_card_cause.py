@@ -97,6 +97,14 @@ def engine_totals() -> dict[str, float]:
 
 
 def f16_values(tmp_path: Path) -> RuleValues:
+    """The rules' values at the end of the F16 capture (`f16_scrapes`)."""
+    scrapes = f16_scrapes(tmp_path)
+    return rule_values_at(series_from_scrapes(scrapes), scrapes[-1][0])[KEY]
+
+
+def f16_scrapes(tmp_path: Path) -> list[tuple[float, dict[SeriesKey, float]]]:
+    """The F16 capture as the exporter's scrapes: the card's readings and the engine's own
+    counters rising evenly over the load."""
     readings = f16_readings()
     totals = engine_totals()
     t0, t1 = readings[0][0], readings[-1][0]
@@ -124,7 +132,7 @@ def f16_values(tmp_path: Path) -> RuleValues:
         engine[("llmb_model_weights_bytes", ENGINE)] = WEIGHTS_BYTES
         engine[("llmb_model_prefill_flops_per_token", ENGINE)] = FLOPS_PER_TOKEN
         scrapes.append((t, {**gpu_samples(reading, tmp_path), **engine}))
-    return rule_values_at(series_from_scrapes(scrapes), t1)[KEY]
+    return scrapes
 
 
 def test_the_sm_clock_under_load_is_the_mean_of_the_busy_samples(tmp_path: Path) -> None:

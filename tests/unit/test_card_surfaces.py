@@ -18,14 +18,17 @@ from core import card
 from core.conditions import evaluate
 from core.signals import Signals
 from diagnose.answer import print_answer
+from diagnose.decision.model import Prefill, Row
 from diagnose.decision.one_engine import decide_single
-from diagnose.evidence import card_evidence
+from diagnose.decision.prefill import prefill_text, row_prefill
+from diagnose.evidence import card_evidence, step_evidence
 from diagnose.options import Options
 from diagnose.phase_marks import PhasePublisher
 from diagnose.procedure import Diagnoser
 from diagnose.report.content import metadata_of, metadata_rows
+from model.gpu_specs import table_peak_flops
 from tests.paths import ROOT
-from tests.unit.test_card_cause import f16_values
+from tests.unit.test_card_cause import FLOPS_PER_TOKEN, f16_scrapes, f16_values
 from tests.unit.test_card_throttled import decide
 
 
@@ -106,3 +109,40 @@ def test_the_verdict_action_is_the_held_cause(tmp_path: Path, reading: str, labe
     verdict, _ = decide(tmp_path, reading)
     assert verdict.name == "card_throttled" and verdict.evidence[0] == label
     assert verdict.action == dict(card.cause_actions())[label]
+
+
+def test_diagnose_takes_the_prefill_limit_at_the_clock_the_rules_take_it(
+    tmp_path: Path,
+) -> None:
+    """One prefill efficiency (issue 32 item 3): the F16 H200 capture ran below its maximum
+    SM clock; the rules take the compute peak at that clock (`clock_scaled_peak`), and the
+    step's row, the verdict's signals and the answer line take the same limit."""
+    values = f16_values(tmp_path)
+    sig = values.signals
+    assert sig.sm_clock_ratio is not None and sig.sm_clock_ratio < 0.99
+    assert sig.prefill_efficiency is not None and values.prefill_tokens_per_second is not None
+    scrapes = f16_scrapes(tmp_path)
+    t0, t1 = scrapes[0][0], scrapes[-1][0]
+    d = _diagnoser(tmp_path)
+    d.monitor.scrapes[:] = scrapes
+    d.monitor.exporter_engine = "llama"  # the capture's engine label
+    d.result.prefill = Prefill(
+        peak_flops=table_peak_flops("NVIDIA H200")["bf16"], matmul_flops=FLOPS_PER_TOKEN
+    )
+    # The step's prompts as the engine timed them: the rules' figure over the same window.
+    row = Row("e", "concurrency", 4, prompt_tokens=sig.prompt_tokens_mean)
+    row.prefill_tok_s = values.prefill_tokens_per_second
+    row.prefill_efficiency = row_prefill(d.result, row).efficiency  # as the step summed it
+    at_max = row.prefill_efficiency
+    step_evidence(d, row, t0, t1)
+    assert row.sm_clock_ratio == sig.sm_clock_ratio
+    assert row.prefill_efficiency == pytest.approx(sig.prefill_efficiency, rel=1e-9)
+    assert row.prefill_efficiency == pytest.approx(at_max / sig.sm_clock_ratio, rel=1e-9)
+    ((_, _, step_sig),) = d.step_verdicts
+    assert step_sig.prefill_efficiency == pytest.approx(sig.prefill_efficiency, rel=1e-9)
+    assert step_sig.card_shortfall_explained == pytest.approx(
+        sig.card_shortfall_explained, rel=1e-9
+    )
+    # The answer line names the clock the limit was taken at.
+    text = prefill_text(row_prefill(d.result, row))
+    assert f"at the SM clock under load ({sig.sm_clock_ratio:.0%} of its maximum; 989.5 at" in text
