@@ -111,6 +111,11 @@ def _add_round(row: Row, acc: _Rounds, fig: StepSummary) -> None:
     if fig.server_decode_tok_s_mean:
         acc.server_ms.append(1000.0 / fig.server_decode_tok_s_mean)
         acc.server_tok_s.append(fig.server_decode_tok_s_mean)
+    # A scheduled replay: the sends the schedule could not keep (never shifted, counted).
+    if fig.late_sends is not None:
+        row.late_sends = (row.late_sends or 0) + fig.late_sends
+    if fig.send_error_p99_s is not None:
+        row.send_error_p99_s = max(row.send_error_p99_s or 0.0, fig.send_error_p99_s)
 
 
 async def _run_rounds(

@@ -126,6 +126,12 @@ class Row:
     # no counters. `tokens_off`: requests whose usage differs from the traffic's lengths.
     prompt_cache_hit_ratio: float | None = None
     tokens_off: int = 0
+    # --traffic on a schedule: requests sent more than 5 ms after the trace's time (held at
+    # the cap on requests in flight, or a busy client), over all rounds, and the worst
+    # round's p99 of the send error. Their TTFT counts from the send, so the answer says so.
+    # None: no schedule.
+    late_sends: int | None = None
+    send_error_p99_s: float | None = None
 
     @property
     def spread(self) -> float | None:

@@ -76,6 +76,9 @@ def check_traffic_row(engine: dict, rounds: int) -> None:
     assert row["completion_tokens"] == rounds * sum(8 + i for i in range(12))
     # The shared block is the simulator's own cached tokens (its counters, not a gauge).
     assert row["prompt_cache_hit_ratio"] is not None and row["prompt_cache_hit_ratio"] > 0.3
+    # Replayed on its schedule: how late the sends went out is measured, never shifted.
+    assert row["late_sends"] is not None and 0 <= row["late_sends"] <= row["requests"]
+    assert row["send_error_p99_s"] is not None and row["send_error_p99_s"] >= 0
 
 
 def test_diagnose_answers_under_the_traffic(tmp_path: Path, capsys: Any) -> None:

@@ -13,10 +13,12 @@ from cli.loadgen import build_parser, default_commands, main
 from diagnose.cli import options_from_args
 from diagnose.decision.model import Decision, EngineResult, Row
 from diagnose.decision.results import engine_from_dict, results_to_dict
-from diagnose.load import traffic_off
+from diagnose.load import _add_round, _Rounds, traffic_off
 from diagnose.options import add_traffic
 from diagnose.report.content import traffic_rows
+from diagnose.steps.concurrency import traffic_text
 from loadgen.results import RequestRecord
+from loadgen.summary import summarize
 from loadgen.traffic.spec import load_traffic, served_traffic
 from loadgen.traffic.summary import histogram, traffic_mix
 from tests.plugins.prom import RecordedPrometheus
@@ -109,6 +111,39 @@ def test_each_request_is_checked_against_the_lengths_the_trace_asked(tmp_path: P
     assert traffic_off(traffic, bad) == 3
     # A failed request is a failure, not a length mismatch.
     assert traffic_off(traffic, [record(0, 600, 600, 0, "timeout")]) == 0
+
+
+def test_late_sends_are_counted_in_the_row_and_said_beside_the_ttft() -> None:
+    """A scheduled replay held at the cap on requests in flight: the sends it could not keep
+    are counted over the rounds (never shifted) and the answer says their wait is in no TTFT
+    (a review's case: 32 of 40 late, p99 6.4 s, TTFT p99 0.05 s)."""
+
+    def round_of(errors: list[float]):
+        recs = [
+            dataclasses.replace(record(i, 40, 40, 3), send_error_s=e) for i, e in enumerate(errors)
+        ]
+        return summarize(recs, engine="e", step=0, concurrency=4, rate=None,
+                         prompt_tokens_target=None, max_tokens=3, wall_s=1.0)  # fmt: skip
+
+    row, acc = Row("e", "concurrency", 4, requests=8), _Rounds(traffic=True)
+    _add_round(row, acc, round_of([0.001, 0.002, 0.5, 6.4]))
+    _add_round(row, acc, round_of([0.001, 0.004, 0.003, 0.2]))
+    # More than 5 ms after the trace's time: 2 + 1; the worst round's p99.
+    assert row.late_sends == 3
+    assert row.send_error_p99_s == pytest.approx(
+        round_of([0.001, 0.002, 0.5, 6.4]).send_error_p99_s
+    )
+    row.tokens_ok = True
+    text = traffic_text(row)
+    assert "; 3 of 8 requests sent later than the trace's times (4 in flight at most, p99" in text
+    assert "raise --concurrency" in text
+    # On time: nothing said; without a schedule: nothing measured.
+    on_time = Row("e", "concurrency", 4, requests=4)
+    _add_round(on_time, _Rounds(traffic=True), round_of([0.001, 0.002, 0.004, 0.0]))
+    assert on_time.late_sends == 0 and "sent later" not in traffic_text(on_time)
+    unscheduled = Row("e", "concurrency", 4, requests=4)
+    _add_round(unscheduled, _Rounds(), round_of([]))
+    assert unscheduled.late_sends is None and unscheduled.send_error_p99_s is None
 
 
 def test_the_mix_is_in_results_json_and_read_back(tmp_path: Path) -> None:
