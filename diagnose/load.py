@@ -123,13 +123,16 @@ async def _run_rounds(
 ) -> tuple[_Rounds, StepStopped | None]:
     """The step's rounds; with why they stopped early (Ctrl-C, engine lost), else None."""
     acc = _Rounds(traffic=load.traffic is not None)
-    for _ in range(load.rounds):
+    for round_no in range(load.rounds):
+        # Each round its own text for the traffic's blocks: a later round served from the
+        # cache an earlier one filled would measure the cache, not the traffic.
+        traffic = None if load.traffic is None else load.traffic.for_round(round_no)
         spec = load_spec(
             run,
             row.concurrency,
             load.prompt_tokens,
             load.requests or row.concurrency * run.opts.requests_per_slot,
-            load.traffic,
+            traffic,
         )
         result = await run_step(spec, run.ctx, step=run.round_no)
         row.record_steps.append(run.round_no)

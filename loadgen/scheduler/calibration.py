@@ -111,10 +111,12 @@ async def prompts_for(ctx: RunContext, spec: RunSpec, client: StreamClient) -> P
     if spec.traffic is not None:
         key: tuple[int | None, str, str] = (None, "traffic", spec.endpoint)
         cached = ctx.prompts.get(key)
-        if not isinstance(cached, TrafficPrompts) or cached.traffic is not spec.traffic:
+        if not isinstance(cached, TrafficPrompts):
             made = await traffic_prompts(spec.traffic, token_counter(spec, client))
             ctx.prompts[key] = cached = made
-        return cached
+        # The calibration is the tokenizer's, not the traffic's: another traffic (a step's
+        # next round) takes it as it is, no probe inside the step's window.
+        return cached if cached.traffic is spec.traffic else cached.with_traffic(spec.traffic)
     key = (spec.prompt_tokens, spec.cache, spec.endpoint)
     if key not in ctx.prompts:
         if spec.prompt_tokens is None:

@@ -13,6 +13,9 @@ MOONCAKE_BLOCK_TOKENS = 512
 # Block ids of prompt parts no other request shares (a mix's prompt, a question, an answer
 # stand-in) start here, far above any trace's own ids.
 UNIQUE_BLOCK_BASE = 1 << 40
+# Every block id of a source is below 2**44 (warm-up prompts use ids from there): round r of a
+# step moves them by r << ROUND_SHIFT, so no two rounds share a block (`Traffic.for_round`).
+ROUND_SHIFT = 48
 
 
 class TrafficError(ValueError):
@@ -57,6 +60,22 @@ class Traffic:
         if count is None or count >= len(self.requests):
             return self
         return dataclasses.replace(self, requests=self.requests[:count])
+
+    def for_round(self, round_no: int) -> Traffic:
+        """The same traffic with other text for round `round_no` of a step (0: itself).
+
+        Every block id moves by the round's salt: blocks shared within the round stay shared,
+        and none is shared with another round, so a later round is not served from the cache
+        an earlier one filled. Each block keeps its length, so the prompts stay token-exact.
+        """
+        if round_no == 0:
+            return self
+        salt = round_no << ROUND_SHIFT
+        requests = tuple(
+            dataclasses.replace(r, blocks=tuple((b + salt, n) for b, n in r.blocks))
+            for r in self.requests
+        )
+        return dataclasses.replace(self, requests=requests)
 
     def span_s(self) -> float:
         """Seconds from the first arrival to the last."""

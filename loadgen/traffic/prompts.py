@@ -9,6 +9,7 @@ tokens on the wire and an engine can reuse its cache.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 from dataclasses import dataclass
@@ -49,6 +50,10 @@ class TrafficPrompts:
     target_tokens: int | None = None
     measured_tokens: int | None = None
     cache: str = "traffic"
+
+    def with_traffic(self, traffic: Traffic) -> TrafficPrompts:
+        """The prompts of another traffic on the same calibration (overhead and words)."""
+        return dataclasses.replace(self, traffic=traffic)
 
     def words(self, index: int) -> int:
         """Body words of request `index`: its prompt tokens less the overhead (at least 1)."""

@@ -35,7 +35,9 @@ def write_trace(tmp_path: Path) -> Path:
     return path
 
 
-def run_cli(tmp_path: Path, command: str, *engines: tuple[str, str, str, str]) -> dict:
+def run_cli(
+    tmp_path: Path, command: str, *engines: tuple[str, str, str, str], extra: tuple[str, ...] = ()
+) -> dict:
     """`command` --traffic over simulators launched from a config; results.json."""
     cfg = sim_config(tmp_path, *engines)
     cfg_file = tmp_path / "config.json"
@@ -45,7 +47,7 @@ def run_cli(tmp_path: Path, command: str, *engines: tuple[str, str, str, str]) -
     code = loadgen_main(
         [command, "--config", str(cfg_file), *names, "--out", str(out), "--concurrency", "4",
          "--traffic", str(write_trace(tmp_path)), "--time-scale", "0.5",
-         "--slo", "ttft_p50=5s"]
+         "--slo", "ttft_p50=5s", *extra]
     )  # fmt: skip
     assert code == 0
     return json.loads((out / "results.json").read_text())
@@ -79,6 +81,10 @@ def check_traffic_row(engine: dict, rounds: int) -> None:
     # Replayed on its schedule: how late the sends went out is measured, never shifted.
     assert row["late_sends"] is not None and 0 <= row["late_sends"] <= row["requests"]
     assert row["send_error_p99_s"] is not None and row["send_error_p99_s"] >= 0
+    # And no more than the trace shares within a round (block 7 after its first use, the
+    # opening word and BOS): a later round's prompts are not the earlier rounds' again.
+    within = (11 * 512 + 12 * 2) / sum(r["input_length"] for r in trace_rows())
+    assert row["prompt_cache_hit_ratio"] <= within, row["prompt_cache_hit_ratio"]
 
 
 def test_diagnose_answers_under_the_traffic(tmp_path: Path, capsys: Any) -> None:
@@ -139,3 +145,12 @@ def test_compare_sends_both_engines_the_same_schedule(tmp_path: Path, capsys: An
     # Identical engines: nothing differs beyond the noise.
     assert doc["recommendation"] == "stay", doc["action"]
     assert doc["verdict"]["a"] == doc["verdict"]["b"]
+
+
+def test_a_radix_cache_gets_no_hit_from_an_earlier_round(tmp_path: Path) -> None:
+    """SGLang's radix cache keeps every prompt: were the rounds the same text, rounds 2 and 3
+    would be served whole from it. Each round's own text leaves the trace's shared block."""
+    engine = ("sgl", "sglang", "healthy", "")
+    doc = run_cli(tmp_path, "diagnose", engine, extra=("--rounds", "3"))
+    (result,) = doc["engines"]
+    check_traffic_row(result, rounds=3)
