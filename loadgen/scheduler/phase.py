@@ -382,7 +382,9 @@ class EnginePhase:
             cap = self.spec.pool_size()
             # The schedule's clock starts when the replay does (after quiet_gc's collection).
             return replay_scheduled(prompts.traffic, sender, self.spec.time_scale, cap)
-        return replay_closed(prompts.traffic, sender, self.spec.concurrency or 1)
+        return replay_closed(
+            prompts.traffic, sender, self.spec.concurrency or 1, self.spec.time_scale
+        )
 
     async def _watch(self) -> None:
         """Abort when the engine went silent and refuses connections (see SILENT_S)."""

@@ -6,7 +6,7 @@ next turn of a session, sent `think_s` after the answer to the one before (and n
 own offset). A send that cannot keep its time (the in-flight cap is full, the loop was busy)
 goes out late, and the record keeps how late: the schedule is never shifted to hide it.
 Without the schedule, `concurrency` workers take the requests in order, a session's turns
-one after another by one worker.
+one after another by one worker, each later turn `think_s` after the answer to the one before.
 """
 
 from __future__ import annotations
@@ -99,13 +99,18 @@ async def replay_scheduled(
     await flight.run(launches())
 
 
-async def replay_closed(traffic: Traffic, sender: Sender, workers: int) -> None:
-    """`workers` at a time, in the traffic's order; a session's turns one after another."""
+async def replay_closed(traffic: Traffic, sender: Sender, workers: int, scale: float = 1.0) -> None:
+    """`workers` at a time, in the traffic's order; a session's turns one after another,
+    each later turn `think_s` (x `scale`) after the answer to the one before."""
     units = iter(_units(traffic))
 
     async def worker() -> None:
         for unit in units:
-            for index in unit:
+            for turn, index in enumerate(unit):
+                think = traffic.requests[index].think_s * scale
+                if turn and think > 0:
+                    # The user reads the answer before the next turn: the worker waits too.
+                    await _sleep_until(time.perf_counter() + think)
                 if not sender.may_send():
                     return
                 sender.sent_to(index)

@@ -113,7 +113,8 @@ class RunSpec:
         if self.open_loop():
             return traffic.span_s() * self.time_scale + turns * (per + think)
         waves = -(-len(traffic.requests) // max(1, self.concurrency or 1))
-        return (waves + turns) * per
+        # A worker's later turns each think after the answer before them.
+        return (waves + turns) * per + waves * think
 
     def start_delay(self, slot: int) -> float:
         """Closed loop: seconds before worker `slot` (0-based) sends its first request."""

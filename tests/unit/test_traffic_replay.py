@@ -183,3 +183,26 @@ def test_two_engines_get_the_identical_schedule(stub: StubFactory, tmp_path: Pat
         if req.turn == 0:
             assert a == pytest.approx(b, abs=0.3)
     assert _summary(tmp_path)["valid"]
+
+
+def test_a_closed_loop_session_thinks_before_each_later_turn(
+    stub: StubFactory, tmp_path: Path
+) -> None:
+    """`sessions:` without `rate=` is a closed loop: each later turn still waits `think`
+    (x `--time-scale`) after the answer before it, as the schedule's turns do."""
+    server = stub(ttft=0.01, itl=0.001)
+    spec = "sessions:sessions=2,turns=3,question=20,output=3,think=0.4"
+    out = tmp_path / "out"
+    args = ("--traffic", spec, "--concurrency", "2", "--time-scale", "0.5")
+    assert run_cli(out, "--url", server.url, *args) == 0
+    traffic = load_traffic(spec)
+    assert not traffic.scheduled
+    lines = {r["index"]: r for r in request_lines(out)}
+    assert len(lines) == 6
+    gaps = []
+    for indexes in traffic.sessions().values():
+        for before, after in itertools.pairwise(indexes):
+            gaps.append(lines[after]["start_time"] - lines[before]["end_time"])
+    assert len(gaps) == 4
+    # 0.4 s of think at half time; and not much more (nothing else holds the worker).
+    assert all(0.2 <= gap < 0.35 for gap in gaps), gaps
