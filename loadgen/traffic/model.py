@@ -56,10 +56,21 @@ class Traffic:
             raise TrafficError(f"{self.source}: no requests")
 
     def head(self, count: int | None) -> Traffic:
-        """The first `count` requests (all when None); sessions cut with them."""
+        """The first `count` requests (all when None); a session keeps its leading turns
+        (a turn whose turn before is not kept is left out: it would go without its history)."""
         if count is None or count >= len(self.requests):
             return self
-        return dataclasses.replace(self, requests=self.requests[:count])
+        kept: list[TrafficRequest] = []
+        turns: dict[str, int] = {}
+        for req in self.requests:
+            if len(kept) == count:
+                break
+            if req.session is not None:
+                if req.turn != turns.get(req.session, 0):
+                    continue
+                turns[req.session] = req.turn + 1
+            kept.append(req)
+        return dataclasses.replace(self, requests=tuple(kept))
 
     def for_round(self, round_no: int) -> Traffic:
         """The same traffic with other text for round `round_no` of a step (0: itself).

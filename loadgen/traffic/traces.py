@@ -3,8 +3,9 @@
 Mooncake (one JSON object a line): `timestamp` (ms since the trace's start), `input_length`,
 `output_length`, `hash_ids` (one id per 512-token block of the prompt; equal ids are a shared
 prefix), optional `session_id` and `delay` (ms a later turn waits after the answer to the turn
-before). `input_length` is the whole prompt as sent, history included, so a session's turn
-repeats the ids of the turns before it where the trace says so.
+before; a later turn without `timestamp` is sent that long after that answer). `input_length`
+is the whole prompt as sent, history included, so a session's turn repeats the ids of the
+turns before it where the trace says so.
 
 Azure (CSV with a header): `TIMESTAMP` (a date-time or seconds), `ContextTokens`,
 `GeneratedTokens`; each prompt is its own (no shared prefix).
@@ -95,7 +96,8 @@ def _mooncake_line(obj: Any, where: str, index: int) -> TrafficRequest:
 def read_mooncake(text: str, name: str) -> Traffic:
     """A Mooncake JSONL trace; blank lines are skipped, anything else must be a request."""
     requests: list[TrafficRequest] = []
-    turns: dict[str, int] = {}
+    # Each session's turns so far and the last one's time.
+    turns: dict[str, tuple[int, float]] = {}
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -106,8 +108,13 @@ def read_mooncake(text: str, name: str) -> Traffic:
             raise TrafficError(f"{where}: not JSON ({exc})") from None
         req = _mooncake_line(obj, where, len(requests))
         if req.session is not None:
-            turn = turns.get(req.session, 0)
-            turns[req.session] = turn + 1
+            turn, before = turns.get(req.session, (0, 0.0))
+            if turn:
+                # A later turn goes `delay` after the answer before it: without a timestamp
+                # (AIPerf's multi-turn form) it follows that turn, and it never comes first.
+                at = req.at_s if "timestamp" in obj else before
+                req = dataclasses.replace(req, at_s=max(at, before))
+            turns[req.session] = (turn + 1, req.at_s)
             req = dataclasses.replace(req, turn=turn)
         requests.append(req)
     if not requests:

@@ -4,6 +4,7 @@ traffic, never another exception."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from loadgen.prompts import CalibrationError
 from loadgen.scheduler.calibration import traffic_prompts
-from loadgen.traffic.model import MOONCAKE_BLOCK_TOKENS, Traffic, TrafficError
+from loadgen.traffic.model import MOONCAKE_BLOCK_TOKENS, Traffic, TrafficError, TrafficRequest
 from loadgen.traffic.prompts import WORDS, TrafficPrompts, block_words
 from loadgen.traffic.spec import load_traffic
 from loadgen.traffic.traces import read_azure, read_mooncake
@@ -269,3 +270,45 @@ async def test_the_overhead_and_the_words_are_counted(caplog: pytest.LogCaptureF
 
     with pytest.raises(CalibrationError, match="only 0 of"):
         await traffic_prompts(traffic, two_per_word)
+
+
+def test_a_later_turn_without_timestamp_follows_its_turn_before() -> None:
+    """AIPerf's multi-turn form: later turns carry `delay` only. They follow their first turn
+    (sent `delay` after its answer), the schedule starts at the first first turn (5 s), and
+    `--requests` keeps whole leading turns of a session."""
+    rows = [
+        {"session_id": "a", "timestamp": 5000, "input_length": 300, "output_length": 8,
+         "hash_ids": [1]},
+        {"session_id": "a", "delay": 500, "input_length": 812, "output_length": 8,
+         "hash_ids": [1, 2]},
+        {"session_id": "b", "timestamp": 9000, "input_length": 300, "output_length": 8,
+         "hash_ids": [7]},
+        {"session_id": "b", "delay": 500, "input_length": 812, "output_length": 8,
+         "hash_ids": [7, 8]},
+        # A later turn whose timestamp is before its turn before's: not sent first either.
+        {"session_id": "b", "timestamp": 1000, "input_length": 900, "output_length": 8,
+         "hash_ids": [7, 8]},
+        {"timestamp": 9500, "input_length": 100, "output_length": 8},
+    ]  # fmt: skip
+    traffic = read_mooncake("".join(json.dumps(r) + "\n" for r in rows), "t.jsonl")
+    order = [(r.session, r.turn, r.at_s, r.think_s) for r in traffic.requests]
+    assert order == [
+        ("a", 0, 0.0, 0.0),
+        ("a", 1, 0.0, 0.5),
+        ("b", 0, 4.0, 0.0),
+        ("b", 1, 4.0, 0.5),
+        ("b", 2, 4.0, 0.0),
+        (None, 0, 4.5, 0.0),
+    ]
+    assert [(r.session, r.turn) for r in traffic.head(3).requests] == [
+        ("a", 0), ("a", 1), ("b", 0)
+    ]  # fmt: skip
+
+
+def test_the_head_never_keeps_a_turn_without_the_one_before() -> None:
+    turn = TrafficRequest(0.0, 10, 2, ((1, 10),), "s", 1, 0.5)
+    first = TrafficRequest(0.1, 5, 2, ((1, 5),), "s", 0)
+    single = TrafficRequest(0.2, 5, 2, ((2, 5),))
+    traffic = Traffic("t", (turn, first, single, dataclasses.replace(single, at_s=0.3)))
+    assert traffic.head(2).requests == (first, single)
+    assert traffic.head(None) is traffic
