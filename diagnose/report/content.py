@@ -199,7 +199,7 @@ def traffic_rows(engines: list[EngineResult]) -> list[tuple[str, str]]:
     mix = next((e.traffic for e in engines if e.traffic is not None), None)
     if mix is None:
         return []
-    rate = f"{mix.rate_per_s:.3g} requests/s" if mix.rate_per_s else "no schedule (closed loop)"
+    rate = mix.rate_text() or "no schedule (closed loop)"
     how = "scheduled, in-flight cap" if mix.scheduled else "closed loop"
     return [
         ("source", mix.source),

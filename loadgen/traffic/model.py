@@ -93,6 +93,12 @@ class Traffic:
         times = [r.at_s for r in self.requests]
         return max(times) - min(times)
 
+    def arrival_times(self) -> list[float]:
+        """The arrivals the traffic fixes: each request outside a session and each session's
+        first turn (a later turn comes when the answer before it has, plus its think time;
+        its `at_s` is only a bound, so it is no arrival of its own)."""
+        return [r.at_s for r in self.requests if r.session is None or r.turn == 0]
+
     def sessions(self) -> dict[str, list[int]]:
         """Each session's request indexes, in turn order."""
         out: dict[str, list[int]] = {}
@@ -116,16 +122,22 @@ class Traffic:
         return shared / total if total else 0.0
 
     def describe(self) -> dict[str, object]:
-        """The mix in numbers (summary.json's `traffic`): lengths, rate, shared share."""
+        """The mix in numbers (summary.json's `traffic`): lengths, arrivals and their rate
+        (a session once), shared share."""
         prompts = [r.prompt_tokens for r in self.requests]
         outputs = [r.output_tokens for r in self.requests]
-        span = self.span_s()
+        arrivals = self.arrival_times()
+        arrivals_span = max(arrivals) - min(arrivals)
         return {
             "source": self.source,
             "requests": len(self.requests),
             "scheduled": self.scheduled,
-            "span_s": round(span, 6),
-            "rate_per_s": round((len(prompts) - 1) / span, 6) if span > 0 else None,
+            "span_s": round(self.span_s(), 6),
+            # Sessions count once each, at their first turn (`arrival_times`).
+            "arrivals": len(arrivals),
+            "rate_per_s": (
+                round((len(arrivals) - 1) / arrivals_span, 6) if arrivals_span > 0 else None
+            ),
             "sessions": len(self.sessions()),
             "prompt_tokens": _quantiles(prompts),
             "output_tokens": _quantiles(outputs),

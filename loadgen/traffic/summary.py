@@ -45,21 +45,32 @@ class TrafficMix:
     # The closed loop's width, or the cap on requests in flight of a scheduled replay.
     concurrency: int
     span_s: float
-    # Arrivals per second of the schedule (None: one request, or no schedule).
+    # Arrivals per second of the schedule, a session counted once at its first turn (None:
+    # one arrival, or no schedule).
     rate_per_s: float | None
     sessions: int
     # Share of all prompt tokens in blocks an earlier request already sent (0-1).
     shared_prefix_share: float
     prompt_tokens: Lengths
     output_tokens: Lengths
+    # The arrivals `rate_per_s` counts: requests outside a session, and sessions (None: a
+    # results.json from before it was written).
+    arrivals: int | None = None
+
+    def rate_text(self) -> str | None:
+        """`2 requests/s`, `0.5 sessions/s`, or with both `1 arrivals/s (a session once)`;
+        None without a rate."""
+        if not self.scheduled or not self.rate_per_s:
+            return None
+        if not self.sessions:
+            return f"{self.rate_per_s:.3g} requests/s"
+        if self.arrivals == self.sessions:
+            return f"{self.rate_per_s:.3g} sessions/s"
+        return f"{self.rate_per_s:.3g} arrivals/s (requests, a session counted once)"
 
     def text(self) -> str:
         """One line: source, requests, rate, shared share, lengths."""
-        rate = (
-            f"{self.rate_per_s:.3g} requests/s"
-            if self.scheduled and self.rate_per_s
-            else f"closed loop of {self.concurrency}"
-        )
+        rate = self.rate_text() or f"closed loop of {self.concurrency}"
         sessions = f", {self.sessions} sessions" if self.sessions else ""
         return (
             f"{self.source}: {self.requests} requests, {rate}{sessions}, shared prefix "
@@ -105,6 +116,7 @@ def traffic_mix(traffic: Traffic, time_scale: float, schedule: bool, width: int)
         # The schedule's rate as sent: --time-scale stretches the times.
         rate_per_s=float(rate) / time_scale if isinstance(rate, float) and scheduled else None,
         sessions=len(traffic.sessions()),
+        arrivals=len(traffic.arrival_times()),
         shared_prefix_share=traffic.shared_prefix_share(),
         prompt_tokens=lengths("prompt_tokens", [r.prompt_tokens for r in traffic.requests]),
         output_tokens=lengths("output_tokens", [r.output_tokens for r in traffic.requests]),

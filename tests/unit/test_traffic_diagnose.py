@@ -21,6 +21,7 @@ from loadgen.results import RequestRecord
 from loadgen.summary import summarize
 from loadgen.traffic.spec import load_traffic, served_traffic
 from loadgen.traffic.summary import histogram, traffic_mix
+from loadgen.traffic.traces import read_mooncake
 from tests.plugins.prom import RecordedPrometheus
 from tests.unit.test_served_mix import SGLANG, recorded
 
@@ -172,6 +173,38 @@ def test_the_mix_is_in_results_json_and_read_back(tmp_path: Path) -> None:
     assert rows["prompt histogram"] == "≤64: 1, ≤1024: 2"
     assert rows["arrival rate"] == "4 requests/s (time scale 0.5)"
     assert traffic_rows([plain]) == []
+
+
+def test_a_session_arrives_once_in_the_rate() -> None:
+    """The rate counts each session once, at its first turn: its later turns come when the
+    answers do, not at the session's start (20 turns of 4 sessions read 4.6 requests/s)."""
+    spec = "sessions:sessions=4,turns=5,question=50,output=20,think=2,rate=0.5"
+    traffic = load_traffic(spec)
+    starts = sorted(r.at_s for r in traffic.requests if r.turn == 0)
+    mix = traffic_mix(traffic, time_scale=1.0, schedule=True, width=8)
+    assert (mix.requests, mix.sessions, mix.arrivals) == (20, 4, 4)
+    assert mix.rate_per_s == pytest.approx(3 / (starts[-1] - starts[0]))
+    assert "sessions/s" in mix.text() and "requests/s" not in mix.text()
+    assert (
+        dict(traffic_rows([EngineResult("e", "llamacpp", traffic=mix)]))["arrival rate"]
+        == f"{mix.rate_per_s:.3g} sessions/s (time scale 1)"
+    )
+    # Single requests and sessions: arrivals, each session once.
+    rows = [
+        {"timestamp": 0, "input_length": 10, "output_length": 2},
+        {"session_id": "a", "timestamp": 500, "input_length": 10, "output_length": 2},
+        {"session_id": "a", "delay": 100, "input_length": 30, "output_length": 2},
+        {"timestamp": 1000, "input_length": 10, "output_length": 2},
+    ]
+    both = read_mooncake("".join(json.dumps(r) + "\n" for r in rows), "t.jsonl")
+    assert both.describe()["rate_per_s"] == pytest.approx(2.0)
+    assert both.describe()["arrivals"] == 3
+    assert "2 arrivals/s" in traffic_mix(both, 1.0, True, 4).text()
+    # Without sessions nothing changes: requests per second.
+    plain = read_mooncake(
+        "".join(json.dumps({**r, "session_id": None}) + "\n" for r in rows[:2]), "p.jsonl"
+    )
+    assert plain.describe()["rate_per_s"] == pytest.approx(2.0)
 
 
 def doc_decision() -> Decision:
