@@ -182,7 +182,8 @@ def _from_file(path: Path, requests: int | None) -> Traffic:
             f".csv Azure, .json a length mix; or {', '.join(k + ':' for k in _KINDS)})"
         )
     try:
-        text = path.read_text(encoding="utf-8")
+        # utf-8-sig: a file saved by Excel (or Notepad) opens with a byte-order mark.
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise TrafficError(f"--traffic {path}: cannot read it ({exc})") from None
     if suffix == ".jsonl":

@@ -312,3 +312,21 @@ def test_the_head_never_keeps_a_turn_without_the_one_before() -> None:
     traffic = Traffic("t", (turn, first, single, dataclasses.replace(single, at_s=0.3)))
     assert traffic.head(2).requests == (first, single)
     assert traffic.head(None) is traffic
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("bom.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 5}\n'
+         '{"timestamp": 250, "input_length": 12, "output_length": 6}\n'),
+        ("bom.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n0,10,5\n0.25,12,6\n"),
+    ],
+)  # fmt: skip
+def test_a_trace_saved_with_a_byte_order_mark(tmp_path: Path, name: str, text: str) -> None:
+    """Excel (and Notepad) save UTF-8 with a BOM: the trace reads as without one."""
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8-sig")
+    assert path.read_bytes().startswith(b"\xef\xbb\xbf")
+    traffic = load_traffic(str(path))
+    got = [(r.at_s, r.prompt_tokens, r.output_tokens) for r in traffic.requests]
+    assert got == [(0.0, 10, 5), (0.25, 12, 6)]
