@@ -107,14 +107,15 @@ def read_mooncake(text: str, name: str) -> Traffic:
         except ValueError as exc:
             raise TrafficError(f"{where}: not JSON ({exc})") from None
         req = _mooncake_line(obj, where, len(requests))
-        if req.session is not None:
-            turn, before = turns.get(req.session, (0, 0.0))
+        session = req.session
+        if session is not None:
+            turn, before = turns.get(session, (0, 0.0))
             if turn:
                 # A later turn goes `delay` after the answer before it: without a timestamp
                 # (AIPerf's multi-turn form) it follows that turn, and it never comes first.
                 at = req.at_s if "timestamp" in obj else before
                 req = dataclasses.replace(req, at_s=max(at, before))
-            turns[req.session] = (turn + 1, req.at_s)
+            turns[session] = (turn + 1, req.at_s)
             req = dataclasses.replace(req, turn=turn)
         requests.append(req)
     if not requests:
