@@ -285,8 +285,7 @@ def counted_increase(selector: str, window: str, up: str, by: str = "") -> str:
     appeared = f"({last} and {on} {up_before} or {last} and ({younger}))"
     seen = f"(max_over_time({selector}[{window}]) - {low})"
     exact = (
-        f"(({kept} or {restarted} or {appeared} or {seen}) "
-        f"unless resets({selector}[{window}]) > 0)"
+        f"(({kept} or {restarted} or {appeared} or {seen}) unless resets({selector}[{window}]) > 0)"
     )
     return f"sum{by} ({exact} or increase({selector}[{window}]))"
 
