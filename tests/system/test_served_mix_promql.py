@@ -7,6 +7,14 @@ at the window's start); a histogram series that appears with its first requests 
 exporter is scraped (counts from zero: `increase()` reads 3.6 of 4 requests there, and the mean
 of its `_sum` over its `_count` moves); a Prometheus started inside the window (what it saw,
 max - min); a counter that resets (falls back to `increase()`).
+
+And what a failed engine scrape does (the exporter then answers only `llmb_engine_up 0`, so the
+engine's counters get a stale marker): at the window's start and inside it, a long-lived
+counter is still its last less its last value before the window (the old query counted its
+whole life); with Prometheus started inside the window, still what it saw; an instance first
+scraped mid-window is judged by its own `up`, not another's; a restart between the last sample
+before the window and the first in it counts from zero (the old query gave a negative count);
+a series new since the hour before counts from zero.
 """
 
 from __future__ import annotations
