@@ -263,9 +263,7 @@ def test_no_exporter_samples_asks_whether_it_scrapes_the_exporter() -> None:
 def test_a_window_without_finished_requests_says_so() -> None:
     answers, run = recorded(SGLANG)
     zero = [{"metric": {}, "value": [0, "0"]}]
-    with RecordedPrometheus(
-        replaced(answers, finished(run["engine"]), zero)
-    ) as prom:
+    with RecordedPrometheus(replaced(answers, finished(run["engine"]), zero)) as prom:
         with pytest.raises(ServedMixError, match="finished no request in the last 1h"):
             served_mix(prom.url, "1h", run["engine"])
 
