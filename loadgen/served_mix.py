@@ -48,6 +48,14 @@ DEFAULT_SEED = 1234
 _ROUND_SLACK = 1e-6
 # Weights below this (increase()'s extrapolation, used after a reset) are no requests.
 _NO_WEIGHT = 1e-9
+# How far before the window its start value is looked for (`last_over_time`): a failed
+# scrape or an outage writes a stale marker, where an instant `offset` lookup finds nothing
+# and took the counter for new. A counter without a sample in it counts from zero (so would
+# one whose engine's /metrics failed for longer than this without a restart).
+BEFORE_WINDOW = "1h"
+# The labels that tell one exporter's engine from another's: its counters and its
+# `llmb_engine_up` share them (the exporter's `engine`, `host` and the scrape's target).
+INSTANCE_LABELS = "engine, host, instance, job"
 
 # llama.cpp's /metrics counts tokens, not requests: the exporter counts them from its log.
 NO_REQUEST_COUNT = (
@@ -253,21 +261,32 @@ def counted_increase(selector: str, window: str, up: str, by: str = "") -> str:
 
     `increase()` extrapolates each series to the window's edges, and less for one that starts
     near zero, so a histogram's `_sum` and `_count` stretch differently: on a few requests the
-    mean they give was 3 % off. A counter's samples are exact, so per series: the last value
-    less the one at the window's start; a series that appeared after the exporter's first
-    sample in the window (fewer samples than `up`: an engine's histogram appears with its
-    first request) counts from zero; one as old as the exporter's samples (Prometheus started
-    in the window) counts what it saw (max - min); a series that reset falls back to
-    `increase()`."""
+    mean they give was 3 % off. A counter's samples are exact, so per series:
+    - with a sample in the `BEFORE_WINDOW` before the window: the last value less the last
+      one before the window; if it is below that one anywhere in the window (the engine
+      restarted at its start) the last value, counted from zero;
+    - without one, it appeared in the window (an engine's histogram appears with its first
+      request) and counts from zero when its instance (`up`, matched on `INSTANCE_LABELS`)
+      had a sample before the window, or when it has fewer samples than the instance's
+      scrapes that the engine answered (`sum_over_time(up)`: a failed engine scrape writes
+      only `llmb_engine_up 0`, so it makes no counter look younger);
+    - else (its instance first scraped in the window: Prometheus started there) what
+      Prometheus saw, max - min;
+    - a series that reset inside the window falls back to `increase()`."""
+    on = f"on({INSTANCE_LABELS})"
     last = f"last_over_time({selector}[{window}])"
-    since_start = f"({last} - {selector} offset {window})"
-    younger = (
-        f"count_over_time({selector}[{window}]) "
-        f"< on() group_left() max(count_over_time({up}[{window}]))"
+    before = f"last_over_time({selector}[{BEFORE_WINDOW}] offset {window})"
+    low = f"min_over_time({selector}[{window}])"
+    kept = f"(({last} - {before}) unless ({low} < {before}))"
+    restarted = f"({last} and ({low} < {before}))"
+    up_before = f"max_over_time({up}[{BEFORE_WINDOW}] offset {window})"
+    answered = f"max by ({INSTANCE_LABELS}) (sum_over_time({up}[{window}]))"
+    younger = f"count_over_time({selector}[{window}]) < {on} group_left() {answered}"
+    appeared = f"({last} and {on} {up_before} or {last} and ({younger}))"
+    seen = f"(max_over_time({selector}[{window}]) - {low})"
+    exact = (
+        f"(({kept} or {restarted} or {appeared} or {seen}) unless resets({selector}[{window}]) > 0)"
     )
-    appeared = f"({last} and ({younger}))"
-    seen = f"(max_over_time({selector}[{window}]) - min_over_time({selector}[{window}]))"
-    exact = f"(({since_start} or {appeared} or {seen}) unless resets({selector}[{window}]) > 0)"
     return f"sum{by} ({exact} or increase({selector}[{window}]))"
 
 

@@ -23,13 +23,14 @@ import pytest
 from aiohttp import web
 
 from cli.loadgen import main
-from core.series import ENGINE_REQUESTS_FINISHED_TOTAL
-from loadgen.prom_api import instant
+from core.series import ENGINE_REQUESTS_FINISHED_TOTAL, ENGINE_UP
+from loadgen.prom_api import instant, label
 from loadgen.served_mix import (
     MIX_KIND,
     Lengths,
     ServedMixError,
     buckets_from_cumulative,
+    counted_increase,
     round_load,
     served_mix,
     window_duration,
@@ -73,6 +74,12 @@ def replaced(answers: list[dict[str, Any]], starts: str, result: list[Any]) -> l
     for a in hits:
         a["body"]["data"]["result"] = result
     return out
+
+
+def finished(engine: str) -> str:
+    """The query of the requests `engine` finished over the recorded 1h window."""
+    sel = f"{{engine={label(engine)}}}"
+    return counted_increase(ENGINE_REQUESTS_FINISHED_TOTAL + sel, "1h", ENGINE_UP + sel)
 
 
 def shares(values: list[int], bounds: list[float]) -> list[float]:
@@ -217,7 +224,7 @@ def test_llamacpp_mix_from_real_answers_is_the_mean_and_says_so() -> None:
 
 def test_llamacpp_without_its_log_has_no_request_count(capsys: Any) -> None:
     answers, run = recorded(LLAMA)
-    answers = replaced(answers, f"sum ((((last_over_time({ENGINE_REQUESTS_FINISHED_TOTAL}", [])
+    answers = replaced(answers, finished(run["engine"]), [])
     with RecordedPrometheus(answers) as prom:
         code = main(["served-mix", "--prometheus", prom.url, "--engine", run["engine"]])
     err = capsys.readouterr().err
@@ -256,9 +263,7 @@ def test_no_exporter_samples_asks_whether_it_scrapes_the_exporter() -> None:
 def test_a_window_without_finished_requests_says_so() -> None:
     answers, run = recorded(SGLANG)
     zero = [{"metric": {}, "value": [0, "0"]}]
-    with RecordedPrometheus(
-        replaced(answers, f"sum ((((last_over_time({ENGINE_REQUESTS_FINISHED_TOTAL}", zero)
-    ) as prom:
+    with RecordedPrometheus(replaced(answers, finished(run["engine"]), zero)) as prom:
         with pytest.raises(ServedMixError, match="finished no request in the last 1h"):
             served_mix(prom.url, "1h", run["engine"])
 
