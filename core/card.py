@@ -1,118 +1,35 @@
-"""The card's own state (issues 27, 32): the words of `card_throttled`, its evidence per cause,
-and the sentence that says what the card did beside any verdict.
+"""The card's own state (issues 27, 32): the reasons NVML reports and how they count, the
+share of the gap to the roofline the lost clock explains, and the sentence that says what
+the card did beside any verdict.
 
-The condition itself is in core/conditions.py with the others; what it says and what to do
-per cause (a lowered power limit, a power brake, temperature, the card's own stock limit,
-clocks) is here. The card is the cause only when its lost clock explains a real part of the
-gap to the roofline (`card_shortfall_explained_min`); otherwise what NVML reported is
-evidence shown beside the verdict (`card_sentence`), not the verdict.
+The condition itself is in core/conditions.py with the others; its causes, what each says
+and what to do, are in core/card_causes.py. The card is the cause only when its lost clock
+explains a real part of the gap to the roofline (`card_shortfall_explained_min`) and a
+cause holds; otherwise what NVML reported is evidence shown beside the verdict
+(`card_sentence`), not the verdict.
 """
 
 from __future__ import annotations
 
+from core.card_causes import EXPLAINS
+from core.conditions import evaluate
+from core.predicates import Compare
+from core.prefill import LONG_PROMPTS
 from core.signals import Signals
-from core.thresholds import threshold_number, threshold_promql
+from core.thresholds import threshold_number
 
 # `reason` labels of llmb_gpu_clock_event_reason_active that slow a busy card because of its
-# power limit or supply, and because of its heat. NVML's HW slowdown is engaged by either
-# (temperature, power brake, over-current); it counts as power here, with the power brake.
+# power limit or supply, and because of its heat.
 POWER_REASONS = ("sw_power_cap", "hw_slowdown", "hw_power_brake_slowdown")
 BRAKE_REASONS = ("hw_slowdown", "hw_power_brake_slowdown")
 THERMAL_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown")
+# NVML's HW slowdown (0x8) is the parent of HW thermal slowdown (0x40) and the HW power brake
+# (0x80): an overheating card reads 0x48 (`nvidia-smi -q` nests them). HW slowdown counts as
+# power (and brake) only in the busy samples HW thermal slowdown does not explain: its count
+# less HW thermal slowdown's (exact as NVML sets 0x8 with every 0x40), never below 0.
+HW_SLOWDOWN = "hw_slowdown"
+HW_SLOWDOWN_EXPLAINED_BY = "hw_thermal_slowdown"
 IDLE_REASON = "gpu_idle"
-
-LOWERED_LIMIT_ACTION = (
-    "Someone lowered the card's power limit below its default: restore it "
-    "(`nvidia-smi -pl <default W>`, see `nvidia-smi -q -d POWER`), or lift the host's or "
-    "BMC's power cap that set it; the engine is not the cause."
-)
-BRAKE_ACTION = (
-    "The card's hardware slowed it (HW slowdown or power brake: an external signal from "
-    "the power supply, an over-current or the chassis): check the power supply, its cabling "
-    "and the node's power budget (`nvidia-smi -q -d PERFORMANCE`); the engine is not the "
-    "cause."
-)
-THERMAL_ACTION = (
-    "The card is held back by its temperature: check `nvidia-smi -q -d TEMPERATURE,"
-    "PERFORMANCE`, the airflow, fans and inlet temperature of the node and its cooling; "
-    "the engine is not the cause."
-)
-STOCK_LIMIT_ACTION = (
-    "The card runs at its own stock power limit and lowers its clocks to stay under it: the "
-    "card is the limit, and there is no lowered limit to raise (check `nvidia-smi -q -d "
-    "POWER`: enforced = default). Less work per token (a smaller quantization, shorter "
-    "prompts) or a card with more compute per watt goes faster; the engine is not the cause."
-)
-CLOCKS_ACTION = (
-    "The SM clock stays well below its maximum without a power or thermal reason: reset "
-    "locked or application clocks (`nvidia-smi -rgc`, `-rac`) and check "
-    "`nvidia-smi -q -d CLOCK,PERFORMANCE`; the engine is not the cause."
-)
-# (summary, action) of the verdict; the held evidence's action above says more.
-_AT_LIMIT = threshold_promql("decode_efficiency_at_limit")
-VERDICT_TEXT = (
-    "The card runs below its clocks (a power or thermal slowdown NVML reports, or clocks well "
-    f"below maximum) while decode runs below {_AT_LIMIT} of its roofline, and the lost clock "
-    "explains a real part of the gap to the roofline: the card, not the engine, sets the "
-    "speed.",
-    "Restore the card's clocks: its power limit, power supply, temperature and airflow; the "
-    "engine is not the cause.",
-)
-
-# Every alternative of card_throttled also needs these (core/conditions.py adds them): the
-# lost clock explains `card_shortfall_explained_min` of the gap, and decode is below the
-# card's limit (or has no roofline).
-EXPLAINS = ("card_shortfall_explained", ">=", "card_shortfall_explained_min")
-_SLOW = (
-    ", the lost SM or memory clock explains `card_shortfall_explained_min` or more of the gap "
-    "to the roofline, and decode runs below `decode_efficiency_at_limit` (or no roofline)"
-)
-_NOT_LOWERED = ("power_limit_ratio", ">=", "power_limit_lowered_ratio", True)
-
-Test = tuple[str, str, str] | tuple[str, str, str, bool]
-# card_throttled's evidence, in the order their actions are chosen: label, tests (signal,
-# op, threshold[, absent holds]), text, action.
-EVIDENCE: tuple[tuple[str, tuple[Test, ...], str, str], ...] = (
-    (
-        "power_limit_lowered",
-        (
-            ("card_power_slowdown", ">=", "card_slowdown_share_min"),
-            ("power_limit_ratio", "<", "power_limit_lowered_ratio"),
-        ),
-        "the enforced power limit is below `power_limit_lowered_ratio` of the card's default, "
-        "and a power reason held the clocks down for `card_slowdown_share_min` or more of the "
-        "busy samples of `rate_window`" + _SLOW,
-        LOWERED_LIMIT_ACTION,
-    ),
-    (
-        "power_brake",
-        (("card_brake_slowdown", ">=", "card_slowdown_share_min"),),
-        "HW slowdown or the HW power brake held the clocks down for `card_slowdown_share_min` "
-        "or more of the busy samples of `rate_window`" + _SLOW,
-        BRAKE_ACTION,
-    ),
-    (
-        "thermal",
-        (("card_thermal_slowdown", ">=", "card_slowdown_share_min"),),
-        "a thermal reason (SW/HW thermal slowdown) held the clocks down for "
-        "`card_slowdown_share_min` or more of the busy samples of `rate_window`" + _SLOW,
-        THERMAL_ACTION,
-    ),
-    (
-        "power",
-        (("card_power_slowdown", ">=", "card_slowdown_share_min"), _NOT_LOWERED),
-        "at its default (stock) power limit, a power reason held the clocks down for "
-        "`card_slowdown_share_min` or more of the busy samples of `rate_window`" + _SLOW,
-        STOCK_LIMIT_ACTION,
-    ),
-    (
-        "clocks",
-        (("sm_clock_ratio", "<", "sm_clock_ratio_min"),),
-        "the mean SM clock of the busy samples of `rate_window` stayed below "
-        "`sm_clock_ratio_min` of its maximum" + _SLOW,
-        CLOCKS_ACTION,
-    ),
-)
 
 
 def clock_scale(sm_clock_ratio: float | None) -> float:
@@ -132,15 +49,20 @@ def shortfall_explained(
     decode_efficiency: float | None,
     prefill_efficiency: float | None,
     memory_clock_ratio: float | None = None,
+    prompt_tokens_mean: float | None = None,
 ) -> float | None:
     """The share of the gap to the roofline the lost clock explains, at most 1: (1 - the
     lower of the SM and memory clock ratios) / (1 - the lowest efficiency known, each taken
     back to the maximum clocks: prefill's x the SM ratio, decode's x the memory ratio, as
     their roofline scale with them), the gap 1 without a roofline (or at or beyond it).
-    Absent without an SM clock under load. As the rule
-    `engine:llmb_card_shortfall_explained:ratio<rw>`."""
+    Prefill's counts only with long prompts (`prompt_tokens_mean` >=
+    `prefill_prompt_tokens_min`, as the prefill verdicts need): a short prompt reads a small
+    share of the compute peak by nature, and that gap is no shortfall. Absent without an SM
+    clock under load. As the rule `engine:llmb_card_shortfall_explained:ratio<rw>`."""
     if sm_clock_ratio is None:
         return None
+    if not Compare(*LONG_PROMPTS).test(Signals(prompt_tokens_mean=prompt_tokens_mean)):
+        prefill_efficiency = None
     if prefill_efficiency is not None:
         prefill_efficiency = prefill_efficiency * clock_scale(sm_clock_ratio)
     if decode_efficiency is not None:
@@ -156,8 +78,9 @@ def shortfall_explained(
 
 
 def explains(explained: float | None) -> bool:
-    """Whether the lost clock explains enough of the gap for the card to be the cause."""
-    return explained is not None and explained >= threshold_number("card_shortfall_explained_min")
+    """Whether the lost clock explains enough of the gap (one of card_throttled's tests; the
+    card is the cause only where the whole condition holds)."""
+    return Compare(*EXPLAINS).test(Signals(card_shortfall_explained=explained)) is True
 
 
 def _pct(ratio: float) -> str:
@@ -221,14 +144,10 @@ def card_sentence(signals: Signals, limit_watts: float | None = None) -> str | N
         limit,
         reasons,
         None if explained is None else _pct(max(explained, 0.0)),
-        explains(explained),
+        # The cause only where the verdict's condition holds (a reason or a clock well below
+        # maximum too), not from the explained share alone.
+        evaluate(s).held("card_throttled"),
     )
     if s.prefill_efficiency is not None and clock_scale(s.sm_clock_ratio) < 1:
         text += " " + SCALED_NOTE
     return text
-
-
-def cause_actions() -> tuple[tuple[str, str], ...]:
-    """(evidence label, action) of card_throttled's causes, in the order the verdict picks
-    the first that holds (the dashboard lists them; the alert says the first)."""
-    return tuple((label, action) for label, _, _, action in EVIDENCE)

@@ -12,7 +12,14 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 
 from core import series as llmb
-from core.card import BRAKE_REASONS, IDLE_REASON, POWER_REASONS, THERMAL_REASONS
+from core.card import (
+    BRAKE_REASONS,
+    HW_SLOWDOWN,
+    HW_SLOWDOWN_EXPLAINED_BY,
+    IDLE_REASON,
+    POWER_REASONS,
+    THERMAL_REASONS,
+)
 from core.promql import Data, EngineKey, avg_over_time, max_by, max_over_time
 from core.thresholds import threshold_seconds
 
@@ -23,16 +30,30 @@ def _gpu(labels: dict[str, str]) -> GpuKey:
     return labels.get("host", ""), labels.get("gpu", "")
 
 
+def _held(d: Data, reasons: tuple[str, ...]) -> list[tuple[GpuKey, float]]:
+    """Per series, the samples of the window each of `reasons` was active in; HW slowdown's
+    less those of HW thermal slowdown on the same series labels (`core.card`: NVML sets 0x8
+    with 0x40), never below 0: `hw - ignoring (reason) (thermal or 0 * hw)`."""
+    rw = threshold_seconds("rate_window")
+    counts: dict[str, dict[tuple[tuple[str, str], ...], float]] = defaultdict(dict)
+    for lab, pts in d.range(llmb.GPU_CLOCK_EVENT_REASON_ACTIVE, rw):
+        rest = tuple(sorted((k, v) for k, v in lab.items() if k != "reason"))
+        counts[lab.get("reason", "")][rest] = sum(v for _, v in pts)
+    out = []
+    for reason in reasons:
+        for rest, n in counts[reason].items():
+            if reason == HW_SLOWDOWN:
+                n = max(n - counts[HW_SLOWDOWN_EXPLAINED_BY].get(rest, 0.0), 0.0)
+            out.append((_gpu(dict(rest)), n))
+    return out
+
+
 def _share(d: Data, reasons: tuple[str, ...]) -> dict[GpuKey, float]:
     """Of the samples in which the GPU was busy (not `gpu_idle`), the share in which the most
     persistent of `reasons` was active: `clamp_max(max by (host, gpu) (sum_over_time(
     reason{reason=~...}[rw])) / (busy samples > 0), 1)`."""
     rw = threshold_seconds("rate_window")
-    held = max_by(
-        (_gpu(lab), sum(v for _, v in pts))
-        for lab, pts in d.range(llmb.GPU_CLOCK_EVENT_REASON_ACTIVE, rw)
-        if lab.get("reason", "") in reasons
-    )
+    held = max_by(_held(d, reasons))
     busy = max_by(
         (_gpu(lab), len(pts) - sum(v for _, v in pts))
         for lab, pts in d.range(llmb.GPU_CLOCK_EVENT_REASON_ACTIVE, rw)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core import card, prefill
+from core import card_causes as card
+from core import prefill
 from core.predicates import AllOf, Compare, Condition, ConditionResult, Evidence
 from core.signals import Signals
 from core.thresholds import threshold_promql

@@ -172,16 +172,20 @@ def ttft_wait_share(wait: float | None, prefill: float | None) -> float | None:
 # The prefill conditions of the core's table (core/conditions.py): (name, evidence label,
 # comparisons (signal, op, threshold) that must all hold). Long prompts in each; no answer
 # beyond physics (the decode's gate).
-_LONG = ("prompt_tokens_mean", ">=", "prefill_prompt_tokens_min")
+LONG_PROMPTS = ("prompt_tokens_mean", ">=", "prefill_prompt_tokens_min")
 # Its negation: decode at the card's limit holds with short prompts whatever the time share.
 SHORT_PROMPTS = ("prompt_tokens_mean", "<", "prefill_prompt_tokens_min")
 CONDITION_TESTS: tuple[tuple[str, str, tuple[tuple[str, str, str], ...]], ...] = (
-    ("ttft_waiting", "wait_share", (_LONG, ("ttft_wait_share", ">=", "ttft_wait_share_high"))),
+    (
+        "ttft_waiting",
+        "wait_share",
+        (LONG_PROMPTS, ("ttft_wait_share", ">=", "ttft_wait_share_high")),
+    ),
     (
         "prefill_at_card_limit",
         "efficiency",
         (
-            _LONG,
+            LONG_PROMPTS,
             ("prefill_efficiency", ">=", "prefill_efficiency_at_limit"),
             ("prefill_efficiency", "<=", "decode_efficiency_physical_max"),
             ("ttft_wait_share", "<", "ttft_wait_share_low"),
@@ -190,7 +194,7 @@ CONDITION_TESTS: tuple[tuple[str, str, tuple[tuple[str, str, str], ...]], ...] =
     (
         "prefill_bound",
         "time_share",
-        (_LONG, ("prefill_time_share", ">=", "prefill_time_share_high")),
+        (LONG_PROMPTS, ("prefill_time_share", ">=", "prefill_time_share_high")),
     ),
 )
 # Their verdicts: (name, condition, fleet severity).

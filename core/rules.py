@@ -236,6 +236,7 @@ class _Decode:
             efficiency,
             _number(fields.get("prefill_efficiency")),
             _number(fields.get("memory_clock_ratio")),
+            _number(fields.get("prompt_tokens_mean")),
         )
         return RuleValues(
             Signals(**fields, decode_efficiency=efficiency, card_shortfall_explained=explained),  # type: ignore[arg-type]

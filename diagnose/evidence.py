@@ -113,9 +113,15 @@ def complete(
                 "decode efficiency uses --bandwidth-gbs: no GPU bandwidth series for the "
                 "rules (the Prometheus verdict cannot see it)"
             )
-    # The share of the gap the lost clock explains follows the efficiencies used here.
+    # The share of the gap the lost clock explains follows the efficiencies used here; the
+    # prefill's counts only with long prompts (the rules' mean prompt, else the step's).
+    prompt = sig.prompt_tokens_mean if sig.prompt_tokens_mean is not None else row.prompt_tokens
     explained = shortfall_explained(
-        sig.sm_clock_ratio, sig.decode_efficiency, sig.prefill_efficiency, sig.memory_clock_ratio
+        sig.sm_clock_ratio,
+        sig.decode_efficiency,
+        sig.prefill_efficiency,
+        sig.memory_clock_ratio,
+        prompt,
     )
     return replace(sig, card_shortfall_explained=explained)
 

@@ -159,7 +159,8 @@ SCHEMA: dict[str, Spec] = {
     series.ENGINE_PROMPT_TOKENS_CACHED_TOTAL: _c("Prompt tokens served from the prefix cache."),
     series.ENGINE_PROMPT_SECONDS_TOTAL: _c(
         "Time spent in prompt processing, each request's own prompt time summed (requests "
-        "computed together each count theirs; llama.cpp without its log: per prompt batch)."
+        "computed together each count theirs; llama.cpp without its log: absent, its own "
+        "counter is timed per prompt batch)."
     ),
     series.ENGINE_PREFILL_BUSY_SECONDS_TOTAL: _c(
         "Wall time in which the engine computed prompts: the union of the requests' prompt "

@@ -4,7 +4,8 @@ clock event reasons NVML reports, beside the verdict `card_throttled` decides fr
 from __future__ import annotations
 
 from core import series as llmb
-from core.card import POWER_REASONS, THERMAL_REASONS, cause_actions
+from core.card import POWER_REASONS, THERMAL_REASONS
+from core.card_causes import cause_actions
 from mixin.config import MixinConfig
 from mixin.dashboards.panels import HSEL, RW, SEL, Limit, Panel, Row, Target, ts
 

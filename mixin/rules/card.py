@@ -10,9 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from core import card
+from core import card, card_causes
 from core import series as llmb
-from core.card import BRAKE_REASONS, IDLE_REASON, POWER_REASONS, THERMAL_REASONS
+from core.card import (
+    BRAKE_REASONS,
+    HW_SLOWDOWN,
+    HW_SLOWDOWN_EXPLAINED_BY,
+    IDLE_REASON,
+    POWER_REASONS,
+    THERMAL_REASONS,
+)
+from core.predicates import Compare
+from core.prefill import LONG_PROMPTS
 from core.signals import SIGNAL_RECORDS
 from core.thresholds import THRESHOLDS, threshold_promql
 from mixin.rules.common import E, rec
@@ -36,6 +45,24 @@ def gpu_names() -> dict[str, str]:
     return per_gpu | {"memory": f"gpu:llmb_gpu_memory_clock:ratio{threshold_promql('rate_window')}"}
 
 
+def _held(reasons: tuple[str, ...]) -> str:
+    """Per series, the busy samples of `rate_window` each of `reasons` was active in; HW
+    slowdown's less those HW thermal slowdown explains (`core.card.HW_SLOWDOWN_EXPLAINED_BY`),
+    never below 0."""
+    rw, reason = threshold_promql("rate_window"), llmb.GPU_CLOCK_EVENT_REASON_ACTIVE
+    own = [r for r in reasons if r != HW_SLOWDOWN]
+    text = f'sum_over_time({reason}{{reason=~"{"|".join(own)}"}}[{rw}])'
+    if HW_SLOWDOWN not in reasons:
+        return text
+    hw = f'sum_over_time({reason}{{reason="{HW_SLOWDOWN}"}}[{rw}])'
+    by = f'sum_over_time({reason}{{reason="{HW_SLOWDOWN_EXPLAINED_BY}"}}[{rw}])'
+    return f"""
+        {text}
+      or
+        clamp_min({hw} - ignoring (reason) ({by} or ignoring (reason) 0 * {hw}), 0)
+    """
+
+
 def _share(reasons: tuple[str, ...]) -> str:
     """Of the samples in which the GPU was busy (not `gpu_idle`), the share in which the most
     persistent of `reasons` was active, per GPU: idle gaps between requests do not dilute it."""
@@ -43,7 +70,7 @@ def _share(reasons: tuple[str, ...]) -> str:
     idle = f'{reason}{{reason="{IDLE_REASON}"}}[{rw}]'
     return f"""
     clamp_max(
-        max by (host, gpu) (sum_over_time({reason}{{reason=~"{"|".join(reasons)}"}}[{rw}]))
+        max by (host, gpu) ({_held(reasons)})
       / (
             max by (host, gpu) (count_over_time({idle}) - sum_over_time({idle}))
           > 0
@@ -136,13 +163,17 @@ def clock_scaled(per_gpu_peak: str) -> str:
 
 def shortfall_rule() -> dict[str, Any]:
     """`core.card.shortfall_explained`: (1 - the lower of the SM and memory clock ratios) /
-    (1 - the lowest of decode and prefill efficiency at the maximum clocks), the gap 1
-    without either (or at or beyond the roofline), at most 1."""
+    (1 - the lowest of decode and prefill efficiency at the maximum clocks; prefill's with
+    long prompts only), the gap 1 without either (or at or beyond the roofline), at most 1."""
     sm = SIGNAL_RECORDS["sm_clock_ratio"]
     memory = SIGNAL_RECORDS["memory_clock_ratio"]
     # Each efficiency against the maximum clocks' roofline (theirs scale with the clocks).
     rec_prefill = SIGNAL_RECORDS["prefill_efficiency"]
-    prefill = f"(({rec_prefill} * on ({E}) ({sm} < 1)) or {rec_prefill})"
+    # Prefill's only with long prompts (`core.prefill.LONG_PROMPTS`): a short prompt's small
+    # share of the compute peak is no shortfall.
+    long = Compare(*LONG_PROMPTS)
+    prompts = f"{SIGNAL_RECORDS[long.signal]} {long.op} {long.promql_threshold}"
+    prefill = f"((({rec_prefill} * on ({E}) ({sm} < 1)) or {rec_prefill}) and on ({E}) ({prompts}))"
     rec_decode = SIGNAL_RECORDS["decode_efficiency"]
     decode = f"(({rec_decode} * on ({E}) ({memory} < 1)) or {rec_decode})"
     lost = f"(((1 - {memory}) > on ({E}) (1 - {sm})) or (1 - {sm}))"
@@ -164,7 +195,7 @@ def shortfall_rule() -> dict[str, Any]:
 
 
 # --- LLMCardThrottled's words: the core's sentence and cause actions as Go templates --------
-def _promql_test(test: card.Test, sel: str) -> str:
+def _promql_test(test: card_causes.Test, sel: str) -> str:
     """One comparison of a cause on one engine's record (`sel` its selector), as PromQL; an
     absent-holds one is written as `unless` the opposite (the first never is)."""
     signal, op, threshold = test[:3]
@@ -175,7 +206,7 @@ def _promql_test(test: card.Test, sel: str) -> str:
     return f" and on ({E}) {SIGNAL_RECORDS[signal]}{sel} {op} {value}"
 
 
-def _query(tests: tuple[card.Test, ...], sel: str, args: str) -> str:
+def _query(tests: tuple[card_causes.Test, ...], sel: str, args: str) -> str:
     """`printf "<query>" <args per selector> | query` for a cause's comparisons, joined."""
     text = "".join(_promql_test(t, sel) for t in tests).removeprefix(f" and on ({E}) ")
     return f'printf "{text}" {" ".join([args] * len(tests))} | query'
@@ -189,7 +220,7 @@ def _value(record: str, sel: str, args: str) -> str:
 
 def card_alert_text(sel: str, args: str) -> str:
     """The card sentence (`core.card.sentence`) and the first cause's action (the order of
-    `core.card.EVIDENCE`, as the verdict chooses it) for one engine, as Go templates."""
+    `core.card_causes.EVIDENCE`, as the verdict chooses it) for one engine, as Go templates."""
     limit_rec = SIGNAL_RECORDS["power_limit_ratio"]
     lowered = threshold_promql("power_limit_lowered_ratio")
     stock = card.limit_words(None)
@@ -207,6 +238,6 @@ def card_alert_text(sel: str, args: str) -> str:
     )
     causes = "".join(
         f"{{{{ with {_query(tests, sel, args)} }}}}{action}{{{{ else }}}}"
-        for _, tests, _, action in card.EVIDENCE
+        for _, tests, _, action in card_causes.EVIDENCE
     )
-    return f"{text} {causes}{card.VERDICT_TEXT[1]}" + "{{ end }}" * len(card.EVIDENCE)
+    return f"{text} {causes}{card_causes.VERDICT_TEXT[1]}" + "{{ end }}" * len(card_causes.EVIDENCE)

@@ -13,13 +13,14 @@ from __future__ import annotations
 import csv
 import json
 import re
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from core import card
+from core import card, card_causes
 from core.conditions import evaluate
 from core.promql import SeriesKey, series_from_scrapes
 from core.rules import RuleValues, rule_values_at
@@ -28,7 +29,16 @@ from core.thresholds import threshold_number
 from exporter.collectors.llamacpp.log import LogState
 from model.gpu_specs import table_peak_flops
 from tests.paths import FIXTURES
-from tests.unit.test_card_throttled import CARD, ENGINE, KEY, decide, gpu_samples
+from tests.unit.test_card_throttled import (
+    CARD,
+    ENGINE,
+    KEY,
+    SCRAPES,
+    STEP,
+    decide,
+    engine_samples,
+    gpu_samples,
+)
 
 F16 = FIXTURES / "nvsmi-h200-f16-prefill"
 # The F16 GGUF of the Gemma-3-27B shape (README) and its FLOPs per prompt token (issue 32:
@@ -181,7 +191,7 @@ def test_a_lowered_enforced_limit_is_card_throttled_with_the_pl_action(tmp_path:
     assert values.signals.power_limit_ratio == pytest.approx(0.6)
     assert verdict.name == "card_throttled"
     assert verdict.evidence[0] == "power_limit_lowered"
-    assert verdict.action == card.LOWERED_LIMIT_ACTION and "nvidia-smi -pl" in verdict.action
+    assert verdict.action == card_causes.LOWERED_LIMIT_ACTION and "nvidia-smi -pl" in verdict.action
     sentence = card.card_sentence(values.signals, limit_watts=420.0)
     assert sentence is not None and "420 W power limit lowered to 60 % of the default" in sentence
     assert sentence.endswith("the card is the cause.")
@@ -190,7 +200,7 @@ def test_a_lowered_enforced_limit_is_card_throttled_with_the_pl_action(tmp_path:
 def test_a_thermal_slowdown_is_card_throttled_with_the_cooling_action(tmp_path: Path) -> None:
     verdict, _ = decide(tmp_path, "reason-hw_thermal_slowdown.json")
     assert verdict.name == "card_throttled" and verdict.evidence[0] == "thermal"
-    assert verdict.action == card.THERMAL_ACTION and "cooling" in verdict.action
+    assert verdict.action == card_causes.THERMAL_ACTION and "cooling" in verdict.action
 
 
 def test_a_few_percent_at_the_stock_limit_is_evidence_not_the_verdict(tmp_path: Path) -> None:
@@ -204,21 +214,31 @@ def test_a_few_percent_at_the_stock_limit_is_evidence_not_the_verdict(tmp_path: 
     assert verdict.name == "decode_below_card_limit"
 
 
+LONG = 8192.0  # tokens per prompt: prefill's efficiency counts in the gap
+SHORT = 200.0  # below `prefill_prompt_tokens_min`: it does not
+
+
 @pytest.mark.parametrize(
-    ("ratio", "decode", "prefill", "memory", "explained"),
+    ("ratio", "decode", "prefill", "memory", "prompt", "explained"),
     [
-        (0.95, 0.3, None, None, 0.05 / 0.7),
+        (0.95, 0.3, None, None, None, 0.05 / 0.7),
         # the lowest efficiency, the larger gap; prefill's (against the clock-scaled peak)
         # taken back to the maximum clock's
-        (0.95, 0.3, 0.1, None, 0.05 / (1 - 0.1 * 0.95)),
-        (0.95, None, None, None, 0.05),  # no roofline: the gap is the whole speed
-        (0.6, 0.9, None, None, 1.0),  # at most 1
-        (0.95, 1.2, None, None, 0.05),  # beyond the roofline: no gap to divide by
-        (None, 0.3, None, 0.5, None),  # no SM clock under load: no claim
+        (0.95, 0.3, 0.1, None, LONG, 0.05 / (1 - 0.1 * 0.95)),
+        (0.95, None, None, None, None, 0.05),  # no roofline: the gap is the whole speed
+        (0.6, 0.9, None, None, None, 1.0),  # at most 1
+        (0.95, 1.2, None, None, None, 0.05),  # beyond the roofline: no gap to divide by
+        (None, 0.3, None, 0.5, None, None),  # no SM clock under load: no claim
         # The memory clock at half: decode's 0.6 of the halved roofline is 0.3 of the full
         # one, and half the clock lost explains 0.5 / 0.7 of that gap.
-        (1.0, 0.6, None, 0.5, 0.5 / 0.7),
-        (0.9, 0.3, None, 1.0, 0.1 / 0.7),  # the memory clock at its maximum: the SM's loss
+        (1.0, 0.6, None, 0.5, None, 0.5 / 0.7),
+        (0.9, 0.3, None, 1.0, None, 0.1 / 0.7),  # the memory clock at its maximum: the SM's
+        # Short prompts (issue 32 review): a 200-token prompt's 0.1 of the compute peak is no
+        # shortfall, so decode's gap is the one the lost clock is held against; nor without
+        # a prompt length.
+        (0.85, 0.4, 0.1, 1.0, SHORT, 0.15 / 0.6),
+        (0.85, 0.4, 0.1, 1.0, None, 0.15 / 0.6),
+        (0.85, 0.4, 0.1, 1.0, LONG, 0.15 / (1 - 0.1 * 0.85)),
     ],
 )
 def test_shortfall_explained(
@@ -226,9 +246,99 @@ def test_shortfall_explained(
     decode: float | None,
     prefill: float | None,
     memory: float | None,
+    prompt: float | None,
     explained: float | None,
 ) -> None:
-    assert card.shortfall_explained(ratio, decode, prefill, memory) == pytest.approx(explained)
+    assert card.shortfall_explained(ratio, decode, prefill, memory, prompt) == pytest.approx(
+        explained
+    )
+
+
+def test_the_card_is_the_cause_only_where_card_throttled_holds() -> None:
+    """84 % of the maximum clock at the stock limit, a power reason in 30 % of the busy
+    samples, decode at 0.30 of its roofline: the lost clock explains 23 % of the gap (over
+    `card_shortfall_explained_min`), but no cause of card_throttled holds (a reason in half
+    the busy samples, or the clock below `sm_clock_ratio_min`). The sentence beside the
+    engine's verdict must not call the card the cause (issue 32 review)."""
+    s = Signals(
+        host_has_gpu=True,
+        running=1.0,
+        waiting=0.0,
+        waiting_avg=0.0,
+        generation_tokens_per_second=30.0,
+        layers_ratio=1.0,
+        sm_clock_ratio=0.84,
+        card_power_slowdown=0.3,
+        card_thermal_slowdown=0.0,
+        card_brake_slowdown=0.0,
+        power_limit_ratio=1.0,
+        memory_clock_ratio=1.0,
+        decode_efficiency=0.30,
+        card_shortfall_explained=0.16 / 0.70,
+    )
+    assert card.explains(s.card_shortfall_explained)
+    verdict = evaluate(s)
+    assert verdict.name == "decode_below_card_limit" and not verdict.held("card_throttled")
+    sentence = card.card_sentence(s, 700.0)
+    assert sentence is not None
+    assert sentence.endswith("explains 23 % of the gap to the roofline, not the cause.")
+    # A power reason in most busy samples: card_throttled holds, and the sentence agrees.
+    held = replace(s, card_power_slowdown=0.6)
+    assert evaluate(held).name == "card_throttled"
+    assert (card.card_sentence(held, 700.0) or "").endswith("the card is the cause.")
+
+
+def _prefill_scrapes(
+    tmp_path: Path, reading: dict[str, Any], prompt: float
+) -> list[tuple[float, dict[SeriesKey, float]]]:
+    """The thermal-slowed card decoding at 95 tok/s (0.30 of the roofline) and computing
+    `prompt`-token prompts at 0.10 of its clock-scaled bf16 peak."""
+    flops = 30e9
+    sm = reading["devices"][0]["sm_clock_mhz"] / reading["devices"][0]["max_sm_clock_mhz"]
+    peak = card.clock_scaled_peak(table_peak_flops("NVIDIA H200")["bf16"], sm)
+    busy = 0.05  # prefill seconds per second
+    tokens = 0.1 * peak / flops * busy  # prompt tokens per second
+    gpu = gpu_samples(reading, tmp_path)
+    scrapes = []
+    for i in range(SCRAPES):
+        t = i * STEP
+        engine = engine_samples(i, 95.0) | {
+            ("llmb_engine_prompt_tokens_total", ENGINE): tokens * t,
+            ("llmb_engine_prefill_busy_seconds_total", ENGINE): busy * t,
+            ("llmb_engine_requests_finished_total", ENGINE): tokens / prompt * t,
+            ("llmb_model_prefill_flops_per_token", ENGINE): flops,
+        }
+        scrapes.append((t, {**gpu, **engine}))
+    return scrapes
+
+
+@pytest.mark.parametrize(("prompt", "throttled"), [(200.0, True), (8192.0, False)])
+def test_short_prompts_prefill_is_no_gap_to_explain(
+    tmp_path: Path, prompt: float, throttled: bool
+) -> None:
+    """A thermal slowdown to 85 % of the clock, decode at 0.30 of its roofline: the loss
+    explains 0.15 / 0.70 of decode's gap. Prefill at 0.10 of the peak is a gap of its own
+    only with long prompts (issue 32 review): 200-token prompts read that low by nature and
+    must not hide the thermal cause; with 8192-token prompts the gap is prefill's and
+    0.15 / 0.915 is too little to blame the card."""
+    reading = json.loads((CARD / "reason-sw_thermal_slowdown.json").read_text())
+    reading["devices"][0]["sm_clock_mhz"] = 1683  # 0.85 of 1980
+    scrapes = _prefill_scrapes(tmp_path, reading, prompt)
+    values = rule_values_at(series_from_scrapes(scrapes), (SCRAPES - 1) * STEP)[KEY]
+    s = values.signals
+    assert s.prompt_tokens_mean == pytest.approx(prompt)
+    assert s.prefill_efficiency == pytest.approx(0.1)
+    assert s.decode_efficiency is not None and 0.29 < s.decode_efficiency < 0.31
+    gap = (
+        1 - 0.1 * 0.85
+        if prompt >= threshold_number("prefill_prompt_tokens_min")
+        else 1 - s.decode_efficiency
+    )
+    assert s.card_shortfall_explained == pytest.approx(0.15 / gap)
+    verdict = evaluate(s)
+    assert verdict.held("card_throttled") is throttled
+    if throttled:
+        assert verdict.name == "card_throttled" and verdict.evidence[0] == "thermal"
 
 
 def test_no_busy_sample_says_nothing() -> None:

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from config.settings import parse_config
-from core import card
+from core import card, card_causes
 from core.conditions import evaluate
 from core.signals import Signals
 from diagnose.answer import print_answer
@@ -78,10 +78,10 @@ def test_the_alert_says_the_core_sentence_and_every_cause_action() -> None:
         at = text.index(part, at) + len(part)
     assert card.limit_words(None) in text
     assert card.limit_words("\0").split("\0")[0] in text
-    for _, action in card.cause_actions():
+    for _, action in card_causes.cause_actions():
         assert action in text
     # First cause that holds wins, as the verdict's action: nested in EVIDENCE's order.
-    positions = [text.index(action) for _, action in card.cause_actions()]
+    positions = [text.index(action) for _, action in card_causes.cause_actions()]
     assert positions == sorted(positions)
 
 
@@ -92,7 +92,7 @@ def test_the_dashboard_lists_every_cause_action() -> None:
         return [q for p in items for q in [p, *panels(p.get("panels", []))]]
 
     (slowed,) = [p for p in panels(doc["panels"]) if p.get("title") == "Card slowed, per engine"]
-    for label, action in card.cause_actions():
+    for label, action in card_causes.cause_actions():
         assert f"{label}: {action}" in slowed["description"]
 
 
@@ -108,7 +108,7 @@ def test_the_dashboard_lists_every_cause_action() -> None:
 def test_the_verdict_action_is_the_held_cause(tmp_path: Path, reading: str, label: str) -> None:
     verdict, _ = decide(tmp_path, reading)
     assert verdict.name == "card_throttled" and verdict.evidence[0] == label
-    assert verdict.action == dict(card.cause_actions())[label]
+    assert verdict.action == dict(card_causes.cause_actions())[label]
 
 
 def test_diagnose_takes_the_prefill_limit_at_the_clock_the_rules_take_it(

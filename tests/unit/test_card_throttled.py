@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from config.settings import EngineConfig, GpuConfig
-from core import card
+from core import card, card_causes
 from core.conditions import Verdict, evaluate
 from core.promql import EngineKey, SeriesKey, series_from_scrapes
 from core.rules import RuleValues, rule_values_at
@@ -97,11 +97,11 @@ def test_an_idle_h200_gives_no_clock_ratio(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("reason", "evidence", "action"),
     [
-        ("sw_power_cap", "power", card.STOCK_LIMIT_ACTION),
-        ("hw_slowdown", "power_brake", card.BRAKE_ACTION),
-        ("hw_power_brake_slowdown", "power_brake", card.BRAKE_ACTION),
-        ("sw_thermal_slowdown", "thermal", card.THERMAL_ACTION),
-        ("hw_thermal_slowdown", "thermal", card.THERMAL_ACTION),
+        ("sw_power_cap", "power", card_causes.STOCK_LIMIT_ACTION),
+        ("hw_slowdown", "power_brake", card_causes.BRAKE_ACTION),
+        ("hw_power_brake_slowdown", "power_brake", card_causes.BRAKE_ACTION),
+        ("sw_thermal_slowdown", "thermal", card_causes.THERMAL_ACTION),
+        ("hw_thermal_slowdown", "thermal", card_causes.THERMAL_ACTION),
     ],
 )
 def test_a_power_or_thermal_reason_while_decode_is_slow(
@@ -117,6 +117,64 @@ def test_a_power_or_thermal_reason_while_decode_is_slow(
 
 
 @pytest.mark.parametrize(
+    ("name", "evidence", "action", "power", "brake"),
+    [
+        # An overheating card: HW slowdown with its thermal cause. The thermal cause, not the
+        # power supply; and HW slowdown counts as no power reason where HW thermal explains
+        # it (issue 32 review: the brake's action and a power share of 1.0 before).
+        (
+            "nested-0x48-hw_thermal_slowdown.json",
+            ("thermal", "clocks"),
+            card_causes.THERMAL_ACTION,
+            0,
+            0,
+        ),
+        # HW slowdown with the power brake: the brake, and a power reason.
+        (
+            "nested-0x88-hw_power_brake_slowdown.json",
+            ("power_brake", "power", "clocks"),
+            card_causes.BRAKE_ACTION,
+            1,
+            1,
+        ),
+    ],
+)
+def test_hw_slowdown_nested_with_its_cause_as_nvml_reports_it(
+    tmp_path: Path,
+    name: str,
+    evidence: tuple[str, ...],
+    action: str,
+    power: float,
+    brake: float,
+) -> None:
+    verdict, values = decide(tmp_path, name)
+    s = values.signals
+    assert (s.card_power_slowdown, s.card_brake_slowdown) == (power, brake)
+    assert verdict.name == "card_throttled"
+    assert verdict.evidence == evidence
+    assert verdict.action == action
+    sentence = card.card_sentence(s, 700.0)
+    assert sentence is not None
+    assert ("a power reason" in sentence) == bool(power)
+    assert ("HW slowdown or the power brake" in sentence) == bool(brake)
+
+
+def test_hw_slowdown_counts_only_where_hw_thermal_does_not_explain_it(tmp_path: Path) -> None:
+    """HW slowdown in every busy sample, HW thermal slowdown in a third of them: the other
+    two thirds count as power (brake) samples, per GPU, as the rules count them."""
+    hot = json.loads((CARD / "nested-0x48-hw_thermal_slowdown.json").read_text())
+    hw = json.loads(json.dumps(hot))
+    hw["devices"][0]["clocks_event_reasons"] = 0x8
+    gpu = [gpu_samples(hw, tmp_path), gpu_samples(hot, tmp_path)]
+    scrapes = [(i * STEP, {**gpu[i % 3 == 2], **engine_samples(i, 95.0)}) for i in range(SCRAPES)]
+    values = rule_values_at(series_from_scrapes(scrapes), (SCRAPES - 1) * STEP)[KEY]
+    s = values.signals
+    assert s.card_thermal_slowdown == pytest.approx(7 / 21)  # scrapes 2, 5, ..., 20 of 21
+    assert s.card_brake_slowdown == pytest.approx(14 / 21)
+    assert s.card_power_slowdown == pytest.approx(14 / 21)
+
+
+@pytest.mark.parametrize(
     "reason", ["applications_clocks_setting", "sync_boost", "display_clock_setting", "gpu_idle"]
 )
 def test_other_reasons_are_no_slowdown(tmp_path: Path, reason: str) -> None:
@@ -129,7 +187,7 @@ def test_clocks_well_below_maximum_without_a_reason(tmp_path: Path) -> None:
     assert values.signals.sm_clock_ratio == pytest.approx(1200 / 1980)
     assert verdict.name == "card_throttled"
     assert verdict.evidence == ("clocks",)
-    assert verdict.action == card.CLOCKS_ACTION
+    assert verdict.action == card_causes.CLOCKS_ACTION
 
 
 def test_a_capped_card_decoding_at_its_limit_is_at_the_limit(tmp_path: Path) -> None:
@@ -170,4 +228,4 @@ def test_idle_gaps_between_requests_do_not_dilute_the_slowdown(tmp_path: Path) -
     assert values.signals.card_power_slowdown == 1.0
     verdict = evaluate(values.signals)
     assert verdict.name == "card_throttled"
-    assert verdict.evidence[0] == "power" and verdict.action == card.STOCK_LIMIT_ACTION
+    assert verdict.evidence[0] == "power" and verdict.action == card_causes.STOCK_LIMIT_ACTION

@@ -158,10 +158,12 @@ async def test_cpu_busy_capture_maps_to_schema() -> None:
         v(m, "llmb_engine_decode_seconds_total") == raw["llamacpp:tokens_predicted_seconds_total"]
     )
     assert v(m, "llmb_engine_generation_tokens_total") == raw["llamacpp:tokens_predicted_total"]
-    # No log: llama.cpp's own prompt time (timed per prompt batch) is both prompt series.
+    # No log: llama.cpp's own prompt time is timed per prompt batch, a wall time: the busy
+    # series, not each request's prompt time summed (that would read prompts computed
+    # together as waiting in the rules' TTFT split: issue 32 review), which is absent.
     seconds = raw["llamacpp:prompt_seconds_total"]
-    assert v(m, "llmb_engine_prompt_seconds_total") == seconds
     assert v(m, "llmb_engine_prefill_busy_seconds_total") == seconds
+    assert ("llmb_engine_prompt_seconds_total", ()) not in values(m)
     assert v(m, "llmb_model_weights_bytes") == 246587904
     assert v(m, "llmb_model_parameters") == 268098176
     info = values(m)

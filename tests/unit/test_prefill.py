@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from core.conditions import evaluate
 from core.prefill import (
     PrefillBusy,
     PrefillStructure,
@@ -228,3 +229,33 @@ def test_rules_arithmetic_matches_the_core() -> None:
     assert sig.prefill_efficiency == pytest.approx(40000 * flops / 1e15)
     assert sig.ttft_wait_share == pytest.approx(0.1 / 0.2)
     assert sig.prefill_time_share == pytest.approx(0.25)
+
+
+def test_llamacpp_without_its_log_has_no_ttft_split() -> None:
+    """Without the log the exporter writes llama.cpp's batch-timed prompt time as the busy
+    series only (issue 32 review): 4 prompts of 8192 tokens computed together in half of
+    each second, 1.5 requests deferred. Each request's own prompt time is not measured, so
+    the waiting and prefill time shares are absent (no `ttft_waiting_bound` from a batch
+    time read as one request's), while the prefill throughput still is measured."""
+    series = _series(
+        {
+            "llmb_engine_prompt_tokens_total": 4 * 8192 * 0.25,
+            "llmb_engine_requests_finished_total": 0.25,
+            "llmb_engine_prefill_busy_seconds_total": 0.5,
+            "llmb_engine_decode_seconds_total": 2.0,
+        },
+        {
+            "llmb_engine_up": 1.0,
+            "llmb_engine_requests_running": 4.0,
+            "llmb_engine_slots": 4.0,
+            "llmb_engine_requests_waiting": 1.5,
+            "llmb_model_prefill_flops_per_token": 1e10,
+        },
+    )
+    ((_, values),) = rule_values_at(series, 600).items()
+    sig = values.signals
+    assert sig.prompt_tokens_mean == pytest.approx(4 * 8192)
+    assert values.prefill_tokens_per_second == pytest.approx(4 * 8192 * 0.25 / 0.5)
+    assert sig.ttft_wait_share is None and sig.prefill_time_share is None
+    verdict = evaluate(sig)
+    assert not verdict.held("ttft_waiting") and verdict.name != "ttft_waiting_bound"

@@ -105,10 +105,11 @@ def _map_counters(
     ms.add(llmb.ENGINE_PROMPT_TOKENS_CACHED_TOTAL, cached, **labels)
     if log_state is None:
         # Without the log: llama.cpp's own prompt time. Current builds time each prompt
-        # batch once however many prompts it holds (a wall time, so the busy series too);
-        # the log's per-request `prompt eval time` lines give both apart (map_tokens).
+        # batch once however many prompts it holds: a wall time, so the busy series only.
+        # Each request's prompt time summed (llmb_engine_prompt_seconds_total) is not
+        # measured then: the batch time would read prompts computed together as waiting
+        # (the rules' TTFT split). The log's `prompt eval time` lines give both (map_tokens).
         seconds = expo.first(PREFIX + "prompt_seconds_total")
-        ms.add(llmb.ENGINE_PROMPT_SECONDS_TOTAL, seconds, **labels)
         ms.add(llmb.ENGINE_PREFILL_BUSY_SECONDS_TOTAL, seconds, **labels)
     predicted = expo.first(PREFIX + "tokens_predicted_total")
     ms.add(llmb.ENGINE_GENERATION_TOKENS_TOTAL, predicted, **labels)

@@ -35,7 +35,8 @@ SOURCES: dict[str, str] = {
     llmb.ENGINE_PROMPT_TOKENS_TOTAL: "`prompt_tokens_total` + `prompt_tokens_cached_total`",
     llmb.ENGINE_PROMPT_TOKENS_CACHED_TOTAL: "`llamacpp:prompt_tokens_cached_total`",
     llmb.ENGINE_PROMPT_SECONDS_TOTAL: (
-        "log `prompt eval time` summed per request (without a log: `prompt_seconds_total`)"
+        "log `prompt eval time` summed per request (absent without a log: llama.cpp's "
+        "`prompt_seconds_total` times each prompt batch once)"
     ),
     llmb.ENGINE_PREFILL_BUSY_SECONDS_TOTAL: (
         "log: union of the requests' `prompt eval time` spans (without a log: "
