@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import shutil
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -122,7 +123,12 @@ def redecide(
         if in_use not in names:
             raise UsageError(f"--in-use {in_use}: the run measured {', '.join(names)}")
         engines = sorted(engines, key=lambda e: e.name != in_use)
-    inputs.requests = load_requests(folder, engines)
+    try:
+        inputs.requests = load_requests(folder, engines)
+    except (ValueError, TypeError, lzma.LZMAError) as exc:
+        raise UsageError(
+            f"{folder / REQUESTS_FILE}(.xz) is not the requests diagnose wrote: {exc}"
+        ) from exc
     if len(engines) == 2:
         served = user_load(inputs.load, query, engines[0].name)
         if served is not None:
@@ -154,9 +160,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def copy_requests(src_dir: Path, out: Path) -> None:
     """OUT keeps the requests it was decided from (OUT can be re-decided in turn)."""
     out.mkdir(parents=True, exist_ok=True)
-    src = src_dir / REQUESTS_FILE
-    if src.is_file():
-        shutil.copyfile(src, out / REQUESTS_FILE)
+    for name in (REQUESTS_FILE, REQUESTS_FILE + ".xz"):  # as saved, or xz-compressed
+        if (src_dir / name).is_file():
+            shutil.copyfile(src_dir / name, out / name)
+            return
 
 
 def check_out(args: argparse.Namespace) -> None:

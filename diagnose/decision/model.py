@@ -275,11 +275,15 @@ class EngineResult:
         return pick[0] if pick else None
 
     def at_concurrency(self, concurrency: int) -> Row | None:
-        """The load row at `concurrency` (the single row for 1)."""
+        """The load row at `concurrency` (the single row for 1). Of several (--find-max
+        measures a level again with the requests an SLO needs to be judged), the one with the
+        most requests, the later of equals."""
         for step in ("concurrency", "single"):
-            for r in self.ok_rows(step):
-                if r.concurrency == concurrency and r.aggregate_tok_s:
-                    return r
+            rows = [
+                r for r in self.ok_rows(step) if r.concurrency == concurrency and r.aggregate_tok_s
+            ]
+            if rows:
+                return max(reversed(rows), key=lambda r: r.requests)
         return None
 
     def structure(self) -> ModelStructure | None:
@@ -413,8 +417,14 @@ class SloAnswer:
         return head + (f" ({'; '.join(bits)})" if bits else "")
 
 
+def seconds_text(value: float) -> str:
+    """A latency to three figures: `23.9 ms` below a second, `1.46 s` above (an SLO of 20 ms
+    beside `0.02 s` read as a miss by nothing)."""
+    return f"{value * 1000:.3g} ms" if abs(value) < 1 else f"{value:.3g} s"
+
+
 def _step_text(s: StepSlo) -> str:
-    observed = ", ".join(f"{k} {v:.2f} s" for k, v in s.observed.items() if v is not None)
+    observed = ", ".join(f"{k} {seconds_text(v)}" for k, v in s.observed.items() if v is not None)
     if s.per_request:
         observed += f"; {', '.join(s.per_request)} from each request's own gap (gaps not saved)"
     if s.met is True:

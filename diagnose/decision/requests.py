@@ -9,6 +9,7 @@ another's requests, like the context sweep's first context, takes none).
 
 from __future__ import annotations
 
+import lzma
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
@@ -27,10 +28,10 @@ _FIELDS = {f.name for f in fields(RequestRecord)}
 Rounds = list[list[RequestRecord]]
 
 
-def read_requests(path: Path) -> list[RequestRecord]:
-    """Every record of a requests.jsonl (fields of newer versions are ignored)."""
+def read_requests(text: bytes) -> list[RequestRecord]:
+    """Every record of a requests.jsonl's bytes (fields of newer versions are ignored)."""
     out = []
-    for line in path.read_bytes().splitlines():
+    for line in text.splitlines():
         if line.strip():
             data = orjson.loads(line)
             out.append(RequestRecord(**{k: v for k, v in data.items() if k in _FIELDS}))
@@ -93,7 +94,14 @@ def _total(row: Row) -> int:
 
 
 def load_requests(folder: Path, engines: Sequence[EngineResult]) -> dict[str, EngineRequests]:
-    """Each engine's requests from `folder/requests.jsonl` (empty when the file is missing)."""
+    """Each engine's requests from `folder/requests.jsonl`, or its xz-compressed copy
+    `requests.jsonl.xz` (as saved runs are kept); empty when neither is there."""
     path = folder / REQUESTS_FILE
-    records = read_requests(path) if path.exists() else []
+    packed = path.with_name(path.name + ".xz")
+    if path.exists():
+        records = read_requests(path.read_bytes())
+    elif packed.exists():
+        records = read_requests(lzma.decompress(packed.read_bytes()))
+    else:
+        records = []
     return {e.name: match_rows(e, records) for e in engines}

@@ -173,3 +173,47 @@ def test_diagnose_folder_gets_the_largest_load_within_the_slo(tmp_path: Path) ->
     ((_, best),) = doc["decision"]["slo"]["max_within"].items()
     assert best is not None and best >= 1
     assert any(s["key"] == "slo" for s in doc["decision"]["steps"])
+
+
+H100_NP = ROOT / "docs" / "results" / "h100-issue32-33-2026-12-06" / "np1-np16"
+
+
+def test_a_folder_saved_with_requests_xz_is_decided_from_its_requests(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """Saved runs keep requests.jsonl xz-compressed (the H100 np1-vs-np16 run): decide reads
+    it, so the call has its intervals and c=1 the whole request, as on the day; OUT keeps
+    the compressed file and can be decided again."""
+    assert not (H100_NP / "requests.jsonl").exists() and (H100_NP / "requests.jsonl.xz").exists()
+    out = tmp_path / "out"
+    assert main(["decide", str(H100_NP), "--load", "16", "--out", str(out)]) == 0
+    lv = levels(json.loads((out / "results.json").read_text(encoding="utf-8")))
+    assert lv[1]["what"] == "end-to-end s per request"
+    assert (
+        lv[16]["lead"] == "2.0× [1.3–2.7]"
+        and "bootstrap over 96 + 96 requests" in (lv[16]["basis"])
+    )
+    assert (out / "requests.jsonl.xz").is_file()
+    again = tmp_path / "again"
+    assert main(["decide", str(out), "--load", "16", "--out", str(again)]) == 0
+    assert levels(json.loads((again / "results.json").read_text(encoding="utf-8")))[16]["lead"] == (
+        "2.0× [1.3–2.7]"
+    )
+    # A damaged file is one message, exit 2, not a traceback.
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "results.json").write_bytes((H100_NP / "results.json").read_bytes())
+    (bad / "requests.jsonl.xz").write_bytes(b"not xz")
+    capsys.readouterr()
+    assert main(["decide", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "is not the requests diagnose wrote" in capsys.readouterr().err
+
+
+def test_slo_figures_are_said_to_three_figures(tmp_path: Path) -> None:
+    """A 20 ms SLO beside figures rounded to 10 ms read `misses (tpot_p90 0.02 s`: a miss
+    by nothing. Below a second the figures are milliseconds to three figures."""
+    doc, _ = decide(tmp_path, SAME, "--slo", "tpot_p90=20ms")
+    text = doc["action"]
+    assert "c=64: misses (tpot_p90 23.9 ms" in text  # llama's
+    assert "c=16: meets (tpot_p90 1.54 ms" in text  # sglang's
+    assert " 0.00 s" not in text and " 0.02 s" not in text
