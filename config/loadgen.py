@@ -102,9 +102,11 @@ class LoadgenSettings(BaseModel):
     traffic_from: str | None = None
     traffic_window: str | None = None
     traffic_engine: str | None = None
-    # served-mix: the Prometheus to read and the window (--engine, --out, --seed as above).
+    # served-mix: the Prometheus to read, the window and its end (--engine, --out, --seed as
+    # above); `at` a Unix time or an RFC 3339 time, as --at takes it.
     prometheus: str | None = None
     window: str | None = None
+    at: str | float | None = None
 
     def given(self) -> dict[str, Any]:
         """The keys the file sets (a null value included), as parsed."""

@@ -398,11 +398,18 @@ def _configure_served_mix(parser: argparse.ArgumentParser) -> None:
     # --engine, --out and --seed parse as in the other commands (and take the config file's
     # `loadgen:` keys alike): one engine here, and --out may be a folder.
     parser.add_argument(
+        "--config",
+        default=config_file_from_env(),
+        metavar="FILE",
+        help="a config file whose loadgen: keys (prometheus, window, at, engine, seed, out) "
+        "are this command's defaults (env LLMB_CONFIG_FILE)",
+    )
+    parser.add_argument(
         "--prometheus",
         type=http_url,
-        required=True,
         metavar="URL",
-        help="the Prometheus that scrapes the exporter (http://HOST:9090)",
+        help="the Prometheus that scrapes the exporter (http://HOST:9090); required, here or "
+        "as the config's loadgen: prometheus",
     )
     parser.add_argument(
         "--window",
@@ -441,6 +448,13 @@ def _configure_served_mix(parser: argparse.ArgumentParser) -> None:
 
 def served_mix_command(args: argparse.Namespace) -> int:
     """`served-mix`: the lengths, rate and load an engine served, from Prometheus, as a mix."""
+    load_config_or_usage(args.config)  # a missing or bad config file: its own message
+    if args.prometheus is None:
+        # Not argparse's `required`: the config file's `prometheus` is a default it ignores.
+        raise UsageError(
+            "served-mix: give --prometheus URL (or the config's loadgen: prometheus), the "
+            "Prometheus that scrapes the exporter"
+        )
     if args.engine and len(args.engine) > 1:
         raise UsageError("served-mix reads one engine: give --engine once")
     engine = args.engine[0] if args.engine else None

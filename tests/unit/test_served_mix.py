@@ -296,7 +296,7 @@ def test_unreachable_or_not_prometheus_is_one_message(capsys: Any) -> None:
         (["--prometheus", "localhost:9090"], "must start with http:// or https://"),
         (["--prometheus", "http://p:9090", "--window", "1 h"], "Prometheus duration"),
         (["--prometheus", "http://p:9090", "--window", "0m"], "Prometheus duration"),
-        ([], "the following arguments are required: --prometheus"),
+        ([], "served-mix: give --prometheus URL"),
     ],
 )
 def test_bad_flags_exit_2(flags: list[str], message: str, capsys: Any) -> None:
@@ -321,3 +321,24 @@ def test_out_may_be_a_folder_and_engine_is_given_once(tmp_path: Path, capsys: An
     doc = json.loads((tmp_path / "served-mix.json").read_text(encoding="utf-8"))
     assert doc["kind"] == MIX_KIND
     assert "reads one engine: give --engine once" in capsys.readouterr().err
+
+
+def test_the_config_file_gives_prometheus_and_at(tmp_path: Path, capsys: Any) -> None:
+    """`--config`'s `loadgen:` keys are served-mix's defaults (the Prometheus too, which
+    argparse's `required` would have refused from a file); a file that cannot be read, or no
+    Prometheus at all, is one message and exit 2."""
+    answers, run = recorded(SGLANG)
+    with RecordedPrometheus(answers) as prom:
+        config = tmp_path / "config.yaml"
+        config.write_text(
+            f"loadgen:\n  prometheus: {prom.url}\n  at: '2026-12-07T03:00:00Z'\n"
+            f"  engine: [{run['engine']}]\n  window: {run['window']}\n",
+            encoding="utf-8",
+        )
+        assert main(["served-mix", "--config", str(config)]) == 0
+        assert set(prom.times) == {f"{AT:.3f}"}
+    assert "ending 2026-12-07T03:00:00Z" in capsys.readouterr().err
+    assert main(["served-mix", "--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "missing.yaml: cannot read" in capsys.readouterr().err
+    assert main(["served-mix"]) == 2
+    assert "served-mix: give --prometheus URL" in capsys.readouterr().err
