@@ -14,9 +14,11 @@ term's percentile is taken over the step's successful requests:
 - `e2e`: its end-to-end time.
 
 A step meets the SLO when, for every term, that percentile is within the limit with
-confidence (`judge_step`). A request is *within* the SLO when each of its own figures is
-within every limit. Goodput is the requests/s and tokens/s of the requests within the SLO
-over the step's wall time; the share is their part of all requests sent.
+confidence (`judge_step`): the request is the unit of every interval, pooled `itl` gaps
+included (a request's gaps share its batches; they are resampled with it). A request is
+*within* the SLO when each of its own figures is within every limit. Goodput is the
+requests/s and tokens/s of the requests within the SLO over the step's wall time; the share
+is their part of all requests sent.
 """
 
 from __future__ import annotations
