@@ -257,7 +257,8 @@ def _pooled_bounds(
         [r.itls for r in sorted(rnd, key=lambda r: r.start_time) if r.error is None]
         for rnd in rounds
     ]
-    if sum(len(rnd) for rnd in sent) < requests_needed(t.q):
+    # A request without gaps (one token) holds no sample of them.
+    if sum(1 for rnd in sent for g in rnd if g) < requests_needed(t.q):
         hi = None
     iv = pooled_percentile(sent, t.q, wave=wave)
     if iv is None:
