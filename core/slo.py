@@ -14,9 +14,11 @@ term's percentile is taken over the step's successful requests:
 - `e2e`: its end-to-end time.
 
 A step meets the SLO when, for every term, that percentile is within the limit with
-confidence (`judge_step`). A request is *within* the SLO when each of its own figures is
-within every limit. Goodput is the requests/s and tokens/s of the requests within the SLO
-over the step's wall time; the share is their part of all requests sent.
+confidence (`judge_step`): the request is the unit of every interval, pooled `itl` gaps
+included (a request's gaps share its batches; they are resampled with it). A request is
+*within* the SLO when each of its own figures is within every limit. Goodput is the
+requests/s and tokens/s of the requests within the SLO over the step's wall time; the share
+is their part of all requests sent.
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from core.stats import Bootstrap, percentile, quantile_bounds, requests_needed
+from core.stats import (
+    Bootstrap,
+    percentile,
+    pooled_percentile,
+    quantile_bounds,
+    requests_needed,
+)
 
 METRICS = ("ttft", "tpot", "itl", "e2e")
 PERCENTILES = (50, 90, 99)
@@ -187,9 +195,10 @@ def judge_step(slo: Slo, concurrency: int, rounds: Sequence[Sequence[RequestSamp
             else:
                 out.per_request.append(t.name)
         out.observed[t.name] = percentile(values, t.q)
-        # Pooled gaps are not per-request values: order statistics only (`_bounds`).
-        blocks = rounds if t.metric != "itl" or t.name in out.per_request else []
-        lo, hi = out.bounds[t.name] = _bounds(t, values, blocks, concurrency)
+        if t.metric == "itl" and t.name not in out.per_request:
+            lo, hi = out.bounds[t.name] = _pooled_bounds(t, values, rounds, concurrency)
+        else:
+            lo, hi = out.bounds[t.name] = _bounds(t, values, rounds, concurrency)
         if lo is not None and lo > t.limit_s:
             failed = True
         elif hi is None or hi > t.limit_s:
@@ -216,18 +225,42 @@ def _bounds(
     requests, and say how many a percentile needs) and the hierarchical bootstrap's over
     rounds, waves of `wave` requests sent together, and requests (`core.stats.Bootstrap`,
     the resampler of the ratio intervals): one slow wave moves the bootstrap's percentile
-    only in the resamples that draw it, so it cannot make a confident miss alone. Pooled
-    `itl` gaps keep the order statistics only (tens of thousands of gaps a step: too many to
-    resample 2000 times: `rounds` empty)."""
+    only in the resamples that draw it, so it cannot make a confident miss alone."""
     lo, hi = quantile_bounds(values, t.q)
-    if not rounds:
-        return lo, hi
     sent = [
         [v for v in (t.value(r) for r in sorted(rnd, key=lambda r: r.start_time)
                      if r.error is None) if v is not None]
         for rnd in rounds
     ]  # fmt: skip
     iv = Bootstrap[float](wave=wave, pooled=True).interval(sent, lambda v: percentile(v, t.q))
+    if iv is None:
+        return lo, hi
+    return (
+        min(lo, iv.lo) if lo is not None else None,
+        max(hi, iv.hi) if hi is not None else None,
+    )
+
+
+def _pooled_bounds(
+    t: Term, gaps: list[float], rounds: Sequence[Sequence[RequestSample]], wave: int
+) -> tuple[float | None, float | None]:
+    """A pooled `itl` percentile's interval. The gaps of one request, and of one wave, share
+    batches: they are not independent samples, so the request is the unit, as for the other
+    terms. The interval is the wider of the gaps' order statistics and the hierarchical
+    bootstrap over rounds, waves and requests, each drawn request bringing all its gaps
+    (`core.stats.pooled_percentile`): a slow (warm-up) wave widens it instead of deciding.
+    The upper end needs as many requests as a per-request percentile
+    (`core.stats.requests_needed`): fewer could all miss the few requests whose gaps make
+    the pooled tail, whatever the count of gaps."""
+    lo, hi = quantile_bounds(gaps, t.q)
+    sent = [
+        [r.itls for r in sorted(rnd, key=lambda r: r.start_time) if r.error is None]
+        for rnd in rounds
+    ]
+    # A request without gaps (one token) holds no sample of them.
+    if sum(1 for rnd in sent for g in rnd if g) < requests_needed(t.q):
+        hi = None
+    iv = pooled_percentile(sent, t.q, wave=wave)
     if iv is None:
         return lo, hi
     return (

@@ -7,6 +7,7 @@ and an engine 30 % faster must be called in 20 of 20.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ from core.stats import (
     Interval,
     over_rounds,
     percentile,
+    pooled_percentile,
     quantile_bounds,
     ratio_side,
     requests_needed,
@@ -320,3 +322,54 @@ def test_pooled_bootstrap_takes_the_statistic_of_all_rounds_together() -> None:
     p = Bootstrap[float](pooled=True).interval(skewed, mean)
     assert p is not None and p.value == pytest.approx(25 / 6)
     assert over_rounds(skewed, mean) == pytest.approx(4.5)
+
+
+def test_pooled_percentile_is_the_bootstrap_of_requests_carrying_their_gaps() -> None:
+    """`pooled_percentile` finds its ends by a search over counts, not by sorting each
+    resample: it must give exactly the interval of resampling the requests (rounds, waves,
+    requests, each with all its gaps) and reading each resample's pooled order statistics."""
+    rng = random.Random(11)
+    for _ in range(4):
+        rounds = [
+            [[rng.lognormvariate(0, 0.5) * (3 if (rd == 0 and i < 4) else 1)
+              for _ in range(rng.randint(0, 30))] for i in range(rng.randint(1, 12))]
+            for rd in range(rng.randint(1, 3))
+        ]  # fmt: skip
+        for q in (50, 90, 99):
+            got = pooled_percentile(rounds, q, wave=4, resamples=200)
+            pooled = [v for rnd in rounds for g in rnd for v in g]
+            if not pooled:
+                assert got is None
+                continue
+            lows, highs = [], []
+            for drawn in Bootstrap[list[float]](200, wave=4).draws(rounds):
+                vals = sorted(v for rnd in drawn for g in rnd for v in g)
+                if vals:
+                    pos = (len(vals) - 1) * q / 100
+                    lows.append(vals[math.floor(pos)])
+                    highs.append(vals[math.ceil(pos)])
+            lows.sort()
+            highs.sort()
+            m = len(lows)
+            point = percentile(pooled, q)
+            assert got is not None and point is not None and got.value == point
+            assert got.lo == min(point, lows[math.floor((m - 1) * 0.025)])
+            assert got.hi == max(point, highs[math.ceil((m - 1) * 0.975)])
+            assert pooled_percentile(rounds, q, wave=4, resamples=200) == got  # seeded
+
+
+def test_a_pooled_itl_percentile_needs_requests_not_gaps() -> None:
+    """3 requests of 200 gaps are 600 gaps, enough order statistics for a p99 if gaps were
+    independent; but the requests are the units (a request's gaps share its batches, and the
+    tail may come whole requests at a time): a p99 is bounded from 368 requests, as ttft's."""
+    slo = parse_slo("itl_p99=50ms")
+    gaps = [0.01] * 200
+    few = [Req(0.0, 2.0, 0.1, 0.01, 0.01, 2.0, chunks=201, itls=gaps) for _ in range(3)]
+    s = judge_step(slo, 4, [few])
+    assert s.met is None and s.why_not_judged() == "itl_p99: 3 requests, a p99 needs 368"
+    many = [Req(0.0, 1.0, 0.1, 0.01, 0.01, 1.0, chunks=4, itls=[0.01] * 3) for _ in range(368)]
+    s = judge_step(slo, 16, [many])
+    assert s.met is True and s.bounds["itl_p99"] == (0.01, 0.01)
+    # A miss needs no count: 3 requests whose gaps all lie over the limit miss it.
+    slow = [Req(0.0, 2.0, 0.1, 0.1, 0.1, 2.0, chunks=201, itls=[0.1] * 200) for _ in range(3)]
+    assert judge_step(slo, 4, [slow]).met is False
