@@ -128,11 +128,11 @@ def outcome(
     """`runs` comparisons of A at `SPEED` and B `difference` faster (0: identical engines)."""
     a, b = EngineResult("a", "sim"), EngineResult("b", "sim")
     switch = stay = 0
-    stat = aggregate_stat(concurrency)
     for i in range(runs):
         rng = random.Random(seed * 100_003 + i)
         ra = step_records(rng, "a", SPEED, concurrency, rounds, waves, noise)
         rb = step_records(rng, "b", SPEED * (1 + difference), concurrency, rounds, waves, noise)
+        stat = aggregate_stat([*ra, *rb])
         va = [v for v in map(stat, ra) if v is not None]
         vb = [v for v in map(stat, rb) if v is not None]
         values = (sorted(va)[len(va) // 2], sorted(vb)[len(vb) // 2])
@@ -178,7 +178,7 @@ def simulated_engine(
     reqs = EngineRequests(name)
     for c in levels:
         rs = step_records(rng, name, speed, c, rounds, waves, noise, ttft)
-        agg = [v for v in (aggregate_stat(c)(r) for r in rs) if v is not None]
+        agg = [v for v in map(aggregate_stat(rs), rs) if v is not None]
         dec = [v for v in (decode_stat(r) for r in rs) if v is not None]
         first = [v for v in (ttft_stat(r) for r in rs) if v is not None]
         reqs.by_row[len(engine.rows)] = rs
