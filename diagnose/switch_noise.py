@@ -99,18 +99,21 @@ def step_records(
     noise: Noise,
     ttft: float = TTFT_S,
 ) -> list[list[RequestRecord]]:
-    """One engine's step: rounds of `waves` consecutive waves of `concurrency` requests."""
+    """One engine's step: rounds of `waves` consecutive waves of `concurrency` requests,
+    sent as the load generator does (a closed loop: each of `concurrency` clients sends its
+    next request when its last one ends), so a round's wall time has its real tail."""
     out = []
     for _ in range(rounds):
         r_speed = speed * rng.lognormvariate(0, noise.round)
-        t, index, records = 0.0, 0, []
+        free = [k * 1e-4 for k in range(concurrency)]  # when each client sends next
+        index, records = 0, []
         for _ in range(waves):
             w_speed = r_speed * rng.lognormvariate(0, noise.wave)
-            for _ in range(concurrency):
+            for k in range(concurrency):
                 rate = w_speed * rng.lognormvariate(0, noise.request)
-                records.append(_record(engine, index, t + index * 1e-4, rate, ttft))
+                records.append(_record(engine, index, free[k], rate, ttft))
+                free[k] = records[-1].end_time
                 index += 1
-            t = max(x.end_time for x in records)
         out.append(records)
     return out
 

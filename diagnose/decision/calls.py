@@ -62,7 +62,8 @@ class Call:
     higher_is_better: bool = True
     # False when the samples could not call a winner at all (one round and too few requests).
     decidable: bool = True
-    # The ratio b/a of the per-request statistic, the centre of `ratio_lo`..`ratio_hi`.
+    # The centre of `ratio_lo`..`ratio_hi`: the ratio b/a of the per-request statistic (of
+    # the figures `b / a` for aggregate tok/s).
     ratio_point: float | None = None
     # Where each engine's figure came from (diagnose/decision/sources.py; None: the client's
     # chunks, or a run saved before these fields).
@@ -232,10 +233,15 @@ def _call(
         return call
     ia, ib, ir = boot
     # Each engine's interval is shown around its row's figure (the width comes from the
-    # requests); the ratio and the winner come from the per-request statistic alone: a
-    # row's figure carries noise its requests do not (a step's ramp-up and tail in its wall
-    # time), and an interval from one put around the other would call that noise a winner.
+    # requests). The ratio and the winner come from the per-request statistic, whose
+    # definition may differ from the row's (a median over the step, the engine's own
+    # timings), and an interval from one put around the other would call that a winner;
+    # but aggregate tok/s is tokens over wall time in both (the row's wall the load
+    # generator's own, a hair longer), so its ratio is centred on the figures shown and the
+    # lead is their quotient.
     ia, ib = ia.scaled(va / ia.value), ib.scaled(vb / ib.value)
+    if what == AGGREGATE:
+        ir = ir.scaled(vb / va / ir.value)
     rounds_n = min(len(requests[0]), len(requests[1]))
     floor = resolvable(rounds_n)
     side = ratio_side(ir, floor)
