@@ -99,18 +99,21 @@ def step_records(
     noise: Noise,
     ttft: float = TTFT_S,
 ) -> list[list[RequestRecord]]:
-    """One engine's step: rounds of `waves` consecutive waves of `concurrency` requests."""
+    """One engine's step: rounds of `waves` consecutive waves of `concurrency` requests,
+    sent as the load generator does (a closed loop: each of `concurrency` clients sends its
+    next request when its last one ends), so a round's wall time has its real tail."""
     out = []
     for _ in range(rounds):
         r_speed = speed * rng.lognormvariate(0, noise.round)
-        t, index, records = 0.0, 0, []
+        free = [k * 1e-4 for k in range(concurrency)]  # when each client sends next
+        index, records = 0, []
         for _ in range(waves):
             w_speed = r_speed * rng.lognormvariate(0, noise.wave)
-            for _ in range(concurrency):
+            for k in range(concurrency):
                 rate = w_speed * rng.lognormvariate(0, noise.request)
-                records.append(_record(engine, index, t + index * 1e-4, rate, ttft))
+                records.append(_record(engine, index, free[k], rate, ttft))
+                free[k] = records[-1].end_time
                 index += 1
-            t = max(x.end_time for x in records)
         out.append(records)
     return out
 
@@ -128,11 +131,11 @@ def outcome(
     """`runs` comparisons of A at `SPEED` and B `difference` faster (0: identical engines)."""
     a, b = EngineResult("a", "sim"), EngineResult("b", "sim")
     switch = stay = 0
-    stat = aggregate_stat(concurrency)
     for i in range(runs):
         rng = random.Random(seed * 100_003 + i)
         ra = step_records(rng, "a", SPEED, concurrency, rounds, waves, noise)
         rb = step_records(rng, "b", SPEED * (1 + difference), concurrency, rounds, waves, noise)
+        stat = aggregate_stat([*ra, *rb])
         va = [v for v in map(stat, ra) if v is not None]
         vb = [v for v in map(stat, rb) if v is not None]
         values = (sorted(va)[len(va) // 2], sorted(vb)[len(vb) // 2])
@@ -178,7 +181,7 @@ def simulated_engine(
     reqs = EngineRequests(name)
     for c in levels:
         rs = step_records(rng, name, speed, c, rounds, waves, noise, ttft)
-        agg = [v for v in (aggregate_stat(c)(r) for r in rs) if v is not None]
+        agg = [v for v in map(aggregate_stat(rs), rs) if v is not None]
         dec = [v for v in (decode_stat(r) for r in rs) if v is not None]
         first = [v for v in (ttft_stat(r) for r in rs) if v is not None]
         reqs.by_row[len(engine.rows)] = rs

@@ -62,7 +62,8 @@ class Call:
     higher_is_better: bool = True
     # False when the samples could not call a winner at all (one round and too few requests).
     decidable: bool = True
-    # The ratio b/a of the per-request statistic, the centre of `ratio_lo`..`ratio_hi`.
+    # The centre of `ratio_lo`..`ratio_hi`: the ratio b/a of the per-request statistic (of
+    # the figures `b / a` for aggregate tok/s).
     ratio_point: float | None = None
     # Where each engine's figure came from (diagnose/decision/sources.py; None: the client's
     # chunks, or a run saved before these fields).
@@ -105,16 +106,52 @@ def _fig(v: float, lo: float | None, hi: float | None) -> str:
     return f"{v:.3g} [{lo:.3g}–{hi:.3g}]"
 
 
-def aggregate_stat(concurrency: int) -> Stat:
-    """Aggregate tok/s from per-request completion times (Little's law: `concurrency` requests
-    in flight, each taking its end-to-end time): concurrency × Σ tokens / Σ e2e."""
+def aggregate_stat(rounds: Sequence[Sequence[RequestRecord]]) -> Stat:
+    """Aggregate tok/s over these rounds' requests: tokens over the wall time they took.
+
+    Each round's wall time (its last end minus its first start) is shared among its
+    successful requests in proportion to each one's decode time (end-to-end minus TTFT), and
+    the statistic of any set of them is Σ tokens / Σ their shares: a whole round's figure is
+    its tokens over its wall time, whatever the engine keeps in flight (a queue in front of
+    too few slots, or a schedule far below the cap). The shares are fixed by the rounds given
+    here, so a resample (`core.stats.Bootstrap`) varies only each request's tokens per second
+    of decoding; the wait before its first token is excluded, being its place in a queue
+    rather than its own speed. Requests not from these rounds count as one round of their own.
+    """
+    shares = wall_shares(rounds)
 
     def stat(rs: Sequence[RequestRecord]) -> float | None:
-        ok = [r for r in rs if r.error is None and r.e2e_s > 0]
-        e2e = sum(r.e2e_s for r in ok)
-        return concurrency * sum(r.completion_tokens or 0 for r in ok) / e2e if e2e else None
+        ok = [r for r in rs if _succeeded(r)]
+        if any(shares.get(id(r), (None, 0.0))[0] is not r for r in ok):
+            return aggregate_stat([rs])(rs)
+        wall = sum(shares[id(r)][1] for r in ok)
+        return sum(r.completion_tokens or 0 for r in ok) / wall if wall > 0 else None
 
     return stat
+
+
+def wall_shares(
+    rounds: Sequence[Sequence[RequestRecord]],
+) -> dict[int, tuple[RequestRecord, float]]:
+    """Each successful request (by `id`, kept with it) and its share of its round's wall
+    time, in proportion to its decode time; a round where one has no decode time (no first
+    token seen, or a single token) shares by end-to-end time instead."""
+    out: dict[int, tuple[RequestRecord, float]] = {}
+    for rnd in rounds:
+        ok = [r for r in rnd if _succeeded(r)]
+        if not ok:
+            continue
+        wall = max(r.end_time for r in rnd) - min(r.start_time for r in rnd)
+        decode = [r.e2e_s - (r.ttft_s or r.e2e_s) for r in ok]
+        weights = decode if all(d > 0 for d in decode) else [r.e2e_s for r in ok]
+        total = sum(weights)
+        for r, w in zip(ok, weights, strict=True):
+            out[id(r)] = (r, wall * w / total)
+    return out
+
+
+def _succeeded(r: RequestRecord) -> bool:
+    return r.error is None and r.e2e_s > 0
 
 
 def decode_stat(rs: Sequence[RequestRecord]) -> float | None:
@@ -196,10 +233,15 @@ def _call(
         return call
     ia, ib, ir = boot
     # Each engine's interval is shown around its row's figure (the width comes from the
-    # requests); the ratio and the winner come from the per-request statistic alone: a
-    # row's figure carries noise its requests do not (a step's ramp-up and tail in its wall
-    # time), and an interval from one put around the other would call that noise a winner.
+    # requests). The ratio and the winner come from the per-request statistic, whose
+    # definition may differ from the row's (a median over the step, the engine's own
+    # timings), and an interval from one put around the other would call that a winner;
+    # but aggregate tok/s is tokens over wall time in both (the row's wall the load
+    # generator's own, a hair longer), so its ratio is centred on the figures shown and the
+    # lead is their quotient.
     ia, ib = ia.scaled(va / ia.value), ib.scaled(vb / ib.value)
+    if what == AGGREGATE:
+        ir = ir.scaled(vb / va / ir.value)
     rounds_n = min(len(requests[0]), len(requests[1]))
     floor = resolvable(rounds_n)
     side = ratio_side(ir, floor)

@@ -313,7 +313,7 @@ def _batch_calls(a: EngineResult, b: EngineResult, reqs: dict[str, EngineRequest
             (ra.aggregate_tok_s, rb.aggregate_tok_s),
             (ra.aggregate_rounds, rb.aggregate_rounds),
             samples,
-            aggregate_stat(c),
+            aggregate_stat([*samples[0], *samples[1]]),
         )
         ttft = measured_call(
             TTFT,
