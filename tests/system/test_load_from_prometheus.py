@@ -110,7 +110,7 @@ def test_decide_answers_for_the_load_prometheus_saw(
     assert code == 0 and light["decision"]["load"] == 2
     assert light["recommendation"] == "stay"
     assert "at c=2 (between c=1: no difference, ratio [" in light["action"]
-    assert "and c=4: no difference, ratio [1.05–1.21], which agree)" in light["action"]
+    assert "and c=4: no difference, ratio [1.06–1.20], which agree)" in light["action"]
     assert "over the last 5m on light" in light["decision"]["load_source"]
 
 
