@@ -72,6 +72,14 @@ class Interval:
         return f"{self.value:{fmt}} [{self.lo:{fmt}}–{self.hi:{fmt}}]"
 
 
+def relative_spread(values: Sequence[float]) -> float | None:
+    """(max - min) / median of the rounds; None with fewer than two rounds."""
+    if len(values) < 2:
+        return None
+    med = statistics.median(values)
+    return (max(values) - min(values)) / med if med > 0 else None
+
+
 def resolvable(rounds: int, floor: float = COMPARE_NOISE_FLOOR) -> float:
     """The smallest relative difference a run of `rounds` rounds calls (the noise floor from
     `FULL_ROUNDS` on; larger below, where the run cannot see a round's own noise)."""

@@ -1,8 +1,8 @@
 """`llmb-loadgen diagnose` and `compare`: the procedure, its decision, the reports.
 
 - `cli`: the two commands' flags, the answer on the terminal and the output files;
-- `procedure`: the orchestrator (`Diagnoser`: the steps' outcomes applied to the result,
-  the run's verdict; `diagnose` and `compare`);
+- `procedure`: the orchestrator (`Diagnoser`: the steps' outcomes taken in, the result
+  built once at the end with the run's verdict; `diagnose` and `compare`);
 - `steps/`: one module per step (residency, single, concurrency, kv, context), each on its
   own typed inputs and measuring seams, returning a `steps.base.StepOutcome`;
   `step_inputs` hands them down from the `engine_run.EngineRun` (`PROCEDURE`, in order);

@@ -1,9 +1,12 @@
 """One engine under measurement: the state of its run, and (re)launching it.
 
-`EngineRun` holds the engine's configuration, the options, the monitor, the result being
-filled, the answers so far and the verdicts of the load steps; plus launching, stopping and
-settling the engine when it has a launch template. The steps (`diagnose.steps`) never see
-it: `diagnose.step_inputs` reads each step's inputs off it and binds its seams.
+`EngineRun` holds the engine's configuration, the options, the monitor, what the run has
+gathered so far (the engine's `Facts` as a value, the rows as measured, the notes, the
+evidence and what could not be measured), the answers so far and the verdicts of the load
+steps; plus launching, stopping and settling the engine when it has a launch template. The
+procedure builds the result from what it gathered once, at the end
+(`diagnose.decision.built`). The steps (`diagnose.steps`) never see it:
+`diagnose.step_inputs` reads each step's inputs off it and binds its seams.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import asyncio
 import contextlib
 import shlex
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +24,7 @@ from core import series as llmb
 from core.rules import RuleValues
 from core.signals import Signals
 from core.slo import Slo
-from diagnose.decision.model import EngineResult, PhaseMark, Row, Step
+from diagnose.decision.model import EngineResult, Facts, PhaseMark, Row, Step
 from diagnose.launcher import (
     EngineProcess,
     LaunchError,
@@ -60,7 +64,14 @@ class EngineRun(ABC):
         # One RunContext per run: compare shares it, so both engines get the same prompts.
         self.ctx = ctx or RunContext(out)
         self.monitor = Monitor(engine.name, opts)
-        self.result = EngineResult(name=engine.name, kind=engine.kind, url=engine.url)
+        # What the run gathers, for its result (built at the end): the engine's facts (a
+        # value, replaced as it is read again), the rows as measured (a stop keeps them,
+        # --find-max reads them), what could not be measured, notes and evidence.
+        self.facts = Facts(name=engine.name, kind=engine.kind, url=engine.url)
+        self.rows: list[Row] = []
+        self.missing: list[str] = []
+        self.notes: list[str] = []
+        self.evidence: dict[str, str] = {}
         self.current: EngineProcess | None = None
         self.steps: dict[str, Step] = {}
         # (step, verdict, signals) of the decision core at the end of each load step.
@@ -82,8 +93,13 @@ class EngineRun(ABC):
         """--find-max: bisect between the measured levels for the highest load within `slo`."""
 
     @abstractmethod
-    async def gpu_facts(self) -> None:
-        """Re-read the card, memory, layers and buffers from the exporter's series."""
+    async def gpu_facts(self) -> Facts:
+        """The facts with the card, memory, layers and buffers read again from the
+        exporter's series."""
+
+    @abstractmethod
+    def view(self) -> EngineResult:
+        """The result as far as the run has gathered it, for the readers of a result mid-run."""
 
     @abstractmethod
     def residency_values(self) -> RuleValues:
@@ -101,8 +117,8 @@ class EngineRun(ABC):
 
     def note(self, text: str) -> None:
         """A note of the result, once."""
-        if text not in self.result.notes:
-            self.result.notes.append(text)
+        if text not in self.notes:
+            self.notes.append(text)
 
     def target(self) -> Target:
         """The engine as the load generator's target (the running launch's URL)."""
@@ -152,13 +168,13 @@ class EngineRun(ABC):
         self.current = proc
         engine_log = proc.engine_log if "log" in self.template() else self.engine.log_file
         await self.monitor.attach(self.engine, engine_log, proc.pid)
-        if self.result.load_seconds is None:
-            self.result.load_seconds = load
+        if self.facts.load_seconds is None:
+            self.facts = replace(self.facts, load_seconds=load)
         return proc
 
     def failed_launch(self, ctx: int | None, error: str) -> None:
         """A context row for a launch that failed."""
-        self.result.rows.append(
+        self.rows.append(
             Row(
                 self.engine.name,
                 "context",

@@ -46,7 +46,7 @@ def step_evidence(run: EngineRun, row: Row, t0: float, t1: float) -> None:
         # it: one prefill efficiency for the verdict, the report and Prometheus.
         row.sm_clock_ratio = values.signals.sm_clock_ratio
         if row.prefill_tok_s is not None:
-            row.prefill_efficiency = row_prefill(run.result, row).efficiency
+            row.prefill_efficiency = row_prefill(run.facts, row).efficiency
         sig = complete(run, values.signals, row, t1, values)
         kv = mon.window(llmb.ENGINE_KV_CACHE_USAGE_RATIO, t0, t1)
         waiting = mon.window(llmb.ENGINE_REQUESTS_WAITING, t0, t1)
@@ -64,8 +64,8 @@ def _moe_batch_efficiency(
     run: EngineRun, sig: Signals, row: Row, values: RuleValues | None
 ) -> Signals:
     """A mixture-of-experts step's decode efficiency at the batch the step kept running."""
-    model = run.result.structure()
-    batch = float(row_batch(run.result, row))
+    model = run.facts.structure()
+    batch = float(row_batch(run.facts, row))
     moe = model is not None and model.experts_known and bool(model.routed_expert_bytes)
     if not (
         values is not None
@@ -81,9 +81,9 @@ def _moe_batch_efficiency(
     kv_tokens = None
     if row.prompt_tokens is not None:
         kv_tokens = batch * (row.prompt_tokens + row.max_tokens / 2)
-    per_step, _ = bytes_per_step(run.result, kv_tokens, batch)
+    per_step, _ = bytes_per_step(run.facts, kv_tokens, batch)
     roof = roofline_tokens_per_second(
-        values.bandwidth_bytes_per_second, per_step, run.result.spec_accept_length
+        values.bandwidth_bytes_per_second, per_step, run.facts.spec_accept_length
     )
     run.note(
         f"{row.step}: the mixture-of-experts roofline uses the {batch:.0f} sequences the step kept "
@@ -126,13 +126,11 @@ def complete(
     return replace(sig, card_shortfall_explained=explained)
 
 
-def card_evidence(run: EngineRun, sig: Signals) -> None:
+def card_evidence(run: EngineRun, sig: Signals) -> str | None:
     """What the card did under load (`core.card.card_sentence`), beside the verdict: the
-    answer and the report show the engine's evidence."""
+    answer and the report show it as the engine's evidence (None: nothing to say)."""
     watts = first(run.monitor.latest(), llmb.GPU_POWER_LIMIT_WATTS)
-    text = card_sentence(sig, watts)
-    if text is not None:
-        run.result.evidence["card"] = text
+    return card_sentence(sig, watts)
 
 
 # Diagnose's own readings as the exporter's samples ------------------------------------
@@ -165,7 +163,7 @@ class _Page:
 
 def _engine_page(run: EngineRun) -> _Page:
     """The gauges of the engine at rest: up, layers, weights, buffers, memory, the card."""
-    res, page = run.result, _Page(run)
+    res, page = run.facts, _Page(run)
     page.put(llmb.ENGINE_UP, 1.0)
     if res.layers_total:
         page.put(llmb.ENGINE_GPU_LAYERS_OFFLOADED, res.layers_offloaded or 0.0)
@@ -208,8 +206,8 @@ def step_values(run: EngineRun, row: Row, t1: float) -> RuleValues:
     min(concurrency, slots) requests and the rest waited; the counters rose by the step's
     KV-pressure events, generated tokens and per-sequence decode time.
     """
-    slots = run.result.slots
-    batch = row_batch(run.result, row)
+    slots = run.facts.slots
+    batch = row_batch(run.facts, row)
     tokens = float(row.completion_tokens)
     span = max(1.0, min(row.wall_s or 1.0, threshold_seconds("rate_window") / 2))
     scrapes = []
@@ -248,7 +246,7 @@ def _own_prefill(run: EngineRun, sig: Signals, row: Row) -> Signals:
     if row.prefill_efficiency is None:
         return sig
     if sig.prefill_efficiency is None:
-        source = run.result.prefill.peak_source or "the peak given"
+        source = run.facts.prefill.peak_source or "the peak given"
         run.note(
             f"{row.step}: prefill efficiency from the engine's prompt timings and {source} "
             "(no peak-compute series for the rules: the Prometheus verdict cannot see it)"

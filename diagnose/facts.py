@@ -2,10 +2,10 @@
 
 `collect_facts` returns what is known of the model, precision, sizes, slots and contexts from
 the engine's one probe (`diagnose.probe`: the one `--url` resolution took, else its own) and
-the GGUF it serves (the exporter's one GGUF reader), as a `CollectedFacts` value that the
-procedure applies to the `EngineResult` (`apply_facts`); `gpu_facts` reads the exporter's
-series (card, bandwidth, memory, layers, buffers), `structure_facts` the model-structure
-series.
+the GGUF it serves (the exporter's one GGUF reader), as a `CollectedFacts` value that
+`with_collected` turns into the engine's `Facts`; `gpu_facts` adds the exporter's series
+(card, bandwidth, memory, layers, buffers), `structure_facts` the model-structure series.
+Each returns a new `Facts`: the run keeps the newest and builds its result from it.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import contextlib
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from config.kinds import engine_kind
 from config.settings import EngineConfig
 from core import series as llmb
 from core.prefill import PEAK_DTYPE
-from diagnose.decision.model import EngineResult
+from diagnose.decision.model import Facts, Prefill
 from diagnose.engine_run import EngineRun
 from diagnose.monitor import RESULT_STRUCTURE_SERIES
 from diagnose.options import Options
@@ -34,7 +34,10 @@ from model.flops import prefill_flops
 from model.geometry import ModelGeometry, geometry_from_gguf
 from model.host_memory import HostBandwidth
 
-# EngineResult field -> the per-engine series read with the GPU facts.
+# A fact reader that keeps its argument's type (a run's `Facts`, or a result's).
+F = TypeVar("F", bound=Facts)
+
+# Facts field -> the per-engine series read with the GPU facts.
 ENGINE_SERIES = {
     **llmb.field_series(
         "process_gpu_bytes",
@@ -48,8 +51,10 @@ ENGINE_SERIES = {
 }
 
 
-def structure_from_geometry(res: EngineResult, geo: Any) -> None:
-    """The model-structure fields of a GGUF/HF geometry (`ModelGeometry`)."""
+def structure_from_geometry(known: Facts, geo: Any) -> Facts:
+    """The model-structure fields of a GGUF/HF geometry (`ModelGeometry`) where `known` has
+    none."""
+    found: dict[str, Any] = {}
     for attr, name in (
         ("always_read_bytes", "always_read_bytes"),
         ("routed_expert_bytes", "routed_expert_bytes"),
@@ -58,13 +63,14 @@ def structure_from_geometry(res: EngineResult, geo: Any) -> None:
         ("token_embedding_row_bytes", "token_embedding_row_bytes"),
     ):
         value = getattr(geo, name, None)
-        if value is not None and getattr(res, attr) is None:
-            setattr(res, attr, float(value))
+        if value is not None and getattr(known, attr) is None:
+            found[attr] = float(value)
+    return replace(known, **found)
 
 
 @dataclass(frozen=True)
 class CollectedFacts:
-    """What is known before any load, for the procedure to apply (`apply_facts`): what the
+    """What is known before any load, for the procedure to take in (`with_collected`): what the
     engine's endpoints said, its model file and where that came from, the file's geometry
     (None: no GGUF readable here)."""
 
@@ -96,73 +102,86 @@ async def collect_facts(
     return CollectedFacts(facts, model_path, evidence, geo)
 
 
-def apply_facts(res: EngineResult, facts: CollectedFacts) -> None:
-    """The facts into the result: the endpoints' first, the GGUF's where they said nothing."""
-    for key, value in facts.endpoints.known().items():
-        if key != "model_path":
-            setattr(res, key, value)
-    res.evidence["model"] = facts.model_evidence
+def with_collected(known: Facts, facts: CollectedFacts) -> Facts:
+    """`known` with the collected facts: the endpoints' first, the GGUF's where they said
+    nothing."""
+    said = {k: v for k, v in facts.endpoints.known().items() if k != "model_path"}
+    known = replace(known, **said)
     geo = facts.geometry
     if geo is None:
-        return
-    with contextlib.suppress(OSError, ValueError):
-        res.parameters = res.parameters or (float(geo.n_params) if geo.n_params else None)
-        res.trained_context = res.trained_context or geo.n_ctx_train
-        res.kv_bytes_per_token = geo.kv_bytes_per_token()
-        res.layers_total = res.layers_total or float(geo.n_layer + 1)
-        if res.weights_bytes is None and geo.weight_bytes:
-            res.weights_bytes = float(geo.weight_bytes)
-        structure_from_geometry(res, geo)
-        prefill_from_geometry(res, geo)
+        return known
+    try:
+        params = known.parameters or (float(geo.n_params) if geo.n_params else None)
+        weights = known.weights_bytes
+        if weights is None and geo.weight_bytes:
+            weights = float(geo.weight_bytes)
+        known = replace(
+            known,
+            parameters=params,
+            trained_context=known.trained_context or geo.n_ctx_train,
+            kv_bytes_per_token=geo.kv_bytes_per_token(),
+            layers_total=known.layers_total or float(geo.n_layer + 1),
+            weights_bytes=weights,
+        )
+        known = structure_from_geometry(known, geo)
+        known = prefill_from_geometry(known, geo)
+    except (OSError, ValueError):  # a field this reader cannot take: what was read stays
+        pass
+    return known
 
 
-async def gpu_facts(run: EngineRun) -> None:
-    """Card, bandwidth (model/gpu_specs, via the NVML collector), memory, layers, buffers."""
-    res, mon = run.result, run.monitor
+async def gpu_facts(run: EngineRun) -> Facts:
+    """The run's facts with the card, bandwidth (model/gpu_specs, via the NVML collector),
+    memory, layers and buffers of a fresh sample."""
+    known, mon = run.facts, run.monitor
     await mon.sample()
-    res.memory_source = mon.source
+    known = replace(known, memory_source=mon.source)
     series = mon.latest()
     if series:
-        res.gpu_total_bytes = first(series, llmb.GPU_MEMORY_TOTAL_BYTES)
-        res.bandwidth_bytes_per_s = first(series, llmb.GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND)
+        bandwidth = first(series, llmb.GPU_MEMORY_BANDWIDTH_BYTES_PER_SECOND)
         # The engine's GPUs as the rules see them (tensor parallel: their bandwidths add).
         values = mon.rule_values(time.time())
         if values is not None and values.bandwidth_bytes_per_second:
-            res.bandwidth_bytes_per_s = values.bandwidth_bytes_per_second
-        res.bandwidth_source = "exporter" if res.bandwidth_bytes_per_s else None
-        _engine_series(res, series, mon.exporter_engine)
-        res.gpu_free_bytes = first(series, llmb.GPU_MEMORY_FREE_BYTES)
-    host_bandwidth_facts(res, run.opts.host_bandwidth, series)
+            bandwidth = values.bandwidth_bytes_per_second
+        known = replace(
+            _engine_series(known, series, mon.exporter_engine),
+            gpu_total_bytes=first(series, llmb.GPU_MEMORY_TOTAL_BYTES),
+            bandwidth_bytes_per_s=bandwidth,
+            bandwidth_source="exporter" if bandwidth else None,
+            gpu_free_bytes=first(series, llmb.GPU_MEMORY_FREE_BYTES),
+        )
+    known = host_bandwidth_facts(known, run.opts.host_bandwidth, series)
     if run.opts.bandwidth_bytes_per_s:
-        res.bandwidth_bytes_per_s = run.opts.bandwidth_bytes_per_s
-        res.bandwidth_source = "--bandwidth-gbs"
-    _peak_facts(run, series)
+        known = replace(
+            known,
+            bandwidth_bytes_per_s=run.opts.bandwidth_bytes_per_s,
+            bandwidth_source="--bandwidth-gbs",
+        )
+    return replace(known, prefill=_peak_facts(run, known.prefill, series))
 
 
-def host_bandwidth_facts(
-    res: EngineResult, given: HostBandwidth | None, series: Series | None
-) -> None:
+def host_bandwidth_facts(known: F, given: HostBandwidth | None, series: Series | None) -> F:
     """Host memory bandwidth for the expert-offload bound: the exporter's series (its own
     measurement, or what it was given), unless this run was given one (flag, config)."""
-    for labels, value in labelled(series or {}, llmb.HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND):
-        res.host_bandwidth_bytes_per_s = value
-        res.host_bandwidth_source = labels.get("source") or "exporter"
-    if given is not None and (res.host_bandwidth_bytes_per_s is None or given.source != "measured"):
-        res.host_bandwidth_bytes_per_s = given.bytes_per_second
-        res.host_bandwidth_source = given.source
+    value, source = known.host_bandwidth_bytes_per_s, known.host_bandwidth_source
+    for labels, seen in labelled(series or {}, llmb.HOST_MEMORY_BANDWIDTH_BYTES_PER_SECOND):
+        value, source = seen, labels.get("source") or "exporter"
+    if given is not None and (value is None or given.source != "measured"):
+        value, source = given.bytes_per_second, given.source
+    return replace(known, host_bandwidth_bytes_per_s=value, host_bandwidth_source=source)
 
 
-def prefill_from_geometry(res: EngineResult, geo: Any) -> None:
+def prefill_from_geometry(known: Facts, geo: Any) -> Facts:
     """The model's FLOPs per prompt token (model/flops.py) from a GGUF/HF geometry."""
     fl = prefill_flops(geo)
-    if fl is not None:
-        res.prefill = replace(res.prefill, **fl._asdict())
+    if fl is None:
+        return known
+    return replace(known, prefill=replace(known.prefill, **fl._asdict()))
 
 
-def _peak_facts(run: EngineRun, series: Series | None) -> None:
+def _peak_facts(run: EngineRun, prefill: Prefill, series: Series | None) -> Prefill:
     """The card's peak compute (--peak-tflops, else the exporter's table value) and, where
     no GGUF was read, the model's FLOPs per token from the exporter's series."""
-    res = run.result
     engine = run.monitor.exporter_engine
     peak, source = run.opts.peak_flops, "--peak-tflops"
     if peak is None and series:
@@ -173,8 +192,8 @@ def _peak_facts(run: EngineRun, series: Series | None) -> None:
             (max(peaks), f"{llmb.GPU_PEAK_FLOPS}{{dtype={PEAK_DTYPE}}}") if peaks else (None, "")
         )
     if peak is not None:
-        res.prefill = replace(res.prefill, peak_flops=peak, peak_source=source)
-    if res.prefill.matmul_flops is None and series:
+        prefill = replace(prefill, peak_flops=peak, peak_source=source)
+    if prefill.matmul_flops is None and series:
         matmul = first(series, llmb.MODEL_PREFILL_FLOPS_PER_TOKEN, engine=engine)
         parts = {
             lab.get("layers", ""): v
@@ -182,21 +201,23 @@ def _peak_facts(run: EngineRun, series: Series | None) -> None:
             if lab.get("engine") == engine
         }
         if matmul:
-            res.prefill = replace(
-                res.prefill,
+            prefill = replace(
+                prefill,
                 matmul_flops=matmul,
                 attention_flops_full=parts.get("full"),
                 attention_flops_swa=parts.get("sliding"),
                 sliding_window=first(series, llmb.MODEL_SLIDING_WINDOW_TOKENS, engine=engine),
             )
+    return prefill
 
 
-def _engine_series(res: EngineResult, series: Series, engine: str) -> None:
+def _engine_series(known: Facts, series: Series, engine: str) -> Facts:
     """The engine's own series: sizes, layers, GPU weight buffers, version, the card's name."""
+    found: dict[str, Any] = {}
     for attr, name in ENGINE_SERIES.items():
         value = first(series, name, engine=engine)
         if value is not None:
-            setattr(res, attr, value)
+            found[attr] = value
     buffers = [
         (lab.get("device", ""), v)
         for lab, v in labelled(series, llmb.ENGINE_MODEL_BUFFER_BYTES)
@@ -204,23 +225,29 @@ def _engine_series(res: EngineResult, series: Series, engine: str) -> None:
     ]
     if buffers:
         # Only host (CPU) buffers reported is an explicit 0 on the GPU, not an unknown.
-        res.gpu_buffer_bytes = sum(v for dev, v in buffers if not dev.lower().startswith("cpu"))
+        found["gpu_buffer_bytes"] = sum(
+            v for dev, v in buffers if not dev.lower().startswith("cpu")
+        )
     for info, _ in labelled(series, llmb.ENGINE_INFO):
         if info.get("engine") == engine:
-            res.quantization = info.get("quantization") or res.quantization
-            res.engine_version = info.get("version") or res.engine_version
+            found["quantization"] = info.get("quantization") or known.quantization
+            found["engine_version"] = info.get("version") or known.engine_version
     for info, _ in labelled(series, llmb.GPU_INFO):
         if info.get("name"):
-            res.gpu_name = info["name"]
-            res.gpu_driver = info.get("driver") or res.gpu_driver
+            found["gpu_name"] = info["name"]
+            found["gpu_driver"] = info.get("driver") or known.gpu_driver
+    return replace(known, **found)
 
 
-def structure_facts(run: EngineRun) -> None:
-    """The model-structure series of the newest scrape (exporter or embedded collectors)."""
+def structure_facts(run: EngineRun) -> Facts:
+    """The run's facts with the model-structure series of the newest scrape (exporter or
+    embedded collectors)."""
+    found: dict[str, Any] = {}
     for attr, name in RESULT_STRUCTURE_SERIES.items():
         value = run.monitor.engine_value(name)
         if value is not None:
-            setattr(run.result, attr, value)
+            found[attr] = value
+    return replace(run.facts, **found)
 
 
 def _readable_model(kind: str, path: str) -> bool:
@@ -305,6 +332,6 @@ def load_lines(run: EngineRun) -> str:
 def record_evidence(run: EngineRun) -> None:
     """The log's line of the answer; what it could not see goes to the missing list too."""
     text = log_evidence(run)
-    run.result.evidence["log"] = text
+    run.evidence["log"] = text
     if text.startswith("not seen") or "no load lines" in text:
-        run.result.missing.append(f"log: {text}")
+        run.missing.append(f"log: {text}")

@@ -30,8 +30,9 @@ MAX_PROBES = 8
 
 def _steps(run: EngineRun, slo: Slo) -> list[StepSlo]:
     """Every measured level judged against the SLO, so far."""
-    ans = slo_answer(slo, [run.result], load_requests(run.out, [run.result]))
-    return sorted(ans.steps[run.result.name], key=lambda s: s.concurrency)
+    so_far = run.view()
+    ans = slo_answer(slo, [so_far], load_requests(run.out, [so_far]))
+    return sorted(ans.steps[so_far.name], key=lambda s: s.concurrency)
 
 
 def probe_requests(slo: Slo, concurrency: int, per_slot: int, rounds: int) -> int:

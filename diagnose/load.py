@@ -17,7 +17,6 @@ from diagnose.decision.model import Row
 from diagnose.decision.prefill import (
     PromptTiming,
     histogram_split,
-    prefill_row,
     row_prefill,
     ttft_split,
 )
@@ -236,14 +235,14 @@ def _summarize(run: EngineRun, row: Row, acc: _Rounds, engine: EngineTiming) -> 
         row.error = f"{row.requests_failed}/{row.requests} requests failed: " + ", ".join(
             f"{k} {n}" for k, n in sorted(row.errors.items())
         )
-    roof = row_roofline(run.result, row)
+    roof = row_roofline(run.facts, row)
     row.bytes_per_step, row.limit_tok_s = roof.bytes_per_step, roof.limit_tok_s
     row.efficiency, row.misfit = roof.efficiency, roof.misfit
     split = ttft_split(acc.timings) or histogram_split(engine.ttft_s, engine.queue_s)
     if split is not None:
         row.prefill_tok_s, row.queue_wait_s = split.prefill_tok_s, split.queue_wait_s
         row.prefill_s, row.ttft_split_source = split.prefill_s, split.source
-        row.prefill_efficiency = row_prefill(run.result, row).efficiency
+        row.prefill_efficiency = row_prefill(run.facts, row).efficiency
 
 
 def prompt_timings(records: list[RequestRecord]) -> list[PromptTiming]:
@@ -267,7 +266,7 @@ async def measure_row(run: EngineRun, load: LoadStep) -> Row:
         load.key,
         load.concurrency,
         context=load.context,
-        parallel=run.result.slots,
+        parallel=run.facts.slots,
         # --traffic: each request asks the traffic's own length; the row keeps their mean
         # (the KV estimates' mid-decode context).
         max_tokens=run.opts.max_tokens if load.traffic is None else mean_output(load.traffic),
@@ -289,7 +288,7 @@ async def measure_row(run: EngineRun, load: LoadStep) -> Row:
         # What finished is kept: the row with its rounds, marked with why it stopped.
         _summarize(run, row, acc, engine_timing(run.monitor, acc.server_tok_s, t0, time.time()))
         row.error = f"stopped: {stopped.reason}"
-        run.result.rows.append(row)
+        run.rows.append(row)
         raise stopped
     # llama.cpp logs a slot's release (and its truncation) after the stream has ended:
     # one more sample interval lets the log and the exporter catch up with the step.
@@ -297,7 +296,7 @@ async def measure_row(run: EngineRun, load: LoadStep) -> Row:
     await run.monitor.sample(fresh=True)
     t1 = time.time()
     # Series that appear only once requests finished (the speculative accept length).
-    structure_facts(run)
+    run.facts = structure_facts(run)
     _summarize(run, row, acc, engine_timing(run.monitor, acc.server_tok_s, t0, t1))
     row.memory_bytes = run.monitor.memory_peak(t0, t1)
     if load.traffic is not None:
@@ -305,8 +304,7 @@ async def measure_row(run: EngineRun, load: LoadStep) -> Row:
     # The KV-pressure events the engine's log showed during the step (the exporter's count).
     row.kv_events = int(max(0.0, _log_events(run) - events0))
     step_evidence(run, row, t0, t1)
-    run.result.rows.append(row)
-    run.result.prefill = row_prefill(run.result, prefill_row(run.result))
+    run.rows.append(row)
     return row
 
 

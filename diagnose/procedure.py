@@ -4,7 +4,8 @@ Steps, in order (`diagnose.step_inputs.PROCEDURE`, one module each in `diagnose.
 residency (are all weights on the GPU), single-request decode against the card's roofline,
 concurrency, a KV-pressure step (long prompts that fill the slots) and a context sweep
 (restarts with only the context changed, up to the model's trained context or until memory
-gives out); each step's outcome is applied to the result in one place (`Diagnoser.apply`).
+gives out); each step's outcome is taken in one place (`Diagnoser.apply`), and the result is
+built once, at the end, from the facts, the rows and the outcomes (`Diagnoser.result`).
 Load goes through the load generator's scheduler (`diagnose.load`), the exporter's series
 through the monitor (`diagnose.monitor`) and the verdict through the decision core `core`:
 the samples are turned into the recording rules' signals exactly as Prometheus would. A step
@@ -27,6 +28,7 @@ the engine in use; the recommendation is `stay` (no difference beyond the noise)
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -36,20 +38,20 @@ from core.roofline import MISFIT_BY_NAME, misfit_text
 from core.rules import RuleValues
 from core.signals import SIGNAL_FIELDS, Signals
 from core.slo import Slo
-from diagnose.decision.model import NOT_MEASURED, Decision, EngineResult, Row, Step
+from diagnose.decision.built import engine_result
+from diagnose.decision.model import NOT_MEASURED, Decision, EngineResult, Facts, Row, Step
 from diagnose.decision.one_engine import decide_single, engine_verdict
 from diagnose.decision.requests import load_requests
-from diagnose.decision.roofline import roofline
 from diagnose.decision.slo import add_slo
 from diagnose.decision.two_engines import CompareInputs, decide_compare
 from diagnose.engine_run import EngineRun
 from diagnose.evidence import card_evidence, residency_values
 from diagnose.facts import (
-    apply_facts,
     collect_facts,
     gpu_facts,
     record_evidence,
     structure_facts,
+    with_collected,
 )
 from diagnose.find_max import find_max
 from diagnose.load import measure_row
@@ -79,19 +81,31 @@ TRAFFIC_SKIPS = {
 }
 
 
+@dataclass(frozen=True)
+class Stop:
+    """Why the procedure ended before its last step: at `step`, for `reason`; `interrupted`:
+    Ctrl-C (or SIGTERM), not the engine."""
+
+    step: str
+    reason: str
+    interrupted: bool
+
+
 class Diagnoser(EngineRun):
-    """Runs the steps for one engine and collects an EngineResult with its verdict."""
+    """Runs the steps for one engine; its EngineResult, with the verdict, is built at the end."""
+
+    stopped: Stop | None = None
 
     async def measure_all(self) -> EngineResult:
         """Measure everything this engine's configuration allows, then decide."""
-        self.result.launched = self.engine.launch is not None
+        self.facts = replace(self.facts, launched=self.engine.launch is not None)
         self.monitor.start()
         try:
             await self._run()
         finally:
             self.stop()
             await self.monitor.stop()
-        return self._finish()
+        return self.result()
 
     # the measuring methods the steps' seams call (EngineRun's) -------------------------
 
@@ -101,25 +115,31 @@ class Diagnoser(EngineRun):
     async def find_max(self, slo: Slo) -> str:
         return await find_max(self, slo)
 
-    async def gpu_facts(self) -> None:
-        await gpu_facts(self)
+    async def gpu_facts(self) -> Facts:
+        return await gpu_facts(self)
 
     def residency_values(self) -> RuleValues:
         return residency_values(self)
 
+    def view(self) -> EngineResult:
+        """The result so far: the facts, the rows and what follows from them, what could not
+        be measured, the notes and the evidence."""
+        return engine_result(
+            self.facts,
+            self.rows,
+            missing=list(self.missing),
+            notes=list(self.notes),
+            evidence=dict(self.evidence),
+        )
+
     async def _run(self) -> None:
-        opts = self.opts
-        if opts.traffic is not None:
-            self.result.traffic = traffic_mix(
-                opts.traffic, opts.time_scale, opts.schedule, opts.traffic_width()
-            )
         if "parallel" in self.template():
             self.parallel = self.opts.parallel or max(self.opts.concurrency)
         if self.engine.launch is not None:
             if not await self._start():
                 return
         else:
-            self.result.missing.append(
+            self.missing.append(
                 "baseline memory and load time: the engine was already running (no launch template)"
             )
             await self.monitor.attach(self.engine, self.engine.log_file, None)
@@ -140,17 +160,18 @@ class Diagnoser(EngineRun):
                 return
 
     async def read_facts(self) -> None:
-        """What is known before any load (`collect_facts`), applied to the result; then the
-        exporter's series (`gpu_facts`)."""
+        """What is known before any load (`collect_facts`), then the exporter's series
+        (`gpu_facts`): the run's facts."""
         facts = await collect_facts(self.engine, self.opts, self.target(), self.model_path)
         self.model_path = facts.model_path
-        apply_facts(self.result, facts)
-        await gpu_facts(self)
+        self.facts = with_collected(self.facts, facts)
+        self.evidence["model"] = facts.model_evidence
+        self.facts = await gpu_facts(self)
 
     async def measure_step(self, key: str) -> None:
         """Run the step `key` on the inputs handed down to it and apply its outcome; a step
         that ended early (its outcome's `stopped`) raises once what it has is applied."""
-        start = len(self.result.rows)
+        start = len(self.rows)
         outcome = await PROCEDURE[key](self)
         self.apply(outcome, start)
         if outcome.stopped is not None:
@@ -158,31 +179,27 @@ class Diagnoser(EngineRun):
 
     def skip(self, key: str, why: str) -> None:
         """The step `key` does not run: its answer says why, recorded as missing."""
-        self.apply(not_measured(key, why, partial(self.say, key)), len(self.result.rows))
+        self.apply(not_measured(key, why, partial(self.say, key)), len(self.rows))
 
     def apply(self, outcome: StepOutcome, start: int) -> None:
-        """A step's outcome into the result, the one place a step's answer lands: the rows
-        it completed and made (`start`: where its rows begin), what it could not measure,
-        its roofline and its answer."""
-        res = self.result
+        """A step's outcome taken in, the one place a step's answer lands: the rows it
+        completed and made (`start`: where its rows begin), what it could not measure and
+        its answer."""
         for index, row in outcome.amended:
-            res.rows[index] = row
-        res.rows[start:start] = outcome.leading
-        res.rows.extend(outcome.rows)
-        res.missing.extend(outcome.missing)
-        if outcome.roofline is not None:
-            res.roofline = outcome.roofline
+            self.rows[index] = row
+        self.rows[start:start] = outcome.leading
+        self.rows.extend(outcome.rows)
+        self.missing.extend(outcome.missing)
         self.steps[outcome.step.key] = outcome.step
 
     def _stopped(self, key: str, exc: StepStopped) -> None:
         """The procedure ends at step `key`: it and the later steps say why, nothing more runs."""
-        self.result.stopped = f"{key}: {exc.reason}"
-        self.result.interrupted = exc.interrupted
+        self.stopped = Stop(key, exc.reason, exc.interrupted)
         self.say(key, f"stopped: {exc.reason}")
         why = f"the run stopped during the {key} step ({exc.reason})"
         for later in STEPS[STEPS.index(key) :]:
             self.steps[later] = Step(later, STEP_QUESTIONS[later], NOT_MEASURED + why)
-        self.result.missing.append(f"{', '.join(STEPS[STEPS.index(key) :])}: {why}")
+        self.missing.append(f"{', '.join(STEPS[STEPS.index(key) :])}: {why}")
 
     async def _start(self) -> bool:
         """Baseline memory, the first launch and its settling; False when it did not start."""
@@ -196,35 +213,58 @@ class Diagnoser(EngineRun):
                 "context",
                 STEP_QUESTIONS["context"],
                 "memory gave out (or the engine failed) at the first launch: "
-                f"{self.result.rows[-1].error}",
+                f"{self.rows[-1].error}",
                 True,
             )
             return False
         self.loaded_memory = await self.settle()
         return True
 
-    def _finish(self) -> EngineResult:
-        res = self.result
-        res.phases = [p for e, p in self.pub.phases if e == self.engine.name]
-        res.timeline = list(self.monitor.timeline)
-        res.memory_source = res.memory_source or self.monitor.source
-        if res.memory_source is None:
-            res.missing.append("memory: no exporter, no NVML and the engine was not launched")
-        if res.bandwidth_bytes_per_s is None:
-            res.missing.append("roofline: no GPU bandwidth known (pass --bandwidth-gbs)")
+    def result(self) -> EngineResult:
+        """The engine's result, built once from what the run gathered: its facts (with the
+        newest structure series and the memory's source), the rows, what could not be
+        measured, the notes and evidence, the phases and memory timeline, and the decision
+        core's verdict over the load steps."""
+        self.facts = replace(
+            structure_facts(self), memory_source=self.facts.memory_source or self.monitor.source
+        )
+        if self.facts.memory_source is None:
+            self.missing.append("memory: no exporter, no NVML and the engine was not launched")
+        if self.facts.bandwidth_bytes_per_s is None:
+            self.missing.append("roofline: no GPU bandwidth known (pass --bandwidth-gbs)")
         if self.opts.exporter_url and not self.monitor.scrapes:
-            res.missing.append(f"exporter: no scrape of {self.opts.exporter_url} succeeded")
-        structure_facts(self)
+            self.missing.append(f"exporter: no scrape of {self.opts.exporter_url} succeeded")
         record_evidence(self)
-        res.roofline = roof = roofline(res)
+        measured = self.view()
+        roof = measured.roofline
         if roof.misfit is not None and roof.efficiency is not None:
             self.note("roofline: " + misfit_text(roof.efficiency, MISFIT_BY_NAME[roof.misfit]))
         verdict, signals = combine(self.step_verdicts)
+        decided, action, signal_values = None, "", {}
         if verdict is not None:
-            res.verdict, res.action = engine_verdict(res, signals)
-            res.signals = {k: getattr(signals, k) for k in SIGNAL_FIELDS}
-            card_evidence(self, signals)
-        return res
+            decided, action = engine_verdict(measured, signals)
+            signal_values = {k: getattr(signals, k) for k in SIGNAL_FIELDS}
+            card = card_evidence(self, signals)
+            if card is not None:
+                self.evidence["card"] = card
+        opts, stop = self.opts, self.stopped
+        return replace(
+            measured,
+            notes=list(self.notes),
+            evidence=dict(self.evidence),
+            phases=[p for e, p in self.pub.phases if e == self.engine.name],
+            timeline=list(self.monitor.timeline),
+            stopped=f"{stop.step}: {stop.reason}" if stop is not None else None,
+            interrupted=stop is not None and stop.interrupted,
+            traffic=(
+                traffic_mix(opts.traffic, opts.time_scale, opts.schedule, opts.traffic_width())
+                if opts.traffic is not None
+                else None
+            ),
+            verdict=decided,
+            action=action,
+            signals=signal_values,
+        )
 
     def answer_steps(self) -> list[Step]:
         """The steps in procedure order (one per step, measured or not)."""

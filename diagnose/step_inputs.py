@@ -3,7 +3,7 @@
 `PROCEDURE` maps each step's key to the function that reads its inputs (options, facts) off
 the `EngineRun`, binds its measuring seams (a load step in its phase, --find-max, the
 restarts) and calls the step; the step returns its `StepOutcome`, which the procedure
-(`diagnose.procedure.Diagnoser.apply`) applies to the result.
+(`diagnose.procedure.Diagnoser.apply`) takes in; the result is built from it at the end.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 
 from core.slo import Slo
+from diagnose.decision.model import single_row
 from diagnose.decision.prefill import row_prefill
-from diagnose.decision.roofline import roofline, row_roofline_text
+from diagnose.decision.roofline import row_roofline_text
 from diagnose.engine_run import EngineRun
 from diagnose.step_table import STEPS
 from diagnose.steps.base import LoadStep, Measured, MeasureLoad, Say, StepOutcome
@@ -26,7 +27,7 @@ from diagnose.steps.concurrency import (
 )
 from diagnose.steps.context import ContextInputs, ContextSeams, LaunchFigures, context_outcome
 from diagnose.steps.kv import KvInputs, kv_outcome
-from diagnose.steps.residency import ResidencyFigures, residency_outcome
+from diagnose.steps.residency import residency_outcome
 from diagnose.steps.single import SingleFigures, single_outcome
 
 
@@ -42,7 +43,7 @@ def load_seam(run: EngineRun) -> MeasureLoad:
         before = len(run.step_verdicts)
         with run.phase(load.key, note=note):
             row = await run.load_row(load)
-        rows = run.result.rows
+        rows = run.rows
         index = next(i for i in range(len(rows) - 1, -1, -1) if rows[i] is row)
         verdicts = tuple(v for s, v, _ in run.step_verdicts[before:] if s == load.key)
         return Measured(row, index, verdicts)
@@ -65,20 +66,20 @@ def find_max_seam(run: EngineRun) -> Callable[[Slo], Awaitable[Probed]]:
 async def residency(run: EngineRun) -> StepOutcome:
     """The facts re-read at rest (in the residency phase) and the rules' signals then."""
     with run.phase("residency") as ph:
-        await run.gpu_facts()
-        ph.memory_bytes = run.result.process_gpu_bytes
+        run.facts = await run.gpu_facts()
+        ph.memory_bytes = run.facts.process_gpu_bytes
     values = run.monitor.rule_values(time.time())
     if values is None:  # no exporter sample: the samples it would have given
         values = run.residency_values()
-    figures = ResidencyFigures.of(run.result)
-    return residency_outcome(figures, values.signals, run.engine.kind, _say(run, "residency"))
+    return residency_outcome(run.facts, values.signals, _say(run, "residency"))
 
 
 async def single(run: EngineRun) -> StepOutcome:
     """The single step: its load's lengths, the roofline and prompt figures after it."""
 
     def figures() -> SingleFigures:
-        return SingleFigures(roofline(run.result), run.result.prefill)
+        so_far = run.view()
+        return SingleFigures(so_far.roofline, so_far.prefill)
 
     opts = run.opts
     say = _say(run, "single")
@@ -87,19 +88,20 @@ async def single(run: EngineRun) -> StepOutcome:
 
 async def concurrency(run: EngineRun) -> StepOutcome:
     """The concurrency step: the levels or the traffic, the slots, the single row, the SLO."""
-    opts, res = run.opts, run.result
+    opts, known = run.opts, run.facts
     seams = ConcurrencySeams(
         load_seam(run),
         find_max_seam(run),
-        partial(row_roofline_text, res),
+        # The facts as of the row's end (its load may bring series such as the accept length).
+        lambda row: row_roofline_text(run.facts, row),
         _say(run, "concurrency"),
     )
     inputs = ConcurrencyInputs(
         tuple(opts.concurrency),
         opts.prompt_tokens,
         opts.rounds,
-        slots=res.slots,
-        single=res.single(),
+        slots=known.slots,
+        single=single_row(run.rows),
         find_max_slo=opts.slo if opts.find_max else None,
         traffic=opts.traffic,
         traffic_width=opts.traffic_width(),
@@ -109,10 +111,10 @@ async def concurrency(run: EngineRun) -> StepOutcome:
 
 async def kv_pressure(run: EngineRun) -> StepOutcome:
     """The KV step: the options' lengths and concurrencies, the slots and their context."""
-    opts, res = run.opts, run.result
+    opts, known = run.opts, run.facts
     inputs = KvInputs(
-        opts.kv_prompt_tokens, opts.max_tokens, tuple(opts.concurrency), res.slots,
-        res.slot_context,
+        opts.kv_prompt_tokens, opts.max_tokens, tuple(opts.concurrency), known.slots,
+        known.slot_context,
     )  # fmt: skip
     return await kv_outcome(load_seam(run), inputs, _say(run, "kv_pressure"))
 
@@ -144,30 +146,32 @@ class RunRestarts:
 
 def context_inputs(run: EngineRun) -> ContextInputs:
     """The sweep's inputs: the template, the options' contexts, the contexts known so far."""
-    opts, res = run.opts, run.result
+    opts, known = run.opts, run.facts
     return ContextInputs(
         engine=run.engine.name,
         launchable=run.engine.launch is not None,
         has_ctx="ctx" in run.template(),
         contexts=tuple(opts.contexts) if opts.contexts is not None else None,
         max_context=opts.max_context,
-        trained_context=res.trained_context,
-        slot_context=res.slot_context,
+        trained_context=known.trained_context,
+        slot_context=known.slot_context,
         launched_ctx=run.launched_ctx,
         prompt_tokens=opts.prompt_tokens,
         parallel=run.parallel,
-        gpu_total_bytes=res.gpu_total_bytes,
+        gpu_total_bytes=known.gpu_total_bytes,
     )
 
 
 async def context(run: EngineRun) -> StepOutcome:
     """The context sweep: its inputs, the restarts and the first launch's figures."""
-    res = run.result
     seams = ContextSeams(
-        RunRestarts(run), load_seam(run), partial(row_prefill, res), _say(run, "context")
+        RunRestarts(run),
+        load_seam(run),
+        lambda row: row_prefill(run.facts, row),
+        _say(run, "context"),
     )
     first = LaunchFigures(
-        res.single(),
+        single_row(run.rows),
         run.loaded_memory,
         run.current.load_seconds if run.current else None,
         run.kv_bytes(),

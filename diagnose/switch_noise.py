@@ -26,7 +26,7 @@ from diagnose.decision.calls import (
 from diagnose.decision.model import EngineResult, Row
 from diagnose.decision.requests import EngineRequests
 from diagnose.decision.sources import CLIENT
-from loadgen.results import RequestRecord
+from loadgen.results import RequestRecord, timed_record
 
 # Tokens per request and the TTFT every request pays before its first token.
 TOKENS = 128
@@ -60,33 +60,7 @@ class Outcome:
 def _record(
     engine: str, index: int, start: float, rate: float, ttft: float = TTFT_S
 ) -> RequestRecord:
-    e2e = ttft + (TOKENS - 1) / rate
-    return RequestRecord(
-        engine=engine,
-        step=0,
-        index=index,
-        start_time=start,
-        end_time=start + e2e,
-        ttft_s=ttft,
-        itl_mean_s=1 / rate,
-        itl_p50_s=1 / rate,
-        itl_p99_s=1 / rate,
-        tpot_s=1 / rate,
-        e2e_s=e2e,
-        decode_tok_s=rate,
-        prompt_tokens=32,
-        completion_tokens=TOKENS,
-        cached_tokens=0,
-        chunks=TOKENS,
-        finish_reason="length",
-        server_prompt_ms=None,
-        server_predicted_ms=None,
-        server_predicted_per_second=None,
-        server_cache_n=None,
-        server_prompt_n=None,
-        server_predicted_n=None,
-        error=None,
-    )
+    return timed_record(engine, index, start, ttft, ttft + (TOKENS - 1) / rate, TOKENS, rate=rate)
 
 
 def step_records(

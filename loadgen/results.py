@@ -72,6 +72,52 @@ _TRAFFIC_FIELDS = ("prompt_tokens_target", "send_error_s")
 PROMPT_TOKENS_TOLERANCE = 1
 
 
+def timed_record(
+    engine: str,
+    index: int,
+    start: float,
+    ttft: float,
+    e2e: float,
+    tokens: int,
+    *,
+    rate: float | None = None,
+    error: str | None = None,
+    prompt_tokens: int = 32,
+) -> RequestRecord:
+    """A request whose times are given, not measured (diagnose/switch_noise.py's simulation,
+    tests): sent at `start`, its first token `ttft` later, ended `e2e` after the send with
+    `tokens` tokens, one every `1 / rate` s (None: no gaps known). A failed one (`error`)
+    streamed none. The server reported no timings."""
+    gap = None if rate is None else 1 / rate
+    done = error is None
+    return RequestRecord(
+        engine=engine,
+        step=0,
+        index=index,
+        start_time=start,
+        end_time=start + e2e,
+        ttft_s=ttft,
+        itl_mean_s=gap,
+        itl_p50_s=gap,
+        itl_p99_s=gap,
+        tpot_s=gap,
+        e2e_s=e2e,
+        decode_tok_s=rate,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=tokens if done else None,
+        cached_tokens=0,
+        chunks=tokens if done else 0,
+        finish_reason="length" if done else None,
+        server_prompt_ms=None,
+        server_predicted_ms=None,
+        server_predicted_per_second=None,
+        server_cache_n=None,
+        server_prompt_n=None,
+        server_predicted_n=None,
+        error=error,
+    )
+
+
 def build_record(
     result: StreamResult,
     *,

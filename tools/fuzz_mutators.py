@@ -62,19 +62,21 @@ HOSTILE_VALUES = [
 HOSTILE_LABELS = ["1,5", "", "+Inf", "abc", 'a"b', "a\\b", "\\n", "\x00", "é\u2028", "NaN"]
 
 
-def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+def json_paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     """Every path (keys and indexes) into a JSON document, the root included."""
     out = [prefix]
     if isinstance(doc, dict):
         for key, value in doc.items():
-            out.extend(_paths(value, (*prefix, key)))
+            out.extend(json_paths(value, (*prefix, key)))
     elif isinstance(doc, list):
         for index, value in enumerate(doc):
-            out.extend(_paths(value, (*prefix, index)))
+            out.extend(json_paths(value, (*prefix, index)))
     return out
 
 
-def _set(doc: Any, path: tuple[Any, ...], value: Any, delete: bool = False) -> Any:
+def set_at(doc: Any, path: tuple[Any, ...], value: Any, delete: bool = False) -> Any:
+    """`doc` with the node at `path` set to `value` (or deleted from its parent), in place;
+    the root's path gives `value` itself."""
     if not path:
         return value
     parent = doc
@@ -110,19 +112,19 @@ LABEL_KEYS = frozenset(
 def mutate_json(text: str, rng: random.Random) -> str:
     """One structural change to a JSON document: a hostile value, a deletion or a new type."""
     doc = json.loads(text)
-    paths = _paths(doc)
+    paths = json_paths(doc)
     read = [p for p in paths if p and p[-1] in READ_KEYS]
     path = rng.choice(read if read and rng.random() < 0.5 else paths)
     action = rng.random()
     if path and path[-1] in LABEL_KEYS and action < 0.35:
         # A string that becomes a label: the characters that used to fail the whole answer.
-        doc = _set(doc, path, rng.choice(["\ud800", "m\udfff", "a\x00b", "x\ny", "\x1b[1m"]))
+        doc = set_at(doc, path, rng.choice(["\ud800", "m\udfff", "a\x00b", "x\ny", "\x1b[1m"]))
     elif action < 0.7:
-        doc = _set(doc, path, rng.choice(HOSTILE_JSON))
+        doc = set_at(doc, path, rng.choice(HOSTILE_JSON))
     elif action < 0.85 and path:
-        doc = _set(doc, path, None, delete=True)
+        doc = set_at(doc, path, None, delete=True)
     else:
-        doc = _set(doc, path, rng.choice([[1, 2], "text", 7, {"data": "x"}]))
+        doc = set_at(doc, path, rng.choice([[1, 2], "text", 7, {"data": "x"}]))
     out = json.dumps(doc)
     for placeholder, raw in _RAW_JSON.items():
         out = out.replace(json.dumps(placeholder), raw)

@@ -15,9 +15,9 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from core.stats import Bootstrap, Interval, over_rounds, ratio_side, resolvable
+from core.stats import Bootstrap, Interval, over_rounds, ratio_side, relative_spread, resolvable
 from core.thresholds import FULL_ROUNDS, LATENCY_BOUND_TTFT_SHARE
-from diagnose.decision.model import EngineResult, Row, relative_spread
+from diagnose.decision.model import EngineResult, Row
 from diagnose.decision.requests import EngineRequests, Rounds, decode_rate
 from diagnose.decision.sources import ENGINE
 from loadgen.results import RequestRecord

@@ -6,12 +6,12 @@ The same objects feed the terminal output, `results.json`, `report.md` and `repo
 from __future__ import annotations
 
 import datetime as dt
-import statistics
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from core.roofline import HostOffload, ModelStructure, expert_share
 from core.slo import StepSlo, gaps
+from core.stats import relative_spread
 from loadgen.traffic.summary import TrafficMix
 
 # The recommendation vocabulary of results.json, and `switch_to(engine)` below.
@@ -195,8 +195,11 @@ class Prefill:
 
 
 @dataclass
-class EngineResult:
-    """Everything measured for one engine, and its verdict."""
+class Facts:
+    """What is known of one engine apart from its load: the model, its precision and sizes,
+    the card, the contexts and slots, the launch; `prefill` holds the limit's inputs (the
+    card's compute peak, the model's FLOPs per token). A diagnose run gathers it as a value
+    (`diagnose.facts`) and builds its `EngineResult` from it at the end."""
 
     name: str
     kind: str
@@ -239,6 +242,31 @@ class EngineResult:
     load_seconds: float | None = None
     launched: bool = False
     slots: int | None = None
+    prefill: Prefill = field(default_factory=Prefill)
+
+    def structure(self) -> ModelStructure | None:
+        """What the roofline knows about this model (None without weights or structure)."""
+        # EngineResult carries every ModelStructure field under the same name (results.json).
+        known = {f.name: getattr(self, f.name) for f in fields(ModelStructure)}
+        model = ModelStructure(**known)
+        if not self.weights_bytes and not model.structure_known:
+            return None
+        return model
+
+    def bytes_per_parameter(self) -> float | None:
+        """Weight bytes per parameter (the precision actually served)."""
+        if self.weights_bytes and self.parameters:
+            return self.weights_bytes / self.parameters
+        return None
+
+
+@dataclass
+class EngineResult(Facts):
+    """Everything measured for one engine, and its verdict: its `Facts`, the rows of its
+    load steps, what could not be measured, its roofline and prefill against the card,
+    and the decision core's answer. `prefill` here is the facts' limit with the measured
+    prompts of the engine's representative step (`diagnose.decision.prefill.row_prefill`)."""
+
     phases: list[PhaseMark] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)
     # Steps that did not run, as "step: why".
@@ -246,7 +274,6 @@ class EngineResult:
     # (unix time, memory bytes) samples taken during the run, for the timeline plot.
     timeline: list[tuple[float, float]] = field(default_factory=list)
     roofline: Roofline = field(default_factory=Roofline)
-    prefill: Prefill = field(default_factory=Prefill)
     # The decision core's inputs as measured by this run, and its answer.
     signals: dict[str, float | bool | None] = field(default_factory=dict)
     # What the verdict had to take from diagnose's own measurements, and why.
@@ -269,10 +296,7 @@ class EngineResult:
 
     def single(self) -> Row | None:
         """The single-sequence decode row (concurrency 1)."""
-        rows = [r for r in self.ok_rows() if r.concurrency == 1 and r.per_seq_tok_s]
-        preferred = [r for r in rows if r.step == "single"]
-        pick = preferred or rows
-        return pick[0] if pick else None
+        return single_row(self.rows)
 
     def at_concurrency(self, concurrency: int) -> Row | None:
         """The load row at `concurrency` (the single row for 1). Of several (--find-max
@@ -285,15 +309,6 @@ class EngineResult:
             if rows:
                 return max(reversed(rows), key=lambda r: r.requests)
         return None
-
-    def structure(self) -> ModelStructure | None:
-        """What the roofline knows about this model (None without weights or structure)."""
-        # EngineResult carries every ModelStructure field under the same name (results.json).
-        known = {f.name: getattr(self, f.name) for f in fields(ModelStructure)}
-        model = ModelStructure(**known)
-        if not self.weights_bytes and not model.structure_known:
-            return None
-        return model
 
     def host_offload(self) -> HostOffload:
         """The expert-offload facts: host experts, the share one sequence's step reads, the
@@ -313,11 +328,13 @@ class EngineResult:
             self.gpu_free_bytes,
         )
 
-    def bytes_per_parameter(self) -> float | None:
-        """Weight bytes per parameter (the precision actually served)."""
-        if self.weights_bytes and self.parameters:
-            return self.weights_bytes / self.parameters
-        return None
+
+def single_row(rows: list[Row]) -> Row | None:
+    """The single-sequence decode row of `rows` (concurrency 1; the single step's first)."""
+    ok = [r for r in rows if r.error is None and r.concurrency == 1 and r.per_seq_tok_s]
+    preferred = [r for r in ok if r.step == "single"]
+    pick = preferred or ok
+    return pick[0] if pick else None
 
 
 @dataclass
@@ -479,11 +496,3 @@ class RunInfo:
     finished_at: str | None = None
     # The run stopped before its end (Ctrl-C, the engine lost): only the finished steps.
     partial: bool = False
-
-
-def relative_spread(values: list[float]) -> float | None:
-    """(max - min) / median of the rounds; None with fewer than two rounds."""
-    if len(values) < 2:
-        return None
-    med = statistics.median(values)
-    return (max(values) - min(values)) / med if med > 0 else None

@@ -2,7 +2,7 @@
 split into waiting and work, from the engine's own prompt timings.
 
 Every number of the limit comes from the decision core (`core.prefill`); this module picks
-the inputs from an `EngineResult` and a step's requests and words the answer.
+the inputs from an engine's `Facts` and a step's requests and words the answer.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from core.prefill import (
     prefill_physical,
     prefill_tokens_per_second,
 )
-from diagnose.decision.model import EngineResult, Prefill, Row
+from diagnose.decision.model import Facts, Prefill, Row
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def histogram_split(ttft_s: float | None, queue_s: float | None) -> TtftSplit | 
     return TtftSplit(None, queue_s, max(ttft_s - queue_s, 0.0), "histograms")
 
 
-def structure(engine: EngineResult) -> PrefillStructure | None:
+def structure(engine: Facts) -> PrefillStructure | None:
     """The model's FLOPs per prompt token as the core knows them (None when unknown)."""
     p = engine.prefill
     if not p.matmul_flops:
@@ -86,7 +86,7 @@ def structure(engine: EngineResult) -> PrefillStructure | None:
     )
 
 
-def row_prefill(engine: EngineResult, row: Row | None) -> Prefill:
+def row_prefill(engine: Facts, row: Row | None) -> Prefill:
     """One step's prompts against the card's compute limit at that step's prompt length."""
     model = structure(engine)
     base = engine.prefill
@@ -111,11 +111,11 @@ def row_prefill(engine: EngineResult, row: Row | None) -> Prefill:
     )
 
 
-def prefill_row(engine: EngineResult) -> Row | None:
+def prefill_row(rows: list[Row]) -> Row | None:
     """The step whose prompts stand for the engine: one request at a time, longest prompt."""
-    rows = [r for r in engine.ok_rows() if r.prefill_tok_s and r.concurrency == 1]
-    rows = rows or [r for r in engine.ok_rows() if r.prefill_tok_s]
-    return max(rows, key=lambda r: r.prompt_tokens or 0.0) if rows else None
+    timed = [r for r in rows if r.error is None and r.prefill_tok_s]
+    pick = [r for r in timed if r.concurrency == 1] or timed
+    return max(pick, key=lambda r: r.prompt_tokens or 0.0) if pick else None
 
 
 def split_text(row: Row) -> str:

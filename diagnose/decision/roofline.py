@@ -2,7 +2,7 @@
 
 Every number comes from the decision core's roofline (`core.roofline.decode_bytes_per_step`,
 `roofline_tokens_per_second`, `roofline_misfit`); this module only picks the
-inputs from an `EngineResult` and words the answer.
+inputs from an engine's `Facts` and rows and words the answer.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from core.roofline import (
     roofline_misfit,
     roofline_tokens_per_second,
 )
-from diagnose.decision.model import EngineResult, Roofline, Row
+from diagnose.decision.model import EngineResult, Facts, Roofline, Row
 from diagnose.decision.sources import source_note
 
 
 def bytes_per_step(
-    engine: EngineResult, kv_tokens: float | None, batch: float = 1.0
+    engine: Facts, kv_tokens: float | None, batch: float = 1.0
 ) -> tuple[float | None, float | None]:
     """(bytes per decode step, active weight bytes) of `engine` at `batch` sequences holding
     `kv_tokens` KV tokens: the decision core's formula, whatever the bandwidth's source."""
@@ -36,13 +36,13 @@ def bytes_per_step(
     return per_step, active_weights_bytes(model, batch)
 
 
-def facts(engine: EngineResult) -> RooflineFacts:
+def facts(engine: Facts) -> RooflineFacts:
     """What the bytes-per-step model of `engine` knows (for the physics gate)."""
     model = engine.structure()
     return roofline_facts(model if model is not None else 0.0, engine.spec_accept_length)
 
 
-def row_batch(engine: EngineResult, row: Row) -> int:
+def row_batch(engine: Facts, row: Row) -> int:
     """Sequences one decode step of `row` holds: its concurrency, at most the slots."""
     return max(1, min(row.concurrency, engine.slots or row.concurrency))
 
@@ -52,7 +52,7 @@ def roofline(engine: EngineResult) -> Roofline:
     return row_roofline(engine, engine.single())
 
 
-def row_roofline(engine: EngineResult, row: Row | None) -> Roofline:
+def row_roofline(engine: Facts, row: Row | None) -> Roofline:
     """One step's per-sequence decode against the card's limit at that step's batch."""
     kv_tokens = None
     batch = row_batch(engine, row) if row is not None else 1
@@ -104,7 +104,7 @@ def roofline_text(roof: Roofline) -> str:
     )
 
 
-def row_roofline_text(engine: EngineResult, row: Row) -> str:
+def row_roofline_text(engine: Facts, row: Row) -> str:
     """`; per sequence X tok/s = N % of the limit L tok/s at B sequences (G GiB per step)`."""
     if row.per_seq_tok_s is None or row.limit_tok_s is None or row.efficiency is None:
         return ""

@@ -2,8 +2,9 @@
 
 A step takes explicit inputs (the measuring seam it calls, the options and facts it reads,
 a line sink for its progress) and returns a frozen `StepOutcome`; the procedure
-(`diagnose.procedure.Diagnoser`) hands the inputs down and applies the outcomes to the
-result in one place (`Diagnoser.apply`). Names and questions: `diagnose.step_table`.
+(`diagnose.procedure.Diagnoser`) hands the inputs down, takes the outcomes in one place
+(`Diagnoser.apply`) and builds the result from them at the end. Names and questions:
+`diagnose.step_table`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from diagnose.decision.model import NOT_MEASURED, Roofline, Row, Step
+from diagnose.decision.model import NOT_MEASURED, Row, Step
 from diagnose.step_table import STEP_QUESTIONS
 from loadgen.traffic.model import Traffic
 
@@ -34,7 +35,7 @@ class LoadStep:
 class StepStopped(Exception):
     """The load stopped before the step's end: Ctrl-C, or the engine went away.
 
-    The step's row (with the rounds that finished) is already in the result; the
+    The step's row (with the rounds that finished) is already among the run's rows; the
     procedure ends here and the run is written as partial.
     """
 
@@ -50,8 +51,8 @@ Say = Callable[[str], None]
 
 @dataclass(frozen=True)
 class Measured:
-    """One load step as measured: its row (recorded in the result as it was measured, at
-    `index`, so that a stop keeps it and --find-max reads it) and the decision core's
+    """One load step as measured: its row (recorded among the run's rows as it was measured,
+    at `index`, so that a stop keeps it and --find-max reads it) and the decision core's
     verdicts at its end."""
 
     row: Row
@@ -69,14 +70,13 @@ class MeasureLoad(Protocol):
 
 @dataclass(frozen=True)
 class StepOutcome:
-    """What a step hands back, for the procedure to apply to the result.
+    """What a step hands back, for the procedure to take in (and build the result from).
 
     `step` is the answer (question, answer line, whether it shows the bottleneck, its
     numbers); `rows` the rows the step made itself (after the measured ones) and `leading`
     those that go ahead of them; `amended` measured rows the step completed, by their index
-    in the result; `missing` what it could not measure; `roofline` the engine's roofline as
-    the step computed it; `stopped` why the step ended early (applied, then the procedure
-    stops).
+    among the run's rows; `missing` what it could not measure; `stopped` why the step ended
+    early (applied, then the procedure stops).
 
     The rows a step measures are recorded as they are measured (`MeasureLoad`), not here:
     a stop in the middle of a step keeps them, and --find-max reads them.
@@ -87,7 +87,6 @@ class StepOutcome:
     amended: tuple[tuple[int, Row], ...] = ()
     leading: tuple[Row, ...] = ()
     missing: tuple[str, ...] = ()
-    roofline: Roofline | None = None
     stopped: StepStopped | None = None
 
 

@@ -6,39 +6,21 @@ with each measured ratio named with its source; when a ratio cannot be measured,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-
 from config.kinds import engine_kind
 from core.conditions import evaluate
 from core.signals import Signals
-from diagnose.decision.model import EngineResult, Step
+from diagnose.decision.model import Facts, Step
 from diagnose.step_table import STEP_QUESTIONS
 from diagnose.steps.base import Say, StepOutcome, gib, not_measured, num
 
 
-@dataclass(frozen=True)
-class ResidencyFigures:
-    """The facts the residency answer lists, read from the engine at rest."""
-
-    layers_offloaded: float | None = None
-    layers_total: float | None = None
-    weights_bytes: float | None = None
-    gpu_buffer_bytes: float | None = None
-    process_gpu_bytes: float | None = None
-    experts_host_layers: float | None = None
-    experts_host_bytes: float | None = None
-
-    @classmethod
-    def of(cls, res: EngineResult) -> ResidencyFigures:
-        """The figures as the engine's facts hold them."""
-        return cls(**{f.name: getattr(res, f.name) for f in fields(cls)})
-
-
-def residency_outcome(figures: ResidencyFigures, sig: Signals, kind: str, say: Say) -> StepOutcome:
-    """The residency answer from the facts read at rest (`figures`: layers, buffers, process
-    memory, weights) and the rules' signals then; `weights_not_resident` held: flagged."""
+def residency_outcome(known: Facts, sig: Signals, say: Say) -> StepOutcome:
+    """The residency answer from the engine's facts read at rest (its kind, layers, buffers,
+    process memory, weights) and the rules' signals then; `weights_not_resident` held:
+    flagged."""
     cond = evaluate(sig).condition("weights_not_resident")
-    facts = residency_facts(figures)
+    kind = known.kind
+    facts = residency_facts(known)
     numbers: dict[str, object] = {name: getattr(sig, name) for name, _ in RESIDENCY_SOURCES}
     numbers["host_has_gpu"] = sig.host_has_gpu
     if not sig.host_has_gpu:
@@ -51,14 +33,14 @@ def residency_outcome(figures: ResidencyFigures, sig: Signals, kind: str, say: S
     if cond.held:
         answer = f"no: {', '.join(cond.evidence)} below the threshold; {measured} ({facts})"
     elif not measured:
-        return not_measured("residency", residency_gap(figures, kind), say, numbers)
+        return not_measured("residency", residency_gap(known, kind), say, numbers)
     else:
         answer = f"yes, from {measured} ({facts})"
     say(answer)
     return StepOutcome(Step("residency", STEP_QUESTIONS["residency"], answer, cond.held, numbers))
 
 
-def residency_facts(res: ResidencyFigures) -> str:
+def residency_facts(res: Facts) -> str:
     """The residency figures as the answer lists them."""
     facts = (
         f"layers {num(res.layers_offloaded)}/{num(res.layers_total)}, weights "
@@ -97,7 +79,7 @@ def residency_sources(sig: Signals, kind: str) -> str:
     return "; ".join(parts)
 
 
-def residency_gap(res: ResidencyFigures, kind: str) -> str:
+def residency_gap(res: Facts, kind: str) -> str:
     """Why residency could not be decided: which of its inputs is missing."""
     missing = []
     if res.weights_bytes is None:

@@ -59,4 +59,4 @@ async def single_outcome(
         "prefill": fig.prefill,
     }
     step = Step("single", STEP_QUESTIONS["single"], answer, False, numbers)
-    return StepOutcome(step, roofline=roof)
+    return StepOutcome(step)

@@ -12,14 +12,6 @@ from typing import Any
 
 from core import card, card_causes
 from core import series as llmb
-from core.card import (
-    BRAKE_REASONS,
-    HW_SLOWDOWN,
-    HW_SLOWDOWN_EXPLAINED_BY,
-    IDLE_REASON,
-    POWER_REASONS,
-    THERMAL_REASONS,
-)
 from core.predicates import Compare
 from core.prefill import LONG_PROMPTS
 from core.signals import SIGNAL_RECORDS
@@ -50,12 +42,12 @@ def _held(reasons: tuple[str, ...]) -> str:
     slowdown's less those HW thermal slowdown explains (`core.card.HW_SLOWDOWN_EXPLAINED_BY`),
     never below 0."""
     rw, reason = threshold_promql("rate_window"), llmb.GPU_CLOCK_EVENT_REASON_ACTIVE
-    own = [r for r in reasons if r != HW_SLOWDOWN]
+    own = [r for r in reasons if r != card.HW_SLOWDOWN]
     text = f'sum_over_time({reason}{{reason=~"{"|".join(own)}"}}[{rw}])'
-    if HW_SLOWDOWN not in reasons:
+    if card.HW_SLOWDOWN not in reasons:
         return text
-    hw = f'sum_over_time({reason}{{reason="{HW_SLOWDOWN}"}}[{rw}])'
-    by = f'sum_over_time({reason}{{reason="{HW_SLOWDOWN_EXPLAINED_BY}"}}[{rw}])'
+    hw = f'sum_over_time({reason}{{reason="{card.HW_SLOWDOWN}"}}[{rw}])'
+    by = f'sum_over_time({reason}{{reason="{card.HW_SLOWDOWN_EXPLAINED_BY}"}}[{rw}])'
     return f"""
         {text}
       or
@@ -67,7 +59,7 @@ def _share(reasons: tuple[str, ...]) -> str:
     """Of the samples in which the GPU was busy (not `gpu_idle`), the share in which the most
     persistent of `reasons` was active, per GPU: idle gaps between requests do not dilute it."""
     rw, reason = threshold_promql("rate_window"), llmb.GPU_CLOCK_EVENT_REASON_ACTIVE
-    idle = f'{reason}{{reason="{IDLE_REASON}"}}[{rw}]'
+    idle = f'{reason}{{reason="{card.IDLE_REASON}"}}[{rw}]'
     return f"""
     clamp_max(
         max by (host, gpu) ({_held(reasons)})
@@ -101,11 +93,11 @@ def card_rules() -> list[dict[str, Any]]:
     # Every sample of the window said GPU idle: its clocks drop by design.
     idle = (
         f"max by (host, gpu) (min_over_time({llmb.GPU_CLOCK_EVENT_REASON_ACTIVE}"
-        f'{{reason="{IDLE_REASON}"}}[{rw}])) == 1'
+        f'{{reason="{card.IDLE_REASON}"}}[{rw}])) == 1'
     )
     return [
-        rec(gpu["power"], _share(POWER_REASONS)),
-        rec(gpu["thermal"], _share(THERMAL_REASONS)),
+        rec(gpu["power"], _share(card.POWER_REASONS)),
+        rec(gpu["thermal"], _share(card.THERMAL_REASONS)),
         rec(
             # The mean SM clock of the busy samples against the maximum: the exporter writes
             # `llmb_gpu_sm_clock_busy_hertz` only while the GPU is busy, so the idle samples
@@ -131,7 +123,7 @@ def card_rules() -> list[dict[str, Any]]:
               {idle}
             """,
         ),
-        rec(gpu["brake"], _share(BRAKE_REASONS)),
+        rec(gpu["brake"], _share(card.BRAKE_REASONS)),
         rec(
             # Below the default someone lowered it (`nvidia-smi -pl`, a host or BMC cap).
             gpu["limit"],

@@ -15,7 +15,7 @@ from diagnose.decision.model import EngineResult, Row
 from diagnose.decision.requests import EngineRequests
 from diagnose.decision.sources import CLIENT
 from diagnose.decision.two_engines import CompareInputs, decide_compare
-from loadgen.results import RequestRecord
+from loadgen.results import RequestRecord, timed_record
 
 TOKENS = 128
 
@@ -23,32 +23,7 @@ TOKENS = 128
 def record(index: int, start: float, ttft: float, e2e: float, error: str | None = None):
     """One request that started at `start`, saw its first token `ttft` later and ended at
     `start + e2e`, with `TOKENS` tokens (none when it failed)."""
-    return RequestRecord(
-        engine="x",
-        step=0,
-        index=index,
-        start_time=start,
-        end_time=start + e2e,
-        ttft_s=ttft,
-        itl_mean_s=None,
-        itl_p50_s=None,
-        itl_p99_s=None,
-        tpot_s=None,
-        e2e_s=e2e,
-        decode_tok_s=None,
-        prompt_tokens=32,
-        completion_tokens=None if error else TOKENS,
-        cached_tokens=0,
-        chunks=0 if error else TOKENS,
-        finish_reason=None if error else "length",
-        server_prompt_ms=None,
-        server_predicted_ms=None,
-        server_predicted_per_second=None,
-        server_cache_n=None,
-        server_prompt_n=None,
-        server_predicted_n=None,
-        error=error,
-    )
+    return timed_record("x", index, start, ttft, e2e, TOKENS, error=error)
 
 
 def queued_round(rng: random.Random, slots: int, concurrency: int, n: int, t0: float = 0.0):

@@ -7,6 +7,7 @@ actions, and the verdict's action is the held cause's (`EVIDENCE`).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,18 +53,21 @@ def test_the_answer_and_the_report_show_the_card_sentence(
     expected = card.card_sentence(sig, 700.0)
     assert expected is not None and "at its stock 700 W power limit" in expected
     d = _diagnoser(tmp_path)
-    d.result.verdict = evaluate(sig).name
-    card_evidence(d, sig)
-    assert d.result.evidence["card"] == expected
-    print_answer([d.result], decide_single(d.result), tmp_path)
+    # A load step's verdict: the result built at the run's end carries the card's sentence.
+    d.step_verdicts.append(("concurrency", evaluate(sig).name, sig))
+    res = d.result()
+    assert res.verdict == evaluate(sig).name
+    assert res.evidence["card"] == expected
+    print_answer([res], decide_single(res), tmp_path)
     assert f"e: {expected}" in capsys.readouterr().out
-    assert ("e: card", expected) in metadata_rows(metadata_of([d.result]))
+    assert ("e: card", expected) in metadata_rows(metadata_of([res]))
 
 
 def test_no_busy_sample_adds_no_card_line(tmp_path: Path) -> None:
     d = _diagnoser(tmp_path)
-    card_evidence(d, Signals())
-    assert "card" not in d.result.evidence
+    assert card_evidence(d, Signals()) is None
+    d.step_verdicts.append(("concurrency", "idle", Signals()))
+    assert "card" not in d.result().evidence
 
 
 def test_the_alert_says_the_core_sentence_and_every_cause_action() -> None:
@@ -126,13 +130,16 @@ def test_diagnose_takes_the_prefill_limit_at_the_clock_the_rules_take_it(
     d = _diagnoser(tmp_path)
     d.monitor.scrapes[:] = scrapes
     d.monitor.exporter_engine = "llama"  # the capture's engine label
-    d.result.prefill = Prefill(
-        peak_flops=table_peak_flops("NVIDIA H200")["bf16"], matmul_flops=FLOPS_PER_TOKEN
+    d.facts = replace(
+        d.facts,
+        prefill=Prefill(
+            peak_flops=table_peak_flops("NVIDIA H200")["bf16"], matmul_flops=FLOPS_PER_TOKEN
+        ),
     )
     # The step's prompts as the engine timed them: the rules' figure over the same window.
     row = Row("e", "concurrency", 4, prompt_tokens=sig.prompt_tokens_mean)
     row.prefill_tok_s = values.prefill_tokens_per_second
-    row.prefill_efficiency = row_prefill(d.result, row).efficiency  # as the step summed it
+    row.prefill_efficiency = row_prefill(d.facts, row).efficiency  # as the step summed it
     at_max = row.prefill_efficiency
     step_evidence(d, row, t0, t1)
     assert row.sm_clock_ratio == sig.sm_clock_ratio
@@ -144,5 +151,5 @@ def test_diagnose_takes_the_prefill_limit_at_the_clock_the_rules_take_it(
         sig.card_shortfall_explained, rel=1e-9
     )
     # The answer line names the clock the limit was taken at.
-    text = prefill_text(row_prefill(d.result, row))
+    text = prefill_text(row_prefill(d.facts, row))
     assert f"at the SM clock under load ({sig.sm_clock_ratio:.0%} of its maximum; 989.5 at" in text

@@ -1,8 +1,9 @@
 """`collect_facts` on its own: hand-made inputs in, a `CollectedFacts` value out.
 
 The engine's probe is handed on (no server), the model file is a synthetic GGUF written here
-(tools/synth_model); the value says what was found and writes nothing until the procedure
-applies it (`apply_facts`), the endpoints' facts first and the GGUF's where they said nothing.
+(tools/synth_model); the value says what was found and writes nothing; the procedure takes
+it into the engine's `Facts` (`with_collected`, a new value), the endpoints' facts first and
+the GGUF's where they said nothing.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from config.settings import EngineConfig, parse_config
-from diagnose.decision.model import EngineResult
-from diagnose.facts import apply_facts, collect_facts
+from diagnose.decision.model import Facts
+from diagnose.facts import collect_facts, with_collected
 from diagnose.options import Options
 from loadgen.resolve import TargetProbe
 from loadgen.target import Target
@@ -46,14 +47,14 @@ async def test_the_facts_of_the_gguf_the_endpoint_names(tmp_path: Path) -> None:
     assert facts.model_evidence.startswith("the engine's ") and facts.model_evidence.endswith(
         str(path)
     )
-    res = EngineResult(name="g", kind="llamacpp", url=NOWHERE)
-    apply_facts(res, facts)
+    known = Facts(name="g", kind="llamacpp", url=NOWHERE)
+    res = with_collected(known, facts)
+    assert known.slots is None  # a new value: the one handed in is as it was
     assert (res.slots, res.slot_context) == (4, 2048)
     assert res.trained_context == 32768  # the endpoint's, not overwritten by the GGUF's
     assert res.layers_total == geo.n_layer + 1 and res.weights_bytes == geo.weight_bytes
     assert res.kv_bytes_per_token == geo.kv_bytes_per_token()
     assert res.prefill.matmul_flops is not None
-    assert res.evidence["model"] == facts.model_evidence
 
 
 async def test_a_model_file_not_here_leaves_the_geometry_unknown(tmp_path: Path) -> None:
@@ -61,8 +62,7 @@ async def test_a_model_file_not_here_leaves_the_geometry_unknown(tmp_path: Path)
     target = Target("g", NOWHERE, "llamacpp", None, None)
     facts = await collect_facts(_engine(), _opts(str(missing)), target, None)
     assert facts.model_path == missing and facts.geometry is None
-    res = EngineResult(name="g", kind="llamacpp", url=NOWHERE)
-    apply_facts(res, facts)
+    res = with_collected(Facts(name="g", kind="llamacpp", url=NOWHERE), facts)
     assert (res.slots, res.trained_context, res.layers_total, res.weights_bytes) == (
         4,
         32768,

@@ -13,6 +13,7 @@ import pytest
 
 from core.conditions import LAYERS_ACTION, VERDICT_INFO, VERDICTS, evaluate
 from core.signals import Signals
+from core.stats import relative_spread
 from diagnose.decision.model import (
     FIX_MEMORY_FIRST,
     INCONCLUSIVE,
@@ -21,7 +22,6 @@ from diagnose.decision.model import (
     EngineResult,
     Row,
     RunInfo,
-    relative_spread,
     switch_to,
 )
 from diagnose.decision.one_engine import decide_single, engine_verdict, recommendation_for

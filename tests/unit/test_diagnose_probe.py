@@ -117,7 +117,7 @@ async def test_diagnose_url_asks_v1_models_once(serve: Any, tmp_path: Path) -> N
     run = Diagnoser(engine, opts, tmp_path / "out", PhasePublisher())
     await run.read_facts()
     assert Counter(p for p, _ in seen) == {"/v1/models": 1, "/props": 1}
-    res = run.result
+    res = run.facts
     assert (res.model, res.slots, res.slot_context, res.trained_context) == (
         "/models/gemma-3-270m.gguf",
         4,
@@ -137,7 +137,7 @@ async def test_a_configured_engine_is_probed_by_the_facts_once(serve: Any, tmp_p
     run = Diagnoser(engine, options_from_args(args, None), tmp_path, PhasePublisher())
     await run.read_facts()  # opts.probes empty: the facts probe it themselves
     assert Counter(p for p, _ in seen) == {"/v1/models": 1, "/props": 1}
-    assert run.result.slots == 4
+    assert run.facts.slots == 4
 
 
 async def test_a_bug_in_the_probe_is_a_traceback(

@@ -3,6 +3,7 @@ samples would: the same efficiency as the row's roofline, the queue against the 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,10 +24,16 @@ def _diagnoser(tmp_path: Path) -> Diagnoser:
         environ={},
     )
     d = Diagnoser(cfg.engines[0], Options(), tmp_path, PhasePublisher())
-    res = d.result
-    res.slots, res.weights_bytes, res.kv_bytes_per_token = 2, 4e9, 2048.0
-    res.bandwidth_bytes_per_s, res.bandwidth_source = 1e11, "--bandwidth-gbs"
-    res.layers_offloaded, res.layers_total = 30.0, 63.0
+    d.facts = replace(
+        d.facts,
+        slots=2,
+        weights_bytes=4e9,
+        kv_bytes_per_token=2048.0,
+        bandwidth_bytes_per_s=1e11,
+        bandwidth_source="--bandwidth-gbs",
+        layers_offloaded=30.0,
+        layers_total=63.0,
+    )
     return d
 
 
@@ -35,7 +42,7 @@ def test_a_step_without_exporter_samples_goes_through_the_rules(tmp_path: Path) 
     row = Row("e", "concurrency", 4, prompt_tokens=100.0, max_tokens=32, per_seq_tok_s=12.5,
               completion_tokens=256, wall_s=6.0, kv_exhausted=1, requests=8)  # fmt: skip
     sig = step_values(d, row, t1=1_000_000.0).signals
-    assert sig.decode_efficiency == pytest.approx(row_roofline(d.result, row).efficiency)
+    assert sig.decode_efficiency == pytest.approx(row_roofline(d.facts, row).efficiency)
     assert sig.waiting_avg == 2 and sig.waiting == 2  # four in flight, two slots
     assert sig.running == 2 and sig.running_slots_ratio == 1.0
     assert sig.kv_pressure_increase == pytest.approx(1.0)
@@ -49,6 +56,6 @@ def test_residency_without_exporter_samples(tmp_path: Path) -> None:
     sig = residency_values(d).signals
     assert sig.layers_ratio == pytest.approx(30 / 63)
     assert not sig.host_has_gpu and sig.weights_memory_ratio is None
-    d.result.bandwidth_bytes_per_s = None
+    d.facts = replace(d.facts, bandwidth_bytes_per_s=None)
     no_row = Row("e", "single", 1, max_tokens=32, completion_tokens=32, wall_s=1.0)
     assert step_values(d, no_row, t1=1_000_000.0).signals.decode_efficiency is None

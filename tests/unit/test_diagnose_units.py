@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -144,9 +145,9 @@ def test_kv_prompt_ends_past_half_a_slot() -> None:
 
 def test_automatic_context_sweep_doubles_up_to_the_trained_context(tmp_path: Path) -> None:
     d = _diagnoser(tmp_path, "server -c {ctx} --port {port}")
-    d.launched_ctx, d.result.trained_context = 4096, 32768
+    d.launched_ctx, d.facts = 4096, replace(d.facts, trained_context=32768)
     assert contexts(context_inputs(d)) == ([8192, 16384, 32768], "")
-    d.result.trained_context = 4096
+    d.facts = replace(d.facts, trained_context=4096)
     tried, why = contexts(context_inputs(d))
     assert tried == [] and "already reaches" in why
     assert "no {ctx}" in contexts(context_inputs(_diagnoser(tmp_path, "server --port {port}")))[1]

@@ -59,7 +59,7 @@ def test_a_level_measured_again_is_judged_by_its_new_probe(tmp_path: Path) -> No
     levels.add(24, [2.0] * 48)
     said: list[str] = []
     run: Any = SimpleNamespace(
-        result=levels.result,
+        view=lambda: levels.result,
         out=tmp_path,
         opts=SimpleNamespace(requests_per_slot=2, rounds=1, prompt_tokens=32),
         phase=lambda *a, **k: contextlib.nullcontext(),

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from loadgen.prom_api import QueryError, vector_values
 from tests.paths import FIXTURES
+from tools.fuzz_mutators import json_paths, set_at
 
 REAL = [
     answer["body"]
@@ -33,33 +34,6 @@ JSON = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner),
     max_leaves=6,
 )
-
-
-def _paths(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Every place in a JSON tree (the root included)."""
-    out = [path]
-    if isinstance(node, dict):
-        for key, child in node.items():
-            out += _paths(child, (*path, key))
-    elif isinstance(node, list):
-        for i, child in enumerate(node):
-            out += _paths(child, (*path, i))
-    return out
-
-
-def _replace(doc: Any, path: tuple[Any, ...], value: Any, drop: bool) -> Any:
-    """The tree with the node at `path` replaced by `value` (or dropped from its parent)."""
-    if not path:
-        return value
-    doc = copy.deepcopy(doc)
-    parent = doc
-    for step in path[:-1]:
-        parent = parent[step]
-    if drop:
-        del parent[path[-1]]
-    else:
-        parent[path[-1]] = value
-    return doc
 
 
 def _check(body: Any) -> None:
@@ -87,9 +61,9 @@ def test_the_real_answers_read_whole() -> None:
 def test_a_mangled_answer_is_read_or_refused_in_one_message(data: st.DataObject) -> None:
     body = data.draw(st.sampled_from(REAL))
     for _ in range(data.draw(st.integers(1, 3))):
-        path = data.draw(st.sampled_from(_paths(body)))
+        path = data.draw(st.sampled_from(json_paths(body)))
         drop = bool(path) and data.draw(st.booleans())
-        body = _replace(body, path, data.draw(JSON), drop)
+        body = set_at(copy.deepcopy(body), path, data.draw(JSON), delete=drop)
     _check(body)
 
 

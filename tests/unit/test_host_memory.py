@@ -11,7 +11,7 @@ import pytest
 from config.settings import Config, ConfigError, GpuConfig, load_config
 from core.promql import EngineKey
 from core.rules import rule_values_at
-from diagnose.decision.model import EngineResult
+from diagnose.decision.model import Facts
 from diagnose.facts import host_bandwidth_facts
 from diagnose.options import add_host_bandwidth_option, run_host_bandwidth
 from exporter.__main__ import parse_args
@@ -150,18 +150,16 @@ def test_diagnose_takes_the_exporter_series_unless_given_a_figure() -> None:
             38.9e9
         )
     }
-    res = EngineResult("moe", "llamacpp")
-    host_bandwidth_facts(res, None, series)
+    res = host_bandwidth_facts(Facts("moe", "llamacpp"), None, series)
     assert (res.host_bandwidth_bytes_per_s, res.host_bandwidth_source) == (38.9e9, "measured")
     # This run's own measurement does not replace the exporter's (it measured its host).
-    host_bandwidth_facts(res, HostBandwidth(50e9, "measured"), series)
+    res = host_bandwidth_facts(res, HostBandwidth(50e9, "measured"), series)
     assert res.host_bandwidth_source == "measured" and res.host_bandwidth_bytes_per_s == 38.9e9
     # A flag (or the config) does.
-    host_bandwidth_facts(res, HostBandwidth(41.5e9, "flag"), series)
+    res = host_bandwidth_facts(res, HostBandwidth(41.5e9, "flag"), series)
     assert (res.host_bandwidth_bytes_per_s, res.host_bandwidth_source) == (41.5e9, "flag")
     # No exporter series (no GPU, no exporter): this run's measurement.
-    bare = EngineResult("moe", "llamacpp")
-    host_bandwidth_facts(bare, HostBandwidth(50e9, "measured"), None)
+    bare = host_bandwidth_facts(Facts("moe", "llamacpp"), HostBandwidth(50e9, "measured"), None)
     assert (bare.host_bandwidth_bytes_per_s, bare.host_bandwidth_source) == (50e9, "measured")
 
 

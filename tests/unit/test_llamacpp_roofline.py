@@ -20,7 +20,7 @@ from model.geometry import ModelGeometry, geometry_from_gguf
 from model.kv_cache import estimate_llamacpp_kv
 from tests.paths import FIXTURES
 from tests.unit.test_llamacpp_collector import _read, collector, make_transport, v, values
-from tests.unit.test_weights import F32, Q8, qwen3moe_tensors, write_header
+from tests.unit.test_weights import F32, Q8, outer_tensors, qwen3moe_tensors, write_header
 
 FIX = FIXTURES
 CPU = FIX / "llamacpp-cpu-gemma3-270m"
@@ -256,8 +256,7 @@ def deepseek2_tensors(n_layer: int, n_dense: int) -> list[tuple[str, tuple[int, 
     without a query LoRA (kv_lora_rank 512, 16 heads of 128 + 64 RoPE dims), `n_dense` leading
     dense FFN blocks (first_k_dense_replace), then 64 routed experts of 1408 and 2 shared."""
     e, vocab, heads, rank, nope, rope, v_dim = 2048, 102400, 16, 512, 128, 64, 128
-    out = [("token_embd.weight", (e, vocab), Q8), ("output_norm.weight", (e,), F32)]
-    out.append(("output.weight", (e, vocab), Q8))
+    out = outer_tensors(e, vocab)
     for i in range(n_layer):
         b = f"blk.{i}."
         out += [

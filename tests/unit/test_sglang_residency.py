@@ -97,7 +97,7 @@ async def run_diagnose(fake: FakeSGLang, tmp_path: Path, process_bytes: float, *
         await d.measure_step("residency")
     finally:
         await d.monitor.stop()
-    return d.result, d.steps
+    return d.view(), d.steps
 
 
 async def test_residency_on_the_h200_capture_names_its_sources(

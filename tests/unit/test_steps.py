@@ -21,7 +21,7 @@ import pytest
 from config.settings import parse_config
 from core.signals import Signals
 from core.slo import parse_slo
-from diagnose.decision.model import Prefill, Roofline, Row, Step
+from diagnose.decision.model import Facts, Prefill, Roofline, Row, Step
 from diagnose.options import Options
 from diagnose.phase_marks import PhasePublisher
 from diagnose.procedure import Diagnoser
@@ -34,7 +34,7 @@ from diagnose.steps.concurrency import (
 )
 from diagnose.steps.context import ContextInputs, ContextSeams, LaunchFigures, context_outcome
 from diagnose.steps.kv import KvInputs, kv_outcome
-from diagnose.steps.residency import ResidencyFigures, residency_outcome
+from diagnose.steps.residency import residency_outcome
 from diagnose.steps.single import SingleFigures, single_outcome
 from loadgen.client import TargetUnreachable
 from loadgen.traffic.model import Traffic, TrafficRequest
@@ -75,15 +75,20 @@ def ok_row(step: str, concurrency: int, **figures: Any) -> Row:
 
 # residency --------------------------------------------------------------------------------
 
-FIGURES = ResidencyFigures(
-    layers_offloaded=20, layers_total=33, weights_bytes=4 * GIB, process_gpu_bytes=3 * GIB
+FIGURES = Facts(
+    "e",
+    "llamacpp",
+    layers_offloaded=20,
+    layers_total=33,
+    weights_bytes=4 * GIB,
+    process_gpu_bytes=3 * GIB,
 )
 
 
 def test_residency_flags_layers_left_on_the_host() -> None:
     said = Said()
     sig = Signals(host_has_gpu=True, layers_ratio=20 / 33)
-    out = residency_outcome(FIGURES, sig, "llamacpp", said)
+    out = residency_outcome(FIGURES, sig, said)
     assert out.step.key == "residency" and out.step.decisive
     assert out.step.answer.startswith("no: layers below the threshold; layers 0.61: ")
     assert (
@@ -97,14 +102,14 @@ def test_residency_flags_layers_left_on_the_host() -> None:
 
 def test_residency_all_resident_and_not_measured() -> None:
     full = Signals(host_has_gpu=True, layers_ratio=1.0)
-    out = residency_outcome(FIGURES, full, "llamacpp", Said())
+    out = residency_outcome(FIGURES, full, Said())
     assert out.step.answer.startswith("yes, from layers 1.00: ") and not out.step.decisive
     # A GPU but no ratio: not measured, with the input that is missing.
-    out = residency_outcome(ResidencyFigures(), Signals(host_has_gpu=True), "llamacpp", Said())
+    out = residency_outcome(Facts("e", "llamacpp"), Signals(host_has_gpu=True), Said())
     assert not out.step.measured
     assert out.missing[0].startswith("residency: the weight size is not known")
     # No GPU at all: the weights are in host memory, the signals kept as numbers.
-    out = residency_outcome(FIGURES, Signals(layers_ratio=0.0), "llamacpp", Said())
+    out = residency_outcome(FIGURES, Signals(layers_ratio=0.0), Said())
     assert "no GPU seen" in out.step.answer and out.step.numbers["layers_ratio"] == 0.0
     assert out.missing[0].startswith("residency: no GPU seen")
 
@@ -122,7 +127,7 @@ def test_single_measures_one_request_against_the_roofline() -> None:
     assert loads.asked == [(LoadStep("single", 1, 512, 2), "")]
     assert out.step.answer.startswith("93.1 tok/s per sequence (10.7 ms/token), 50 % of")
     assert "prefill: not measured" in out.step.answer and not out.step.decisive
-    assert out.roofline is roof and said == [out.step.answer]
+    assert out.step.numbers["efficiency"] == 0.5 and said == [out.step.answer]
     assert out.step.numbers["per_seq_tok_s"] == 93.1
     assert out.step.numbers["rounds"] == [93.0, 93.2]
     assert out.step.numbers["roofline_tok_s"] == 186.3
@@ -339,13 +344,13 @@ def test_context_launch_fails_nothing_to_sweep_and_interrupted() -> None:
 # the procedure applies an outcome -----------------------------------------------------------
 
 
-def test_the_procedure_applies_an_outcome_in_place(tmp_path: Path) -> None:
+def test_the_procedure_takes_an_outcome_in_and_builds_the_result_from_it(tmp_path: Path) -> None:
     cfg = parse_config(
         {"engines": [{"name": "e", "kind": "llamacpp", "url": "http://x:1"}]}, environ={}
     )
     d = Diagnoser(cfg.engines[0], Options(), tmp_path, PhasePublisher())
     before, measured = ok_row("single", 1), ok_row("context", 1, context=8192)
-    d.result.rows += [before, measured]
+    d.rows += [before, measured]
     completed = dataclasses.replace(measured, kv_bytes=GIB)
     lead, dead = ok_row("context", 1, context=4096), ok_row("context", 1, context=16384, error="x")
     step = Step("context", "?", "answer", True)
@@ -353,8 +358,12 @@ def test_the_procedure_applies_an_outcome_in_place(tmp_path: Path) -> None:
         step, rows=(dead,), amended=((1, completed),), missing=("context: why",), leading=(lead,)
     )
     d.apply(outcome, start=1)
-    assert d.result.rows == [before, lead, completed, dead]
-    assert d.result.missing == ["context: why"] and d.steps["context"] is step
+    assert d.rows == [before, lead, completed, dead]
+    assert d.missing == ["context: why"] and d.steps["context"] is step
+    # The result is built from what the run gathered, at the end.
+    res = d.result()
+    assert res.rows == [before, lead, completed, dead] and res.rows is not d.rows
+    assert res.missing[0] == "context: why"
 
 
 def test_no_step_takes_the_engine_run() -> None:

@@ -169,13 +169,24 @@ def write_header(
     return path
 
 
+Tensor = tuple[str, tuple[int, ...], int]
+
+
+def outer_tensors(n_embd: int, vocab: int) -> list[Tensor]:
+    """The tensors outside the blocks as llama.cpp names them: token embedding and untied
+    output at Q8_0, the final norm F32."""
+    return [
+        ("token_embd.weight", (n_embd, vocab), Q8),
+        ("output_norm.weight", (n_embd,), F32),
+        ("output.weight", (n_embd, vocab), Q8),
+    ]
+
+
 def qwen3moe_tensors(
     n_layer: int, n_embd: int, n_head: int, n_kv: int, head: int, n_ff_exp: int, n_expert: int
-) -> list[tuple[str, tuple[int, ...], int]]:
+) -> list[Tensor]:
     """llama.cpp's qwen3moe tensors at Q8_0 (norms and the router stay F32)."""
-    vocab = 151936
-    out = [("token_embd.weight", (n_embd, vocab), Q8), ("output_norm.weight", (n_embd,), F32)]
-    out.append(("output.weight", (n_embd, vocab), Q8))
+    out = outer_tensors(n_embd, 151936)
     for i in range(n_layer):
         b = f"blk.{i}."
         out += [

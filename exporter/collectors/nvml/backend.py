@@ -310,6 +310,16 @@ def _reading_errors(method: F) -> F:
     return cast(F, wrapper)
 
 
+def _int_reading(name: str, key: str) -> Callable[[NvmlFileBackend, int], int]:
+    """The fake backend's method `name`: the integer `key` of device i's reading."""
+
+    def read(self: NvmlFileBackend, i: int) -> int:
+        return int(self._field(self._dev(i), key))
+
+    read.__name__ = read.__qualname__ = name
+    return _reading_errors(read)
+
+
 class NvmlFileBackend:
     """NVML readings from JSON files (`gpu.fake_file`): the simulators' GPU, replayed captures.
 
@@ -437,9 +447,7 @@ class NvmlFileBackend:
         current = int(self._field(dev, "mem_clock_mhz"))
         return current, int(dev.get("max_mem_clock_mhz") or current)
 
-    @_reading_errors
-    def bus_width_bits(self, i: int) -> int:
-        return int(self._field(self._dev(i), "bus_width"))
+    bus_width_bits = _int_reading("bus_width_bits", "bus_width")
 
     @_reading_errors
     def sm_clock_mhz(self, i: int) -> tuple[int, int | None]:
@@ -448,25 +456,11 @@ class NvmlFileBackend:
         maximum = dev.get("max_sm_clock_mhz")
         return current, None if maximum is None else int(maximum)
 
-    @_reading_errors
-    def power_mw(self, i: int) -> int:
-        return int(self._field(self._dev(i), "power_mw"))
-
-    @_reading_errors
-    def power_limit_mw(self, i: int) -> int:
-        return int(self._field(self._dev(i), "power_limit_mw"))
-
-    @_reading_errors
-    def power_default_limit_mw(self, i: int) -> int:
-        return int(self._field(self._dev(i), "power_default_limit_mw"))
-
-    @_reading_errors
-    def power_max_limit_mw(self, i: int) -> int:
-        return int(self._field(self._dev(i), "power_max_limit_mw"))
-
-    @_reading_errors
-    def temperature_c(self, i: int) -> int:
-        return int(self._field(self._dev(i), "temp"))
+    power_mw = _int_reading("power_mw", "power_mw")
+    power_limit_mw = _int_reading("power_limit_mw", "power_limit_mw")
+    power_default_limit_mw = _int_reading("power_default_limit_mw", "power_default_limit_mw")
+    power_max_limit_mw = _int_reading("power_max_limit_mw", "power_max_limit_mw")
+    temperature_c = _int_reading("temperature_c", "temp")
 
     @_reading_errors
     def clock_event_reasons(self, i: int) -> int:
