@@ -58,8 +58,8 @@ from diagnose.load import measure_row
 from diagnose.options import Options
 from diagnose.phase_marks import PhasePublisher
 from diagnose.step_inputs import PROCEDURE
-from diagnose.step_table import STEP_QUESTIONS, STEPS
-from diagnose.steps.base import LoadStep, StepOutcome, StepStopped, not_measured
+from diagnose.step_table import STEPS
+from diagnose.steps.base import LoadStep, StepOutcome, StepStopped, asked, not_measured
 from loadgen.client import TargetUnreachable
 from loadgen.scheduler.context import RunContext
 from loadgen.scheduler.phase import ABORT_ENGINE_GONE, ABORT_INTERRUPTED
@@ -198,7 +198,7 @@ class Diagnoser(EngineRun):
         self.say(key, f"stopped: {exc.reason}")
         why = f"the run stopped during the {key} step ({exc.reason})"
         for later in STEPS[STEPS.index(key) :]:
-            self.steps[later] = Step(later, STEP_QUESTIONS[later], NOT_MEASURED + why)
+            self.steps[later] = asked(later, NOT_MEASURED + why)
         self.missing.append(f"{', '.join(STEPS[STEPS.index(key) :])}: {why}")
 
     async def _start(self) -> bool:
@@ -209,9 +209,8 @@ class Diagnoser(EngineRun):
         if await self.launch(first_ctx, "start") is None:
             for key in STEPS[:-1]:
                 self.skip(key, "the engine did not start (see the context row)")
-            self.steps["context"] = Step(
+            self.steps["context"] = asked(
                 "context",
-                STEP_QUESTIONS["context"],
                 "memory gave out (or the engine failed) at the first launch: "
                 f"{self.rows[-1].error}",
                 True,
@@ -268,10 +267,7 @@ class Diagnoser(EngineRun):
 
     def answer_steps(self) -> list[Step]:
         """The steps in procedure order (one per step, measured or not)."""
-        return [
-            self.steps.get(s) or Step(s, STEP_QUESTIONS[s], NOT_MEASURED + "did not run")
-            for s in STEPS
-        ]
+        return [self.steps.get(s) or asked(s, NOT_MEASURED + "did not run") for s in STEPS]
 
 
 # Verdicts about the load's prompts, which the KV-pressure step's long probe prompts do not show.

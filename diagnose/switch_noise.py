@@ -60,7 +60,7 @@ class Outcome:
 def _record(
     engine: str, index: int, start: float, rate: float, ttft: float = TTFT_S
 ) -> RequestRecord:
-    return timed_record(engine, index, start, ttft, ttft + (TOKENS - 1) / rate, TOKENS, rate=rate)
+    return timed_record(engine, index, start, ttft, ttft + (TOKENS - 1) / rate, TOKENS)
 
 
 def step_records(

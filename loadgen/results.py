@@ -80,41 +80,33 @@ def timed_record(
     e2e: float,
     tokens: int,
     *,
-    rate: float | None = None,
     error: str | None = None,
     prompt_tokens: int = 32,
 ) -> RequestRecord:
     """A request whose times are given, not measured (diagnose/switch_noise.py's simulation,
     tests): sent at `start`, its first token `ttft` later, ended `e2e` after the send with
-    `tokens` tokens, one every `1 / rate` s (None: no gaps known). A failed one (`error`)
-    streamed none. The server reported no timings."""
-    gap = None if rate is None else 1 / rate
+    `tokens` tokens evenly spaced from the first to the end. A failed one (`error`) streamed
+    none. It goes through `build_record`, so its figures follow the measured ones' arithmetic;
+    the server reported no timings."""
     done = error is None
-    return RequestRecord(
-        engine=engine,
-        step=0,
-        index=index,
-        start_time=start,
-        end_time=start + e2e,
-        ttft_s=ttft,
-        itl_mean_s=gap,
-        itl_p50_s=gap,
-        itl_p99_s=gap,
-        tpot_s=gap,
-        e2e_s=e2e,
-        decode_tok_s=rate,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=tokens if done else None,
-        cached_tokens=0,
-        chunks=tokens if done else 0,
+    gap = (e2e - ttft) / (tokens - 1) if tokens > 1 else 0.0
+    stream = StreamResult(
+        t_send=start,
+        t_end=start + e2e,
+        chunk_times=[start + ttft + k * gap for k in range(tokens)] if done else [],
+        usage={
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": tokens,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
+        if done
+        else None,
         finish_reason="length" if done else None,
-        server_prompt_ms=None,
-        server_predicted_ms=None,
-        server_predicted_per_second=None,
-        server_cache_n=None,
-        server_prompt_n=None,
-        server_predicted_n=None,
         error=error,
+        done=done,
+    )
+    return build_record(
+        stream, engine=engine, step=0, index=index, max_tokens=tokens, wall_offset=0.0
     )
 
 

@@ -95,8 +95,14 @@ def not_measured(
 ) -> StepOutcome:
     """The outcome of a step that could not run: its answer says why, recorded as missing."""
     say(NOT_MEASURED + why)
-    step = Step(key, STEP_QUESTIONS[key], NOT_MEASURED + why, numbers=numbers or {})
-    return StepOutcome(step, missing=(f"{key}: {why}",))
+    return StepOutcome(asked(key, NOT_MEASURED + why, numbers=numbers), missing=(f"{key}: {why}",))
+
+
+def asked(
+    key: str, answer: str, decisive: bool = False, numbers: dict[str, object] | None = None
+) -> Step:
+    """Step `key`'s answer under its question (`diagnose.step_table`)."""
+    return Step(key, STEP_QUESTIONS[key], answer, decisive, numbers or {})
 
 
 def gib(value: float | None) -> str:

@@ -6,11 +6,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from core.slo import Slo
-from diagnose.decision.model import Row, Step
+from diagnose.decision.model import Row
 from diagnose.decision.prefill import split_text
 from diagnose.decision.sources import ttft_text
-from diagnose.step_table import STEP_QUESTIONS
-from diagnose.steps.base import LoadStep, MeasureLoad, Say, StepOutcome, not_measured
+from diagnose.steps.base import LoadStep, MeasureLoad, Say, StepOutcome, asked, not_measured
 from loadgen.traffic.model import Traffic
 
 
@@ -76,7 +75,7 @@ async def concurrency_outcome(seams: ConcurrencySeams, inputs: ConcurrencyInputs
     queued = "scheduling_bound" in verdicts
     slots = f" ({inputs.slots} slots)" if inputs.slots else ""
     answer = "; ".join(parts) + (f"; requests queue for a slot{slots}" if queued else "")
-    return StepOutcome(Step("concurrency", STEP_QUESTIONS["concurrency"], answer, queued))
+    return StepOutcome(asked("concurrency", answer, queued))
 
 
 def level_text(single: Row | None, c: int, row: Row, roofline: str) -> str:
@@ -103,9 +102,8 @@ async def traffic_outcome(
     load = LoadStep("concurrency", width, 0, inputs.rounds, traffic=traffic)
     measured = await seams.measure(load, note=f"traffic {traffic.source}")
     row = measured.row
-    question = STEP_QUESTIONS["concurrency"]
     if row.error:
-        return StepOutcome(Step("concurrency", question, f"your traffic failed ({row.error})"))
+        return StepOutcome(asked("concurrency", f"your traffic failed ({row.error})"))
     level = level_text(inputs.single, width, row, seams.roofline_text(row))
     answer = "your traffic, " + level + traffic_text(row)
     seams.say(answer)
@@ -116,7 +114,7 @@ async def traffic_outcome(
         "waiting_avg": row.waiting_avg,
         "tokens_off": row.tokens_off,
     }
-    return StepOutcome(Step("concurrency", question, answer, queued, numbers))
+    return StepOutcome(asked("concurrency", answer, queued, numbers))
 
 
 def traffic_text(row: Row) -> str:

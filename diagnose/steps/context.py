@@ -8,13 +8,13 @@ from typing import Protocol
 
 from core.thresholds import threshold_number
 from diagnose.decision.model import Prefill, Row, Step
-from diagnose.step_table import STEP_QUESTIONS
 from diagnose.steps.base import (
     LoadStep,
     MeasureLoad,
     Say,
     StepOutcome,
     StepStopped,
+    asked,
     gib,
     not_measured,
 )
@@ -156,7 +156,7 @@ async def context_outcome(
                 gave_out = ctx
                 break
     except StepStopped as exc:  # interrupted: what the sweep has is kept
-        return sweep.outcome(Step("context", STEP_QUESTIONS["context"], ""), exc)
+        return sweep.outcome(asked("context", ""), exc)
     loaded = sweep.loaded()
     best = max(loaded) if loaded else None
     answer = (
@@ -166,7 +166,7 @@ async def context_outcome(
     )
     seams.say(answer)
     numbers: dict[str, object] = {"max_loaded": best, "gave_out_at": gave_out, "tried": tried}
-    step = Step("context", STEP_QUESTIONS["context"], answer, gave_out is not None, numbers)
+    step = asked("context", answer, gave_out is not None, numbers)
     return sweep.outcome(step)
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diagnose.decision.model import Row, Step
-from diagnose.step_table import STEP_QUESTIONS
-from diagnose.steps.base import LoadStep, MeasureLoad, Say, StepOutcome, not_measured
+from diagnose.decision.model import Row
+from diagnose.steps.base import LoadStep, MeasureLoad, Say, StepOutcome, asked, not_measured
 
 # The longest KV-pressure prompt chosen automatically: longer prompts cost minutes of prefill.
 KV_PROMPT_CAP = 16384
@@ -41,6 +40,10 @@ def kv_prompt_tokens(
     return tokens, f"ending past half of a slot's context ({ctx})"
 
 
+# The row's KV figures the step's numbers show, under their own names.
+KV_ROW_NUMBERS = ("truncated", "kv_exhausted", "kv_events", "kv_usage_max")
+
+
 async def kv_outcome(measure: MeasureLoad, inputs: KvInputs, say: Say) -> StepOutcome:
     """One wave of long prompts, one per slot: completed, cut short, out of context, KV
     events and usage; flagged when the rules saw `kv_saturated`."""
@@ -58,16 +61,9 @@ async def kv_outcome(measure: MeasureLoad, inputs: KvInputs, say: Say) -> StepOu
     saturated = "kv_saturated" in measured.verdicts
     answer = kv_answer(row, tokens, why, saturated)
     say(answer)
-    numbers: dict[str, object] = {
-        "prompt_tokens": tokens,
-        "concurrency": conc,
-        "truncated": row.truncated,
-        "kv_exhausted": row.kv_exhausted,
-        "kv_events": row.kv_events,
-        "kv_usage_max": row.kv_usage_max,
-    }
-    step = Step("kv_pressure", STEP_QUESTIONS["kv_pressure"], answer, saturated, numbers)
-    return StepOutcome(step)
+    numbers: dict[str, object] = {"prompt_tokens": tokens, "concurrency": conc}
+    numbers.update((name, getattr(row, name)) for name in KV_ROW_NUMBERS)
+    return StepOutcome(asked("kv_pressure", answer, saturated, numbers))
 
 
 def kv_answer(row: Row, tokens: int, why: str, saturated: bool) -> str:

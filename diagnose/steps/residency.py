@@ -9,9 +9,8 @@ from __future__ import annotations
 from config.kinds import engine_kind
 from core.conditions import evaluate
 from core.signals import Signals
-from diagnose.decision.model import Facts, Step
-from diagnose.step_table import STEP_QUESTIONS
-from diagnose.steps.base import Say, StepOutcome, gib, not_measured, num
+from diagnose.decision.model import Facts
+from diagnose.steps.base import Say, StepOutcome, asked, gib, not_measured, num
 
 
 def residency_outcome(known: Facts, sig: Signals, say: Say) -> StepOutcome:
@@ -37,7 +36,7 @@ def residency_outcome(known: Facts, sig: Signals, say: Say) -> StepOutcome:
     else:
         answer = f"yes, from {measured} ({facts})"
     say(answer)
-    return StepOutcome(Step("residency", STEP_QUESTIONS["residency"], answer, cond.held, numbers))
+    return StepOutcome(asked("residency", answer, cond.held, numbers))
 
 
 def residency_facts(res: Facts) -> str:

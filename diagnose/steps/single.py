@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from diagnose.decision.model import NOT_MEASURED, Prefill, Roofline, Step
+from diagnose.decision.model import NOT_MEASURED, Prefill, Roofline
 from diagnose.decision.prefill import prefill_text, split_text
 from diagnose.decision.roofline import roofline_text
 from diagnose.decision.sources import decode_text
-from diagnose.step_table import STEP_QUESTIONS
-from diagnose.steps.base import LoadStep, MeasureLoad, Say, StepOutcome
+from diagnose.steps.base import LoadStep, MeasureLoad, Say, StepOutcome, asked
 
 
 @dataclass(frozen=True)
@@ -58,5 +57,4 @@ async def single_outcome(
         "rounds": row.per_seq_rounds,
         "prefill": fig.prefill,
     }
-    step = Step("single", STEP_QUESTIONS["single"], answer, False, numbers)
-    return StepOutcome(step)
+    return StepOutcome(asked("single", answer, False, numbers))

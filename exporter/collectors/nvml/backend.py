@@ -141,6 +141,16 @@ def _merge_processes(groups: list[list[GpuProcess]]) -> list[GpuProcess]:
     return list(by_pid.values())
 
 
+def _device_int(fn_name: str) -> Callable[[PynvmlBackend, int], int]:
+    """A PynvmlBackend method: NVML's integer query `fn_name` on device i."""
+
+    def query(self: PynvmlBackend, i: int) -> int:
+        return int(self._query(i, getattr(self._nvml, fn_name)))
+
+    query.__name__ = query.__qualname__ = fn_name
+    return query
+
+
 class PynvmlBackend:
     """The real NVML, through nvidia-ml-py."""
 
@@ -189,8 +199,7 @@ class PynvmlBackend:
     def device_count(self) -> int:
         return len(self._handles)
 
-    def index(self, i: int) -> int:
-        return int(self._query(i, self._nvml.nvmlDeviceGetIndex))
+    index = _device_int("nvmlDeviceGetIndex")
 
     def name(self, i: int) -> str:
         return str(self._query(i, self._nvml.nvmlDeviceGetName))
@@ -227,20 +236,16 @@ class PynvmlBackend:
     def memory_clock_mhz(self, i: int) -> tuple[int, int]:
         return self._clock_mhz(i, self._nvml.NVML_CLOCK_MEM)
 
-    def bus_width_bits(self, i: int) -> int:
-        return int(self._query(i, self._nvml.nvmlDeviceGetMemoryBusWidth))
+    bus_width_bits = _device_int("nvmlDeviceGetMemoryBusWidth")
 
     def sm_clock_mhz(self, i: int) -> tuple[int, int | None]:
         return self._clock_mhz(i, self._nvml.NVML_CLOCK_SM)
 
-    def power_mw(self, i: int) -> int:
-        return int(self._query(i, self._nvml.nvmlDeviceGetPowerUsage))
+    power_mw = _device_int("nvmlDeviceGetPowerUsage")
 
-    def power_limit_mw(self, i: int) -> int:
-        return int(self._query(i, self._nvml.nvmlDeviceGetEnforcedPowerLimit))
+    power_limit_mw = _device_int("nvmlDeviceGetEnforcedPowerLimit")
 
-    def power_default_limit_mw(self, i: int) -> int:
-        return int(self._query(i, self._nvml.nvmlDeviceGetPowerManagementDefaultLimit))
+    power_default_limit_mw = _device_int("nvmlDeviceGetPowerManagementDefaultLimit")
 
     def power_max_limit_mw(self, i: int) -> int:
         # (minimum, maximum) of the limit that may be set.
