@@ -90,9 +90,13 @@ def test_every_row_says_how_diagnose_reads_it(engine) -> None:
 
 async def _serving(paths: tuple[str, ...]) -> tuple[str, web.AppRunner]:
     """A server answering a JSON object at each of `paths` (anything else: 404)."""
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
     app = web.Application()
     for path in paths:
-        app.router.add_get(path, lambda request: web.json_response({"ok": True}))
+        app.router.add_get(path, answer)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     port = get_free_port()
