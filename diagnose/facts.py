@@ -125,7 +125,7 @@ def with_collected(known: Facts, facts: CollectedFacts) -> Facts:
         )
         known = structure_from_geometry(known, geo)
         known = prefill_from_geometry(known, geo)
-    except (OSError, ValueError):  # a field this reader cannot take: what was read stays
+    except (OSError, ValueError):  # a geometry this reader cannot size: what was taken stays
         pass
     return known
 

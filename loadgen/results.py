@@ -88,23 +88,14 @@ def timed_record(
     `tokens` tokens evenly spaced from the first to the end. A failed one (`error`) streamed
     none. It goes through `build_record`, so its figures follow the measured ones' arithmetic;
     the server reported no timings."""
-    done = error is None
-    gap = (e2e - ttft) / (tokens - 1) if tokens > 1 else 0.0
-    stream = StreamResult(
-        t_send=start,
-        t_end=start + e2e,
-        chunk_times=[start + ttft + k * gap for k in range(tokens)] if done else [],
-        usage={
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": tokens,
-            "prompt_tokens_details": {"cached_tokens": 0},
-        }
-        if done
-        else None,
-        finish_reason="length" if done else None,
-        error=error,
-        done=done,
-    )
+    stream = StreamResult(t_send=start, t_end=start + e2e, error=error, done=error is None)
+    if stream.done:
+        gap = (e2e - ttft) / (tokens - 1) if tokens > 1 else 0.0
+        stream.chunk_times = [start + ttft + k * gap for k in range(tokens)]
+        details = {"cached_tokens": 0}
+        stream.usage = {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
+                        "prompt_tokens_details": details}  # fmt: skip
+        stream.finish_reason = "length"
     return build_record(
         stream, engine=engine, step=0, index=index, max_tokens=tokens, wall_offset=0.0
     )

@@ -117,6 +117,8 @@ async def test_diagnose_url_asks_v1_models_once(serve: Any, tmp_path: Path) -> N
     run = Diagnoser(engine, opts, tmp_path / "out", PhasePublisher())
     await run.read_facts()
     assert Counter(p for p, _ in seen) == {"/v1/models": 1, "/props": 1}
+    # Where the model file came from lands in the run's evidence (the answer's "model" line).
+    assert run.evidence["model"] == "not seen: no /props model_path (pass --model-path)"
     res = run.facts
     assert (res.model, res.slots, res.slot_context, res.trained_context) == (
         "/models/gemma-3-270m.gguf",
