@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from cli.loadgen import build_parser, default_commands
 from config.kinds import GENERIC
@@ -29,35 +27,6 @@ from loadgen.client import StreamClient, probe_client
 from loadgen.options import UsageError
 from loadgen.resolve import TargetProbe, probe_target, probe_url
 from tests.conftest import get_free_port
-
-Seen = list[tuple[str, str | None]]
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Callable[[dict[str, Any]], Any]]:
-    """Start a server answering GET `path` with its JSON (paths not listed: 404)."""
-    runners: list[web.AppRunner] = []
-    seen: Seen = []
-
-    async def start(answers: dict[str, Any]) -> tuple[str, Seen]:
-        async def handler(request: web.Request) -> web.Response:
-            seen.append((request.path, request.headers.get("Authorization")))
-            return web.json_response(answers[request.path])
-
-        app = web.Application()
-        for path in answers:
-            app.router.add_get(path, handler)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        port = get_free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        runners.append(runner)
-        return f"http://127.0.0.1:{port}", seen
-
-    yield start
-    for runner in runners:
-        await runner.cleanup()
-
 
 MODELS = {"data": [{"id": "/models/gemma-3-270m.gguf", "meta": {"n_ctx_train": 32768}}]}
 PROPS = {"total_slots": 4, "default_generation_settings": {"n_ctx": 2048}}

@@ -14,6 +14,7 @@ import asyncio
 import json
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -44,7 +45,6 @@ from loadgen.options import add_target_options
 from loadgen.resolve import probe_url
 from simulator.__main__ import build_parser
 from simulator.common import simulator_class
-from tests.conftest import get_free_port
 from tests.paths import ROOT
 
 KINDS = kinds()
@@ -88,38 +88,16 @@ def test_every_row_says_how_diagnose_reads_it(engine) -> None:
     assert engine.model_named_by.startswith(engine.info.paths[0] + " ")
 
 
-async def _serving(paths: tuple[str, ...]) -> tuple[str, web.AppRunner]:
-    """A server answering a JSON object at each of `paths` (anything else: 404)."""
-
-    async def answer(request: web.Request) -> web.Response:
-        return web.json_response({"ok": True})
-
-    app = web.Application()
-    for path in paths:
-        app.router.add_get(path, answer)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = get_free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return f"http://127.0.0.1:{port}", runner
-
-
-async def test_detect_kind_probes_each_rows_info_endpoint() -> None:
+async def test_detect_kind_probes_each_rows_info_endpoint(serve: Any) -> None:
     """A server answering only one row's info endpoint is told to be that row's kind."""
     for engine in ENGINES:
         for path in engine.info.paths:
-            url, runner = await _serving((path,))
-            try:
-                probe = await asyncio.to_thread(probe_url, url, None, GENERIC, 5.0, True)
-                assert probe.kind == engine.kind
-            finally:
-                await runner.cleanup()
-    url, runner = await _serving(())
-    try:
-        probe = await asyncio.to_thread(probe_url, url, None, GENERIC, 5.0, True)
-        assert probe.kind == GENERIC
-    finally:
-        await runner.cleanup()
+            url, _ = await serve({path: {"ok": True}})
+            probe = await asyncio.to_thread(probe_url, url, None, GENERIC, 5.0, True)
+            assert probe.kind == engine.kind
+    url, _ = await serve({})
+    probe = await asyncio.to_thread(probe_url, url, None, GENERIC, 5.0, True)
+    assert probe.kind == GENERIC
 
 
 def test_loadgen_kind_choices_are_the_registered_kinds() -> None:
