@@ -16,7 +16,7 @@ import argparse
 import json
 import lzma
 import shutil
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,7 @@ def saved_logs(folder: Path, engine: EngineResult) -> list[Path]:
     return sorted(logs)
 
 
-def refresh(engine: EngineResult, folder: Path, host: HostBandwidth | None) -> None:
+def refresh(engine: EngineResult, folder: Path, host: HostBandwidth | None) -> EngineResult:
     """The saved engine read with today's code: its saved logs through today's log parser
     (expert offload), the host bandwidth given (--host-bandwidth-gbs), and the verdict and
     action decided again from the saved signals (the action diagnose prints today)."""
@@ -87,21 +87,31 @@ def refresh(engine: EngineResult, folder: Path, host: HostBandwidth | None) -> N
                 continue
             layers, host_bytes = found
             # The GGUF's exact bytes saved by the run stand when the layers agree.
-            if engine.experts_host_layers != layers or not engine.experts_host_bytes:
-                engine.experts_host_bytes = host_bytes or None
-            engine.experts_host_layers = float(layers)
-            if engine.signals:
-                engine.signals["experts_host_layers"] = float(layers)
+            host_bytes_known = engine.experts_host_bytes
+            if engine.experts_host_layers != layers or not host_bytes_known:
+                host_bytes_known = host_bytes or None
+            saved_signals = engine.signals
+            if saved_signals:
+                saved_signals = {**saved_signals, "experts_host_layers": float(layers)}
+            engine = replace(
+                engine,
+                experts_host_bytes=host_bytes_known,
+                experts_host_layers=float(layers),
+                signals=saved_signals,
+            )
             break
     if host is not None:
-        engine.host_bandwidth_bytes_per_s, engine.host_bandwidth_source = (
-            host.bytes_per_second,
-            host.source,
+        engine = replace(
+            engine,
+            host_bandwidth_bytes_per_s=host.bytes_per_second,
+            host_bandwidth_source=host.source,
         )
     if engine.signals and engine.verdict is not None:
         known = {f.name for f in fields(Signals)}
         signals = Signals(**{k: v for k, v in engine.signals.items() if k in known})  # type: ignore[arg-type]
-        engine.verdict, engine.action = engine_verdict(engine, signals)
+        verdict, action = engine_verdict(engine, signals)
+        engine = replace(engine, verdict=verdict, action=action)
+    return engine
 
 
 def redecide(
@@ -115,9 +125,7 @@ def redecide(
     `inputs.load`, else `query`'s for the engine in use (before anything is decided). Each
     engine is first `refresh`ed: today's log parser and today's verdict and action."""
     saved = read_saved(folder)
-    engines = saved.engines
-    for engine in engines:
-        refresh(engine, folder, host)
+    engines = [refresh(engine, folder, host) for engine in saved.engines]
     names = [e.name for e in engines]
     if in_use is not None:
         if in_use not in names:

@@ -139,7 +139,7 @@ class Row:
         return relative_spread(self.aggregate_rounds)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Roofline:
     """The card's decode limit for one engine and how much of it single-request decode uses.
 
@@ -167,7 +167,7 @@ class Roofline:
         return self.misfit is None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Prefill:
     """The card's prefill limit for one engine and how much of it a step's prompts used.
 
@@ -194,12 +194,14 @@ class Prefill:
     sliding_window: float | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Facts:
     """What is known of one engine apart from its load: the model, its precision and sizes,
     the card, the contexts and slots, the launch; `prefill` holds the limit's inputs (the
     card's compute peak, the model's FLOPs per token). A diagnose run gathers it as a value
-    (`diagnose.facts`) and builds its `EngineResult` from it at the end."""
+    (`diagnose.facts`) and builds its `EngineResult` from it at the end. Frozen, as the
+    result is: a fact learnt later is a new value (`dataclasses.replace`), never a write
+    into one that a step or a report already holds."""
 
     name: str
     kind: str
@@ -260,7 +262,7 @@ class Facts:
         return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineResult(Facts):
     """Everything measured for one engine, and its verdict: its `Facts`, the rows of its
     load steps, what could not be measured, its roofline and prefill against the card,

@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -122,11 +123,11 @@ def _engine(
     starts = [0, 0.2, 14.0, 44.0, 46.0, 46.01, 46.02, 52, 60, 70, 80]
     names = ["baseline", "start", "settle", "first_generation", "after", "weights", "single"]
     names += ["concurrency"] * 3 + ["context"]
-    e.phases = [
+    e.phases.extend(
         PhaseMark(n, t0 + s, t0 + s + 0.5, 1e9 + 2e8 * s)
         for n, s in zip(names, starts, strict=True)
-    ]
-    e.timeline = [(t0 + i, 1e9 + 0.2e9 * min(i, 50)) for i in range(90)]
+    )
+    e.timeline.extend((t0 + i, 1e9 + 0.2e9 * min(i, 50)) for i in range(90))
     e.rows.append(
         _load_row(name, "single", 1, 60 * scale, 59 * scale, 0.05, per_token_ms=16 / scale)
     )
@@ -136,9 +137,7 @@ def _engine(
         e.rows.append(
             Row(name, "context", 1, context=ctx, loaded_memory_bytes=mem, kv_bytes=mem - 16e9)
         )
-    e.roofline = roofline(e)
-    e.verdict, e.action = verdict, VERDICT_INFO[verdict].action
-    return e
+    return replace(e, roofline=roofline(e), verdict=verdict, action=VERDICT_INFO[verdict].action)
 
 
 def _steps(e: EngineResult) -> list[Step]:
@@ -194,21 +193,20 @@ def assert_same_answer(out: Path, terminal: str) -> None:
 def test_compare_report_renders_every_plot(tmp_path: Path) -> None:
     a = _engine("llama", "llamacpp", 1.0)
     b = _engine("sglang", "sglang", 1.02, t0=1_790_000_100.0, verdict="scheduling_bound")
-    b.rows = [r for r in b.rows if r.step != "concurrency"]
+    b = replace(b, rows=[r for r in b.rows if r.step != "concurrency"])
     for c, agg in ((2, 130.0), (4, 250.0), (8, 480.0)):
         rounds = [agg * 0.98, agg, agg * 1.01]
         b.rows.append(
             _load_row("sglang", "concurrency", c, agg / c, agg, 0.04, aggregate_rounds=rounds)
         )
-    b.weights_bytes = 51.1 * 2**30  # bf16 against Q4_0: not comparable
+    b = replace(b, weights_bytes=51.1 * 2**30)  # bf16 against Q4_0: not comparable
     # ... and at bf16 speed: 60 tok/s would be beyond physics (no estimate from it).
     for r in b.rows:
         if r.step == "single":
             r.per_seq_tok_s = 20.5
-    b.roofline = roofline(b)
+    b = replace(b, roofline=roofline(b), engine_version=None)
     # Fields a later EngineResult may carry (the exporter's info labels) show once present.
-    vars(a).update(engine_version="b6700 (3df2244d)", gpu_driver="580.95.05")
-    vars(b).update(engine_version=None)
+    a = replace(a, engine_version="b6700 (3df2244d)", gpu_driver="580.95.05")
     decision = decide_compare(a, b)
     assert decision.comparable is False and decision.estimates
     run = RunInfo(
@@ -230,20 +228,30 @@ def test_compare_report_renders_every_plot(tmp_path: Path) -> None:
     assert_same_answer(tmp_path, printed_answer(tmp_path, [a, b], decision))
 
 
+# What a run without an exporter or NVML does not know of the card, the memory and the load.
+NOT_READ: dict[str, Any] = dict.fromkeys(
+    (
+        "memory_source", "gpu_name", "gpu_total_bytes", "process_gpu_bytes",
+        "bandwidth_bytes_per_s", "bandwidth_source", "layers_offloaded", "layers_total",
+        "load_seconds",
+    )
+)  # fmt: skip
+
+
 def test_diagnose_report_without_sweep_or_exporter_leaves_the_plots_out(tmp_path: Path) -> None:
     """A diagnose of a running engine, no exporter: no memory plots, each with its reason."""
     e = _engine("llama", "llamacpp", 1.0)
-    e.rows = [r for r in e.rows if r.step != "context"]
-    e.timeline = []
-    e.memory_source = e.gpu_name = e.gpu_total_bytes = e.process_gpu_bytes = None
-    e.bandwidth_bytes_per_s = e.bandwidth_source = None
-    e.layers_offloaded = e.layers_total = None
-    e.load_seconds = None
-    e.missing = [
-        "context: needs a launch template with {ctx} (the engine was already running)",
-        "roofline: no GPU bandwidth known (pass --bandwidth-gbs)",
-    ]
-    e.roofline = roofline(e)
+    e = replace(
+        e,
+        rows=[r for r in e.rows if r.step != "context"],
+        timeline=[],
+        missing=[
+            "context: needs a launch template with {ctx} (the engine was already running)",
+            "roofline: no GPU bandwidth known (pass --bandwidth-gbs)",
+        ],
+        **NOT_READ,
+    )
+    e = replace(e, roofline=roofline(e))
     decision = decide_single(e, _steps(e))
     run = RunInfo(
         "llmb-loadgen diagnose --url http://127.0.0.1:8080", "0.1.0", "2026-11-30T18:00:00Z"
@@ -328,11 +336,11 @@ def _xticks(svg: str) -> list[tuple[float, str]]:
 def test_concurrency_ticks_are_plain_and_apart() -> None:
     """1..64 on a linear axis: plain numbers, 1 and 64 labelled, no two labels crowded."""
     e = _engine("a", "llamacpp", 1.0)
-    e.rows = [r for r in e.rows if r.step != "concurrency"]
-    e.rows += [
+    rows = [
         Row("a", "concurrency", c, aggregate_tok_s=50.0 * c, per_seq_tok_s=50.0, ttft_s=0.1)
         for c in (2, 4, 8, 16, 32, 64)
     ]
+    e = replace(e, rows=[r for r in e.rows if r.step != "concurrency"] + rows)
     for plot in (plot_decode_aggregate([e]), plot_decode_per_sequence([e]), plot_ttft([e])):
         assert plot.svg is not None
         ticks = _xticks(plot.svg)

@@ -7,6 +7,7 @@ what compare adds on top of it.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -70,8 +71,7 @@ def engine(
         )  # fmt: skip
     for ctx, err in (contexts or {}).items():
         e.rows.append(Row(name, "context", 1, context=ctx, error=err))
-    e.roofline = roofline(e)
-    return e
+    return replace(e, roofline=roofline(e))
 
 
 def test_spread_needs_two_rounds() -> None:
@@ -161,9 +161,10 @@ def test_weights_not_resident_comes_first() -> None:
 def test_compare_gives_the_engines_own_expert_offload_action_not_the_layers_advice() -> None:
     # Issue 32: every layer on the GPU, experts of 20 layers on the host (diagnose's action).
     a = moe_engine(structure=True, tok_s=46.0, experts_host_layers=20.0, experts_host_bytes=12.8e9)
-    a.host_bandwidth_bytes_per_s, a.host_bandwidth_source = 40e9, "flag"
+    a = replace(a, host_bandwidth_bytes_per_s=40e9, host_bandwidth_source="flag")
     signals = Signals(layers_ratio=1.0, experts_host_layers=20.0, host_has_gpu=True)
-    a.verdict, a.action = engine_verdict(a, signals)
+    verdict, action = engine_verdict(a, signals)
+    a = replace(a, verdict=verdict, action=action)
     b = engine("b", agg={4: [100.0, 104.0, 101.0]})
     d = decide_compare(a, b)
     assert d.recommendation == FIX_MEMORY_FIRST
@@ -239,14 +240,9 @@ QWEN3 = {
 def moe_engine(structure: bool, tok_s: float = 238.6, **extra: float) -> EngineResult:
     """Issue 17's H200 run: 238.6 tok/s per sequence at 4.8 TB/s."""
     e = engine("moe", single=[tok_s] * 3, weights=QWEN3["weights_bytes"], bandwidth=4.8e12)
-    e.kv_bytes_per_token = 98304.0
-    if structure:
-        for key, value in QWEN3.items():
-            setattr(e, key, value)
-    for key, value in extra.items():
-        setattr(e, key, value)
-    e.roofline = roofline(e)
-    return e
+    known: dict[str, Any] = {"kv_bytes_per_token": 98304.0, **(QWEN3 if structure else {}), **extra}
+    e = replace(e, **known)
+    return replace(e, roofline=roofline(e))
 
 
 def as_written(e: EngineResult) -> dict[str, Any]:
@@ -298,8 +294,7 @@ def test_issue_capture_with_the_moe_structure_is_below_the_card_limit() -> None:
 def test_the_bandwidth_source_does_not_change_the_bytes_per_step() -> None:
     steps = set()
     for source in ("exporter", "config", "--bandwidth-gbs"):
-        e = moe_engine(structure=True)
-        e.bandwidth_source = source
+        e = replace(moe_engine(structure=True), bandwidth_source=source)
         steps.add(roofline(e).bytes_per_step)
     assert len(steps) == 1
 
@@ -308,11 +303,11 @@ def test_speculative_acceptance_raises_the_limit_and_a_missing_one_is_named() ->
     # Dense 8 GB model decoding 1.5x faster than one token per weight read allows.
     fast = 4.8e12 / 8e9 * 1.5
     e = engine("spec", single=[fast] * 3, weights=8e9, bandwidth=4.8e12)
-    e.always_read_bytes, e.routed_expert_bytes = 8e9, 0.0
-    e.roofline = roofline(e)
+    e = replace(e, always_read_bytes=8e9, routed_expert_bytes=0.0)
+    e = replace(e, roofline=roofline(e))
     assert e.roofline.misfit == "speculative_decoding_not_detected"
-    e.spec_accept_length, e.draft_weights_bytes = 2.5, 0.5e9
-    e.roofline = roofline(e)
+    e = replace(e, spec_accept_length=2.5, draft_weights_bytes=0.5e9)
+    e = replace(e, roofline=roofline(e))
     assert e.roofline.accepted_tokens_per_step == 2.5
     assert e.roofline.bytes_per_step == pytest.approx(8e9 + 2.5 * 0.5e9, rel=1e-3)
     # 900 tok/s against 4.8 TB/s x 2.5 tokens / 9.25 GB (draft included): 69 %.
@@ -330,9 +325,8 @@ def test_beyond_physics_gives_no_estimate_in_compare() -> None:
 def _offload(tok_s: float, **extra: Any) -> str:
     """diagnose's action for 20 layers' experts (12.8 GB) on a host of 40 GB/s, measured."""
     e = moe_engine(structure=True, tok_s=tok_s, experts_host_layers=20.0, experts_host_bytes=12.8e9)
-    e.host_bandwidth_bytes_per_s, e.host_bandwidth_source = 40e9, "measured"
-    for key, value in extra.items():
-        setattr(e, key, value)
+    host = {"host_bandwidth_bytes_per_s": 40e9, "host_bandwidth_source": "measured"}
+    e = replace(e, **{**host, **extra})
     signals = Signals(layers_ratio=1.0, experts_host_layers=20.0, host_has_gpu=True)
     verdict, action = engine_verdict(e, signals)
     assert verdict == "weights_not_resident"

@@ -11,6 +11,7 @@ ones the tool printed there, and they must be the answer the run was built to in
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -34,8 +35,8 @@ def reevaluated(data: dict[str, Any]) -> EngineResult:
     """An engine of results.json, its verdict and action re-evaluated by the decision core
     from its stored signals (not read back from the file)."""
     engine = engine_from_dict(data)
-    engine.verdict, engine.action = engine_verdict(engine, Signals(**engine.signals))
-    return engine
+    verdict, action = engine_verdict(engine, Signals(**engine.signals))
+    return replace(engine, verdict=verdict, action=action)
 
 
 def redecide(name: str) -> Decision:

@@ -14,6 +14,7 @@ import json
 import lzma
 import re
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +88,8 @@ def redecide(doc: dict[str, Any]) -> Decision:
     """Today's answer for the run's one engine: its verdict re-evaluated by the decision core
     from the stored signals (not read back from the file), then the single decision on it."""
     engine = engine_from_dict(doc["engines"][0])
-    engine.verdict, engine.action = engine_verdict(engine, Signals(**engine.signals))
-    return decide_single(engine)
+    verdict, action = engine_verdict(engine, Signals(**engine.signals))
+    return decide_single(replace(engine, verdict=verdict, action=action))
 
 
 def single(doc: dict[str, Any]) -> dict[str, Any]:
@@ -314,7 +315,7 @@ def test_n_cpu_moe_answer_names_24_layers_and_no_ngl(tmp_path: Path) -> None:
     state = LogFollower(without_debug_lines(log, tmp_path / "lv4.log"), max_bytes=64 * MIB).poll()
     found = host_experts(state, geom)
     assert found is not None
-    engine.experts_host_layers, engine.experts_host_bytes = found
+    engine = replace(engine, experts_host_layers=found[0], experts_host_bytes=found[1])
     signals = Signals(**{**doc["engines"][0]["signals"], "experts_host_layers": found[0]})
     verdict, action = engine_verdict(engine, signals)
     assert verdict == "weights_not_resident"

@@ -156,10 +156,15 @@ def test_diagnose_and_compare_reach_the_verdict_through_core_evaluate() -> None:
 
 
 def _engine(verdict: str | None = None) -> EngineResult:
-    e = EngineResult(name="e", kind="llamacpp", weights_bytes=1e9, bandwidth_bytes_per_s=1e12)
-    e.rows.append(Row("e", "single", 1, per_seq_tok_s=100.0, prompt_tokens=100, max_tokens=64))
-    e.verdict = verdict
-    return e
+    row = Row("e", "single", 1, per_seq_tok_s=100.0, prompt_tokens=100, max_tokens=64)
+    return EngineResult(
+        name="e",
+        kind="llamacpp",
+        weights_bytes=1e9,
+        bandwidth_bytes_per_s=1e12,
+        rows=[row],
+        verdict=verdict,
+    )
 
 
 SIGNALS = [
@@ -187,8 +192,8 @@ def test_the_verdict_follows_core_evaluate(monkeypatch: pytest.MonkeyPatch) -> N
 
     # engine_verdict calls the evaluator it imported from core.conditions.
     monkeypatch.setattr(one_engine, "evaluate", forced)
-    e = _engine()
-    e.verdict, e.action = engine_verdict(e, SIGNALS[0])
+    verdict, action = engine_verdict(_engine(), SIGNALS[0])
+    e = replace(_engine(), verdict=verdict, action=action)
     assert calls == [SIGNALS[0]]
     assert e.verdict == "kv_saturated"
     assert decide_single(e).verdict == {"e": "kv_saturated"}
