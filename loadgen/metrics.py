@@ -24,7 +24,7 @@ from core.slo import Slo
 from loadgen.results import RequestRecord
 
 log = logging.getLogger(__name__)
-M = TypeVar("M", Counter, Gauge, Info)
+M = TypeVar("M", Counter, Gauge)
 
 DEFAULT_PORT = 9491
 
@@ -93,6 +93,88 @@ class StepStart(NamedTuple):
     max_tokens: int
 
 
+class Family(NamedTuple):
+    """One `llmb_loadgen_*` family as docs/metrics.md states it; `meaning` is its HELP too."""
+
+    type: str
+    labels: tuple[str, ...]
+    meaning: str
+
+
+_ENGINE = ("engine",)
+_INFO = "info (gauge 1)"
+
+# The load generator's families, in docs/metrics.md's order: the one owner of their type,
+# labels and meaning. The registry's HELP and the doc's table (`markdown_table`) read it;
+# tests/unit/test_loadgen_run.py checks the doc and what the registry exposes against it.
+FAMILIES: dict[str, Family] = {
+    llmb.LOADGEN_TIME_TO_FIRST_TOKEN_SECONDS: Family(
+        "histogram", _ENGINE, "client-side time from sending a request to its first streamed token"
+    ),
+    llmb.LOADGEN_INTER_TOKEN_LATENCY_SECONDS: Family(
+        "histogram", _ENGINE, "gap between consecutive streamed token chunks"
+    ),
+    llmb.LOADGEN_E2E_REQUEST_LATENCY_SECONDS: Family(
+        "histogram",
+        _ENGINE,
+        "time from sending to the end of the stream (ok and early-stopped requests)",
+    ),
+    llmb.LOADGEN_REQUESTS_IN_FLIGHT: Family("gauge", _ENGINE, "requests sent and not finished"),
+    llmb.LOADGEN_REQUESTS_TOTAL: Family(
+        "counter",
+        ("engine", "outcome"),
+        "finished requests: `ok`, `early_stop`, `timeout`, `connect_error`, `http_error`, "
+        "`server_error`, `malformed`, `disconnected`, `interrupted`",
+    ),
+    llmb.LOADGEN_COMPLETION_TOKENS_TOTAL: Family(
+        "counter", _ENGINE, "completion tokens from the server's `usage`"
+    ),
+    llmb.LOADGEN_PROMPT_TOKENS_TOTAL: Family(
+        "counter", _ENGINE, "prompt tokens from the server's `usage` (cached ones included)"
+    ),
+    llmb.LOADGEN_EARLY_STOP_REQUESTS_TOTAL: Family(
+        "counter", _ENGINE, "requests with fewer completion tokens than `max_tokens`"
+    ),
+    llmb.LOADGEN_STEP_INFO: Family(
+        _INFO,
+        ("engine", "step", "concurrency", "prompt_tokens", "max_tokens"),
+        "the step now running for the engine (for annotations)",
+    ),
+    llmb.LOADGEN_STEP_START_TIMESTAMP_SECONDS: Family(
+        "gauge", _ENGINE, "Unix time the engine's current step started"
+    ),
+    llmb.LOADGEN_TOKEN_COUNT_MISMATCH: Family(
+        "gauge",
+        _ENGINE,
+        "1 when this run's token counts differ across engines or from `max_tokens` (alert "
+        "`LLMTokenCountMismatch`), else 0",
+    ),
+    llmb.LOADGEN_GOODPUT_REQUESTS_TOTAL: Family(
+        "counter",
+        _ENGINE,
+        "with `--slo`: finished requests within it (their TTFT, end-to-end time and own "
+        "inter-token gap each within its limit; `core/slo.py`)",
+    ),
+    llmb.LOADGEN_GOODPUT_COMPLETION_TOKENS_TOTAL: Family(
+        "counter", _ENGINE, "with `--slo`: completion tokens of those requests"
+    ),
+    llmb.LOADGEN_SLO_INFO: Family(_INFO, ("slo",), "with `--slo`: the SLO as given"),
+}
+
+
+def markdown_table() -> str:
+    """docs/metrics.md's table of the load generator's series (`python -m loadgen.metrics`)."""
+    rows = ["| name | type | labels | meaning |", "|---|---|---|---|"]
+    for name, family in FAMILIES.items():
+        labels = ", ".join(f"`{label}`" for label in family.labels)
+        rows.append(f"| `{name}` | {family.type} | {labels} | {family.meaning} |")
+    return "\n".join(rows) + "\n"
+
+
+def _help(name: str) -> str:
+    return FAMILIES[name].meaning
+
+
 class LoadgenMetrics:
     """The `llmb_loadgen_*` series of one load-generator run."""
 
@@ -100,86 +182,45 @@ class LoadgenMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.slo = slo
         r = self.registry
-        self.ttft = Histogram(
+        ttft, itl, e2e = (
             llmb.LOADGEN_TIME_TO_FIRST_TOKEN_SECONDS,
-            "Client-side time from sending a request to its first streamed token.",
-            ["engine"],
-            buckets=TTFT_BUCKETS,
-            registry=r,
-        )
-        self.itl = BulkHistogram(
             llmb.LOADGEN_INTER_TOKEN_LATENCY_SECONDS,
-            "Client-side gap between consecutive streamed token chunks.",
-            ITL_BUCKETS,
-            registry=r,
-        )
-        self.e2e = Histogram(
             llmb.LOADGEN_E2E_REQUEST_LATENCY_SECONDS,
-            "Client-side time from sending a request to the end of its stream.",
-            ["engine"],
-            buckets=E2E_BUCKETS,
-            registry=r,
         )
-        self.in_flight = Gauge(
-            llmb.LOADGEN_REQUESTS_IN_FLIGHT, "Requests sent and not finished.", ["engine"],
-            registry=r,
-        )  # fmt: skip
-        self.requests = Counter(
-            llmb.LOADGEN_REQUESTS_TOTAL,
-            "Finished requests by outcome (ok, early_stop, timeout, connect_error, ...).",
-            ["engine", "outcome"],
-            registry=r,
-        )
-        # The per-engine series: (name, help) each, labelled `engine` only.
+        self.ttft = Histogram(ttft, _help(ttft), _ENGINE, buckets=TTFT_BUCKETS, registry=r)
+        self.itl = BulkHistogram(itl, _help(itl), ITL_BUCKETS, registry=r)
+        self.e2e = Histogram(e2e, _help(e2e), _ENGINE, buckets=E2E_BUCKETS, registry=r)
+        requests = llmb.LOADGEN_REQUESTS_TOTAL
+        self.requests = Counter(requests, _help(requests), FAMILIES[requests].labels, registry=r)
+        # The per-engine series, labelled `engine` only.
         counter, gauge = self._per_engine(Counter), self._per_engine(Gauge)
-        self.completion_tokens = counter(
-            llmb.LOADGEN_COMPLETION_TOKENS_TOTAL,
-            "Completion tokens reported by the server's usage.",
+        self.in_flight = gauge(llmb.LOADGEN_REQUESTS_IN_FLIGHT)
+        self.completion_tokens = counter(llmb.LOADGEN_COMPLETION_TOKENS_TOTAL)
+        self.prompt_tokens = counter(llmb.LOADGEN_PROMPT_TOKENS_TOTAL)
+        self.early_stop = counter(llmb.LOADGEN_EARLY_STOP_REQUESTS_TOTAL)
+        # client_python appends `_info` to an Info's name; its other labels are the values.
+        self.step = Info(
+            llmb.LOADGEN_STEP_INFO.removesuffix("_info"),
+            _help(llmb.LOADGEN_STEP_INFO),
+            _ENGINE,
+            registry=r,
         )
-        self.prompt_tokens = counter(
-            llmb.LOADGEN_PROMPT_TOKENS_TOTAL,
-            "Prompt tokens reported by the server's usage (cached ones included).",
-        )
-        self.early_stop = counter(
-            llmb.LOADGEN_EARLY_STOP_REQUESTS_TOTAL,
-            "Requests that ended with fewer completion tokens than max_tokens.",
-        )
-        self.step = self._per_engine(Info)(
-            llmb.LOADGEN_STEP_INFO.removesuffix("_info"),  # client_python appends it
-            "The step now running (one per engine): concurrency, prompt tokens, max tokens.",
-        )
-        self.step_start = gauge(
-            llmb.LOADGEN_STEP_START_TIMESTAMP_SECONDS,
-            "Unix time the current step started (for Grafana annotations).",
-        )
-        self.mismatch = gauge(
-            llmb.LOADGEN_TOKEN_COUNT_MISMATCH,
-            "1 when this run's token counts differ across engines or from max_tokens.",
-        )
+        self.step_start = gauge(llmb.LOADGEN_STEP_START_TIMESTAMP_SECONDS)
+        self.mismatch = gauge(llmb.LOADGEN_TOKEN_COUNT_MISMATCH)
         # Goodput (`--slo`): requests, and their completion tokens, within every limit.
-        self.goodput_requests = counter(
-            llmb.LOADGEN_GOODPUT_REQUESTS_TOTAL,
-            "Finished requests within the run's --slo (TTFT, end-to-end and own inter-token "
-            "gap each within its limit); absent without --slo.",
-        )
-        self.goodput_tokens = counter(
-            llmb.LOADGEN_GOODPUT_COMPLETION_TOKENS_TOTAL,
-            "Completion tokens of the requests within the run's --slo.",
-        )
+        self.goodput_requests = counter(llmb.LOADGEN_GOODPUT_REQUESTS_TOTAL)
+        self.goodput_tokens = counter(llmb.LOADGEN_GOODPUT_COMPLETION_TOKENS_TOTAL)
         if slo is not None:
-            Info(llmb.LOADGEN_SLO_INFO.removesuffix("_info"), "The run's --slo.", registry=r).info(
-                {"slo": slo.text()}
-            )
+            name = llmb.LOADGEN_SLO_INFO
+            Info(name.removesuffix("_info"), _help(name), registry=r).info({"slo": slo.text()})
         self._children: dict[str, tuple[Histogram, Histogram, Counter, Counter]] = {}
         self._outcomes: dict[tuple[str, str], Counter] = {}
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
-    def _per_engine(self, kind: Callable[..., M]) -> Callable[[str, str], M]:
+    def _per_engine(self, kind: Callable[..., M]) -> Callable[[str], M]:
         """A constructor of `kind` series labelled `engine`, in this run's registry."""
-        return lambda name, documentation: kind(
-            name, documentation, ["engine"], registry=self.registry
-        )
+        return lambda name: kind(name, _help(name), _ENGINE, registry=self.registry)
 
     def start_step(self, start: StepStart) -> None:
         """Publish the step now running for `start.engine`."""
@@ -264,3 +305,7 @@ class LoadgenMetrics:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

@@ -395,22 +395,28 @@ async def test_calibration_hits_the_target_with_an_uneven_tokenizer() -> None:
     assert filler(3) == "the quick brown"
 
 
-def test_metrics_doc_lists_every_series() -> None:
-    import re
+def test_metrics_doc_lists_every_series_as_the_registry_exposes_it() -> None:
+    """docs/metrics.md's load generator table is `FAMILIES` rendered, and the registry
+    exposes exactly those families, each of the type, labels and HELP the table says."""
+    from core.slo import parse_slo
+    from loadgen.metrics import FAMILIES, markdown_table
+    from loadgen.results import timed_record
 
     doc = (ROOT / "docs" / "metrics.md").read_text()
     section = doc[doc.index("## Load generator\n") :]
-    documented = set(re.findall(r"^\| `(llmb_loadgen_[a-z0-9_]+)`", section, re.M))
-    from core.slo import parse_slo
-
+    assert markdown_table() in section
     metrics = LoadgenMetrics(parse_slo("e2e_p99=1s"))  # with --slo: every series exists
     metrics.start_step(StepStart("e", 0, 1, 16, 8))
-    exposed = {
-        fam.name + ("_total" if fam.type == "counter" else "")
-        + ("_info" if fam.type == "info" else "")
-        for fam in metrics.registry.collect()
-    }  # fmt: skip
-    assert documented == exposed
+    metrics.observe(timed_record("e", 0, 0.0, 0.1, 0.5, 8))
+    exposed = {}
+    for fam in metrics.registry.collect():
+        suffix = {"counter": "_total", "info": "_info"}.get(fam.type, "")
+        labels = {k for sample in fam.samples for k in sample.labels if k != "le"}
+        exposed[fam.name + suffix] = (fam.type, labels, fam.documentation)
+    assert set(exposed) == set(FAMILIES)
+    for name, family in FAMILIES.items():
+        kind = "info" if family.type == "info (gauge 1)" else family.type
+        assert exposed[name] == (kind, set(family.labels), family.meaning), name
 
 
 def test_commands_plug_in(capsys: pytest.CaptureFixture[str]) -> None:
