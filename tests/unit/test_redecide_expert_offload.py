@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import FrozenInstanceError
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cli.loadgen import main
 from core.conditions import LAYERS_ACTION
-from diagnose.decide import redecide, saved_logs
+from diagnose.decide import redecide, refresh, saved_logs
 from diagnose.decision.results import engine_from_dict
 from diagnose.decision.two_engines import CompareInputs
 from model.host_memory import HostBandwidth
@@ -112,3 +115,17 @@ def test_a_run_saved_with_its_measured_bandwidth_keeps_it(tmp_path: Path) -> Non
     (e,), decision = redecide(folder, None, CompareInputs(), None, None)
     assert "by host memory (44.6 GB/s, measured" in decision.action
     assert e.host_bandwidth_source == "measured"
+
+
+def test_refresh_reads_the_saved_engine_into_a_new_value() -> None:
+    """The saved engine is a value: `refresh` returns today's reading of it and writes into
+    neither the engine nor its signals (a write raises: the result is frozen)."""
+    doc = json.loads((SAVED / "results.json").read_text(encoding="utf-8"))
+    saved = engine_from_dict(doc["engines"][0])
+    signals = dict(saved.signals)
+    today = refresh(saved, SAVED, HostBandwidth(41.5 * GIB, "flag"))
+    assert today is not saved and today.host_bandwidth_source == "flag"
+    assert saved.host_bandwidth_source is None and saved.signals == signals
+    assert today.experts_host_layers == 24 and today.signals["experts_host_layers"] == 24
+    with pytest.raises(FrozenInstanceError):
+        today.verdict = "idle"  # type: ignore[misc]
