@@ -35,6 +35,11 @@ def _say(run: EngineRun, key: str) -> Say:
     return partial(run.say, key)
 
 
+def _verdicts_since(run: EngineRun, before: int, key: str) -> tuple[str, ...]:
+    """The rules' verdicts for step `key` recorded after the first `before` ones."""
+    return tuple(v for s, v, _ in run.step_verdicts[before:] if s == key)
+
+
 def load_seam(run: EngineRun) -> MeasureLoad:
     """One load step in its phase through the run's `load_row` (which records its row and
     the rules' verdict at its end): the row, where it is recorded, and the verdicts."""
@@ -45,8 +50,7 @@ def load_seam(run: EngineRun) -> MeasureLoad:
             row = await run.load_row(load)
         rows = run.rows
         index = next(i for i in range(len(rows) - 1, -1, -1) if rows[i] is row)
-        verdicts = tuple(v for s, v, _ in run.step_verdicts[before:] if s == load.key)
-        return Measured(row, index, verdicts)
+        return Measured(row, index, _verdicts_since(run, before, load.key))
 
     return measure
 
@@ -57,8 +61,7 @@ def find_max_seam(run: EngineRun) -> Callable[[Slo], Awaitable[Probed]]:
     async def find_max(slo: Slo) -> Probed:
         before = len(run.step_verdicts)
         text = await run.find_max(slo)
-        verdicts = tuple(v for s, v, _ in run.step_verdicts[before:] if s == "concurrency")
-        return Probed(text, verdicts)
+        return Probed(text, _verdicts_since(run, before, "concurrency"))
 
     return find_max
 
@@ -164,8 +167,9 @@ def context_inputs(run: EngineRun) -> ContextInputs:
 
 async def context(run: EngineRun) -> StepOutcome:
     """The context sweep: its inputs, the restarts and the first launch's figures."""
+    restarts = RunRestarts(run)
     seams = ContextSeams(
-        RunRestarts(run),
+        restarts,
         load_seam(run),
         lambda row: row_prefill(run.facts, row),
         _say(run, "context"),
@@ -173,7 +177,7 @@ async def context(run: EngineRun) -> StepOutcome:
     first = LaunchFigures(
         single_row(run.rows),
         run.loaded_memory,
-        run.current.load_seconds if run.current else None,
+        restarts.load_seconds(),
         run.kv_bytes(),
     )
     return await context_outcome(seams, context_inputs(run), first)
