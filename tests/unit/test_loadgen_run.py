@@ -7,6 +7,7 @@ import asyncio
 import csv
 import itertools
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,10 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen.metrics import LoadgenMetrics, StepStart
+from core.slo import parse_slo
+from loadgen.metrics import FAMILIES, LoadgenMetrics, StepStart, markdown_table
 from loadgen.prompts import PromptSet, calibrate, filler
+from loadgen.results import timed_record
 from loadgen.scheduler.spec import RunSpec
 from loadgen.session import SessionOptions, execute
 from loadgen.target import Target
@@ -398,13 +401,10 @@ async def test_calibration_hits_the_target_with_an_uneven_tokenizer() -> None:
 def test_metrics_doc_lists_every_series_as_the_registry_exposes_it() -> None:
     """docs/metrics.md's load generator table is `FAMILIES` rendered, and the registry
     exposes exactly those families, each of the type, labels and HELP the table says."""
-    from core.slo import parse_slo
-    from loadgen.metrics import FAMILIES, markdown_table
-    from loadgen.results import timed_record
-
     doc = (ROOT / "docs" / "metrics.md").read_text()
     section = doc[doc.index("## Load generator\n") :]
     assert markdown_table() in section
+    assert set(re.findall(r"^\| `(llmb_loadgen_[a-z0-9_]+)`", section, re.M)) == set(FAMILIES)
     metrics = LoadgenMetrics(parse_slo("e2e_p99=1s"))  # with --slo: every series exists
     metrics.start_step(StepStart("e", 0, 1, 16, 8))
     metrics.observe(timed_record("e", 0, 0.0, 0.1, 0.5, 8))
@@ -415,7 +415,8 @@ def test_metrics_doc_lists_every_series_as_the_registry_exposes_it() -> None:
         exposed[fam.name + suffix] = (fam.type, labels, fam.documentation)
     assert set(exposed) == set(FAMILIES)
     for name, family in FAMILIES.items():
-        kind = "info" if family.type == "info (gauge 1)" else family.type
+        # The doc's type is client_python's, an info's with how it is exposed beside it.
+        kind = family.type.split(" ")[0]
         assert exposed[name] == (kind, set(family.labels), family.meaning), name
 
 
