@@ -14,7 +14,7 @@ from core.thresholds import threshold_number
 # ------------------------------------------------------------------------------ roofline
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelStructure:
     """What the roofline knows about the bytes a model reads per decode step.
 
@@ -23,6 +23,9 @@ class ModelStructure:
     `experts`, k = `experts_used`) that the batch touches, and one row of an untied token
     embedding per sequence; without it every weight counts as read (a dense model). A draft
     model (speculative decoding) adds `draft_weights_bytes` per proposed token.
+
+    Keyword-only: diagnose's `Facts` extends it, so these fields are declared once and
+    results.json carries them under the same names.
     """
 
     weights_bytes: float | None = None

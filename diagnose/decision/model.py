@@ -6,7 +6,7 @@ The same objects feed the terminal output, `results.json`, `report.md` and `repo
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from core.roofline import HostOffload, ModelStructure, expert_share
@@ -195,7 +195,7 @@ class Prefill:
 
 
 @dataclass(frozen=True)
-class Facts:
+class Facts(ModelStructure):
     """What is known of one engine apart from its load: the model, its precision and sizes,
     the card, the contexts and slots, the launch; `prefill` holds the limit's inputs (the
     card's compute peak, the model's FLOPs per token). A diagnose run gathers it as a value
@@ -208,7 +208,6 @@ class Facts:
     url: str | None = None
     model: str | None = None
     quantization: str | None = None
-    weights_bytes: float | None = None
     parameters: float | None = None
     process_gpu_bytes: float | None = None
     gpu_buffer_bytes: float | None = None
@@ -221,13 +220,6 @@ class Facts:
     bandwidth_bytes_per_s: float | None = None
     bandwidth_source: str | None = None
     kv_bytes_per_token: float | None = None
-    # The model's structure for the roofline (exporter series or the GGUF; None: unknown).
-    always_read_bytes: float | None = None
-    routed_expert_bytes: float | None = None
-    experts: float | None = None
-    experts_used: float | None = None
-    token_embedding_row_bytes: float | None = None
-    draft_weights_bytes: float | None = None
     # Speculative decoding: mean tokens per target-model step (None: not seen).
     spec_accept_length: float | None = None
     # Expert offload: layers whose routed experts live in host memory, and their bytes.
@@ -248,12 +240,9 @@ class Facts:
 
     def structure(self) -> ModelStructure | None:
         """What the roofline knows about this model (None without weights or structure)."""
-        # EngineResult carries every ModelStructure field under the same name (results.json).
-        known = {f.name: getattr(self, f.name) for f in fields(ModelStructure)}
-        model = ModelStructure(**known)
-        if not self.weights_bytes and not model.structure_known:
+        if not self.weights_bytes and not self.structure_known:
             return None
-        return model
+        return self
 
     def bytes_per_parameter(self) -> float | None:
         """Weight bytes per parameter (the precision actually served)."""

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -261,12 +261,17 @@ def test_moe_weights_per_step_grow_with_the_distinct_experts_of_the_batch() -> N
     assert one == QWEN3_ALWAYS + QWEN3_ROUTED * (8 / 128) + 2048 * Q8
     assert sixteen == pytest.approx(QWEN3_ALWAYS + 0.6439 * QWEN3_ROUTED + 16 * 2048 * Q8, rel=1e-3)
     # Experts known but not E/k: every routed expert counts; no structure: all weights.
-    no_counts = ModelStructure(1e9, always_read_bytes=4e8, routed_expert_bytes=5e8)
+    no_counts = ModelStructure(weights_bytes=1e9, always_read_bytes=4e8, routed_expert_bytes=5e8)
     assert active_weights_bytes(no_counts) == 9e8
     assert not no_counts.experts_known
-    assert active_weights_bytes(ModelStructure(1e9)) == 1e9
+    assert active_weights_bytes(ModelStructure(weights_bytes=1e9)) == 1e9
     # A dense model with an untied embedding reads B of its rows.
-    dense = ModelStructure(1e9, 9e8, 0.0, token_embedding_row_bytes=1000.0)
+    dense = ModelStructure(
+        weights_bytes=1e9,
+        always_read_bytes=9e8,
+        routed_expert_bytes=0.0,
+        token_embedding_row_bytes=1000.0,
+    )
     assert dense.experts_known and active_weights_bytes(dense, 4) == 9e8 + 4000.0
     # Whole sequences per step, at least one.
     assert [decode_batch(x) for x in (None, 0.0, 0.4, 1.5, 3.49)] == [1.0, 1.0, 1.0, 2.0, 3.0]
@@ -290,7 +295,9 @@ def test_go_pow_is_repeated_squaring_for_whole_exponents() -> None:
 
 
 def test_speculative_decoding_multiplies_the_roofline_and_counts_the_draft() -> None:
-    model = ModelStructure(8e9, 8e9, 0.0, draft_weights_bytes=1e9)
+    model = ModelStructure(
+        weights_bytes=8e9, always_read_bytes=8e9, routed_expert_bytes=0.0, draft_weights_bytes=1e9
+    )
     step = decode_bytes_per_step(model, batch=1, accept_length=3.0)
     assert step == 8e9 + 3e9  # the draft runs once per proposed token
     roof = roofline_tokens_per_second(4.8e12, step, 3.0)
@@ -298,7 +305,7 @@ def test_speculative_decoding_multiplies_the_roofline_and_counts_the_draft() -> 
     # An accept length below 1 (idle SGLang) counts as one token per step.
     assert roofline_tokens_per_second(4.8e12, 8e9, 0.0) == 4.8e12 / 8e9
     fast = decode_efficiency(4.8e12 / 8e9 * 2.5, roofline_tokens_per_second(4.8e12, 8e9))
-    facts = roofline_facts(ModelStructure(8e9, 8e9, 0.0), None)
+    facts = roofline_facts(replace(model, draft_weights_bytes=None), None)
     reason = roofline_misfit(fast, facts)
     assert reason is not None and reason.name == "speculative_decoding_not_detected"
     facts = RooflineFacts(True, True, True)
