@@ -31,7 +31,9 @@ def results_to_dict(
     if run is not None:
         doc.update(asdict(run))
     doc["decision"] = decision.to_dict()
-    doc["engines"] = [asdict(e) for e in engines]
+    # Each engine opens with its name and kind (its model structure fields, inherited, come
+    # first in field order).
+    doc["engines"] = [{"name": e.name, "kind": e.kind} | asdict(e) for e in engines]
     return doc
 
 

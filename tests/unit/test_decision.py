@@ -7,7 +7,7 @@ what compare adds on top of it.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 import pytest
@@ -220,7 +220,11 @@ def test_results_json_fields_and_round_trip() -> None:
     assert doc["verdict"] == {"llama": "kv_saturated"}
     assert doc["recommendation"] == STAY_AND_TUNE and doc["comparable"] is True
     back = engine_from_dict(doc["engines"][0])
-    assert back.rows == e.rows and back.roofline == e.roofline
+    assert back == e
+    # Every Facts field under its own name, flat (the inherited model structure included),
+    # and the engine opens with its name and kind.
+    assert list(doc["engines"][0])[:2] == ["name", "kind"]
+    assert set(doc["engines"][0]) == {f.name for f in fields(EngineResult)}
 
 
 # --- issue 17: the roofline knows the model, and no answer beyond physics -----------------
