@@ -122,8 +122,10 @@ def test_family_prefilter_picks_exactly_the_mapped_lines(rng: random.Random, rou
     assert got == expected
 
 
+# Names that begin with "__" are reserved for Prometheus' own use, and the reference parser
+# rejects them (`__=""` failed there), so no exporter line carries one.
 label_names = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,10}", fullmatch=True).filter(
-    lambda n: n != "__name__"
+    lambda n: not n.startswith("__")
 )
 # NUL anywhere makes a body "binary" and rejected as a whole (tested elsewhere).
 label_values = st.text(
