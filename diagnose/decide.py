@@ -26,7 +26,7 @@ from diagnose.decision.model import Decision, EngineResult, Step
 from diagnose.decision.one_engine import decide_single, engine_verdict
 from diagnose.decision.requests import REQUESTS_FILE, load_requests
 from diagnose.decision.results import engine_from_dict
-from diagnose.decision.slo import add_slo
+from diagnose.decision.slo import with_slo
 from diagnose.decision.two_engines import CompareInputs, decide_compare
 from diagnose.options import add_host_bandwidth_option
 from diagnose.served_load import LoadQuery, add_answer_arguments, user_load
@@ -146,7 +146,7 @@ def redecide(
     # diagnose's steps are what the procedure saw; only the SLO is decided anew.
     decision = decide_single(engine, [s for s in saved.steps if s.key != "slo"])
     if inputs.slo is not None:
-        add_slo(decision, engine, inputs.requests, inputs.slo)
+        decision = with_slo(decision, engine, inputs.requests, inputs.slo)
     return engines, decision
 
 

@@ -42,7 +42,7 @@ from diagnose.decision.built import engine_result
 from diagnose.decision.model import NOT_MEASURED, Decision, EngineResult, Facts, Row, Step
 from diagnose.decision.one_engine import decide_single, engine_verdict
 from diagnose.decision.requests import load_requests
-from diagnose.decision.slo import add_slo
+from diagnose.decision.slo import with_slo
 from diagnose.decision.two_engines import CompareInputs, decide_compare
 from diagnose.engine_run import EngineRun
 from diagnose.evidence import card_evidence, residency_values
@@ -309,7 +309,7 @@ async def diagnose(
     decision = decide_single(result, d.answer_steps())
     if opts.slo is not None:
         reqs = await asyncio.to_thread(load_requests, out, [result])
-        add_slo(decision, result, reqs, opts.slo)
+        decision = with_slo(decision, result, reqs, opts.slo)
     return result, decision
 
 

@@ -443,9 +443,10 @@ def _step_text(s: StepSlo) -> str:
     return f"not judged ({s.why_not_judged()})"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Decision:
-    """The answer: a verdict per engine, the recommendation, and why."""
+    """The answer: a verdict per engine, the recommendation, and why. Frozen: a part decided
+    later (the SLO's) makes a new decision (`dataclasses.replace`)."""
 
     verdict: dict[str, str]
     recommendation: str

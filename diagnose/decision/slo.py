@@ -8,6 +8,7 @@ for one engine and `--find-max` bisects with it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from core.slo import Slo, judge_step, max_concurrency_within
 from diagnose.decision.model import Decision, EngineResult, SloAnswer, Step
@@ -43,9 +44,10 @@ def slo_step(slo: SloAnswer) -> Step:
     )
 
 
-def add_slo(
+def with_slo(
     decision: Decision, engine: EngineResult, reqs: dict[str, EngineRequests], slo: Slo
-) -> None:
-    """diagnose's answer for one engine with --slo: goodput per step, the largest load within."""
-    decision.slo = slo_answer(slo, [engine], reqs)
-    decision.steps.append(slo_step(decision.slo))
+) -> Decision:
+    """diagnose's answer for one engine with --slo, as a new decision: goodput per step, the
+    largest load within, and the SLO's step after the others."""
+    answer = slo_answer(slo, [engine], reqs)
+    return replace(decision, slo=answer, steps=[*decision.steps, slo_step(answer)])

@@ -9,14 +9,18 @@ question: should I switch to SGLang?).
 from __future__ import annotations
 
 import json
+from dataclasses import FrozenInstanceError
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cli.loadgen import main
+from core.slo import parse_slo
+from diagnose.decision.one_engine import decide_single
 from diagnose.decision.requests import load_requests
 from diagnose.decision.results import engine_from_dict
+from diagnose.decision.slo import with_slo
 from tests.paths import ROOT
 
 RESULTS = ROOT / "docs" / "results" / "h200-sglang-vs-llamacpp-2026-12-01"
@@ -177,6 +181,20 @@ def test_diagnose_folder_gets_the_largest_load_within_the_slo(tmp_path: Path) ->
     ((_, best),) = doc["decision"]["slo"]["max_within"].items()
     assert best is not None and best >= 1
     assert any(s["key"] == "slo" for s in doc["decision"]["steps"])
+
+
+def test_the_slo_makes_a_new_decision_and_leaves_the_first_as_it_was() -> None:
+    folder = ROOT / "docs" / "results" / "h200-answer-2026-11-30" / "diag"
+    saved = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+    engine = engine_from_dict(saved["engines"][0])
+    first = decide_single(engine)
+    steps = list(first.steps)
+    judged = with_slo(first, engine, load_requests(folder, [engine]), parse_slo("ttft_p50=2s"))
+    assert judged.slo is not None and judged.steps[-1].key == "slo"
+    assert judged.steps[:-1] == steps
+    assert first.slo is None and first.steps == steps
+    with pytest.raises(FrozenInstanceError):
+        first.slo = judged.slo  # type: ignore[misc]
 
 
 H100_NP = ROOT / "docs" / "results" / "h100-issue32-33-2026-12-06" / "np1-np16"
