@@ -36,28 +36,36 @@ from loadgen.exporter_series import Series, first
 PREFILL_AGREE = 0.10
 
 
-def step_evidence(run: EngineRun, row: Row, t0: float, t1: float) -> None:
-    """The step's signals and verdict (appended to `run.step_verdicts`)."""
+def step_evidence(run: EngineRun, row: Row, t0: float, t1: float) -> Row:
+    """The step's signals and verdict (appended to `run.step_verdicts`), and `row` with what
+    they add to it (the rules' prefill figure, the SM clock, the queue and KV seen)."""
     mon = run.monitor
     values = mon.rule_values(t1, since=t0)
     if values is not None:
-        row.rules_prefill_tok_s = values.prefill_tokens_per_second
         # The step's prompts against the limit at the SM clock it ran at, as the rules take
         # it: one prefill efficiency for the verdict, the report and Prometheus.
-        row.sm_clock_ratio = values.signals.sm_clock_ratio
+        row = replace(
+            row,
+            rules_prefill_tok_s=values.prefill_tokens_per_second,
+            sm_clock_ratio=values.signals.sm_clock_ratio,
+        )
         if row.prefill_tok_s is not None:
-            row.prefill_efficiency = row_prefill(run.facts, row).efficiency
+            row = replace(row, prefill_efficiency=row_prefill(run.facts, row).efficiency)
         sig = complete(run, values.signals, row, t1, values)
         kv = mon.window(llmb.ENGINE_KV_CACHE_USAGE_RATIO, t0, t1)
         waiting = mon.window(llmb.ENGINE_REQUESTS_WAITING, t0, t1)
-        row.kv_usage_max = max(kv) if kv else None
-        row.waiting_avg = sum(waiting) / len(waiting) if waiting else None
+        row = replace(
+            row,
+            kv_usage_max=max(kv) if kv else None,
+            waiting_avg=sum(waiting) / len(waiting) if waiting else None,
+        )
     else:
         # No exporter sample of the step: the samples it would have given, through the rules.
         sig = step_values(run, row, t1).signals
-        row.waiting_avg = sig.waiting_avg
+        row = replace(row, waiting_avg=sig.waiting_avg)
     verdict = evaluate(sig)
     run.step_verdicts.append((row.step, verdict.name, sig))
+    return row
 
 
 def _moe_batch_efficiency(

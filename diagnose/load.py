@@ -1,14 +1,16 @@
 """One load step through the load generator's scheduler, as a `Row` of the result.
 
-Each round's typed run summary (`loadgen.summary.StepSummary`) is added to the row in one
-place (`_add_round`); the row's verdict evidence comes from `diagnose.evidence`.
+Each round's typed run summary (`loadgen.summary.StepSummary`) is added up in one place
+(`_add_round`, into the step's `_Rounds`); the `Row` is built from them once the rounds have
+run, and its verdict evidence comes from `diagnose.evidence`. A row is a value: what is
+learnt after it is made is a new row (`dataclasses.replace`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from config.kinds import engine_kind
 from core import series as llmb
@@ -78,10 +80,20 @@ def load_spec(
 
 @dataclass
 class _Rounds:
-    """The per-round medians' inputs of one row."""
+    """What the rounds of one step add up to, before its row is made: the counts, each
+    round's figures and the per-round medians' inputs."""
 
+    requests: int = 0
+    requests_failed: int = 0
+    completion_tokens: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    record_steps: list[int] = field(default_factory=list)
+    aggregate: list[float] = field(default_factory=list)
     ttfts: list[float] = field(default_factory=list)
+    ttft_p99_s: float | None = None
     per_seq: list[float] = field(default_factory=list)
+    late_sends: int | None = None
+    send_error_p99_s: float | None = None
     server_ms: list[float] = field(default_factory=list)
     server_tok_s: list[float] = field(default_factory=list)
     prompts: list[float] = field(default_factory=list)
@@ -91,30 +103,28 @@ class _Rounds:
     traffic: bool = False
 
 
-def _add_round(row: Row, acc: _Rounds, fig: StepSummary) -> None:
-    """One round's run summary (the scheduler's typed `StepSummary`) into the row."""
-    row.requests_failed += fig.requests_failed
+def _add_round(acc: _Rounds, fig: StepSummary) -> None:
+    """One round's run summary (the scheduler's typed `StepSummary`) added to the step's."""
+    acc.requests_failed += fig.requests_failed
     for kind, n in fig.errors.items():
-        row.errors[kind] = row.errors.get(kind, 0) + n
-    row.completion_tokens += fig.output_tokens_total
+        acc.errors[kind] = acc.errors.get(kind, 0) + n
+    acc.completion_tokens += fig.output_tokens_total
     if fig.output_tok_s is not None:
-        row.aggregate_rounds.append(fig.output_tok_s)
+        acc.aggregate.append(fig.output_tok_s)
     if fig.ttft_p50_s is not None:
         acc.ttfts.append(fig.ttft_p50_s)
-        row.ttft_rounds.append(fig.ttft_p50_s)
     if fig.ttft_p99_s is not None:
-        row.ttft_p99_s = max(row.ttft_p99_s or 0.0, fig.ttft_p99_s)
+        acc.ttft_p99_s = max(acc.ttft_p99_s or 0.0, fig.ttft_p99_s)
     if fig.decode_tok_s_mean is not None:
         acc.per_seq.append(fig.decode_tok_s_mean)
-        row.per_seq_rounds.append(fig.decode_tok_s_mean)
     if fig.server_decode_tok_s_mean:
         acc.server_ms.append(1000.0 / fig.server_decode_tok_s_mean)
         acc.server_tok_s.append(fig.server_decode_tok_s_mean)
     # A scheduled replay: the sends the schedule could not keep (never shifted, counted).
     if fig.late_sends is not None:
-        row.late_sends = (row.late_sends or 0) + fig.late_sends
+        acc.late_sends = (acc.late_sends or 0) + fig.late_sends
     if fig.send_error_p99_s is not None:
-        row.send_error_p99_s = max(row.send_error_p99_s or 0.0, fig.send_error_p99_s)
+        acc.send_error_p99_s = max(acc.send_error_p99_s or 0.0, fig.send_error_p99_s)
 
 
 async def _run_rounds(
@@ -134,12 +144,12 @@ async def _run_rounds(
             traffic,
         )
         result = await run_step(spec, run.ctx, step=run.round_no)
-        row.record_steps.append(run.round_no)
+        acc.record_steps.append(run.round_no)
         run.round_no += 1
         records = result.records.get(run.engine.name, [])
-        row.requests += len(records)
+        acc.requests += len(records)
         for summary in result.summaries[:1]:  # the round's only engine
-            _add_round(row, acc, summary)
+            _add_round(acc, summary)
         acc.prompts += [float(r.prompt_tokens) for r in records if r.prompt_tokens is not None]
         reason = result.abort_reason or ""
         acc.timings += prompt_timings(records)
@@ -211,38 +221,58 @@ def traffic_off(traffic: Traffic, records: list[RequestRecord]) -> int:
     return off
 
 
-def _summarize(run: EngineRun, row: Row, acc: _Rounds, engine: EngineTiming) -> None:
-    ok = row.requests - row.requests_failed
+def _summarize(run: EngineRun, base: Row, acc: _Rounds, engine: EngineTiming) -> Row:
+    """The step's row: `base` (what was asked) with what its rounds measured."""
+    ok = acc.requests - acc.requests_failed
     # --traffic asks each request's own output length: checked request by request.
     asked = (
-        acc.tokens_off == 0 if acc.traffic else row.completion_tokens == ok * run.opts.max_tokens
+        acc.tokens_off == 0 if acc.traffic else acc.completion_tokens == ok * run.opts.max_tokens
     )
-    row.tokens_ok = ok > 0 and asked and not row.requests_failed
-    row.tokens_off = acc.tokens_off
-    row.prompt_tokens = sum(acc.prompts) / len(acc.prompts) if acc.prompts else None
-    row.aggregate_tok_s = median(row.aggregate_rounds)
     # The client's figures, else the engine's own (a stream of empty text): one decision.
     ttft = figure(median(acc.ttfts), engine.ttft_s)
-    row.ttft_s, row.ttft_source = ttft.value, ttft.source
     decode = figure(median(acc.per_seq), engine.decode_tok_s)
-    row.per_seq_tok_s, row.per_seq_source = decode.value, decode.source
-    row.per_token_ms = 1000.0 / row.per_seq_tok_s if row.per_seq_tok_s else None
-    row.server_per_token_ms = median(acc.server_ms)
-    # KV pressure: cut requests (early stop = truncated by the engine), KV errors.
-    row.kv_exhausted = sum(row.errors.get(k, 0) for k in KV_ERRORS)
-    row.truncated = row.errors.get("early_stop", 0)
+    error = None
     if ok == 0:
-        row.error = f"{row.requests_failed}/{row.requests} requests failed: " + ", ".join(
-            f"{k} {n}" for k, n in sorted(row.errors.items())
+        error = f"{acc.requests_failed}/{acc.requests} requests failed: " + ", ".join(
+            f"{k} {n}" for k, n in sorted(acc.errors.items())
         )
+    row = replace(
+        base,
+        requests=acc.requests,
+        requests_failed=acc.requests_failed,
+        completion_tokens=acc.completion_tokens,
+        errors=dict(acc.errors),
+        record_steps=list(acc.record_steps),
+        aggregate_rounds=list(acc.aggregate),
+        ttft_rounds=list(acc.ttfts),
+        per_seq_rounds=list(acc.per_seq),
+        ttft_p99_s=acc.ttft_p99_s,
+        late_sends=acc.late_sends,
+        send_error_p99_s=acc.send_error_p99_s,
+        tokens_ok=ok > 0 and asked and not acc.requests_failed,
+        tokens_off=acc.tokens_off,
+        prompt_tokens=sum(acc.prompts) / len(acc.prompts) if acc.prompts else None,
+        aggregate_tok_s=median(acc.aggregate),
+        ttft_s=ttft.value,
+        ttft_source=ttft.source,
+        per_seq_tok_s=decode.value,
+        per_seq_source=decode.source,
+        per_token_ms=1000.0 / decode.value if decode.value else None,
+        server_per_token_ms=median(acc.server_ms),
+        # KV pressure: cut requests (early stop = truncated by the engine), KV errors.
+        kv_exhausted=sum(acc.errors.get(k, 0) for k in KV_ERRORS),
+        truncated=acc.errors.get("early_stop", 0),
+        error=error if error is not None else base.error,
+    )
     roof = row_roofline(run.facts, row)
-    row.bytes_per_step, row.limit_tok_s = roof.bytes_per_step, roof.limit_tok_s
-    row.efficiency, row.misfit = roof.efficiency, roof.misfit
+    row = replace(row, bytes_per_step=roof.bytes_per_step, limit_tok_s=roof.limit_tok_s,
+                  efficiency=roof.efficiency, misfit=roof.misfit)  # fmt: skip
     split = ttft_split(acc.timings) or histogram_split(engine.ttft_s, engine.queue_s)
-    if split is not None:
-        row.prefill_tok_s, row.queue_wait_s = split.prefill_tok_s, split.queue_wait_s
-        row.prefill_s, row.ttft_split_source = split.prefill_s, split.source
-        row.prefill_efficiency = row_prefill(run.facts, row).efficiency
+    if split is None:
+        return row
+    row = replace(row, prefill_tok_s=split.prefill_tok_s, queue_wait_s=split.queue_wait_s,
+                  prefill_s=split.prefill_s, ttft_split_source=split.source)  # fmt: skip
+    return replace(row, prefill_efficiency=row_prefill(run.facts, row).efficiency)
 
 
 def prompt_timings(records: list[RequestRecord]) -> list[PromptTiming]:
@@ -261,7 +291,7 @@ def prompt_timings(records: list[RequestRecord]) -> list[PromptTiming]:
 
 async def measure_row(run: EngineRun, load: LoadStep) -> Row:
     """One load step through the scheduler, `load.rounds` times; the row keeps every round."""
-    row = Row(
+    asked = Row(
         run.engine.name,
         load.key,
         load.concurrency,
@@ -282,13 +312,13 @@ async def measure_row(run: EngineRun, load: LoadStep) -> Row:
     await run.monitor.sample(fresh=True)
     events0 = _log_events(run)
     started = time.time()
-    acc, stopped = await _run_rounds(run, row, load)
-    row.wall_s = time.time() - started
+    acc, stopped = await _run_rounds(run, asked, load)
+    asked = replace(asked, wall_s=time.time() - started)
     if stopped is not None:
         # What finished is kept: the row with its rounds, marked with why it stopped.
-        _summarize(run, row, acc, engine_timing(run.monitor, acc.server_tok_s, t0, time.time()))
-        row.error = f"stopped: {stopped.reason}"
-        run.rows.append(row)
+        timing = engine_timing(run.monitor, acc.server_tok_s, t0, time.time())
+        row = _summarize(run, asked, acc, timing)
+        run.rows.append(replace(row, error=f"stopped: {stopped.reason}"))
         raise stopped
     # llama.cpp logs a slot's release (and its truncation) after the stream has ended:
     # one more sample interval lets the log and the exporter catch up with the step.
@@ -297,13 +327,16 @@ async def measure_row(run: EngineRun, load: LoadStep) -> Row:
     t1 = time.time()
     # Series that appear only once requests finished (the speculative accept length).
     run.facts = structure_facts(run)
-    _summarize(run, row, acc, engine_timing(run.monitor, acc.server_tok_s, t0, t1))
-    row.memory_bytes = run.monitor.memory_peak(t0, t1)
-    if load.traffic is not None:
-        row.prompt_cache_hit_ratio = cache_hit_ratio(run.monitor, t0, t1)
-    # The KV-pressure events the engine's log showed during the step (the exporter's count).
-    row.kv_events = int(max(0.0, _log_events(run) - events0))
-    step_evidence(run, row, t0, t1)
+    row = replace(
+        _summarize(run, asked, acc, engine_timing(run.monitor, acc.server_tok_s, t0, t1)),
+        memory_bytes=run.monitor.memory_peak(t0, t1),
+        prompt_cache_hit_ratio=(
+            cache_hit_ratio(run.monitor, t0, t1) if load.traffic is not None else None
+        ),
+        # The KV-pressure events the engine's log showed during the step (the exporter's).
+        kv_events=int(max(0.0, _log_events(run) - events0)),
+    )
+    row = step_evidence(run, row, t0, t1)
     run.rows.append(row)
     return row
 

@@ -46,11 +46,13 @@ class PhaseMark:
     note: str = ""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Row:
     """One measured step: a fixed context, slot count, prompt and concurrency, all else equal.
 
     With several rounds the headline figures are medians and `*_rounds` keep every round.
+    Frozen: `diagnose.load` adds the rounds up apart and makes the row once they have run;
+    what is learnt later (the step's evidence, the context sweep's load) is a new row.
     """
 
     engine: str

@@ -110,12 +110,10 @@ def launch_context_row(inputs: ContextInputs, first: LaunchFigures) -> Row | Non
     """The launch at the first --contexts value counts as the sweep's first row."""
     if not (inputs.contexts and inputs.has_ctx) or first.single is None:
         return None
-    row = replace(first.single, step="context", context=inputs.contexts[0],
-                  aggregate_rounds=[], ttft_rounds=[], per_seq_rounds=[])  # fmt: skip
-    row.loaded_memory_bytes = first.loaded_memory
-    row.load_seconds = first.load_seconds
-    row.kv_bytes = first.kv_bytes
-    return row
+    return replace(first.single, step="context", context=inputs.contexts[0],
+                   aggregate_rounds=[], ttft_rounds=[], per_seq_rounds=[],
+                   loaded_memory_bytes=first.loaded_memory, load_seconds=first.load_seconds,
+                   kv_bytes=first.kv_bytes)  # fmt: skip
 
 
 @dataclass
@@ -196,7 +194,9 @@ async def context_step(seams: ContextSeams, inputs: ContextInputs, sweep: _Sweep
             + context_prefill_text(seams.prefill(row), row)
         )
         if near_full:
-            row.error = f"GPU memory near full at context {ctx} ({gib(headroom)} free)"
+            row = replace(
+                row, error=f"GPU memory near full at context {ctx} ({gib(headroom)} free)"
+            )
         sweep.amended.append((measured.index, row))
         return row.error is None
     except TargetUnreachable as exc:

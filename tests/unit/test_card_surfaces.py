@@ -137,11 +137,12 @@ def test_diagnose_takes_the_prefill_limit_at_the_clock_the_rules_take_it(
         ),
     )
     # The step's prompts as the engine timed them: the rules' figure over the same window.
-    row = Row("e", "concurrency", 4, prompt_tokens=sig.prompt_tokens_mean)
-    row.prefill_tok_s = values.prefill_tokens_per_second
-    row.prefill_efficiency = row_prefill(d.facts, row).efficiency  # as the step summed it
+    row = Row("e", "concurrency", 4, prompt_tokens=sig.prompt_tokens_mean,
+              prefill_tok_s=values.prefill_tokens_per_second)  # fmt: skip
+    row = replace(row, prefill_efficiency=row_prefill(d.facts, row).efficiency)  # as summed
     at_max = row.prefill_efficiency
-    step_evidence(d, row, t0, t1)
+    assert at_max is not None
+    row = step_evidence(d, row, t0, t1)
     assert row.sm_clock_ratio == sig.sm_clock_ratio
     assert row.prefill_efficiency == pytest.approx(sig.prefill_efficiency, rel=1e-9)
     assert row.prefill_efficiency == pytest.approx(at_max / sig.sm_clock_ratio, rel=1e-9)

@@ -126,24 +126,27 @@ def test_late_sends_are_counted_in_the_row_and_said_beside_the_ttft() -> None:
         return summarize(recs, engine="e", step=0, concurrency=4, rate=None,
                          prompt_tokens_target=None, max_tokens=3, wall_s=1.0)  # fmt: skip
 
-    row, acc = Row("e", "concurrency", 4, requests=8), _Rounds(traffic=True)
-    _add_round(row, acc, round_of([0.001, 0.002, 0.5, 6.4]))
-    _add_round(row, acc, round_of([0.001, 0.004, 0.003, 0.2]))
+    acc = _Rounds(traffic=True)
+    _add_round(acc, round_of([0.001, 0.002, 0.5, 6.4]))
+    _add_round(acc, round_of([0.001, 0.004, 0.003, 0.2]))
     # More than 5 ms after the trace's time: 2 + 1; the worst round's p99.
-    assert row.late_sends == 3
-    assert row.send_error_p99_s == pytest.approx(
+    assert acc.late_sends == 3
+    assert acc.send_error_p99_s == pytest.approx(
         round_of([0.001, 0.002, 0.5, 6.4]).send_error_p99_s
     )
-    row.tokens_ok = True
+    row = Row("e", "concurrency", 4, requests=8, tokens_ok=True,
+              late_sends=acc.late_sends, send_error_p99_s=acc.send_error_p99_s)  # fmt: skip
     text = traffic_text(row)
     assert "; 3 of 8 requests sent later than the trace's times (4 in flight at most, p99" in text
     assert "raise --concurrency" in text
     # On time: nothing said; without a schedule: nothing measured.
-    on_time = Row("e", "concurrency", 4, requests=4)
-    _add_round(on_time, _Rounds(traffic=True), round_of([0.001, 0.002, 0.004, 0.0]))
-    assert on_time.late_sends == 0 and "sent later" not in traffic_text(on_time)
-    unscheduled = Row("e", "concurrency", 4, requests=4)
-    _add_round(unscheduled, _Rounds(), round_of([]))
+    on_time = _Rounds(traffic=True)
+    _add_round(on_time, round_of([0.001, 0.002, 0.004, 0.0]))
+    assert on_time.late_sends == 0
+    row = Row("e", "concurrency", 4, requests=4, late_sends=on_time.late_sends)
+    assert "sent later" not in traffic_text(row)
+    unscheduled = _Rounds()
+    _add_round(unscheduled, round_of([]))
     assert unscheduled.late_sends is None and unscheduled.send_error_p99_s is None
 
 
