@@ -262,7 +262,7 @@ def _summarize(run: EngineRun, base: Row, acc: _Rounds, engine: EngineTiming) ->
         # KV pressure: cut requests (early stop = truncated by the engine), KV errors.
         kv_exhausted=sum(acc.errors.get(k, 0) for k in KV_ERRORS),
         truncated=acc.errors.get("early_stop", 0),
-        error=error if error is not None else base.error,
+        error=error,
     )
     roof = row_roofline(run.facts, row)
     row = replace(row, bytes_per_step=roof.bytes_per_step, limit_tok_s=roof.limit_tok_s,

@@ -6,14 +6,17 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
 from cli.loadgen import build_parser, default_commands, main
 from diagnose.cli import options_from_args
-from diagnose.decision.model import Decision, EngineResult, Row
+from diagnose.decision.model import Decision, EngineResult, Facts, Row
 from diagnose.decision.results import engine_from_dict, results_to_dict
-from diagnose.load import _add_round, _Rounds, traffic_off
+from diagnose.engine_run import EngineRun
+from diagnose.load import EngineTiming, _add_round, _Rounds, _summarize, traffic_off
 from diagnose.options import add_traffic
 from diagnose.report.content import traffic_rows
 from diagnose.steps.concurrency import traffic_text
@@ -126,28 +129,33 @@ def test_late_sends_are_counted_in_the_row_and_said_beside_the_ttft() -> None:
         return summarize(recs, engine="e", step=0, concurrency=4, rate=None,
                          prompt_tokens_target=None, max_tokens=3, wall_s=1.0)  # fmt: skip
 
-    acc = _Rounds(traffic=True)
+    def row_of(acc: _Rounds) -> Row:
+        """The step's row as diagnose makes it once its rounds have run."""
+        run = SimpleNamespace(opts=SimpleNamespace(max_tokens=3), facts=Facts("e", "llamacpp"))
+        return _summarize(cast(EngineRun, run), Row("e", "concurrency", 4), acc, EngineTiming())
+
+    acc = _Rounds(requests=8, traffic=True)  # the rounds count requests as they run
     _add_round(acc, round_of([0.001, 0.002, 0.5, 6.4]))
     _add_round(acc, round_of([0.001, 0.004, 0.003, 0.2]))
+    row = row_of(acc)
     # More than 5 ms after the trace's time: 2 + 1; the worst round's p99.
-    assert acc.late_sends == 3
-    assert acc.send_error_p99_s == pytest.approx(
+    assert row.late_sends == 3
+    assert row.send_error_p99_s == pytest.approx(
         round_of([0.001, 0.002, 0.5, 6.4]).send_error_p99_s
     )
-    row = Row("e", "concurrency", 4, requests=8, tokens_ok=True,
-              late_sends=acc.late_sends, send_error_p99_s=acc.send_error_p99_s)  # fmt: skip
+    assert row.tokens_ok
     text = traffic_text(row)
     assert "; 3 of 8 requests sent later than the trace's times (4 in flight at most, p99" in text
     assert "raise --concurrency" in text
     # On time: nothing said; without a schedule: nothing measured.
-    on_time = _Rounds(traffic=True)
+    on_time = _Rounds(requests=4, traffic=True)
     _add_round(on_time, round_of([0.001, 0.002, 0.004, 0.0]))
-    assert on_time.late_sends == 0
-    row = Row("e", "concurrency", 4, requests=4, late_sends=on_time.late_sends)
-    assert "sent later" not in traffic_text(row)
-    unscheduled = _Rounds()
+    on_time_row = row_of(on_time)
+    assert on_time_row.late_sends == 0 and "sent later" not in traffic_text(on_time_row)
+    unscheduled = _Rounds(requests=4)
     _add_round(unscheduled, round_of([]))
-    assert unscheduled.late_sends is None and unscheduled.send_error_p99_s is None
+    bare = row_of(unscheduled)
+    assert bare.late_sends is None and bare.send_error_p99_s is None
 
 
 def test_the_mix_is_in_results_json_and_read_back(tmp_path: Path) -> None:
