@@ -12,13 +12,15 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
+from config.settings import ConfigError, config_file_from_env, load_config
 from diagnose import cli as diagnose_cli
 from exporter import versioned_parser
 from loadgen import cli as loadgen_cli
 from loadgen.options import EXIT_USAGE, Command, HelpFormatter, UsageError
 
-__all__ = ["build_parser", "default_commands", "main"]
+__all__ = ["apply_config_defaults", "build_parser", "default_commands", "main"]
 
 
 def default_commands() -> list[Command]:
@@ -60,6 +62,58 @@ def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
     return parser
 
 
+def apply_config_defaults(
+    parser: argparse.ArgumentParser, command: str, argv: Sequence[str]
+) -> None:
+    """Use the config file's `loadgen:` mapping as defaults for the command's flags.
+
+    One `loadgen:` mapping serves every subcommand: a key is applied where the command has
+    that flag and ignored by the others; a key that no subcommand knows is an error (typo).
+    Here, at the root that lists every command, each value also goes through its flag's
+    parser, whichever command owns it (UsageError naming the file and key).
+    """
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default=config_file_from_env())
+    known, _ = pre.parse_known_args(argv)
+    if not known.config:
+        return
+    try:
+        config = load_config(known.config)
+    except ConfigError:
+        return  # reported with full detail once the command runs
+    given = config.loadgen.given()  # unknown keys were refused when the file was loaded
+    if not given:
+        return
+    subparsers = next(
+        a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+    ).choices
+    # Every key through its flag's parser, also the keys other commands take: a value no
+    # command accepts is named by its file and key here, not as a flag nobody gave.
+    owners: dict[str, argparse.Action] = {}
+    for sub in subparsers.values():
+        for action in sub._actions:
+            owners.setdefault(action.dest, action)
+    typed = {a.dest: a for a in subparsers[command]._actions}
+    on_line = {arg.split("=", 1)[0] for arg in argv if arg.startswith("--")}
+    defaults: dict[str, Any] = {}
+    for key, value in given.items():
+        action = typed.get(key) or owners.get(key)
+        if action is None or on_line & set(typed[key].option_strings if key in typed else ()):
+            continue  # no flag takes it, or the command line gives it instead
+        if action.type is not None and value is not None and not isinstance(value, str):
+            # argparse converts a string default with the option's type (and its checks),
+            # so `concurrency: 4` and `concurrency: [1, 2]` become the lists the flag gives.
+            value = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        if callable(action.type) and isinstance(value, str):
+            try:
+                action.type(value)
+            except (argparse.ArgumentTypeError, ValueError) as exc:
+                raise UsageError(f"{known.config}: loadgen.{key}: {exc}") from None
+        if key in typed:
+            defaults[key] = value
+    subparsers[command].set_defaults(**defaults)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (0 ok, 1 failed, 2 usage, 3 invalid or a `--fail-on`
     verdict, 130 Ctrl-C; docs/loadgen.md "Validity", docs/diagnose.md "Exit codes")."""
@@ -68,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(commands)
     try:
         if argv and argv[0] in {c.name for c in commands}:
-            loadgen_cli.apply_config_defaults(parser, argv[0], argv[1:])
+            apply_config_defaults(parser, argv[0], argv[1:])
         args = parser.parse_args(argv)
     except UsageError as exc:
         print(f"llmb-loadgen: error: {exc}", file=sys.stderr)

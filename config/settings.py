@@ -403,7 +403,9 @@ def _load_yaml_text(text: str) -> Any:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError([f"not valid YAML: {exc}"]) from None
+        # The caller names the file (or variable); PyYAML's stand-in name for a string is noise.
+        where = str(exc).replace('in "<unicode string>", ', "")
+        raise ConfigError([f"not valid YAML: {where}"]) from None
     except RecursionError:
         raise ConfigError([f"nested deeper than {MAX_YAML_DEPTH} levels"]) from None
     if _depth(data) > MAX_YAML_DEPTH:

@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 
 from core.roofline import host_bound_text
-from diagnose.decision.model import Decision, EngineResult, RunInfo, utc_now
+from diagnose.decision.model import Decision, EngineResult, RunInfo, utc_now, verdict_text
 from diagnose.report.html.write import write_report
 from diagnose.steps.base import gib
 from diagnose.steps.concurrency import traffic_row_text
@@ -72,7 +72,7 @@ def _engine_lines(e: EngineResult) -> list[str]:
 
 def print_answer(engines: list[EngineResult], decision: Decision, out: Path) -> None:
     """The answer on stdout, once: verdict(s), recommendation, action, steps, caveats."""
-    lines = [_line("verdict", f"{name}: {v}") for name, v in decision.verdict.items()]
+    lines = [_line("verdict", f"{name}: {verdict_text(v)}") for name, v in decision.verdict.items()]
     lines.append(_line("recommendation", decision.recommendation))
     lines.append(_line("action", decision.action))
     load = decision.load_text()

@@ -64,6 +64,7 @@ from loadgen.options import (
     positive_float,
     positive_int,
 )
+from loadgen.prompts import CalibrationError
 from loadgen.resolve import (
     load_config_or_usage,
 )
@@ -374,7 +375,11 @@ def run_measurement(command: str, args: argparse.Namespace) -> int:
     opts = options_from_args(args, config)
     # The traffic is read before any engine is asked: a bad --traffic costs nothing.
     add_traffic(args, opts)
-    measured = measured_engines(command, args, config)
+    try:
+        measured = measured_engines(command, args, config)
+    except TargetUnreachable as exc:  # nothing answers at a --url: nothing to measure
+        sys.stderr.write(f"llmb-loadgen {command}: {exc}\n")
+        return EXIT_FAILED
     engines = measured.engines
     if opts.traffic is not None:
         say(f"your traffic: {opts.traffic.source}, {len(opts.traffic.requests)} requests")
@@ -398,7 +403,7 @@ def run_measurement(command: str, args: argparse.Namespace) -> int:
             results = [result]
         else:
             results, decision = asyncio.run(compare((engines[0], engines[1]), opts, args.out, pub))
-    except TargetUnreachable as exc:
+    except (TargetUnreachable, CalibrationError) as exc:
         sys.stderr.write(f"llmb-loadgen {command}: {exc}\n")
         return EXIT_FAILED
     except KeyboardInterrupt:  # a second Ctrl-C: stop at once, as `run` does
@@ -434,7 +439,6 @@ COMPARE = Measurement(
 def run_decide(args: argparse.Namespace) -> int:
     """`decide DIR --out OUT`: the saved run decided again, written and answered like compare."""
     info = run_info(getattr(args, "argv", None))
-    decide_cmd.check_out(args)
     with quiet_libraries():
         inputs = CompareInputs(load=args.load, slo=args.slo)
         host = (

@@ -18,7 +18,6 @@ import lzma
 import shutil
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
 
 from config.kinds import engine_kind, kinds
 from core.signals import Signals
@@ -51,12 +50,22 @@ def read_saved(folder: Path) -> Saved:
     path = folder / RESULTS_FILE
     if not path.is_file():
         raise UsageError(f"{folder} has no {RESULTS_FILE}: give a folder diagnose or compare wrote")
+    not_results = f"{path} is not a results.json of diagnose or compare"
     try:
-        doc: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{not_results}: not JSON ({exc.msg}, line {exc.lineno})") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{not_results}: it cannot be read ({exc})") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("engines"), list):
+        raise UsageError(f"{not_results}: it has no list of engines")
+    try:
         engines = [engine_from_dict(e) for e in doc["engines"]]
         steps = [Step(**s) for s in doc.get("decision", {}).get("steps", [])]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"{path} is not a results.json of diagnose or compare: {exc}") from exc
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        # The reader's own words name the field (a missing key, an unknown one, a wrong type).
+        what = f"no {exc} field" if isinstance(exc, KeyError) else str(exc)
+        raise UsageError(f"{not_results}: an engine or step does not read ({what})") from exc
     if len(engines) not in (1, 2):
         raise UsageError(f"{path} holds {len(engines)} engines: diagnose has one, compare two")
     return Saved(engines, steps, doc.get("title"))
@@ -172,12 +181,6 @@ def copy_requests(src_dir: Path, out: Path) -> None:
         if (src_dir / name).is_file():
             shutil.copyfile(src_dir / name, out / name)
             return
-
-
-def check_out(args: argparse.Namespace) -> None:
-    """--out must not be DIR: the saved run is kept as it was."""
-    if args.out.resolve() == args.dir.resolve():
-        raise UsageError("--out must differ from DIR: the saved run is kept as it was")
 
 
 def title_of(engines: list[EngineResult]) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from config.kinds import engines, kinds
 from config.settings import Config, EngineConfig
+from loadgen.client import TargetUnreachable
 from loadgen.options import UsageError, listed
 from loadgen.resolve import TargetProbe, api_key, engine_name, engines_from_config, url_targets
 
@@ -58,10 +59,17 @@ def engines_from_args(args: argparse.Namespace, config: Config | None) -> Measur
         key = api_key(args)  # an unset --api-key-env is an error here as in run
         for target in url_targets(args, key, info=True, label=_running_label):
             assert target.probe is not None  # info=True probes every target
+            if target.probe.unreachable is not None:
+                raise TargetUnreachable(
+                    f"cannot reach {target.url} ({target.probe.unreachable}): is the engine "
+                    "running there?"
+                )
             if target.probe.kind not in kinds():
                 endpoints = " nor ".join(f"{e.display}'s {e.info.paths[0]}" for e in engines())
+                # The OpenAI base URL is the usual slip: the engine's own endpoints sit above.
+                base = " (give the server's address without /v1)" if _is_v1(target.url) else ""
                 raise UsageError(
-                    f"{target.url} answers neither {endpoints}; pass "
+                    f"{target.url} answers neither {endpoints}{base}; pass "
                     + " or ".join(f"--kind {k}" for k in kinds())
                 )
             configured.append(
@@ -76,6 +84,10 @@ def engines_from_args(args: argparse.Namespace, config: Config | None) -> Measur
     logs, models = listed(args.log_file), listed(args.model_path)
     paths = with_paths(configured, [Path(p) for p in logs], [Path(p) for p in models])
     return Measured(paths, probes)
+
+
+def _is_v1(url: str) -> bool:
+    return url.rstrip("/").endswith("/v1")
 
 
 def _running_label(name: str | None, probe: TargetProbe | None) -> str:

@@ -10,11 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from config.settings import ConfigError, config_file_from_env, load_config
+from config.settings import config_file_from_env
 from core.slo import Slo
 from loadgen.options import (
     Command,
@@ -51,7 +50,6 @@ __all__ = [
     "RUN",
     "SERVED_MIX",
     "SWEEP",
-    "apply_config_defaults",
     "default_out_dir",
 ]
 
@@ -147,43 +145,6 @@ def _add_arrival_arguments(load: argparse._ArgumentGroup) -> None:
         "instead of all at once (default 0); equal requests keep the spread, so the server "
         "never reads a whole wave at once",
     )
-
-
-def apply_config_defaults(
-    parser: argparse.ArgumentParser, command: str, argv: Sequence[str]
-) -> None:
-    """Use the config file's `loadgen:` mapping as defaults for the command's flags.
-
-    One `loadgen:` mapping serves every subcommand: a key is applied where the command has
-    that flag and ignored by the others; a key that no subcommand knows is an error (typo).
-    """
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config", default=config_file_from_env())
-    known, _ = pre.parse_known_args(argv)
-    if not known.config:
-        return
-    try:
-        config = load_config(known.config)
-    except ConfigError:
-        return  # reported with full detail once the command runs
-    given = config.loadgen.given()  # unknown keys were refused when the file was loaded
-    if not given:
-        return
-    subparsers = next(
-        a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
-    ).choices
-    typed = {a.dest: a for a in subparsers[command]._actions}
-    defaults: dict[str, Any] = {}
-    for key, value in given.items():
-        action = typed.get(key)
-        if action is None:
-            continue
-        if action.type is not None and value is not None and not isinstance(value, str):
-            # argparse converts a string default with the option's type (and its checks),
-            # so `concurrency: 4` and `concurrency: [1, 2]` become the lists the flag gives.
-            value = ",".join(map(str, value)) if isinstance(value, list) else str(value)
-        defaults[key] = value
-    subparsers[command].set_defaults(**defaults)
 
 
 def _base_spec(args: argparse.Namespace, targets: list[Target]) -> RunSpec:

@@ -9,7 +9,6 @@ parses the server-sent events itself and stamps every received network chunk wit
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import time
@@ -219,11 +218,19 @@ class StreamClient:
             resp.raise_for_status()
             return await resp.json(content_type=None)
 
+    async def probe(self, path: str, timeout: float = 5.0) -> tuple[Any | None, str | None]:
+        """GET `path` as a probe: (its JSON, None) on a 2xx JSON answer; (None, None) when the
+        server answers otherwise (it is there); (None, why) when nothing answers at all."""
+        try:
+            return await self.get_json(path, timeout), None
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as exc:
+            return None, f"{type(exc).__name__}: {exc or 'timed out'}"
+        except (aiohttp.ClientError, ValueError):
+            return None, None
+
     async def probe_json(self, path: str, timeout: float = 5.0) -> Any | None:
         """GET `path` as a probe: its JSON, None when it does not answer 2xx with JSON."""
-        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
-            return await self.get_json(path, timeout)
-        return None
+        return (await self.probe(path, timeout))[0]
 
     async def post_json(self, path: str, body: dict[str, Any], timeout: float = 60.0) -> Any:
         """POST a JSON body and return the JSON answer (raises on HTTP errors)."""

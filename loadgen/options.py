@@ -121,8 +121,12 @@ port.__doc__ = "A TCP port number (0 allowed: off / any)."
 
 def int_list(text: str) -> list[int]:
     """Comma-separated positive integers, e.g. `1,2,4,8` (a single `4` is a list of one)."""
+    parts = text.split(",")
+    # `1,,2` or `1,2,` is a typo, not a shorter list.
+    if len(parts) > 1 and any(not part.strip() for part in parts):
+        raise argparse.ArgumentTypeError(f"an empty item in the list {text!r}")
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
+        values = [int(part) for part in parts if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated integers, got {text!r}"
@@ -372,15 +376,49 @@ def add_traffic_options(parser: Parser) -> None:
     )
 
 
+# What a run writes into its folder: a folder holding one of these is a run already.
+RUN_FILES = ("results.json", "summary.json", "requests.jsonl", "requests.jsonl.xz", "report.md")
+
+
+def out_folder(text: str) -> Path:
+    """--out: a folder for a new run, checked before anything is measured.
+
+    Not a file, one that can be made, and not a run already: requests.jsonl is appended to
+    as steps finish, so a second run there would mix its requests with the first's (and
+    overwrite its answer). The check makes the missing folders and takes them away again.
+    """
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder, got an empty name")
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
+    if path.is_dir():
+        kept = [name for name in RUN_FILES if (path / name).exists()]
+        if kept:
+            raise argparse.ArgumentTypeError(
+                f"{text} already holds a run ({', '.join(kept)}); it is kept as it is: "
+                "give a new folder"
+            )
+        return path
+    missing = [path, *(p for p in path.parents if not p.exists())]
+    try:
+        path.mkdir(parents=True)
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot make {text}: {exc.strerror}") from None
+    for made in missing:  # the deepest first
+        made.rmdir()
+    return path
+
+
 def add_out_option(parser: Parser, required: bool = False) -> None:
-    """--out: the output folder."""
+    """--out: the output folder (`out_folder`: new, or empty of a run)."""
     parser.add_argument(
         "--out",
-        type=Path,
+        type=out_folder,
         required=required,
         metavar="DIR",
-        help="output folder"
-        + ("" if required else " (default: a new out/<command>-<time> per run)"),
+        help="output folder: a new one, or one that holds no run (a run's folder is kept as "
+        "it is)" + ("" if required else " (default: a new out/<command>-<time> per run)"),
     )
 
 
@@ -390,6 +428,7 @@ __all__ = [
     "EXIT_INVALID",
     "EXIT_OK",
     "EXIT_USAGE",
+    "RUN_FILES",
     "Command",
     "HelpFormatter",
     "UsageError",
@@ -411,6 +450,7 @@ __all__ = [
     "non_negative_float",
     "non_negative_int",
     "one_value",
+    "out_folder",
     "port",
     "positive_float",
     "positive_int",

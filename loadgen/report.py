@@ -153,6 +153,8 @@ BLOCK: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
     ),
 )
 BLOCK_WIDTH = 56
+# The server block's bookkeeping, not figures of the engine.
+SERVER_COUNTS = frozenset({"window_s", "scrapes", "scrape_errors"})
 
 
 # --traffic: how the replay kept its schedule and the traffic's lengths (rows that have them).
@@ -205,9 +207,16 @@ def step_block(row: dict[str, Any]) -> list[str]:
     server = row.get("server")
     if server:
         lines.append(" Server side (exporter / Prometheus) ".center(BLOCK_WIDTH, "-"))
+        figures = 0
         for key, value in sorted(server.items()):
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 lines.append(f"{key + ':':<{BLOCK_WIDTH - 14}}{value:>14.4g}")
+                figures += key not in SERVER_COUNTS
+        # A source that failed, or answered nothing, says so here, not only in summary.json.
+        for error in server.get("errors") or []:
+            lines.append(f"error: {error}")
+        if not figures and not server.get("errors") and not server.get("scrape_errors"):
+            lines.append("no figures: no samples in the step's window (shorter than a scrape?)")
     lines.append("=" * BLOCK_WIDTH)
     return lines
 

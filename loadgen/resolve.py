@@ -35,6 +35,8 @@ class TargetProbe:
     kind: str
     models: Any = None  # the /v1/models document (None: no JSON answer)
     info: dict[str, Any] = field(default_factory=dict)  # {}: not asked, or no answer
+    # Why nothing answered at the URL at all (connection refused, timed out); None: it did.
+    unreachable: str | None = None
 
     @property
     def model(self) -> str | None:
@@ -48,7 +50,9 @@ async def probe_target(client: StreamClient, kind: str, info: bool = True) -> Ta
     registered kind whose endpoint does. Network errors leave a part unknown (the client's
     `probe_json` catches them by type); anything else is a bug and propagates."""
     wait = client.connect_timeout  # --connect-timeout bounds each probe
-    models = await client.probe_json("/v1/models", wait)
+    models, unreachable = await client.probe("/v1/models", wait)
+    if unreachable is not None:
+        return TargetProbe(kind, unreachable=unreachable)
     if not info:
         return TargetProbe(kind, models)
     rows = engines() if kind == GENERIC else (engine_kind(kind),)

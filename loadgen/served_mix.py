@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 import httpx
@@ -301,6 +301,7 @@ class _Reader:
     engine: str
     window: str
     at: float
+    flags: ServedFlags
 
     def _sel(self, name: str) -> str:
         return f"{name}{{engine={label(self.engine)}}}"
@@ -373,22 +374,36 @@ def _engine_kind(reader: _Reader, engine: str | None) -> tuple[str, str]:
     if not kinds:
         raise ServedMixError(
             f"served-mix: Prometheus at {prom.url} has no {llmb.ENGINE_UP} samples in the last "
-            f"{window}: is it scraping the exporter (job llmb-exporter)? Give a longer --window"
+            f"{window}: is it scraping the exporter (job llmb-exporter)? Give a longer "
+            f"{reader.flags.window}"
         )
     names = ", ".join(sorted(kinds))
     if engine is None:
         if len(kinds) > 1:
             raise ServedMixError(
                 f"served-mix: Prometheus at {prom.url} has samples of several engines "
-                f"({names}): pass --engine NAME"
+                f"({names}): pass {reader.flags.engine} NAME"
             )
         engine = next(iter(kinds))
     if engine not in kinds:
         raise ServedMixError(
             f"served-mix: Prometheus at {prom.url} has no samples of engine {engine!r} in the "
-            f"last {window}; it has samples of {names}: pass --engine NAME or a longer --window"
+            f"last {window}; it has samples of {names}: pass {reader.flags.engine} NAME or a "
+            f"longer {reader.flags.window}"
         )
     return engine, kinds[engine]
+
+
+@dataclass(frozen=True)
+class ServedFlags:
+    """The flags an error tells the user to change: served-mix's own, or `run --traffic-from`'s
+    (`TRAFFIC_FLAGS`), so a message never names a flag the command does not have."""
+
+    engine: str = "--engine"
+    window: str = "--window"
+
+
+TRAFFIC_FLAGS = ServedFlags("--traffic-engine", "--traffic-window")
 
 
 def window_duration(window: str | float) -> str:
@@ -410,6 +425,7 @@ def served_mix(
     seed: int = DEFAULT_SEED,
     timeout: float | None = None,
     at: float | None = None,
+    flags: ServedFlags = ServedFlags(),
 ) -> ServedMix:
     """What `engine` (the only engine Prometheus has, when None) served over the `window` (a
     Prometheus duration such as `1h`, or seconds) ending now, or at the Unix time `at`;
@@ -423,12 +439,13 @@ def served_mix(
         raise ServedMixError(f"served-mix: --at: a Unix time in seconds, got {at!r}")
     prom = Prometheus(prometheus_url) if timeout is None else Prometheus(prometheus_url, timeout)
     with prom.asking(ServedMixError, "served-mix") as client:
-        return _read(_Reader(prom, client, engine or "", window, at), engine, seconds, seed)
+        reader = _Reader(prom, client, engine or "", window, at, flags)
+        return _read(reader, engine, seconds, seed)
 
 
 def _read(reader: _Reader, engine: str | None, seconds: float, seed: int) -> ServedMix:
     name, kind = _engine_kind(reader, engine)
-    reader = _Reader(reader.prom, reader.client, name, reader.window, reader.at)
+    reader = replace(reader, engine=name)
     where = f"Prometheus at {reader.prom.url}"
     requests = reader.increase(llmb.ENGINE_REQUESTS_FINISHED_TOTAL)
     if requests is None:
@@ -437,7 +454,7 @@ def _read(reader: _Reader, engine: str | None, seconds: float, seed: int) -> Ser
     if requests < 0.5:
         raise ServedMixError(
             f"served-mix: {name} finished no request in the last {reader.window} ({where}): "
-            "give a window in which it served traffic (--window)"
+            f"give a window in which it served traffic ({reader.flags.window})"
         )
     prompt, prompt_mean_only = _lengths(
         reader,

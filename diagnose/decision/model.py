@@ -24,6 +24,12 @@ INCONCLUSIVE = "inconclusive"
 NOT_MEASURED = "not measured: "
 
 
+def verdict_text(verdict: str | None) -> str:
+    """A verdict as every surface says it: its name, or `not measured` where no load step
+    measured the engine (never `idle`, which says it was measured and had nothing to fix)."""
+    return "not measured" if verdict is None else verdict
+
+
 def switch_to(engine: str) -> str:
     """The recommendation to switch to `engine`: `switch_to:<engine>`."""
     return f"switch_to:{engine}"
@@ -450,7 +456,8 @@ class Decision:
     """The answer: a verdict per engine, the recommendation, and why. Frozen: a part decided
     later (the SLO's) makes a new decision (`dataclasses.replace`)."""
 
-    verdict: dict[str, str]
+    # None: no load step measured the engine (unreached, stopped first): said `not measured`.
+    verdict: dict[str, str | None]
     recommendation: str
     action: str
     comparable: bool

@@ -53,7 +53,7 @@ def decide_single(engine: EngineResult, steps: list[Step] | None = None) -> Deci
     action = engine.action or "nothing was measured under load: run diagnose with load steps"
     caveats = max_tokens_caveats(engine) + [f"{engine.name}: {n}" for n in engine.notes]
     return Decision(
-        verdict={engine.name: engine.verdict or "idle"},
+        verdict={engine.name: engine.verdict},
         recommendation=rec,
         action=action,
         comparable=True,

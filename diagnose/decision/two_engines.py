@@ -175,7 +175,7 @@ def decide_compare(
     reqs = inputs.requests or {e.name: EngineRequests(e.name) for e in (a, b)}
     caveats = max_tokens_caveats(a) + max_tokens_caveats(b)
     caveats += [f"{e.name}: {n}" for e in (a, b) for n in e.notes]
-    verdicts = {e.name: e.verdict or "idle" for e in (a, b)}
+    verdicts = {e.name: e.verdict for e in (a, b)}
     # 1. Residency: an engine whose weights are not on the GPU measures its PCIe link.
     not_resident = [e.name for e in (a, b) if e.verdict == "weights_not_resident"]
     steps = [_residency_step(a, b, not_resident)]
@@ -246,13 +246,33 @@ def _per_load_step(levels: list[LoadAnswer], cross: tuple[int, int] | None) -> S
 
 
 def _residency_step(a: EngineResult, b: EngineResult, not_resident: list[str]) -> Step:
+    unseen = {e.name: why for e in (a, b) if (why := residency_unseen(e)) is not None}
+    if not_resident:
+        answer = "no: " + ", ".join(not_resident)
+    elif not unseen:
+        answer = "yes, on both engines"
+    else:
+        # A residency that was not measured is not a yes (no GPU seen, an engine not run).
+        seen = [e.name for e in (a, b) if e.name not in unseen]
+        answer = f"yes on {seen[0]}; " if seen else ""
+        answer += NOT_MEASURED + "; ".join(f"{name}: {why}" for name, why in unseen.items())
     return Step(
         "residency",
         "Do the weights fit and stay resident?",
-        ("no: " + ", ".join(not_resident)) if not_resident else "yes, on both engines",
+        answer,
         bool(not_resident),
         {e.name: ResidencyNumbers(e.verdict, e.weights_bytes) for e in (a, b)},
     )
+
+
+def residency_unseen(e: EngineResult) -> str | None:
+    """Why the engine's residency step measured nothing (its own `missing` entry, one that
+    covers every step, or no verdict at all); None: it was measured."""
+    for entry in e.missing:
+        keys, _, why = entry.partition(": ")
+        if "residency" in keys.split(", ") or keys == "every step":
+            return why
+    return "nothing was measured" if e.verdict is None else None
 
 
 def _share_text(e: EngineResult) -> str:

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from core.conditions import VERDICT_INFO
-from diagnose.decision.model import Decision, EngineResult, RunInfo
+from diagnose.decision.model import Decision, EngineResult, RunInfo, verdict_text
 from diagnose.report.hints import FIX_EXPORTER, unknown
 from exporter import __version__
 from loadgen.traffic.summary import Lengths
@@ -39,8 +39,8 @@ def answer_of(engines: list[EngineResult], decision: Decision) -> Answer:
     """The answer block, field by field from the Decision that results.json is written from."""
     verdicts = []
     for name, v in decision.verdict.items():
-        info = VERDICT_INFO.get(v)
-        verdicts.append((name, v, info.summary if info else ""))
+        info = VERDICT_INFO.get(v) if v is not None else None
+        verdicts.append((name, verdict_text(v), info.summary if info else ""))
     why = next((s.answer for s in decision.steps if s.key == "comparability"), "")
     if len(engines) < 2:
         why = "one engine, nothing to compare it with"

@@ -57,7 +57,13 @@ def _layers(e: EngineResult) -> str:
     source = engine.residency
     if source.layers is None:
         return f"not reported by {engine.display} (compare process GPU memory with the weights)"
-    why = f"{source.layers} was not read: {source.layers_fix} or pass --exporter-url"
+    log = e.evidence.get("log", "")
+    if log and not log.startswith("not seen"):
+        # The log was read and had no layer line (a build without a GPU backend prints none):
+        # asking for --log-file again would be wrong.
+        why = f"not in {source.layers} ({log})"
+    else:
+        why = f"{source.layers} was not read: {source.layers_fix} or pass --exporter-url"
     if e.layers_total is not None:
         return f"unknown of {e.layers_total:.0f}: {why}"
     return unknown(why)
@@ -224,8 +230,9 @@ COLUMNS = (
     Column("ctx", lambda r: _fmt(r.context), "no row ran at a known context"),
     Column("slots", lambda r: _fmt(r.parallel), "no row recorded its slot count"),
     Column("conc", lambda r: str(r.concurrency)),
-    Column("prompt tok", lambda r: _fmt(r.prompt_tokens, 0), "no prompt token counts"),
-    Column("gen tok", lambda r: str(r.completion_tokens)),
+    # A request's prompt (the mean), but every request's answers together: said in the header.
+    Column("prompt tok/req", lambda r: _fmt(r.prompt_tokens, 0), "no prompt token counts"),
+    Column("gen tok, all req", lambda r: str(r.completion_tokens)),
     Column("tokens ok", lambda r: _fmt(r.tokens_ok)),
     Column(
         "TTFT ms",

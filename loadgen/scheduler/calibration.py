@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import aiohttp
+
 from config.kinds import engine_kind, kinds
 from loadgen.client import StreamClient, StreamResult
 from loadgen.prompts import CalibrationError, TokenCounter, calibrate, fixed_prompt
@@ -38,8 +40,17 @@ async def _count_by_probe(client: StreamClient, spec: RunSpec, text: str, attemp
 
 
 async def _count_by_tokenize(client: StreamClient, path: str, text: str) -> int:
-    data = await client.post_json(path, {"content": text, "add_special": True})
-    return len(data["tokens"])
+    try:
+        data = await client.post_json(path, {"content": text, "add_special": True})
+        return len(data["tokens"])
+    except aiohttp.ClientResponseError as exc:
+        why = f"answers HTTP {exc.status}"
+    except (ValueError, KeyError, TypeError):
+        why = "does not answer a token list"
+    # Its kind says it tokenizes here (--kind, or what it answered): it is not that engine.
+    raise CalibrationError(
+        f"{client.target.url}{path} {why}: is it a {client.target.kind} server (--kind)?"
+    )
 
 
 def token_counter(spec: RunSpec, client: StreamClient) -> TokenCounter:

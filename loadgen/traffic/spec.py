@@ -23,7 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from loadgen.served_mix import ServedMixError, served_mix
+from pydantic import ValidationError
+
+from loadgen.served_mix import TRAFFIC_FLAGS, ServedMixError, served_mix
 from loadgen.traffic.mix import MAX_TOKENS, LengthDist, LengthMix, MixError
 from loadgen.traffic.model import Traffic, TrafficError
 from loadgen.traffic.synth import from_mix, sessions, shared_prefix
@@ -73,13 +75,10 @@ def parse_dist(text: str, where: str) -> LengthDist:
         )
     try:
         return LengthDist.model_validate(obj)
-    except ValueError as exc:
-        raise TrafficError(f"{where}: {text!r}: {_first_line(exc)}") from None
-
-
-def _first_line(exc: Exception) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[-1] if lines else str(exc)
+    except ValidationError as exc:
+        # pydantic's own words, not its text (whose last line is a link to its docs).
+        why = "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in exc.errors())
+        raise TrafficError(f"{where}: {text!r}: {why}") from None
 
 
 def _fields(
@@ -217,7 +216,7 @@ def served_traffic(
     the engine served over the window, drawn as a length mix at the served arrival rate
     (`requests`: --requests); a TrafficError says what is wrong."""
     try:
-        served = served_mix(prometheus_url, window, engine)
+        served = served_mix(prometheus_url, window, engine, flags=TRAFFIC_FLAGS)
         mix = served.length_mix()
     except ServedMixError as exc:
         raise TrafficError(str(exc).removeprefix("served-mix: ")) from None

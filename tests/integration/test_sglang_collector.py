@@ -395,6 +395,20 @@ async def test_garbage_metrics_is_a_parse_error(
     assert val(scrape, "llmb_engine_up") == 1.0  # the engine itself answers /health
 
 
+async def test_a_llama_server_given_kind_sglang_is_not_read_as_sglang(
+    fake: FakeSGLang, client: httpx.AsyncClient
+) -> None:
+    """Its /metrics parses, but holds no sglang: sample: the source fails (parse) instead of
+    exporting an SGLang engine with no figures, which the rules then gave a decode verdict."""
+    llama = (FIXTURES / "llamacpp-cpu-gemma3-270m" / "llamacpp_metrics_busy.txt").read_text()
+    scrape = await scrape_of(fake, client, llama)
+    assert not scrape.up
+    assert [(e.reason, str(e)) for e in scrape.errors] == [
+        ("parse", "GET /metrics: no sglang: samples: not SGLang's")
+    ]
+    assert val(scrape, "llmb_engine_up") == 1.0  # it answers; it is not what the config says
+
+
 async def test_metrics_disabled_is_an_http_error(
     fake: FakeSGLang, client: httpx.AsyncClient
 ) -> None:

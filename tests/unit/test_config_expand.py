@@ -120,3 +120,13 @@ async def test_the_two_halves_carry_a_request_and_refuse_when_the_engine_is_gone
         for server in (*host_side, *local_side):
             server.close()
             await server.wait_closed()
+
+
+def test_invalid_yaml_names_the_file_and_line_not_a_unicode_string(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("engines:\n  - name: a\n   kind: x\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    (message,) = err.value.errors
+    assert message.startswith(f"{path}: not valid YAML: while parsing a block collection")
+    assert "line 3, column 4" in message and "<unicode string>" not in message

@@ -29,7 +29,7 @@ SAME = RESULTS / "same-weights"
 
 
 def decide(tmp_path: Path, folder: Path, *flags: str) -> tuple[dict[str, Any], str]:
-    out = tmp_path / "out"
+    out = tmp_path / f"out{len(list(tmp_path.glob('out*')))}"  # a new one each call
     assert main(["decide", str(folder), "--in-use", "llama", *flags, "--out", str(out)]) == 0
     doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
     return doc, (out / "report.md").read_text(encoding="utf-8")
@@ -100,9 +100,9 @@ def test_same_weights_ttft_slo_does_not_switch_on_the_warm_up_wave(tmp_path: Pat
     as one block with its round (as the ratio intervals are), it is no confident miss, and
     llama.cpp meets the SLO nowhere with confidence, so the SLO switches nothing (it used to
     answer "switch to llama: sglang serves up to 4")."""
-    out = tmp_path / "sg"
     args = ["decide", str(SAME), "--in-use", "sglang", "--slo", "ttft_p99=200ms"]
     for load in ([], ["--load", "16"]):
+        out = tmp_path / f"sg{len(load)}"
         assert main([*args, *load, "--out", str(out)]) == 0
         doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
         assert doc["recommendation"] != "switch_to:llama", doc["action"]
@@ -154,7 +154,7 @@ def test_a_load_between_levels_that_disagree_is_not_guessed(tmp_path: Path) -> N
 def test_the_output_folder_can_be_re_decided(tmp_path: Path) -> None:
     decide(tmp_path, SEED, "--load", "64")
     again = tmp_path / "again"
-    assert main(["decide", str(tmp_path / "out"), "--load", "64", "--out", str(again)]) == 0
+    assert main(["decide", str(tmp_path / "out0"), "--load", "64", "--out", str(again)]) == 0
     doc = json.loads((again / "results.json").read_text(encoding="utf-8"))
     # OUT's engine order is the one decided (llama in use): no --in-use needed any more.
     assert doc["recommendation"] == "switch_to:sglang"
@@ -239,3 +239,27 @@ def test_slo_figures_are_said_to_three_figures(tmp_path: Path) -> None:
     assert "c=64: misses (tpot_p90 23.9 ms" in text  # llama's
     assert "c=16: meets (tpot_p90 1.54 ms" in text  # sglang's
     assert " 0.00 s" not in text and " 0.02 s" not in text
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('{"engines":', "not JSON (Expecting value, line 1)"),
+        ("[1]", "it has no list of engines"),
+        ('{"engines": {"a": 1}}', "it has no list of engines"),
+        ('{"engines": [{"name": "a"}]}', "an engine or step does not read"),
+        ('{"engines": [{"name": "a", "kind": "llamacpp", "rows": [{"zz": 1}]}]}', "'zz'"),
+    ],
+)
+def test_a_results_json_that_is_not_one_says_what_is_wrong(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, says: str
+) -> None:
+    """One line that names what does not read, exit 2 (it printed `'engines'` or `list
+    indices must be integers or slices, not str` before)."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "results.json").write_text(text, encoding="utf-8")
+    assert main(["decide", str(tmp_path / "run"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"llmb-loadgen: error: {tmp_path / 'run' / 'results.json'} is not a ")
+    assert says in err and "\n" not in err, err
+    assert not (tmp_path / "o").exists()

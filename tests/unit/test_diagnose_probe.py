@@ -69,7 +69,9 @@ async def test_neither_endpoint_is_openai_and_nothing_listening_too(serve: Any) 
     url, _ = await serve({"/props": ["not", "an", "object"], "/v1/models": MODELS})
     assert await _probe(url, None, GENERIC) == TargetProbe(GENERIC, MODELS)
     closed = f"http://127.0.0.1:{get_free_port()}"
-    assert await _probe(closed, None, GENERIC) == TargetProbe(GENERIC)
+    dead = await _probe(closed, None, GENERIC)
+    assert dead.kind == GENERIC and dead.models is None and dead.info == {}
+    assert dead.unreachable is not None and "Cannot connect" in dead.unreachable
 
 
 async def test_diagnose_url_asks_v1_models_once(serve: Any, tmp_path: Path) -> None:
@@ -148,3 +150,49 @@ async def test_a_server_of_no_registered_kind_is_told_how_to_say_it(serve: Any) 
         "pass --kind llamacpp or --kind sglang"
     )
     assert [p for p, _ in seen] == ["/v1/models"]  # once; /props and /server_info: 404
+
+
+async def test_nothing_at_the_url_is_unreachable_not_a_kind_to_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A dead port is exit 1 and says it cannot reach the URL, before anything is measured or
+    written (it used to ask for --kind, and with --kind diagnosed nothing as `idle`)."""
+    from cli.loadgen import main
+
+    url = f"http://127.0.0.1:{get_free_port()}"
+    probe = await _probe(url, None, GENERIC)
+    assert probe.unreachable is not None and probe.models is None and probe.info == {}
+    for kind in ([], ["--kind", "llamacpp"]):
+        out = tmp_path / "diag"
+        code = await asyncio.to_thread(main, ["diagnose", "--url", url, *kind, "--out", str(out)])
+        assert code == 1
+        err = capsys.readouterr().err
+        assert f"cannot reach {url} (" in err and "is the engine running there?" in err, err
+        assert not out.exists()
+
+
+async def test_an_openai_base_url_is_told_to_drop_the_v1(serve: Any) -> None:
+    url, _ = await serve({"/props": PROPS, "/v1/models": MODELS})
+    args = build_parser(default_commands()).parse_args(
+        ["diagnose", "--url", url + "/v1", "--out", "o"]
+    )
+    with pytest.raises(
+        UsageError, match=r"answers neither .* \(give the server's address without /v1\)"
+    ):
+        await asyncio.to_thread(measured_engines, "diagnose", args, None)
+
+
+async def test_a_kind_that_does_not_tokenize_is_one_message_not_a_traceback(
+    serve: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--kind llamacpp given to a server that is no llama-server: its /tokenize does not answer
+    a token list, and diagnose says so (exit 1) instead of a ClientResponseError traceback."""
+    from cli.loadgen import main
+
+    url, _ = await serve({"/v1/models": MODELS})
+    argv = ["diagnose", "--url", url, "--kind", "llamacpp", "--out", str(tmp_path / "d")]
+    argv += ["--concurrency", "1", "--max-tokens", "4", "--host-bandwidth-gbs", "50"]
+    assert await asyncio.to_thread(main, argv) == 1
+    err = capsys.readouterr().err
+    assert f"{url}/tokenize answers HTTP " in err and "is it a llamacpp server (--kind)?" in err
+    assert "Traceback" not in err

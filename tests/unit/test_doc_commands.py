@@ -316,3 +316,19 @@ def test_the_check_catches_what_does_not_exist(text: str, problem: str) -> None:
     for whole in (True,):
         problems = check(Line("test", text, whole))
         assert any(problem in p for p in problems), problems
+
+
+def test_every_flag_of_every_command_is_in_the_docs() -> None:
+    """The other way round: a flag `--help` shows that no page names (the exporter's
+    `--listen` and `--log-level` were in no page). One spelling of a flag is enough."""
+    text = "\n".join(p.read_text(encoding="utf-8") for p in DOCS)
+    named = set(re.findall(r"(?<![\w-])(--?[A-Za-z][\w.-]*)", text))
+    missing = []
+    for script, make in PARSERS.items():
+        top = make()
+        parsers = [top, *_options(top)[1].values()]
+        for action in (a for p in parsers for a in p._actions):
+            spellings = set(action.option_strings) - {"-h", "--help"}
+            if spellings and not spellings & named:
+                missing.append(f"{script} {'/'.join(sorted(spellings))}")
+    assert missing == []

@@ -187,3 +187,22 @@ def test_the_plots_say_which_points_are_the_engine_s_and_draw_no_zero_ttft() -> 
     # Only the 0.0 s row: no TTFT point at all (never a 0 drawn as a measurement).
     zero = EngineResult("sgl", "sglang", rows=_sglang_rows()[1:])
     assert plot_ttft([zero]).svg is None
+
+
+def test_layers_unknown_after_the_log_was_read_does_not_ask_for_the_log() -> None:
+    """A CPU build's log has weight buffers but no `offloaded N/M layers` line: the Engines
+    table said `the llama.cpp log was not read: pass --log-file` though it had been."""
+    from diagnose.report.tables import engine_facts
+
+    def layers(**kw: object) -> str:
+        e = EngineResult(name="e", kind="llamacpp", layers_total=19.0, **kw)  # type: ignore[arg-type]
+        return dict(engine_facts(e))["layers on the GPU"]
+
+    read = (
+        "--log-file x.log: no `offloaded N/M layers` line (a build without a GPU backend has none)"
+    )
+    assert layers(evidence={"log": read}) == f"unknown of 19: not in the llama.cpp log ({read})"
+    unseen = layers(evidence={"log": "not seen: no --log-file (...)"})
+    assert unseen.startswith("unknown of 19: the llama.cpp log was not read: pass --log-file")
+    assert layers().startswith("unknown of 19: the llama.cpp log was not read")
+    assert layers(layers_offloaded=19.0) == "19 of 19"

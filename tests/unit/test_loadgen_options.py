@@ -39,7 +39,7 @@ def test_exporter_url_with_or_without_metrics(given: str) -> None:
     assert metrics_url(given) == "http://h:9490/metrics"
 
 
-@pytest.mark.parametrize("text", ["0", "1,x", "", "-2", "1,,0"])
+@pytest.mark.parametrize("text", ["0", "1,x", "", "-2", "1,,0", "1,,2", "1,2,", ",4"])
 def test_bad_lists_are_rejected(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         int_list(text)
@@ -149,6 +149,52 @@ def test_config_defaults_go_through_the_option_types(
     assert code == 0
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert [s["concurrency"] for s in summary["steps"]] == steps
+
+
+@pytest.mark.parametrize(
+    ("section", "says"),
+    [
+        ("{max_tokens: -32}", "loadgen.max_tokens: must be at least 1, got -32"),
+        ("{concurrency: '1,,2'}", "loadgen.concurrency: an empty item in the list '1,,2'"),
+        # Keys of other commands too (served-mix's window, --traffic-from's window).
+        ("{window: 5x}", "loadgen.window: expected a Prometheus duration"),
+        ("{traffic_window: 0s}", "loadgen.traffic_window: expected a Prometheus duration"),
+    ],
+)
+def test_a_bad_config_value_is_named_by_its_file_and_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], section: str, says: str
+) -> None:
+    """Not `argument --traffic-window: ...`, a flag the user never gave; exit 2 before any
+    request, whichever command reads the file."""
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "engines:\n  - {name: s, kind: llamacpp, url: 'http://127.0.0.1:1'}\n"
+        f"loadgen: {section}\n"
+    )
+    for command in ("run", "diagnose"):
+        assert main([command, "--config", str(config), "--engine", "s"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"llmb-loadgen: error: {config}: {says}"), err
+        assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_flag_given_overrides_its_config_value_unchecked(
+    stub: StubFactory, tmp_path: Path
+) -> None:
+    """`out:` naming a folder that holds a run is refused, unless --out gives another."""
+    server = stub()
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "summary.json").write_text("{}")
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"engines:\n  - {{name: s, kind: llamacpp, url: '{server.url}'}}\n"
+        f"loadgen: {{out: '{tmp_path / 'done'}', requests: 1, max_tokens: 2, prompt_tokens: 16}}\n"
+    )
+    assert main(["run", "--config", str(config), "--engine", "s"]) == 2
+    assert (
+        main(["run", "--config", str(config), "--engine", "s", "--out", str(tmp_path / "n")]) == 0
+    )
+    assert (tmp_path / "done" / "summary.json").read_text() == "{}"
 
 
 def test_loadgen_settings_are_the_flags_of_the_subcommands() -> None:

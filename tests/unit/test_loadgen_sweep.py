@@ -148,3 +148,23 @@ def test_threaded_stub_is_isolated() -> None:
     with ThreadedStub() as a, ThreadedStub() as b:
         assert a.port != b.port and a.state is not b.state
         assert threading.active_count() >= 3
+
+
+def test_a_prometheus_that_fails_is_said_on_the_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--prometheus-url at a dead port printed an empty server block and `VALID`: its error
+    was only in summary.json."""
+    from loadgen.report import step_block
+    from tests.conftest import get_free_port
+
+    with ThreadedStub() as stub:
+        dead = f"http://127.0.0.1:{get_free_port()}"
+        args = ("--concurrency", "1", "--prompt-tokens", "16", "--prometheus-url", dead)
+        assert _sweep(tmp_path, stub.url, *args) == 0
+    out = capsys.readouterr().out
+    assert "error: gpu_memory_peak_bytes_max: ClientConnectorError" in out, out
+    server = json.loads((tmp_path / "summary.json").read_text())["steps"][0]["server"]
+    assert server["errors"] and all("ClientConnectorError" in e for e in server["errors"])
+    quiet = step_block({"engine": "e", "server": {"source": "prometheus", "window_s": 4}})
+    assert quiet[-2] == "no figures: no samples in the step's window (shorter than a scrape?)"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -199,3 +200,39 @@ def test_the_verdict_follows_core_evaluate(monkeypatch: pytest.MonkeyPatch) -> N
     assert decide_single(e).verdict == {"e": "kv_saturated"}
     other = replace(_engine("idle"), name="f")
     assert decide_compare(e, other).verdict == {"e": "kv_saturated", "f": "idle"}
+
+
+def test_an_engine_nothing_measured_is_not_measured_not_idle_and_not_resident_yes() -> None:
+    """Ctrl-C before the candidate ran, or a host without a GPU: the verdict says `not
+    measured` (it said `idle`, "nothing to fix") and residency says why it is unknown (it
+    said `yes, on both engines`). Measured engines keep their answers."""
+    from diagnose.report.content import answer_of
+
+    measured = replace(_engine("decode_below_card_limit"), name="a")
+    unrun = EngineResult(name="b", kind="llamacpp", missing=["every step: interrupted"])
+    d = decide_compare(measured, unrun)
+    assert d.verdict == {"a": "decode_below_card_limit", "b": None}
+    residency = d.steps[0]
+    assert residency.key == "residency" and not residency.decisive
+    assert residency.answer == "yes on a; not measured: b: interrupted"
+    assert [v[:2] for v in answer_of([measured, unrun], d).verdicts] == [
+        ("a", "decode_below_card_limit"),
+        ("b", "not measured"),
+    ]
+    assert decide_single(unrun).verdict == {"b": None}
+    no_gpu = replace(measured, name="c", missing=["residency: no GPU seen (no NVML)"])
+    assert decide_compare(no_gpu, replace(no_gpu, name="d")).steps[0].answer == (
+        "not measured: c: no GPU seen (no NVML); d: no GPU seen (no NVML)"
+    )
+    assert decide_compare(measured, replace(measured, name="f")).steps[0].answer == (
+        "yes, on both engines"
+    )
+
+
+def test_the_terminal_says_not_measured(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from diagnose.answer import print_answer
+
+    unrun = EngineResult(name="b", kind="llamacpp", missing=["every step: interrupted"])
+    print_answer([unrun], decide_single(unrun), tmp_path)
+    out = capsys.readouterr().out
+    assert "b: not measured" in out and "idle" not in out, out

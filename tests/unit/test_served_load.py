@@ -9,6 +9,7 @@ asks a real Prometheus.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -71,7 +72,7 @@ def p90_of(value: str, count: str = "720", engine: str = "llama") -> FakePrometh
 
 
 def decide(tmp_path: Path, *flags: str) -> tuple[int, dict[str, Any] | None]:
-    out = tmp_path / "out"
+    out = tmp_path / f"out{len(list(tmp_path.glob('out*')))}"  # a new one each call
     code = main(["decide", str(SAME), "--in-use", "llama", *flags, "--out", str(out)])
     doc = None
     if (out / "results.json").is_file():
@@ -160,8 +161,8 @@ def test_decide_reads_the_load_of_the_engine_in_use(tmp_path: Path, capsys: Any)
     assert source.startswith("the p90 of running requests over the last 1h on llama (63.2 ")
     out = capsys.readouterr().out
     assert f"your load       c=64, {source}" in out
-    assert f"**Your load:** c=64, {source}" in (tmp_path / "out" / "report.md").read_text()
-    assert 'id="load"' in (tmp_path / "out" / "report.html").read_text()
+    assert f"**Your load:** c=64, {source}" in (tmp_path / "out0" / "report.md").read_text()
+    assert 'id="load"' in (tmp_path / "out0" / "report.html").read_text()
 
 
 def test_decide_with_load_and_load_from_uses_load(tmp_path: Path, capsys: Any) -> None:
@@ -226,24 +227,27 @@ def test_load_engine_picks_the_series_and_needs_load_from(tmp_path: Path, capsys
     assert code == 2 and "give both" in capsys.readouterr().err
 
 
-def test_compare_asks_prometheus_before_measuring(tmp_path: Path, capsys: Any) -> None:
-    # Engines at closed ports: a measurement would fail with exit 1 (unreachable); the load
-    # query fails first, with exit 2 and nothing written.
+async def test_compare_asks_prometheus_before_measuring(
+    tmp_path: Path, capsys: Any, serve: Any
+) -> None:
+    # Engines that answer the probe and nothing else: a measurement fails with exit 1 (no
+    # /tokenize); the load query fails first, with exit 2 and nothing written.
     out = tmp_path / "cmp"
+    probe = {"/v1/models": {"data": [{"id": "m"}]}, "/props": {"total_slots": 1}}
+    urls = [(await serve(probe))[0] for _ in range(2)]
 
-    def compare(prom: FakePrometheus) -> int:
-        # Ports free while the stand-in holds its own.
-        urls = [f"http://127.0.0.1:{get_free_port()}" for _ in range(2)]
+    async def compare(prom: FakePrometheus) -> int:
         args = ["compare", "--url", urls[0], "--url", urls[1], "--kind", "llamacpp"]
         args += ["--name", "llama", "--name", "sglang", "--out", str(out)]
-        return main([*args, "--load-from", prom.url])
+        args += ["--concurrency", "1", "--host-bandwidth-gbs", "50"]
+        return await asyncio.to_thread(main, [*args, "--load-from", prom.url])
 
     with FakePrometheus({}) as prom:
-        assert compare(prom) == 2
+        assert await compare(prom) == 2
     assert "no llmb_engine_requests_running samples of engine 'llama'" in capsys.readouterr().err
     assert not (out / "results.json").exists()
     with p90_of("7") as prom:
-        assert compare(prom) == 1
+        assert await compare(prom) == 1
     assert "your load: c=7, the p90 of running requests over the last 1h on llama" in (
         capsys.readouterr().err
     )

@@ -27,6 +27,7 @@ from core.series import ENGINE_REQUESTS_FINISHED_TOTAL, ENGINE_UP
 from loadgen.prom_api import instant, label
 from loadgen.served_mix import (
     MIX_KIND,
+    TRAFFIC_FLAGS,
     Lengths,
     ServedMixError,
     buckets_from_cumulative,
@@ -251,6 +252,8 @@ def test_several_engines_need_engine(capsys: Any) -> None:
     with RecordedPrometheus(replaced(answers, "count by (engine, kind)", two)) as prom:
         with pytest.raises(ServedMixError, match=r"several engines \(llama, sgl\): pass --engine"):
             served_mix(prom.url, "1h")
+        with pytest.raises(ServedMixError, match=r"\(llama, sgl\): pass --traffic-engine NAME$"):
+            served_mix(prom.url, "1h", flags=TRAFFIC_FLAGS)
 
 
 def test_no_exporter_samples_asks_whether_it_scrapes_the_exporter() -> None:

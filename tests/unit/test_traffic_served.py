@@ -95,6 +95,8 @@ def test_traffic_from_errors_are_served_mix_errors(
         assert run_cli(tmp_path / "o", "--url", server.url, *args) == 2
     err = capsys.readouterr().err
     assert "--traffic-from: Prometheus at" in err and f"samples of {run['engine']}" in err
+    # run's own flags, not served-mix's (--engine names the load's engine in run).
+    assert "pass --traffic-engine NAME or a longer --traffic-window" in err, err
     assert run_cli(tmp_path / "o", "--url", server.url, "--traffic-engine", "sgl") == 2
     assert "--traffic-engine goes with --traffic-from" in capsys.readouterr().err
     assert server.state.requests == 0

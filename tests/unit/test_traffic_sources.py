@@ -127,7 +127,17 @@ def test_sessions_carry_their_history() -> None:
     ("spec", "words"),
     [
         ("mix:prompt=fixed:10", "output= is required"),
-        ("mix:prompt=fixed:10,output=fixed:0", "output: 'fixed:0'"),
+        (
+            "mix:prompt=fixed:10,output=fixed:0",
+            "output: 'fixed:0': Input should be greater than or equal to 1$",
+        ),
+        # The distribution's own reason, not pydantic's link to its docs.
+        ("mix:prompt=uniform:300:100,output=fixed:1,n=2", "need 1 <= lo <= hi <= 1048576$"),
+        ("mix:prompt=lognormal:100:-1,output=fixed:1,n=2", "lognormal: the spread must be >= 0"),
+        (
+            "mix:prompt=empirical:100=1/50=2,output=fixed:1,n=2",
+            "upper bound 50.0 must be above 100.0",
+        ),
         ("mix:prompt=gamma:1:2,output=fixed:1,n=2", "not a length distribution"),
         ("mix:prompt=fixed:10,output=fixed:1,rate=2,concurrency=2,n=2", "not both"),
         ("mix:prompt=fixed:10,output=fixed:1,speed=2", "unknown key 'speed'"),

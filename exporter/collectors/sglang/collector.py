@@ -61,6 +61,13 @@ IDENTITY_FAMILIES = ("startup_time_seconds", "max_total_num_tokens", "context_le
 Statics = list[tuple[Any, SourceError | None]]
 
 
+def _no_sglang_samples(text: str) -> bool:
+    """Sample lines, but no SGLang family in any spelling (`sglang:`, `sglang_`)."""
+    if "sglang" in text:  # the usual case, found in C
+        return False
+    return any(line.strip() and not line.startswith("#") for line in text.splitlines())
+
+
 def _info_pending(statics: Statics | None) -> bool:
     """/server_info has not answered: still in flight, or it timed out."""
     if statics is None:
@@ -325,6 +332,12 @@ class SGLangCollector(EngineCollector):
             )
         except ValueError as exc:
             errors.append(SourceError("parse", f"GET /metrics: {exc}"))
+            return True, False, expo, False
+        if _no_sglang_samples(resp.text):
+            # Samples, none of them SGLang's (which lists hundreds even idle; an empty answer
+            # is a server still starting): another server, say a llama-server given kind
+            # sglang, whose figures must not pass for SGLang's.
+            errors.append(SourceError("parse", f"GET /metrics: no {PREFIX} samples: not SGLang's"))
             return True, False, expo, False
         problems.extend(expo.problems)
         return True, False, expo, True
