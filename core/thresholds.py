@@ -312,3 +312,10 @@ RESOLVABLE_DIFFERENCE = {1: 0.15, 2: 0.10}
 # server at c=16 queues 15 requests and its TTFT is most of e2e. Half: the wait outweighs
 # the decode.
 LATENCY_BOUND_TTFT_SHARE = 0.5
+# A deciding figure whose rounds spread more than this ((max - min) / median of one engine's
+# rounds) gets a caveat beside the call: between rounds of a steady engine on a quiet host the
+# figures moved 2-7 % (the H200 runs) and the noise model of `bench/switch_noise.py` goes to
+# 10 %; half the median is no engine's own noise but another load on the card or the CPU,
+# which the call cannot tell from the engines (a 237 % spread on a shared 2-core host
+# called a 19.9x switch between two builds of one model, with no caveat).
+ROUND_SPREAD_UNSTEADY = 0.5

@@ -316,7 +316,7 @@ def run_command(args: argparse.Namespace) -> int:
     if traffic_given(args):
         spec = traffic_spec(args, base)
         assert spec.traffic is not None
-        args.traffic_mix = spec.traffic.describe()
+        args.traffic_mix = spec.traffic.describe(spec.time_scale)
         return _finish(args, [spec], "run")
     return _finish(args, _steps(args, base, grid=False), "run")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -399,6 +400,11 @@ def out_folder(text: str) -> Path:
                 f"{text} already holds a run ({', '.join(kept)}); it is kept as it is: "
                 "give a new folder"
             )
+        try:  # writable, tried: permission bits do not bind root, a read-only mount does
+            with tempfile.TemporaryFile(dir=path):
+                pass
+        except OSError as exc:
+            raise argparse.ArgumentTypeError(f"cannot write in {text}: {exc.strerror}") from None
         return path
     missing = [path, *(p for p in path.parents if not p.exists())]
     try:

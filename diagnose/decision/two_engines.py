@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 from core.conditions import VERDICT_INFO
 from core.slo import Slo
-from core.thresholds import COMPARE_NOISE_FLOOR
+from core.thresholds import COMPARE_NOISE_FLOOR, ROUND_SPREAD_UNSTEADY
 from diagnose.decision.calls import (
     AGGREGATE,
     DECODE,
@@ -211,6 +211,7 @@ def decide_compare(
         rec, action = _not_decided(a, b, not_resident, ests)
     else:
         rec, action = recommend(a, b, levels, ctx_winner, inputs.load, slo)
+    caveats += unsteady_rounds(deciding)
     # The token counts request by request (the same prompt, other tokenizers) come last.
     caveats += token_count_differences(a, b)
     return Decision(
@@ -263,6 +264,18 @@ def _residency_step(a: EngineResult, b: EngineResult, not_resident: list[str]) -
         bool(not_resident),
         {e.name: ResidencyNumbers(e.verdict, e.weights_bytes) for e in (a, b)},
     )
+
+
+def unsteady_rounds(calls: list[Call]) -> list[str]:
+    """A caveat for each deciding call whose rounds spread over `ROUND_SPREAD_UNSTEADY`."""
+    return [
+        f"c={x.concurrency or 1} ({x.what}): the rounds spread {_pct(x.spread)}, over "
+        f"{_pct(ROUND_SPREAD_UNSTEADY)}: something besides the engines moved the figures "
+        "between rounds (another load on the card or the CPU?); rerun on a quiet host before "
+        "acting on this level"
+        for x in calls
+        if x.spread is not None and x.spread > ROUND_SPREAD_UNSTEADY
+    ]
 
 
 def residency_unseen(e: EngineResult) -> str | None:

@@ -121,18 +121,20 @@ class Traffic:
                 seen.add(block)
         return shared / total if total else 0.0
 
-    def describe(self) -> dict[str, object]:
+    def describe(self, time_scale: float = 1.0) -> dict[str, object]:
         """The mix in numbers (summary.json's `traffic`): lengths, arrivals and their rate
-        (a session once), shared share."""
+        (a session once), shared share; the span and rate as replayed at `time_scale`
+        (`--time-scale`: every time multiplied by it)."""
         prompts = [r.prompt_tokens for r in self.requests]
         outputs = [r.output_tokens for r in self.requests]
         arrivals = self.arrival_times()
-        arrivals_span = max(arrivals) - min(arrivals)
+        arrivals_span = (max(arrivals) - min(arrivals)) * time_scale
         return {
             "source": self.source,
             "requests": len(self.requests),
             "scheduled": self.scheduled,
-            "span_s": round(self.span_s(), 6),
+            "time_scale": time_scale,
+            "span_s": round(self.span_s() * time_scale, 6),
             # Sessions count once each, at their first turn (`arrival_times`).
             "arrivals": len(arrivals),
             "rate_per_s": (

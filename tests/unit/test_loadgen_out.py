@@ -89,3 +89,9 @@ def test_every_command_with_out_refuses_a_run_folder(
         err = capsys.readouterr().err
         assert f"argument --out: {tmp_path} already holds a run (results.json)" in err, argv
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+def test_a_folder_that_cannot_be_written_is_said_before_anything_runs() -> None:
+    """Tried, not read off the permission bits (which do not bind root): /proc takes no file."""
+    with pytest.raises(argparse.ArgumentTypeError, match="cannot write in /proc: "):
+        out_folder("/proc")

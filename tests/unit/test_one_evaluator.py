@@ -236,3 +236,26 @@ def test_the_terminal_says_not_measured(tmp_path: Path, capsys: pytest.CaptureFi
     print_answer([unrun], decide_single(unrun), tmp_path)
     out = capsys.readouterr().out
     assert "b: not measured" in out and "idle" not in out, out
+
+
+def test_rounds_that_spread_wildly_get_a_caveat_beside_the_call() -> None:
+    """A new user's compare on a shared 2-core host: np1's three c=1 rounds at 5.3, 1.8 and
+    1.1 tok/s, np4's at 9.0, 37.6 and 39.2. The call stands (np4 ahead in every round) but
+    says the rounds were not steady; steady rounds say nothing."""
+
+    def engine(name: str, rounds: list[float]) -> EngineResult:
+        row = Row(
+            name, "single", 1, per_seq_tok_s=sorted(rounds)[1], per_seq_rounds=rounds,
+            prompt_tokens=64, max_tokens=32, requests=3, completion_tokens=96, tokens_ok=True,
+        )  # fmt: skip
+        return EngineResult(
+            name=name, kind="llamacpp", weights_bytes=2.5e8, parameters=2.7e8, rows=[row],
+            verdict="decode_below_card_limit",
+        )  # fmt: skip
+
+    d = decide_compare(engine("np1", [5.3, 1.8, 1.1]), engine("np4", [9.0, 37.6, 39.2]))
+    unsteady = [c for c in d.caveats if "the rounds spread" in c]
+    assert unsteady and all(c.startswith("c=1 (") for c in unsteady), d.caveats
+    assert "the rounds spread 233 %, over 50 %" in unsteady[0], unsteady
+    steady = decide_compare(engine("np1", [5.3, 5.1, 5.2]), engine("np4", [9.0, 9.4, 9.2]))
+    assert not [c for c in steady.caveats if "the rounds spread" in c], steady.caveats

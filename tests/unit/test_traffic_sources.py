@@ -73,6 +73,12 @@ def test_a_mix_is_deterministic_and_has_its_rate() -> None:
     one, two = load_traffic(spec), load_traffic(spec)
     assert one == two and len(one.requests) == 400 and one.scheduled
     assert one.describe()["rate_per_s"] == pytest.approx(4, rel=0.15)
+    # As replayed at --time-scale 0.25: four times the rate over a quarter of the span (it
+    # said the trace's own figures whatever the scale).
+    fast, plain = one.describe(0.25), one.describe()
+    assert fast["time_scale"] == 0.25 and plain["time_scale"] == 1.0
+    assert fast["rate_per_s"] == pytest.approx(4 * plain["rate_per_s"])  # type: ignore[operator]
+    assert fast["span_s"] == pytest.approx(plain["span_s"] / 4)  # type: ignore[operator]
     lengths = sorted(r.prompt_tokens for r in one.requests)
     assert lengths[200] == pytest.approx(512, rel=0.1)
     assert load_traffic(spec.replace("seed=3", "seed=4")) != one
