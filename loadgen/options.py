@@ -394,7 +394,11 @@ def out_folder(text: str) -> Path:
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
     if path.is_dir():
-        kept = [name for name in RUN_FILES if (path / name).exists()]
+        # An empty file is no run: a run that failed before its first request (the target
+        # unreachable) opened requests.jsonl, and its retry must not be refused for that.
+        kept = [
+            name for name in RUN_FILES if (path / name).is_file() and (path / name).stat().st_size
+        ]
         if kept:
             raise argparse.ArgumentTypeError(
                 f"{text} already holds a run ({', '.join(kept)}); it is kept as it is: "

@@ -46,6 +46,9 @@ def test_a_folder_that_holds_a_run_is_refused_and_kept(tmp_path: Path, name: str
 
 def test_a_new_or_empty_folder_is_taken_and_nothing_is_left_behind(tmp_path: Path) -> None:
     assert out_folder(str(tmp_path)) == tmp_path  # empty
+    (tmp_path / "requests.jsonl").touch()  # a run that failed before its first request
+    assert out_folder(str(tmp_path)) == tmp_path
+    (tmp_path / "requests.jsonl").unlink()
     (tmp_path / "notes.txt").write_text("x", encoding="utf-8")
     assert out_folder(str(tmp_path)) == tmp_path  # no run in it
     deep = tmp_path / "a" / "b" / "c"
