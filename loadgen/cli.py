@@ -33,6 +33,7 @@ from loadgen.options import (
     non_negative_int,
     positive_float,
     positive_int,
+    share,
 )
 from loadgen.prom_api import instant, prom_duration
 from loadgen.prompts import CACHE_MODES
@@ -94,7 +95,7 @@ def add_load_arguments(parser: argparse.ArgumentParser, sweep: bool = False) -> 
     add_timeout_options(load)
     load.add_argument(
         "--max-errors",
-        type=non_negative_float,
+        type=share,
         default=0.5,
         metavar="F",
         help="abort the run when more than this share of a step's requests failed "

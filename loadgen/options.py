@@ -116,6 +116,13 @@ non_negative_float = _checked(
     "must be 0 or a positive finite number, got {text}",
 )
 non_negative_float.__doc__ = "A finite number of 0 or more."
+share = _checked(
+    float,
+    "expected a number, got {text!r}",
+    lambda v: 0 <= v <= 1,
+    "must be a share from 0 to 1, got {text}",
+)
+share.__doc__ = "A share from 0 to 1 (a ratio, not a count)."
 port = _checked(int, "not a port: {text!r}", lambda v: 0 <= v < 65536, "not a port: {text}")
 port.__doc__ = "A TCP port number (0 allowed: off / any)."
 
@@ -464,4 +471,5 @@ __all__ = [
     "port",
     "positive_float",
     "positive_int",
+    "share",
 ]

@@ -232,3 +232,14 @@ def test_third_party_loggers_are_quiet(stub: StubFactory, tmp_path: Path) -> Non
     assert run_cli(tmp_path, "--url", server.url, "--requests", "1", "--prompt-tokens", "16") == 0
     for name in ("matplotlib", "httpx", "aiohttp.access"):
         assert logging.getLogger(name).getEffectiveLevel() == logging.WARNING, name
+
+
+def test_max_errors_is_a_share(capsys: pytest.CaptureFixture[str]) -> None:
+    """Documented as a share from 0 to 1; `2` was taken (and meant the same as 1)."""
+    for bad in ("2", "-0.1", "nan"):
+        assert main(["run", "--url", "http://127.0.0.1:1", "--max-errors", bad]) == 2
+        assert "argument --max-errors: must be a share from 0 to 1" in capsys.readouterr().err
+    args = build_parser(default_commands()).parse_args(
+        ["run", "--url", "http://x", "--max-errors", "1"]
+    )
+    assert args.max_errors == 1.0
