@@ -58,7 +58,9 @@ def test_traffic_from_replays_the_served_lengths_at_the_served_rate(
     mix = summary["run"]["traffic_mix"]
     assert mix["source"].startswith(f"served mix of {run['engine']} over the last 1h")
     assert mix["requests"] == COUNT
-    assert mix["rate_per_s"] == pytest.approx(served.rate_per_second, rel=0.4)
+    # As sent: the served rate at --time-scale SCALE (every time multiplied by it).
+    assert mix["time_scale"] == SCALE
+    assert mix["rate_per_s"] == pytest.approx(served.rate_per_second / SCALE, rel=0.4)
 
 
 @pytest.mark.parametrize(
