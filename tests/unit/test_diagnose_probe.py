@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from cli.loadgen import build_parser, default_commands
+from cli.loadgen import build_parser, default_commands, main
 from config.kinds import GENERIC
 from diagnose.cli import options_from_args
 from diagnose.phase_marks import PhasePublisher
@@ -157,8 +157,6 @@ async def test_nothing_at_the_url_is_unreachable_not_a_kind_to_pass(
 ) -> None:
     """A dead port is exit 1 and says it cannot reach the URL, before anything is measured or
     written (it used to ask for --kind, and with --kind diagnosed nothing as `idle`)."""
-    from cli.loadgen import main
-
     url = f"http://127.0.0.1:{get_free_port()}"
     probe = await _probe(url, None, GENERIC)
     assert probe.unreachable is not None and probe.models is None and probe.info == {}
@@ -187,8 +185,6 @@ async def test_a_kind_that_does_not_tokenize_is_one_message_not_a_traceback(
 ) -> None:
     """--kind llamacpp given to a server that is no llama-server: its /tokenize does not answer
     a token list, and diagnose says so (exit 1) instead of a ClientResponseError traceback."""
-    from cli.loadgen import main
-
     url, _ = await serve({"/v1/models": MODELS})
     argv = ["diagnose", "--url", url, "--kind", "llamacpp", "--out", str(tmp_path / "d")]
     argv += ["--concurrency", "1", "--max-tokens", "4", "--host-bandwidth-gbs", "50"]

@@ -22,7 +22,7 @@ from diagnose.load import EngineTiming, engine_timing
 from diagnose.monitor import Monitor
 from diagnose.options import Options
 from diagnose.report.html.plots import plot_decode_per_sequence, plot_ttft
-from diagnose.report.tables import ENGINE_CELLS, measurement_table
+from diagnose.report.tables import ENGINE_CELLS, engine_facts, measurement_table
 from loadgen.exporter_series import series_from_text
 from loadgen.results import RequestRecord
 
@@ -192,7 +192,6 @@ def test_the_plots_say_which_points_are_the_engine_s_and_draw_no_zero_ttft() -> 
 def test_layers_unknown_after_the_log_was_read_does_not_ask_for_the_log() -> None:
     """A CPU build's log has weight buffers but no `offloaded N/M layers` line: the Engines
     table said `the llama.cpp log was not read: pass --log-file` though it had been."""
-    from diagnose.report.tables import engine_facts
 
     def layers(**kw: object) -> str:
         e = EngineResult(name="e", kind="llamacpp", layers_total=19.0, **kw)  # type: ignore[arg-type]

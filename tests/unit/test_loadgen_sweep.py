@@ -13,10 +13,12 @@ import pytest
 from aiohttp import web
 
 from cli.loadgen import main
+from loadgen.report import step_block
 from loadgen.scheduler.spec import RunSpec
 from loadgen.sweep import plan_steps
 from loadgen.target import Target
 from simulator.stub import StubOptions, ThreadedStub
+from tests.conftest import get_free_port
 
 
 class FakeSources:
@@ -155,9 +157,6 @@ def test_a_prometheus_that_fails_is_said_on_the_terminal(
 ) -> None:
     """--prometheus-url at a dead port printed an empty server block and `VALID`: its error
     was only in summary.json."""
-    from loadgen.report import step_block
-    from tests.conftest import get_free_port
-
     with ThreadedStub() as stub:
         dead = f"http://127.0.0.1:{get_free_port()}"
         args = ("--concurrency", "1", "--prompt-tokens", "16", "--prometheus-url", dead)

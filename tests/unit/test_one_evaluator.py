@@ -17,10 +17,12 @@ import pytest
 
 from core.conditions import Verdict, evaluate
 from core.signals import Signals
+from diagnose.answer import print_answer
 from diagnose.decision import one_engine
 from diagnose.decision.model import EngineResult, Row
 from diagnose.decision.one_engine import decide_single, engine_verdict
 from diagnose.decision.two_engines import decide_compare
+from diagnose.report.content import answer_of
 from tests.paths import ROOT
 
 # The product: what is shipped or run (tests are not scanned; they may read the table).
@@ -206,8 +208,6 @@ def test_an_engine_nothing_measured_is_not_measured_not_idle_and_not_resident_ye
     """Ctrl-C before the candidate ran, or a host without a GPU: the verdict says `not
     measured` (it said `idle`, "nothing to fix") and residency says why it is unknown (it
     said `yes, on both engines`). Measured engines keep their answers."""
-    from diagnose.report.content import answer_of
-
     measured = replace(_engine("decode_below_card_limit"), name="a")
     unrun = EngineResult(name="b", kind="llamacpp", missing=["every step: interrupted"])
     d = decide_compare(measured, unrun)
@@ -230,8 +230,6 @@ def test_an_engine_nothing_measured_is_not_measured_not_idle_and_not_resident_ye
 
 
 def test_the_terminal_says_not_measured(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from diagnose.answer import print_answer
-
     unrun = EngineResult(name="b", kind="llamacpp", missing=["every step: interrupted"])
     print_answer([unrun], decide_single(unrun), tmp_path)
     out = capsys.readouterr().out
